@@ -1,0 +1,30 @@
+//! What the pluginsync master and agent must agree on.
+//!
+//! Everything here is pure logic and serde types, with no runtime and no HTTP
+//! stack: the wire metadata of Puppet's v3 file-serving API ([`metadata`]),
+//! checksums in Puppet's `{type}value` notation ([`checksum`]), the
+//! relative-path newtype that refuses `..` and absolute paths ([`relpath`]),
+//! environment names ([`envname`]), Puppet's basename-fnmatch ignore globs
+//! ([`ignore`]), the path encoding of `file_content` URLs ([`urlpath`]) and
+//! PEM loading for TLS ([`tls`]).
+
+pub mod checksum;
+pub mod envname;
+pub mod ignore;
+pub mod metadata;
+pub mod relpath;
+pub mod tls;
+pub mod urlpath;
+
+/// The Puppet version pluginsync speaks and announces in `X-Puppet-Version`.
+///
+/// Stock agents only use it for capability checks (the `locales` mount needs
+/// 5.3.4 or later), so announcing the Puppet 7 line we are compatible with is
+/// what a Puppet Server 7 would send.
+pub const PUPPET_VERSION: &str = "7.23.0";
+
+/// The mounts a pluginsync master serves: module `lib/` and `facts.d/` unions.
+pub const MOUNTS: [&str; 2] = ["plugins", "pluginfacts"];
+
+/// The default ignore globs of Puppet's `pluginsignore` setting.
+pub const DEFAULT_IGNORE: [&str; 4] = [".svn", "CVS", ".git", ".hg"];

@@ -1,0 +1,161 @@
+//! Loading PEM material for rustls, with errors that name the file.
+//!
+//! Both sides read the same kinds of files (a CA bundle, a certificate chain,
+//! a private key, an optional CRL), either from explicit paths or from a
+//! Puppet-style ssldir. Only rustls' ring provider is ever used:
+//! [`provider`] is the one place it is chosen.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::RootCertStore;
+use rustls::crypto::CryptoProvider;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
+
+/// A TLS file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// The file could not be read.
+    #[error("cannot read {what} '{}': {source}", path.display())]
+    Read {
+        /// What the file was supposed to be.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file was read but holds no usable PEM item of the expected kind.
+    #[error("{what} '{}' {reason}", path.display())]
+    Invalid {
+        /// What the file was supposed to be.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// The one crypto provider pluginsync uses: ring.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Installs ring as the process default (needed by reqwest's
+/// `rustls-no-provider`). Safe to call more than once.
+pub fn install_default_provider() {
+    let _already_installed = rustls::crypto::ring::default_provider().install_default();
+}
+
+fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        what,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn invalid(what: &'static str, path: &Path, reason: impl Into<String>) -> TlsError {
+    TlsError::Invalid {
+        what,
+        path: path.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// Reads every certificate of a PEM file (a chain or a CA bundle).
+pub fn load_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(what, path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(what, path, format!("is not valid PEM: {e}")))?;
+    if certs.is_empty() {
+        return Err(invalid(what, path, "holds no CERTIFICATE block"));
+    }
+    Ok(certs)
+}
+
+/// Reads a private key (PKCS#8, PKCS#1 or SEC1 PEM).
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let pem = read("private key", path)?;
+    PrivateKeyDer::from_pem_slice(&pem)
+        .map_err(|e| invalid("private key", path, format!("holds no usable private key: {e}")))
+}
+
+/// Reads every CRL of a PEM file.
+pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
+    let pem = read("CRL", path)?;
+    let crls = CertificateRevocationListDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid("CRL", path, format!("is not valid PEM: {e}")))?;
+    if crls.is_empty() {
+        return Err(invalid("CRL", path, "holds no X509 CRL block"));
+    }
+    Ok(crls)
+}
+
+/// Builds a root store holding exactly the CA bundle at `path`.
+pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in load_certs("CA bundle", path)? {
+        roots
+            .add(cert)
+            .map_err(|e| invalid("CA bundle", path, format!("holds an unusable CA certificate: {e}")))?;
+    }
+    Ok(roots)
+}
+
+/// The files of a Puppet-style ssldir for one certname (PROTOCOL.md §5.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SslDirPaths {
+    /// `certs/ca.pem`.
+    pub ca: PathBuf,
+    /// `certs/<certname>.pem`.
+    pub cert: PathBuf,
+    /// `private_keys/<certname>.pem`.
+    pub key: PathBuf,
+    /// `crl.pem`.
+    pub crl: PathBuf,
+}
+
+impl SslDirPaths {
+    /// The paths of `certname`'s files under `ssldir`.
+    pub fn new(ssldir: &Path, certname: &str) -> Self {
+        SslDirPaths {
+            ca: ssldir.join("certs").join("ca.pem"),
+            cert: ssldir.join("certs").join(format!("{certname}.pem")),
+            key: ssldir.join("private_keys").join(format!("{certname}.pem")),
+            crl: ssldir.join("crl.pem"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.pem");
+        let e = load_certs("CA bundle", &missing).unwrap_err().to_string();
+        assert!(e.contains("nope.pem") && e.starts_with("cannot read CA bundle"), "{e}");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "hello\n").unwrap();
+        let e = load_certs("certificate", &empty).unwrap_err().to_string();
+        assert!(e.contains("empty.pem") && e.contains("no CERTIFICATE"), "{e}");
+        assert!(load_key(&empty).unwrap_err().to_string().contains("no usable private key"));
+        assert!(load_crls(&empty).unwrap_err().to_string().contains("no X509 CRL"));
+    }
+
+    #[test]
+    fn ssldir_layout() {
+        let p = SslDirPaths::new(Path::new("/ssl"), "node1");
+        assert_eq!(p.cert, PathBuf::from("/ssl/certs/node1.pem"));
+        assert_eq!(p.key, PathBuf::from("/ssl/private_keys/node1.pem"));
+        assert_eq!(p.ca, PathBuf::from("/ssl/certs/ca.pem"));
+        assert_eq!(p.crl, PathBuf::from("/ssl/crl.pem"));
+    }
+}
