@@ -1,0 +1,3 @@
+class acme_base {
+  notify { "role: ${facts['acme_role']}": }
+}

@@ -1,0 +1,348 @@
+//! `master.toml`: what the master serves, where it listens, who may read.
+//!
+//! Parsed with unknown keys rejected (a typo must not silently fall back to a
+//! default), then [`MasterConfig::validate`] checks what serde cannot: that
+//! the listen addresses parse, the environment directories exist, the TLS
+//! files are named, the authorization globs compile. `etc/master.toml` lists
+//! every key at its default and a test parses it, so the example cannot drift
+//! from this file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The default config path.
+pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/master.toml";
+
+/// A config that cannot be used; the binary exits 2 on these.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config '{}': {source}", path.display())]
+    Read {
+        /// The config file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// TOML syntax or a key/type problem.
+    #[error("invalid config '{}': {message}", path.display())]
+    Parse {
+        /// The config file.
+        path: PathBuf,
+        /// toml's message, flattened to one line.
+        message: String,
+    },
+    /// A value that parsed but cannot work.
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// The whole master config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MasterConfig {
+    /// Addresses to listen on, e.g. `"0.0.0.0:8140"` or `"[::]:8140"`.
+    #[serde(default = "default_listen")]
+    pub listen: Vec<String>,
+    /// Directories holding environments (`<dir>/<name>/modules/...`).
+    pub environmentpath: Vec<PathBuf>,
+    /// Module directories appended to every environment's modulepath.
+    #[serde(default)]
+    pub basemodulepath: Vec<PathBuf>,
+    /// TLS material and client-certificate policy.
+    pub tls: TlsConfig,
+    /// HTTP limits.
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// Index refresh.
+    #[serde(default)]
+    pub index: IndexConfig,
+    /// Which client certnames may read which environments; empty = any
+    /// authenticated client may read every environment.
+    #[serde(default)]
+    pub authorization: Vec<AuthRule>,
+}
+
+/// `[tls]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The server certificate chain (PEM).
+    pub cert: PathBuf,
+    /// The server private key (PEM).
+    pub key: PathBuf,
+    /// The CA bundle that client certificates must chain to (PEM).
+    pub ca: PathBuf,
+    /// Optional CRL bundle (PEM); revoked client certificates are refused.
+    #[serde(default)]
+    pub crl: Option<PathBuf>,
+    /// Whether clients must present a certificate.
+    #[serde(default)]
+    pub client_auth: ClientAuth,
+}
+
+/// `tls.client_auth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// The TLS handshake fails without a valid client certificate (the
+    /// load balancer's health check then needs one too).
+    Required,
+    /// Puppet Server's model: a certificate is asked for, not demanded; the
+    /// file endpoints answer 403 without one, `/status/v1/simple` works.
+    #[default]
+    Optional,
+    /// No client certificates at all: every client may read every
+    /// environment. Only for a master behind a TLS-terminating proxy that
+    /// does its own authentication.
+    None,
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Time a client has to complete the TLS handshake.
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// Time a client has to send a request's headers.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Time the master has to produce a response's headers.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// On SIGTERM/SIGINT: `/status/v1/simple` answers 503 for this long
+    /// (so load balancers stop sending), then connections get this long
+    /// again to finish.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            handshake_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// `[index]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IndexConfig {
+    /// Watch the trees with inotify and re-index on change.
+    pub watch: bool,
+    /// Quiet time after the last change event before re-indexing.
+    #[serde(with = "humantime_serde")]
+    pub debounce: Duration,
+    /// A full re-scan (stat only; unchanged files are not re-hashed) at this
+    /// interval, as a backstop for missed events; `"0s"` disables it.
+    #[serde(with = "humantime_serde")]
+    pub rescan_interval: Duration,
+    /// Serialised listings kept per environment (distinct parameter sets).
+    pub cached_responses: usize,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        IndexConfig {
+            watch: true,
+            debounce: Duration::from_millis(200),
+            rescan_interval: Duration::from_secs(600),
+            cached_responses: 64,
+        }
+    }
+}
+
+/// One `[[authorization]]` rule: the first rule whose `certname` glob matches
+/// the client's certname decides; a client matched by no rule is refused.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthRule {
+    /// Glob on the client certificate's subject CN, e.g. `"*.dmz.example.org"`.
+    pub certname: String,
+    /// Globs on the environment names this client may read.
+    pub environments: Vec<String>,
+}
+
+fn default_listen() -> Vec<String> {
+    vec!["0.0.0.0:8140".to_owned()]
+}
+
+impl MasterConfig {
+    /// Reads, parses and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let config = Self::parse(&text, path)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses TOML text without validating (relative paths are taken
+    /// relative to the config file's directory).
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let mut config: MasterConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e
+                .to_string()
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .collect::<Vec<_>>()
+                .join(" "),
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        config.environmentpath.iter_mut().for_each(fix);
+        config.basemodulepath.iter_mut().for_each(fix);
+        fix(&mut config.tls.cert);
+        fix(&mut config.tls.key);
+        fix(&mut config.tls.ca);
+        if let Some(crl) = config.tls.crl.as_mut() {
+            fix(crl);
+        }
+        Ok(config)
+    }
+
+    /// Checks what serde cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.listen.is_empty() {
+            return Err(ConfigError::Invalid(
+                "listen must name at least one address".into(),
+            ));
+        }
+        self.listen_addrs()?;
+        if self.environmentpath.is_empty() {
+            return Err(ConfigError::Invalid(
+                "environmentpath must name at least one directory".into(),
+            ));
+        }
+        for dir in &self.environmentpath {
+            if !dir.is_dir() {
+                return Err(ConfigError::Invalid(format!(
+                    "environmentpath entry '{}' is not a directory",
+                    dir.display()
+                )));
+            }
+        }
+        for dir in &self.basemodulepath {
+            if !dir.is_dir() {
+                return Err(ConfigError::Invalid(format!(
+                    "basemodulepath entry '{}' is not a directory",
+                    dir.display()
+                )));
+            }
+        }
+        crate::auth::Authorizer::new(&self.authorization)?;
+        Ok(())
+    }
+
+    /// The listen addresses, parsed.
+    pub fn listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
+        self.listen
+            .iter()
+            .map(|a| {
+                a.parse::<SocketAddr>().map_err(|_| {
+                    ConfigError::Invalid(format!("listen address '{a}' is not IP:PORT"))
+                })
+            })
+            .collect()
+    }
+
+    /// Problems that are legal but probably not meant.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.tls.client_auth == ClientAuth::None {
+            w.push("tls.client_auth = \"none\": every client may read every environment".into());
+            if !self.authorization.is_empty() {
+                w.push(
+                    "[[authorization]] rules are ignored with tls.client_auth = \"none\"".into(),
+                );
+            }
+        }
+        if self.tls.crl.is_none() && self.tls.client_auth != ClientAuth::None {
+            w.push("tls.crl is not set: revoked client certificates will be accepted".into());
+        }
+        if !self.index.watch && self.index.rescan_interval.is_zero() {
+            w.push("index.watch = false and index.rescan_interval = \"0s\": changes are never picked up".into());
+        }
+        w
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<MasterConfig, ConfigError> {
+        MasterConfig::parse(text, Path::new("/etc/pluginsync/master.toml"))
+    }
+
+    const MIN: &str = "environmentpath = [\"/srv/envs\"]\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nca = \"/ssl/ca.pem\"\n";
+
+    #[test]
+    fn defaults_and_relative_paths() {
+        let c = parse(MIN).unwrap();
+        assert_eq!(c.listen, vec!["0.0.0.0:8140"]);
+        assert_eq!(c.tls.client_auth, ClientAuth::Optional);
+        assert_eq!(c.tls.cert, PathBuf::from("/etc/pluginsync/c.pem"));
+        assert_eq!(c.tls.ca, PathBuf::from("/ssl/ca.pem"));
+        assert!(c.authorization.is_empty());
+        assert_eq!(c.index.debounce, Duration::from_millis(200));
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_on_one_line() {
+        let e = parse(&format!("{MIN}enviromentpath = []\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("enviromentpath") && !e.contains('\n'), "{e}");
+        let e = parse(&format!("{MIN}client_auth = \"maybe\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("client_auth"), "{e}");
+    }
+
+    #[test]
+    fn example_config_parses_and_matches_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc/master.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let c = MasterConfig::parse(&text, &path).unwrap();
+        assert_eq!(c.listen, default_listen());
+        assert_eq!(
+            c.http.request_timeout,
+            HttpConfig::default().request_timeout
+        );
+        assert_eq!(
+            c.index.rescan_interval,
+            IndexConfig::default().rescan_interval
+        );
+        // Every commented-out key in the example must be a real key: uncomment
+        // them all and parse again.
+        let uncommented: String = text
+            .lines()
+            .map(|l| {
+                l.strip_prefix("# ")
+                    .filter(|r| r.contains(" = ") || r.starts_with('['))
+                    .unwrap_or(l)
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let all = MasterConfig::parse(&uncommented, &path)
+            .unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
+        assert_eq!(all.authorization.len(), 1);
+        assert!(all.tls.crl.is_some());
+    }
+}

@@ -1,0 +1,285 @@
+//! `pluginsync-master dev-certs`: a throwaway CA, server and agent
+//! certificates, laid out as a Puppet ssldir.
+//!
+//! For demos, tests and a first evaluation, never for production (the CA key
+//! sits next to the certificates). The layout is Puppet's (PROTOCOL.md §5.3)
+//! so the same directory works for `pluginsync-master` (`[tls] cert, key,
+//! ca, crl`), for `pluginsync-agent` (`[tls] ssldir, certname`) and for a
+//! stock `puppet plugin download --ssldir DIR --certname NAME`:
+//!
+//! ```text
+//! DIR/ca/ca_key.pem            CA private key (0600)
+//! DIR/certs/ca.pem             CA certificate
+//! DIR/crl.pem                  CRL of the CA (lists --revoke'd certnames)
+//! DIR/certs/<name>.pem         server and agent certificates
+//! DIR/private_keys/<name>.pem  their keys (0600)
+//! ```
+//!
+//! An existing CA in DIR is reused, so agents can be added later.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose, RevocationReason,
+    RevokedCertParams, SanType, SerialNumber,
+};
+use time::{Duration, OffsetDateTime};
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct DevCertsOptions {
+    /// The ssldir to write.
+    pub out: PathBuf,
+    /// Server names; the first is the certname, all are SANs (plus
+    /// `localhost`, `127.0.0.1` and `::1`).
+    pub server_names: Vec<String>,
+    /// Agent certnames.
+    pub agents: Vec<String>,
+    /// Certnames (agents or servers) to list in the CRL.
+    pub revoke: Vec<String>,
+    /// Validity in days.
+    pub days: u32,
+}
+
+/// The files written.
+#[derive(Debug, Clone)]
+pub struct DevCerts {
+    /// `certs/ca.pem`.
+    pub ca: PathBuf,
+    /// `crl.pem`.
+    pub crl: PathBuf,
+    /// The server certificate.
+    pub server_cert: PathBuf,
+    /// The server key.
+    pub server_key: PathBuf,
+    /// The ssldir.
+    pub ssldir: PathBuf,
+}
+
+fn write(path: &Path, contents: &str, private: bool) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create '{}'", parent.display()))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(if private { 0o600 } else { 0o644 })
+        .open(path)
+        .with_context(|| format!("cannot write '{}'", path.display()))?;
+    f.write_all(contents.as_bytes())
+        .with_context(|| format!("cannot write '{}'", path.display()))
+}
+
+fn serial_for(name: &str) -> SerialNumber {
+    let nanos = OffsetDateTime::now_utc().unix_timestamp_nanos();
+    let mut bytes = pluginsync_common::checksum::sha256_bytes(format!("{name}/{nanos}").as_bytes())
+        [..16]
+        .to_vec();
+    bytes[0] &= 0x7f;
+    bytes[0] |= 0x01;
+    SerialNumber::from_slice(&bytes)
+}
+
+fn ca_params() -> CertificateParams {
+    let mut p = CertificateParams::default();
+    p.distinguished_name
+        .push(DnType::CommonName, "pluginsync development CA");
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    p.key_identifier_method = KeyIdMethod::Sha256;
+    p
+}
+
+/// Generates (or extends) a development ssldir.
+pub fn generate(opts: &DevCertsOptions) -> anyhow::Result<DevCerts> {
+    let Some(server_name) = opts.server_names.first() else {
+        bail!("at least one --server-name is needed");
+    };
+    for name in opts.server_names.iter().chain(&opts.agents) {
+        if name.is_empty() || name.contains(['/', '\\', '\0']) || name.starts_with('.') {
+            bail!("certname '{name}' is not usable as a file name");
+        }
+    }
+    let dir = &opts.out;
+    let ca_path = dir.join("certs/ca.pem");
+    let ca_key_path = dir.join("ca/ca_key.pem");
+    let now = OffsetDateTime::now_utc();
+    let not_before = now - Duration::days(1);
+    let not_after = now + Duration::days(i64::from(opts.days.max(1)));
+
+    let issuer = if ca_path.exists() && ca_key_path.exists() {
+        let key_pem = std::fs::read_to_string(&ca_key_path)
+            .with_context(|| format!("cannot read '{}'", ca_key_path.display()))?;
+        let key = KeyPair::from_pem(&key_pem)
+            .with_context(|| format!("'{}' is not a key", ca_key_path.display()))?;
+        let cert_pem = std::fs::read_to_string(&ca_path)
+            .with_context(|| format!("cannot read '{}'", ca_path.display()))?;
+        Issuer::from_ca_cert_pem(&cert_pem, key)
+            .with_context(|| format!("'{}' is not a CA", ca_path.display()))?
+    } else {
+        let key = KeyPair::generate().context("generating the CA key")?;
+        let mut params = ca_params();
+        params.not_before = not_before;
+        params.not_after = now + Duration::days(3650);
+        params.serial_number = Some(serial_for("ca"));
+        let cert = params.self_signed(&key).context("self-signing the CA")?;
+        write(&ca_key_path, &key.serialize_pem(), true)?;
+        write(&ca_path, &cert.pem(), false)?;
+        Issuer::new(params, key)
+    };
+
+    let issue = |name: &str, sans: Vec<SanType>| -> anyhow::Result<()> {
+        let key = KeyPair::generate().with_context(|| format!("generating the key of '{name}'"))?;
+        let mut p = CertificateParams::default();
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.subject_alt_names = sans;
+        p.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        p.not_before = not_before;
+        p.not_after = not_after;
+        p.serial_number = Some(serial_for(name));
+        p.use_authority_key_identifier_extension = true;
+        p.key_identifier_method = KeyIdMethod::Sha256;
+        let cert = p
+            .signed_by(&key, &issuer)
+            .with_context(|| format!("signing '{name}'"))?;
+        write(&dir.join(format!("certs/{name}.pem")), &cert.pem(), false)?;
+        write(
+            &dir.join(format!("private_keys/{name}.pem")),
+            &key.serialize_pem(),
+            true,
+        )?;
+        Ok(())
+    };
+
+    let mut sans: Vec<SanType> = Vec::new();
+    for n in opts
+        .server_names
+        .iter()
+        .map(String::as_str)
+        .chain(["localhost"])
+    {
+        let san = match n.parse::<std::net::IpAddr>() {
+            Ok(ip) => SanType::IpAddress(ip),
+            Err(_) => SanType::DnsName(
+                n.try_into()
+                    .with_context(|| format!("'{n}' is not a DNS name"))?,
+            ),
+        };
+        if !sans.contains(&san) {
+            sans.push(san);
+        }
+    }
+    sans.push(SanType::IpAddress("127.0.0.1".parse()?));
+    sans.push(SanType::IpAddress("::1".parse()?));
+    issue(server_name, sans)?;
+    for agent in &opts.agents {
+        let san = SanType::DnsName(
+            agent
+                .as_str()
+                .try_into()
+                .with_context(|| format!("'{agent}' is not a DNS name"))?,
+        );
+        issue(agent, vec![san])?;
+    }
+
+    let mut revoked = Vec::new();
+    for name in &opts.revoke {
+        let path = dir.join(format!("certs/{name}.pem"));
+        let pem = std::fs::read(&path)
+            .with_context(|| format!("cannot revoke '{name}': no '{}'", path.display()))?;
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&pem)
+            .map_err(|e| anyhow::anyhow!("'{}': {e}", path.display()))?;
+        let cert = pem
+            .parse_x509()
+            .map_err(|e| anyhow::anyhow!("'{}': {e}", path.display()))?;
+        revoked.push(RevokedCertParams {
+            serial_number: SerialNumber::from_slice(cert.raw_serial()),
+            revocation_time: now - Duration::minutes(1),
+            reason_code: Some(RevocationReason::KeyCompromise),
+            invalidity_date: None,
+        });
+    }
+    let crl = CertificateRevocationListParams {
+        this_update: now - Duration::minutes(5),
+        next_update: now + Duration::days(i64::from(opts.days.max(1))),
+        crl_number: SerialNumber::from(now.unix_timestamp().max(1) as u64),
+        issuing_distribution_point: None,
+        revoked_certs: revoked,
+        key_identifier_method: KeyIdMethod::Sha256,
+    }
+    .signed_by(&issuer)
+    .context("signing the CRL")?;
+    let crl_path = dir.join("crl.pem");
+    write(&crl_path, &crl.pem().context("encoding the CRL")?, false)?;
+    Ok(DevCerts {
+        ca: ca_path,
+        crl: crl_path,
+        server_cert: dir.join(format!("certs/{server_name}.pem")),
+        server_key: dir.join(format!("private_keys/{server_name}.pem")),
+        ssldir: dir.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_a_puppet_ssldir_and_reuses_the_ca() {
+        let t = tempfile::tempdir().unwrap();
+        let opts = DevCertsOptions {
+            out: t.path().to_owned(),
+            server_names: vec!["puppet".into()],
+            agents: vec!["node1".into()],
+            revoke: vec![],
+            days: 30,
+        };
+        let out = generate(&opts).unwrap();
+        for f in [
+            "certs/ca.pem",
+            "crl.pem",
+            "certs/puppet.pem",
+            "private_keys/puppet.pem",
+            "certs/node1.pem",
+            "private_keys/node1.pem",
+        ] {
+            assert!(t.path().join(f).is_file(), "{f}");
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(t.path().join("private_keys/node1.pem"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let ca_before = std::fs::read(&out.ca).unwrap();
+        let again = DevCertsOptions {
+            agents: vec!["node2".into()],
+            revoke: vec!["node1".into()],
+            ..opts
+        };
+        generate(&again).unwrap();
+        assert_eq!(
+            std::fs::read(&out.ca).unwrap(),
+            ca_before,
+            "the CA is reused"
+        );
+        assert!(pluginsync_common::tls::load_crls(&out.crl).is_ok());
+    }
+}

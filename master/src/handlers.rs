@@ -1,0 +1,363 @@
+//! The HTTP handlers. They only read the index: no walking, no hashing of
+//! sha256 on the request path (other checksum types are computed once, on
+//! demand, then cached by the index).
+//!
+//! Order of checks on the file endpoints follows Puppet Server: a missing
+//! `environment` is a 400 before anything else; then the client must be
+//! authenticated (403); then the environment name must be valid (400) and
+//! allowed for this client (403) before its existence is revealed (404).
+
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum_server::tls::TlsInfo;
+use bytes::Bytes;
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::metadata::FileType;
+
+use crate::api_error::ApiError;
+use crate::auth::{self, Authorizer};
+use crate::config::ClientAuth;
+use crate::index::{EnvIndex, SearchParams};
+use crate::request::{self, MountPath, PathError, Query};
+use crate::store::Store;
+
+/// Shared state of every handler.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The indexes.
+    pub store: Arc<Store>,
+    /// Compiled `[[authorization]]`.
+    pub authorizer: Arc<Authorizer>,
+    /// `tls.client_auth`.
+    pub client_auth: ClientAuth,
+}
+
+/// Files up to this size are read whole; larger ones are streamed.
+const SMALL_FILE: u64 = 256 * 1024;
+/// Listings smaller than this are never gzipped.
+const GZIP_MIN: usize = 512;
+
+const JSON: &str = "application/json; charset=utf-8";
+
+/// What every file endpoint needs once the request is accepted.
+struct Accepted {
+    index: Arc<EnvIndex>,
+    target: MountPath,
+    query: Query,
+}
+
+/// The shared front half of the file endpoints.
+async fn accept(
+    state: &AppState,
+    req: &Parts,
+    endpoint: &str,
+    produces: &[&str],
+) -> Result<Accepted, ApiError> {
+    let query = Query::parse(req.uri.query());
+    let uri_path = req.uri.path();
+    let Some(env) = query.get("environment") else {
+        return Err(ApiError::bad_request(
+            "An environment parameter must be specified",
+        ));
+    };
+    let certname = auth::peer_common_name(req.extensions.get::<Arc<TlsInfo>>());
+    if state.client_auth != ClientAuth::None && certname.is_none() {
+        tracing::info!(path = uri_path, "refused: no client certificate");
+        return Err(ApiError::forbidden(uri_path));
+    }
+    let env: EnvName = env
+        .parse()
+        .map_err(|e: pluginsync_common::envname::InvalidEnvName| {
+            ApiError::bad_request(upper_first(&e.to_string()))
+        })?;
+    if let Some(cn) = &certname
+        && state.client_auth != ClientAuth::None
+        && !state.authorizer.allows(cn, env.as_str())
+    {
+        tracing::info!(certname = %cn, env = %env, path = uri_path, "refused by [[authorization]]");
+        return Err(ApiError::forbidden(uri_path));
+    }
+    let prefix = format!("/puppet/v3/{endpoint}/");
+    let raw = uri_path.strip_prefix(&prefix).unwrap_or_default();
+    let target = request::mount_path(raw).map_err(|e| match e {
+        PathError::Invalid(msg) => ApiError::bad_request(msg),
+        PathError::UnknownMount(m) => ApiError::not_found("mount", &format!("'{m}'")),
+    })?;
+    request::check_accept(&req.headers, produces)?;
+    let index = state
+        .store
+        .get(&env)
+        .await
+        .ok_or_else(|| ApiError::unknown_environment(env.as_str()))?;
+    Ok(Accepted {
+        index,
+        target,
+        query,
+    })
+}
+
+fn upper_first(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
+}
+
+/// `GET /puppet/v3/file_metadatas/<mount>[/…]`: the recursive search. The
+/// path after the mount is ignored, as in Puppet.
+pub async fn file_metadatas(State(state): State<AppState>, req: Parts) -> Response {
+    match file_metadatas_inner(&state, &req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn file_metadatas_inner(state: &AppState, req: &Parts) -> Result<Response, ApiError> {
+    let a = accept(
+        state,
+        req,
+        "file_metadatas",
+        &["application/json", "text/pson"],
+    )
+    .await?;
+    let (params, max_files) = request::search_params(&a.query)?;
+    let mount = a.target.mount;
+    let index = a.index.clone();
+    let p: SearchParams = params;
+    let listing = tokio::task::spawn_blocking(move || index.listing(mount, &p))
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "listing task failed");
+            ApiError::internal()
+        })?
+        .map_err(|e| match e {
+            crate::index::ListingError::BadRequest(m) => ApiError::bad_request(m),
+            crate::index::ListingError::Internal(m) => {
+                tracing::error!(error = %m, "listing failed");
+                ApiError::internal()
+            }
+        })?;
+    if let Some(max) = max_files
+        && listing.count > max
+    {
+        return Err(ApiError::bad_request(format!(
+            "The listing has {} entries, which exceeds the limit of {max} specified by the max_files parameter",
+            listing.count
+        )));
+    }
+    let gzip = request::accepts_gzip(&req.headers) && listing.body.len() >= GZIP_MIN;
+    let etag = if gzip {
+        format!("{}-gzip\"", listing.etag.trim_end_matches('"'))
+    } else {
+        listing.etag.clone()
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(header::ETAG, header_value(&etag));
+    headers.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if request::not_modified(&req.headers, &listing.etag) {
+        return Ok((StatusCode::NOT_MODIFIED, headers).into_response());
+    }
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
+    let body = if gzip {
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        let l = listing.clone();
+        tokio::task::spawn_blocking(move || l.gzip())
+            .await
+            .map_err(|_| ApiError::internal())?
+    } else {
+        listing.body.clone()
+    };
+    Ok((StatusCode::OK, headers, body).into_response())
+}
+
+fn header_value(s: &str) -> HeaderValue {
+    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
+}
+
+/// `GET /puppet/v3/file_metadata/<mount>[/<path>]`: one entry, with the
+/// full path in `path` and a `null` `relative_path`.
+pub async fn file_metadata(State(state): State<AppState>, req: Parts) -> Response {
+    match file_metadata_inner(&state, &req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn file_metadata_inner(state: &AppState, req: &Parts) -> Result<Response, ApiError> {
+    let a = accept(
+        state,
+        req,
+        "file_metadata",
+        &["application/json", "text/pson"],
+    )
+    .await?;
+    let params = SearchParams {
+        recurse: false,
+        recurselimit: None,
+        links: request::links(&a.query)?,
+        ignore: Vec::new(),
+        checksum_type: request::checksum_type(&a.query)?,
+        use_permissions: request::use_permissions(&a.query)?,
+    };
+    let key = format!("{}/{}", a.target.mount.name(), a.target.path);
+    let index = a.index.clone();
+    let (mount, path) = (a.target.mount, a.target.path.clone());
+    let entry = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
+        let m = index.mount(mount);
+        let not_found = || ApiError::not_found("file_metadata", key.trim_end_matches("/."));
+        let mut entry = if m.roots.is_empty() && path.is_root() {
+            let (dir, view) = &m.fallback;
+            index.entry(dir, ".", view, None, &params)
+        } else {
+            let (root, node) = index.find(mount, &path).ok_or_else(not_found)?;
+            let view = node.view(params.links).ok_or_else(not_found)?;
+            index.entry(&root.dir, node.rel.as_str(), view, Some(node), &params)
+        }
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if let Some(rel) = entry.relative_path.take()
+            && rel != "."
+        {
+            entry.path = format!("{}/{}", entry.path, rel);
+        }
+        Ok(entry)
+    })
+    .await
+    .map_err(|_| ApiError::internal())??;
+    let body = serde_json::to_vec(&entry).map_err(|_| ApiError::internal())?;
+    Ok((
+        [(header::CONTENT_TYPE, HeaderValue::from_static(JSON))],
+        body,
+    )
+        .into_response())
+}
+
+/// `GET /puppet/v3/file_content/<mount>/<path>`: the bytes of the winning
+/// module's file. Only a file the index knows is opened, without following
+/// a final symlink, and only if it is still the inode that was indexed (a
+/// file replaced since gets a 503 with `Retry-After` until the index has
+/// caught up, so the bytes always match the advertised checksum).
+pub async fn file_content(State(state): State<AppState>, req: Parts) -> Response {
+    match file_content_inner(&state, &req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn file_content_inner(state: &AppState, req: &Parts) -> Result<Response, ApiError> {
+    let a = accept(state, req, "file_content", &["application/octet-stream"]).await?;
+    let key = format!("{}/{}", a.target.mount.name(), a.target.path);
+    let not_found = || ApiError::not_found("file_content", &key);
+    if a.target.path.is_root() {
+        return Err(not_found());
+    }
+    let (_, node) = a
+        .index
+        .find(a.target.mount, &a.target.path)
+        .ok_or_else(not_found)?;
+    let (Some(view), Some(sig), Some(digest)) = (node.follow.as_ref(), node.sig, node.sha256)
+    else {
+        return Err(not_found());
+    };
+    if view.kind != FileType::File {
+        return Err(not_found());
+    }
+    let etag = format!("\"{}\"", hex(&digest));
+    if request::not_modified(&req.headers, &etag) {
+        return Ok((
+            StatusCode::NOT_MODIFIED,
+            [(header::ETAG, header_value(&etag))],
+        )
+            .into_response());
+    }
+    let real = node.real.clone();
+    let opened = tokio::task::spawn_blocking(
+        move || -> std::io::Result<(std::fs::File, std::fs::Metadata, Option<Vec<u8>>)> {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+                .open(&real)?;
+            let md = file.metadata()?;
+            let small = if md.is_file() && md.size() <= SMALL_FILE {
+                use std::io::Read;
+                let mut buf = Vec::with_capacity(md.size() as usize);
+                (&file).take(SMALL_FILE + 1).read_to_end(&mut buf)?;
+                Some(buf)
+            } else {
+                None
+            };
+            Ok((file, md, small))
+        },
+    )
+    .await
+    .map_err(|_| ApiError::internal())?;
+    let (file, md, small) = match opened {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!(path = %node.real.display(), error = %e, "indexed file cannot be opened");
+            return Err(ApiError::unavailable(
+                "the file changed on the master, retry",
+                1,
+            ));
+        }
+    };
+    let current = crate::walk::sig_of(&md);
+    if !md.is_file() || current != sig || small.as_ref().is_some_and(|b| b.len() as u64 != sig.size)
+    {
+        tracing::info!(path = %node.real.display(), "file changed since it was indexed");
+        return Err(ApiError::unavailable(
+            "the file changed on the master, retry",
+            1,
+        ));
+    }
+    let body = match small {
+        Some(bytes) => Body::from(Bytes::from(bytes)),
+        None => Body::from_stream(tokio_util::io::ReaderStream::new(
+            tokio::fs::File::from_std(file),
+        )),
+    };
+    Ok((
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (header::CONTENT_LENGTH, HeaderValue::from(sig.size)),
+            (header::ETAG, header_value(&etag)),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `GET /status/v1/simple`: `running`, or 503 `stopping` while draining.
+/// No client certificate needed: it is the load balancer's health check.
+pub async fn status(State(state): State<AppState>) -> Response {
+    if state.store.draining.load(Ordering::Relaxed) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "text/plain")],
+            "stopping",
+        )
+            .into_response()
+    } else {
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain")],
+            "running",
+        )
+            .into_response()
+    }
+}

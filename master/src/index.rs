@@ -1,0 +1,587 @@
+//! The in-memory index of one environment: both mounts, merged, hashed.
+//!
+//! [`EnvIndex::build`] walks every module root of the `plugins` (`lib/`)
+//! and `pluginfacts` (`facts.d/`) mounts, hashes each file once (reusing the
+//! digest of every file whose stat is unchanged since the previous build),
+//! and precomputes the merged, first-wins view used to find content. It runs
+//! off the request path (startup, the watcher, or once for an environment
+//! created after startup). Requests only read it: a listing for a given set
+//! of parameters is serialised once, kept in a small bounded cache with its
+//! content-derived ETag, and gzipped at most once.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use pluginsync_common::checksum::ChecksumType;
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::ignore::IgnoreSet;
+use pluginsync_common::metadata::{Checksum, FileMetadata, FileType, Links, Principal};
+use pluginsync_common::relpath::RelPath;
+
+use crate::environments::{self, Module};
+use crate::walk::{self, FileSig, Node, View};
+
+/// A mount served by the master.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mount {
+    /// Union of every module's `lib/`.
+    Plugins,
+    /// Union of every module's `facts.d/`.
+    PluginFacts,
+}
+
+impl Mount {
+    /// Both mounts.
+    pub const ALL: [Mount; 2] = [Mount::Plugins, Mount::PluginFacts];
+
+    /// Parses a mount name from a request path.
+    pub fn parse(s: &str) -> Option<Mount> {
+        match s {
+            "plugins" => Some(Mount::Plugins),
+            "pluginfacts" => Some(Mount::PluginFacts),
+            _ => None,
+        }
+    }
+
+    /// The mount name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mount::Plugins => "plugins",
+            Mount::PluginFacts => "pluginfacts",
+        }
+    }
+
+    /// The module subdirectory it serves.
+    pub fn subdir(self) -> &'static str {
+        match self {
+            Mount::Plugins => "lib",
+            Mount::PluginFacts => "facts.d",
+        }
+    }
+}
+
+/// One served root: a module's `lib/` or `facts.d/`.
+#[derive(Debug)]
+pub struct Root {
+    /// The module name.
+    pub module: String,
+    /// The root directory, as configured (the `path` of listing entries).
+    pub dir: String,
+    /// The walked entries; `nodes[0]` is the root.
+    pub nodes: Vec<Node>,
+}
+
+/// A path served by two modules: the first wins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Collision {
+    /// The relative path.
+    pub path: String,
+    /// The module whose entry is served.
+    pub winner: String,
+    /// The module whose entry is hidden.
+    pub loser: String,
+}
+
+/// Where an entry of a merged view lives: (root, node).
+pub type Loc = (u32, u32);
+
+/// One mount of one environment.
+#[derive(Debug)]
+pub struct MountIndex {
+    /// The mount.
+    pub mount: Mount,
+    /// Roots in module order.
+    pub roots: Vec<Root>,
+    /// What `"."` is when no module has the subdirectory: the first existing
+    /// modulepath directory, or the environment directory.
+    pub fallback: (String, View),
+    /// The merged `links=follow` view with nothing ignored: relative path →
+    /// winning entry. `file_content` and `file_metadata` look up here.
+    pub lookup: HashMap<String, Loc>,
+    /// Paths hidden by an earlier module.
+    pub collisions: Vec<Collision>,
+}
+
+/// Parameters of a `file_metadatas` search, normalised; also the key of the
+/// response cache.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SearchParams {
+    /// `recurse`.
+    pub recurse: bool,
+    /// `recurselimit`; `None` for no limit.
+    pub recurselimit: Option<u32>,
+    /// `links`.
+    pub links: Links,
+    /// `ignore` patterns, in request order.
+    pub ignore: Vec<String>,
+    /// `checksum_type`.
+    pub checksum_type: ChecksumType,
+    /// `source_permissions=use` (or `use_when_creating`).
+    pub use_permissions: bool,
+}
+
+/// How owner, group and mode are reported.
+#[derive(Debug, Clone, Copy)]
+pub struct Identity {
+    /// The master's euid, reported under `source_permissions=ignore`.
+    pub uid: u32,
+    /// The master's egid.
+    pub gid: u32,
+}
+
+impl Identity {
+    /// The running process's effective ids.
+    pub fn current() -> Self {
+        Identity {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+        }
+    }
+}
+
+/// The checksum every directory carries. Puppet sends the ctime of the
+/// search base, which agents ignore (PROTOCOL.md §2.2); a constant keeps
+/// listings, and so ETags, identical on every replica of the same tree.
+pub const DIRECTORY_CTIME: i64 = 0;
+
+impl MountIndex {
+    /// Walks and hashes one mount.
+    pub fn build(
+        mount: Mount,
+        modules: &[Module],
+        modulepath: &[PathBuf],
+        env_dir: &Path,
+        previous: &HashMap<PathBuf, (FileSig, [u8; 32])>,
+        hashed: Option<&AtomicU64>,
+    ) -> MountIndex {
+        let mut roots = Vec::new();
+        for m in modules {
+            let dir = m.dir.join(mount.subdir());
+            if !dir.exists() {
+                continue;
+            }
+            if !dir.is_dir() {
+                tracing::warn!(path = %dir.display(), "not a directory, not served");
+                continue;
+            }
+            match walk::walk_root(&dir, &m.name) {
+                Ok(mut nodes) => {
+                    if let Some(counter) = hashed {
+                        walk::hash_nodes(&mut nodes, previous, counter, &m.name);
+                    }
+                    roots.push(Root {
+                        module: m.name.clone(),
+                        dir: dir.to_string_lossy().into_owned(),
+                        nodes,
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(path = %dir.display(), error = %e, "cannot walk module directory, not served")
+                }
+            }
+        }
+        let fallback_dir = modulepath
+            .iter()
+            .find(|d| d.is_dir())
+            .cloned()
+            .unwrap_or_else(|| env_dir.to_owned());
+        let fallback_view = std::fs::metadata(&fallback_dir)
+            .ok()
+            .map(|md| {
+                use std::os::unix::fs::MetadataExt;
+                View {
+                    kind: FileType::Directory,
+                    mode: md.mode() & 0o7777,
+                    uid: md.uid(),
+                    gid: md.gid(),
+                    mtime: md.mtime(),
+                    ctime: md.ctime(),
+                    destination: None,
+                }
+            })
+            .unwrap_or(View {
+                kind: FileType::Directory,
+                mode: 0o755,
+                uid: 0,
+                gid: 0,
+                mtime: 0,
+                ctime: 0,
+                destination: None,
+            });
+        let mut index = MountIndex {
+            mount,
+            roots,
+            fallback: (fallback_dir.to_string_lossy().into_owned(), fallback_view),
+            lookup: HashMap::new(),
+            collisions: Vec::new(),
+        };
+        let mut collisions = Vec::new();
+        let all = index.merge(
+            Links::Follow,
+            &IgnoreSet::empty(),
+            None,
+            Some(&mut collisions),
+        );
+        index.lookup = all
+            .into_iter()
+            .map(|loc| (index.node(loc).rel.as_str().to_owned(), loc))
+            .collect();
+        for c in &collisions {
+            tracing::info!(mount = mount.name(), path = %c.path, winner = %c.winner, hidden = %c.loser, "path served by two modules, first wins");
+        }
+        index.collisions = collisions;
+        index
+    }
+
+    /// The node at `loc`.
+    pub fn node(&self, loc: Loc) -> &Node {
+        &self.roots[loc.0 as usize].nodes[loc.1 as usize]
+    }
+
+    /// The first-wins union of every root for one `links` mode, in Puppet's
+    /// order: the first root's breadth-first walk, then each later root's
+    /// new paths. `"."` (the first root's) comes first. Ignored entries and
+    /// everything below them are left out, as are entries deeper than
+    /// `recurselimit`. An entry below a path that an earlier module serves
+    /// as a non-directory is dropped with its subtree (Puppet would list
+    /// both, and the agent would fail to write the child).
+    pub fn merge(
+        &self,
+        links: Links,
+        ignore: &IgnoreSet,
+        recurselimit: Option<u32>,
+        mut collisions: Option<&mut Vec<Collision>>,
+    ) -> Vec<Loc> {
+        let mut out: Vec<Loc> = Vec::new();
+        let mut seen: HashMap<&str, (FileType, u32)> = HashMap::new();
+        for (ri, root) in self.roots.iter().enumerate() {
+            let mut skipped = vec![false; root.nodes.len()];
+            for (ni, node) in root.nodes.iter().enumerate() {
+                if ni == 0 {
+                    if ri == 0 {
+                        out.push((0, 0));
+                        seen.insert(".", (FileType::Directory, 0));
+                    }
+                    continue;
+                }
+                if skipped[node.parent as usize] {
+                    skipped[ni] = true;
+                    continue;
+                }
+                let Some(view) = node.view(links) else {
+                    skipped[ni] = true;
+                    continue;
+                };
+                let name = node.rel.file_name().unwrap_or_default();
+                if ignore.is_ignored(name)
+                    || recurselimit.is_some_and(|l| node.rel.depth() > l as usize)
+                {
+                    skipped[ni] = true;
+                    continue;
+                }
+                match seen.get(node.rel.as_str()) {
+                    Some(&(kind, winner)) => {
+                        let both_dirs =
+                            kind == FileType::Directory && view.kind == FileType::Directory;
+                        if !both_dirs {
+                            skipped[ni] = true;
+                            if let Some(c) = collisions.as_deref_mut() {
+                                c.push(Collision {
+                                    path: node.rel.as_str().to_owned(),
+                                    winner: self.roots[winner as usize].module.clone(),
+                                    loser: root.module.clone(),
+                                });
+                            }
+                        }
+                    }
+                    None => {
+                        seen.insert(node.rel.as_str(), (view.kind, ri as u32));
+                        out.push((ri as u32, ni as u32));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A serialised listing, ready to send.
+#[derive(Debug)]
+pub struct CachedListing {
+    /// The JSON body.
+    pub body: Bytes,
+    /// Strong ETag derived from `body` alone (quoted).
+    pub etag: String,
+    /// Number of entries.
+    pub count: usize,
+    gzip: OnceLock<Bytes>,
+}
+
+impl CachedListing {
+    /// Wraps a body, deriving its ETag.
+    pub fn new(body: Vec<u8>, count: usize) -> Self {
+        let digest = pluginsync_common::checksum::sha256_bytes(&body);
+        CachedListing {
+            etag: format!("\"{}\"", hex_lower(&digest[..20])),
+            body: Bytes::from(body),
+            count,
+            gzip: OnceLock::new(),
+        }
+    }
+
+    /// The gzipped body, compressed on first use.
+    pub fn gzip(&self) -> Bytes {
+        self.gzip.get_or_init(|| gzip(&self.body)).clone()
+    }
+}
+
+/// Gzips a buffer.
+pub fn gzip(data: &[u8]) -> Bytes {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(data.len() / 3),
+        flate2::Compression::new(6),
+    );
+    // Writing to a Vec cannot fail.
+    let _ = enc.write_all(data);
+    Bytes::from(enc.finish().unwrap_or_default())
+}
+
+fn hex_lower(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Bounded map of serialised listings, oldest evicted first.
+#[derive(Debug, Default)]
+struct ResponseCache {
+    map: HashMap<(Mount, SearchParams), Arc<CachedListing>>,
+    order: VecDeque<(Mount, SearchParams)>,
+}
+
+/// One environment: both mounts plus caches.
+#[derive(Debug)]
+pub struct EnvIndex {
+    /// The environment name.
+    pub name: EnvName,
+    /// The environment directory.
+    pub dir: PathBuf,
+    /// The modules, in resolution order.
+    pub modules: Vec<Module>,
+    /// `plugins` and `pluginfacts`, in [`Mount::ALL`] order.
+    pub mounts: [MountIndex; 2],
+    identity: Identity,
+    cache_capacity: usize,
+    responses: Mutex<ResponseCache>,
+    /// Non-sha256 digests computed on demand: (real path, type) → value.
+    extra_checksums: Mutex<HashMap<(PathBuf, ChecksumType), String>>,
+}
+
+impl EnvIndex {
+    /// Walks and (unless `hashed` is `None`) hashes an environment, reusing
+    /// digests from `previous`.
+    pub fn build(
+        config: &crate::config::MasterConfig,
+        name: EnvName,
+        dir: PathBuf,
+        previous: Option<&EnvIndex>,
+        hashed: Option<&AtomicU64>,
+    ) -> EnvIndex {
+        let modulepath = environments::modulepath(config, &dir);
+        let modules = environments::modules(&modulepath);
+        let reuse = previous.map(EnvIndex::digests).unwrap_or_default();
+        let mounts =
+            Mount::ALL.map(|m| MountIndex::build(m, &modules, &modulepath, &dir, &reuse, hashed));
+        EnvIndex {
+            name,
+            dir,
+            modules,
+            mounts,
+            identity: Identity::current(),
+            cache_capacity: config.index.cached_responses.max(1),
+            responses: Mutex::new(ResponseCache::default()),
+            extra_checksums: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Every file digest of this index: real path → (signature, sha256).
+    fn digests(&self) -> HashMap<PathBuf, (FileSig, [u8; 32])> {
+        self.mounts
+            .iter()
+            .flat_map(|m| m.roots.iter())
+            .flat_map(|r| r.nodes.iter())
+            .filter_map(|n| Some((n.real.clone(), (n.sig?, n.sha256?))))
+            .collect()
+    }
+
+    /// The index of a mount.
+    pub fn mount(&self, mount: Mount) -> &MountIndex {
+        match mount {
+            Mount::Plugins => &self.mounts[0],
+            Mount::PluginFacts => &self.mounts[1],
+        }
+    }
+
+    /// Number of files served by a mount.
+    pub fn file_count(&self, mount: Mount) -> usize {
+        let m = self.mount(mount);
+        m.lookup
+            .values()
+            .filter(|&&loc| m.node(loc).has_content())
+            .count()
+    }
+
+    /// The serialised listing for `params`, from the cache or built now.
+    /// Blocking: may hash files for non-sha256 checksum types.
+    pub fn listing(
+        &self,
+        mount: Mount,
+        params: &SearchParams,
+    ) -> Result<Arc<CachedListing>, ListingError> {
+        let key = (mount, params.clone());
+        if let Some(hit) = self.lock_responses().map.get(&key) {
+            return Ok(hit.clone());
+        }
+        let entries = self.search(mount, params)?;
+        let body =
+            serde_json::to_vec(&entries).map_err(|e| ListingError::Internal(e.to_string()))?;
+        let listing = Arc::new(CachedListing::new(body, entries.len()));
+        let mut cache = self.lock_responses();
+        if !cache.map.contains_key(&key) {
+            if cache.order.len() >= self.cache_capacity
+                && let Some(old) = cache.order.pop_front()
+            {
+                cache.map.remove(&old);
+            }
+            cache.order.push_back(key.clone());
+            cache.map.insert(key, listing.clone());
+        }
+        Ok(listing)
+    }
+
+    fn lock_responses(&self) -> std::sync::MutexGuard<'_, ResponseCache> {
+        self.responses.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The entries of a `file_metadatas` answer.
+    pub fn search(
+        &self,
+        mount: Mount,
+        params: &SearchParams,
+    ) -> Result<Vec<FileMetadata>, ListingError> {
+        let m = self.mount(mount);
+        if m.roots.is_empty() {
+            let (dir, view) = &m.fallback;
+            return Ok(vec![self.entry(dir, ".", view, None, params)?]);
+        }
+        let ignore =
+            IgnoreSet::new(&params.ignore).map_err(|e| ListingError::BadRequest(e.to_string()))?;
+        let limit = if params.recurse {
+            params.recurselimit
+        } else {
+            Some(0)
+        };
+        m.merge(params.links, &ignore, limit, None)
+            .into_iter()
+            .filter_map(|loc| {
+                let node = m.node(loc);
+                let view = node.view(params.links)?;
+                let root = &m.roots[loc.0 as usize];
+                Some(self.entry(&root.dir, node.rel.as_str(), view, Some(node), params))
+            })
+            .collect()
+    }
+
+    /// One metadata entry.
+    pub fn entry(
+        &self,
+        base: &str,
+        rel: &str,
+        view: &View,
+        node: Option<&Node>,
+        params: &SearchParams,
+    ) -> Result<FileMetadata, ListingError> {
+        let (owner, group, mode) = if params.use_permissions {
+            (view.uid, view.gid, view.mode)
+        } else {
+            (self.identity.uid, self.identity.gid, 0o644)
+        };
+        let checksum = match view.kind {
+            FileType::Directory => Some(Checksum {
+                kind: "ctime".into(),
+                value: ChecksumType::Ctime.format_time(DIRECTORY_CTIME),
+            }),
+            _ => node.and_then(|n| self.checksum(n, view, params.checksum_type)),
+        };
+        Ok(FileMetadata {
+            path: base.to_owned(),
+            relative_path: Some(rel.to_owned()),
+            links: params.links,
+            owner: Principal::Id(owner.into()),
+            group: Principal::Id(group.into()),
+            mode,
+            checksum,
+            kind: view.kind,
+            destination: view.destination.clone(),
+        })
+    }
+
+    /// The checksum of a file (or of a link's target); `None` when its
+    /// content is not served (a dangling or escaping link), as Puppet sends
+    /// `null` when it cannot compute one.
+    pub fn checksum(&self, node: &Node, view: &View, ty: ChecksumType) -> Option<Checksum> {
+        let value = match ty {
+            ChecksumType::Sha256 => format!("{{sha256}}{}", hex_lower(&node.sha256?)),
+            ChecksumType::Mtime => ty.format_time(view.mtime),
+            ChecksumType::Ctime => ty.format_time(view.ctime),
+            ChecksumType::None => "{none}".to_owned(),
+            _ => {
+                node.sha256?;
+                let key = (node.real.clone(), ty);
+                if let Some(v) = self
+                    .extra_checksums
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&key)
+                {
+                    return Some(Checksum {
+                        kind: ty.name().into(),
+                        value: v.clone(),
+                    });
+                }
+                let value = std::fs::File::open(&node.real)
+                    .and_then(|f| ty.digest_reader(f))
+                    .ok()?;
+                self.extra_checksums
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, value.clone());
+                value
+            }
+        };
+        Some(Checksum {
+            kind: ty.name().into(),
+            value,
+        })
+    }
+
+    /// Finds the winning entry for a relative path (`"."` for the root).
+    pub fn find(&self, mount: Mount, rel: &RelPath) -> Option<(&Root, &Node)> {
+        let m = self.mount(mount);
+        let loc = *m.lookup.get(rel.as_str())?;
+        Some((&m.roots[loc.0 as usize], m.node(loc)))
+    }
+}
+
+/// A listing could not be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum ListingError {
+    /// A request parameter was unusable.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Serialisation failed.
+    #[error("{0}")]
+    Internal(String),
+}

@@ -1,0 +1,28 @@
+//! The pluginsync master: per-environment plugin trees served over Puppet's
+//! v3 file-serving API with mutual TLS.
+//!
+//! Flow: [`config`] → [`environments`] → [`index`] (built by [`walk`], kept
+//! in [`store`], refreshed by [`watch`]) → [`routes`] → [`handlers`], which
+//! only read the index. [`server`] ties listeners, TLS ([`tls`]) and signals
+//! together; [`check`] and [`devcerts`] back the other subcommands.
+
+pub mod api_error;
+pub mod auth;
+pub mod check;
+pub mod cli;
+pub mod config;
+pub mod devcerts;
+pub mod environments;
+pub mod handlers;
+pub mod index;
+pub mod request;
+pub mod routes;
+pub mod server;
+pub mod store;
+pub mod tls;
+pub mod walk;
+pub mod watch;
+
+/// Exit code for a config or usage error: systemd's
+/// `RestartPreventExitStatus=2` stops restart loops on a bad config.
+pub const EXIT_CONFIG: i32 = 2;

@@ -1,0 +1,305 @@
+//! Walking one served root (a module's `lib/` or `facts.d/`) into nodes.
+//!
+//! The walk is breadth-first with entries sorted by name, and records two
+//! views of every entry, one per `links` mode: `follow` (`stat`: a symlink
+//! shows as its target, a symlinked directory is descended) and `manage`
+//! (`lstat`: a symlink shows as `type: "link"` with its `destination`).
+//!
+//! What is never served, each skipped with one warning instead of failing
+//! the whole listing as Puppet does (PROTOCOL.md §3.3): a dangling symlink, a
+//! symlink whose target leaves the module root (its `manage` view stays, with
+//! a `null` checksum, so nothing outside is ever opened), a symlink loop, a
+//! name that is not UTF-8 or holds a backslash, fifos, sockets and devices,
+//! and anything that cannot be read.
+//!
+//! Hashing is a separate pass ([`hash_nodes`]) so `pluginsync-master check`
+//! can walk without reading every byte, and so a rebuild can reuse the
+//! digests of files whose stat did not change.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::Metadata;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pluginsync_common::checksum::ChecksumType;
+use pluginsync_common::metadata::FileType;
+use pluginsync_common::relpath::RelPath;
+
+/// What changes when a file's content may have changed: a digest is reused
+/// only while all of these stay equal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileSig {
+    /// Device.
+    pub dev: u64,
+    /// Inode.
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+    /// Status-change time, nanoseconds since the epoch.
+    pub ctime_ns: i128,
+}
+
+/// One view (`follow` or `manage`) of an entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    /// File, directory or link.
+    pub kind: FileType,
+    /// `st_mode & 07777`.
+    pub mode: u32,
+    /// Owner uid.
+    pub uid: u32,
+    /// Group gid.
+    pub gid: u32,
+    /// mtime, seconds.
+    pub mtime: i64,
+    /// ctime, seconds.
+    pub ctime: i64,
+    /// The link's target, verbatim, for `kind == Link`.
+    pub destination: Option<String>,
+}
+
+/// One entry of a served root.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Path relative to the root; `"."` for the root itself.
+    pub rel: RelPath,
+    /// Index of the parent node; the root is its own parent.
+    pub parent: u32,
+    /// True below a followed symlinked directory: such entries exist only
+    /// under `links=follow`.
+    pub via_link: bool,
+    /// True if the entry itself is a symlink.
+    pub is_link: bool,
+    /// The `links=follow` view; `None` if the entry is not served that way.
+    pub follow: Option<View>,
+    /// The `links=manage` view; `None` if the entry is not served that way.
+    pub manage: Option<View>,
+    /// The real path to open for content: the entry itself, or the
+    /// canonical target of a followed link. Always inside the module root.
+    pub real: PathBuf,
+    /// Stat signature of `real` (files only), for digest reuse.
+    pub sig: Option<FileSig>,
+    /// SHA-256 of the content of `real`, for files and links to files that
+    /// stay inside the root; filled by [`hash_nodes`].
+    pub sha256: Option<[u8; 32]>,
+}
+
+impl Node {
+    /// The view for a `links` mode.
+    pub fn view(&self, links: pluginsync_common::metadata::Links) -> Option<&View> {
+        match links {
+            pluginsync_common::metadata::Links::Follow => self.follow.as_ref(),
+            pluginsync_common::metadata::Links::Manage => self.manage.as_ref(),
+        }
+    }
+
+    /// True if the content of `real` is served (a file, or a link to one).
+    pub fn has_content(&self) -> bool {
+        self.sig.is_some()
+    }
+}
+
+fn view_of(md: &Metadata, destination: Option<String>) -> Option<View> {
+    let ft = md.file_type();
+    let kind = if ft.is_symlink() {
+        FileType::Link
+    } else if ft.is_dir() {
+        FileType::Directory
+    } else if ft.is_file() {
+        FileType::File
+    } else {
+        return None;
+    };
+    Some(View {
+        kind,
+        mode: md.mode() & 0o7777,
+        uid: md.uid(),
+        gid: md.gid(),
+        mtime: md.mtime(),
+        ctime: md.ctime(),
+        destination,
+    })
+}
+
+/// The content signature of a file's metadata.
+pub fn sig_of(md: &Metadata) -> FileSig {
+    FileSig {
+        dev: md.dev(),
+        ino: md.ino(),
+        size: md.size(),
+        mtime_ns: i128::from(md.mtime()) * 1_000_000_000 + i128::from(md.mtime_nsec()),
+        ctime_ns: i128::from(md.ctime()) * 1_000_000_000 + i128::from(md.ctime_nsec()),
+    }
+}
+
+/// Walks the root at `root` (which must be a directory). `label` names the
+/// module in log lines.
+pub fn walk_root(root: &Path, label: &str) -> std::io::Result<Vec<Node>> {
+    let canon_root = root.canonicalize()?;
+    let md = std::fs::metadata(&canon_root)?;
+    let view = view_of(&md, None);
+    let mut nodes = vec![Node {
+        rel: RelPath::root(),
+        parent: 0,
+        via_link: false,
+        is_link: false,
+        follow: view.clone(),
+        manage: view,
+        real: canon_root.clone(),
+        sig: None,
+        sha256: None,
+    }];
+    let mut queue: VecDeque<u32> = VecDeque::from([0]);
+    while let Some(dir_idx) = queue.pop_front() {
+        let dir = &nodes[dir_idx as usize];
+        let (dir_real, dir_rel) = (dir.real.clone(), dir.rel.clone());
+        // Children of a followed directory link exist only under
+        // links=follow; the link itself is still a `link` under manage.
+        let children_via_link = dir.via_link || dir.is_link;
+        let mut names: Vec<std::ffi::OsString> = match std::fs::read_dir(&dir_real) {
+            Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.file_name())).collect(),
+            Err(e) => {
+                tracing::warn!(module = label, dir = %dir_real.display(), error = %e, "cannot read directory, its entries are not served");
+                continue;
+            }
+        };
+        names.sort();
+        for os_name in names {
+            let path = dir_real.join(&os_name);
+            let Some(name) = os_name.to_str() else {
+                tracing::warn!(module = label, path = %path.display(), "file name is not UTF-8, not served");
+                continue;
+            };
+            let rel = match dir_rel.join(name) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(module = label, path = %path.display(), error = %e, "file name cannot be served");
+                    continue;
+                }
+            };
+            let lmd = match std::fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(module = label, path = %path.display(), error = %e, "cannot stat, not served");
+                    continue;
+                }
+            };
+            let mut node = Node {
+                rel,
+                parent: dir_idx,
+                via_link: children_via_link,
+                is_link: lmd.file_type().is_symlink(),
+                follow: None,
+                manage: None,
+                real: path.clone(),
+                sig: None,
+                sha256: None,
+            };
+            let mut descend = false;
+            if node.is_link {
+                let destination = std::fs::read_link(&path)
+                    .ok()
+                    .map(|d| d.to_string_lossy().into_owned());
+                node.manage = view_of(&lmd, destination);
+                match path.canonicalize() {
+                    Err(_) => {
+                        tracing::warn!(module = label, path = %path.display(), "dangling symlink, served only under links=manage");
+                    }
+                    Ok(target) if !target.starts_with(&canon_root) => {
+                        tracing::warn!(module = label, path = %path.display(), target = %target.display(), "symlink leaves the module root, never followed");
+                    }
+                    Ok(target) => match std::fs::metadata(&target) {
+                        Ok(tmd) if tmd.is_dir() && dir_real.starts_with(&target) => {
+                            tracing::warn!(module = label, path = %path.display(), "symlink loop, not followed");
+                        }
+                        Ok(tmd) => {
+                            node.follow = view_of(&tmd, None);
+                            node.real = target;
+                            if tmd.is_file() {
+                                node.sig = Some(sig_of(&tmd));
+                            }
+                            descend = tmd.is_dir();
+                            if node.follow.is_none() {
+                                tracing::warn!(module = label, path = %path.display(), "symlink to a special file, not served");
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(module = label, path = %path.display(), error = %e, "cannot stat symlink target, not followed");
+                        }
+                    },
+                }
+            } else {
+                node.follow = view_of(&lmd, None);
+                if node.follow.is_none() {
+                    tracing::warn!(module = label, path = %path.display(), "fifo, socket or device, not served");
+                    continue;
+                }
+                node.manage = node.follow.clone();
+                if lmd.is_file() {
+                    node.sig = Some(sig_of(&lmd));
+                }
+                descend = lmd.is_dir();
+            }
+            if node.via_link {
+                node.manage = None;
+            }
+            nodes.push(node);
+            if descend {
+                queue.push_back((nodes.len() - 1) as u32);
+            }
+        }
+    }
+    Ok(nodes)
+}
+
+/// Fills `sha256` for every node with content, reusing digests from
+/// `previous` (real path → (signature, digest)) when the signature is
+/// unchanged. Each file actually read bumps `hashed`. A file that cannot be
+/// read is dropped from both views, with a warning.
+pub fn hash_nodes(
+    nodes: &mut [Node],
+    previous: &HashMap<PathBuf, (FileSig, [u8; 32])>,
+    hashed: &AtomicU64,
+    label: &str,
+) {
+    for node in nodes.iter_mut() {
+        let Some(sig) = node.sig else { continue };
+        if let Some((old_sig, digest)) = previous.get(&node.real)
+            && *old_sig == sig
+        {
+            node.sha256 = Some(*digest);
+            continue;
+        }
+        match hash_file(&node.real) {
+            Ok(digest) => {
+                hashed.fetch_add(1, Ordering::Relaxed);
+                node.sha256 = Some(digest);
+            }
+            Err(e) => {
+                tracing::warn!(module = label, path = %node.real.display(), error = %e, "cannot read file, not served");
+                node.follow = None;
+                node.manage = None;
+                node.sig = None;
+            }
+        }
+    }
+}
+
+/// SHA-256 of a file, streamed.
+pub fn hash_file(path: &Path) -> std::io::Result<[u8; 32]> {
+    let file = std::fs::File::open(path)?;
+    let value = ChecksumType::Sha256.digest_reader(file)?;
+    let mut out = [0u8; 32];
+    hex_decode(&value["{sha256}".len()..], &mut out);
+    Ok(out)
+}
+
+fn hex_decode(hex: &str, out: &mut [u8; 32]) {
+    for (i, chunk) in hex.as_bytes().chunks(2).take(32).enumerate() {
+        let s = std::str::from_utf8(chunk).unwrap_or("00");
+        out[i] = u8::from_str_radix(s, 16).unwrap_or(0);
+    }
+}
