@@ -1,1 +1,8 @@
-//! e2e placeholder
+//! End-to-end tests: a real master over real TLS on 127.0.0.1, real trees on
+//! disk, real child processes (the binaries and, where installed, Puppet).
+
+mod common;
+mod master_etag;
+mod master_listing;
+mod master_security;
+mod master_watch;
