@@ -139,8 +139,10 @@ impl FromStr for ChecksumType {
 pub fn ruby_time_utc(unix_seconds: i64) -> String {
     let t = time::OffsetDateTime::from_unix_timestamp(unix_seconds)
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    let fmt = time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second] +0000");
-    t.format(&fmt).unwrap_or_else(|_| "1970-01-01 00:00:00 +0000".to_owned())
+    let fmt =
+        time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second] +0000");
+    t.format(&fmt)
+        .unwrap_or_else(|_| "1970-01-01 00:00:00 +0000".to_owned())
 }
 
 fn hash_all<D: Digest>(mut reader: impl Read) -> io::Result<String> {
@@ -207,10 +209,19 @@ mod tests {
             t(ChecksumType::Sha256, b"abc"),
             "{sha256}ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
-        assert_eq!(t(ChecksumType::Md5, b"abc"), "{md5}900150983cd24fb0d6963f7d28e17f72");
-        assert_eq!(t(ChecksumType::Sha1, b"abc"), "{sha1}a9993e364706816aba3e25717850c26c9cd0d89d");
+        assert_eq!(
+            t(ChecksumType::Md5, b"abc"),
+            "{md5}900150983cd24fb0d6963f7d28e17f72"
+        );
+        assert_eq!(
+            t(ChecksumType::Sha1, b"abc"),
+            "{sha1}a9993e364706816aba3e25717850c26c9cd0d89d"
+        );
         let big = vec![b'x'; 2000];
-        assert_eq!(t(ChecksumType::Sha256Lite, &big), t(ChecksumType::Sha256, &big[..512]).replace("sha256", "sha256lite"));
+        assert_eq!(
+            t(ChecksumType::Sha256Lite, &big),
+            t(ChecksumType::Sha256, &big[..512]).replace("sha256", "sha256lite")
+        );
     }
 
     #[test]
@@ -224,8 +235,14 @@ mod tests {
 
     #[test]
     fn time_format_is_rubys() {
-        assert_eq!(ChecksumType::Ctime.format_time(0), "{ctime}1970-01-01 00:00:00 +0000");
-        assert_eq!(ChecksumType::Mtime.format_time(1_704_067_200), "{mtime}2024-01-01 00:00:00 +0000");
+        assert_eq!(
+            ChecksumType::Ctime.format_time(0),
+            "{ctime}1970-01-01 00:00:00 +0000"
+        );
+        assert_eq!(
+            ChecksumType::Mtime.format_time(1_704_067_200),
+            "{mtime}2024-01-01 00:00:00 +0000"
+        );
     }
 
     #[test]
@@ -233,7 +250,10 @@ mod tests {
         let mut s = Sha256Stream::new();
         s.update(b"a");
         s.update(b"bc");
-        assert_eq!(s.finish(), ChecksumType::Sha256.digest_reader(&b"abc"[..]).unwrap());
+        assert_eq!(
+            s.finish(),
+            ChecksumType::Sha256.digest_reader(&b"abc"[..]).unwrap()
+        );
         assert_eq!(split_checksum("{sha256}abc"), Some(("sha256", "abc")));
         assert_eq!(split_checksum("sha256abc"), None);
     }

@@ -77,7 +77,11 @@ impl IgnoreSet {
         }
         let build = |b: GlobSetBuilder| {
             b.build().map_err(|e| IgnoreError {
-                pattern: patterns.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(" "),
+                pattern: patterns
+                    .iter()
+                    .map(AsRef::as_ref)
+                    .collect::<Vec<_>>()
+                    .join(" "),
                 reason: e.to_string(),
             })
         };

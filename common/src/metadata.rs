@@ -137,7 +137,8 @@ mod tests {
 
     #[test]
     fn strict_where_the_agent_relies() {
-        let no_type = r#"{"path":"/x","relative_path":".","owner":0,"group":0,"mode":420,"checksum":null}"#;
+        let no_type =
+            r#"{"path":"/x","relative_path":".","owner":0,"group":0,"mode":420,"checksum":null}"#;
         assert!(serde_json::from_str::<FileMetadata>(no_type).is_err());
         let bad_mode = r#"{"path":"/x","relative_path":".","owner":0,"group":0,"mode":"0644","checksum":null,"type":"file"}"#;
         assert!(serde_json::from_str::<FileMetadata>(bad_mode).is_err());

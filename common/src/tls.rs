@@ -66,7 +66,10 @@ fn invalid(what: &'static str, path: &Path, reason: impl Into<String>) -> TlsErr
 }
 
 /// Reads every certificate of a PEM file (a chain or a CA bundle).
-pub fn load_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub fn load_certs(
+    what: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = read(what, path)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
@@ -80,8 +83,13 @@ pub fn load_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<
 /// Reads a private key (PKCS#8, PKCS#1 or SEC1 PEM).
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let pem = read("private key", path)?;
-    PrivateKeyDer::from_pem_slice(&pem)
-        .map_err(|e| invalid("private key", path, format!("holds no usable private key: {e}")))
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+        invalid(
+            "private key",
+            path,
+            format!("holds no usable private key: {e}"),
+        )
+    })
 }
 
 /// Reads every CRL of a PEM file.
@@ -100,9 +108,13 @@ pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static
 pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     for cert in load_certs("CA bundle", path)? {
-        roots
-            .add(cert)
-            .map_err(|e| invalid("CA bundle", path, format!("holds an unusable CA certificate: {e}")))?;
+        roots.add(cert).map_err(|e| {
+            invalid(
+                "CA bundle",
+                path,
+                format!("holds an unusable CA certificate: {e}"),
+            )
+        })?;
     }
     Ok(roots)
 }
@@ -141,13 +153,29 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("nope.pem");
         let e = load_certs("CA bundle", &missing).unwrap_err().to_string();
-        assert!(e.contains("nope.pem") && e.starts_with("cannot read CA bundle"), "{e}");
+        assert!(
+            e.contains("nope.pem") && e.starts_with("cannot read CA bundle"),
+            "{e}"
+        );
         let empty = dir.path().join("empty.pem");
         std::fs::write(&empty, "hello\n").unwrap();
         let e = load_certs("certificate", &empty).unwrap_err().to_string();
-        assert!(e.contains("empty.pem") && e.contains("no CERTIFICATE"), "{e}");
-        assert!(load_key(&empty).unwrap_err().to_string().contains("no usable private key"));
-        assert!(load_crls(&empty).unwrap_err().to_string().contains("no X509 CRL"));
+        assert!(
+            e.contains("empty.pem") && e.contains("no CERTIFICATE"),
+            "{e}"
+        );
+        assert!(
+            load_key(&empty)
+                .unwrap_err()
+                .to_string()
+                .contains("no usable private key")
+        );
+        assert!(
+            load_crls(&empty)
+                .unwrap_err()
+                .to_string()
+                .contains("no X509 CRL")
+        );
     }
 
     #[test]

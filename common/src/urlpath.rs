@@ -41,7 +41,11 @@ pub fn encode_path(relative_path: &str) -> String {
 
 /// Escapes a query value as Puppet does (`CGI.escape`, then `+` → `%20`).
 pub fn encode_query_value(value: &str) -> String {
-    const QUERY_KEEP: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+    const QUERY_KEEP: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
     utf8_percent_encode(value, QUERY_KEEP).to_string()
 }
 
@@ -64,7 +68,10 @@ mod tests {
 
     #[test]
     fn encodes_like_puppet_lab_observations() {
-        assert_eq!(encode_path("facter/with space.rb"), "facter/with%20space.rb");
+        assert_eq!(
+            encode_path("facter/with space.rb"),
+            "facter/with%20space.rb"
+        );
         assert_eq!(encode_path("ünï.rb"), "%C3%BCn%C3%AF.rb");
         assert_eq!(encode_path("a+b;c#d%e"), "a+b;c%23d%25e");
         assert_eq!(encode_path("q?m.rb"), "q%3Fm.rb");
