@@ -36,10 +36,15 @@ pub async fn listing(
 
 /// The entry for `rel`, if listed.
 pub fn entry<'a>(entries: &'a [FileMetadata], rel: &str) -> Option<&'a FileMetadata> {
-    entries.iter().find(|e| e.relative_path.as_deref() == Some(rel))
+    entries
+        .iter()
+        .find(|e| e.relative_path.as_deref() == Some(rel))
 }
 
 /// The relative paths of a listing, in order.
 pub fn paths(entries: &[FileMetadata]) -> Vec<String> {
-    entries.iter().filter_map(|e| e.relative_path.clone()).collect()
+    entries
+        .iter()
+        .filter_map(|e| e.relative_path.clone())
+        .collect()
 }

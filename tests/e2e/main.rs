@@ -6,3 +6,4 @@ mod master_etag;
 mod master_listing;
 mod master_security;
 mod master_watch;
+mod puppet_compat;

@@ -9,8 +9,15 @@ use pluginsync_tests::{EnvTree, MasterProcess, Pki, client, config_toml, wait_fo
 
 const Q: &str = "recurse=true&max_files=-1&ignore=.svn&ignore=CVS&ignore=.git&ignore=.hg&links=follow&checksum_type=sha256&source_permissions=use&environment=production";
 
-async fn get(c: &reqwest::Client, base: &str, inm: Option<&str>, gzip: bool) -> (u16, Option<String>, Vec<u8>, Option<String>) {
-    let mut r = c.get(format!("{base}/puppet/v3/file_metadatas/plugins?{Q}")).header("Accept", "application/json");
+async fn get(
+    c: &reqwest::Client,
+    base: &str,
+    inm: Option<&str>,
+    gzip: bool,
+) -> (u16, Option<String>, Vec<u8>, Option<String>) {
+    let mut r = c
+        .get(format!("{base}/puppet/v3/file_metadatas/plugins?{Q}"))
+        .header("Accept", "application/json");
     if let Some(tag) = inm {
         r = r.header("If-None-Match", tag);
     }
@@ -19,8 +26,14 @@ async fn get(c: &reqwest::Client, base: &str, inm: Option<&str>, gzip: bool) -> 
     }
     let resp = r.send().await.unwrap();
     let status = resp.status().as_u16();
-    let etag = resp.headers().get("etag").map(|v| v.to_str().unwrap().to_owned());
-    let enc = resp.headers().get("content-encoding").map(|v| v.to_str().unwrap().to_owned());
+    let etag = resp
+        .headers()
+        .get("etag")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let enc = resp
+        .headers()
+        .get("content-encoding")
+        .map(|v| v.to_str().unwrap().to_owned());
     (status, etag, resp.bytes().await.unwrap().to_vec(), enc)
 }
 
@@ -45,14 +58,19 @@ async fn replicas_agree_on_etags_and_revalidate_each_others() {
     // A 304 from either replica, for the other's ETag.
     let (s, e, body, _) = get(&c, &b.url(), Some(&etag), false).await;
     assert_eq!((s, e.as_deref(), body.len()), (304, Some(etag.as_str()), 0));
-    assert_eq!(get(&c, &a.url(), Some("\"something-else\""), false).await.0, 200);
+    assert_eq!(
+        get(&c, &a.url(), Some("\"something-else\""), false).await.0,
+        200
+    );
 
     // gzip when asked: a distinct representation tag, same content, and the
     // plain ETag still revalidates it.
     let (s, gz_tag, gz, enc) = get(&c, &a.url(), None, true).await;
     assert_eq!((s, enc.as_deref()), (200, Some("gzip")));
     let mut plain = Vec::new();
-    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut plain).unwrap();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_end(&mut plain)
+        .unwrap();
     assert_eq!(plain, body_a);
     assert_ne!(gz_tag.as_deref(), Some(etag.as_str()));
     assert_eq!(get(&c, &a.url(), Some(&etag), true).await.0, 304);
@@ -69,6 +87,10 @@ async fn replicas_agree_on_etags_and_revalidate_each_others() {
     })
     .await;
     let new_tag = converged.expect("both replicas serve a new, identical ETag");
-    assert_eq!(get(&c, &a.url(), Some(&etag), false).await.0, 200, "the old ETag no longer matches");
+    assert_eq!(
+        get(&c, &a.url(), Some(&etag), false).await.0,
+        200,
+        "the old ETag no longer matches"
+    );
     assert_eq!(get(&c, &b.url(), Some(&new_tag), false).await.0, 304);
 }

@@ -13,26 +13,74 @@ use crate::common::{entry, listing, paths, pluginsync_query};
 fn planted_tree() -> EnvTree {
     let t = EnvTree::new();
     t.generate("production", 4, 15, 1);
-    t.file("production", "mod00", "lib/facter/common.rb", "# from mod00\n", 0o644);
-    t.file("production", "mod02", "lib/facter/common.rb", "# from mod02\n", 0o644);
-    t.file("production", "mod00", "lib/conflict", "a file in mod00\n", 0o644);
-    t.file("production", "mod01", "lib/conflict/child.rb", "under a dir in mod01\n", 0o644);
+    t.file(
+        "production",
+        "mod00",
+        "lib/facter/common.rb",
+        "# from mod00\n",
+        0o644,
+    );
+    t.file(
+        "production",
+        "mod02",
+        "lib/facter/common.rb",
+        "# from mod02\n",
+        0o644,
+    );
+    t.file(
+        "production",
+        "mod00",
+        "lib/conflict",
+        "a file in mod00\n",
+        0o644,
+    );
+    t.file(
+        "production",
+        "mod01",
+        "lib/conflict/child.rb",
+        "under a dir in mod01\n",
+        0o644,
+    );
     t.file("production", "mod00", "lib/.hidden.rb", "hidden\n", 0o644);
     t.file("production", "mod00", "lib/{a,b}.rb", "braces\n", 0o644);
     t.file("production", "mod00", "lib/a.rb", "a\n", 0o644);
-    t.file("production", "mod00", "lib/ignored_dir/deep/x.rb", "x\n", 0o644);
+    t.file(
+        "production",
+        "mod00",
+        "lib/ignored_dir/deep/x.rb",
+        "x\n",
+        0o644,
+    );
     t.file("production", "mod00", "lib/.git/config", "[core]\n", 0o644);
-    t.file("production", "mod00", "lib/bin/tool.sh", "#!/bin/sh\necho hi\n", 0o755);
+    t.file(
+        "production",
+        "mod00",
+        "lib/bin/tool.sh",
+        "#!/bin/sh\necho hi\n",
+        0o755,
+    );
     t.file("production", "mod00", "lib/secret.rb", "s\n", 0o600);
     t.dir("production", "mod00", "lib/private", 0o750);
     t.file("production", "mod00", "lib/private/p.rb", "p\n", 0o640);
-    t.file("production", "mod01", "lib/facter/real.rb", "real content\n", 0o644);
+    t.file(
+        "production",
+        "mod01",
+        "lib/facter/real.rb",
+        "real content\n",
+        0o644,
+    );
     t.symlink("production", "mod01", "lib/facter/linked.rb", "real.rb");
     t.file("production", "mod01", "lib/shared/impl.rb", "impl\n", 0o644);
     t.symlink("production", "mod01", "lib/shared_alias", "shared");
     t.symlink("production", "mod01", "lib/facter/dangling.rb", "nope.rb");
     // Not a valid module name: never served.
-    t.file("production", "Bad-Name", "lib/facter/bad.rb", "bad\n", 0o644);
+    t.file(
+        "production",
+        "Bad-Name",
+        "lib/facter/bad.rb",
+        "bad\n",
+        0o644,
+    );
     t
 }
 
@@ -45,7 +93,13 @@ async fn listing_is_puppet_shaped_and_checksums_are_real() {
     let (tree, pki) = (planted_tree(), Pki::new());
     let master = start(&tree, &pki);
     let c = client(&pki, Some("node1"));
-    let (status, headers, entries) = listing(&c, &master.url(), "plugins", &pluginsync_query("ignore", "follow", "production")).await;
+    let (status, headers, entries) = listing(
+        &c,
+        &master.url(),
+        "plugins",
+        &pluginsync_query("ignore", "follow", "production"),
+    )
+    .await;
     assert_eq!(status, 200);
     assert_eq!(headers["content-type"], "application/json; charset=utf-8");
     assert_eq!(headers["x-puppet-version"], "7.23.0");
@@ -53,17 +107,28 @@ async fn listing_is_puppet_shaped_and_checksums_are_real() {
     // "." comes first and is the first module's lib directory.
     assert_eq!(entries[0].relative_path.as_deref(), Some("."));
     assert_eq!(entries[0].kind, FileType::Directory);
-    assert!(entries[0].path.ends_with("/mod00/lib"), "{}", entries[0].path);
+    assert!(
+        entries[0].path.ends_with("/mod00/lib"),
+        "{}",
+        entries[0].path
+    );
 
     // Every file's checksum is the sha256 of the bytes on disk.
-    let files: Vec<_> = entries.iter().filter(|e| e.kind == FileType::File).collect();
+    let files: Vec<_> = entries
+        .iter()
+        .filter(|e| e.kind == FileType::File)
+        .collect();
     assert!(files.len() > 60, "{} files", files.len());
     for e in &files {
         let rel = e.relative_path.as_deref().unwrap();
         let bytes = std::fs::read(Path::new(&e.path).join(rel)).unwrap();
         let ck = e.checksum.as_ref().unwrap();
         assert_eq!(ck.kind, "sha256");
-        assert_eq!(ck.value, format!("{{sha256}}{}", sha256_hex(&bytes)), "{rel}");
+        assert_eq!(
+            ck.value,
+            format!("{{sha256}}{}", sha256_hex(&bytes)),
+            "{rel}"
+        );
         assert_eq!(e.links, Links::Follow);
     }
     // Directory checksums are the ctime type Puppet agents expect.
@@ -79,7 +144,8 @@ async fn listing_is_puppet_shaped_and_checksums_are_real() {
     for p in &all {
         let mut parent = Path::new(p).parent();
         while let Some(dir) = parent.filter(|d| !d.as_os_str().is_empty()) {
-            let d = entry(&entries, dir.to_str().unwrap()).unwrap_or_else(|| panic!("{} not listed (parent of {p})", dir.display()));
+            let d = entry(&entries, dir.to_str().unwrap())
+                .unwrap_or_else(|| panic!("{} not listed (parent of {p})", dir.display()));
             assert_eq!(d.kind, FileType::Directory, "{}", dir.display());
             parent = dir.parent();
         }
@@ -100,10 +166,15 @@ async fn listing_is_puppet_shaped_and_checksums_are_real() {
     assert!(!entries.iter().any(|e| e.path.contains("Bad-Name")));
 
     // source_permissions=ignore: 0644 for everything, the master's own ids.
-    let euid = std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap();
+    let euid = std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .unwrap();
     for e in &entries {
         assert_eq!(e.mode, 0o644, "{:?}", e.relative_path);
-        assert_eq!(e.owner, pluginsync_common::metadata::Principal::Id(euid.into()));
+        assert_eq!(
+            e.owner,
+            pluginsync_common::metadata::Principal::Id(euid.into())
+        );
     }
 
     // Dangling links are skipped under follow, not a 500 for everyone.
@@ -114,13 +185,34 @@ async fn listing_is_puppet_shaped_and_checksums_are_real() {
     assert_eq!(s, 200);
     assert_eq!(paths(&only_root), vec!["."]);
     // recurselimit=1 stops at the first level.
-    let (_, _, shallow) = listing(&c, &master.url(), "plugins", "recurse=true&recurselimit=1&environment=production").await;
-    assert!(paths(&shallow).iter().all(|p| !p.contains('/')), "{:?}", paths(&shallow));
+    let (_, _, shallow) = listing(
+        &c,
+        &master.url(),
+        "plugins",
+        "recurse=true&recurselimit=1&environment=production",
+    )
+    .await;
+    assert!(
+        paths(&shallow).iter().all(|p| !p.contains('/')),
+        "{:?}",
+        paths(&shallow)
+    );
     assert!(entry(&shallow, "facter").is_some());
 
     // Other checksum types are computed on demand.
-    let (_, _, md5) = listing(&c, &master.url(), "plugins", "recurse=true&checksum_type=md5&environment=production").await;
-    let v = &entry(&md5, "facter/common.rb").unwrap().checksum.as_ref().unwrap().value;
+    let (_, _, md5) = listing(
+        &c,
+        &master.url(),
+        "plugins",
+        "recurse=true&checksum_type=md5&environment=production",
+    )
+    .await;
+    let v = &entry(&md5, "facter/common.rb")
+        .unwrap()
+        .checksum
+        .as_ref()
+        .unwrap()
+        .value;
     assert!(v.starts_with("{md5}") && v.len() == 5 + 32, "{v}");
 }
 
@@ -146,7 +238,13 @@ async fn ignore_follows_puppet_fnmatch_edge_cases() {
     let (_, _, dir) = listing(&c, &master.url(), "plugins", &q("ignore=ignored_dir")).await;
     assert!(!paths(&dir).iter().any(|p| p.starts_with("ignored_dir")));
     // Repeated ignore keys combine; matching is case-sensitive.
-    let (_, _, two) = listing(&c, &master.url(), "plugins", &q("ignore=bin&ignore=SECRET.rb")).await;
+    let (_, _, two) = listing(
+        &c,
+        &master.url(),
+        "plugins",
+        &q("ignore=bin&ignore=SECRET.rb"),
+    )
+    .await;
     assert!(entry(&two, "bin").is_none() && entry(&two, "bin/tool.sh").is_none());
     assert!(entry(&two, "secret.rb").is_some());
     // Ignores apply at every depth, by basename.
@@ -161,45 +259,111 @@ async fn links_follow_and_manage_differ_as_puppets_do() {
     let c = client(&pki, Some("node1"));
     let real_sum = format!("{{sha256}}{}", sha256_hex(b"real content\n"));
 
-    let (_, _, follow) = listing(&c, &master.url(), "plugins", "recurse=true&links=follow&environment=production").await;
+    let (_, _, follow) = listing(
+        &c,
+        &master.url(),
+        "plugins",
+        "recurse=true&links=follow&environment=production",
+    )
+    .await;
     let linked = entry(&follow, "facter/linked.rb").unwrap();
-    assert_eq!((linked.kind, linked.destination.as_deref()), (FileType::File, None));
+    assert_eq!(
+        (linked.kind, linked.destination.as_deref()),
+        (FileType::File, None)
+    );
     assert_eq!(linked.checksum.as_ref().unwrap().value, real_sum);
-    assert_eq!(entry(&follow, "shared_alias").unwrap().kind, FileType::Directory);
-    assert_eq!(entry(&follow, "shared_alias/impl.rb").unwrap().kind, FileType::File);
+    assert_eq!(
+        entry(&follow, "shared_alias").unwrap().kind,
+        FileType::Directory
+    );
+    assert_eq!(
+        entry(&follow, "shared_alias/impl.rb").unwrap().kind,
+        FileType::File
+    );
 
-    let (_, _, manage) = listing(&c, &master.url(), "plugins", "recurse=true&links=manage&source_permissions=use&environment=production").await;
+    let (_, _, manage) = listing(
+        &c,
+        &master.url(),
+        "plugins",
+        "recurse=true&links=manage&source_permissions=use&environment=production",
+    )
+    .await;
     let linked = entry(&manage, "facter/linked.rb").unwrap();
-    assert_eq!((linked.kind, linked.destination.as_deref()), (FileType::Link, Some("real.rb")));
-    assert_eq!(linked.checksum.as_ref().unwrap().value, real_sum, "a link's checksum is its target's");
+    assert_eq!(
+        (linked.kind, linked.destination.as_deref()),
+        (FileType::Link, Some("real.rb"))
+    );
+    assert_eq!(
+        linked.checksum.as_ref().unwrap().value,
+        real_sum,
+        "a link's checksum is its target's"
+    );
     assert_eq!(linked.mode, 0o777);
     assert_eq!(linked.links, Links::Manage);
     let alias = entry(&manage, "shared_alias").unwrap();
-    assert_eq!((alias.kind, alias.destination.as_deref()), (FileType::Link, Some("shared")));
-    assert!(entry(&manage, "shared_alias/impl.rb").is_none(), "manage does not descend links");
+    assert_eq!(
+        (alias.kind, alias.destination.as_deref()),
+        (FileType::Link, Some("shared"))
+    );
+    assert!(
+        entry(&manage, "shared_alias/impl.rb").is_none(),
+        "manage does not descend links"
+    );
     let dangling = entry(&manage, "facter/dangling.rb").unwrap();
     assert_eq!(dangling.kind, FileType::Link);
-    assert!(dangling.checksum.is_none(), "Puppet sends null when the target cannot be read");
+    assert!(
+        dangling.checksum.is_none(),
+        "Puppet sends null when the target cannot be read"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn source_permissions_use_carries_real_modes() {
     let (tree, pki) = (planted_tree(), Pki::new());
     tree.dir("production", "mod00", "facts.d", 0o755);
-    tree.file("production", "mod00", "facts.d/exec_fact.sh", "#!/bin/sh\necho a=b\n", 0o755);
-    tree.file("production", "mod00", "facts.d/static.yaml", "a: b\n", 0o640);
+    tree.file(
+        "production",
+        "mod00",
+        "facts.d/exec_fact.sh",
+        "#!/bin/sh\necho a=b\n",
+        0o755,
+    );
+    tree.file(
+        "production",
+        "mod00",
+        "facts.d/static.yaml",
+        "a: b\n",
+        0o640,
+    );
     let master = start(&tree, &pki);
     let c = client(&pki, Some("node1"));
-    let (_, _, entries) = listing(&c, &master.url(), "plugins", &pluginsync_query("use", "follow", "production")).await;
+    let (_, _, entries) = listing(
+        &c,
+        &master.url(),
+        "plugins",
+        &pluginsync_query("use", "follow", "production"),
+    )
+    .await;
     let mode = |rel: &str| entry(&entries, rel).unwrap_or_else(|| panic!("{rel}")).mode;
     assert_eq!(mode("bin/tool.sh"), 0o755);
     assert_eq!(mode("secret.rb"), 0o600);
     assert_eq!(mode("private"), 0o750);
     assert_eq!(mode("private/p.rb"), 0o640);
-    let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(tree.module("production", "mod00").join("lib/secret.rb")).unwrap());
-    assert_eq!(entry(&entries, "secret.rb").unwrap().owner, pluginsync_common::metadata::Principal::Id(uid.into()));
+    let uid = std::os::unix::fs::MetadataExt::uid(
+        &std::fs::metadata(tree.module("production", "mod00").join("lib/secret.rb")).unwrap(),
+    );
+    assert_eq!(
+        entry(&entries, "secret.rb").unwrap().owner,
+        pluginsync_common::metadata::Principal::Id(uid.into())
+    );
 
-    let (_, _, facts) = listing(&c, &master.url(), "pluginfacts", &pluginsync_query("use", "follow", "production")).await;
+    let (_, _, facts) = listing(
+        &c,
+        &master.url(),
+        "pluginfacts",
+        &pluginsync_query("use", "follow", "production"),
+    )
+    .await;
     assert_eq!(entry(&facts, "exec_fact.sh").unwrap().mode, 0o755);
     assert_eq!(entry(&facts, "static.yaml").unwrap().mode, 0o640);
     assert_eq!(entry(&facts, ".").unwrap().mode, 0o755);
@@ -211,8 +375,18 @@ async fn environment_without_the_mount_answers_only_the_root() {
     tree.file("production", "nofacts", "lib/facter/x.rb", "x\n", 0o644);
     let master = start(&tree, &pki);
     let c = client(&pki, Some("node1"));
-    let (status, _, entries) = listing(&c, &master.url(), "pluginfacts", &pluginsync_query("use", "follow", "production")).await;
+    let (status, _, entries) = listing(
+        &c,
+        &master.url(),
+        "pluginfacts",
+        &pluginsync_query("use", "follow", "production"),
+    )
+    .await;
     assert_eq!(status, 200);
     assert_eq!(paths(&entries), vec!["."]);
-    assert!(entries[0].path.ends_with("/production/modules"), "{}", entries[0].path);
+    assert!(
+        entries[0].path.ends_with("/production/modules"),
+        "{}",
+        entries[0].path
+    );
 }

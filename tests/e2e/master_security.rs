@@ -11,16 +11,43 @@ fn tree() -> EnvTree {
     let t = EnvTree::new();
     let binary: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
     t.file("production", "alpha", "lib/facter/bin.dat", &binary, 0o644);
-    t.file("production", "alpha", "lib/facter/with space ünï+x;y.rb", "odd name\n", 0o644);
-    t.file("production", "alpha", "lib/big.bin", vec![7u8; 600_000], 0o644);
+    t.file(
+        "production",
+        "alpha",
+        "lib/facter/with space ünï+x;y.rb",
+        "odd name\n",
+        0o644,
+    );
+    t.file(
+        "production",
+        "alpha",
+        "lib/big.bin",
+        vec![7u8; 600_000],
+        0o644,
+    );
     let outside = t.outside();
     std::fs::write(outside.join("secret.txt"), SECRET).unwrap();
-    t.symlink("production", "alpha", "lib/facter/escape.rb", outside.join("secret.txt"));
-    t.symlink("production", "alpha", "lib/facter/escape_rel.rb", "../../../../../outside/secret.txt");
+    t.symlink(
+        "production",
+        "alpha",
+        "lib/facter/escape.rb",
+        outside.join("secret.txt"),
+    );
+    t.symlink(
+        "production",
+        "alpha",
+        "lib/facter/escape_rel.rb",
+        "../../../../../outside/secret.txt",
+    );
     t.symlink("production", "alpha", "lib/escape_dir", &outside);
     // Another module's lib: outside alpha's root even though inside the env.
     t.file("production", "beta", "lib/beta_only.rb", "beta\n", 0o644);
-    t.symlink("production", "alpha", "lib/into_beta.rb", "../../beta/lib/beta_only.rb");
+    t.symlink(
+        "production",
+        "alpha",
+        "lib/into_beta.rb",
+        "../../beta/lib/beta_only.rb",
+    );
     t
 }
 
@@ -32,16 +59,30 @@ async fn content_is_exact_and_errors_are_puppets() {
     let get = |path: String| {
         let c = c.clone();
         async move {
-            let r = c.get(path).header("Accept", "application/octet-stream").send().await.unwrap();
-            (r.status().as_u16(), r.headers().clone(), r.bytes().await.unwrap().to_vec())
+            let r = c
+                .get(path)
+                .header("Accept", "application/octet-stream")
+                .send()
+                .await
+                .unwrap();
+            (
+                r.status().as_u16(),
+                r.headers().clone(),
+                r.bytes().await.unwrap().to_vec(),
+            )
         }
     };
     let base = format!("{}/puppet/v3/file_content/plugins", master.url());
     for rel in ["facter/bin.dat", "facter/with space ünï+x;y.rb", "big.bin"] {
-        let (s, h, body) = get(format!("{base}/{}?environment=production", encode_path(rel))).await;
+        let (s, h, body) = get(format!(
+            "{base}/{}?environment=production",
+            encode_path(rel)
+        ))
+        .await;
         assert_eq!(s, 200, "{rel}");
         assert_eq!(h["content-type"], "application/octet-stream");
-        let on_disk = std::fs::read(tree.module("production", "alpha").join("lib").join(rel)).unwrap();
+        let on_disk =
+            std::fs::read(tree.module("production", "alpha").join("lib").join(rel)).unwrap();
         assert_eq!(body, on_disk, "{rel}");
     }
     // Unknown environment: 404 with Puppet's exact JSON body.
@@ -57,23 +98,65 @@ async fn content_is_exact_and_errors_are_puppets() {
     assert_eq!(s, 400);
     assert!(String::from_utf8_lossy(&body).contains("must be purely alphanumeric, not 'bad-name'"));
     assert_eq!(get(format!("{base}/big.bin")).await.0, 400);
-    assert_eq!(get(format!("{base}/big.bin?environment=..%2F..%2Fetc")).await.0, 400);
+    assert_eq!(
+        get(format!("{base}/big.bin?environment=..%2F..%2Fetc"))
+            .await
+            .0,
+        400
+    );
     // Missing file, unknown mount, directory.
-    assert_eq!(get(format!("{base}/nosuch.rb?environment=production")).await.0, 404);
-    assert_eq!(get(format!("{}/puppet/v3/file_content/modules/x?environment=production", master.url())).await.0, 404);
-    assert_eq!(get(format!("{base}/facter?environment=production")).await.0, 404);
+    assert_eq!(
+        get(format!("{base}/nosuch.rb?environment=production"))
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        get(format!(
+            "{}/puppet/v3/file_content/modules/x?environment=production",
+            master.url()
+        ))
+        .await
+        .0,
+        404
+    );
+    assert_eq!(
+        get(format!("{base}/facter?environment=production")).await.0,
+        404
+    );
     // Content negotiation: JSON is not acceptable for content.
-    let r = c.get(format!("{base}/big.bin?environment=production")).header("Accept", "application/json").send().await.unwrap();
+    let r = c
+        .get(format!("{base}/big.bin?environment=production"))
+        .header("Accept", "application/json")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 406);
     // Methods and bodies.
-    let r = c.post(format!("{base}/big.bin?environment=production")).send().await.unwrap();
+    let r = c
+        .post(format!("{base}/big.bin?environment=production"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 405);
-    let r = c.get(format!("{base}/big.bin?environment=production")).body("x").send().await.unwrap();
+    let r = c
+        .get(format!("{base}/big.bin?environment=production"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 413);
     // Health check needs no certificate.
     let anon = client(&pki, None);
-    let r = anon.get(format!("{}/status/v1/simple", master.url())).send().await.unwrap();
-    assert_eq!((r.status().as_u16(), r.text().await.unwrap()), (200, "running".to_owned()));
+    let r = anon
+        .get(format!("{}/status/v1/simple", master.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status().as_u16(), r.text().await.unwrap()),
+        (200, "running".to_owned())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,27 +164,80 @@ async fn traversal_and_symlink_escapes_never_leak_a_byte() {
     let (tree, pki) = (tree(), Pki::new());
     let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
     let attempts = [
-        ("/puppet/v3/file_content/plugins/../../../../../etc/passwd?environment=production", Some(400)),
-        ("/puppet/v3/file_content/plugins/facter/../../beta/lib/beta_only.rb?environment=production", Some(400)),
-        ("/puppet/v3/file_content/plugins/%2e%2e/%2e%2e/%2e%2e/outside/secret.txt?environment=production", Some(400)),
-        ("/puppet/v3/file_content/plugins/facter%2F..%2F..%2F..%2Foutside%2Fsecret.txt?environment=production", Some(400)),
-        ("/puppet/v3/file_content/plugins/./facter/bin.dat?environment=production", Some(400)),
-        ("/puppet/v3/file_content/plugins/facter%5C..%5Cx?environment=production", Some(400)),
-        ("/puppet/v3/file_content/plugins/x%00y?environment=production", Some(400)),
-        ("/puppet/v3/file_content/plugins//etc/passwd?environment=production", Some(404)),
-        ("/puppet/v3/file_content/plugins/%2Fetc%2Fpasswd?environment=production", Some(404)),
-        ("/puppet/v3/file_content/plugins/facter/escape.rb?environment=production", Some(404)),
-        ("/puppet/v3/file_content/plugins/facter/escape_rel.rb?environment=production", Some(404)),
-        ("/puppet/v3/file_content/plugins/escape_dir/secret.txt?environment=production", Some(404)),
-        ("/puppet/v3/file_content/plugins/into_beta.rb?environment=production", Some(404)),
-        ("/puppet/v3/file_metadata/plugins/facter/escape.rb?links=follow&environment=production", Some(404)),
-        ("/puppet/v3/file_content/plugins/big.bin?environment=../../../etc", Some(400)),
-        ("/puppet/v3/file_metadatas/plugins/../../x?recurse=true&environment=production", Some(400)),
+        (
+            "/puppet/v3/file_content/plugins/../../../../../etc/passwd?environment=production",
+            Some(400),
+        ),
+        (
+            "/puppet/v3/file_content/plugins/facter/../../beta/lib/beta_only.rb?environment=production",
+            Some(400),
+        ),
+        (
+            "/puppet/v3/file_content/plugins/%2e%2e/%2e%2e/%2e%2e/outside/secret.txt?environment=production",
+            Some(400),
+        ),
+        (
+            "/puppet/v3/file_content/plugins/facter%2F..%2F..%2F..%2Foutside%2Fsecret.txt?environment=production",
+            Some(400),
+        ),
+        (
+            "/puppet/v3/file_content/plugins/./facter/bin.dat?environment=production",
+            Some(400),
+        ),
+        (
+            "/puppet/v3/file_content/plugins/facter%5C..%5Cx?environment=production",
+            Some(400),
+        ),
+        (
+            "/puppet/v3/file_content/plugins/x%00y?environment=production",
+            Some(400),
+        ),
+        (
+            "/puppet/v3/file_content/plugins//etc/passwd?environment=production",
+            Some(404),
+        ),
+        (
+            "/puppet/v3/file_content/plugins/%2Fetc%2Fpasswd?environment=production",
+            Some(404),
+        ),
+        (
+            "/puppet/v3/file_content/plugins/facter/escape.rb?environment=production",
+            Some(404),
+        ),
+        (
+            "/puppet/v3/file_content/plugins/facter/escape_rel.rb?environment=production",
+            Some(404),
+        ),
+        (
+            "/puppet/v3/file_content/plugins/escape_dir/secret.txt?environment=production",
+            Some(404),
+        ),
+        (
+            "/puppet/v3/file_content/plugins/into_beta.rb?environment=production",
+            Some(404),
+        ),
+        (
+            "/puppet/v3/file_metadata/plugins/facter/escape.rb?links=follow&environment=production",
+            Some(404),
+        ),
+        (
+            "/puppet/v3/file_content/plugins/big.bin?environment=../../../etc",
+            Some(400),
+        ),
+        (
+            "/puppet/v3/file_metadatas/plugins/../../x?recurse=true&environment=production",
+            Some(400),
+        ),
     ];
     for (target, want) in attempts {
-        let r = raw_get(master.addr, &pki, Some("node1"), target).await.unwrap();
+        let r = raw_get(master.addr, &pki, Some("node1"), target)
+            .await
+            .unwrap();
         let body = String::from_utf8_lossy(&r.body);
-        assert!(!body.contains(SECRET) && !body.contains("root:x:0"), "{target} leaked: {body}");
+        assert!(
+            !body.contains(SECRET) && !body.contains("root:x:0"),
+            "{target} leaked: {body}"
+        );
         assert!((400..500).contains(&r.status), "{target}: {}", r.status);
         if let Some(w) = want {
             assert_eq!(r.status, w, "{target}: {body}");
@@ -109,15 +245,33 @@ async fn traversal_and_symlink_escapes_never_leak_a_byte() {
     }
     // The listing never offers an escaping link's content under follow, and
     // under manage shows it as a link without a checksum.
-    let r = raw_get(master.addr, &pki, Some("node1"), "/puppet/v3/file_metadatas/plugins?recurse=true&links=follow&environment=production").await.unwrap();
+    let r = raw_get(
+        master.addr,
+        &pki,
+        Some("node1"),
+        "/puppet/v3/file_metadatas/plugins?recurse=true&links=follow&environment=production",
+    )
+    .await
+    .unwrap();
     let body = String::from_utf8_lossy(&r.body);
     assert_eq!(r.status, 200);
     for name in ["escape.rb", "escape_rel.rb", "escape_dir", "into_beta.rb"] {
         assert!(!body.contains(name), "{name} listed under follow");
     }
-    let r = raw_get(master.addr, &pki, Some("node1"), "/puppet/v3/file_metadatas/plugins?recurse=true&links=manage&environment=production").await.unwrap();
-    let entries: Vec<pluginsync_common::metadata::FileMetadata> = serde_json::from_slice(&r.body).unwrap();
-    let esc = entries.iter().find(|e| e.relative_path.as_deref() == Some("facter/escape.rb")).unwrap();
+    let r = raw_get(
+        master.addr,
+        &pki,
+        Some("node1"),
+        "/puppet/v3/file_metadatas/plugins?recurse=true&links=manage&environment=production",
+    )
+    .await
+    .unwrap();
+    let entries: Vec<pluginsync_common::metadata::FileMetadata> =
+        serde_json::from_slice(&r.body).unwrap();
+    let esc = entries
+        .iter()
+        .find(|e| e.relative_path.as_deref() == Some("facter/escape.rb"))
+        .unwrap();
     assert!(esc.checksum.is_none());
 }
 
@@ -125,22 +279,50 @@ async fn traversal_and_symlink_escapes_never_leak_a_byte() {
 async fn client_certificates_are_required_and_checked() {
     let (tree, pki) = (tree(), Pki::new());
     let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
-    let url = format!("{}/puppet/v3/file_metadatas/plugins?recurse=true&environment=production", master.url());
+    let url = format!(
+        "{}/puppet/v3/file_metadatas/plugins?recurse=true&environment=production",
+        master.url()
+    );
     // No certificate: 403 with Puppet's body, on every file endpoint.
     let anon = client(&pki, None);
     let r = anon.get(&url).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 403);
-    assert!(r.text().await.unwrap().contains("\"issue_kind\":\"FAILED_AUTHORIZATION\""));
-    let r = anon.get(format!("{}/puppet/v3/file_content/plugins/big.bin?environment=production", master.url())).send().await.unwrap();
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("\"issue_kind\":\"FAILED_AUTHORIZATION\"")
+    );
+    let r = anon
+        .get(format!(
+            "{}/puppet/v3/file_content/plugins/big.bin?environment=production",
+            master.url()
+        ))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 403);
     // A revoked certificate does not get past the handshake.
     let revoked = client(&pki, Some("revoked"));
-    let err = revoked.get(&url).send().await.expect_err("revoked certificate refused");
+    let err = revoked
+        .get(&url)
+        .send()
+        .await
+        .expect_err("revoked certificate refused");
     assert!(err.is_connect() || err.is_request(), "{err:?}");
     let raw = raw_get(master.addr, &pki, Some("revoked"), "/status/v1/simple").await;
     assert!(raw.is_err(), "revoked handshake must fail: {raw:?}");
     // A valid one works.
-    assert_eq!(client(&pki, Some("node1")).get(&url).send().await.unwrap().status().as_u16(), 200);
+    assert_eq!(
+        client(&pki, Some("node1"))
+            .get(&url)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,21 +334,43 @@ async fn authorization_rules_limit_environments() {
     let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", rules)));
     let status = |who: &'static str, env: &'static str| {
         let c = client(&pki, Some(who));
-        let url = format!("{}/puppet/v3/file_metadatas/plugins?recurse=true&environment={env}", master.url());
+        let url = format!(
+            "{}/puppet/v3/file_metadatas/plugins?recurse=true&environment={env}",
+            master.url()
+        );
         async move { c.get(url).send().await.unwrap().status().as_u16() }
     };
     assert_eq!(status("node1", "production").await, 200);
-    assert_eq!(status("node1", "staging").await, 403, "first matching rule decides");
+    assert_eq!(
+        status("node1", "staging").await,
+        403,
+        "first matching rule decides"
+    );
     assert_eq!(status("node2", "staging").await, 200);
     assert_eq!(status("node2", "production").await, 403);
-    assert_eq!(status("node2", "nosuchenv").await, 403, "existence is not revealed to the unauthorized");
+    assert_eq!(
+        status("node2", "nosuchenv").await,
+        403,
+        "existence is not revealed to the unauthorized"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_auth_required_refuses_anonymous_handshakes() {
     let (tree, pki) = (tree(), Pki::new());
-    let cfg = config_toml(&tree.envpath(), &pki, "", "").replace("[tls]\n", "[tls]\nclient_auth = \"required\"\n");
+    let cfg = config_toml(&tree.envpath(), &pki, "", "")
+        .replace("[tls]\n", "[tls]\nclient_auth = \"required\"\n");
     let master = TestMaster::start(parse_config(&cfg));
-    assert!(raw_get(master.addr, &pki, None, "/status/v1/simple").await.is_err());
-    assert_eq!(raw_get(master.addr, &pki, Some("node2"), "/status/v1/simple").await.unwrap().status, 200);
+    assert!(
+        raw_get(master.addr, &pki, None, "/status/v1/simple")
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        raw_get(master.addr, &pki, Some("node2"), "/status/v1/simple")
+            .await
+            .unwrap()
+            .status,
+        200
+    );
 }

@@ -5,7 +5,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use pluginsync_tests::{EnvTree, Pki, TestMaster, client, config_toml, parse_config, sha256_hex, wait_for};
+use pluginsync_tests::{
+    EnvTree, Pki, TestMaster, client, config_toml, parse_config, sha256_hex, wait_for,
+};
 
 use crate::common::{entry, listing};
 
@@ -27,7 +29,9 @@ async fn a_changed_file_is_served_within_two_seconds_without_rehashing_the_rest(
     let rel_of = |file: &std::path::Path| {
         before
             .iter()
-            .find(|e| std::path::Path::new(&e.path).join(e.relative_path.as_deref().unwrap()) == file)
+            .find(|e| {
+                std::path::Path::new(&e.path).join(e.relative_path.as_deref().unwrap()) == file
+            })
             .and_then(|e| e.relative_path.clone())
             .unwrap_or_else(|| panic!("{} not listed", file.display()))
     };
@@ -45,10 +49,15 @@ async fn a_changed_file_is_served_within_two_seconds_without_rehashing_the_rest(
         }
     })
     .await;
-    assert!(seen.is_some(), "new checksum of {rel} not served within 2 s");
+    assert!(
+        seen.is_some(),
+        "new checksum of {rel} not served within 2 s"
+    );
     // Content matches the new listing too.
     let body = c
-        .get(format!("{url}/puppet/v3/file_content/plugins/{rel}?environment=production"))
+        .get(format!(
+            "{url}/puppet/v3/file_content/plugins/{rel}?environment=production"
+        ))
         .send()
         .await
         .unwrap()
@@ -63,18 +72,28 @@ async fn a_changed_file_is_served_within_two_seconds_without_rehashing_the_rest(
     );
 
     // Added and removed files show up too.
-    tree.file("production", "mod01", "lib/facter/added.rb", "added\n", 0o644);
+    tree.file(
+        "production",
+        "mod01",
+        "lib/facter/added.rb",
+        "added\n",
+        0o644,
+    );
     std::fs::remove_file(&files[0]).unwrap();
     let removed_rel = rel_of(&files[0]);
     let seen = wait_for(Duration::from_secs(2), || {
         let (c, url, removed_rel) = (c.clone(), url.clone(), removed_rel.clone());
         async move {
             let (_, _, now) = listing(&c, &url, "plugins", Q).await;
-            (entry(&now, "facter/added.rb").is_some() && entry(&now, &removed_rel).is_none()).then_some(())
+            (entry(&now, "facter/added.rb").is_some() && entry(&now, &removed_rel).is_none())
+                .then_some(())
         }
     })
     .await;
-    assert!(seen.is_some(), "added/removed files not reflected within 2 s");
+    assert!(
+        seen.is_some(),
+        "added/removed files not reflected within 2 s"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

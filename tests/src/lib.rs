@@ -116,7 +116,14 @@ impl EnvTree {
     }
 
     /// Writes `<module>/<rel>` with `content` and `mode`, creating parents.
-    pub fn file(&self, env: &str, module: &str, rel: &str, content: impl AsRef<[u8]>, mode: u32) -> PathBuf {
+    pub fn file(
+        &self,
+        env: &str,
+        module: &str,
+        rel: &str,
+        content: impl AsRef<[u8]>,
+        mode: u32,
+    ) -> PathBuf {
         let p = self.module(env, module).join(rel);
         std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
         std::fs::write(&p, content).expect("write");
@@ -144,10 +151,20 @@ impl EnvTree {
     /// each, spread over Puppet's usual plugin directories, plus an
     /// external fact or two per module; returns the written lib files.
     pub fn generate(&self, env: &str, modules: usize, files: usize, seed: u64) -> Vec<PathBuf> {
-        let dirs = ["facter", "puppet/type", "puppet/provider/widget", "puppet/functions", "puppet_x/util"];
-        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let dirs = [
+            "facter",
+            "puppet/type",
+            "puppet/provider/widget",
+            "puppet/functions",
+            "puppet_x/util",
+        ];
+        let mut state = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let mut next = || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (state >> 33) as usize
         };
         let mut out = Vec::new();
@@ -158,10 +175,22 @@ impl EnvTree {
                 let body: String = (0..(next() % 40 + 1))
                     .map(|i| format!("# {module} line {i} {}\n", next()))
                     .collect();
-                out.push(self.file(env, &module, &format!("lib/{dir}/{module}_{f}.rb"), body, 0o644));
+                out.push(self.file(
+                    env,
+                    &module,
+                    &format!("lib/{dir}/{module}_{f}.rb"),
+                    body,
+                    0o644,
+                ));
             }
             for f in 0..(m % 3) {
-                self.file(env, &module, &format!("facts.d/{module}_{f}.txt"), format!("{module}_{f}=1\n"), 0o644);
+                self.file(
+                    env,
+                    &module,
+                    &format!("facts.d/{module}_{f}.txt"),
+                    format!("{module}_{f}=1\n"),
+                    0o644,
+                );
             }
         }
         out
@@ -227,7 +256,9 @@ impl TestMaster {
                 eprintln!("test master failed: {e:#}");
             }
         });
-        let store = ready_rx.recv_timeout(Duration::from_secs(60)).expect("master became ready");
+        let store = ready_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("master became ready");
         TestMaster {
             addr,
             store,
@@ -260,7 +291,11 @@ pub fn bin_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let p = dir.join(name);
-    assert!(p.is_file(), "{} not built: run `cargo build --workspace --bins` first", p.display());
+    assert!(
+        p.is_file(),
+        "{} not built: run `cargo build --workspace --bins` first",
+        p.display()
+    );
     p
 }
 
@@ -298,7 +333,9 @@ impl MasterProcess {
             }
             let _ = tx.send((None, log));
         });
-        let (addr, log) = rx.recv_timeout(Duration::from_secs(60)).expect("master started in time");
+        let (addr, log) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("master started in time");
         let addr = addr.unwrap_or_else(|| panic!("master did not start:\n{log}"));
         MasterProcess { child, addr, log }
     }
@@ -348,7 +385,12 @@ pub struct RawResponse {
 
 /// Sends `GET <target>` verbatim (no URL normalisation) over TLS with
 /// `certname`'s certificate, HTTP/1.1, `Connection: close`.
-pub async fn raw_get(addr: SocketAddr, pki: &Pki, certname: Option<&str>, target: &str) -> std::io::Result<RawResponse> {
+pub async fn raw_get(
+    addr: SocketAddr,
+    pki: &Pki,
+    certname: Option<&str>,
+    target: &str,
+) -> std::io::Result<RawResponse> {
     use pluginsync_common::tls as ptls;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let roots = ptls::load_roots(&pki.ca()).map_err(std::io::Error::other)?;
@@ -367,9 +409,12 @@ pub async fn raw_get(addr: SocketAddr, pki: &Pki, certname: Option<&str>, target
     };
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let name = rustls_pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+    let name =
+        rustls_pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
     let mut tls = connector.connect(name, tcp).await?;
-    let req = format!("GET {target} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\nConnection: close\r\n\r\n");
+    let req = format!(
+        "GET {target} HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+    );
     tls.write_all(req.as_bytes()).await?;
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(30), tls.read_to_end(&mut buf))
@@ -406,19 +451,37 @@ pub fn sha256_hex(data: &[u8]) -> String {
 /// `file <mode> <sha256>` or `link <target>`. Symlinks are not followed.
 pub fn tree_snapshot(root: &Path) -> BTreeMap<String, String> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
-        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
         for e in rd.flatten() {
             let p = e.path();
-            let rel = p.strip_prefix(root).expect("under root").to_string_lossy().into_owned();
+            let rel = p
+                .strip_prefix(root)
+                .expect("under root")
+                .to_string_lossy()
+                .into_owned();
             let md = std::fs::symlink_metadata(&p).expect("lstat");
             let mode = md.permissions().mode() & 0o7777;
             if md.file_type().is_symlink() {
-                out.insert(rel, format!("link {}", std::fs::read_link(&p).expect("readlink").display()));
+                out.insert(
+                    rel,
+                    format!(
+                        "link {}",
+                        std::fs::read_link(&p).expect("readlink").display()
+                    ),
+                );
             } else if md.is_dir() {
                 out.insert(rel, format!("dir {mode:o}"));
                 walk(root, &p, out);
             } else {
-                out.insert(rel, format!("file {mode:o} {}", sha256_hex(&std::fs::read(&p).expect("read"))));
+                out.insert(
+                    rel,
+                    format!(
+                        "file {mode:o} {}",
+                        sha256_hex(&std::fs::read(&p).expect("read"))
+                    ),
+                );
             }
         }
     }

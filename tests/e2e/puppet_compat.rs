@@ -1,0 +1,319 @@
+//! Puppet compatibility by a real client (issue "Master", must-show 5): a
+//! stock `puppet plugin download` (Debian's `puppet` 7.x) pluginsyncs from
+//! our master; its libdir and facts.d end identical to the environment's
+//! merged mounts (content, and modes for facts.d), computed here
+//! independently of the master's code.
+//!
+//! Skipped with a message when `puppet` is not installed, except under CI
+//! (`CI` set), where `.ci/run` installs it and a missing agent is a failure.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pluginsync_tests::{
+    EnvTree, Pki, TestMaster, client, config_toml, parse_config, sha256_hex, tree_snapshot,
+    wait_for,
+};
+
+/// `puppet` on PATH, or `None` (after saying so) when the test must skip.
+fn puppet() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("puppet"))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "puppet is not installed but CI is set: .ci/run must install Debian's puppet package"
+        );
+        eprintln!("SKIPPED puppet_compat: `puppet` not installed (apt-get install puppet)");
+    }
+    found
+}
+
+/// Runs `puppet plugin download` against `port` with its own dirs under
+/// `work`; returns (exit code, combined output). Killed after 180 s.
+fn plugin_download(
+    puppet: &Path,
+    work: &Path,
+    ssldir: &Path,
+    port: u16,
+    env: &str,
+) -> (i32, String) {
+    let out_path = work.join("puppet.out");
+    let out = std::fs::File::create(&out_path).expect("log file");
+    let mut child = Command::new(puppet)
+        .args([
+            "plugin",
+            "download",
+            "--color",
+            "false",
+            "--certname",
+            "node1",
+            "--server",
+            "localhost",
+        ])
+        .arg("--serverport")
+        .arg(port.to_string())
+        .arg("--environment")
+        .arg(env)
+        .arg("--ssldir")
+        .arg(ssldir)
+        .arg("--confdir")
+        .arg(work.join("conf"))
+        .arg("--vardir")
+        .arg(work.join("var"))
+        .arg("--codedir")
+        .arg(work.join("code"))
+        .arg("--logdir")
+        .arg(work.join("log"))
+        .arg("--rundir")
+        .arg(work.join("run"))
+        .arg("--libdir")
+        .arg(work.join("var/lib"))
+        .arg("--pluginfactdest")
+        .arg(work.join("var/facts.d"))
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("dup"))
+        .stderr(out)
+        .spawn()
+        .expect("spawn puppet");
+    let start = Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status.code().unwrap_or(-1);
+        }
+        if start.elapsed() > Duration::from_secs(180) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("puppet plugin download did not finish in 180 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (code, std::fs::read_to_string(&out_path).unwrap_or_default())
+}
+
+/// The merged mount computed independently: modules by name, first wins.
+/// Path → "dir" | "file <sha256>" (with " <mode>" when `modes`).
+fn expected_mount(env_dir: &Path, subdir: &str, modes: bool) -> BTreeMap<String, String> {
+    let mut modules: Vec<PathBuf> = std::fs::read_dir(env_dir.join("modules"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    modules.sort();
+    let mut out = BTreeMap::new();
+    for m in modules {
+        let root = m.join(subdir);
+        if root.is_dir() {
+            walk(&root, &root, modes, &mut out);
+        }
+    }
+    out
+}
+
+fn walk(root: &Path, dir: &Path, modes: bool, out: &mut BTreeMap<String, String>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+        if [".git", ".svn", "CVS", ".hg"].contains(&p.file_name().unwrap().to_str().unwrap()) {
+            continue;
+        }
+        let md = std::fs::metadata(&p).unwrap();
+        let mode = md.permissions().mode() & 0o7777;
+        let value = if md.is_dir() {
+            "dir".to_owned()
+        } else {
+            format!("file {}", sha256_hex(&std::fs::read(&p).unwrap()))
+        };
+        let value = if modes {
+            format!("{value} {mode:o}")
+        } else {
+            value
+        };
+        if !out.contains_key(&rel) {
+            out.insert(rel, value);
+        }
+        if md.is_dir() {
+            walk(root, &p, modes, out);
+        }
+    }
+}
+
+/// What puppet left on disk, in the same notation.
+fn actual(dir: &Path, modes: bool) -> BTreeMap<String, String> {
+    tree_snapshot(dir)
+        .into_iter()
+        .map(|(k, v)| {
+            let parts: Vec<&str> = v.split(' ').collect();
+            let value = match parts[0] {
+                "dir" if modes => format!("dir {}", parts[1]),
+                "dir" => "dir".to_owned(),
+                "file" if modes => format!("file {} {}", parts[2], parts[1]),
+                "file" => format!("file {}", parts[2]),
+                other => format!("unexpected {other}"),
+            };
+            (k, value)
+        })
+        .collect()
+}
+
+fn tree() -> EnvTree {
+    let t = EnvTree::new();
+    t.generate("production", 6, 20, 5);
+    t.file(
+        "production",
+        "alpha",
+        "lib/facter/common.rb",
+        "# alpha wins\n",
+        0o644,
+    );
+    t.file(
+        "production",
+        "beta",
+        "lib/facter/common.rb",
+        "# beta is hidden\n",
+        0o644,
+    );
+    t.file(
+        "production",
+        "alpha",
+        "lib/facter/with space ünï.rb",
+        "# odd name\n",
+        0o644,
+    );
+    t.file("production", "alpha", "lib/.git/HEAD", "ref: x\n", 0o644);
+    t.dir("production", "alpha", "facts.d", 0o755);
+    t.file(
+        "production",
+        "alpha",
+        "facts.d/exec_fact.sh",
+        "#!/bin/sh\necho alpha=1\n",
+        0o755,
+    );
+    t.file(
+        "production",
+        "alpha",
+        "facts.d/static.yaml",
+        "a: 1\n",
+        0o640,
+    );
+    t.file("production", "beta", "facts.d/private.txt", "b=2\n", 0o600);
+    t.file(
+        "production",
+        "beta",
+        "facts.d/exec_fact.sh",
+        "#!/bin/sh\necho hidden=1\n",
+        0o700,
+    );
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stock_puppet_plugin_download_syncs_from_our_master() {
+    let Some(puppet) = puppet() else { return };
+    let (tree, pki) = (tree(), Pki::new());
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let work = tempfile::tempdir().unwrap();
+    // Puppet creates libdir and facts.d only inside an existing vardir.
+    std::fs::create_dir(work.path().join("var")).unwrap();
+    let env_dir = tree.envpath().join("production");
+    let (lib, facts) = (work.path().join("var/lib"), work.path().join("var/facts.d"));
+    let port = master.addr.port();
+    let ssl = pki.ssldir.clone();
+
+    let run = |env: &'static str| {
+        let (puppet, work, ssl) = (puppet.clone(), work.path().to_owned(), ssl.clone());
+        tokio::task::spawn_blocking(move || plugin_download(&puppet, &work, &ssl, port, env))
+    };
+
+    let (code, out) = run("production").await.unwrap();
+    assert_eq!(code, 0, "puppet plugin download failed:\n{out}");
+    assert!(out.contains("Downloaded these plugins"), "{out}");
+    assert_eq!(
+        actual(&lib, false),
+        expected_mount(&env_dir, "lib", false),
+        "libdir differs from the merged plugins mount"
+    );
+    assert_eq!(
+        actual(&facts, true),
+        expected_mount(&env_dir, "facts.d", true),
+        "facts.d differs (content or modes)"
+    );
+    assert!(
+        std::fs::read_to_string(lib.join("facter/common.rb"))
+            .unwrap()
+            .contains("alpha wins")
+    );
+
+    // A second run changes nothing.
+    let (code, out) = run("production").await.unwrap();
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("No plugins downloaded"), "{out}");
+
+    // Change, add and remove on the master; once the index has caught up,
+    // puppet converges and purges.
+    tree.file(
+        "production",
+        "alpha",
+        "lib/facter/common.rb",
+        "# alpha changed\n",
+        0o644,
+    );
+    tree.file("production", "gamma", "lib/facter/new.rb", "# new\n", 0o644);
+    tree.file(
+        "production",
+        "gamma",
+        "facts.d/new.sh",
+        "#!/bin/sh\necho g=1\n",
+        0o750,
+    );
+    std::fs::remove_file(
+        tree.module("production", "alpha")
+            .join("lib/facter/with space ünï.rb"),
+    )
+    .unwrap();
+    let c = client(&pki, Some("node1"));
+    let url = master.url();
+    let caught_up = wait_for(Duration::from_secs(5), || {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let body = c
+                .get(format!(
+                    "{url}/puppet/v3/file_metadatas/plugins?recurse=true&environment=production"
+                ))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            (body.contains("facter/new.rb") && !body.contains("with space")).then_some(())
+        }
+    })
+    .await;
+    assert!(caught_up.is_some(), "master did not pick up the change");
+    let (code, out) = run("production").await.unwrap();
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(actual(&lib, false), expected_mount(&env_dir, "lib", false));
+    assert_eq!(
+        actual(&facts, true),
+        expected_mount(&env_dir, "facts.d", true)
+    );
+    assert!(!lib.join("facter/with space ünï.rb").exists(), "purged");
+
+    // An unknown environment fails and touches nothing.
+    let before = (tree_snapshot(&lib), tree_snapshot(&facts));
+    let (code, out) = run("nosuchenv").await.unwrap();
+    assert_ne!(code, 0, "{out}");
+    assert_eq!((tree_snapshot(&lib), tree_snapshot(&facts)), before);
+}
