@@ -140,9 +140,7 @@ fn walk(root: &Path, dir: &Path, modes: bool, out: &mut BTreeMap<String, String>
         } else {
             value
         };
-        if !out.contains_key(&rel) {
-            out.insert(rel, value);
-        }
+        out.entry(rel).or_insert(value);
         if md.is_dir() {
             walk(root, &p, modes, out);
         }
