@@ -112,14 +112,11 @@ fn upper_first(s: &str) -> String {
 
 /// `GET /puppet/v3/file_metadatas/<mount>[/…]`: the recursive search. The
 /// path after the mount is ignored, as in Puppet.
-pub async fn file_metadatas(State(state): State<AppState>, req: Parts) -> Response {
-    match file_metadatas_inner(&state, &req).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn file_metadatas_inner(state: &AppState, req: &Parts) -> Result<Response, ApiError> {
+pub async fn file_metadatas(
+    State(state): State<AppState>,
+    req: Parts,
+) -> Result<Response, ApiError> {
+    let (state, req) = (&state, &req);
     let a = accept(
         state,
         req,
@@ -184,14 +181,11 @@ fn header_value(s: &str) -> HeaderValue {
 
 /// `GET /puppet/v3/file_metadata/<mount>[/<path>]`: one entry, with the
 /// full path in `path` and a `null` `relative_path`.
-pub async fn file_metadata(State(state): State<AppState>, req: Parts) -> Response {
-    match file_metadata_inner(&state, &req).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn file_metadata_inner(state: &AppState, req: &Parts) -> Result<Response, ApiError> {
+pub async fn file_metadata(
+    State(state): State<AppState>,
+    req: Parts,
+) -> Result<Response, ApiError> {
+    let (state, req) = (&state, &req);
     let a = accept(
         state,
         req,
@@ -244,14 +238,8 @@ async fn file_metadata_inner(state: &AppState, req: &Parts) -> Result<Response, 
 /// a final symlink, and only if it is still the inode that was indexed (a
 /// file replaced since gets a 503 with `Retry-After` until the index has
 /// caught up, so the bytes always match the advertised checksum).
-pub async fn file_content(State(state): State<AppState>, req: Parts) -> Response {
-    match file_content_inner(&state, &req).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn file_content_inner(state: &AppState, req: &Parts) -> Result<Response, ApiError> {
+pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
+    let (state, req) = (&state, &req);
     let a = accept(state, req, "file_content", &["application/octet-stream"]).await?;
     let key = format!("{}/{}", a.target.mount.name(), a.target.path);
     let not_found = || ApiError::not_found("file_content", &key);

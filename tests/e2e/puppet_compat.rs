@@ -46,37 +46,34 @@ fn plugin_download(
 ) -> (i32, String) {
     let out_path = work.join("puppet.out");
     let out = std::fs::File::create(&out_path).expect("log file");
-    let mut child = Command::new(puppet)
-        .args([
-            "plugin",
-            "download",
-            "--color",
-            "false",
-            "--certname",
-            "node1",
-            "--server",
-            "localhost",
-        ])
-        .arg("--serverport")
-        .arg(port.to_string())
-        .arg("--environment")
-        .arg(env)
-        .arg("--ssldir")
-        .arg(ssldir)
-        .arg("--confdir")
-        .arg(work.join("conf"))
-        .arg("--vardir")
-        .arg(work.join("var"))
-        .arg("--codedir")
-        .arg(work.join("code"))
-        .arg("--logdir")
-        .arg(work.join("log"))
-        .arg("--rundir")
-        .arg(work.join("run"))
-        .arg("--libdir")
-        .arg(work.join("var/lib"))
-        .arg("--pluginfactdest")
-        .arg(work.join("var/facts.d"))
+    let mut cmd = Command::new(puppet);
+    cmd.args([
+        "plugin",
+        "download",
+        "--color",
+        "false",
+        "--certname",
+        "node1",
+        "--server",
+        "localhost",
+    ])
+    .arg("--serverport")
+    .arg(port.to_string())
+    .args(["--environment", env])
+    .arg("--ssldir")
+    .arg(ssldir);
+    for (flag, sub) in [
+        ("--confdir", "conf"),
+        ("--vardir", "var"),
+        ("--codedir", "code"),
+        ("--logdir", "log"),
+        ("--rundir", "run"),
+        ("--libdir", "var/lib"),
+        ("--pluginfactdest", "var/facts.d"),
+    ] {
+        cmd.arg(flag).arg(work.join(sub));
+    }
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(out.try_clone().expect("dup"))
         .stderr(out)
