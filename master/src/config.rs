@@ -147,6 +147,9 @@ pub struct IndexConfig {
     pub rescan_interval: Duration,
     /// Serialised listings kept per environment (distinct parameter sets).
     pub cached_responses: usize,
+    /// Memory those listings may take per environment, in MiB (bodies plus
+    /// their gzipped copies); the oldest are dropped first.
+    pub cache_mib: usize,
 }
 
 impl Default for IndexConfig {
@@ -156,6 +159,7 @@ impl Default for IndexConfig {
             debounce: Duration::from_millis(200),
             rescan_interval: Duration::from_secs(600),
             cached_responses: 64,
+            cache_mib: 64,
         }
     }
 }

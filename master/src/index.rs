@@ -354,11 +354,45 @@ fn hex_lower(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Bounded map of serialised listings, oldest evicted first.
+/// Bounded map of serialised listings, oldest evicted first, by count and
+/// by bytes (a body counts twice: it may be gzipped too).
 #[derive(Debug, Default)]
 struct ResponseCache {
     map: HashMap<(Mount, SearchParams), Arc<CachedListing>>,
     order: VecDeque<(Mount, SearchParams)>,
+    bytes: usize,
+}
+
+impl ResponseCache {
+    fn insert(
+        &mut self,
+        key: (Mount, SearchParams),
+        listing: Arc<CachedListing>,
+        max_entries: usize,
+        max_bytes: usize,
+    ) {
+        if self.map.contains_key(&key) {
+            return;
+        }
+        let cost = listing.body.len() * 2;
+        // A single listing larger than the whole budget is served, not kept
+        // (and does not flush what is cached).
+        if cost > max_bytes {
+            return;
+        }
+        while !self.order.is_empty()
+            && (self.order.len() >= max_entries || self.bytes + cost > max_bytes)
+        {
+            if let Some(old) = self.order.pop_front()
+                && let Some(gone) = self.map.remove(&old)
+            {
+                self.bytes -= gone.body.len() * 2;
+            }
+        }
+        self.bytes += cost;
+        self.order.push_back(key.clone());
+        self.map.insert(key, listing);
+    }
 }
 
 /// One environment: both mounts plus caches.
@@ -374,6 +408,7 @@ pub struct EnvIndex {
     pub mounts: [MountIndex; 2],
     identity: Identity,
     cache_capacity: usize,
+    cache_bytes: usize,
     responses: Mutex<ResponseCache>,
     /// Non-sha256 digests computed on demand: (real path, type) → value.
     extra_checksums: Mutex<HashMap<(PathBuf, ChecksumType), String>>,
@@ -401,6 +436,7 @@ impl EnvIndex {
             mounts,
             identity: Identity::current(),
             cache_capacity: config.index.cached_responses.max(1),
+            cache_bytes: config.index.cache_mib.saturating_mul(1 << 20),
             responses: Mutex::new(ResponseCache::default()),
             extra_checksums: Mutex::new(HashMap::new()),
         }
@@ -448,16 +484,8 @@ impl EnvIndex {
         let body =
             serde_json::to_vec(&entries).map_err(|e| ListingError::Internal(e.to_string()))?;
         let listing = Arc::new(CachedListing::new(body, entries.len()));
-        let mut cache = self.lock_responses();
-        if !cache.map.contains_key(&key) {
-            if cache.order.len() >= self.cache_capacity
-                && let Some(old) = cache.order.pop_front()
-            {
-                cache.map.remove(&old);
-            }
-            cache.order.push_back(key.clone());
-            cache.map.insert(key, listing.clone());
-        }
+        self.lock_responses()
+            .insert(key, listing.clone(), self.cache_capacity, self.cache_bytes);
         Ok(listing)
     }
 
@@ -572,6 +600,46 @@ impl EnvIndex {
         let m = self.mount(mount);
         let loc = *m.lookup.get(rel.as_str())?;
         Some((&m.roots[loc.0 as usize], m.node(loc)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u32) -> (Mount, SearchParams) {
+        let p = SearchParams {
+            recurse: true,
+            recurselimit: Some(n),
+            links: Links::Follow,
+            ignore: Vec::new(),
+            checksum_type: ChecksumType::Sha256,
+            use_permissions: false,
+        };
+        (Mount::Plugins, p)
+    }
+
+    #[test]
+    fn response_cache_is_bounded_by_count_and_bytes() {
+        let mut c = ResponseCache::default();
+        let body = |n: usize| Arc::new(CachedListing::new(vec![b'x'; n], 1));
+        for i in 0..10 {
+            c.insert(key(i), body(100), 4, 10_000);
+        }
+        assert_eq!(c.map.len(), 4);
+        assert!(c.map.contains_key(&key(9)) && !c.map.contains_key(&key(5)));
+        c.insert(key(20), body(4_000), 4, 10_000);
+        assert_eq!(
+            c.bytes,
+            c.map.values().map(|l| l.body.len() * 2).sum::<usize>()
+        );
+        assert!(c.bytes <= 10_000);
+        c.insert(key(21), body(6_000), 4, 10_000);
+        assert!(
+            !c.map.contains_key(&key(21)),
+            "larger than the budget: served, not kept"
+        );
+        assert!(c.bytes <= 10_000);
     }
 }
 
