@@ -31,10 +31,12 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
             get(handlers::file_content),
         )
         .route("/status/v1/simple", get(handlers::status))
+        // Only matched routes refuse bodies: a POST to an endpoint we do not
+        // serve (a stock agent's catalog request) is a plain 404.
+        .route_layer(middleware::from_fn(refuse_bodies))
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
-        .layer(middleware::from_fn(refuse_bodies))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             request_timeout,

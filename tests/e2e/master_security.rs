@@ -146,6 +146,19 @@ async fn content_is_exact_and_errors_are_puppets() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 413);
+    // Endpoints this master does not serve are 404, bodies or not (a stock
+    // `puppet agent -t` POSTs its catalog request after pluginsync).
+    let r = c
+        .post(format!(
+            "{}/puppet/v3/catalog/node1?environment=production",
+            master.url()
+        ))
+        .body("facts")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert!(r.text().await.unwrap().contains("HANDLER_NOT_FOUND"));
     // Health check needs no certificate.
     let anon = client(&pki, None);
     let r = anon
