@@ -212,7 +212,11 @@ pub fn walk_root(root: &Path, label: &str) -> std::io::Result<Vec<Node>> {
                         tracing::warn!(module = label, path = %path.display(), target = %target.display(), "symlink leaves the module root, never followed");
                     }
                     Ok(target) => match std::fs::metadata(&target) {
-                        Ok(tmd) if tmd.is_dir() && dir_real.starts_with(&target) => {
+                        Ok(tmd)
+                            if tmd.is_dir()
+                                && (dir_real.starts_with(&target)
+                                    || on_chain(&nodes, dir_idx, &target)) =>
+                        {
                             tracing::warn!(module = label, path = %path.display(), "symlink loop, not followed");
                         }
                         Ok(tmd) => {
@@ -246,6 +250,14 @@ pub fn walk_root(root: &Path, label: &str) -> std::io::Result<Vec<Node>> {
             if node.via_link {
                 node.manage = None;
             }
+            if nodes.len() >= MAX_NODES {
+                tracing::warn!(
+                    module = label,
+                    limit = MAX_NODES,
+                    "too many entries (symlinked directories?), the rest is not served"
+                );
+                return Ok(nodes);
+            }
             nodes.push(node);
             if descend {
                 queue.push_back((nodes.len() - 1) as u32);
@@ -253,6 +265,25 @@ pub fn walk_root(root: &Path, label: &str) -> std::io::Result<Vec<Node>> {
         }
     }
     Ok(nodes)
+}
+
+/// Entries walked per root at most: a guard against symlinked directories
+/// multiplying a tree.
+pub const MAX_NODES: usize = 2_000_000;
+
+/// True if `target` is the real directory of `idx` or of one of its
+/// ancestors: following it would walk the same directory again, forever.
+fn on_chain(nodes: &[Node], mut idx: u32, target: &Path) -> bool {
+    loop {
+        let n = &nodes[idx as usize];
+        if n.real == target {
+            return true;
+        }
+        if idx == 0 {
+            return false;
+        }
+        idx = n.parent;
+    }
 }
 
 /// Fills `sha256` for every node with content, reusing digests from
@@ -301,5 +332,71 @@ fn hex_decode(hex: &str, out: &mut [u8; 32]) {
     for (i, chunk) in hex.as_bytes().chunks(2).take(32).enumerate() {
         let s = std::str::from_utf8(chunk).unwrap_or("00");
         out[i] = u8::from_str_radix(s, 16).unwrap_or(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pluginsync_common::metadata::Links;
+
+    #[test]
+    fn mutually_linked_directories_terminate() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("lib");
+        std::fs::create_dir_all(root.join("a")).unwrap();
+        std::fs::create_dir_all(root.join("b")).unwrap();
+        std::fs::write(root.join("a/x.rb"), "x").unwrap();
+        std::os::unix::fs::symlink("../b", root.join("a/to_b")).unwrap();
+        std::os::unix::fs::symlink("../a", root.join("b/to_a")).unwrap();
+        std::os::unix::fs::symlink("..", root.join("a/up")).unwrap();
+        let nodes = walk_root(&root, "m").unwrap();
+        let rels: Vec<&str> = nodes.iter().map(|n| n.rel.as_str()).collect();
+        assert!(rels.len() < 20, "{rels:?}");
+        // Followed once: a/to_b/to_a would be `a` again, so it is not followed.
+        assert!(rels.contains(&"a/to_b"));
+        let again = nodes
+            .iter()
+            .find(|n| n.rel.as_str() == "a/to_b/to_a")
+            .unwrap();
+        assert!(again.follow.is_none());
+        assert!(
+            nodes
+                .iter()
+                .find(|n| n.rel.as_str() == "a/up")
+                .unwrap()
+                .view(Links::Follow)
+                .is_none()
+        );
+        // Under manage, links are links and nothing below them exists.
+        assert!(
+            nodes
+                .iter()
+                .filter(|n| n.via_link)
+                .all(|n| n.manage.is_none())
+        );
+    }
+
+    #[test]
+    fn unchanged_files_are_not_hashed_again() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("a.rb"), "a").unwrap();
+        std::fs::write(t.path().join("b.rb"), "b").unwrap();
+        let counter = AtomicU64::new(0);
+        let mut first = walk_root(t.path(), "m").unwrap();
+        hash_nodes(&mut first, &HashMap::new(), &counter, "m");
+        assert_eq!(counter.load(Ordering::Relaxed), 2);
+        let previous: HashMap<_, _> = first
+            .iter()
+            .filter_map(|n| Some((n.real.clone(), (n.sig?, n.sha256?))))
+            .collect();
+        std::fs::write(t.path().join("b.rb"), "bb").unwrap();
+        let mut second = walk_root(t.path(), "m").unwrap();
+        hash_nodes(&mut second, &previous, &counter, "m");
+        assert_eq!(
+            counter.load(Ordering::Relaxed),
+            3,
+            "only b.rb was read again"
+        );
     }
 }
