@@ -159,6 +159,8 @@ pub async fn file_metadatas(
     headers.insert(header::ETAG, header_value(&etag));
     headers.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Tells pluginsync agents they may fetch content by checksum here.
+    headers.insert("x-pluginsync-blobs", HeaderValue::from_static(BLOBS_PREFIX));
     if request::not_modified(&req.headers, &listing.etag) {
         return Ok((StatusCode::NOT_MODIFIED, headers).into_response());
     }
@@ -250,13 +252,33 @@ pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<R
         .index
         .find(a.target.mount, &a.target.path)
         .ok_or_else(not_found)?;
-    let (Some(view), Some(sig), Some(digest)) = (node.follow.as_ref(), node.sig, node.sha256)
-    else {
-        return Err(not_found());
-    };
-    if view.kind != FileType::File {
-        return Err(not_found());
+    match node.follow.as_ref() {
+        Some(view) if view.kind == FileType::File && node.has_content() => {
+            send_file(req, node, CacheControl::Revalidate).await
+        }
+        _ => Err(not_found()),
     }
+}
+
+/// How a file answer may be cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CacheControl {
+    /// `file_content`: the same path may have new bytes tomorrow.
+    Revalidate,
+    /// Blobs: the URL names the bytes, so they never change.
+    Immutable,
+}
+
+/// Sends an indexed file: opened without following a final symlink, and
+/// only if it is still the inode (and stat) the index vouched for.
+async fn send_file(
+    req: &Parts,
+    node: &crate::walk::Node,
+    cache: CacheControl,
+) -> Result<Response, ApiError> {
+    let (Some(sig), Some(digest)) = (node.sig, node.sha256) else {
+        return Err(ApiError::internal());
+    };
     let etag = format!("\"{}\"", hex(&digest));
     if request::not_modified(&req.headers, &etag) {
         return Ok((
@@ -319,11 +341,64 @@ pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<R
             ),
             (header::CONTENT_LENGTH, HeaderValue::from(sig.size)),
             (header::ETAG, header_value(&etag)),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (
+                header::CACHE_CONTROL,
+                HeaderValue::from_static(match cache {
+                    CacheControl::Revalidate => "no-cache",
+                    CacheControl::Immutable => "public, max-age=31536000, immutable",
+                }),
+            ),
         ],
         body,
     )
         .into_response())
+}
+
+/// The blob URL prefix a master advertises in `X-Pluginsync-Blobs`.
+pub const BLOBS_PREFIX: &str = "/pluginsync/v1/blobs/sha256/";
+
+/// `GET /pluginsync/v1/blobs/sha256/<hex>`: a served file by its sha256
+/// (PROTOCOL.md §9), immutable, so any HTTP cache in front of the masters
+/// can serve it to the whole fleet. Needs a client certificate like the
+/// other file endpoints, and only finds files of environments the client
+/// may read.
+pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
+    let path = req.uri.path();
+    let certname = auth::peer_common_name(req.extensions.get::<Arc<TlsInfo>>());
+    if state.client_auth != ClientAuth::None && certname.is_none() {
+        return Err(ApiError::forbidden(path));
+    }
+    let hex_digest = path.strip_prefix(BLOBS_PREFIX).unwrap_or_default();
+    let mut digest = [0u8; 32];
+    let valid = hex_digest.len() == 64
+        && hex_digest
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && (0..32).all(
+            |i| match u8::from_str_radix(&hex_digest[2 * i..2 * i + 2], 16) {
+                Ok(v) => {
+                    digest[i] = v;
+                    true
+                }
+                Err(_) => false,
+            },
+        );
+    if !valid {
+        return Err(ApiError::bad_request(
+            "a blob is named by 64 lowercase hex digits of its sha256",
+        ));
+    }
+    request::check_accept(&req.headers, &["application/octet-stream"])?;
+    for index in state.store.all() {
+        let allowed = state.client_auth == ClientAuth::None
+            || certname
+                .as_deref()
+                .is_some_and(|cn| state.authorizer.allows(cn, index.name.as_str()));
+        if allowed && let Some(node) = index.blob(&digest) {
+            return send_file(&req, node, CacheControl::Immutable).await;
+        }
+    }
+    Err(ApiError::not_found("blob", hex_digest))
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -410,6 +410,9 @@ pub struct EnvIndex {
     cache_capacity: usize,
     cache_bytes: usize,
     responses: Mutex<ResponseCache>,
+    /// Content-addressed view: sha256 → (mount index, location) of a file
+    /// served by either mount (the first seen wins; the bytes are equal).
+    blobs: HashMap<[u8; 32], (usize, Loc)>,
     /// Non-sha256 digests computed on demand: (real path, type) → value.
     extra_checksums: Mutex<HashMap<(PathBuf, ChecksumType), String>>,
 }
@@ -429,7 +432,16 @@ impl EnvIndex {
         let reuse = previous.map(EnvIndex::digests).unwrap_or_default();
         let mounts =
             Mount::ALL.map(|m| MountIndex::build(m, &modules, &modulepath, &dir, &reuse, hashed));
+        let mut blobs = HashMap::new();
+        for (mi, m) in mounts.iter().enumerate() {
+            for &loc in m.lookup.values() {
+                if let Some(digest) = m.node(loc).sha256 {
+                    blobs.entry(digest).or_insert((mi, loc));
+                }
+            }
+        }
         EnvIndex {
+            blobs,
             name,
             dir,
             modules,
@@ -593,6 +605,12 @@ impl EnvIndex {
             kind: ty.name().into(),
             value,
         })
+    }
+
+    /// Finds a served file by its sha256.
+    pub fn blob(&self, digest: &[u8; 32]) -> Option<&Node> {
+        let &(mi, loc) = self.blobs.get(digest)?;
+        Some(self.mounts[mi].node(loc))
     }
 
     /// Finds the winning entry for a relative path (`"."` for the root).

@@ -2,6 +2,7 @@
 //! disk, real child processes (the binaries and, where installed, Puppet).
 
 mod common;
+mod master_blobs;
 mod master_etag;
 mod master_listing;
 mod master_security;

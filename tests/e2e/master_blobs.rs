@@ -1,0 +1,124 @@
+//! Content-addressed blobs (PROTOCOL.md §9): advertised on listings, served
+//! by sha256 with an immutable cache policy, only to authenticated clients
+//! and only from environments they may read.
+
+use pluginsync_tests::{EnvTree, Pki, TestMaster, client, config_toml, parse_config, sha256_hex};
+
+use crate::common::{entry, listing, pluginsync_query};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blobs_serve_listed_content_by_checksum() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    let big: Vec<u8> = (0..400_000u32).map(|i| (i % 251) as u8).collect();
+    tree.file("production", "alpha", "lib/facter/a.rb", "alpha\n", 0o644);
+    tree.file("production", "alpha", "lib/big.bin", &big, 0o644);
+    tree.file("production", "alpha", "facts.d/f.txt", "f=1\n", 0o644);
+    tree.file(
+        "restricted",
+        "alpha",
+        "lib/only_here.rb",
+        "restricted content\n",
+        0o644,
+    );
+    let rules = "[[authorization]]\ncertname = \"node1\"\nenvironments = [\"production\"]\n\
+                 [[authorization]]\ncertname = \"*\"\nenvironments = [\"*\"]\n";
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", rules)));
+    let c = client(&pki, Some("node1"));
+    let (status, headers, entries) = listing(
+        &c,
+        &master.url(),
+        "plugins",
+        &pluginsync_query("use", "follow", "production"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let prefix = headers["x-pluginsync-blobs"].to_str().unwrap().to_owned();
+    assert_eq!(prefix, "/pluginsync/v1/blobs/sha256/");
+
+    let get = |url: String, c: reqwest::Client| async move {
+        let r = c.get(url).send().await.unwrap();
+        (
+            r.status().as_u16(),
+            r.headers().clone(),
+            r.bytes().await.unwrap().to_vec(),
+        )
+    };
+    for (rel, bytes) in [
+        ("facter/a.rb", b"alpha\n".to_vec()),
+        ("big.bin", big.clone()),
+    ] {
+        let value = entry(&entries, rel)
+            .unwrap()
+            .checksum
+            .clone()
+            .unwrap()
+            .value;
+        let hex = value.strip_prefix("{sha256}").unwrap();
+        let (s, h, body) = get(format!("{}{prefix}{hex}", master.url()), c.clone()).await;
+        assert_eq!(s, 200, "{rel}");
+        assert_eq!(body, bytes, "{rel}");
+        assert_eq!(h["cache-control"], "public, max-age=31536000, immutable");
+        assert_eq!(h["etag"].to_str().unwrap(), format!("\"{hex}\""));
+        let r = c
+            .get(format!("{}{prefix}{hex}", master.url()))
+            .header("If-None-Match", format!("\"{hex}\""))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 304);
+    }
+    // pluginfacts content is reachable the same way.
+    let f = sha256_hex(b"f=1\n");
+    assert_eq!(
+        get(format!("{}{prefix}{f}", master.url()), c.clone())
+            .await
+            .0,
+        200
+    );
+
+    // Unknown, malformed, anonymous, and not-allowed-for-this-client.
+    let unknown = sha256_hex(b"nothing has this content");
+    assert_eq!(
+        get(format!("{}{prefix}{unknown}", master.url()), c.clone())
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        get(format!("{}{prefix}ABC", master.url()), c.clone())
+            .await
+            .0,
+        400
+    );
+    let upper = sha256_hex(b"alpha\n").to_uppercase();
+    assert_eq!(
+        get(format!("{}{prefix}{upper}", master.url()), c.clone())
+            .await
+            .0,
+        400
+    );
+    let a = sha256_hex(b"alpha\n");
+    assert_eq!(
+        get(format!("{}{prefix}{a}", master.url()), client(&pki, None))
+            .await
+            .0,
+        403
+    );
+    let restricted = sha256_hex(b"restricted content\n");
+    assert_eq!(
+        get(format!("{}{prefix}{restricted}", master.url()), c.clone())
+            .await
+            .0,
+        404,
+        "node1 may not read 'restricted'"
+    );
+    assert_eq!(
+        get(
+            format!("{}{prefix}{restricted}", master.url()),
+            client(&pki, Some("node2"))
+        )
+        .await
+        .0,
+        200
+    );
+}
