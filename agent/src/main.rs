@@ -1,6 +1,90 @@
-//! pluginsync-agent: not built yet (see the agent issue).
+//! `pluginsync-agent`: parse the command line, set up logging, run, print
+//! the report on stdout and errors as one line on stderr.
 
-fn main() {
-    eprintln!("error: pluginsync-agent is not implemented yet");
-    std::process::exit(1);
+use std::process::ExitCode;
+
+use clap::Parser;
+use pluginsync_agent::cli::{Cli, Command, Format};
+use pluginsync_agent::config::AgentConfig;
+use pluginsync_agent::report::Report;
+use pluginsync_agent::settings::{Overrides, Settings};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = ["warn", "info", "debug"][usize::from(cli.verbose.min(2))];
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match cli.command {
+        Command::Sync {
+            environment,
+            config,
+            servers,
+            noop,
+            format,
+            detailed_exitcodes,
+        } => {
+            let overrides = Overrides {
+                environment,
+                servers,
+                noop,
+                format: Some(format),
+                detailed_exitcodes,
+            };
+            let settings =
+                match AgentConfig::load(&config).and_then(|c| Settings::resolve(c, overrides)) {
+                    Ok(s) => s,
+                    Err(e) => return fail(&e.to_string()),
+                };
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => return fail(&format!("cannot start the runtime: {e}")),
+            };
+            let outcome = runtime.block_on(pluginsync_agent::sync::run(&settings));
+            print(&outcome.report, settings.format);
+            if let Some(e) = &outcome.error {
+                eprintln!("error: {e}");
+            }
+            ExitCode::from(outcome.exit_code(settings.detailed_exitcodes) as u8)
+        }
+        Command::Report { config, format } => {
+            let vardir = match AgentConfig::load(&config) {
+                Ok(c) => c.vardir,
+                Err(e) => return fail(&e.to_string()),
+            };
+            match Report::load(&vardir) {
+                Ok(r) => {
+                    print(&r, format);
+                    if format == Format::Text && r.changes.is_empty() && r.failures.is_empty() {
+                        println!(
+                            "no changes in the last run ({}, {})",
+                            r.environment,
+                            r.error.as_deref().unwrap_or("ok")
+                        );
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
+    }
+}
+
+fn print(report: &Report, format: Format) {
+    match format {
+        Format::Text => print!("{}", report.text()),
+        Format::Json => println!("{}", serde_json::to_string(report).unwrap_or_default()),
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(1)
 }

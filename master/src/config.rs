@@ -203,7 +203,8 @@ impl MasterConfig {
                 .collect::<Vec<_>>()
                 .join(" "),
         })?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+        let base = absolute.parent().unwrap_or(Path::new("/")).to_owned();
         let fix = |p: &mut PathBuf| {
             if p.is_relative() {
                 *p = base.join(&*p);

@@ -1,0 +1,384 @@
+//! `agent.toml`: where to sync from, where to, and with what identity.
+//!
+//! Unknown keys are refused, so a typo never silently becomes a default.
+//! `etc/agent.toml` lists every key at its default and a test parses it.
+//! TLS material comes either as explicit `ca`/`cert`/`key`/`crl` paths or as
+//! a Puppet ssldir plus certname (Puppet's layout, so a node that already
+//! runs Puppet can reuse its certificate).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pluginsync_common::tls::SslDirPaths;
+use serde::Deserialize;
+
+/// The default config path.
+pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/agent.toml";
+
+/// A config that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config '{}': {source}", path.display())]
+    Read {
+        /// The config file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// TOML syntax or an unknown key.
+    #[error("invalid config '{}': {message}", path.display())]
+    Parse {
+        /// The config file.
+        path: PathBuf,
+        /// toml's message on one line.
+        message: String,
+    },
+    /// A value that parsed but cannot work.
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// `source_permissions` of one destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SourcePermissions {
+    /// Apply the listing's permission bits (`mode & 0o777`) to files and
+    /// directories, on every run.
+    #[default]
+    Use,
+    /// New files get 0644 and new directories 0755; existing modes are left
+    /// alone (Puppet's behaviour for plugins).
+    Ignore,
+}
+
+/// Per-destination settings (`[plugins]`, `[pluginfacts]`).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DestConfig {
+    /// How modes are carried over.
+    #[serde(default)]
+    pub source_permissions: SourcePermissions,
+}
+
+/// `[tls]`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// CA bundle the master's certificate must chain to.
+    pub ca: Option<PathBuf>,
+    /// This node's certificate.
+    pub cert: Option<PathBuf>,
+    /// This node's private key.
+    pub key: Option<PathBuf>,
+    /// CRL bundle checked against the master's certificate.
+    pub crl: Option<PathBuf>,
+    /// A Puppet ssldir (`certs/ca.pem`, `certs/<certname>.pem`,
+    /// `private_keys/<certname>.pem`, `crl.pem`), instead of the four paths.
+    pub ssldir: Option<PathBuf>,
+    /// The certname of this node in `ssldir`.
+    pub certname: Option<String>,
+}
+
+/// TLS files after resolving `ssldir`/`certname`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// CA bundle.
+    pub ca: PathBuf,
+    /// Client certificate.
+    pub cert: PathBuf,
+    /// Client key.
+    pub key: PathBuf,
+    /// Optional CRL.
+    pub crl: Option<PathBuf>,
+}
+
+/// The whole agent config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Masters, tried in this order.
+    #[serde(default = "default_servers")]
+    pub servers: Vec<String>,
+    /// The environment to sync.
+    #[serde(default = "default_environment")]
+    pub environment: String,
+    /// Destination of the `plugins` mount.
+    #[serde(default = "default_libdir")]
+    pub libdir: PathBuf,
+    /// Destination of the `pluginfacts` mount; no pluginfacts pass if unset.
+    #[serde(default)]
+    pub factsdir: Option<PathBuf>,
+    /// State: the run lock and the last report.
+    #[serde(default = "default_vardir")]
+    pub vardir: PathBuf,
+    /// Basename globs never synced, purged or descended into (Puppet's
+    /// `pluginsignore`, with its fnmatch semantics).
+    #[serde(default = "default_ignore")]
+    pub ignore: Vec<String>,
+    /// Deadline for the whole run, retries and failover included.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Attempts per server before failing over to the next one.
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    /// Downloads in flight at once.
+    #[serde(default = "default_parallel")]
+    pub parallel_downloads: usize,
+    /// TLS identity and trust.
+    #[serde(default)]
+    pub tls: TlsConfig,
+    /// The `plugins` destination.
+    #[serde(default)]
+    pub plugins: DestConfig,
+    /// The `pluginfacts` destination.
+    #[serde(default)]
+    pub pluginfacts: DestConfig,
+}
+
+fn default_servers() -> Vec<String> {
+    vec!["https://puppet:8140".into()]
+}
+fn default_environment() -> String {
+    "production".into()
+}
+fn default_libdir() -> PathBuf {
+    "/var/lib/pluginsync/lib".into()
+}
+fn default_vardir() -> PathBuf {
+    "/var/lib/pluginsync".into()
+}
+/// Puppet's `pluginsignore` default.
+pub fn default_ignore() -> Vec<String> {
+    pluginsync_common::DEFAULT_IGNORE
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+fn default_retries() -> u32 {
+    3
+}
+fn default_parallel() -> usize {
+    4
+}
+
+impl AgentConfig {
+    /// Reads, parses and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let config = Self::parse(&text, path)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses TOML; relative paths are relative to the config's directory.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let mut c: AgentConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e
+                .to_string()
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .collect::<Vec<_>>()
+                .join(" "),
+        })?;
+        let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+        let base = absolute.parent().unwrap_or(Path::new("/")).to_owned();
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut c.libdir);
+        fix(&mut c.vardir);
+        if let Some(f) = c.factsdir.as_mut() {
+            fix(f);
+        }
+        for p in [
+            &mut c.tls.ca,
+            &mut c.tls.cert,
+            &mut c.tls.key,
+            &mut c.tls.crl,
+            &mut c.tls.ssldir,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            fix(p);
+        }
+        Ok(c)
+    }
+
+    /// Cross-field checks.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.servers.is_empty() {
+            return Err(ConfigError::Invalid(
+                "servers must name at least one master".into(),
+            ));
+        }
+        for s in &self.servers {
+            validate_server(s).map_err(ConfigError::Invalid)?;
+        }
+        self.environment
+            .parse::<pluginsync_common::envname::EnvName>()
+            .map_err(|e| ConfigError::Invalid(format!("environment: {e}")))?;
+        pluginsync_common::ignore::IgnoreSet::new(&self.ignore)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if self.factsdir.as_deref() == Some(self.libdir.as_path()) {
+            return Err(ConfigError::Invalid(
+                "libdir and factsdir must differ".into(),
+            ));
+        }
+        if let Some(f) = &self.factsdir
+            && (f.starts_with(&self.libdir) || self.libdir.starts_with(f))
+        {
+            return Err(ConfigError::Invalid(
+                "libdir and factsdir must not contain each other".into(),
+            ));
+        }
+        if self.parallel_downloads == 0 {
+            return Err(ConfigError::Invalid(
+                "parallel_downloads must be at least 1".into(),
+            ));
+        }
+        self.tls_files()?;
+        Ok(())
+    }
+
+    /// The TLS files, from explicit paths or from `ssldir` + `certname`.
+    pub fn tls_files(&self) -> Result<TlsFiles, ConfigError> {
+        let t = &self.tls;
+        match (&t.ssldir, &t.certname) {
+            (Some(ssldir), Some(certname)) => {
+                if t.ca.is_some() || t.cert.is_some() || t.key.is_some() || t.crl.is_some() {
+                    return Err(ConfigError::Invalid(
+                        "[tls] takes either ssldir + certname or ca/cert/key/crl, not both".into(),
+                    ));
+                }
+                let p = SslDirPaths::new(ssldir, certname);
+                Ok(TlsFiles {
+                    ca: p.ca,
+                    cert: p.cert,
+                    key: p.key,
+                    crl: p.crl.exists().then_some(p.crl),
+                })
+            }
+            (Some(_), None) | (None, Some(_)) => Err(ConfigError::Invalid(
+                "[tls] ssldir and certname go together".into(),
+            )),
+            (None, None) => match (&t.ca, &t.cert, &t.key) {
+                (Some(ca), Some(cert), Some(key)) => Ok(TlsFiles {
+                    ca: ca.clone(),
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    crl: t.crl.clone(),
+                }),
+                _ => Err(ConfigError::Invalid(
+                    "[tls] needs ca, cert and key (or ssldir and certname)".into(),
+                )),
+            },
+        }
+    }
+}
+
+/// A server URL must be `https://host[:port]`, with no path.
+pub fn validate_server(s: &str) -> Result<(), String> {
+    let rest = s
+        .strip_prefix("https://")
+        .ok_or_else(|| format!("server '{s}' must start with https://"))?;
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() || rest.contains('/') || rest.contains('?') || rest.contains('@') {
+        return Err(format!(
+            "server '{s}' must be https://host[:port] with no path"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = "servers = [\"https://puppet.example.org:8140\"]\n[tls]\nssldir = \"ssl\"\ncertname = \"node1\"\n";
+
+    fn parse(text: &str) -> Result<AgentConfig, ConfigError> {
+        AgentConfig::parse(text, Path::new("/etc/pluginsync/agent.toml"))
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(MIN).unwrap();
+        assert_eq!(c.environment, "production");
+        assert_eq!(c.ignore, vec![".svn", "CVS", ".git", ".hg"]);
+        assert_eq!(c.plugins.source_permissions, SourcePermissions::Use);
+        assert_eq!(c.pluginfacts.source_permissions, SourcePermissions::Use);
+        assert!(c.factsdir.is_none());
+        let tls = c.tls_files().unwrap();
+        assert_eq!(
+            tls.cert,
+            PathBuf::from("/etc/pluginsync/ssl/certs/node1.pem")
+        );
+        assert_eq!(
+            tls.key,
+            PathBuf::from("/etc/pluginsync/ssl/private_keys/node1.pem")
+        );
+    }
+
+    #[test]
+    fn refusals_name_the_problem() {
+        let e = parse(&format!("{MIN}libdirr = \"/x\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("libdirr") && !e.contains('\n'), "{e}");
+        let c = parse(&MIN.replace("https://puppet.example.org:8140", "http://x")).unwrap();
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("must start with https://")
+        );
+        let c = parse(&format!("environment = \"bad-name\"\n{MIN}")).unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("bad-name"));
+        let c = parse("[tls]\nca = \"/ca.pem\"\n").unwrap();
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("needs ca, cert and key")
+        );
+        let c = parse(&format!("libdir = \"/a\"\nfactsdir = \"/a/facts\"\n{MIN}")).unwrap();
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("contain each other")
+        );
+    }
+
+    #[test]
+    fn example_config_parses_every_key() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc/agent.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let c = AgentConfig::parse(&text, &path).unwrap();
+        assert_eq!(c.timeout, default_timeout());
+        assert_eq!(c.retries, default_retries());
+        // Uncomment every commented key and parse again: each must exist.
+        let all: String = text
+            .lines()
+            .map(|l| {
+                l.strip_prefix("# ")
+                    .filter(|r| r.contains(" = ") || r.starts_with('['))
+                    .unwrap_or(l)
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let all = AgentConfig::parse(&all, &path).unwrap_or_else(|e| panic!("{e}\n{all}"));
+        assert!(all.factsdir.is_some());
+    }
+}

@@ -1,0 +1,21 @@
+//! The pluginsync agent.
+//!
+//! `CLI (cli) → settings (settings) → catalog (catalog: one file resource
+//! per destination) → listing (client, listing) + local scan (scan) → plan
+//! (plan, pure) → stage + verify (stage) → commit (commit) → report
+//! (report)`, driven by [`sync::run`]. Each step is a module that can be
+//! tested alone.
+
+pub mod catalog;
+pub mod cli;
+pub mod client;
+pub mod commit;
+pub mod config;
+pub mod listing;
+pub mod lock;
+pub mod plan;
+pub mod report;
+pub mod scan;
+pub mod settings;
+pub mod stage;
+pub mod sync;

@@ -1,0 +1,274 @@
+//! Turning a `file_metadatas` answer into a [`RemoteTree`] the agent trusts.
+//!
+//! Everything from the wire is checked before it can name a path: every
+//! `relative_path` must parse as a [`RelPath`] (relative, no `..`, no NUL);
+//! `"."` must be present and a directory (a listing without it is an error,
+//! never an empty tree to purge against); no path twice; every entry's
+//! parent directory must be listed; files must carry a `{sha256}` checksum.
+//! Entries matching the ignore globs (any segment) are dropped, so an
+//! ignored name is never managed even if a server lists it.
+
+use std::collections::BTreeMap;
+
+use pluginsync_common::ignore::IgnoreSet;
+use pluginsync_common::metadata::{FileMetadata, FileType};
+use pluginsync_common::relpath::RelPath;
+
+/// The name of the agent's staging directory inside each destination;
+/// reserved, never synced or purged.
+pub const STAGING_DIR: &str = ".pluginsync-staging";
+
+/// What a remote entry is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteKind {
+    /// A directory.
+    Dir,
+    /// A file with this lowercase sha256 hex.
+    File {
+        /// Lowercase hex digest.
+        sha256: String,
+    },
+}
+
+/// One remote entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteEntry {
+    /// File or directory.
+    pub kind: RemoteKind,
+    /// Permission bits from the listing, `mode & 0o777`.
+    pub mode: u32,
+}
+
+/// A validated listing.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RemoteTree {
+    /// Permission bits of `"."`.
+    pub root_mode: u32,
+    /// Everything below `"."`, sorted (parents before children).
+    pub entries: BTreeMap<RelPath, RemoteEntry>,
+}
+
+/// A listing the agent refuses; the run stops before anything changes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ListingError {
+    /// No `"."` entry.
+    #[error("listing has no \".\" entry")]
+    NoRoot,
+    /// `"."` is not a directory.
+    #[error("listing's \".\" entry is not a directory")]
+    RootNotDir,
+    /// A path that could escape the destination, or a reserved name.
+    #[error("listing has a hostile path {path:?}: {reason}")]
+    Hostile {
+        /// The path as sent.
+        path: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// Anything else malformed.
+    #[error("malformed listing: {0}")]
+    Malformed(String),
+}
+
+/// Validates a listing against the rules in the module docs.
+pub fn validate(
+    listing: Vec<FileMetadata>,
+    ignore: &IgnoreSet,
+) -> Result<RemoteTree, ListingError> {
+    let mut root_mode = None;
+    let mut entries = BTreeMap::new();
+    for m in listing {
+        let raw = m
+            .relative_path
+            .ok_or_else(|| ListingError::Malformed("an entry has no relative_path".into()))?;
+        let rel = RelPath::parse(&raw).map_err(|e| ListingError::Hostile {
+            path: raw.clone(),
+            reason: e.to_string(),
+        })?;
+        if rel.is_root() {
+            if root_mode.is_some() {
+                return Err(ListingError::Malformed("\".\" is listed twice".into()));
+            }
+            if m.kind != FileType::Directory {
+                return Err(ListingError::RootNotDir);
+            }
+            root_mode = Some(m.mode & 0o777);
+            continue;
+        }
+        if rel.segments().next() == Some(STAGING_DIR) {
+            return Err(ListingError::Hostile {
+                path: raw,
+                reason: format!("'{STAGING_DIR}' is reserved for the agent"),
+            });
+        }
+        if rel.segments().any(|seg| ignore.is_ignored(seg)) {
+            continue;
+        }
+        let kind = match m.kind {
+            FileType::Directory => RemoteKind::Dir,
+            FileType::File | FileType::Link => {
+                let value = m.checksum.map(|c| c.value).unwrap_or_default();
+                let hex = value
+                    .strip_prefix("{sha256}")
+                    .filter(|h| {
+                        h.len() == 64
+                            && h.bytes()
+                                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                    })
+                    .ok_or_else(|| {
+                        ListingError::Malformed(format!(
+                            "'{raw}' has no sha256 checksum (got {value:?})"
+                        ))
+                    })?;
+                RemoteKind::File {
+                    sha256: hex.to_owned(),
+                }
+            }
+            FileType::Other => {
+                tracing::warn!(path = %raw, "listing has a special file, skipped");
+                continue;
+            }
+        };
+        if entries
+            .insert(
+                rel,
+                RemoteEntry {
+                    kind,
+                    mode: m.mode & 0o777,
+                },
+            )
+            .is_some()
+        {
+            return Err(ListingError::Malformed(format!("'{raw}' is listed twice")));
+        }
+    }
+    let root_mode = root_mode.ok_or(ListingError::NoRoot)?;
+    for rel in entries.keys() {
+        if let Some(parent) = rel.parent().filter(|p| !p.is_root()) {
+            match entries.get(&parent) {
+                Some(RemoteEntry {
+                    kind: RemoteKind::Dir,
+                    ..
+                }) => {}
+                Some(_) => {
+                    return Err(ListingError::Malformed(format!(
+                        "'{rel}' is listed below the file '{parent}'"
+                    )));
+                }
+                None => {
+                    return Err(ListingError::Malformed(format!(
+                        "'{rel}' is listed without its directory '{parent}'"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(RemoteTree { root_mode, entries })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pluginsync_common::metadata::{Checksum, Links, Principal};
+
+    fn meta(rel: &str, kind: FileType, content: Option<&str>) -> FileMetadata {
+        FileMetadata {
+            path: "/srv/m/lib".into(),
+            relative_path: Some(rel.into()),
+            links: Links::Follow,
+            owner: Principal::Id(0),
+            group: Principal::Id(0),
+            mode: 0o100755,
+            checksum: content.map(|c| Checksum {
+                kind: "sha256".into(),
+                value: pluginsync_common::checksum::ChecksumType::Sha256
+                    .digest_reader(c.as_bytes())
+                    .unwrap(),
+            }),
+            kind,
+            destination: None,
+        }
+    }
+
+    fn ok_listing() -> Vec<FileMetadata> {
+        vec![
+            meta(".", FileType::Directory, None),
+            meta("facter", FileType::Directory, None),
+            meta("facter/x.rb", FileType::File, Some("x")),
+        ]
+    }
+
+    fn ignore() -> IgnoreSet {
+        IgnoreSet::new(&pluginsync_common::DEFAULT_IGNORE).unwrap()
+    }
+
+    #[test]
+    fn accepts_a_good_listing_and_masks_modes() {
+        let t = validate(ok_listing(), &ignore()).unwrap();
+        assert_eq!(t.root_mode, 0o755);
+        assert_eq!(t.entries.len(), 2);
+        assert!(t.entries.values().all(|e| e.mode == 0o755));
+    }
+
+    #[test]
+    fn refuses_hostile_and_malformed_listings() {
+        let with = |extra: FileMetadata| {
+            let mut l = ok_listing();
+            l.push(extra);
+            validate(l, &ignore())
+        };
+        assert!(matches!(
+            with(meta("../x", FileType::File, Some("x"))),
+            Err(ListingError::Hostile { .. })
+        ));
+        assert!(matches!(
+            with(meta("/etc/x", FileType::File, Some("x"))),
+            Err(ListingError::Hostile { .. })
+        ));
+        assert!(matches!(
+            with(meta("facter/../../x", FileType::File, Some("x"))),
+            Err(ListingError::Hostile { .. })
+        ));
+        assert!(matches!(
+            with(meta("a\0b", FileType::File, Some("x"))),
+            Err(ListingError::Hostile { .. })
+        ));
+        assert!(matches!(
+            with(meta(STAGING_DIR, FileType::Directory, None)),
+            Err(ListingError::Hostile { .. })
+        ));
+        assert!(matches!(
+            with(meta("facter/x.rb", FileType::File, Some("y"))),
+            Err(ListingError::Malformed(_))
+        ));
+        assert!(matches!(
+            with(meta("nodir/x.rb", FileType::File, Some("y"))),
+            Err(ListingError::Malformed(_))
+        ));
+        assert!(matches!(
+            with(meta("facter/x.rb/y", FileType::File, Some("y"))),
+            Err(ListingError::Malformed(_))
+        ));
+        assert!(matches!(
+            with(meta("nosum.rb", FileType::File, None)),
+            Err(ListingError::Malformed(_))
+        ));
+        assert_eq!(
+            validate(ok_listing()[1..].to_vec(), &ignore()),
+            Err(ListingError::NoRoot)
+        );
+        let mut l = ok_listing();
+        l[0].kind = FileType::File;
+        assert_eq!(validate(l, &ignore()), Err(ListingError::RootNotDir));
+    }
+
+    #[test]
+    fn ignored_names_are_never_managed() {
+        let mut l = ok_listing();
+        l.push(meta(".git", FileType::Directory, None));
+        l.push(meta(".git/config", FileType::File, Some("c")));
+        l.push(meta("facter/CVS", FileType::File, Some("c")));
+        let t = validate(l, &ignore()).unwrap();
+        assert_eq!(t.entries.len(), 2);
+    }
+}

@@ -1,0 +1,445 @@
+//! The plan: a pure function from (listing, local scan) to actions.
+//!
+//! This is Puppet's recursive, purging, forcing file resource reduced to
+//! what it decides: create or fix directories, write new or changed files,
+//! fix modes, remove what the master does not have. No I/O happens here, so
+//! every rule is unit-tested on plain values, and `--noop` prints exactly
+//! what a real run would do.
+//!
+//! Rules:
+//! - A remote directory where a local non-directory stands replaces it; a
+//!   remote file where a local directory stands replaces the directory (the
+//!   resource has `force`). A local symlink is replaced, never followed.
+//! - A file is written when missing or when its sha256 differs.
+//! - Modes: with `source_permissions = use`, the listing's `mode & 0o777`
+//!   is applied to new and existing entries; with `ignore`, new files get
+//!   0644 and new directories 0755, and existing modes stay.
+//! - Local entries the listing lacks are removed, the topmost only (a
+//!   directory's removal takes its subtree). Ignored names never reach here.
+//! - Order: directories parents-first, then writes, then mode fixes, then
+//!   removals deepest-first.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use crate::listing::{RemoteKind, RemoteTree};
+use crate::scan::{LocalKind, LocalTree};
+
+/// What a change is, as reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    /// A new file or directory.
+    Created,
+    /// A file whose content changed (or that replaced something else).
+    Updated,
+    /// Purged.
+    Removed,
+    /// Only the permission bits changed.
+    Mode,
+}
+
+impl ChangeKind {
+    /// The word printed in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Created => "created",
+            ChangeKind::Updated => "updated",
+            ChangeKind::Removed => "removed",
+            ChangeKind::Mode => "mode",
+        }
+    }
+}
+
+/// One step, on a path relative to the destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Create the destination itself.
+    CreateRoot {
+        /// Its mode.
+        mode: u32,
+    },
+    /// Set the destination's own mode.
+    ChmodRoot {
+        /// The mode.
+        mode: u32,
+    },
+    /// Create a directory (after removing a non-directory in the way).
+    Mkdir {
+        /// Relative path.
+        rel: PathBuf,
+        /// Its mode.
+        mode: u32,
+        /// A local non-directory stands there and goes first.
+        replace: bool,
+    },
+    /// Put a downloaded file in place.
+    Write {
+        /// Relative path (also the listing's relative path).
+        rel: PathBuf,
+        /// Expected sha256 hex.
+        sha256: String,
+        /// Mode to give it.
+        mode: u32,
+        /// Created or Updated.
+        change: ChangeKind,
+        /// A local directory stands there and goes first.
+        replace_dir: bool,
+    },
+    /// Fix permission bits.
+    Chmod {
+        /// Relative path.
+        rel: PathBuf,
+        /// The mode.
+        mode: u32,
+    },
+    /// Purge (a directory with its subtree; a symlink itself).
+    Remove {
+        /// Relative path.
+        rel: PathBuf,
+        /// It is a real directory.
+        dir: bool,
+    },
+}
+
+impl Action {
+    /// The reported change, if this action is one (the root's own creation
+    /// is not reported).
+    pub fn change(&self) -> Option<(&Path, ChangeKind)> {
+        match self {
+            Action::CreateRoot { .. } | Action::ChmodRoot { .. } => None,
+            Action::Mkdir { rel, .. } => Some((rel, ChangeKind::Created)),
+            Action::Write { rel, change, .. } => Some((rel, *change)),
+            Action::Chmod { rel, .. } => Some((rel, ChangeKind::Mode)),
+            Action::Remove { rel, .. } => Some((rel, ChangeKind::Removed)),
+        }
+    }
+}
+
+/// The plan for one destination.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// Actions in execution order.
+    pub actions: Vec<Action>,
+    /// Remote entries already as they should be.
+    pub unchanged: usize,
+}
+
+impl Plan {
+    /// The writes, which need downloads.
+    pub fn writes(&self) -> impl Iterator<Item = (&Path, &str)> {
+        self.actions.iter().filter_map(|a| match a {
+            Action::Write { rel, sha256, .. } => Some((rel.as_path(), sha256.as_str())),
+            _ => None,
+        })
+    }
+}
+
+/// Computes the plan; see the module docs for the rules.
+pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Plan {
+    let mut p = Plan::default();
+    let (mut mkdirs, mut writes, mut chmods, mut removes) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    if !local.exists {
+        p.actions.push(Action::CreateRoot {
+            mode: if use_permissions {
+                remote.root_mode
+            } else {
+                0o755
+            },
+        });
+    } else if use_permissions && local.root_mode != remote.root_mode {
+        p.actions.push(Action::ChmodRoot {
+            mode: remote.root_mode,
+        });
+    }
+    // Local paths that go away wholesale (replaced by a remote entry of
+    // another type): nothing below them needs its own removal.
+    let mut replaced: BTreeSet<PathBuf> = BTreeSet::new();
+    for (rel, r) in &remote.entries {
+        let path = PathBuf::from(rel.as_str());
+        let l = local.entries.get(&path);
+        match (&r.kind, l.map(|l| l.kind)) {
+            (RemoteKind::Dir, None) => mkdirs.push(Action::Mkdir {
+                rel: path,
+                mode: if use_permissions { r.mode } else { 0o755 },
+                replace: false,
+            }),
+            (RemoteKind::Dir, Some(LocalKind::Dir)) => {
+                let lmode = l.map(|l| l.mode).unwrap_or_default();
+                if use_permissions && lmode != r.mode {
+                    chmods.push(Action::Chmod {
+                        rel: path,
+                        mode: r.mode,
+                    });
+                } else {
+                    p.unchanged += 1;
+                }
+            }
+            (RemoteKind::Dir, Some(_)) => mkdirs.push(Action::Mkdir {
+                rel: path,
+                mode: if use_permissions { r.mode } else { 0o755 },
+                replace: true,
+            }),
+            (RemoteKind::File { sha256 }, None) => writes.push(Action::Write {
+                rel: path,
+                sha256: sha256.clone(),
+                mode: if use_permissions { r.mode } else { 0o644 },
+                change: ChangeKind::Created,
+                replace_dir: false,
+            }),
+            (RemoteKind::File { sha256 }, Some(kind)) => {
+                let l = l.expect("matched Some");
+                let same = kind == LocalKind::File && l.sha256.as_deref() == Some(sha256.as_str());
+                if same {
+                    if use_permissions && l.mode != r.mode {
+                        chmods.push(Action::Chmod {
+                            rel: path,
+                            mode: r.mode,
+                        });
+                    } else {
+                        p.unchanged += 1;
+                    }
+                } else {
+                    let mode = match (use_permissions, kind) {
+                        (true, _) => r.mode,
+                        (false, LocalKind::File) => l.mode,
+                        (false, _) => 0o644,
+                    };
+                    if kind == LocalKind::Dir {
+                        replaced.insert(path.clone());
+                    }
+                    writes.push(Action::Write {
+                        rel: path,
+                        sha256: sha256.clone(),
+                        mode,
+                        change: ChangeKind::Updated,
+                        replace_dir: kind == LocalKind::Dir,
+                    });
+                }
+            }
+        }
+    }
+    let remote_paths: BTreeSet<PathBuf> = remote
+        .entries
+        .keys()
+        .map(|r| PathBuf::from(r.as_str()))
+        .collect();
+    for (path, l) in &local.entries {
+        if remote_paths.contains(path) {
+            continue;
+        }
+        let covered = path.ancestors().skip(1).any(|a| {
+            replaced.contains(a)
+                || removes
+                    .iter()
+                    .any(|r: &Action| matches!(r, Action::Remove { rel, .. } if rel == a))
+        });
+        // Below a local symlink nothing was scanned; below a removed or
+        // replaced directory the subtree goes with it.
+        if covered {
+            continue;
+        }
+        removes.push(Action::Remove {
+            rel: path.clone(),
+            dir: l.kind == LocalKind::Dir,
+        });
+    }
+    removes.reverse();
+    p.actions.extend(mkdirs);
+    p.actions.extend(writes);
+    p.actions.extend(chmods);
+    p.actions.extend(removes);
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::listing::RemoteEntry;
+    use crate::scan::LocalEntry;
+    use pluginsync_common::relpath::RelPath;
+
+    fn remote(entries: &[(&str, Option<&str>, u32)]) -> RemoteTree {
+        RemoteTree {
+            root_mode: 0o755,
+            entries: entries
+                .iter()
+                .map(|(p, sha, mode)| {
+                    let kind = match sha {
+                        Some(s) => RemoteKind::File {
+                            sha256: s.to_string(),
+                        },
+                        None => RemoteKind::Dir,
+                    };
+                    (
+                        RelPath::parse(p).unwrap(),
+                        RemoteEntry { kind, mode: *mode },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn local(entries: &[(&str, LocalKind, Option<&str>, u32)]) -> LocalTree {
+        LocalTree {
+            exists: true,
+            root_mode: 0o755,
+            entries: entries
+                .iter()
+                .map(|(p, kind, sha, mode)| {
+                    (
+                        PathBuf::from(p),
+                        LocalEntry {
+                            kind: *kind,
+                            mode: *mode,
+                            sha256: sha.map(str::to_owned),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn changes(p: &Plan) -> Vec<(String, &'static str)> {
+        p.actions
+            .iter()
+            .filter_map(|a| a.change())
+            .map(|(path, c)| (path.display().to_string(), c.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn initial_sync_creates_everything_parents_first() {
+        let r = remote(&[
+            ("a", None, 0o750),
+            ("a/x.rb", Some("11"), 0o755),
+            ("b.rb", Some("22"), 0o600),
+        ]);
+        let p = plan(&r, &LocalTree::default(), true);
+        assert_eq!(p.actions[0], Action::CreateRoot { mode: 0o755 });
+        assert_eq!(
+            changes(&p),
+            vec![
+                ("a".into(), "created"),
+                ("a/x.rb".into(), "created"),
+                ("b.rb".into(), "created")
+            ]
+        );
+        assert!(p.actions.contains(&Action::Mkdir {
+            rel: "a".into(),
+            mode: 0o750,
+            replace: false
+        }));
+        assert_eq!(p.writes().count(), 2);
+    }
+
+    #[test]
+    fn in_sync_is_empty() {
+        let r = remote(&[("a", None, 0o755), ("a/x.rb", Some("11"), 0o644)]);
+        let l = local(&[
+            ("a", LocalKind::Dir, None, 0o755),
+            ("a/x.rb", LocalKind::File, Some("11"), 0o644),
+        ]);
+        let p = plan(&r, &l, true);
+        assert!(p.actions.is_empty());
+        assert_eq!(p.unchanged, 2);
+    }
+
+    #[test]
+    fn changed_content_and_modes() {
+        let r = remote(&[("x.rb", Some("new"), 0o644), ("y.sh", Some("same"), 0o755)]);
+        let l = local(&[
+            ("x.rb", LocalKind::File, Some("old"), 0o600),
+            ("y.sh", LocalKind::File, Some("same"), 0o644),
+        ]);
+        let p = plan(&r, &l, true);
+        assert_eq!(
+            changes(&p),
+            vec![("x.rb".into(), "updated"), ("y.sh".into(), "mode")]
+        );
+        // With source_permissions = ignore, existing modes stay and a
+        // replaced file keeps its mode.
+        let p = plan(&r, &l, false);
+        assert_eq!(changes(&p), vec![("x.rb".into(), "updated")]);
+        assert!(matches!(&p.actions[0], Action::Write { mode: 0o600, .. }));
+    }
+
+    #[test]
+    fn purges_topmost_junk_only_children_first() {
+        let r = remote(&[("keep.rb", Some("1"), 0o644)]);
+        let l = local(&[
+            ("junk", LocalKind::Dir, None, 0o755),
+            ("junk/deep", LocalKind::Dir, None, 0o755),
+            ("junk/deep/x", LocalKind::File, None, 0o644),
+            ("keep.rb", LocalKind::File, Some("1"), 0o644),
+            ("stray.rb", LocalKind::File, None, 0o644),
+            ("link", LocalKind::Symlink, None, 0o777),
+        ]);
+        let p = plan(&r, &l, true);
+        assert_eq!(
+            changes(&p),
+            vec![
+                ("stray.rb".into(), "removed"),
+                ("link".into(), "removed"),
+                ("junk".into(), "removed")
+            ]
+        );
+        assert!(p.actions.contains(&Action::Remove {
+            rel: "link".into(),
+            dir: false
+        }));
+    }
+
+    #[test]
+    fn type_changes_replace_with_force() {
+        let r = remote(&[
+            ("d", None, 0o755),
+            ("f", Some("1"), 0o644),
+            ("l", Some("2"), 0o644),
+        ]);
+        let l = local(&[
+            ("d", LocalKind::File, None, 0o644),
+            ("f", LocalKind::Dir, None, 0o755),
+            ("f/child", LocalKind::File, None, 0o644),
+            ("l", LocalKind::Symlink, None, 0o777),
+        ]);
+        let p = plan(&r, &l, true);
+        assert_eq!(
+            changes(&p),
+            vec![
+                ("d".into(), "created"),
+                ("f".into(), "updated"),
+                ("l".into(), "updated")
+            ]
+        );
+        assert!(p.actions.contains(&Action::Mkdir {
+            rel: "d".into(),
+            mode: 0o755,
+            replace: true
+        }));
+        assert!(p.actions.iter().any(
+            |a| matches!(a, Action::Write { rel, replace_dir: true, .. } if rel == Path::new("f"))
+        ));
+        assert!(
+            !p.actions.iter().any(|a| matches!(a, Action::Remove { .. })),
+            "f/child goes with f"
+        );
+    }
+
+    #[test]
+    fn ignore_mode_defaults_for_new_entries() {
+        let r = remote(&[("d", None, 0o700), ("d/x", Some("1"), 0o700)]);
+        let p = plan(&r, &LocalTree::default(), false);
+        assert!(p.actions.contains(&Action::Mkdir {
+            rel: "d".into(),
+            mode: 0o755,
+            replace: false
+        }));
+        assert!(
+            p.actions
+                .iter()
+                .any(|a| matches!(a, Action::Write { mode: 0o644, .. }))
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! The run report: what changed, what failed, how long it took.
+//!
+//! Text output is one line per change, `<action>  <mount>/<relative path>`
+//! (`created`, `updated`, `removed`, `mode`), plus one summary line, and
+//! nothing at all when nothing changed or failed, so cron mails only when
+//! there is news. `--format json` prints the whole report. Every real run
+//! (not `--noop`) also writes it to `<vardir>/last_run_report.json`,
+//! atomically, for `pluginsync-agent report`.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::ChangeKind;
+
+/// One change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    /// `<mount>/<relative path>`, e.g. `plugins/facter/x.rb`.
+    pub path: String,
+    /// What happened.
+    pub action: ChangeKind,
+    /// The absolute path on this node.
+    pub file: String,
+}
+
+/// One failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    /// `<mount>/<relative path>`, or the mount for a whole-pass failure.
+    pub path: String,
+    /// One line.
+    pub error: String,
+}
+
+/// A run's report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// The environment.
+    pub environment: String,
+    /// The master that served the run, if one answered.
+    pub server: Option<String>,
+    /// `--noop`: `changes` are what would have changed.
+    pub noop: bool,
+    /// Changes, in the order applied.
+    pub changes: Vec<Change>,
+    /// Individual failures of an applied run.
+    pub failures: Vec<Failure>,
+    /// Entries already in sync.
+    pub unchanged: usize,
+    /// Wall time in milliseconds.
+    pub duration_ms: u64,
+    /// False when the run stopped before changing anything.
+    pub applied: bool,
+    /// Why the run stopped, when it did.
+    pub error: Option<String>,
+    /// Unix time of the run's start.
+    pub started_at: u64,
+    /// The agent's version.
+    pub agent_version: String,
+}
+
+impl Report {
+    /// The text report: empty when nothing changed and nothing failed.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for c in &self.changes {
+            out.push_str(&format!("{:<8} {}\n", c.action.as_str(), c.path));
+        }
+        for f in &self.failures {
+            out.push_str(&format!("{:<8} {}: {}\n", "failed", f.path, f.error));
+        }
+        if self.changes.is_empty() && self.failures.is_empty() {
+            return out;
+        }
+        let count = |k: ChangeKind| self.changes.iter().filter(|c| c.action == k).count();
+        out.push_str(&format!(
+            "{}: {} created, {} updated, {} removed, {} mode, {} failed, {} unchanged ({} from {}, {:.2}s){}\n",
+            if self.noop { "noop, would apply" } else { "pluginsync" },
+            count(ChangeKind::Created),
+            count(ChangeKind::Updated),
+            count(ChangeKind::Removed),
+            count(ChangeKind::Mode),
+            self.failures.len(),
+            self.unchanged,
+            self.environment,
+            self.server.as_deref().unwrap_or("no server"),
+            self.duration_ms as f64 / 1000.0,
+            if self.noop { "; nothing was changed" } else { "" },
+        ));
+        out
+    }
+
+    /// Writes `<vardir>/last_run_report.json` atomically.
+    pub fn save(&self, vardir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(vardir)?;
+        let mut tmp = tempfile::NamedTempFile::new_in(vardir)?;
+        serde_json::to_writer_pretty(&mut tmp, self)?;
+        std::io::Write::write_all(&mut tmp, b"\n")?;
+        tmp.as_file().sync_all()?;
+        tmp.persist(vardir.join("last_run_report.json"))
+            .map_err(|e| e.error)?;
+        Ok(())
+    }
+
+    /// Reads the last report.
+    pub fn load(vardir: &Path) -> Result<Report, String> {
+        let path = vardir.join("last_run_report.json");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| format!("'{}' is not a report: {e}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(changes: Vec<Change>) -> Report {
+        Report {
+            environment: "production".into(),
+            server: Some("https://m:8140".into()),
+            noop: false,
+            changes,
+            failures: vec![],
+            unchanged: 3,
+            duration_ms: 1500,
+            applied: true,
+            error: None,
+            started_at: 0,
+            agent_version: "0".into(),
+        }
+    }
+
+    #[test]
+    fn silent_when_nothing_changed() {
+        assert_eq!(report(vec![]).text(), "");
+    }
+
+    #[test]
+    fn one_line_per_change_and_a_summary() {
+        let r = report(vec![
+            Change {
+                path: "plugins/a.rb".into(),
+                action: ChangeKind::Created,
+                file: "/l/a.rb".into(),
+            },
+            Change {
+                path: "pluginfacts/b.sh".into(),
+                action: ChangeKind::Mode,
+                file: "/f/b.sh".into(),
+            },
+        ]);
+        let t = r.text();
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "created  plugins/a.rb");
+        assert_eq!(lines[1], "mode     pluginfacts/b.sh");
+        assert!(lines[2].starts_with(
+            "pluginsync: 1 created, 0 updated, 0 removed, 1 mode, 0 failed, 3 unchanged"
+        ));
+        assert_eq!(lines.len(), 3);
+    }
+
+    #[test]
+    fn saves_and_loads() {
+        let d = tempfile::tempdir().unwrap();
+        let r = report(vec![]);
+        r.save(d.path()).unwrap();
+        assert_eq!(Report::load(d.path()).unwrap(), r);
+    }
+}

@@ -1,0 +1,153 @@
+//! The local side: what is in a destination now.
+//!
+//! A walk that never follows symlinks (a link is an entry to replace or
+//! purge, never a way out of the destination), skips ignored names without
+//! descending into them (Puppet applies `pluginsignore` locally too, so a
+//! local `.git/` survives), skips the agent's own staging directory, and
+//! hashes only the files the listing also has as files (everything else is
+//! decided without reading it).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use pluginsync_common::checksum::ChecksumType;
+use pluginsync_common::ignore::IgnoreSet;
+
+use crate::listing::{RemoteKind, RemoteTree, STAGING_DIR};
+
+/// What a local entry is (never following symlinks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalKind {
+    /// A directory.
+    Dir,
+    /// A regular file.
+    File,
+    /// A symlink (never followed).
+    Symlink,
+    /// A fifo, socket or device.
+    Other,
+}
+
+/// One local entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalEntry {
+    /// What it is.
+    pub kind: LocalKind,
+    /// Permission bits, `& 0o777`.
+    pub mode: u32,
+    /// Lowercase sha256 hex, for files the listing also has as files.
+    pub sha256: Option<String>,
+}
+
+/// A destination as found.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LocalTree {
+    /// The destination exists as a directory.
+    pub exists: bool,
+    /// Its permission bits.
+    pub root_mode: u32,
+    /// Everything below it, relative, sorted.
+    pub entries: BTreeMap<PathBuf, LocalEntry>,
+}
+
+/// The destination could not be read; nothing is changed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    /// The destination exists but is not a directory.
+    #[error("'{}' exists and is not a directory", .0.display())]
+    NotADirectory(PathBuf),
+    /// Reading failed.
+    #[error("cannot read '{}': {source}", path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Scans `dest`; see the module docs.
+pub fn scan(dest: &Path, ignore: &IgnoreSet, remote: &RemoteTree) -> Result<LocalTree, ScanError> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| ScanError::Io { path, source }
+    };
+    let md = match std::fs::metadata(dest) {
+        Ok(md) => md,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LocalTree::default()),
+        Err(e) => return Err(io(dest)(e)),
+    };
+    if !md.is_dir() {
+        return Err(ScanError::NotADirectory(dest.to_owned()));
+    }
+    let mut tree = LocalTree {
+        exists: true,
+        root_mode: md.permissions().mode() & 0o777,
+        entries: BTreeMap::new(),
+    };
+    let walker = walkdir::WalkDir::new(dest)
+        .min_depth(1)
+        .follow_links(false)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_entry(|e| {
+            let name = e.file_name().to_str().unwrap_or_default();
+            !(ignore.is_ignored(name) || (e.depth() == 1 && name == STAGING_DIR))
+        });
+    for entry in walker {
+        let entry = entry.map_err(|e| {
+            let path = e.path().unwrap_or(dest).to_owned();
+            ScanError::Io {
+                path,
+                source: e
+                    .into_io_error()
+                    .unwrap_or_else(|| std::io::Error::other("walk error")),
+            }
+        })?;
+        let rel = entry
+            .path()
+            .strip_prefix(dest)
+            .map(Path::to_owned)
+            .unwrap_or_default();
+        let md = entry.metadata().map_err(|e| ScanError::Io {
+            path: entry.path().to_owned(),
+            source: e
+                .into_io_error()
+                .unwrap_or_else(|| std::io::Error::other("stat error")),
+        })?;
+        let ft = md.file_type();
+        let kind = if ft.is_symlink() {
+            LocalKind::Symlink
+        } else if ft.is_dir() {
+            LocalKind::Dir
+        } else if ft.is_file() {
+            LocalKind::File
+        } else {
+            LocalKind::Other
+        };
+        let wanted_file = rel
+            .to_str()
+            .and_then(|s| pluginsync_common::relpath::RelPath::parse(s).ok())
+            .and_then(|r| remote.entries.get(&r))
+            .is_some_and(|e| matches!(e.kind, RemoteKind::File { .. }));
+        let sha256 = if kind == LocalKind::File && wanted_file {
+            let f = std::fs::File::open(entry.path()).map_err(io(entry.path()))?;
+            let v = ChecksumType::Sha256
+                .digest_reader(f)
+                .map_err(io(entry.path()))?;
+            Some(v["{sha256}".len()..].to_owned())
+        } else {
+            None
+        };
+        tree.entries.insert(
+            rel,
+            LocalEntry {
+                kind,
+                mode: md.permissions().mode() & 0o777,
+                sha256,
+            },
+        );
+    }
+    Ok(tree)
+}

@@ -1,0 +1,239 @@
+//! One sync run, end to end.
+//!
+//! 1. Take the run lock (not for `--noop`).
+//! 2. For every resource of the catalog (pluginfacts, then plugins): fetch
+//!    and validate the listing, scan the destination, plan.
+//! 3. `--noop`: report the plan and stop.
+//! 4. Stage every download of every resource and verify each.
+//! 5. Only then commit each resource, and report.
+//!
+//! Any failure in 1, 2 or 4 (unreachable masters, TLS, an error status, a
+//! malformed or hostile listing, an unknown environment, a failed or
+//! mismatching download) stops the run with one line and leaves every
+//! destination as it was: nothing is ever purged because of an error.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use pluginsync_common::ignore::IgnoreSet;
+
+use crate::catalog::{self, FileResource};
+use crate::client::{Client, FetchError};
+use crate::commit;
+use crate::config::SourcePermissions;
+use crate::listing;
+use crate::plan::{self, Plan};
+use crate::report::{Change, Failure, Report};
+use crate::scan;
+use crate::settings::Settings;
+use crate::stage::{self, Staging};
+
+/// How a run ended.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The report (also for failed runs).
+    pub report: Report,
+    /// The one-line reason the run stopped, if it did.
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    /// The process exit code: with `detailed`, 0 no change, 2 changes,
+    /// 4 failures, 6 both; 1 when nothing was applied. Without it, 0 or 1.
+    pub fn exit_code(&self, detailed: bool) -> i32 {
+        if self.error.is_some() {
+            return 1;
+        }
+        let failed = !self.report.failures.is_empty();
+        if !detailed {
+            return i32::from(failed);
+        }
+        (if self.report.changes.is_empty() { 0 } else { 2 }) | (if failed { 4 } else { 0 })
+    }
+}
+
+/// One resource, planned.
+struct Planned {
+    resource: FileResource,
+    plan: Plan,
+}
+
+/// Runs a sync; never panics on bad input, always returns a report.
+pub async fn run(settings: &Settings) -> Outcome {
+    let started = Instant::now();
+    let mut report = Report {
+        environment: settings.environment.to_string(),
+        server: None,
+        noop: settings.noop,
+        changes: Vec::new(),
+        failures: Vec::new(),
+        unchanged: 0,
+        duration_ms: 0,
+        applied: false,
+        error: None,
+        started_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    let result = run_inner(settings, &mut report).await;
+    report.duration_ms = started.elapsed().as_millis() as u64;
+    let error = result.err();
+    report.error = error.clone();
+    if !settings.noop
+        && let Err(e) = report.save(&settings.vardir)
+    {
+        tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the report");
+    }
+    Outcome { report, error }
+}
+
+async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), String> {
+    let _lock = if settings.noop {
+        None
+    } else {
+        Some(crate::lock::acquire(&settings.vardir).map_err(|e| e.to_string())?)
+    };
+    let catalog = catalog::build(settings);
+    let deadline = Instant::now() + settings.timeout;
+    let client =
+        Client::new(&settings.tls, settings.retries, deadline).map_err(|e| e.to_string())?;
+    let env = catalog.environment.to_string();
+
+    // Listings, scans and plans: reading only.
+    let mut server: Option<String> = None;
+    let mut planned = Vec::new();
+    for resource in catalog.resources {
+        let ignore = IgnoreSet::new(&resource.ignore).map_err(|e| e.to_string())?;
+        let perms = match resource.source_permissions {
+            SourcePermissions::Use => "use",
+            SourcePermissions::Ignore => "ignore",
+        };
+        let entries = match &server {
+            None => {
+                let (s, entries) = client
+                    .first_listing(
+                        &settings.servers,
+                        resource.mount,
+                        &env,
+                        perms,
+                        &resource.ignore,
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                server = Some(s);
+                report.server = server.clone();
+                entries
+            }
+            Some(s) => client
+                .listing(s, resource.mount, &env, perms, &resource.ignore)
+                .await
+                .map_err(|e| e.to_string())?,
+        };
+        let server_name = server.clone().unwrap_or_default();
+        let remote = listing::validate(entries, &ignore).map_err(|e| {
+            FetchError::Malformed {
+                server: server_name.clone(),
+                detail: format!("{} mount: {e}", resource.mount),
+            }
+            .to_string()
+        })?;
+        let local = scan::scan(&resource.path, &ignore, &remote).map_err(|e| e.to_string())?;
+        let plan = plan::plan(
+            &remote,
+            &local,
+            resource.source_permissions == SourcePermissions::Use,
+        );
+        report.unchanged += plan.unchanged;
+        planned.push(Planned { resource, plan });
+    }
+    let server = server.unwrap_or_default();
+
+    if settings.noop {
+        for p in &planned {
+            for (rel, kind) in p.plan.actions.iter().filter_map(|a| a.change()) {
+                report.changes.push(change(&p.resource, rel, kind));
+            }
+        }
+        return Ok(());
+    }
+
+    // Stage and verify every download before changing anything.
+    let mut stagings: Vec<Option<Staging>> = Vec::new();
+    for p in &planned {
+        let writes: Vec<(PathBuf, String)> = p
+            .plan
+            .writes()
+            .map(|(r, s)| (r.to_owned(), s.to_owned()))
+            .collect();
+        if writes.is_empty() {
+            if let Err(e) = stage::clean_stale(&p.resource.path) {
+                tracing::warn!(dest = %p.resource.path.display(), error = %e, "cannot remove a stale staging directory");
+            }
+            stagings.push(None);
+            continue;
+        }
+        let mut staging = match Staging::prepare(&p.resource.path) {
+            Ok(s) => s,
+            Err(e) => {
+                abort(stagings);
+                return Err(format!(
+                    "cannot stage downloads in '{}': {e}",
+                    p.resource.path.display()
+                ));
+            }
+        };
+        let result = staging
+            .download_all(
+                &client,
+                &server,
+                p.resource.mount,
+                &env,
+                writes,
+                settings.parallel_downloads,
+            )
+            .await;
+        stagings.push(Some(staging));
+        if let Err(e) = result {
+            abort(stagings);
+            return Err(format!("{e}; nothing was changed"));
+        }
+    }
+
+    // Commit.
+    report.applied = true;
+    for (p, staging) in planned.iter().zip(stagings) {
+        let empty = HashMap::new();
+        let staged = staging.as_ref().map(|s| &s.files).unwrap_or(&empty);
+        let done = commit::commit(&p.resource.path, &p.plan, staged, &p.resource);
+        for (rel, kind) in done.changes {
+            report.changes.push(change(&p.resource, &rel, kind));
+        }
+        for (rel, error) in done.failures {
+            report.failures.push(Failure {
+                path: format!("{}/{}", p.resource.mount, rel.display()),
+                error,
+            });
+        }
+        if let Some(s) = staging {
+            s.finish();
+        }
+    }
+    Ok(())
+}
+
+fn change(resource: &FileResource, rel: &std::path::Path, action: plan::ChangeKind) -> Change {
+    Change {
+        path: format!("{}/{}", resource.mount, rel.display()),
+        action,
+        file: resource.path.join(rel).display().to_string(),
+    }
+}
+
+fn abort(stagings: Vec<Option<Staging>>) {
+    for s in stagings.into_iter().flatten() {
+        s.abort();
+    }
+}
