@@ -507,3 +507,270 @@ where
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// What the environment's merged mount should look like, computed here
+/// independently of the master: modules by name, first wins, Puppet's
+/// default ignores, modes of files and directories. Same notation as
+/// [`tree_snapshot`] (`dir <mode>`, `file <mode> <sha256>`).
+pub fn merged_mount(env_dir: &Path, subdir: &str) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+            .expect("read_dir")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        entries.sort();
+        for p in entries {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if [".git", ".svn", "CVS", ".hg"].contains(&name) {
+                continue;
+            }
+            let rel = p
+                .strip_prefix(root)
+                .expect("under root")
+                .to_string_lossy()
+                .into_owned();
+            let md = std::fs::metadata(&p).expect("stat");
+            let mode = md.permissions().mode() & 0o777;
+            let value = if md.is_dir() {
+                format!("dir {mode:o}")
+            } else {
+                format!(
+                    "file {mode:o} {}",
+                    sha256_hex(&std::fs::read(&p).expect("read"))
+                )
+            };
+            out.entry(rel).or_insert(value);
+            if md.is_dir() {
+                walk(root, &p, out);
+            }
+        }
+    }
+    let mut modules: Vec<PathBuf> = std::fs::read_dir(env_dir.join("modules"))
+        .expect("modules")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    modules.sort();
+    let mut out = BTreeMap::new();
+    for m in modules {
+        let root = m.join(subdir);
+        if root.is_dir() {
+            walk(&root, &root, &mut out);
+        }
+    }
+    out
+}
+
+/// An agent configured in a tempdir: `agent.toml`, `lib/`, `facts.d/`,
+/// `var/`, with `node1`'s certificate from `pki`.
+pub struct AgentHome {
+    dir: tempfile::TempDir,
+}
+
+/// What one agent run did.
+#[derive(Debug)]
+pub struct AgentRun {
+    /// Exit code.
+    pub code: i32,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl AgentHome {
+    /// A home syncing from `servers`, plus `extra` TOML (top-level keys).
+    pub fn new(pki: &Pki, servers: &[String], extra: &str) -> AgentHome {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let servers: Vec<String> = servers.iter().map(|s| format!("{s:?}")).collect();
+        let toml = format!(
+            "servers = [{}]\nlibdir = \"lib\"\nfactsdir = \"facts.d\"\nvardir = \"var\"\ntimeout = \"60s\"\nretries = 2\n{extra}\n[tls]\nssldir = {:?}\ncertname = \"node1\"\n",
+            servers.join(", "),
+            pki.ssldir
+        );
+        std::fs::write(dir.path().join("agent.toml"), toml).expect("write config");
+        AgentHome { dir }
+    }
+
+    /// The home directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `lib/`.
+    pub fn libdir(&self) -> PathBuf {
+        self.dir.path().join("lib")
+    }
+
+    /// `facts.d/`.
+    pub fn factsdir(&self) -> PathBuf {
+        self.dir.path().join("facts.d")
+    }
+
+    /// `var/`.
+    pub fn vardir(&self) -> PathBuf {
+        self.dir.path().join("var")
+    }
+
+    /// Runs `pluginsync-agent <args> --config <home>/agent.toml` (for
+    /// `sync` and `report`), killed after 120 s.
+    pub fn run(&self, args: &[&str]) -> AgentRun {
+        let mut child = Command::new(bin_path("pluginsync-agent"))
+            .args(args)
+            .arg("--config")
+            .arg(self.dir.path().join("agent.toml"))
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn agent");
+        let (mut out, mut err) = (
+            child.stdout.take().expect("stdout"),
+            child.stderr.take().expect("stderr"),
+        );
+        let t_out = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut out, &mut s);
+            s
+        });
+        let t_err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut err, &mut s);
+            s
+        });
+        let start = Instant::now();
+        let code = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status.code().unwrap_or(-1);
+            }
+            if start.elapsed() > Duration::from_secs(120) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("pluginsync-agent did not finish in 120 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        AgentRun {
+            code,
+            stdout: t_out.join().expect("stdout thread"),
+            stderr: t_err.join().expect("stderr thread"),
+        }
+    }
+
+    /// Runs `sync` with extra flags.
+    pub fn sync(&self, flags: &[&str]) -> AgentRun {
+        let mut args = vec!["sync"];
+        args.extend_from_slice(flags);
+        self.run(&args)
+    }
+}
+
+/// A scriptable TLS server for answers a real master never gives
+/// (malformed or hostile listings, cut transfers). HTTP/1.1, one request
+/// per connection; `respond` maps the request target to the raw response
+/// bytes (status line, headers, body: written as given, then the
+/// connection is closed).
+pub struct FakeMaster {
+    /// The bound address.
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The responder of a [`FakeMaster`].
+pub type Responder = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
+
+impl FakeMaster {
+    /// Serves with `pki`'s `localhost` certificate.
+    pub fn start(pki: &Pki, respond: Responder) -> FakeMaster {
+        use pluginsync_common::tls as ptls;
+        let config = rustls::ServerConfig::builder_with_provider(ptls::provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                ptls::load_certs("cert", &pki.cert("localhost")).expect("cert"),
+                ptls::load_key(&pki.key("localhost")).expect("key"),
+            )
+            .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                loop {
+                    let (tcp, _) = tokio::select! {
+                        r = listener.accept() => match r { Ok(c) => c, Err(_) => continue },
+                        _ = &mut stop_rx => break,
+                    };
+                    let (acceptor, respond) = (acceptor.clone(), respond.clone());
+                    tokio::spawn(async move {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        let Ok(mut tls) = acceptor.accept(tcp).await else {
+                            return;
+                        };
+                        let mut buf = Vec::new();
+                        let mut chunk = [0u8; 4096];
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65536 {
+                            match tls.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let head = String::from_utf8_lossy(&buf);
+                        let target = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                        let _ = tls.write_all(&respond(&target)).await;
+                        let _ = tls.shutdown().await;
+                    });
+                }
+            });
+        });
+        FakeMaster {
+            addr,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// `https://localhost:<port>`.
+    pub fn url(&self) -> String {
+        format!("https://localhost:{}", self.addr.port())
+    }
+}
+
+impl Drop for FakeMaster {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A raw HTTP/1.1 response with `Connection: close`.
+pub fn http_response(status: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
+    let mut r = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(body);
+    r
+}
+
+/// A 127.0.0.1 port with nothing listening (bound, then released).
+pub fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}

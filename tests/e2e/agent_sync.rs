@@ -1,0 +1,591 @@
+//! The agent against a real master over TLS (issue "Agent", must-show 1-8):
+//! mirroring with modes, silence when in sync, exact change reports, purge
+//! with ignores, no change at all on any error, cut downloads, hostile
+//! listings, noop, the run lock and failover. Every run is the real
+//! `pluginsync-agent` binary.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pluginsync_tests::{
+    AgentHome, EnvTree, FakeMaster, Pki, TestMaster, client, closed_port, config_toml,
+    http_response, merged_mount, parse_config, sha256_hex, tree_snapshot, wait_for,
+};
+
+fn tree() -> EnvTree {
+    let t = EnvTree::new();
+    t.generate("production", 5, 12, 11);
+    t.file(
+        "production",
+        "alpha",
+        "lib/facter/common.rb",
+        "# alpha wins\n",
+        0o644,
+    );
+    t.file(
+        "production",
+        "beta",
+        "lib/facter/common.rb",
+        "# beta is hidden\n",
+        0o644,
+    );
+    t.file(
+        "production",
+        "alpha",
+        "lib/bin/pluginsync-plugin-hello",
+        "#!/bin/sh\necho hello\n",
+        0o755,
+    );
+    t.dir("production", "alpha", "lib/private", 0o750);
+    t.file(
+        "production",
+        "alpha",
+        "lib/private/key.rb",
+        "# secret\n",
+        0o600,
+    );
+    t.dir("production", "alpha", "facts.d", 0o755);
+    t.file(
+        "production",
+        "alpha",
+        "facts.d/exec_fact.sh",
+        "#!/bin/sh\necho alpha=1\n",
+        0o755,
+    );
+    t.file(
+        "production",
+        "alpha",
+        "facts.d/static.yaml",
+        "a: 1\n",
+        0o640,
+    );
+    t.file(
+        "production",
+        "beta",
+        "facts.d/exec_fact.sh",
+        "#!/bin/sh\necho hidden=1\n",
+        0o700,
+    );
+    t
+}
+
+fn start(tree: &EnvTree, pki: &Pki) -> TestMaster {
+    TestMaster::start(parse_config(&config_toml(&tree.envpath(), pki, "", "")))
+}
+
+/// Both destinations and the vardir, for byte-identical comparisons.
+fn snapshot(home: &AgentHome) -> Vec<std::collections::BTreeMap<String, String>> {
+    vec![
+        tree_snapshot(&home.libdir()),
+        tree_snapshot(&home.factsdir()),
+        tree_snapshot(&home.path().join("outside")),
+    ]
+}
+
+/// Waits until the master lists (or no longer lists) `rel` in plugins.
+async fn master_lists(master: &TestMaster, pki: &Pki, rel: &str, present: bool) {
+    let c = client(pki, Some("node1"));
+    let url = format!(
+        "{}/puppet/v3/file_metadatas/plugins?recurse=true&environment=production",
+        master.url()
+    );
+    let needle = format!("\"relative_path\":\"{rel}\"");
+    let ok = wait_for(Duration::from_secs(5), || {
+        let (c, url, needle) = (c.clone(), url.clone(), needle.clone());
+        async move {
+            (c.get(url)
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?
+                .contains(&needle)
+                == present)
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(ok.is_some(), "master did not catch up with {rel}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_sync_mirrors_the_merged_mounts_and_a_second_run_is_silent() {
+    let (tree, pki) = (tree(), Pki::new());
+    let master = start(&tree, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    let env_dir = tree.envpath().join("production");
+
+    let first = home.sync(&["--detailed-exitcodes"]);
+    assert_eq!(first.code, 2, "{first:?}");
+    assert_eq!(first.stderr, "", "logs stay quiet at the default level");
+    assert_eq!(
+        tree_snapshot(&home.libdir()),
+        merged_mount(&env_dir, "lib"),
+        "libdir = merged plugins mount"
+    );
+    assert_eq!(
+        tree_snapshot(&home.factsdir()),
+        merged_mount(&env_dir, "facts.d"),
+        "facts.d = merged pluginfacts mount"
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.libdir().join("facter/common.rb")).unwrap(),
+        "# alpha wins\n"
+    );
+    // Executables stay executable; private stays private.
+    let mode = |p: &std::path::Path| {
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).unwrap().permissions())
+            & 0o777
+    };
+    assert_eq!(
+        mode(&home.libdir().join("bin/pluginsync-plugin-hello")),
+        0o755
+    );
+    assert_eq!(mode(&home.libdir().join("private")), 0o750);
+    assert_eq!(mode(&home.factsdir().join("exec_fact.sh")), 0o755);
+    let lines: Vec<&str> = first.stdout.lines().collect();
+    assert!(
+        lines.contains(&"created  plugins/facter/common.rb"),
+        "{}",
+        first.stdout
+    );
+    assert!(lines.contains(&"created  pluginfacts/exec_fact.sh"));
+    assert!(lines.last().unwrap().starts_with("pluginsync: "));
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(home.vardir().join("last_run_report.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(report["server"], master.url());
+    assert_eq!(report["changes"].as_array().unwrap().len(), lines.len() - 1);
+
+    // Second run: nothing printed, exit 0.
+    let second = home.sync(&["--detailed-exitcodes"]);
+    assert_eq!(
+        (second.code, second.stdout.as_str(), second.stderr.as_str()),
+        (0, "", "")
+    );
+    assert_eq!(home.sync(&[]).code, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_the_changed_files_are_reported() {
+    let (tree, pki) = (tree(), Pki::new());
+    let master = start(&tree, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    assert_eq!(home.sync(&[]).code, 0);
+
+    tree.file(
+        "production",
+        "alpha",
+        "lib/facter/common.rb",
+        "# alpha changed\n",
+        0o644,
+    );
+    tree.file(
+        "production",
+        "gamma",
+        "lib/facter/added.rb",
+        "# added\n",
+        0o644,
+    );
+    std::fs::remove_file(
+        tree.module("production", "alpha")
+            .join("lib/private/key.rb"),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        tree.module("production", "alpha")
+            .join("facts.d/static.yaml"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    master_lists(&master, &pki, "facter/added.rb", true).await;
+    master_lists(&master, &pki, "private/key.rb", false).await;
+    let c = client(&pki, Some("node1"));
+    let want = format!("{{sha256}}{}", sha256_hex(b"# alpha changed\n"));
+    let url = format!(
+        "{}/puppet/v3/file_metadatas/plugins?recurse=true&environment=production",
+        master.url()
+    );
+    assert!(
+        wait_for(Duration::from_secs(5), || {
+            let (c, url, want) = (c.clone(), url.clone(), want.clone());
+            async move {
+                c.get(url)
+                    .send()
+                    .await
+                    .ok()?
+                    .text()
+                    .await
+                    .ok()?
+                    .contains(&want)
+                    .then_some(())
+            }
+        })
+        .await
+        .is_some()
+    );
+
+    let run = home.sync(&["--detailed-exitcodes", "--format", "json"]);
+    assert_eq!(run.code, 2, "{run:?}");
+    let report: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    let mut changes: Vec<(String, String)> = report["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["path"].as_str().unwrap().to_owned(),
+                c["action"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    changes.sort();
+    assert_eq!(
+        changes,
+        vec![
+            ("pluginfacts/static.yaml".into(), "mode".into()),
+            ("plugins/facter/added.rb".into(), "created".into()),
+            ("plugins/facter/common.rb".into(), "updated".into()),
+            ("plugins/private/key.rb".into(), "removed".into()),
+        ]
+    );
+    assert_eq!(report["failures"].as_array().unwrap().len(), 0);
+    assert_eq!(report["environment"], "production");
+    assert!(report["unchanged"].as_u64().unwrap() > 50);
+    let env_dir = tree.envpath().join("production");
+    assert_eq!(tree_snapshot(&home.libdir()), merged_mount(&env_dir, "lib"));
+    assert_eq!(
+        tree_snapshot(&home.factsdir()),
+        merged_mount(&env_dir, "facts.d")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_junk_is_purged_and_ignored_names_are_kept() {
+    let (tree, pki) = (tree(), Pki::new());
+    let master = start(&tree, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    assert_eq!(home.sync(&[]).code, 0);
+    let lib = home.libdir();
+    std::fs::create_dir_all(lib.join("junkdir/deeper")).unwrap();
+    std::fs::write(lib.join("junkdir/deeper/x.rb"), "junk").unwrap();
+    std::fs::write(lib.join("facter/stray.rb"), "stray").unwrap();
+    std::fs::create_dir_all(lib.join(".git/objects")).unwrap();
+    std::fs::write(lib.join(".git/HEAD"), "ref").unwrap();
+    std::fs::write(lib.join("facter/CVS"), "cvs").unwrap();
+    std::fs::write(home.factsdir().join("old_fact.txt"), "old=1").unwrap();
+
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let mut lines: Vec<&str> = run.stdout.lines().collect();
+    let summary = lines.pop().unwrap();
+    assert!(
+        summary.starts_with("pluginsync: 0 created, 0 updated, 3 removed"),
+        "{summary}"
+    );
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "removed  pluginfacts/old_fact.txt",
+            "removed  plugins/facter/stray.rb",
+            "removed  plugins/junkdir"
+        ]
+    );
+    assert!(!lib.join("junkdir").exists() && !lib.join("facter/stray.rb").exists());
+    assert!(
+        lib.join(".git/HEAD").exists() && lib.join("facter/CVS").exists(),
+        "ignored names are kept"
+    );
+    assert!(!home.factsdir().join("old_fact.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_leaves_the_destinations_byte_identical_with_one_line() {
+    let (tree, pki) = (tree(), Pki::new());
+    // node1 may read production and unknown names (so those get their
+    // honest 404), but not `restricted` (403).
+    let rules =
+        "[[authorization]]\ncertname = \"node1\"\nenvironments = [\"production\", \"NOT*\"]\n";
+    tree.file("restricted", "alpha", "lib/x.rb", "x\n", 0o644);
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", rules)));
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    assert_eq!(home.sync(&[]).code, 0);
+    std::fs::write(
+        home.libdir().join("local_junk.rb"),
+        "would be purged by a bad run",
+    )
+    .unwrap();
+    let before = snapshot(&home);
+
+    let other_pki = Pki::new();
+    let untrusted = TestMaster::start(parse_config(&config_toml(
+        &tree.envpath(),
+        &other_pki,
+        "",
+        "",
+    )));
+    let fake = |body: &'static [u8]| {
+        FakeMaster::start(
+            &pki,
+            Arc::new(move |_target: &str| http_response("200 OK", "application/json", body)),
+        )
+    };
+    let truncated = fake(br#"[{"path":"/m/lib","relative_path":".","links":"follow","owner":0,"group":0,"mode":493,"checksum":{"type":"ctime","value":"{ctime}x"},"type":"directory","destination":null},{"path":"/m/l"#);
+    let not_json = fake(b"<html>proxy error</html>");
+    let no_root = fake(br#"[{"path":"/m/lib","relative_path":"a.rb","links":"follow","owner":0,"group":0,"mode":420,"checksum":{"type":"sha256","value":"{sha256}0000000000000000000000000000000000000000000000000000000000000000"},"type":"file","destination":null}]"#);
+    let empty = fake(b"[]");
+    let server_error = FakeMaster::start(
+        &pki,
+        Arc::new(|_t: &str| http_response("500 Internal Server Error", "text/plain", b"boom")),
+    );
+
+    let port = master.addr.port();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "--server".into(),
+                format!("https://localhost:{}", closed_port()),
+            ],
+            "cannot reach",
+        ),
+        (vec!["--server".into(), untrusted.url()], "cannot reach"),
+        (
+            vec!["--environment".into(), "NOTANENVIRONMENT".into()],
+            "error: environment 'NOTANENVIRONMENT' not found on https://localhost:",
+        ),
+        (vec!["--environment".into(), "restricted".into()], "403"),
+        (vec!["--environment".into(), "bad-name".into()], "bad-name"),
+        (
+            vec!["--server".into(), truncated.url()],
+            "malformed listing",
+        ),
+        (vec!["--server".into(), not_json.url()], "malformed listing"),
+        (vec!["--server".into(), no_root.url()], "no \".\" entry"),
+        (vec!["--server".into(), empty.url()], "no \".\" entry"),
+        (vec!["--server".into(), server_error.url()], "500"),
+    ];
+    for (args, expect) in cases {
+        let mut flags: Vec<&str> = args.iter().map(String::as_str).collect();
+        flags.push("--detailed-exitcodes");
+        let run = home.sync(&flags);
+        assert_eq!(run.code, 1, "{args:?}: {run:?}");
+        assert_eq!(run.stdout, "", "{args:?}");
+        let lines: Vec<&str> = run.stderr.lines().collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "{args:?}: exactly one line on stderr: {:?}",
+            run.stderr
+        );
+        assert!(
+            lines[0].starts_with("error: ") && lines[0].contains(expect),
+            "{args:?}: {}",
+            lines[0]
+        );
+        assert_eq!(snapshot(&home), before, "{args:?} changed the destinations");
+    }
+    let nf = home.sync(&["--environment", "NOTANENVIRONMENT"]);
+    assert_eq!(
+        nf.stderr.trim(),
+        format!("error: environment 'NOTANENVIRONMENT' not found on https://localhost:{port}")
+    );
+    // The failed run's report says why.
+    let report = home.run(&["report", "--format", "json"]);
+    let report: serde_json::Value = serde_json::from_str(report.stdout.trim()).unwrap();
+    assert_eq!(report["applied"], false);
+    assert!(
+        report["error"]
+            .as_str()
+            .unwrap()
+            .contains("NOTANENVIRONMENT")
+    );
+}
+
+/// A fake master with a valid listing of one file whose content is cut
+/// after `cut` of its bytes.
+fn cutting_master(pki: &Pki, content: &'static [u8], cut: usize) -> FakeMaster {
+    let sum = sha256_hex(content);
+    FakeMaster::start(
+        pki,
+        Arc::new(move |target: &str| {
+            if target.contains("/file_metadatas/") {
+                let body = format!(
+                    r#"[{{"path":"/m/lib","relative_path":".","links":"follow","owner":0,"group":0,"mode":493,"checksum":{{"type":"ctime","value":"{{ctime}}x"}},"type":"directory","destination":null}},{{"path":"/m/lib","relative_path":"big.rb","links":"follow","owner":0,"group":0,"mode":420,"checksum":{{"type":"sha256","value":"{{sha256}}{sum}"}},"type":"file","destination":null}}]"#
+                );
+                http_response("200 OK", "application/json", body.as_bytes())
+            } else {
+                let mut r = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    content.len()
+                )
+                .into_bytes();
+                r.extend_from_slice(&content[..cut]);
+                r
+            }
+        }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_download_leaves_no_file_under_a_final_name() {
+    let pki = Pki::new();
+    static CONTENT: [u8; 200_000] = [b'z'; 200_000];
+    let fake = cutting_master(&pki, &CONTENT, 50_000);
+    let home = AgentHome::new(&pki, &[fake.url()], "");
+    std::fs::create_dir_all(home.libdir()).unwrap();
+    std::fs::write(
+        home.libdir().join("old.rb"),
+        "kept: a failed run purges nothing",
+    )
+    .unwrap();
+    let before = tree_snapshot(&home.libdir());
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(
+        run.stderr.contains("big.rb") && run.stderr.contains("nothing was changed"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.stderr.lines().count(), 1);
+    assert!(!home.libdir().join("big.rb").exists());
+    assert_eq!(
+        tree_snapshot(&home.libdir()),
+        before,
+        "no file under a final name, no staging left"
+    );
+    assert!(!home.libdir().join(".pluginsync-staging").exists());
+
+    // A run killed mid-download leaves staged files; the next run (here
+    // against a master that delivers) removes them.
+    let staging = home.libdir().join(".pluginsync-staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::write(staging.join("0"), "half a file").unwrap();
+    let good = cutting_master(&pki, &CONTENT, CONTENT.len());
+    let run = home.sync(&["--server", &good.url()]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(
+        std::fs::read(home.libdir().join("big.rb")).unwrap(),
+        CONTENT
+    );
+    assert!(!staging.exists(), "stale staged files removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_listings_and_local_symlinks_never_reach_outside() {
+    let pki = Pki::new();
+    let home = AgentHome::new(&pki, &["https://localhost:1".into()], "");
+    let outside = home.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("precious"), "do not touch").unwrap();
+    let entry = |rel: &str| {
+        format!(
+            r#"{{"path":"/m/lib","relative_path":"{rel}","links":"follow","owner":0,"group":0,"mode":420,"checksum":{{"type":"sha256","value":"{{sha256}}{}"}},"type":"file","destination":null}}"#,
+            sha256_hex(b"evil")
+        )
+    };
+    let root = r#"{"path":"/m/lib","relative_path":".","links":"follow","owner":0,"group":0,"mode":493,"checksum":{"type":"ctime","value":"{ctime}x"},"type":"directory","destination":null}"#;
+    let abs_target = outside.join("abs_evil");
+    for rel in [
+        "../outside/evil".to_owned(),
+        abs_target.display().to_string(),
+        "a/../../outside/evil".to_owned(),
+    ] {
+        let body = format!("[{root},{}]", entry(&rel));
+        let fake = FakeMaster::start(
+            &pki,
+            Arc::new(move |t: &str| {
+                if t.contains("file_metadatas") {
+                    http_response("200 OK", "application/json", body.as_bytes())
+                } else {
+                    http_response("200 OK", "application/octet-stream", b"evil")
+                }
+            }),
+        );
+        let run = home.sync(&["--server", &fake.url()]);
+        assert_eq!(run.code, 1, "{rel}: {run:?}");
+        assert!(run.stderr.contains("hostile path"), "{rel}: {}", run.stderr);
+        assert!(
+            !outside.join("evil").exists() && !abs_target.exists(),
+            "{rel} wrote outside"
+        );
+    }
+
+    // Local symlinks pointing outside: one where the master has a
+    // directory (replaced by a real directory), one that is junk (the link
+    // is removed, not what it points to).
+    let (tree, pki2) = (EnvTree::new(), &pki);
+    tree.file("production", "alpha", "lib/facter/x.rb", "x\n", 0o644);
+    let master = start(&tree, pki2);
+    std::fs::create_dir_all(home.libdir()).unwrap();
+    std::os::unix::fs::symlink(&outside, home.libdir().join("facter")).unwrap();
+    std::os::unix::fs::symlink(&outside, home.libdir().join("junk_link")).unwrap();
+    let run = home.sync(&["--server", &master.url()]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let facter = std::fs::symlink_metadata(home.libdir().join("facter")).unwrap();
+    assert!(facter.is_dir() && !facter.file_type().is_symlink());
+    assert_eq!(
+        std::fs::read_to_string(home.libdir().join("facter/x.rb")).unwrap(),
+        "x\n"
+    );
+    assert!(!home.libdir().join("junk_link").exists());
+    assert_eq!(
+        std::fs::read_to_string(outside.join("precious")).unwrap(),
+        "do not touch"
+    );
+    assert!(
+        !outside.join("x.rb").exists(),
+        "nothing written through the link"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noop_lock_and_failover() {
+    let (tree, pki) = (tree(), Pki::new());
+    let master = start(&tree, &pki);
+    let down = format!("https://localhost:{}", closed_port());
+    let home = AgentHome::new(&pki, &[down.clone(), master.url()], "");
+
+    // --noop prints the plan and changes nothing at all.
+    let noop = home.sync(&["--noop", "--detailed-exitcodes"]);
+    assert_eq!(noop.code, 2, "{noop:?}");
+    assert!(noop.stdout.contains("created  plugins/facter/common.rb"));
+    assert!(
+        noop.stdout
+            .lines()
+            .last()
+            .unwrap()
+            .contains("nothing was changed")
+    );
+    assert!(!home.libdir().exists() && !home.factsdir().exists() && !home.vardir().exists());
+
+    // Failover: the first server is down, the second serves the run.
+    let run = home.sync(&["--format", "json"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let report: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    assert_eq!(report["server"], master.url());
+    assert_eq!(run.stderr, "");
+
+    // The lock: a run while another holds it exits 1, changes nothing.
+    std::fs::write(home.libdir().join("junk.rb"), "junk").unwrap();
+    let lock = std::fs::OpenOptions::new()
+        .write(true)
+        .open(home.vardir().join("agent.lock"))
+        .unwrap();
+    lock.try_lock().unwrap();
+    std::fs::write(home.vardir().join("agent.lock"), "4242\n").unwrap();
+    let busy = home.sync(&[]);
+    assert_eq!(busy.code, 1);
+    assert_eq!(
+        busy.stderr.trim(),
+        "error: another sync is running (pid 4242)"
+    );
+    assert!(home.libdir().join("junk.rb").exists());
+    // Released (as when the holder dies): the next run takes it.
+    drop(lock);
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(!home.libdir().join("junk.rb").exists());
+}
