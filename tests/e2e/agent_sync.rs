@@ -546,7 +546,7 @@ async fn noop_lock_and_failover() {
     let (tree, pki) = (tree(), Pki::new());
     let master = start(&tree, &pki);
     let down = format!("https://localhost:{}", closed_port());
-    let home = AgentHome::new(&pki, &[down.clone(), master.url()], "");
+    let home = AgentHome::new(&pki, &[down, master.url()], "");
 
     // --noop prints the plan and changes nothing at all.
     let noop = home.sync(&["--noop", "--detailed-exitcodes"]);
