@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The pluginsync demo: a master on the bundled example environment
 # (etc/environments/production) with throwaway certificates on 127.0.0.1,
-# port chosen by the kernel; then a sync from it. Leaves nothing behind.
+# port chosen by the kernel; an agent syncs a temporary libdir and facts.d
+# from it, a file changes on the master, the agent syncs again. Prints each
+# report. Leaves nothing behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,8 +47,38 @@ done
 [ -n "$port" ] || { echo "error: master did not start" >&2; cat "$work/master.log" >&2; exit 1; }
 echo "== master listening on https://localhost:$port"
 
-url="https://localhost:$port/puppet/v3/file_metadatas/plugins?recurse=true&links=follow&checksum_type=sha256&source_permissions=use&environment=production"
-echo "== GET /puppet/v3/file_metadatas/plugins (one entry per line)"
-curl -sS --fail --cacert "$work/ssl/certs/ca.pem" --cert "$work/ssl/certs/demo-node.pem" \
-    --key "$work/ssl/private_keys/demo-node.pem" "$url" | sed 's/},{"path"/},\n{"path"/g'
+cat > "$work/agent.toml" <<TOML
+servers = ["https://localhost:$port"]
+environment = "production"
+libdir = "$work/node/lib"
+factsdir = "$work/node/facts.d"
+vardir = "$work/node/var"
+[tls]
+ssldir = "$work/ssl"
+certname = "demo-node"
+TOML
+
 echo
+echo "== pluginsync-agent sync (first run: everything is new)"
+"$bin/pluginsync-agent" sync --config "$work/agent.toml"
+
+echo
+echo "== pluginsync-agent sync (second run: in sync, prints nothing)"
+"$bin/pluginsync-agent" sync --config "$work/agent.toml"
+
+echo
+echo "== on the master: change a fact, add a function, remove a provider"
+env="$work/environments/production/modules"
+echo "# changed by the demo" >> "$env/acme_base/lib/facter/acme_role.rb"
+mkdir -p "$env/ntp/lib/puppet/functions"
+printf 'Puppet::Functions.create_function(:ntp_peers) do\n  def ntp_peers\n    []\n  end\nend\n' > "$env/ntp/lib/puppet/functions/ntp_peers.rb"
+rm "$env/ntp/lib/puppet/provider/ntp_server/ruby.rb"
+sleep 1   # the master re-indexes within its 200 ms debounce
+
+echo
+echo "== pluginsync-agent sync (third run: exactly those changes)"
+"$bin/pluginsync-agent" sync --config "$work/agent.toml"
+
+echo
+echo "== pluginsync-agent report --format json (the last run, as saved in the vardir)"
+"$bin/pluginsync-agent" report --config "$work/agent.toml" --format json
