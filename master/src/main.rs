@@ -11,7 +11,10 @@ use pluginsync_master::{EXIT_CONFIG, check, devcerts, server};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // `check` prints its findings itself; the log would repeat them.
-    let quiet = matches!(cli.command, Command::Check { .. } | Command::DevCerts { .. });
+    let quiet = matches!(
+        cli.command,
+        Command::Check { .. } | Command::DevCerts { .. }
+    );
     let level = match cli.verbose {
         0 if quiet => "warn",
         0 => "info",
