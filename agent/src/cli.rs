@@ -51,6 +51,19 @@ pub enum Command {
         /// nothing was applied.
         #[arg(long)]
         detailed_exitcodes: bool,
+        /// Run the configured loaders on changed files (as `[load] enabled`).
+        #[arg(long)]
+        load: bool,
+    },
+    /// Print the registry of loaded describe plugins (name, version, api,
+    /// status, path).
+    Plugins {
+        /// The config file (for vardir and constraints).
+        #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
     },
     /// Print the last run's report.
     Report {

@@ -134,6 +134,92 @@ pub struct AgentConfig {
     /// The `pluginfacts` destination.
     #[serde(default)]
     pub pluginfacts: DestConfig,
+    /// Loading changed plugins after a sync.
+    #[serde(default)]
+    pub load: LoadConfig,
+    /// Loaders, first match wins for each changed file.
+    #[serde(default, rename = "loader")]
+    pub loaders: Vec<LoaderConfig>,
+}
+
+/// `[load]`: nothing is executed unless `enabled` (or `--load`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoadConfig {
+    /// Run loaders at all (kustomize's stance: an explicit opt-in before
+    /// any plugin code runs).
+    pub enabled: bool,
+    /// Load failures set the 4 bit of `--detailed-exitcodes`.
+    pub failures_are_errors: bool,
+    /// Run once per sync when at least one file loaded, e.g.
+    /// `["systemctl", "reload", "myservice"]`.
+    pub after_load: Vec<String>,
+    /// Deadline of `after_load` (its process group is killed then).
+    #[serde(with = "humantime_serde")]
+    pub after_load_timeout: Duration,
+    /// Name prefix of describe plugins: `<prefix>-<name>_v<version>_x<api>_<os>_<arch>`.
+    pub plugin_prefix: String,
+    /// Version constraints per plugin name, e.g. `hello = ">=1.0, <2"`.
+    pub constraints: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        LoadConfig {
+            enabled: false,
+            failures_are_errors: false,
+            after_load: Vec::new(),
+            after_load_timeout: Duration::from_secs(10),
+            plugin_prefix: "pluginsync-plugin".into(),
+            constraints: Default::default(),
+        }
+    }
+}
+
+/// How a loader loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoaderKind {
+    /// Run `command` with the file's path.
+    Command,
+    /// Packer-style: check the name, the `_SHA256SUM` sidecar and the
+    /// `describe` handshake, then register the plugin.
+    Describe,
+}
+
+/// One `[[loader]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoaderConfig {
+    /// A name for reports; defaults to the `match` glob.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Glob on the changed file's path relative to the libdir
+    /// (`*` stays within a directory, `**` crosses them).
+    #[serde(rename = "match")]
+    pub pattern: String,
+    /// `command` or `describe`.
+    pub kind: LoaderKind,
+    /// For `command`: argv, with `{path}` (absolute), `{relpath}` and
+    /// `{environment}` replaced.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Deadline of one launch; the child and its process group are killed.
+    #[serde(default = "default_loader_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Launches tried before the load counts as failed.
+    #[serde(default = "default_attempts")]
+    pub attempts: u32,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+fn default_loader_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_attempts() -> u32 {
+    1
 }
 
 fn default_servers() -> Vec<String> {
@@ -241,6 +327,36 @@ impl AgentConfig {
             return Err(ConfigError::Invalid(
                 "libdir and factsdir must not contain each other".into(),
             ));
+        }
+        for (i, l) in self.loaders.iter().enumerate() {
+            globset::GlobBuilder::new(&l.pattern)
+                .literal_separator(true)
+                .build()
+                .map_err(|e| {
+                    ConfigError::Invalid(format!(
+                        "[[loader]] {} match '{}': {}",
+                        i + 1,
+                        l.pattern,
+                        e.kind()
+                    ))
+                })?;
+            if l.kind == LoaderKind::Command && l.command.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "[[loader]] {} (kind = \"command\") needs a command",
+                    i + 1
+                )));
+            }
+            if l.attempts == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "[[loader]] {}: attempts must be at least 1",
+                    i + 1
+                )));
+            }
+        }
+        for (name, c) in &self.load.constraints {
+            crate::plugins::Constraint::parse(c).map_err(|e| {
+                ConfigError::Invalid(format!("[load.constraints] {name} = '{c}': {e}"))
+            })?;
         }
         if self.parallel_downloads == 0 {
             return Err(ConfigError::Invalid(

@@ -3,7 +3,7 @@
 //! `CLI (cli) → settings (settings) → catalog (catalog: one file resource
 //! per destination) → listing (client, listing) + local scan (scan) → plan
 //! (plan, pure) → stage + verify (stage) → commit (commit) → report
-//! (report)`, driven by [`sync::run`]. Each step is a module that can be
+//! (report) → load changed files (load, plugins)`, driven by [`sync::run`]. Each step is a module that can be
 //! tested alone.
 
 pub mod catalog;
@@ -12,8 +12,10 @@ pub mod client;
 pub mod commit;
 pub mod config;
 pub mod listing;
+pub mod load;
 pub mod lock;
 pub mod plan;
+pub mod plugins;
 pub mod report;
 pub mod scan;
 pub mod settings;

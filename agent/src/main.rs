@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use pluginsync_agent::cli::{Cli, Command, Format};
 use pluginsync_agent::config::AgentConfig;
+use pluginsync_agent::load::{LoadStatus, Loaders};
+use pluginsync_agent::plugins::Registry;
 use pluginsync_agent::report::Report;
 use pluginsync_agent::settings::{Overrides, Settings};
 
@@ -27,6 +29,7 @@ fn main() -> ExitCode {
             noop,
             format,
             detailed_exitcodes,
+            load,
         } => {
             let overrides = Overrides {
                 environment,
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
                 noop,
                 format: Some(format),
                 detailed_exitcodes,
+                load,
             };
             let settings =
                 match AgentConfig::load(&config).and_then(|c| Settings::resolve(c, overrides)) {
@@ -49,10 +53,60 @@ fn main() -> ExitCode {
             };
             let outcome = runtime.block_on(pluginsync_agent::sync::run(&settings));
             print(&outcome.report, settings.format);
+            for l in outcome
+                .report
+                .loads
+                .iter()
+                .filter(|l| l.status == LoadStatus::Failed)
+            {
+                eprintln!(
+                    "load failed: {} ({}): {}",
+                    l.path,
+                    l.loader.as_deref().unwrap_or("after_load"),
+                    l.error.as_deref().unwrap_or("failed")
+                );
+            }
             if let Some(e) = &outcome.error {
                 eprintln!("error: {e}");
             }
             ExitCode::from(outcome.exit_code(settings.detailed_exitcodes) as u8)
+        }
+        Command::Plugins { config, format } => {
+            let config = match AgentConfig::load(&config) {
+                Ok(c) => c,
+                Err(e) => return fail(&e.to_string()),
+            };
+            let registry = Registry::load(&config.vardir);
+            let loaders = Loaders::new(&config.loaders, &config.load, &config.environment);
+            if format == Format::Json {
+                println!("{}", serde_json::to_string(&registry).unwrap_or_default());
+                return ExitCode::SUCCESS;
+            }
+            println!(
+                "{:<24} {:<14} {:<6} {:<9} PATH",
+                "NAME", "VERSION", "API", "STATUS"
+            );
+            for (name, versions) in &registry.plugins {
+                let active = registry
+                    .active(name, loaders.constraint(name))
+                    .map(|r| r.path.clone());
+                for r in versions {
+                    let status = if Some(&r.path) == active.as_ref() {
+                        "active"
+                    } else {
+                        "available"
+                    };
+                    println!(
+                        "{:<24} {:<14} {:<6} {:<9} {}",
+                        name,
+                        r.version,
+                        format!("x{}", r.api_version),
+                        status,
+                        r.path
+                    );
+                }
+            }
+            ExitCode::SUCCESS
         }
         Command::Report { config, format } => {
             let vardir = match AgentConfig::load(&config) {

@@ -11,6 +11,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::load::{LoadEntry, LoadStatus};
 use crate::plan::ChangeKind;
 
 /// One change.
@@ -58,6 +59,9 @@ pub struct Report {
     pub started_at: u64,
     /// The agent's version.
     pub agent_version: String,
+    /// What happened to each changed file's load.
+    #[serde(default)]
+    pub loads: Vec<LoadEntry>,
 }
 
 impl Report {
@@ -72,6 +76,15 @@ impl Report {
         }
         if self.changes.is_empty() && self.failures.is_empty() {
             return out;
+        }
+        if !self.loads.is_empty() {
+            let n = |s: LoadStatus| self.loads.iter().filter(|l| l.status == s).count();
+            out.push_str(&format!(
+                "loads: {} ok, {} failed, {} skipped\n",
+                n(LoadStatus::Ok),
+                n(LoadStatus::Failed),
+                n(LoadStatus::Skipped)
+            ));
         }
         let count = |k: ChangeKind| self.changes.iter().filter(|c| c.action == k).count();
         out.push_str(&format!(
@@ -130,6 +143,7 @@ mod tests {
             error: None,
             started_at: 0,
             agent_version: "0".into(),
+            loads: vec![],
         }
     }
 

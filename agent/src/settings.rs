@@ -7,7 +7,10 @@ use std::time::Duration;
 use pluginsync_common::envname::EnvName;
 
 use crate::cli::Format;
-use crate::config::{AgentConfig, ConfigError, SourcePermissions, TlsFiles, validate_server};
+use crate::config::{
+    AgentConfig, ConfigError, LoadConfig, LoaderConfig, SourcePermissions, TlsFiles,
+    validate_server,
+};
 
 /// What a run needs, resolved.
 #[derive(Debug, Clone)]
@@ -42,6 +45,12 @@ pub struct Settings {
     pub format: Format,
     /// Puppet-style detailed exit codes.
     pub detailed_exitcodes: bool,
+    /// Run loaders after the commit (`[load] enabled` or `--load`).
+    pub load_enabled: bool,
+    /// `[load]`.
+    pub load: LoadConfig,
+    /// `[[loader]]`.
+    pub loaders: Vec<LoaderConfig>,
 }
 
 /// Command-line overrides.
@@ -57,6 +66,8 @@ pub struct Overrides {
     pub format: Option<Format>,
     /// `--detailed-exitcodes`.
     pub detailed_exitcodes: bool,
+    /// `--load`.
+    pub load: bool,
 }
 
 impl Settings {
@@ -96,6 +107,9 @@ impl Settings {
             noop: cli.noop,
             format: cli.format.unwrap_or(Format::Text),
             detailed_exitcodes: cli.detailed_exitcodes,
+            load_enabled: config.load.enabled || cli.load,
+            load: config.load,
+            loaders: config.loaders,
         })
     }
 }

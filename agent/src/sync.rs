@@ -36,6 +36,8 @@ pub struct Outcome {
     pub report: Report,
     /// The one-line reason the run stopped, if it did.
     pub error: Option<String>,
+    /// `[load] failures_are_errors`.
+    pub load_failures_are_errors: bool,
 }
 
 impl Outcome {
@@ -45,7 +47,13 @@ impl Outcome {
         if self.error.is_some() {
             return 1;
         }
-        let failed = !self.report.failures.is_empty();
+        let failed = !self.report.failures.is_empty()
+            || (self.load_failures_are_errors
+                && self
+                    .report
+                    .loads
+                    .iter()
+                    .any(|l| l.status == crate::load::LoadStatus::Failed));
         if !detailed {
             return i32::from(failed);
         }
@@ -77,6 +85,7 @@ pub async fn run(settings: &Settings) -> Outcome {
             .map(|d| d.as_secs())
             .unwrap_or(0),
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        loads: Vec::new(),
     };
     let result = run_inner(settings, &mut report).await;
     report.duration_ms = started.elapsed().as_millis() as u64;
@@ -87,7 +96,11 @@ pub async fn run(settings: &Settings) -> Outcome {
     {
         tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the report");
     }
-    Outcome { report, error }
+    Outcome {
+        report,
+        error,
+        load_failures_are_errors: settings.load.failures_are_errors,
+    }
 }
 
 async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), String> {
@@ -220,6 +233,42 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         if let Some(s) = staging {
             s.finish();
         }
+    }
+
+    // Load what changed under the libdir; each load isolated.
+    let changed: Vec<(PathBuf, PathBuf)> = report
+        .changes
+        .iter()
+        .filter(|c| {
+            matches!(
+                c.action,
+                plan::ChangeKind::Created | plan::ChangeKind::Updated
+            )
+        })
+        .filter_map(|c| {
+            let rel = c.path.strip_prefix("plugins/")?;
+            let abs = settings.libdir.join(rel);
+            std::fs::symlink_metadata(&abs)
+                .ok()?
+                .is_file()
+                .then(|| (PathBuf::from(rel), abs))
+        })
+        .collect();
+    let mut registry = crate::plugins::Registry::load(&settings.vardir);
+    let before = registry.clone();
+    for (name, version) in registry.prune_missing() {
+        tracing::info!(plugin = %name, version = %version, "plugin file gone, unregistered");
+    }
+    if !changed.is_empty() {
+        let loaders = crate::load::Loaders::new(&settings.loaders, &settings.load, &env);
+        report.loads = loaders
+            .load(&changed, settings.load_enabled, &mut registry)
+            .await;
+    }
+    if registry != before
+        && let Err(e) = registry.save(&settings.vardir)
+    {
+        tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the plugin registry");
     }
     Ok(())
 }

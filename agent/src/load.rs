@@ -1,0 +1,424 @@
+//! Loading changed plugins, each in isolation.
+//!
+//! After a commit, every created or updated file under the libdir goes to
+//! the first `[[loader]]` whose `match` glob fits its relative path. Nothing
+//! runs unless loading is enabled (`[load] enabled` or `--load`). Each
+//! launch is a child process in its own process group with a deadline: at
+//! the deadline the whole group is killed, so a hanging loader takes its
+//! children with it. A loader that fails, hangs, crashes or lies is one
+//! `failed` entry in the report and one line on stderr; the next file loads
+//! all the same (Puppet stops at the first failing file; Celerity and
+//! kustomize fail the run).
+//!
+//! `kind = "describe"` follows Packer: the name must parse
+//! ([`crate::plugins::parse_name`]) and target this host, the file must be
+//! executable, an optional `<file>_SHA256SUM` must match its sha256, and
+//! `<file> describe` must print JSON whose `version` and `api_version` match
+//! the name. Accepted plugins go to the registry.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use globset::{GlobBuilder, GlobMatcher};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+
+use crate::config::{LoadConfig, LoaderConfig, LoaderKind};
+use crate::plugins::{self, Constraint, Registered, Registry};
+
+/// How a load ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadStatus {
+    /// Loaded.
+    Ok,
+    /// Tried and failed.
+    Failed,
+    /// Not tried (no loader, loading disabled, a checksum sidecar).
+    Skipped,
+}
+
+/// One file's load, as reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadEntry {
+    /// `plugins/<relative path>`, or `after_load`.
+    pub path: String,
+    /// The loader's name, if one matched.
+    pub loader: Option<String>,
+    /// What happened.
+    pub status: LoadStatus,
+    /// Why it failed or was skipped.
+    pub error: Option<String>,
+    /// Wall time.
+    pub duration_ms: u64,
+}
+
+/// Bytes of a child's output kept (the rest is drained and dropped).
+const CAPTURE: usize = 64 * 1024;
+
+/// A finished child.
+#[derive(Debug)]
+pub struct ChildOutput {
+    /// Standard output (first 64 KiB).
+    pub stdout: Vec<u8>,
+    /// Standard error (first 64 KiB).
+    pub stderr: Vec<u8>,
+}
+
+async fn capture(mut r: impl tokio::io::AsyncRead + Unpin) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return kept,
+            Ok(n) => {
+                let room = CAPTURE.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+}
+
+fn tail(bytes: &[u8]) -> String {
+    let s = String::from_utf8_lossy(bytes);
+    let last: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    last.iter()
+        .rev()
+        .take(1)
+        .map(|l| l.chars().take(300).collect::<String>())
+        .collect()
+}
+
+/// Runs `argv` in its own process group with `env` added; kills the group
+/// at `timeout`. `Ok` only for exit status 0.
+pub async fn run_isolated(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    timeout: Duration,
+) -> Result<ChildOutput, String> {
+    let (program, args) = argv.split_first().ok_or("empty command")?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run '{program}': {e}"))?;
+    let pid = child.id();
+    let out = tokio::spawn(capture(child.stdout.take().ok_or("no stdout")?));
+    let err = tokio::spawn(capture(child.stderr.take().ok_or("no stderr")?));
+    let status = match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(status) => status.map_err(|e| format!("waiting for '{program}': {e}"))?,
+        Err(_) => {
+            if let Some(pid) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+                let _already_gone =
+                    rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
+            let _ = child.wait().await;
+            return Err(format!(
+                "timed out after {} (killed with its process group)",
+                humantime(timeout)
+            ));
+        }
+    };
+    // Output readers end when the pipes close; a grandchild that escaped the
+    // group could hold them open, so do not wait for it forever.
+    let grace = Duration::from_secs(1);
+    let stdout = tokio::time::timeout(grace, out)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let stderr = tokio::time::timeout(grace, err)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    if status.success() {
+        return Ok(ChildOutput { stdout, stderr });
+    }
+    let why = match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        _ => "failed".to_owned(),
+    };
+    let detail = tail(&stderr);
+    Err(if detail.is_empty() {
+        why
+    } else {
+        format!("{why}: {detail}")
+    })
+}
+
+fn humantime(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// The configured loaders, compiled.
+pub struct Loaders {
+    loaders: Vec<(GlobMatcher, LoaderConfig)>,
+    config: LoadConfig,
+    constraints: BTreeMap<String, Constraint>,
+    environment: String,
+}
+
+impl Loaders {
+    /// Compiles the loaders (the config was validated already).
+    pub fn new(loaders: &[LoaderConfig], config: &LoadConfig, environment: &str) -> Loaders {
+        Loaders {
+            loaders: loaders
+                .iter()
+                .filter_map(|l| {
+                    let g = GlobBuilder::new(&l.pattern)
+                        .literal_separator(true)
+                        .build()
+                        .ok()?;
+                    Some((g.compile_matcher(), l.clone()))
+                })
+                .collect(),
+            config: config.clone(),
+            constraints: config
+                .constraints
+                .iter()
+                .filter_map(|(n, c)| Some((n.clone(), Constraint::parse(c).ok()?)))
+                .collect(),
+            environment: environment.to_owned(),
+        }
+    }
+
+    /// Loads `changed` (relative path under the libdir, absolute path), in
+    /// order, each isolated; registers accepted describe plugins; runs
+    /// `after_load` if anything loaded. `enabled` is `[load] enabled` or
+    /// `--load`.
+    pub async fn load(
+        &self,
+        changed: &[(PathBuf, PathBuf)],
+        enabled: bool,
+        registry: &mut Registry,
+    ) -> Vec<LoadEntry> {
+        let mut out = Vec::new();
+        for (rel, abs) in changed {
+            let path = format!("plugins/{}", rel.display());
+            let started = Instant::now();
+            let Some((_, loader)) = self.loaders.iter().find(|(g, _)| g.is_match(rel)) else {
+                out.push(skipped(path, None, "not loaded (no loader)"));
+                continue;
+            };
+            let name = loader
+                .name
+                .clone()
+                .unwrap_or_else(|| loader.pattern.clone());
+            if !enabled {
+                out.push(skipped(path, Some(name), "not loaded (loading disabled)"));
+                continue;
+            }
+            let result = match loader.kind {
+                LoaderKind::Command => self.command(loader, rel, abs).await,
+                LoaderKind::Describe => {
+                    if rel.to_string_lossy().ends_with("_SHA256SUM") {
+                        out.push(skipped(
+                            path,
+                            Some(name),
+                            "checksum sidecar, checked with its plugin",
+                        ));
+                        continue;
+                    }
+                    self.describe(loader, abs, registry).await
+                }
+            };
+            let duration_ms = started.elapsed().as_millis() as u64;
+            match &result {
+                Ok(()) => tracing::info!(file = %path, loader = %name, "loaded"),
+                Err(e) => tracing::debug!(file = %path, loader = %name, error = %e, "load failed"),
+            }
+            out.push(LoadEntry {
+                path,
+                loader: Some(name),
+                status: if result.is_ok() {
+                    LoadStatus::Ok
+                } else {
+                    LoadStatus::Failed
+                },
+                error: result.err(),
+                duration_ms,
+            });
+        }
+        if enabled
+            && !self.config.after_load.is_empty()
+            && out.iter().any(|e| e.status == LoadStatus::Ok)
+        {
+            let started = Instant::now();
+            let result = run_isolated(
+                &self.config.after_load,
+                &BTreeMap::new(),
+                self.config.after_load_timeout,
+            )
+            .await;
+            out.push(LoadEntry {
+                path: "after_load".into(),
+                loader: None,
+                status: if result.is_ok() {
+                    LoadStatus::Ok
+                } else {
+                    LoadStatus::Failed
+                },
+                error: result.err(),
+                duration_ms: started.elapsed().as_millis() as u64,
+            });
+        }
+        out
+    }
+
+    async fn command(&self, loader: &LoaderConfig, rel: &Path, abs: &Path) -> Result<(), String> {
+        let argv: Vec<String> = loader
+            .command
+            .iter()
+            .map(|a| {
+                a.replace("{path}", &abs.to_string_lossy())
+                    .replace("{relpath}", &rel.to_string_lossy())
+                    .replace("{environment}", &self.environment)
+            })
+            .collect();
+        let mut last = String::new();
+        for attempt in 1..=loader.attempts {
+            match run_isolated(&argv, &loader.env, loader.timeout).await {
+                Ok(_) => return Ok(()),
+                Err(e) => {
+                    last = if loader.attempts > 1 {
+                        format!("{e} (attempt {attempt} of {})", loader.attempts)
+                    } else {
+                        e
+                    };
+                }
+            }
+        }
+        Err(last)
+    }
+
+    async fn describe(
+        &self,
+        loader: &LoaderConfig,
+        abs: &Path,
+        registry: &mut Registry,
+    ) -> Result<(), String> {
+        let file_name = abs
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or("file name is not UTF-8")?;
+        let name = plugins::parse_name(file_name, &self.config.plugin_prefix)?;
+        if name.os != plugins::host_os() || name.arch != plugins::host_arch() {
+            return Err(format!(
+                "built for {}/{}, this host is {}/{}",
+                name.os,
+                name.arch,
+                plugins::host_os(),
+                plugins::host_arch()
+            ));
+        }
+        let md = std::fs::metadata(abs).map_err(|e| format!("cannot stat: {e}"))?;
+        if md.permissions().mode() & 0o111 == 0 {
+            return Err("not executable (is source_permissions = \"ignore\"?)".into());
+        }
+        let bytes = std::fs::read(abs).map_err(|e| format!("cannot read: {e}"))?;
+        let sha256 = pluginsync_common::checksum::ChecksumType::Sha256
+            .digest_reader(&bytes[..])
+            .map_err(|e| e.to_string())?["{sha256}".len()..]
+            .to_owned();
+        let sidecar = abs.with_file_name(format!("{file_name}_SHA256SUM"));
+        match std::fs::read_to_string(&sidecar) {
+            Ok(text) => {
+                let want = text
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_ascii_lowercase();
+                if want != sha256 {
+                    return Err(format!(
+                        "sha256 {sha256} does not match {file_name}_SHA256SUM ({want})"
+                    ));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot read {file_name}_SHA256SUM: {e}")),
+        }
+        let argv = vec![abs.to_string_lossy().into_owned(), "describe".to_owned()];
+        let mut last = String::new();
+        let mut output = None;
+        for _ in 0..loader.attempts {
+            match run_isolated(&argv, &loader.env, loader.timeout).await {
+                Ok(o) => {
+                    output = Some(o);
+                    break;
+                }
+                Err(e) => last = e,
+            }
+        }
+        let output = output.ok_or_else(|| format!("describe: {last}"))?;
+        #[derive(Deserialize)]
+        struct Described {
+            version: String,
+            api_version: String,
+        }
+        let d: Described = serde_json::from_slice(&output.stdout)
+            .map_err(|e| format!("describe did not print the expected JSON: {e}"))?;
+        let described = plugins::parse_version(&d.version).map_err(|e| format!("describe: {e}"))?;
+        if described != name.version {
+            return Err(format!(
+                "describe says version {} but the name says {}",
+                d.version, name.version
+            ));
+        }
+        let api = d.api_version.strip_prefix('x').unwrap_or(&d.api_version);
+        if api != name.api {
+            return Err(format!(
+                "describe says api_version {} but the name says x{}",
+                d.api_version, name.api
+            ));
+        }
+        registry.add(
+            &name.name,
+            Registered {
+                version: name.version.to_string(),
+                api_version: name.api.clone(),
+                path: abs.to_string_lossy().into_owned(),
+                sha256,
+                loaded_at: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0),
+            },
+        );
+        let active = registry
+            .active(&name.name, self.constraints.get(&name.name))
+            .map(|r| r.version.clone());
+        tracing::info!(plugin = %name.name, version = %name.version, active = ?active, "plugin registered");
+        Ok(())
+    }
+
+    /// The constraint of a plugin name, if configured.
+    pub fn constraint(&self, name: &str) -> Option<&Constraint> {
+        self.constraints.get(name)
+    }
+}
+
+fn skipped(path: String, loader: Option<String>, why: &str) -> LoadEntry {
+    LoadEntry {
+        path,
+        loader,
+        status: LoadStatus::Skipped,
+        error: Some(why.to_owned()),
+        duration_ms: 0,
+    }
+}
