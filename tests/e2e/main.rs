@@ -1,6 +1,7 @@
 //! End-to-end tests: a real master over real TLS on 127.0.0.1, real trees on
 //! disk, real child processes (the binaries and, where installed, Puppet).
 
+mod agent_load;
 mod agent_sync;
 mod common;
 mod master_blobs;

@@ -1,0 +1,393 @@
+//! Loading changed plugins with real child processes (issue "Loaders"): a
+//! loader that exits 1, one that hangs (killed at its deadline with its
+//! children), one killed by a signal, a describe plugin whose name and
+//! answer disagree, a bad `_SHA256SUM`, several versions of one plugin
+//! (highest wins, `-dev` loses to its release), unchanged files never
+//! reloaded, loading disabled (nothing executed). In every case the sync
+//! completes, the other plugins load, and the report says what happened.
+
+use std::path::Path;
+
+use pluginsync_agent::plugins::{host_arch, host_os};
+use pluginsync_tests::{
+    AgentHome, EnvTree, Pki, TestMaster, config_toml, parse_config, sha256_hex,
+};
+
+fn plugin_name(name: &str, version: &str) -> String {
+    format!(
+        "pluginsync-plugin-{name}_v{version}_x1.0_{}_{}",
+        host_os(),
+        host_arch()
+    )
+}
+
+/// A describe plugin: answers `describe` with `version` (which may differ
+/// from its name), and notes every run in `$DESCRIBE_MARKER`.
+fn describe_script(version: &str) -> String {
+    format!(
+        "#!/bin/sh\n[ -n \"$DESCRIBE_MARKER\" ] && echo \"$0\" >> \"$DESCRIBE_MARKER\"\n[ \"$1\" = describe ] || exit 64\necho '{{\"version\":\"{version}\",\"api_version\":\"x1.0\",\"protocol\":\"stdio\"}}'\n"
+    )
+}
+
+fn tree() -> EnvTree {
+    let t = EnvTree::new();
+    for f in ["ok.rb", "fail.rb", "hang.rb", "signal.rb"] {
+        t.file(
+            "production",
+            "alpha",
+            &format!("lib/loaders/{f}"),
+            format!("# {f}\n"),
+            0o644,
+        );
+    }
+    t.file(
+        "production",
+        "alpha",
+        "lib/other/unmatched.rb",
+        "# no loader\n",
+        0o644,
+    );
+    for v in ["1.0.0", "1.0.1-dev", "1.0.1"] {
+        t.file(
+            "production",
+            "alpha",
+            &format!("lib/bin/{}", plugin_name("hello", v)),
+            describe_script(v),
+            0o755,
+        );
+    }
+    t.file(
+        "production",
+        "alpha",
+        &format!("lib/bin/{}", plugin_name("liar", "2.0.0")),
+        describe_script("2.0.1"),
+        0o755,
+    );
+    let badsum = plugin_name("badsum", "1.0.0");
+    t.file(
+        "production",
+        "alpha",
+        &format!("lib/bin/{badsum}"),
+        describe_script("1.0.0"),
+        0o755,
+    );
+    t.file(
+        "production",
+        "alpha",
+        &format!("lib/bin/{badsum}_SHA256SUM"),
+        format!("{}  {badsum}\n", sha256_hex(b"other")),
+        0o644,
+    );
+    let goodsum = plugin_name("goodsum", "3.1.4");
+    let script = describe_script("3.1.4");
+    t.file(
+        "production",
+        "alpha",
+        &format!("lib/bin/{goodsum}"),
+        &script,
+        0o755,
+    );
+    t.file(
+        "production",
+        "alpha",
+        &format!("lib/bin/{goodsum}_SHA256SUM"),
+        format!("{}\n", sha256_hex(script.as_bytes())),
+        0o644,
+    );
+    t
+}
+
+/// Loader config writing into `marks`.
+fn loaders(marks: &Path, enabled: bool, failures_are_errors: bool) -> String {
+    let m = |f: &str| marks.join(f).display().to_string();
+    format!(
+        r#"
+[load]
+enabled = {enabled}
+failures_are_errors = {failures_are_errors}
+after_load = ["sh", "-c", "echo after >> {after}"]
+
+[[loader]]
+name = "marker"
+match = "loaders/ok.rb"
+kind = "command"
+command = ["sh", "-c", "echo \"$0 $1 $2\" >> {ok}", "{{path}}", "{{relpath}}", "{{environment}}"]
+
+[[loader]]
+name = "broken"
+match = "loaders/fail.rb"
+kind = "command"
+command = ["sh", "-c", "echo broken >&2; echo ran >> {fail}; exit 1"]
+attempts = 2
+
+[[loader]]
+name = "hangs"
+match = "loaders/hang.rb"
+kind = "command"
+command = ["sh", "-c", "sleep 300 & echo $! > {pid}; wait"]
+timeout = "1s"
+
+[[loader]]
+name = "crashes"
+match = "loaders/signal.rb"
+kind = "command"
+command = ["sh", "-c", "kill -9 $$"]
+
+[[loader]]
+name = "plugins"
+match = "bin/pluginsync-plugin-*"
+kind = "describe"
+env = {{ DESCRIBE_MARKER = "{describe}" }}
+"#,
+        after = m("after"),
+        ok = m("ok"),
+        fail = m("fail"),
+        pid = m("pid"),
+        describe = m("describe"),
+    )
+}
+
+fn loads(report: &serde_json::Value) -> std::collections::BTreeMap<String, (String, String)> {
+    report["loads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["path"].as_str().unwrap().to_owned(),
+                (
+                    l["status"].as_str().unwrap().to_owned(),
+                    l["error"].as_str().unwrap_or("").to_owned(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// True if `pid` is not running (gone, or a zombie nobody reaped yet).
+fn dead(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
+        Err(_) => true,
+        Ok(stat) => {
+            stat.rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next())
+                == Some("Z")
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_load_is_isolated_and_reported() {
+    let (tree, pki) = (tree(), Pki::new());
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let marks = tempfile::tempdir().unwrap();
+    let home = AgentHome::new(&pki, &[master.url()], &loaders(marks.path(), true, false));
+
+    let run = home.sync(&["--format", "json", "--detailed-exitcodes"]);
+    assert_eq!(run.code, 2, "load failures do not fail the sync: {run:?}");
+    let report: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    let l = loads(&report);
+    let status = |p: &str| {
+        l.get(p)
+            .unwrap_or_else(|| panic!("{p} not in {l:#?}"))
+            .clone()
+    };
+
+    let ok = status("plugins/loaders/ok.rb");
+    assert_eq!(ok.0, "ok");
+    let lib = home.libdir();
+    assert_eq!(
+        std::fs::read_to_string(marks.path().join("ok")).unwrap(),
+        format!(
+            "{} loaders/ok.rb production\n",
+            lib.join("loaders/ok.rb").display()
+        ),
+        "placeholders replaced"
+    );
+    let fail = status("plugins/loaders/fail.rb");
+    assert_eq!(fail.0, "failed");
+    assert!(
+        fail.1.contains("exited with status 1: broken") && fail.1.contains("attempt 2 of 2"),
+        "{}",
+        fail.1
+    );
+    assert_eq!(
+        std::fs::read_to_string(marks.path().join("fail"))
+            .unwrap()
+            .lines()
+            .count(),
+        2,
+        "launched twice"
+    );
+    let hang = status("plugins/loaders/hang.rb");
+    assert_eq!(hang.0, "failed");
+    assert!(hang.1.contains("timed out after 1s"), "{}", hang.1);
+    let child = std::fs::read_to_string(marks.path().join("pid")).unwrap();
+    assert!(
+        dead(&child),
+        "the hanging loader's child {child} was killed with it"
+    );
+    let sig = status("plugins/loaders/signal.rb");
+    assert_eq!(
+        (sig.0.as_str(), sig.1.as_str()),
+        ("failed", "killed by signal 9")
+    );
+
+    for v in ["1.0.0", "1.0.1-dev", "1.0.1"] {
+        assert_eq!(
+            status(&format!("plugins/bin/{}", plugin_name("hello", v))).0,
+            "ok",
+            "{v}"
+        );
+    }
+    let liar = status(&format!("plugins/bin/{}", plugin_name("liar", "2.0.0")));
+    assert_eq!(liar.0, "failed");
+    assert!(
+        liar.1
+            .contains("describe says version 2.0.1 but the name says 2.0.0"),
+        "{}",
+        liar.1
+    );
+    let badsum = status(&format!("plugins/bin/{}", plugin_name("badsum", "1.0.0")));
+    assert_eq!(badsum.0, "failed");
+    assert!(badsum.1.contains("does not match"), "{}", badsum.1);
+    assert_eq!(
+        status(&format!(
+            "plugins/bin/{}_SHA256SUM",
+            plugin_name("badsum", "1.0.0")
+        ))
+        .0,
+        "skipped"
+    );
+    assert_eq!(
+        status(&format!("plugins/bin/{}", plugin_name("goodsum", "3.1.4"))).0,
+        "ok"
+    );
+    assert_eq!(
+        status("plugins/other/unmatched.rb"),
+        ("skipped".into(), "not loaded (no loader)".into())
+    );
+    assert_eq!(status("after_load").0, "ok");
+    assert_eq!(
+        std::fs::read_to_string(marks.path().join("after")).unwrap(),
+        "after\n",
+        "after_load ran once"
+    );
+
+    // One stderr line per failure, nothing else.
+    let failed: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(failed.len(), 5, "{}", run.stderr);
+    assert!(
+        failed
+            .iter()
+            .all(|l| l.starts_with("load failed: plugins/"))
+    );
+
+    // The registry: every accepted version, the highest one active.
+    let plugins = home.run(&["plugins"]);
+    assert_eq!(plugins.code, 0);
+    let active: Vec<&str> = plugins
+        .stdout
+        .lines()
+        .filter(|l| l.contains(" active "))
+        .collect();
+    assert_eq!(active.len(), 2, "{}", plugins.stdout);
+    assert!(
+        active
+            .iter()
+            .any(|l| l.starts_with("hello") && l.contains("1.0.1 ") && !l.contains("dev")),
+        "{}",
+        plugins.stdout
+    );
+    assert!(!plugins.stdout.contains("liar") && !plugins.stdout.contains("badsum"));
+
+    // A second run loads nothing: unchanged files are never reloaded.
+    let described_before = std::fs::read_to_string(marks.path().join("describe")).unwrap();
+    let again = home.sync(&["--format", "json"]);
+    let report: serde_json::Value = serde_json::from_str(again.stdout.trim()).unwrap();
+    assert_eq!(report["loads"].as_array().unwrap().len(), 0);
+    assert_eq!(
+        std::fs::read_to_string(marks.path().join("ok"))
+            .unwrap()
+            .lines()
+            .count(),
+        1
+    );
+    assert_eq!(
+        std::fs::read_to_string(marks.path().join("describe")).unwrap(),
+        described_before
+    );
+
+    // The final release goes away on the master: the registry drops it on
+    // the same run and -dev becomes active.
+    std::fs::remove_file(
+        tree.module("production", "alpha")
+            .join(format!("lib/bin/{}", plugin_name("hello", "1.0.1"))),
+    )
+    .unwrap();
+    let gone = pluginsync_tests::wait_for(std::time::Duration::from_secs(5), || {
+        let home = &home;
+        async move {
+            let r = home.sync(&[]);
+            r.stdout.contains("removed  plugins/bin/").then_some(())
+        }
+    })
+    .await;
+    assert!(gone.is_some());
+    let plugins = home.run(&["plugins"]);
+    let hello: Vec<&str> = plugins
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("hello"))
+        .collect();
+    assert_eq!(hello.len(), 2, "{}", plugins.stdout);
+    assert!(
+        hello
+            .iter()
+            .any(|l| l.contains("1.0.1-dev") && l.contains(" active ")),
+        "{}",
+        plugins.stdout
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_runs_unless_loading_is_enabled() {
+    let (tree, pki) = (tree(), Pki::new());
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let marks = tempfile::tempdir().unwrap();
+    let home = AgentHome::new(&pki, &[master.url()], &loaders(marks.path(), false, false));
+    let run = home.sync(&["--format", "json"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let report: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    let l = loads(&report);
+    assert_eq!(
+        l["plugins/loaders/ok.rb"],
+        ("skipped".into(), "not loaded (loading disabled)".into())
+    );
+    assert_eq!(l["plugins/other/unmatched.rb"].1, "not loaded (no loader)");
+    assert!(l.values().all(|(s, _)| s == "skipped"));
+    assert_eq!(
+        std::fs::read_dir(marks.path()).unwrap().count(),
+        0,
+        "no loader, describe or after_load ran"
+    );
+    assert_eq!(run.stderr, "");
+    assert!(!home.vardir().join("plugins.json").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_errors_sets_the_failure_bit() {
+    let (tree, pki) = (tree(), Pki::new());
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let marks = tempfile::tempdir().unwrap();
+    let home = AgentHome::new(&pki, &[master.url()], &loaders(marks.path(), false, true));
+    // --load enables loading for this run like [load] enabled would.
+    let run = home.sync(&["--load", "--detailed-exitcodes"]);
+    assert_eq!(run.code, 6, "changes and failures: {run:?}");
+    assert!(run.stdout.contains("loads: "), "{}", run.stdout);
+    assert!(
+        home.libdir().join("loaders/ok.rb").is_file(),
+        "the sync itself completed"
+    );
+}
