@@ -125,6 +125,17 @@ pub struct Client {
     deadline: Instant,
 }
 
+/// A listing answer.
+#[derive(Debug, Clone)]
+pub struct ListingAnswer {
+    /// The body, or `None` for `304 Not Modified`.
+    pub body: Option<bytes::Bytes>,
+    /// The `ETag`, if any.
+    pub etag: Option<String>,
+    /// `X-Pluginsync-Blobs`: where this master serves content by checksum.
+    pub blobs: Option<String>,
+}
+
 /// What one attempt says about retrying.
 enum Attempt<T> {
     Done(T),
@@ -199,14 +210,23 @@ impl Client {
         env: &str,
         source_permissions: &str,
         ignore: &[String],
-    ) -> Result<(String, Vec<FileMetadata>), FetchError> {
+        if_none_match: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(String, ListingAnswer), FetchError> {
         let mut last = String::from("no server configured");
         for server in servers {
+            let inm = if_none_match(server);
             match self
-                .listing(server, mount, env, source_permissions, ignore)
+                .listing(
+                    server,
+                    mount,
+                    env,
+                    source_permissions,
+                    ignore,
+                    inm.as_deref(),
+                )
                 .await
             {
-                Ok(entries) => return Ok((server.clone(), entries)),
+                Ok(answer) => return Ok((server.clone(), answer)),
                 Err(FetchError::Unreachable { detail, .. }) => {
                     tracing::info!(server = %server, error = %detail, "server unavailable, trying the next one");
                     last = detail;
@@ -223,7 +243,22 @@ impl Client {
         })
     }
 
-    /// Fetches and parses one listing from `server`, with retries.
+    /// The query of a pluginsync listing, as a stock agent sends it.
+    pub fn listing_query(env: &str, source_permissions: &str, ignore: &[String]) -> String {
+        let mut query = String::from("recurse=true&max_files=-1");
+        for i in ignore {
+            query.push_str("&ignore=");
+            query.push_str(&encode_query_value(i));
+        }
+        query.push_str(&format!(
+            "&links=follow&checksum_type=sha256&source_permissions={source_permissions}&environment={}",
+            encode_query_value(env)
+        ));
+        query
+    }
+
+    /// Fetches one listing from `server`, with retries; sends
+    /// `If-None-Match` when given and returns `body: None` on a 304.
     pub async fn listing(
         &self,
         server: &str,
@@ -231,7 +266,8 @@ impl Client {
         env: &str,
         source_permissions: &str,
         ignore: &[String],
-    ) -> Result<Vec<FileMetadata>, FetchError> {
+        if_none_match: Option<&str>,
+    ) -> Result<ListingAnswer, FetchError> {
         let mut query = String::from("recurse=true&max_files=-1");
         for i in ignore {
             query.push_str("&ignore=");
@@ -246,36 +282,60 @@ impl Client {
             server.trim_end_matches('/')
         );
         let what = format!("the {mount} listing");
-        let body = self
-            .with_retries(server, || async {
-                let req = self
-                    .http
-                    .get(&url)
-                    .header("Accept", "application/json, text/pson")
-                    .header("X-Puppet-Version", pluginsync_common::PUPPET_VERSION)
-                    .timeout(self.remaining());
-                let resp = match req.send().await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        return Attempt::Retry {
-                            detail: request_error(&e),
-                            after: None,
-                        };
-                    }
-                };
-                match self.check_status(server, env, &what, resp).await {
-                    Ok(resp) => match resp.bytes().await {
-                        Ok(b) => Attempt::Done(b),
-                        Err(e) => Attempt::Retry {
-                            detail: request_error(&e),
-                            after: None,
-                        },
-                    },
-                    Err(a) => a,
+        self.with_retries(server, || async {
+            let mut req = self
+                .http
+                .get(&url)
+                .header("Accept", "application/json, text/pson")
+                .header("X-Puppet-Version", pluginsync_common::PUPPET_VERSION)
+                .timeout(self.remaining());
+            if let Some(tag) = if_none_match {
+                req = req.header("If-None-Match", tag);
+            }
+            let resp = match req.send().await {
+                Ok(r) => r,
+                Err(e) => {
+                    return Attempt::Retry {
+                        detail: request_error(&e),
+                        after: None,
+                    };
                 }
-            })
-            .await?;
-        serde_json::from_slice::<Vec<FileMetadata>>(&body).map_err(|e| FetchError::Malformed {
+            };
+            let header = |resp: &reqwest::Response, name: &str| {
+                resp.headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            };
+            let (etag, blobs) = (header(&resp, "etag"), header(&resp, "x-pluginsync-blobs"));
+            if resp.status() == StatusCode::NOT_MODIFIED && if_none_match.is_some() {
+                return Attempt::Done(ListingAnswer {
+                    body: None,
+                    etag,
+                    blobs,
+                });
+            }
+            match self.check_status(server, env, &what, resp).await {
+                Ok(resp) => match resp.bytes().await {
+                    Ok(b) => Attempt::Done(ListingAnswer {
+                        body: Some(b),
+                        etag,
+                        blobs,
+                    }),
+                    Err(e) => Attempt::Retry {
+                        detail: request_error(&e),
+                        after: None,
+                    },
+                },
+                Err(a) => a,
+            }
+        })
+        .await
+    }
+
+    /// Parses a listing body.
+    pub fn parse_listing(server: &str, body: &[u8]) -> Result<Vec<FileMetadata>, FetchError> {
+        serde_json::from_slice::<Vec<FileMetadata>>(body).map_err(|e| FetchError::Malformed {
             server: server.to_owned(),
             detail: e.to_string(),
         })
@@ -378,14 +438,46 @@ impl Client {
         rel: &str,
         env: &str,
         sha256: &str,
-        file: &mut tokio::fs::File,
+        blobs: Option<&str>,
+        file: &mut tokio::io::BufWriter<tokio::fs::File>,
     ) -> Result<u64, FetchError> {
+        // Content by checksum where the master offers it (cacheable by any
+        // HTTP cache in front of it); Puppet's file_content otherwise, and
+        // as the fallback when a blob is not found.
+        if let Some(prefix) = blobs.filter(|p| p.starts_with('/')) {
+            let url = format!("{}{prefix}{sha256}", server.trim_end_matches('/'));
+            match self
+                .download_from(server, &url, mount, rel, env, sha256, file)
+                .await
+            {
+                Err(FetchError::Status { status, .. }) if status.starts_with("404") => {
+                    tracing::info!(file = %rel, "blob not found, falling back to file_content");
+                }
+                other => return other,
+            }
+        }
         let url = format!(
             "{}/puppet/v3/file_content/{mount}/{}?environment={}",
             server.trim_end_matches('/'),
             encode_path(rel),
             encode_query_value(env)
         );
+        self.download_from(server, &url, mount, rel, env, sha256, file)
+            .await
+    }
+
+    /// Downloads `url` into `file` with retries; see [`Client::download`].
+    #[allow(clippy::too_many_arguments)]
+    async fn download_from(
+        &self,
+        server: &str,
+        url: &str,
+        mount: &str,
+        rel: &str,
+        env: &str,
+        sha256: &str,
+        file: &mut tokio::io::BufWriter<tokio::fs::File>,
+    ) -> Result<u64, FetchError> {
         let what = format!("{mount}/{rel}");
         let fail = |detail: String| FetchError::Download {
             server: server.to_owned(),
@@ -423,7 +515,7 @@ impl Client {
         url: &str,
         what: &str,
         sha256: &str,
-        file: &mut tokio::fs::File,
+        file: &mut tokio::io::BufWriter<tokio::fs::File>,
     ) -> Attempt<u64> {
         let fatal = |detail: String| {
             Attempt::Fatal(FetchError::Download {
@@ -451,10 +543,14 @@ impl Client {
             Ok(r) => r,
             Err(a) => return a,
         };
-        if let Err(e) = file.set_len(0).await {
+        // A retry starts the staged file over.
+        if let Err(e) = file.flush().await {
+            return fatal(format!("cannot write the staged file: {e}"));
+        }
+        if let Err(e) = file.get_mut().set_len(0).await {
             return fatal(format!("cannot truncate the staged file: {e}"));
         }
-        if let Err(e) = tokio::io::AsyncSeekExt::rewind(file).await {
+        if let Err(e) = tokio::io::AsyncSeekExt::rewind(file.get_mut()).await {
             return fatal(format!("cannot rewind the staged file: {e}"));
         }
         let mut hasher = Sha256Stream::new();

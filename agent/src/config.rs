@@ -248,7 +248,7 @@ fn default_retries() -> u32 {
     3
 }
 fn default_parallel() -> usize {
-    4
+    16
 }
 
 impl AgentConfig {

@@ -6,6 +6,7 @@
 //! (report) → load changed files (load, plugins)`, driven by [`sync::run`]. Each step is a module that can be
 //! tested alone.
 
+pub mod cache;
 pub mod catalog;
 pub mod cli;
 pub mod client;

@@ -294,6 +294,13 @@ mod tests {
                             kind: *kind,
                             mode: *mode,
                             sha256: sha.map(str::to_owned),
+                            stat: crate::cache::FileStat {
+                                size: 0,
+                                mtime_ns: 0,
+                                ctime_ns: 0,
+                                ino: 0,
+                                dev: 0,
+                            },
                         },
                     )
                 })

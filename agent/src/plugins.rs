@@ -199,7 +199,7 @@ impl Registry {
     pub fn save(&self, vardir: &Path) -> std::io::Result<()> {
         std::fs::create_dir_all(vardir)?;
         let mut tmp = tempfile::NamedTempFile::new_in(vardir)?;
-        serde_json::to_writer_pretty(&mut tmp, self)?;
+        std::io::Write::write_all(&mut tmp, &serde_json::to_vec_pretty(self)?)?;
         tmp.as_file().sync_all()?;
         tmp.persist(vardir.join("plugins.json"))
             .map_err(|e| e.error)?;

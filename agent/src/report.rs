@@ -77,7 +77,7 @@ impl Report {
         if self.changes.is_empty() && self.failures.is_empty() {
             return out;
         }
-        if !self.loads.is_empty() {
+        if self.loads.iter().any(|l| l.status != LoadStatus::Skipped) {
             let n = |s: LoadStatus| self.loads.iter().filter(|l| l.status == s).count();
             out.push_str(&format!(
                 "loads: {} ok, {} failed, {} skipped\n",
@@ -108,8 +108,11 @@ impl Report {
     pub fn save(&self, vardir: &Path) -> std::io::Result<()> {
         std::fs::create_dir_all(vardir)?;
         let mut tmp = tempfile::NamedTempFile::new_in(vardir)?;
-        serde_json::to_writer_pretty(&mut tmp, self)?;
-        std::io::Write::write_all(&mut tmp, b"\n")?;
+        // Serialised in memory first: straight into the file, serde_json
+        // would make one write(2) per token.
+        let mut json = serde_json::to_vec_pretty(self)?;
+        json.push(b'\n');
+        std::io::Write::write_all(&mut tmp, &json)?;
         tmp.as_file().sync_all()?;
         tmp.persist(vardir.join("last_run_report.json"))
             .map_err(|e| e.error)?;

@@ -3,9 +3,10 @@
 //! A walk that never follows symlinks (a link is an entry to replace or
 //! purge, never a way out of the destination), skips ignored names without
 //! descending into them (Puppet applies `pluginsignore` locally too, so a
-//! local `.git/` survives), skips the agent's own staging directory, and
-//! hashes only the files the listing also has as files (everything else is
-//! decided without reading it).
+//! local `.git/` survives) and skips the agent's own staging directory. The
+//! walk only stats; [`hash_files`] then hashes just the files the listing
+//! also has as files, and only those whose stat changed since the stat
+//! cache saw them (everything else is decided without reading it).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use pluginsync_common::checksum::ChecksumType;
 use pluginsync_common::ignore::IgnoreSet;
 
+use crate::cache::{FileStat, MountCache};
 use crate::listing::{RemoteKind, RemoteTree, STAGING_DIR};
 
 /// What a local entry is (never following symlinks).
@@ -36,8 +38,11 @@ pub struct LocalEntry {
     pub kind: LocalKind,
     /// Permission bits, `& 0o777`.
     pub mode: u32,
-    /// Lowercase sha256 hex, for files the listing also has as files.
+    /// Lowercase sha256 hex, for files the listing also has as files
+    /// (filled by [`hash_files`]).
     pub sha256: Option<String>,
+    /// The entry's stat (not following symlinks).
+    pub stat: FileStat,
 }
 
 /// A destination as found.
@@ -67,8 +72,35 @@ pub enum ScanError {
     },
 }
 
-/// Scans `dest`; see the module docs.
-pub fn scan(dest: &Path, ignore: &IgnoreSet, remote: &RemoteTree) -> Result<LocalTree, ScanError> {
+impl LocalTree {
+    /// A digest of everything the scan saw (paths, kinds, modes, stats):
+    /// equal digests mean nothing in the destination changed.
+    pub fn digest(&self) -> String {
+        let mut text = format!("root {:o} {}\n", self.root_mode, self.exists);
+        for (p, e) in &self.entries {
+            let s = &e.stat;
+            text.push_str(&format!(
+                "{}\0{:?} {:o} {} {} {} {} {}\n",
+                p.display(),
+                e.kind,
+                e.mode,
+                s.size,
+                s.mtime_ns,
+                s.ctime_ns,
+                s.ino,
+                s.dev
+            ));
+        }
+        hex_lower(&pluginsync_common::checksum::sha256_bytes(text.as_bytes()))
+    }
+}
+
+fn hex_lower(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Scans `dest` (stat only); see the module docs.
+pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
     let io = |path: &Path| {
         let path = path.to_owned();
         move |source| ScanError::Io { path, source }
@@ -126,28 +158,56 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet, remote: &RemoteTree) -> Result<Loca
         } else {
             LocalKind::Other
         };
-        let wanted_file = rel
-            .to_str()
-            .and_then(|s| pluginsync_common::relpath::RelPath::parse(s).ok())
-            .and_then(|r| remote.entries.get(&r))
-            .is_some_and(|e| matches!(e.kind, RemoteKind::File { .. }));
-        let sha256 = if kind == LocalKind::File && wanted_file {
-            let f = std::fs::File::open(entry.path()).map_err(io(entry.path()))?;
-            let v = ChecksumType::Sha256
-                .digest_reader(f)
-                .map_err(io(entry.path()))?;
-            Some(v["{sha256}".len()..].to_owned())
-        } else {
-            None
-        };
         tree.entries.insert(
             rel,
             LocalEntry {
                 kind,
                 mode: md.permissions().mode() & 0o777,
-                sha256,
+                sha256: None,
+                stat: FileStat::of(&md),
             },
         );
     }
     Ok(tree)
+}
+
+/// Fills `sha256` of the local files that the listing has as files, from
+/// the stat cache where the stat is unchanged, else by reading them.
+/// Returns how many files were read.
+pub fn hash_files(
+    dest: &Path,
+    local: &mut LocalTree,
+    remote: &RemoteTree,
+    cache: &MountCache,
+) -> Result<usize, ScanError> {
+    let mut read = 0;
+    for (rel, entry) in local.entries.iter_mut() {
+        if entry.kind != LocalKind::File {
+            continue;
+        }
+        let Some(rel_str) = rel.to_str() else {
+            continue;
+        };
+        let wanted = pluginsync_common::relpath::RelPath::parse(rel_str)
+            .ok()
+            .and_then(|r| remote.entries.get(&r))
+            .is_some_and(|e| matches!(e.kind, RemoteKind::File { .. }));
+        if !wanted {
+            continue;
+        }
+        if let Some(sha) = cache.sha256(rel_str, &entry.stat) {
+            entry.sha256 = Some(sha.to_owned());
+            continue;
+        }
+        let path = dest.join(rel);
+        let io = |source| ScanError::Io {
+            path: path.clone(),
+            source,
+        };
+        let f = std::fs::File::open(&path).map_err(io)?;
+        let v = ChecksumType::Sha256.digest_reader(f).map_err(io)?;
+        entry.sha256 = Some(v["{sha256}".len()..].to_owned());
+        read += 1;
+    }
+    Ok(read)
 }

@@ -3,6 +3,9 @@
 //! rename) and its sha256 checked while it streams, before anything in the
 //! destination changes.
 //!
+//! Staged files are written through a buffer and made durable together by
+//! one `syncfs` of the destination's filesystem, before any rename.
+//!
 //! The staging directory is `<dest>/.pluginsync-staging` (0700), never
 //! synced or purged. A run that fails here removes it, and also removes the
 //! destination directories it had to create to hold it, so a failed first
@@ -92,6 +95,7 @@ impl Staging {
         env: &str,
         writes: Vec<(PathBuf, String)>,
         parallel: usize,
+        blobs: Option<&str>,
     ) -> Result<(), FetchError> {
         let jobs = writes.into_iter().enumerate().map(|(i, (rel, sha256))| {
             let tmp = self.dir.join(i.to_string());
@@ -107,12 +111,18 @@ impl Staging {
                     .mode(0o600)
                     .open(&tmp)
                     .map_err(setup)?;
-                let mut file = tokio::fs::File::from_std(std_file);
+                // Buffered: a small file is one write, not one per frame.
+                let mut file = tokio::io::BufWriter::with_capacity(
+                    256 * 1024,
+                    tokio::fs::File::from_std(std_file),
+                );
                 let rel_str = rel.to_str().unwrap_or_default().to_owned();
                 client
-                    .download(server, mount, &rel_str, env, &sha256, &mut file)
+                    .download(server, mount, &rel_str, env, &sha256, blobs, &mut file)
                     .await?;
-                file.sync_all().await.map_err(setup)?;
+                tokio::io::AsyncWriteExt::flush(&mut file)
+                    .await
+                    .map_err(setup)?;
                 Ok::<_, FetchError>((rel, tmp))
             }
         });
@@ -121,6 +131,23 @@ impl Staging {
             let (rel, tmp) = result?;
             self.files.insert(rel, tmp);
         }
+        drop(stream);
+        // One syncfs for every staged file instead of one fsync each: the
+        // data is durable before any rename makes it visible.
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            let d = std::fs::File::open(&dir)?;
+            rustix::fs::syncfs(&d)?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| FetchError::Setup(format!("syncfs task: {e}")))?
+        .map_err(|e| {
+            FetchError::Setup(format!(
+                "cannot sync the staged files in '{}': {e}",
+                self.dir.display()
+            ))
+        })?;
         Ok(())
     }
 }

@@ -18,6 +18,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pluginsync_common::ignore::IgnoreSet;
 
+use crate::cache::MountCache;
 use crate::catalog::{self, FileResource};
 use crate::client::{Client, FetchError};
 use crate::commit;
@@ -65,6 +66,17 @@ impl Outcome {
 struct Planned {
     resource: FileResource,
     plan: Plan,
+    /// The validated listing; `None` when a 304 and an unchanged scan
+    /// ended the pass early.
+    remote: Option<listing::RemoteTree>,
+    /// The scan before any change.
+    local: scan::LocalTree,
+    /// Cache key (server, mount, parameters) of this listing.
+    key: String,
+    /// The listing's ETag.
+    etag: Option<String>,
+    /// A newly fetched listing body, to cache.
+    fresh: Option<bytes::Bytes>,
 }
 
 /// Runs a sync; never panics on bad input, always returns a report.
@@ -115,8 +127,9 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         Client::new(&settings.tls, settings.retries, deadline).map_err(|e| e.to_string())?;
     let env = catalog.environment.to_string();
 
-    // Listings, scans and plans: reading only.
+    // Scans, listings and plans: reading only.
     let mut server: Option<String> = None;
+    let mut blobs: Option<String> = None;
     let mut planned = Vec::new();
     for resource in catalog.resources {
         let ignore = IgnoreSet::new(&resource.ignore).map_err(|e| e.to_string())?;
@@ -124,28 +137,86 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
             SourcePermissions::Use => "use",
             SourcePermissions::Ignore => "ignore",
         };
-        let entries = match &server {
+        let cache = MountCache::load(&settings.vardir, resource.mount);
+        let mut local = scan::scan(&resource.path, &ignore).map_err(|e| e.to_string())?;
+        let digest = local.digest();
+        let query = Client::listing_query(&env, perms, &resource.ignore);
+        let key_for = |server: &str| format!("{server}|{}|{query}", resource.mount);
+        let inm_for = |server: &str| {
+            if cache.key == key_for(server) {
+                cache.etag.clone()
+            } else {
+                None
+            }
+        };
+        let answer = match &server {
             None => {
-                let (s, entries) = client
+                let (s, answer) = client
                     .first_listing(
                         &settings.servers,
                         resource.mount,
                         &env,
                         perms,
                         &resource.ignore,
+                        &inm_for,
                     )
                     .await
                     .map_err(|e| e.to_string())?;
                 server = Some(s);
                 report.server = server.clone();
-                entries
+                blobs = answer.blobs.clone();
+                answer
             }
             Some(s) => client
-                .listing(s, resource.mount, &env, perms, &resource.ignore)
+                .listing(
+                    s,
+                    resource.mount,
+                    &env,
+                    perms,
+                    &resource.ignore,
+                    inm_for(s).as_deref(),
+                )
                 .await
                 .map_err(|e| e.to_string())?,
         };
         let server_name = server.clone().unwrap_or_default();
+        let key = key_for(&server_name);
+        let (body, fresh) = match answer.body {
+            Some(b) => (b.to_vec(), Some(b)),
+            None if cache.scan_digest.as_deref() == Some(digest.as_str()) => {
+                // Neither the master's tree nor ours changed: done.
+                report.unchanged += cache.entries;
+                planned.push(Planned {
+                    resource,
+                    plan: Plan::default(),
+                    remote: None,
+                    local,
+                    key,
+                    etag: answer.etag,
+                    fresh: None,
+                });
+                continue;
+            }
+            None => match MountCache::load_listing(&settings.vardir, resource.mount) {
+                Some(b) => (b, None),
+                None => {
+                    let again = client
+                        .listing(
+                            &server_name,
+                            resource.mount,
+                            &env,
+                            perms,
+                            &resource.ignore,
+                            None,
+                        )
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let b = again.body.unwrap_or_default();
+                    (b.to_vec(), Some(b))
+                }
+            },
+        };
+        let entries = Client::parse_listing(&server_name, &body).map_err(|e| e.to_string())?;
         let remote = listing::validate(entries, &ignore).map_err(|e| {
             FetchError::Malformed {
                 server: server_name.clone(),
@@ -153,14 +224,24 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
             }
             .to_string()
         })?;
-        let local = scan::scan(&resource.path, &ignore, &remote).map_err(|e| e.to_string())?;
+        let read = scan::hash_files(&resource.path, &mut local, &remote, &cache)
+            .map_err(|e| e.to_string())?;
+        tracing::debug!(mount = resource.mount, hashed = read, "local files hashed");
         let plan = plan::plan(
             &remote,
             &local,
             resource.source_permissions == SourcePermissions::Use,
         );
         report.unchanged += plan.unchanged;
-        planned.push(Planned { resource, plan });
+        planned.push(Planned {
+            resource,
+            plan,
+            remote: Some(remote),
+            local,
+            key,
+            etag: answer.etag,
+            fresh,
+        });
     }
     let server = server.unwrap_or_default();
 
@@ -206,6 +287,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
                 &env,
                 writes,
                 settings.parallel_downloads,
+                blobs.as_deref(),
             )
             .await;
         stagings.push(Some(staging));
@@ -223,6 +305,11 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         let done = commit::commit(&p.resource.path, &p.plan, staged, &p.resource);
         for (rel, kind) in done.changes {
             report.changes.push(change(&p.resource, &rel, kind));
+        }
+        if done.failures.is_empty() {
+            remember(settings, p);
+        } else {
+            MountCache::clear(&settings.vardir, p.resource.mount);
         }
         for (rel, error) in done.failures {
             report.failures.push(Failure {
@@ -259,7 +346,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
     for (name, version) in registry.prune_missing() {
         tracing::info!(plugin = %name, version = %version, "plugin file gone, unregistered");
     }
-    if !changed.is_empty() {
+    if !changed.is_empty() && !settings.loaders.is_empty() {
         let loaders = crate::load::Loaders::new(&settings.loaders, &settings.load, &env);
         report.loads = loaders
             .load(&changed, settings.load_enabled, &mut registry)
@@ -271,6 +358,50 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the plugin registry");
     }
     Ok(())
+}
+
+/// Records what a clean commit left: the listing, its ETag, the stat of
+/// every synced file with its (verified) sha256, and the scan digest.
+fn remember(settings: &Settings, p: &Planned) {
+    let Some(remote) = &p.remote else { return };
+    let Ok(ignore) = IgnoreSet::new(&p.resource.ignore) else {
+        return;
+    };
+    let Ok(after) = scan::scan(&p.resource.path, &ignore) else {
+        return;
+    };
+    let written: std::collections::HashSet<&std::path::Path> =
+        p.plan.writes().map(|(r, _)| r).collect();
+    let mut files = std::collections::HashMap::new();
+    for (rel, entry) in remote.entries.iter() {
+        let listing::RemoteKind::File { sha256 } = &entry.kind else {
+            continue;
+        };
+        let path = std::path::Path::new(rel.as_str());
+        let Some(now) = after.entries.get(path) else {
+            continue;
+        };
+        // A file we did not write must still be the one we hashed (or
+        // found in the cache); otherwise it changed under us: not cached.
+        let unchanged = written.contains(path)
+            || p.local
+                .entries
+                .get(path)
+                .is_some_and(|before| before.stat == now.stat);
+        if unchanged {
+            files.insert(rel.as_str().to_owned(), (now.stat, sha256.clone()));
+        }
+    }
+    let cache = MountCache {
+        key: p.key.clone(),
+        etag: p.etag.clone(),
+        scan_digest: Some(after.digest()),
+        entries: remote.entries.len(),
+        files,
+    };
+    if let Err(e) = cache.save(&settings.vardir, p.resource.mount, p.fresh.as_deref()) {
+        tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the sync cache");
+    }
 }
 
 fn change(resource: &FileResource, rel: &std::path::Path, action: plan::ChangeKind) -> Change {

@@ -162,8 +162,18 @@ pub async fn file_metadatas(
     // Tells pluginsync agents they may fetch content by checksum here.
     headers.insert("x-pluginsync-blobs", HeaderValue::from_static(BLOBS_PREFIX));
     if request::not_modified(&req.headers, &listing.etag) {
+        state
+            .store
+            .stats
+            .listings_not_modified
+            .fetch_add(1, Ordering::Relaxed);
         return Ok((StatusCode::NOT_MODIFIED, headers).into_response());
     }
+    state
+        .store
+        .stats
+        .listings_sent
+        .fetch_add(1, Ordering::Relaxed);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
     let body = if gzip {
         headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
@@ -254,7 +264,13 @@ pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<R
         .ok_or_else(not_found)?;
     match node.follow.as_ref() {
         Some(view) if view.kind == FileType::File && node.has_content() => {
-            send_file(req, node, CacheControl::Revalidate).await
+            send_file(
+                req,
+                node,
+                CacheControl::Revalidate,
+                &state.store.stats.contents_sent,
+            )
+            .await
         }
         _ => Err(not_found()),
     }
@@ -275,6 +291,7 @@ async fn send_file(
     req: &Parts,
     node: &crate::walk::Node,
     cache: CacheControl,
+    sent: &std::sync::atomic::AtomicU64,
 ) -> Result<Response, ApiError> {
     let (Some(sig), Some(digest)) = (node.sig, node.sha256) else {
         return Err(ApiError::internal());
@@ -327,6 +344,7 @@ async fn send_file(
             1,
         ));
     }
+    sent.fetch_add(1, Ordering::Relaxed);
     let body = match small {
         Some(bytes) => Body::from(Bytes::from(bytes)),
         None => Body::from_stream(tokio_util::io::ReaderStream::new(
@@ -395,7 +413,13 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
                 .as_deref()
                 .is_some_and(|cn| state.authorizer.allows(cn, index.name.as_str()));
         if allowed && let Some(node) = index.blob(&digest) {
-            return send_file(&req, node, CacheControl::Immutable).await;
+            return send_file(
+                &req,
+                node,
+                CacheControl::Immutable,
+                &state.store.stats.contents_sent,
+            )
+            .await;
         }
     }
     Err(ApiError::not_found("blob", hex_digest))

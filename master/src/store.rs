@@ -26,6 +26,12 @@ pub struct Stats {
     pub files_hashed: AtomicU64,
     /// Environment index builds completed.
     pub index_builds: AtomicU64,
+    /// Listings answered with a body (200).
+    pub listings_sent: AtomicU64,
+    /// Listings answered `304 Not Modified`.
+    pub listings_not_modified: AtomicU64,
+    /// File bodies sent (`file_content` and blobs).
+    pub contents_sent: AtomicU64,
 }
 
 /// Every environment's index.

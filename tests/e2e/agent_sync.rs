@@ -589,3 +589,69 @@ async fn noop_lock_and_failover() {
     assert_eq!(run.code, 0, "{run:?}");
     assert!(!home.libdir().join("junk.rb").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_op_run_is_two_304s_and_local_edits_are_still_caught() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (tree, pki) = (tree(), Pki::new());
+    let master = start(&tree, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    let stats = &master.store.stats;
+    assert_eq!(home.sync(&[]).code, 0);
+    let contents = stats.contents_sent.load(SeqCst);
+    assert!(
+        contents > 60,
+        "the first run downloaded through blobs or file_content"
+    );
+    let sent = stats.listings_sent.load(SeqCst);
+
+    // In sync on both sides: one conditional listing per mount, both 304,
+    // nothing else asked for.
+    let run = home.sync(&["--detailed-exitcodes"]);
+    assert_eq!((run.code, run.stdout.as_str()), (0, ""));
+    assert_eq!(stats.listings_not_modified.load(SeqCst), 2);
+    assert_eq!(stats.listings_sent.load(SeqCst), sent);
+    assert_eq!(stats.contents_sent.load(SeqCst), contents);
+
+    // The stat cache is a hint: a local edit that keeps the size and the
+    // mtime still changes the ctime, so it is hashed, found wrong, repaired.
+    let f = home.libdir().join("facter/common.rb");
+    let mtime = std::fs::metadata(&f).unwrap().modified().unwrap();
+    std::fs::write(&f, "# alpha_wins\n").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .starts_with("updated  plugins/facter/common.rb\n"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "# alpha wins\n");
+    assert_eq!(
+        stats.listings_sent.load(SeqCst),
+        sent,
+        "the cached listing served the plan"
+    );
+    assert_eq!(stats.contents_sent.load(SeqCst), contents + 1);
+
+    // A change on the master: a fresh listing (200), one download.
+    tree.file("production", "alpha", "lib/facter/new.rb", "# new\n", 0o644);
+    master_lists(&master, &pki, "facter/new.rb", true).await;
+    let run = home.sync(&[]);
+    assert_eq!(
+        run.stdout.lines().next(),
+        Some("created  plugins/facter/new.rb"),
+        "{run:?}"
+    );
+    assert_eq!(stats.contents_sent.load(SeqCst), contents + 2);
+    // A lost cache only costs time.
+    std::fs::remove_dir_all(home.vardir().join("cache")).unwrap();
+    let run = home.sync(&["--detailed-exitcodes"]);
+    assert_eq!((run.code, run.stdout.as_str()), (0, ""));
+}

@@ -1,0 +1,152 @@
+//! What the agent remembers between runs, per mount, in `<vardir>/cache/`:
+//!
+//! - the last listing's body and `ETag`, with the key it was fetched with
+//!   (server, environment, parameters), for `If-None-Match`;
+//! - a stat cache: relative path → (size, mtime, ctime, inode, device,
+//!   sha256), so a file is hashed again only when its stat changed;
+//! - the digest of the destination's stat scan right after the last sync.
+//!
+//! A `304 Not Modified` plus a stat scan whose digest equals the recorded
+//! one means neither side changed: the pass ends with nothing else read or
+//! sent. Everything here is a hint: a missing or unreadable cache only makes
+//! the run slower, a stale stat never hides a changed file (the stat would
+//! differ), and nothing from the cache overrides a listing's checksum.
+
+use std::collections::HashMap;
+use std::fs::Metadata;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The parts of a stat that change when content may have changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FileStat {
+    /// Size in bytes.
+    pub size: u64,
+    /// mtime, ns since the epoch.
+    pub mtime_ns: i64,
+    /// ctime, ns since the epoch.
+    pub ctime_ns: i64,
+    /// Inode.
+    pub ino: u64,
+    /// Device.
+    pub dev: u64,
+}
+
+impl FileStat {
+    /// From a (non-following) stat.
+    pub fn of(md: &Metadata) -> FileStat {
+        FileStat {
+            size: md.size(),
+            mtime_ns: md
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(md.mtime_nsec()),
+            ctime_ns: md
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(md.ctime_nsec()),
+            ino: md.ino(),
+            dev: md.dev(),
+        }
+    }
+}
+
+/// The cache of one mount.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountCache {
+    /// `server|environment|parameters` of the cached listing.
+    pub key: String,
+    /// Its `ETag`, if the server sent one.
+    pub etag: Option<String>,
+    /// Digest of the destination's stat scan after the last sync.
+    pub scan_digest: Option<String>,
+    /// Entries below `"."` in the cached listing.
+    pub entries: usize,
+    /// Stat cache: relative path → (stat, sha256 hex).
+    pub files: HashMap<String, (FileStat, String)>,
+}
+
+impl MountCache {
+    fn dir(vardir: &Path) -> PathBuf {
+        vardir.join("cache")
+    }
+
+    /// Reads the cache of `mount`; anything unreadable is an empty cache.
+    pub fn load(vardir: &Path, mount: &str) -> MountCache {
+        let path = Self::dir(vardir).join(format!("{mount}.json"));
+        std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// The cached listing body of `mount`.
+    pub fn load_listing(vardir: &Path, mount: &str) -> Option<Vec<u8>> {
+        std::fs::read(Self::dir(vardir).join(format!("{mount}.listing.json"))).ok()
+    }
+
+    /// Writes the cache (and the listing body, when given) atomically.
+    pub fn save(&self, vardir: &Path, mount: &str, listing: Option<&[u8]>) -> std::io::Result<()> {
+        let dir = Self::dir(vardir);
+        std::fs::create_dir_all(&dir)?;
+        let write = |name: String, bytes: &[u8]| -> std::io::Result<()> {
+            let mut tmp = tempfile::NamedTempFile::new_in(&dir)?;
+            std::io::Write::write_all(&mut tmp, bytes)?;
+            tmp.persist(dir.join(name)).map_err(|e| e.error)?;
+            Ok(())
+        };
+        if let Some(body) = listing {
+            write(format!("{mount}.listing.json"), body)?;
+        }
+        write(format!("{mount}.json"), &serde_json::to_vec(self)?)
+    }
+
+    /// Forgets everything about `mount` (after a failed commit).
+    pub fn clear(vardir: &Path, mount: &str) {
+        let dir = Self::dir(vardir);
+        let _missing_is_fine = std::fs::remove_file(dir.join(format!("{mount}.json")));
+        let _missing_is_fine = std::fs::remove_file(dir.join(format!("{mount}.listing.json")));
+    }
+
+    /// The cached sha256 of `rel`, if its stat is still `stat`.
+    pub fn sha256(&self, rel: &str, stat: &FileStat) -> Option<&str> {
+        self.files
+            .get(rel)
+            .filter(|(s, _)| s == stat)
+            .map(|(_, sha)| sha.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_stat_match() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("x");
+        std::fs::write(&f, "a").unwrap();
+        let stat = FileStat::of(&std::fs::symlink_metadata(&f).unwrap());
+        let mut c = MountCache {
+            key: "k".into(),
+            etag: Some("\"e\"".into()),
+            ..Default::default()
+        };
+        c.files.insert("x".into(), (stat, "abc".into()));
+        c.save(d.path(), "plugins", Some(b"[]")).unwrap();
+        let back = MountCache::load(d.path(), "plugins");
+        assert_eq!(back, c);
+        assert_eq!(back.sha256("x", &stat), Some("abc"));
+        std::fs::write(&f, "bb").unwrap();
+        let changed = FileStat::of(&std::fs::symlink_metadata(&f).unwrap());
+        assert_eq!(back.sha256("x", &changed), None, "a changed stat is a miss");
+        assert_eq!(
+            MountCache::load_listing(d.path(), "plugins").unwrap(),
+            b"[]"
+        );
+        MountCache::clear(d.path(), "plugins");
+        assert_eq!(MountCache::load(d.path(), "plugins"), MountCache::default());
+    }
+}
