@@ -125,6 +125,20 @@ pub struct Client {
     deadline: Instant,
 }
 
+/// Where content comes from: the run's server, the mount, the
+/// environment, and the master's blob prefix if it advertised one.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    /// `https://host:port`.
+    pub server: &'a str,
+    /// `plugins` or `pluginfacts`.
+    pub mount: &'a str,
+    /// The environment.
+    pub env: &'a str,
+    /// `X-Pluginsync-Blobs` of the listing, if any.
+    pub blobs: Option<&'a str>,
+}
+
 /// A listing answer.
 #[derive(Debug, Clone)]
 pub struct ListingAnswer {
@@ -428,28 +442,23 @@ impl Client {
         tokio::time::sleep(wait.min(self.remaining())).await;
     }
 
-    /// Streams `<mount>/<rel>` into `file`, hashing as it goes; fails unless
-    /// the bytes match `sha256` (lowercase hex). Retried as a whole on
-    /// transient failures (the file is truncated first).
+    /// Streams `<mount>/<rel>` of `src` into `file`, hashing as it goes;
+    /// fails unless the bytes match `sha256` (lowercase hex). Content comes
+    /// by checksum where the master offers blobs (cacheable by any HTTP
+    /// cache in front of it), else from Puppet's `file_content`, which is
+    /// also the fallback when a blob is not found. Retried as a whole on
+    /// transient failures (the staged file is truncated first).
     pub async fn download(
         &self,
-        server: &str,
-        mount: &str,
+        src: &Source<'_>,
         rel: &str,
-        env: &str,
         sha256: &str,
-        blobs: Option<&str>,
         file: &mut tokio::io::BufWriter<tokio::fs::File>,
     ) -> Result<u64, FetchError> {
-        // Content by checksum where the master offers it (cacheable by any
-        // HTTP cache in front of it); Puppet's file_content otherwise, and
-        // as the fallback when a blob is not found.
-        if let Some(prefix) = blobs.filter(|p| p.starts_with('/')) {
-            let url = format!("{}{prefix}{sha256}", server.trim_end_matches('/'));
-            match self
-                .download_from(server, &url, mount, rel, env, sha256, file)
-                .await
-            {
+        let server = src.server.trim_end_matches('/');
+        if let Some(prefix) = src.blobs.filter(|p| p.starts_with('/')) {
+            let url = format!("{server}{prefix}{sha256}");
+            match self.download_from(src, &url, rel, sha256, file).await {
                 Err(FetchError::Status { status, .. }) if status.starts_with("404") => {
                     tracing::info!(file = %rel, "blob not found, falling back to file_content");
                 }
@@ -457,27 +466,24 @@ impl Client {
             }
         }
         let url = format!(
-            "{}/puppet/v3/file_content/{mount}/{}?environment={}",
-            server.trim_end_matches('/'),
+            "{server}/puppet/v3/file_content/{}/{}?environment={}",
+            src.mount,
             encode_path(rel),
-            encode_query_value(env)
+            encode_query_value(src.env)
         );
-        self.download_from(server, &url, mount, rel, env, sha256, file)
-            .await
+        self.download_from(src, &url, rel, sha256, file).await
     }
 
     /// Downloads `url` into `file` with retries; see [`Client::download`].
-    #[allow(clippy::too_many_arguments)]
     async fn download_from(
         &self,
-        server: &str,
+        src: &Source<'_>,
         url: &str,
-        mount: &str,
         rel: &str,
-        env: &str,
         sha256: &str,
         file: &mut tokio::io::BufWriter<tokio::fs::File>,
     ) -> Result<u64, FetchError> {
+        let (server, mount, env) = (src.server, src.mount, src.env);
         let what = format!("{mount}/{rel}");
         let fail = |detail: String| FetchError::Download {
             server: server.to_owned(),
@@ -490,7 +496,7 @@ impl Client {
                 return Err(fail(format!("run deadline reached ({last})")));
             }
             match self
-                .download_once(server, env, &url, &what, sha256, file)
+                .download_once(server, env, url, &what, sha256, file)
                 .await
             {
                 Attempt::Done(size) => return Ok(size),

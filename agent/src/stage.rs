@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use futures_util::StreamExt;
 
-use crate::client::{Client, FetchError};
+use crate::client::{Client, FetchError, Source};
 use crate::listing::STAGING_DIR;
 
 /// The staged downloads of one destination.
@@ -90,19 +90,16 @@ impl Staging {
     pub async fn download_all(
         &mut self,
         client: &Client,
-        server: &str,
-        mount: &str,
-        env: &str,
+        src: &Source<'_>,
         writes: Vec<(PathBuf, String)>,
         parallel: usize,
-        blobs: Option<&str>,
     ) -> Result<(), FetchError> {
         let jobs = writes.into_iter().enumerate().map(|(i, (rel, sha256))| {
             let tmp = self.dir.join(i.to_string());
             async move {
                 let setup = |e: std::io::Error| FetchError::Download {
-                    server: server.to_owned(),
-                    what: format!("{mount}/{}", rel.display()),
+                    server: src.server.to_owned(),
+                    what: format!("{}/{}", src.mount, rel.display()),
                     detail: format!("cannot create the staged file '{}': {e}", tmp.display()),
                 };
                 let std_file = std::fs::OpenOptions::new()
@@ -117,9 +114,7 @@ impl Staging {
                     tokio::fs::File::from_std(std_file),
                 );
                 let rel_str = rel.to_str().unwrap_or_default().to_owned();
-                client
-                    .download(server, mount, &rel_str, env, &sha256, blobs, &mut file)
-                    .await?;
+                client.download(src, &rel_str, &sha256, &mut file).await?;
                 tokio::io::AsyncWriteExt::flush(&mut file)
                     .await
                     .map_err(setup)?;

@@ -282,12 +282,14 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         let result = staging
             .download_all(
                 &client,
-                &server,
-                p.resource.mount,
-                &env,
+                &crate::client::Source {
+                    server: &server,
+                    mount: p.resource.mount,
+                    env: &env,
+                    blobs: blobs.as_deref(),
+                },
                 writes,
                 settings.parallel_downloads,
-                blobs.as_deref(),
             )
             .await;
         stagings.push(Some(staging));
