@@ -56,7 +56,11 @@ pub async fn serve(
     for listener in listeners {
         let addr = listener.local_addr().context("listener address")?;
         let acceptor =
-            RustlsAcceptor::new(tls.clone()).handshake_timeout(config.http.handshake_timeout);
+            // TCP_NODELAY: without it the client's small writes after the
+            // handshake can meet a delayed ACK and stall a connection ~40 ms.
+            RustlsAcceptor::new(tls.clone())
+                .handshake_timeout(config.http.handshake_timeout)
+                .acceptor(axum_server::accept::NoDelayAcceptor::new());
         let mut server = axum_server::from_tcp(listener)
             .with_context(|| format!("cannot listen on {addr}"))?
             .acceptor(acceptor)
