@@ -126,6 +126,9 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
     let client =
         Client::new(&settings.tls, settings.retries, deadline).map_err(|e| e.to_string())?;
     let env = catalog.environment.to_string();
+    let t0 = Instant::now();
+    let phase =
+        |name: &str| tracing::debug!(elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0, "{name}");
 
     // Scans, listings and plans: reading only.
     let mut server: Option<String> = None;
@@ -140,6 +143,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         let cache = MountCache::load(&settings.vardir, resource.mount);
         let mut local = scan::scan(&resource.path, &ignore).map_err(|e| e.to_string())?;
         let digest = local.digest();
+        phase("scanned");
         let query = Client::listing_query(&env, perms, &resource.ignore);
         let key_for = |server: &str| format!("{server}|{}|{query}", resource.mount);
         let inm_for = |server: &str| {
@@ -181,6 +185,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         };
         let server_name = server.clone().unwrap_or_default();
         let key = key_for(&server_name);
+        phase("listing answered");
         let (body, fresh) = match answer.body {
             Some(b) => (b.to_vec(), Some(b)),
             None if cache.scan_digest.as_deref() == Some(digest.as_str()) => {
@@ -224,6 +229,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
             }
             .to_string()
         })?;
+        phase("listing validated");
         let read = scan::hash_files(&resource.path, &mut local, &remote, &cache)
             .map_err(|e| e.to_string())?;
         tracing::debug!(mount = resource.mount, hashed = read, "local files hashed");
@@ -254,6 +260,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         return Ok(());
     }
 
+    phase("planned");
     // Stage and verify every download before changing anything.
     let mut stagings: Vec<Option<Staging>> = Vec::new();
     for p in &planned {
@@ -299,6 +306,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         }
     }
 
+    phase("staged");
     // Commit.
     report.applied = true;
     for (p, staging) in planned.iter().zip(stagings) {
@@ -324,6 +332,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         }
     }
 
+    phase("committed");
     // Load what changed under the libdir; each load isolated.
     let changed: Vec<(PathBuf, PathBuf)> = report
         .changes

@@ -481,6 +481,36 @@ impl EnvIndex {
             .count()
     }
 
+    /// Serialises and gzips, before the index is published, the listings
+    /// a stock or pluginsync agent asks for (both mounts, both
+    /// `source_permissions`, Puppet's default ignores), so the first agent
+    /// after a change does not wait for them.
+    pub fn warm(&self) {
+        for mount in Mount::ALL {
+            for use_permissions in [true, false] {
+                let params = SearchParams {
+                    recurse: true,
+                    recurselimit: None,
+                    links: Links::Follow,
+                    ignore: pluginsync_common::DEFAULT_IGNORE
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect(),
+                    checksum_type: ChecksumType::Sha256,
+                    use_permissions,
+                };
+                match self.listing(mount, &params) {
+                    Ok(l) => {
+                        l.gzip();
+                    }
+                    Err(e) => {
+                        tracing::warn!(env = %self.name, mount = mount.name(), error = %e, "cannot pre-serialise a listing")
+                    }
+                }
+            }
+        }
+    }
+
     /// The serialised listing for `params`, from the cache or built now.
     /// Blocking: may hash files for non-sha256 checksum types.
     pub fn listing(

@@ -136,6 +136,7 @@ impl Store {
                 Some(&self.stats.files_hashed),
             );
             let hashed = self.stats.files_hashed.load(Ordering::Relaxed) - before;
+            idx.warm();
             tracing::info!(
                 env = %name,
                 plugins = idx.file_count(Mount::Plugins),
