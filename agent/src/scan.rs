@@ -171,6 +171,73 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
     Ok(tree)
 }
 
+/// The entry for a (non-following) stat.
+pub fn entry_of(md: &std::fs::Metadata) -> LocalEntry {
+    let ft = md.file_type();
+    let kind = if ft.is_symlink() {
+        LocalKind::Symlink
+    } else if ft.is_dir() {
+        LocalKind::Dir
+    } else if ft.is_file() {
+        LocalKind::File
+    } else {
+        LocalKind::Other
+    };
+    LocalEntry {
+        kind,
+        mode: md.permissions().mode() & 0o777,
+        sha256: None,
+        stat: FileStat::of(md),
+    }
+}
+
+impl LocalTree {
+    /// The tree after `touched` paths changed: each is stat'ed again (or
+    /// dropped with its subtree if gone), as is each parent directory
+    /// (its mtime moved). Cheaper than a rescan; a concurrent change this
+    /// misses only makes the next run's digest differ, never match.
+    pub fn updated(&self, dest: &Path, touched: &[PathBuf]) -> LocalTree {
+        let mut t = self.clone();
+        let mut parents = std::collections::BTreeSet::new();
+        for rel in touched {
+            if rel.as_os_str().is_empty() {
+                parents.insert(PathBuf::new());
+                continue;
+            }
+            let stale: Vec<PathBuf> = t
+                .entries
+                .range(rel.clone()..)
+                .take_while(|(k, _)| k.starts_with(rel))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in stale {
+                t.entries.remove(&k);
+            }
+            // A created or replaced directory's contents are touched paths
+            // of their own, later in the plan.
+            if let Ok(md) = std::fs::symlink_metadata(dest.join(rel)) {
+                t.entries.insert(rel.clone(), entry_of(&md));
+            }
+            let mut p = rel.parent();
+            while let Some(dir) = p {
+                parents.insert(dir.to_path_buf());
+                p = dir.parent();
+            }
+        }
+        for dir in parents {
+            if dir.as_os_str().is_empty() {
+                if let Ok(md) = std::fs::metadata(dest) {
+                    t.exists = true;
+                    t.root_mode = md.permissions().mode() & 0o777;
+                }
+            } else if let Ok(md) = std::fs::symlink_metadata(dest.join(&dir)) {
+                t.entries.insert(dir, entry_of(&md));
+            }
+        }
+        t
+    }
+}
+
 /// Fills `sha256` of the local files that the listing has as files, from
 /// the stat cache where the stat is unchanged, else by reading them.
 /// Returns how many files were read.

@@ -141,6 +141,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
             SourcePermissions::Ignore => "ignore",
         };
         let cache = MountCache::load(&settings.vardir, resource.mount);
+        phase("cache loaded");
         let mut local = scan::scan(&resource.path, &ignore).map_err(|e| e.to_string())?;
         let digest = local.digest();
         phase("scanned");
@@ -316,8 +317,10 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         for (rel, kind) in done.changes {
             report.changes.push(change(&p.resource, &rel, kind));
         }
+        phase("renamed");
         if done.failures.is_empty() {
             remember(settings, p);
+            phase("remembered");
         } else {
             MountCache::clear(&settings.vardir, p.resource.mount);
         }
@@ -375,28 +378,42 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
 /// every synced file with its (verified) sha256, and the scan digest.
 fn remember(settings: &Settings, p: &Planned) {
     let Some(remote) = &p.remote else { return };
-    let Ok(ignore) = IgnoreSet::new(&p.resource.ignore) else {
-        return;
-    };
-    let Ok(after) = scan::scan(&p.resource.path, &ignore) else {
-        return;
-    };
+    // The scan from before the commit, with every path the plan touched
+    // (and their parent directories) stat'ed again: no second walk.
+    let touched: Vec<PathBuf> = p
+        .plan
+        .actions
+        .iter()
+        .filter_map(|a| a.change().map(|(rel, _)| rel.to_owned()))
+        .chain(std::iter::once(PathBuf::new()))
+        .collect();
+    let after = p.local.updated(&p.resource.path, &touched);
     let written: std::collections::HashSet<&std::path::Path> =
         p.plan.writes().map(|(r, _)| r).collect();
+    let now_by: std::collections::HashMap<&std::path::Path, &scan::LocalEntry> = after
+        .entries
+        .iter()
+        .map(|(k, v)| (k.as_path(), v))
+        .collect();
+    let before_by: std::collections::HashMap<&std::path::Path, &scan::LocalEntry> = p
+        .local
+        .entries
+        .iter()
+        .map(|(k, v)| (k.as_path(), v))
+        .collect();
     let mut files = std::collections::HashMap::new();
     for (rel, entry) in remote.entries.iter() {
         let listing::RemoteKind::File { sha256 } = &entry.kind else {
             continue;
         };
         let path = std::path::Path::new(rel.as_str());
-        let Some(now) = after.entries.get(path) else {
+        let Some(now) = now_by.get(path) else {
             continue;
         };
         // A file we did not write must still be the one we hashed (or
         // found in the cache); otherwise it changed under us: not cached.
         let unchanged = written.contains(path)
-            || p.local
-                .entries
+            || before_by
                 .get(path)
                 .is_some_and(|before| before.stat == now.stat);
         if unchanged {

@@ -650,6 +650,26 @@ async fn a_no_op_run_is_two_304s_and_local_edits_are_still_caught() {
         "{run:?}"
     );
     assert_eq!(stats.contents_sent.load(SeqCst), contents + 2);
+    // The state recorded after those changes matches a fresh scan: the
+    // next run is again two 304s and nothing else.
+    let (nm, sent_now) = (
+        stats.listings_not_modified.load(SeqCst),
+        stats.listings_sent.load(SeqCst),
+    );
+    let run = home.sync(&["--detailed-exitcodes"]);
+    assert_eq!((run.code, run.stdout.as_str()), (0, ""));
+    assert_eq!(stats.listings_not_modified.load(SeqCst), nm + 2);
+    assert_eq!(stats.listings_sent.load(SeqCst), sent_now);
+    // Purges and mode fixes are recorded as precisely.
+    std::fs::write(home.libdir().join("facter/stray.rb"), "stray").unwrap();
+    std::fs::create_dir_all(home.libdir().join("junk/deep")).unwrap();
+    let run = home.sync(&[]);
+    assert!(run.stdout.contains("removed  plugins/junk"), "{run:?}");
+    let nm = stats.listings_not_modified.load(SeqCst);
+    let run = home.sync(&["--detailed-exitcodes"]);
+    assert_eq!((run.code, run.stdout.as_str()), (0, ""));
+    assert_eq!(stats.listings_not_modified.load(SeqCst), nm + 2);
+    assert_eq!(stats.listings_sent.load(SeqCst), sent_now);
     // A lost cache only costs time.
     std::fs::remove_dir_all(home.vardir().join("cache")).unwrap();
     let run = home.sync(&["--detailed-exitcodes"]);
