@@ -137,6 +137,8 @@ pub struct Source<'a> {
     pub env: &'a str,
     /// `X-Pluginsync-Blobs` of the listing, if any.
     pub blobs: Option<&'a str>,
+    /// `X-Pluginsync-Blob-Batch` of the listing, if any.
+    pub batch: Option<&'a str>,
 }
 
 /// A listing answer.
@@ -148,6 +150,8 @@ pub struct ListingAnswer {
     pub etag: Option<String>,
     /// `X-Pluginsync-Blobs`: where this master serves content by checksum.
     pub blobs: Option<String>,
+    /// `X-Pluginsync-Blob-Batch`: where it serves many blobs at once.
+    pub batch: Option<String>,
 }
 
 /// What one attempt says about retrying.
@@ -322,11 +326,13 @@ impl Client {
                     .map(str::to_owned)
             };
             let (etag, blobs) = (header(&resp, "etag"), header(&resp, "x-pluginsync-blobs"));
+            let batch = header(&resp, "x-pluginsync-blob-batch");
             if resp.status() == StatusCode::NOT_MODIFIED && if_none_match.is_some() {
                 return Attempt::Done(ListingAnswer {
                     body: None,
                     etag,
                     blobs,
+                    batch,
                 });
             }
             match self.check_status(server, env, &what, resp).await {
@@ -335,6 +341,7 @@ impl Client {
                         body: Some(b),
                         etag,
                         blobs,
+                        batch,
                     }),
                     Err(e) => Attempt::Retry {
                         detail: request_error(&e),
@@ -342,6 +349,41 @@ impl Client {
                     },
                 },
                 Err(a) => a,
+            }
+        })
+        .await
+    }
+
+    /// Asks `src`'s batch endpoint for `hashes`; returns the streaming
+    /// response (retried on transient failures before the first byte).
+    pub async fn batch(
+        &self,
+        src: &Source<'_>,
+        hashes: &[String],
+    ) -> Result<reqwest::Response, FetchError> {
+        let path = src.batch.unwrap_or("/pluginsync/v1/blobs");
+        let query: Vec<String> = hashes.iter().map(|h| format!("sha256={h}")).collect();
+        let url = format!(
+            "{}{path}?{}",
+            src.server.trim_end_matches('/'),
+            query.join("&")
+        );
+        let what = format!("a batch of {} {} files", hashes.len(), src.mount);
+        self.with_retries(src.server, || async {
+            let req = self
+                .http
+                .get(&url)
+                .header("Accept", "application/x-pluginsync-blobs")
+                .timeout(self.remaining());
+            match req.send().await {
+                Ok(resp) => match self.check_status(src.server, src.env, &what, resp).await {
+                    Ok(r) => Attempt::Done(r),
+                    Err(a) => a,
+                },
+                Err(e) => Attempt::Retry {
+                    detail: request_error(&e),
+                    after: None,
+                },
             }
         })
         .await

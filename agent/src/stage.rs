@@ -19,6 +19,113 @@ use std::path::{Path, PathBuf};
 use futures_util::StreamExt;
 
 use crate::client::{Client, FetchError, Source};
+
+/// Checksums per batch request (the most a master takes; 128 × 71 bytes of
+/// query stays well inside HTTP/2's 16 KiB header-list limit).
+pub const BATCH: usize = 128;
+/// Batch requests in flight.
+pub const BATCHES_IN_FLIGHT: usize = 4;
+
+/// Reads one batch answer into staged files named `<prefix>.<i>`; returns
+/// sha256 → staged file for every frame that arrived whole and verified.
+/// A missing frame (`-`) is simply absent; a broken stream ends the batch
+/// early with what it has, and the partial file is removed.
+async fn fetch_batch(
+    client: &Client,
+    src: &Source<'_>,
+    hashes: &[String],
+    prefix: &std::path::Path,
+) -> Result<HashMap<String, PathBuf>, FetchError> {
+    use std::io::Write;
+    let resp = client.batch(src, hashes).await?;
+    let mut body = resp.bytes_stream();
+    let mut got = HashMap::new();
+    let mut buf: Vec<u8> = Vec::new();
+    // The frame being written: (sha, file, path, bytes left, hasher).
+    let mut current: Option<(
+        String,
+        std::fs::File,
+        PathBuf,
+        u64,
+        pluginsync_common::checksum::Sha256Stream,
+    )> = None;
+    let mut n = 0usize;
+    let fail = |detail: String| FetchError::Download {
+        server: src.server.to_owned(),
+        what: format!("a {} batch", src.mount),
+        detail,
+    };
+    loop {
+        // Consume what is buffered.
+        loop {
+            if let Some((_, file, _, left, hasher)) = current.as_mut() {
+                let take = (*left).min(buf.len() as u64) as usize;
+                if take > 0 {
+                    hasher.update(&buf[..take]);
+                    file.write_all(&buf[..take])
+                        .map_err(|e| fail(format!("cannot write a staged file: {e}")))?;
+                    buf.drain(..take);
+                    *left -= take as u64;
+                }
+                if *left > 0 {
+                    break;
+                }
+                let (sha, file, path, _, hasher) = current.take().expect("current frame");
+                drop(file);
+                if hasher.finish() == format!("{{sha256}}{sha}") {
+                    got.insert(sha, path);
+                } else {
+                    let _ = std::fs::remove_file(&path);
+                }
+                continue;
+            }
+            let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
+                break;
+            };
+            let line = String::from_utf8_lossy(&buf[..nl]).into_owned();
+            buf.drain(..=nl);
+            let (sha, len) = line
+                .split_once(' ')
+                .ok_or_else(|| fail(format!("bad frame header {line:?}")))?;
+            if !hashes.iter().any(|h| h == sha) {
+                return Err(fail(format!("unrequested blob {sha}")));
+            }
+            if len == "-" {
+                continue;
+            }
+            let len: u64 = len
+                .parse()
+                .map_err(|_| fail(format!("bad frame length {len:?}")))?;
+            let path = prefix.with_extension(n.to_string());
+            n += 1;
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| fail(format!("cannot create '{}': {e}", path.display())))?;
+            current = Some((
+                sha.to_owned(),
+                file,
+                path,
+                len,
+                pluginsync_common::checksum::Sha256Stream::new(),
+            ));
+        }
+        match body.next().await {
+            Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+            Some(Err(e)) => {
+                tracing::info!(error = %crate::client::request_error(&e), "batch cut; the rest is fetched singly");
+                break;
+            }
+            None => break,
+        }
+    }
+    if let Some((_, _, path, _, _)) = current.take() {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(got)
+}
 use crate::listing::STAGING_DIR;
 
 /// The staged downloads of one destination.
@@ -85,6 +192,66 @@ impl Staging {
         }
     }
 
+    /// Fetches the distinct checksums of `writes` through the master's
+    /// batch endpoint, [`BATCH`] per request, [`BATCHES_IN_FLIGHT`] at a
+    /// time; each frame is written straight to its staged file (plain
+    /// blocking writes: small and local, and far cheaper than a thread
+    /// hand-off per operation) and verified. Returns the writes still to
+    /// fetch singly.
+    async fn download_batched(
+        &mut self,
+        client: &Client,
+        src: &Source<'_>,
+        writes: Vec<(PathBuf, String)>,
+    ) -> Result<Vec<(PathBuf, String)>, FetchError> {
+        let mut by_sha: HashMap<String, Vec<PathBuf>> = HashMap::new();
+        for (rel, sha) in writes {
+            by_sha.entry(sha).or_default().push(rel);
+        }
+        let shas: Vec<String> = by_sha.keys().cloned().collect();
+        let dir = self.dir.clone();
+        let jobs = shas.chunks(BATCH).enumerate().map(|(n, chunk)| {
+            let dir = dir.clone();
+            let chunk = chunk.to_vec();
+            async move {
+                let got = fetch_batch(client, src, &chunk, &dir.join(format!("b{n}"))).await;
+                (chunk, got)
+            }
+        });
+        let mut stream = futures_util::stream::iter(jobs).buffer_unordered(BATCHES_IN_FLIGHT);
+        let mut rest = Vec::new();
+        while let Some((chunk, got)) = stream.next().await {
+            let got = match got {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::info!(error = %e, "batch failed, fetching its files singly");
+                    HashMap::new()
+                }
+            };
+            for sha in chunk {
+                let rels = by_sha.remove(&sha).unwrap_or_default();
+                match got.get(&sha) {
+                    Some(first) => {
+                        for (k, rel) in rels.into_iter().enumerate() {
+                            let tmp = if k == 0 {
+                                first.clone()
+                            } else {
+                                let copy = first.with_extension(format!("c{k}"));
+                                std::fs::copy(first, &copy).map_err(|e| {
+                                    FetchError::Setup(format!("cannot copy a staged file: {e}"))
+                                })?;
+                                copy
+                            };
+                            self.files.insert(rel, tmp);
+                        }
+                    }
+                    None => rest.extend(rels.into_iter().map(|r| (r, sha.clone()))),
+                }
+            }
+        }
+        Ok(rest)
+    }
+
     /// Downloads `writes` (relative path, sha256) with `parallel` in flight;
     /// the first failure stops the rest and is returned.
     pub async fn download_all(
@@ -94,7 +261,16 @@ impl Staging {
         writes: Vec<(PathBuf, String)>,
         parallel: usize,
     ) -> Result<(), FetchError> {
+        // Batches first where the master offers them; whatever they do not
+        // deliver (not found, changed, a cut stream) is fetched singly.
+        let writes = if src.batch.is_some() && writes.len() > 1 {
+            self.download_batched(client, src, writes).await?
+        } else {
+            writes
+        };
+        let base = self.files.len();
         let jobs = writes.into_iter().enumerate().map(|(i, (rel, sha256))| {
+            let i = base + i;
             let tmp = self.dir.join(i.to_string());
             async move {
                 let setup = |e: std::io::Error| FetchError::Download {

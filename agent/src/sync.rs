@@ -133,6 +133,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
     // Scans, listings and plans: reading only.
     let mut server: Option<String> = None;
     let mut blobs: Option<String> = None;
+    let mut batch: Option<String> = None;
     let mut planned = Vec::new();
     for resource in catalog.resources {
         let ignore = IgnoreSet::new(&resource.ignore).map_err(|e| e.to_string())?;
@@ -170,6 +171,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
                 server = Some(s);
                 report.server = server.clone();
                 blobs = answer.blobs.clone();
+                batch = answer.batch.clone();
                 answer
             }
             Some(s) => client
@@ -295,6 +297,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
                     mount: p.resource.mount,
                     env: &env,
                     blobs: blobs.as_deref(),
+                    batch: batch.as_deref(),
                 },
                 writes,
                 settings.parallel_downloads,

@@ -161,6 +161,10 @@ pub async fn file_metadatas(
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Tells pluginsync agents they may fetch content by checksum here.
     headers.insert("x-pluginsync-blobs", HeaderValue::from_static(BLOBS_PREFIX));
+    headers.insert(
+        "x-pluginsync-blob-batch",
+        HeaderValue::from_static(crate::batch::BATCH_PATH),
+    );
     if request::not_modified(&req.headers, &listing.etag) {
         state
             .store

@@ -8,6 +8,7 @@
 
 pub mod api_error;
 pub mod auth;
+pub mod batch;
 pub mod check;
 pub mod cli;
 pub mod config;

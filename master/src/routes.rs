@@ -31,6 +31,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
             get(handlers::file_content),
         )
         .route("/pluginsync/v1/blobs/sha256/{digest}", get(handlers::blob))
+        .route(crate::batch::BATCH_PATH, get(crate::batch::blobs_batch))
         .route("/status/v1/simple", get(handlers::status))
         // Only matched routes refuse bodies: a POST to an endpoint we do not
         // serve (a stock agent's catalog request) is a plain 404.

@@ -675,3 +675,72 @@ async fn a_no_op_run_is_two_304s_and_local_edits_are_still_caught() {
     let run = home.sync(&["--detailed-exitcodes"]);
     assert_eq!((run.code, run.stdout.as_str()), (0, ""));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_batch_falls_back_to_single_downloads() {
+    let pki = Pki::new();
+    static A: &[u8] = b"first file\n";
+    static B: [u8; 300_000] = [b'q'; 300_000];
+    let (sa, sb) = (sha256_hex(A), sha256_hex(&B));
+    let listing = format!(
+        r#"[{{"path":"/m/lib","relative_path":".","links":"follow","owner":0,"group":0,"mode":493,"checksum":{{"type":"ctime","value":"{{ctime}}x"}},"type":"directory","destination":null}},{{"path":"/m/lib","relative_path":"a.rb","links":"follow","owner":0,"group":0,"mode":420,"checksum":{{"type":"sha256","value":"{{sha256}}{sa}"}},"type":"file","destination":null}},{{"path":"/m/lib","relative_path":"b.bin","links":"follow","owner":0,"group":0,"mode":420,"checksum":{{"type":"sha256","value":"{{sha256}}{sb}"}},"type":"file","destination":null}}]"#
+    );
+    let batch_calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let calls = batch_calls.clone();
+    let fake = FakeMaster::start(
+        &pki,
+        Arc::new(move |target: &str| {
+            if target.contains("/file_metadatas/") {
+                let mut r = http_response("200 OK", "application/json", listing.as_bytes());
+                let head_end = r.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+                r.splice(
+                    head_end..head_end,
+                    b"\r\nX-Pluginsync-Blob-Batch: /pluginsync/v1/blobs"
+                        .iter()
+                        .copied(),
+                );
+                r
+            } else if target.starts_with("/pluginsync/v1/blobs?") {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // Whatever was asked: a whole first frame for A if asked,
+                // then B's frame cut after 1,000 of its bytes.
+                let mut body = Vec::new();
+                if target.contains(&sa) {
+                    body.extend_from_slice(format!("{sa} {}\n", A.len()).as_bytes());
+                    body.extend_from_slice(A);
+                }
+                body.extend_from_slice(format!("{sb} {}\n", B.len()).as_bytes());
+                body.extend_from_slice(&B[..1000]);
+                let mut r = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/x-pluginsync-blobs\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len() + 10_000
+                )
+                .into_bytes();
+                r.extend_from_slice(&body);
+                r
+            } else if target.contains("/file_content/") && target.contains("/b.bin?") {
+                http_response("200 OK", "application/octet-stream", &B)
+            } else {
+                http_response(
+                    "404 Not Found",
+                    "application/json",
+                    br#"{"message":"Not Found: nothing","issue_kind":"RESOURCE_NOT_FOUND"}"#,
+                )
+            }
+        }),
+    );
+    let home = AgentHome::new(&pki, &[fake.url()], "");
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        batch_calls.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "the batch endpoint was used"
+    );
+    assert_eq!(std::fs::read(home.libdir().join("a.rb")).unwrap(), A);
+    assert_eq!(
+        std::fs::read(home.libdir().join("b.bin")).unwrap(),
+        B.to_vec(),
+        "fetched singly after the cut"
+    );
+    assert!(!home.libdir().join(".pluginsync-staging").exists());
+}

@@ -122,3 +122,67 @@ async fn blobs_serve_listed_content_by_checksum() {
         200
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_stream_frames_in_order_and_mark_the_missing() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    let big: Vec<u8> = (0..700_000u32).map(|i| (i % 253) as u8).collect();
+    tree.file("production", "alpha", "lib/a.rb", "alpha\n", 0o644);
+    tree.file("production", "alpha", "lib/big.bin", &big, 0o644);
+    tree.file("restricted", "alpha", "lib/r.rb", "restricted\n", 0o644);
+    let rules = "[[authorization]]\ncertname = \"node1\"\nenvironments = [\"production\"]\n";
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", rules)));
+    let c = client(&pki, Some("node1"));
+    let (a, b) = (sha256_hex(b"alpha\n"), sha256_hex(&big));
+    let (unknown, restricted) = (sha256_hex(b"nope"), sha256_hex(b"restricted\n"));
+    let url = format!(
+        "{}/pluginsync/v1/blobs?sha256={b}&sha256={unknown}&sha256={a}&sha256={restricted}",
+        master.url()
+    );
+    let r = c.get(&url).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.headers()["content-type"],
+        "application/x-pluginsync-blobs"
+    );
+    let body = r.bytes().await.unwrap().to_vec();
+    let mut want = format!("{b} {}\n", big.len()).into_bytes();
+    want.extend_from_slice(&big);
+    want.extend_from_slice(format!("{unknown} -\n{a} 6\nalpha\n{restricted} -\n").as_bytes());
+    assert!(
+        body == want,
+        "frames differ ({} bytes vs {})",
+        body.len(),
+        want.len()
+    );
+
+    let status = |u: String, c: reqwest::Client| async move {
+        c.get(u).send().await.unwrap().status().as_u16()
+    };
+    assert_eq!(
+        status(format!("{}/pluginsync/v1/blobs", master.url()), c.clone()).await,
+        400
+    );
+    assert_eq!(
+        status(
+            format!("{}/pluginsync/v1/blobs?sha256=XYZ", master.url()),
+            c.clone()
+        )
+        .await,
+        400
+    );
+    let too_many: Vec<String> = (0..129).map(|_| format!("sha256={a}")).collect();
+    assert_eq!(
+        status(
+            format!(
+                "{}/pluginsync/v1/blobs?{}",
+                master.url(),
+                too_many.join("&")
+            ),
+            c.clone()
+        )
+        .await,
+        400
+    );
+    assert_eq!(status(url, client(&pki, None)).await, 403);
+}
