@@ -64,7 +64,10 @@ pub struct MountCache {
     pub scan_digest: Option<String>,
     /// Entries below `"."` in the cached listing.
     pub entries: usize,
-    /// Stat cache: relative path → (stat, sha256 hex).
+    /// Stat cache: relative path → (stat, sha256 hex). Kept in its own
+    /// file and read only when a pass needs hashing ([`MountCache::load_files`]),
+    /// so a no-op run does not parse it.
+    #[serde(skip)]
     pub files: HashMap<String, (FileStat, String)>,
 }
 
@@ -80,6 +83,18 @@ impl MountCache {
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default()
+    }
+
+    /// Reads the stat cache of `mount` into `self.files`.
+    pub fn load_files(&mut self, vardir: &Path, mount: &str) {
+        if !self.files.is_empty() {
+            return;
+        }
+        let path = Self::dir(vardir).join(format!("{mount}.stat.json"));
+        self.files = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
     }
 
     /// The cached listing body of `mount`.
@@ -100,6 +115,10 @@ impl MountCache {
         if let Some(body) = listing {
             write(format!("{mount}.listing.json"), body)?;
         }
+        write(
+            format!("{mount}.stat.json"),
+            &serde_json::to_vec(&self.files)?,
+        )?;
         write(format!("{mount}.json"), &serde_json::to_vec(self)?)
     }
 
@@ -108,6 +127,7 @@ impl MountCache {
         let dir = Self::dir(vardir);
         let _missing_is_fine = std::fs::remove_file(dir.join(format!("{mount}.json")));
         let _missing_is_fine = std::fs::remove_file(dir.join(format!("{mount}.listing.json")));
+        let _missing_is_fine = std::fs::remove_file(dir.join(format!("{mount}.stat.json")));
     }
 
     /// The cached sha256 of `rel`, if its stat is still `stat`.
@@ -136,7 +156,9 @@ mod tests {
         };
         c.files.insert("x".into(), (stat, "abc".into()));
         c.save(d.path(), "plugins", Some(b"[]")).unwrap();
-        let back = MountCache::load(d.path(), "plugins");
+        let mut back = MountCache::load(d.path(), "plugins");
+        assert!(back.files.is_empty(), "the stat cache is read on demand");
+        back.load_files(d.path(), "plugins");
         assert_eq!(back, c);
         assert_eq!(back.sha256("x", &stat), Some("abc"));
         std::fs::write(&f, "bb").unwrap();

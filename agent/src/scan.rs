@@ -118,18 +118,74 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
         root_mode: md.permissions().mode() & 0o777,
         entries: BTreeMap::new(),
     };
-    let walker = walkdir::WalkDir::new(dest)
-        .min_depth(1)
+    // Top-level entries here; each top-level directory's subtree is walked
+    // by one of a few threads. A sorted depth-first walk yields paths in
+    // `Path` order already, so the map is bulk-built from the concatenation.
+    let mut top: Vec<std::fs::DirEntry> = std::fs::read_dir(dest)
+        .map_err(io(dest))?
+        .collect::<Result<_, _>>()
+        .map_err(io(dest))?;
+    top.sort_by_key(|e| e.file_name());
+    top.retain(|e| {
+        let name = e.file_name();
+        let name = name.to_str().unwrap_or_default();
+        !(ignore.is_ignored(name) || name == STAGING_DIR)
+    });
+    let subtrees: Vec<std::sync::Mutex<Option<Result<Vec<(PathBuf, LocalEntry)>, ScanError>>>> =
+        top.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 4);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(entry) = top.get(i) else { break };
+                    let result = walk_one(dest, &entry.path(), ignore);
+                    if let Ok(mut slot) = subtrees[i].lock() {
+                        *slot = Some(result);
+                    }
+                }
+            });
+        }
+    });
+    let mut all = Vec::new();
+    for slot in subtrees {
+        let result = slot
+            .into_inner()
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| Ok(Vec::new()));
+        all.extend(result?);
+    }
+    tree.entries = all.into_iter().collect();
+    Ok(tree)
+}
+
+/// One top-level entry of `dest` and, for a real directory, everything
+/// below it, in walk (= `Path`) order.
+fn walk_one(
+    dest: &Path,
+    top: &Path,
+    ignore: &IgnoreSet,
+) -> Result<Vec<(PathBuf, LocalEntry)>, ScanError> {
+    let mut out = Vec::new();
+    let walker = walkdir::WalkDir::new(top)
         .follow_links(false)
+        // Each top-level entry is a walk root here, and walkdir follows a
+        // root symlink by default: a link out of the destination must stay
+        // a link.
+        .follow_root_links(false)
         .sort_by_file_name()
         .into_iter()
         .filter_entry(|e| {
-            let name = e.file_name().to_str().unwrap_or_default();
-            !(ignore.is_ignored(name) || (e.depth() == 1 && name == STAGING_DIR))
+            e.depth() == 0 || !ignore.is_ignored(e.file_name().to_str().unwrap_or_default())
         });
     for entry in walker {
         let entry = entry.map_err(|e| {
-            let path = e.path().unwrap_or(dest).to_owned();
+            let path = e.path().unwrap_or(top).to_owned();
             ScanError::Io {
                 path,
                 source: e
@@ -137,38 +193,20 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
                     .unwrap_or_else(|| std::io::Error::other("walk error")),
             }
         })?;
-        let rel = entry
-            .path()
-            .strip_prefix(dest)
-            .map(Path::to_owned)
-            .unwrap_or_default();
         let md = entry.metadata().map_err(|e| ScanError::Io {
             path: entry.path().to_owned(),
             source: e
                 .into_io_error()
                 .unwrap_or_else(|| std::io::Error::other("stat error")),
         })?;
-        let ft = md.file_type();
-        let kind = if ft.is_symlink() {
-            LocalKind::Symlink
-        } else if ft.is_dir() {
-            LocalKind::Dir
-        } else if ft.is_file() {
-            LocalKind::File
-        } else {
-            LocalKind::Other
-        };
-        tree.entries.insert(
-            rel,
-            LocalEntry {
-                kind,
-                mode: md.permissions().mode() & 0o777,
-                sha256: None,
-                stat: FileStat::of(&md),
-            },
-        );
+        let rel = entry
+            .path()
+            .strip_prefix(dest)
+            .map(Path::to_owned)
+            .unwrap_or_default();
+        out.push((rel, entry_of(&md)));
     }
-    Ok(tree)
+    Ok(out)
 }
 
 /// The entry for a (non-following) stat.
@@ -277,4 +315,40 @@ pub fn hash_files(
         read += 1;
     }
     Ok(read)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symlinks_are_entries_never_followed_at_any_depth() {
+        let t = tempfile::tempdir().unwrap();
+        let (dest, outside) = (t.path().join("lib"), t.path().join("outside"));
+        std::fs::create_dir_all(dest.join("sub")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("precious"), "x").unwrap();
+        std::os::unix::fs::symlink(&outside, dest.join("top_link")).unwrap();
+        std::os::unix::fs::symlink(&outside, dest.join("sub/deep_link")).unwrap();
+        std::fs::create_dir_all(dest.join(".git/objects")).unwrap();
+        std::fs::write(dest.join("sub/a.rb"), "a").unwrap();
+        let ignore = IgnoreSet::new(&crate::config::default_ignore()).unwrap();
+        let tree = scan(&dest, &ignore).unwrap();
+        let kinds: Vec<(String, LocalKind)> = tree
+            .entries
+            .iter()
+            .map(|(p, e)| (p.display().to_string(), e.kind))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                ("sub".into(), LocalKind::Dir),
+                ("sub/a.rb".into(), LocalKind::File),
+                ("sub/deep_link".into(), LocalKind::Symlink),
+                ("top_link".into(), LocalKind::Symlink),
+            ]
+        );
+        // The same picture, in the same order, as a single-threaded walk.
+        assert_eq!(tree.digest(), scan(&dest, &ignore).unwrap().digest());
+    }
 }

@@ -141,7 +141,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
             SourcePermissions::Use => "use",
             SourcePermissions::Ignore => "ignore",
         };
-        let cache = MountCache::load(&settings.vardir, resource.mount);
+        let mut cache = MountCache::load(&settings.vardir, resource.mount);
         phase("cache loaded");
         let mut local = scan::scan(&resource.path, &ignore).map_err(|e| e.to_string())?;
         let digest = local.digest();
@@ -233,6 +233,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
             .to_string()
         })?;
         phase("listing validated");
+        cache.load_files(&settings.vardir, resource.mount);
         let read = scan::hash_files(&resource.path, &mut local, &remote, &cache)
             .map_err(|e| e.to_string())?;
         tracing::debug!(mount = resource.mount, hashed = read, "local files hashed");

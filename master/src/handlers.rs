@@ -149,7 +149,7 @@ pub async fn file_metadatas(
             listing.count
         )));
     }
-    let gzip = request::accepts_gzip(&req.headers) && listing.body.len() >= GZIP_MIN;
+    let gzip = request::accepts_gzip(&req.headers) && listing.len >= GZIP_MIN;
     let etag = if gzip {
         format!("{}-gzip\"", listing.etag.trim_end_matches('"'))
     } else {
@@ -186,7 +186,10 @@ pub async fn file_metadatas(
             .await
             .map_err(|_| ApiError::internal())?
     } else {
-        listing.body.clone()
+        let l = listing.clone();
+        tokio::task::spawn_blocking(move || l.plain())
+            .await
+            .map_err(|_| ApiError::internal())?
     };
     Ok((StatusCode::OK, headers, body).into_response())
 }
