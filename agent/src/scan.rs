@@ -131,7 +131,7 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
         let name = name.to_str().unwrap_or_default();
         !(ignore.is_ignored(name) || name == STAGING_DIR)
     });
-    let subtrees: Vec<std::sync::Mutex<Option<Result<Vec<(PathBuf, LocalEntry)>, ScanError>>>> =
+    let subtrees: Vec<std::sync::Mutex<Option<Subtree>>> =
         top.iter().map(|_| std::sync::Mutex::new(None)).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let workers = std::thread::available_parallelism()
@@ -163,6 +163,9 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
     tree.entries = all.into_iter().collect();
     Ok(tree)
 }
+
+/// What walking one top-level entry produced.
+type Subtree = Result<Vec<(PathBuf, LocalEntry)>, ScanError>;
 
 /// One top-level entry of `dest` and, for a real directory, everything
 /// below it, in walk (= `Path`) order.
