@@ -310,7 +310,7 @@ impl MountIndex {
 
 /// A serialised listing, ready to send.
 ///
-/// Large listings are kept only gzipped (a 50,000-file listing is 17 MB of
+/// Large listings (4 MiB or more) are kept only gzipped (a 50,000-file listing is 17 MB of
 /// JSON and 2.6 MB gzipped; both pluginsync's and Puppet's agents ask for
 /// gzip), and inflated for the rare client that does not take it. Small
 /// ones are kept as they are and gzipped on first use.
@@ -326,8 +326,9 @@ pub struct CachedListing {
     pub len: usize,
 }
 
-/// Listings at least this large are kept only gzipped.
-const KEEP_GZIPPED: usize = 256 * 1024;
+/// Listings at least this large are kept only gzipped (inflating one per
+/// identity request is then cheaper than holding it twice).
+const KEEP_GZIPPED: usize = 4 << 20;
 
 impl CachedListing {
     /// Wraps a body, deriving its ETag.
@@ -719,8 +720,8 @@ mod tests {
     fn response_cache_is_bounded_by_count_and_bytes() {
         let mut c = ResponseCache::default();
         let body = |n: usize| Arc::new(CachedListing::new(vec![b'x'; n], 1));
-        let big = CachedListing::new(vec![b'y'; 300_000], 1);
-        assert_eq!(big.plain().len(), 300_000, "inflated on demand");
+        let big = CachedListing::new(vec![b'y'; 5 << 20], 1);
+        assert_eq!(big.plain().len(), 5 << 20, "inflated on demand");
         assert!(big.cost() < 10_000, "kept gzipped only");
         for i in 0..10 {
             c.insert(key(i), body(100), 4, 10_000);
