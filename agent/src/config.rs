@@ -265,22 +265,13 @@ impl AgentConfig {
 
     /// Parses TOML; relative paths are relative to the config's directory.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let mut c: AgentConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_owned(),
-            message: e
-                .to_string()
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .collect::<Vec<_>>()
-                .join(" "),
-        })?;
-        let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
-        let base = absolute.parent().unwrap_or(Path::new("/")).to_owned();
-        let fix = |p: &mut PathBuf| {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
-        };
+        let mut c: AgentConfig =
+            pluginsync_common::config::parse_toml(text).map_err(|message| ConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            })?;
+        let base = pluginsync_common::config::RelativeTo::config_file(path);
+        let fix = |p: &mut PathBuf| base.fix(p);
         fix(&mut c.libdir);
         fix(&mut c.vardir);
         if let Some(f) = c.factsdir.as_mut() {

@@ -5,10 +5,11 @@
 //! checksums in Puppet's `{type}value` notation ([`checksum`]), the
 //! relative-path newtype that refuses `..` and absolute paths ([`relpath`]),
 //! environment names ([`envname`]), Puppet's basename-fnmatch ignore globs
-//! ([`ignore`]), the path encoding of `file_content` URLs ([`urlpath`]) and
+//! ([`ignore`]), TOML config parsing ([`config`]), the path encoding of `file_content` URLs ([`urlpath`]) and
 //! PEM loading for TLS ([`tls`]).
 
 pub mod checksum;
+pub mod config;
 pub mod envname;
 pub mod ignore;
 pub mod metadata;

@@ -194,22 +194,13 @@ impl MasterConfig {
     /// Parses TOML text without validating (relative paths are taken
     /// relative to the config file's directory).
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let mut config: MasterConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.to_owned(),
-            message: e
-                .to_string()
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .collect::<Vec<_>>()
-                .join(" "),
-        })?;
-        let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
-        let base = absolute.parent().unwrap_or(Path::new("/")).to_owned();
-        let fix = |p: &mut PathBuf| {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
-        };
+        let mut config: MasterConfig =
+            pluginsync_common::config::parse_toml(text).map_err(|message| ConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            })?;
+        let base = pluginsync_common::config::RelativeTo::config_file(path);
+        let fix = |p: &mut PathBuf| base.fix(p);
         config.environmentpath.iter_mut().for_each(fix);
         config.basemodulepath.iter_mut().for_each(fix);
         fix(&mut config.tls.cert);

@@ -8,14 +8,12 @@
 //! (`CI` set), where `.ci/run` installs it and a missing agent is a failure.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pluginsync_tests::{
-    EnvTree, Pki, TestMaster, client, config_toml, parse_config, sha256_hex, tree_snapshot,
-    wait_for,
+    EnvTree, Pki, TestMaster, client, config_toml, parse_config, tree_snapshot, wait_for,
 };
 
 /// `puppet` on PATH, or `None` (after saying so) when the test must skip.
@@ -94,72 +92,32 @@ fn plugin_download(
     (code, std::fs::read_to_string(&out_path).unwrap_or_default())
 }
 
-/// The merged mount computed independently: modules by name, first wins.
-/// Path → "dir" | "file <sha256>" (with " <mode>" when `modes`).
+/// The harness's independent merged mount, with or without modes (Puppet
+/// applies source modes only to facts.d: PROTOCOL.md §4.5).
 fn expected_mount(env_dir: &Path, subdir: &str, modes: bool) -> BTreeMap<String, String> {
-    let mut modules: Vec<PathBuf> = std::fs::read_dir(env_dir.join("modules"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    modules.sort();
-    let mut out = BTreeMap::new();
-    for m in modules {
-        let root = m.join(subdir);
-        if root.is_dir() {
-            walk(&root, &root, modes, &mut out);
-        }
-    }
-    out
-}
-
-fn walk(root: &Path, dir: &Path, modes: bool, out: &mut BTreeMap<String, String>) {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    entries.sort();
-    for p in entries {
-        let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-        if [".git", ".svn", "CVS", ".hg"].contains(&p.file_name().unwrap().to_str().unwrap()) {
-            continue;
-        }
-        let md = std::fs::metadata(&p).unwrap();
-        let mode = md.permissions().mode() & 0o7777;
-        let value = if md.is_dir() {
-            "dir".to_owned()
-        } else {
-            format!("file {}", sha256_hex(&std::fs::read(&p).unwrap()))
-        };
-        let value = if modes {
-            format!("{value} {mode:o}")
-        } else {
-            value
-        };
-        out.entry(rel).or_insert(value);
-        if md.is_dir() {
-            walk(root, &p, modes, out);
-        }
-    }
+    pluginsync_tests::merged_mount(env_dir, subdir)
+        .into_iter()
+        .map(|(k, v)| (k, notation(&v, modes)))
+        .collect()
 }
 
 /// What puppet left on disk, in the same notation.
 fn actual(dir: &Path, modes: bool) -> BTreeMap<String, String> {
     tree_snapshot(dir)
         .into_iter()
-        .map(|(k, v)| {
-            let parts: Vec<&str> = v.split(' ').collect();
-            let value = match parts[0] {
-                "dir" if modes => format!("dir {}", parts[1]),
-                "dir" => "dir".to_owned(),
-                "file" if modes => format!("file {} {}", parts[2], parts[1]),
-                "file" => format!("file {}", parts[2]),
-                other => format!("unexpected {other}"),
-            };
-            (k, value)
-        })
+        .map(|(k, v)| (k, notation(&v, modes)))
         .collect()
+}
+
+/// `dir <mode>` / `file <mode> <sha>` → the same without modes, if asked.
+fn notation(v: &str, modes: bool) -> String {
+    let parts: Vec<&str> = v.split(' ').collect();
+    match (parts[0], modes) {
+        (_, true) => v.to_owned(),
+        ("dir", false) => "dir".to_owned(),
+        ("file", false) => format!("file {}", parts[2]),
+        (other, _) => format!("unexpected {other}"),
+    }
 }
 
 fn tree() -> EnvTree {
