@@ -4,6 +4,7 @@
 mod agent_load;
 mod agent_sync;
 mod common;
+mod haproxy_lb;
 mod master_blobs;
 mod master_etag;
 mod master_listing;
