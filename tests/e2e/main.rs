@@ -11,3 +11,4 @@ mod master_listing;
 mod master_security;
 mod master_watch;
 mod puppet_compat;
+mod puppet_server;

@@ -8,89 +8,13 @@
 //! (`CI` set), where `.ci/run` installs it and a missing agent is a failure.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
+use pluginsync_tests::puppet::{PuppetAgent, require};
 use pluginsync_tests::{
     EnvTree, Pki, TestMaster, client, config_toml, parse_config, tree_snapshot, wait_for,
 };
-
-/// `puppet` on PATH, or `None` (after saying so) when the test must skip.
-fn puppet() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join("puppet"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "puppet is not installed but CI is set: .ci/run must install Debian's puppet package"
-        );
-        eprintln!("SKIPPED puppet_compat: `puppet` not installed (apt-get install puppet)");
-    }
-    found
-}
-
-/// Runs `puppet plugin download` against `port` with its own dirs under
-/// `work`; returns (exit code, combined output). Killed after 180 s.
-fn plugin_download(
-    puppet: &Path,
-    work: &Path,
-    ssldir: &Path,
-    port: u16,
-    env: &str,
-) -> (i32, String) {
-    let out_path = work.join("puppet.out");
-    let out = std::fs::File::create(&out_path).expect("log file");
-    let mut cmd = Command::new(puppet);
-    cmd.args([
-        "plugin",
-        "download",
-        "--color",
-        "false",
-        "--certname",
-        "node1",
-        "--server",
-        "localhost",
-    ])
-    .arg("--serverport")
-    .arg(port.to_string())
-    .args(["--environment", env])
-    .arg("--ssldir")
-    .arg(ssldir);
-    for (flag, sub) in [
-        ("--confdir", "conf"),
-        ("--vardir", "var"),
-        ("--codedir", "code"),
-        ("--logdir", "log"),
-        ("--rundir", "run"),
-        ("--libdir", "var/lib"),
-        ("--pluginfactdest", "var/facts.d"),
-    ] {
-        cmd.arg(flag).arg(work.join(sub));
-    }
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().expect("dup"))
-        .stderr(out)
-        .spawn()
-        .expect("spawn puppet");
-    let start = Instant::now();
-    let code = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status.code().unwrap_or(-1);
-        }
-        if start.elapsed() > Duration::from_secs(180) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("puppet plugin download did not finish in 180 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    (code, std::fs::read_to_string(&out_path).unwrap_or_default())
-}
 
 /// The harness's independent merged mount, with or without modes (Puppet
 /// applies source modes only to facts.d: PROTOCOL.md §4.5).
@@ -173,20 +97,28 @@ fn tree() -> EnvTree {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stock_puppet_plugin_download_syncs_from_our_master() {
-    let Some(puppet) = puppet() else { return };
+    let Some(puppet) = require("puppet", "puppet", "puppet_compat") else {
+        return;
+    };
     let (tree, pki) = (tree(), Pki::new());
     let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
     let work = tempfile::tempdir().unwrap();
-    // Puppet creates libdir and facts.d only inside an existing vardir.
-    std::fs::create_dir(work.path().join("var")).unwrap();
     let env_dir = tree.envpath().join("production");
-    let (lib, facts) = (work.path().join("var/lib"), work.path().join("var/facts.d"));
-    let port = master.addr.port();
-    let ssl = pki.ssldir.clone();
+    let agent = std::sync::Arc::new(PuppetAgent::new(
+        &puppet,
+        work.path(),
+        &pki.ssldir,
+        "node1",
+        master.addr.port(),
+    ));
+    let (lib, facts) = (agent.libdir(), agent.factsdir());
 
     let run = |env: &'static str| {
-        let (puppet, work, ssl) = (puppet.clone(), work.path().to_owned(), ssl.clone());
-        tokio::task::spawn_blocking(move || plugin_download(&puppet, &work, &ssl, port, env))
+        let agent = agent.clone();
+        tokio::task::spawn_blocking(move || {
+            let r = agent.plugin_download(env);
+            (r.code, r.output)
+        })
     };
 
     let (code, out) = run("production").await.unwrap();

@@ -10,6 +10,7 @@
 //!   its port read from its log; killed on drop.
 //! - [`client`] and [`raw_get`]: an mTLS reqwest client, and a raw HTTP/1.1
 //!   request over TLS for paths a URL library would normalise (`..`).
+//! - [`puppet`]: stock Puppet agents and a throwaway Puppet Server.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -24,6 +25,8 @@ use pluginsync_master::config::MasterConfig;
 use pluginsync_master::devcerts::{self, DevCertsOptions};
 use pluginsync_master::store::Store;
 use sha2::Digest;
+
+pub mod puppet;
 
 /// The agent certnames every [`Pki`] has.
 pub const AGENTS: [&str; 3] = ["node1", "node2", "revoked"];
@@ -582,12 +585,22 @@ pub struct AgentRun {
 impl AgentHome {
     /// A home syncing from `servers`, plus `extra` TOML (top-level keys).
     pub fn new(pki: &Pki, servers: &[String], extra: &str) -> AgentHome {
+        AgentHome::with_ssldir(&pki.ssldir, "node1", servers, extra)
+    }
+
+    /// A home syncing from `servers` with `certname`'s files from a
+    /// Puppet-style `ssldir`, plus `extra` TOML (top-level keys).
+    pub fn with_ssldir(
+        ssldir: &Path,
+        certname: &str,
+        servers: &[String],
+        extra: &str,
+    ) -> AgentHome {
         let dir = tempfile::tempdir().expect("tempdir");
         let servers: Vec<String> = servers.iter().map(|s| format!("{s:?}")).collect();
         let toml = format!(
-            "servers = [{}]\nlibdir = \"lib\"\nfactsdir = \"facts.d\"\nvardir = \"var\"\ntimeout = \"60s\"\nretries = 2\n{extra}\n[tls]\nssldir = {:?}\ncertname = \"node1\"\n",
+            "servers = [{}]\nlibdir = \"lib\"\nfactsdir = \"facts.d\"\nvardir = \"var\"\ntimeout = \"60s\"\nretries = 2\n{extra}\n[tls]\nssldir = {ssldir:?}\ncertname = {certname:?}\n",
             servers.join(", "),
-            pki.ssldir
         );
         std::fs::write(dir.path().join("agent.toml"), toml).expect("write config");
         AgentHome { dir }

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""A throwaway Puppet Server 7 (Debian's `puppetserver` package) in one directory.
+
+Used by the end-to-end test tests/e2e/puppet_server.rs and by bench/run.py, so both start
+Puppet Server the same way. Nothing outside DIR is written: its own puppet.conf, conf.d,
+logback files, CA, ssldir, code and var directories; it binds 127.0.0.1 only; its access log
+(DIR/log/access.log: client, request line, status, bytes, ms) is what tests count requests in.
+
+  setup    --dir DIR --port PORT   write the configuration, create the CA (`puppetserver ca
+                                   setup`) and the server certificate for `localhost`
+  serve    --dir DIR               exec the JVM in the foreground (the caller kills it)
+  wait     --dir DIR [--timeout S] wait until the server says it is ready (its restart file)
+  generate --dir DIR --certname N [--san a,b]
+                                   sign a certificate through the running server's CA API;
+                                   files land in DIR/ssl (Puppet's ssldir layout)
+  start    --dir DIR --port PORT   setup + serve in the background + wait; prints the PID
+
+Code goes under DIR/code/environments/<env>/modules/... (Puppet's environmentpath).
+stdlib only. JAVA_ARGS overrides the JVM flags (default -Xms256m -Xmx768m).
+"""
+import argparse, os, subprocess, sys, time
+
+JAR = "/usr/share/puppetserver/puppetserver.jar"
+BOOTSTRAP = "/etc/puppet/puppetserver/services.d"
+PACKAGED_CONFD = "/etc/puppet/puppetserver/conf.d"
+
+
+def installed():
+    """True when Debian's puppetserver package (the jar and the CA tool) is present."""
+    return os.path.isfile(JAR) and os.path.isfile("/usr/bin/puppetserver")
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def puppet_conf(d):
+    return os.path.join(d, "conf", "puppet.conf")
+
+
+def setup(d, port):
+    """Writes every configuration file and creates the CA. Idempotent for the CA."""
+    d = os.path.abspath(d)
+    for sub in ("conf", "code/environments", "var", "server-var", "log", "run", "ssl", "jruby-gems"):
+        os.makedirs(os.path.join(d, sub), exist_ok=True)
+    write(puppet_conf(d), f"""[main]
+server = localhost
+serverport = {port}
+certname = localhost
+ssldir = {d}/ssl
+vardir = {d}/var
+codedir = {d}/code
+logdir = {d}/log
+rundir = {d}/run
+[server]
+cadir = {d}/ca
+""")
+    confd = os.path.join(d, "conf.d")
+    os.makedirs(confd, exist_ok=True)
+    # auth.conf, routes and metrics exactly as packaged: the default rules are part of what
+    # a stock server is.
+    for name in ("auth.conf", "web-routes.conf", "metrics.conf"):
+        with open(os.path.join(PACKAGED_CONFD, name)) as f:
+            write(os.path.join(confd, name), f.read())
+    # The master's certificate for pluginsync is requested with subject alt names.
+    write(os.path.join(confd, "ca.conf"), "certificate-authority: {\n    allow-subject-alt-names: true\n}\n")
+    write(os.path.join(confd, "global.conf"), f"global: {{\n    logging-config: {d}/logback.xml\n}}\n")
+    write(os.path.join(confd, "webserver.conf"), f"""webserver: {{
+    access-log-config: {d}/request-logging.xml
+    client-auth: want
+    ssl-host: 127.0.0.1
+    ssl-port: {port}
+}}
+""")
+    write(os.path.join(confd, "puppetserver.conf"), f"""jruby-puppet: {{
+    ruby-load-path: [/usr/lib/puppetserver/ruby/vendor_ruby]
+    gem-home: {d}/jruby-gems
+    gem-path: [${{jruby-puppet.gem-home}}, "/usr/lib/puppetserver/vendored-jruby-gems"]
+    server-conf-dir: {d}/conf
+    server-code-dir: {d}/code
+    server-var-dir: {d}/server-var
+    server-run-dir: {d}/run
+    server-log-dir: {d}/log
+    max-active-instances: 1
+}}
+http-client: {{}}
+profiler: {{}}
+""")
+    write(os.path.join(d, "logback.xml"), f"""<configuration>
+  <appender name="F" class="ch.qos.logback.core.FileAppender">
+    <file>{d}/log/puppetserver.log</file>
+    <encoder><pattern>%d %-5p [%c{{2}}] %m%n</pattern></encoder>
+  </appender>
+  <root level="info"><appender-ref ref="F"/></root>
+</configuration>
+""")
+    write(os.path.join(d, "request-logging.xml"), f"""<configuration>
+  <appender name="F" class="ch.qos.logback.core.FileAppender">
+    <file>{d}/log/access.log</file>
+    <encoder><pattern>%h "%r" %s %b %D</pattern></encoder>
+  </appender>
+  <appender-ref ref="F" />
+</configuration>
+""")
+    if not os.path.isfile(os.path.join(d, "ca", "ca_crt.pem")):
+        subprocess.run(["puppetserver", "ca", "setup", "--config", puppet_conf(d),
+                        "--certname", "localhost", "--subject-alt-names", "localhost,127.0.0.1"],
+                       check=True, stdout=subprocess.DEVNULL)
+
+
+def java_cmd(d):
+    d = os.path.abspath(d)
+    args = os.environ.get("JAVA_ARGS", "-Xms256m -Xmx768m").split()
+    return ["java", *args, "-Djruby.lib=/usr/share/jruby/lib", "-XX:+CrashOnOutOfMemoryError",
+            "-jar", JAR, "--config", os.path.join(d, "conf.d"), "--bootstrap-config", BOOTSTRAP,
+            "--restart-file", os.path.join(d, "run", "restart")]
+
+
+def restart_file(d):
+    return os.path.join(os.path.abspath(d), "run", "restart")
+
+
+def serve(d):
+    """Replaces this process with the JVM (so a caller's PID is the server's)."""
+    with open(restart_file(d), "w") as f:
+        f.write("0")
+    cmd = java_cmd(d)
+    os.execvp(cmd[0], cmd)
+
+
+def wait(d, timeout, pid=None):
+    """Waits until the restart file says 1 (Trapperkeeper writes it once every service is up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(restart_file(d)) as f:
+                if f.read(1) == "1":
+                    return
+        except FileNotFoundError:
+            pass
+        if pid is not None:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                raise SystemExit(f"error: puppetserver exited while starting; see {d}/log/puppetserver.log")
+        time.sleep(0.5)
+    raise SystemExit(f"error: puppetserver not ready after {timeout} s; see {d}/log/puppetserver.log")
+
+
+def generate(d, certname, sans=None):
+    """Has the running server's CA sign a new certificate for certname (keys in DIR/ssl)."""
+    cmd = ["puppetserver", "ca", "generate", "--config", puppet_conf(d), "--certname", certname]
+    if sans:
+        cmd += ["--subject-alt-names", sans]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    cert = os.path.join(os.path.abspath(d), "ssl", "certs", f"{certname}.pem")
+    if not os.path.isfile(cert):
+        raise SystemExit(f"error: the CA did not sign {certname}; see {d}/log/puppetserver.log")
+
+
+def start(d, port, timeout=300):
+    """setup + the JVM in the background + wait; returns the Popen (its own process group)."""
+    setup(d, port)
+    with open(restart_file(d), "w") as f:
+        f.write("0")
+    out = open(os.path.join(os.path.abspath(d), "log", "stdout.log"), "w")
+    p = subprocess.Popen(java_cmd(d), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        wait(d, timeout, p.pid)
+    except BaseException:
+        p.kill()
+        raise
+    return p
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("action", choices=["setup", "serve", "wait", "generate", "start"])
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--certname")
+    ap.add_argument("--san")
+    a = ap.parse_args()
+    if not installed():
+        raise SystemExit("error: puppetserver is not installed (apt-get install puppetserver)")
+    if a.action in ("setup", "start") and not a.port:
+        raise SystemExit(f"error: {a.action} needs --port")
+    if a.action == "setup":
+        setup(a.dir, a.port)
+    elif a.action == "serve":
+        serve(a.dir)
+    elif a.action == "wait":
+        wait(a.dir, a.timeout)
+    elif a.action == "generate":
+        if not a.certname:
+            raise SystemExit("error: generate needs --certname")
+        generate(a.dir, a.certname, a.san)
+    elif a.action == "start":
+        print(start(a.dir, a.port, a.timeout).pid, flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except subprocess.CalledProcessError as e:
+        print(f"error: {' '.join(e.cmd[:3])} failed with exit code {e.returncode}", file=sys.stderr)
+        sys.exit(1)
