@@ -1,7 +1,10 @@
 //! Two masters behind HAProxy in TCP passthrough (issue "Real peers",
 //! must-show 3): 100 agent syncs through `packaging/haproxy.cfg` while one
 //! master is killed and later restarted, with a change on the tree in
-//! between: no sync fails, and every sync ends with the same tree.
+//! between: no sync fails, and every sync ends with the same tree. Then the
+//! ETag: both replicas give the one the balancer gave, and a conditional
+//! request through the balancer still gets its 304 after the backend that
+//! served the first request has died.
 //!
 //! Skipped with a message when `haproxy` is not installed, except under CI
 //! (`CI` set), where `.ci/run` installs it.
@@ -11,24 +14,34 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pluginsync_tests::{
-    AgentHome, EnvTree, MasterProcess, Pki, closed_port, config_toml, merged_mount, tree_snapshot,
+    AgentHome, EnvTree, MasterProcess, Pki, client, closed_port, config_toml, merged_mount,
+    require, tree_snapshot,
 };
 
-fn haproxy() -> Option<std::path::PathBuf> {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .chain([Path::new("/usr/sbin").to_owned()])
-        .map(|d| d.join("haproxy"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "haproxy is not installed but CI is set: .ci/run must install it"
-        );
-        eprintln!("SKIPPED haproxy_lb: `haproxy` not installed (apt-get install haproxy)");
-    }
-    found
+use crate::common::pluginsync_query;
+
+/// A fresh connection's conditional GET of the plugins listing at `base`:
+/// (status, ETag).
+fn conditional_get(pki: &Pki, base: &str, etag: Option<&str>) -> (u16, Option<String>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut req = client(pki, Some("node1")).get(format!(
+            "{base}/puppet/v3/file_metadatas/plugins?{}",
+            pluginsync_query("use", "follow", "production")
+        ));
+        if let Some(tag) = etag {
+            req = req.header("If-None-Match", tag);
+        }
+        let resp = req.send().await.expect("request");
+        let tag = resp
+            .headers()
+            .get("etag")
+            .map(|v| v.to_str().unwrap().to_owned());
+        (resp.status().as_u16(), tag)
+    })
 }
 
 struct Haproxy(Child);
@@ -51,7 +64,9 @@ fn wait_port(port: u16) {
 
 #[test]
 fn syncs_survive_a_master_dying_behind_haproxy() {
-    let Some(haproxy) = haproxy() else { return };
+    let Some(haproxy) = require("haproxy", "haproxy", "haproxy_lb") else {
+        return;
+    };
     let (tree, pki) = (EnvTree::new(), Pki::new());
     tree.generate("production", 6, 20, 21);
     let dir = tempfile::tempdir().unwrap();
@@ -125,4 +140,24 @@ fn syncs_survive_a_master_dying_behind_haproxy() {
     assert_eq!(tree_snapshot(&home.libdir()), merged_mount(&env_dir, "lib"));
     assert!(home.libdir().join("facter/during_outage.rb").is_file());
     assert!(home.libdir().join("facter/after_restart.rb").is_file());
+
+    // The same ETag from the balancer and from each replica.
+    let front_url = format!("https://localhost:{front}");
+    let (status, etag) = conditional_get(&pki, &front_url, None);
+    let etag = etag.filter(|_| status == 200).expect("a 200 with an ETag");
+    for port in [p1, p2] {
+        assert_eq!(
+            conditional_get(&pki, &format!("https://localhost:{port}"), Some(&etag)),
+            (304, Some(etag.clone())),
+            "replica on port {port} does not revalidate the balancer's ETag"
+        );
+    }
+    // Kill one backend: every conditional request through the balancer is
+    // still a 304 (from the other), and the agent's no-op stays silent.
+    drop(m1.take());
+    for _ in 0..10 {
+        assert_eq!(conditional_get(&pki, &front_url, Some(&etag)).0, 304);
+    }
+    let run = home.sync(&[]);
+    assert_eq!((run.code, run.stdout.as_str()), (0, ""), "{run:?}");
 }

@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use pluginsync_tests::puppet::{PuppetAgent, require};
+use pluginsync_tests::puppet::PuppetAgent;
 use pluginsync_tests::{
-    EnvTree, Pki, TestMaster, client, config_toml, parse_config, tree_snapshot, wait_for,
+    EnvTree, Pki, TestMaster, client, config_toml, parse_config, require, tree_snapshot, wait_for,
 };
 
 /// The harness's independent merged mount, with or without modes (Puppet

@@ -20,8 +20,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use pluginsync_tests::puppet::{PuppetAgent, PuppetServer, gen_tree, requests, require};
-use pluginsync_tests::{AgentHome, TestMaster, merged_mount, parse_config, tree_snapshot};
+use pluginsync_tests::puppet::{PuppetAgent, PuppetServer, gen_tree, requests};
+use pluginsync_tests::{AgentHome, TestMaster, merged_mount, parse_config, require, tree_snapshot};
 
 const TEST: &str = "puppet_server";
 

@@ -787,3 +787,86 @@ pub fn closed_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
 }
+
+/// The repository's root directory.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_owned()
+}
+
+/// `name` on PATH (or in /usr/sbin, /sbin).
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        // Debian's daemons (haproxy) live in sbin, not on a user's PATH.
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// `tool` (from Debian's `package`) on PATH, or `None` after printing
+/// `SKIPPED <test>: …`: a test that needs a real peer calls this first.
+/// Under CI (`CI` set) `.ci/run` installs the packages, and a missing one
+/// is a failure, not a skip.
+pub fn require(tool: &str, package: &str, test: &str) -> Option<PathBuf> {
+    let found = which(tool);
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{tool} is not installed but CI is set: .ci/run must install Debian's {package} package"
+        );
+        eprintln!("SKIPPED {test}: `{tool}` not installed (apt-get install {package})");
+    }
+    found
+}
+
+/// What a child process did.
+#[derive(Debug)]
+pub struct Finished {
+    /// Exit code (-1 when killed by a signal).
+    pub code: i32,
+    /// Standard output and error, interleaved.
+    pub output: String,
+}
+
+/// Runs `cmd` with stdout and stderr into one log file under `dir`; kills
+/// it after `limit`.
+pub fn run_logged(mut cmd: Command, dir: &Path, limit: Duration) -> Finished {
+    let log = dir.join(format!(
+        "run-{}.log",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+    ));
+    let out = std::fs::File::create(&log).expect("log file");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("dup"))
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {:?}: {e}", cmd.get_program()));
+    let start = Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status.code().unwrap_or(-1);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{:?} did not finish in {limit:?}:\n{}",
+                cmd.get_program(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Finished {
+        code,
+        output: std::fs::read_to_string(&log).unwrap_or_default(),
+    }
+}

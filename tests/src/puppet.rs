@@ -3,92 +3,13 @@
 //! a throwaway Puppet Server 7 started by `scripts/puppetserver_sandbox.py`
 //! (the same script the bench uses).
 //!
-//! A test that needs a peer calls [`require`] first: without the package it
-//! prints `SKIPPED <test>: …` and returns `None`, except under CI (`CI`
-//! set), where `.ci/run` installs the packages and a missing one fails.
+//! A test that needs a peer calls [`crate::require`] first.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The repository's root directory.
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_owned()
-}
-
-/// `name` on PATH.
-pub fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-/// `tool` (from Debian's `package`) on PATH, or `None` after printing
-/// `SKIPPED <test>`. Under CI a missing tool is a failure.
-pub fn require(tool: &str, package: &str, test: &str) -> Option<PathBuf> {
-    let found = which(tool);
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{tool} is not installed but CI is set: .ci/run must install Debian's {package} package"
-        );
-        eprintln!("SKIPPED {test}: `{tool}` not installed (apt-get install {package})");
-    }
-    found
-}
-
-/// What a child process did.
-#[derive(Debug)]
-pub struct Finished {
-    /// Exit code (-1 when killed by a signal).
-    pub code: i32,
-    /// Standard output and error, interleaved.
-    pub output: String,
-}
-
-/// Runs `cmd` with stdout and stderr into one log file under `dir`; kills
-/// it after `limit`.
-pub fn run_logged(mut cmd: Command, dir: &Path, limit: Duration) -> Finished {
-    let log = dir.join(format!(
-        "run-{}.log",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos()
-    ));
-    let out = std::fs::File::create(&log).expect("log file");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().expect("dup"))
-        .stderr(out)
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {:?}: {e}", cmd.get_program()));
-    let start = Instant::now();
-    let code = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status.code().unwrap_or(-1);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{:?} did not finish in {limit:?}:\n{}",
-                cmd.get_program(),
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    Finished {
-        code,
-        output: std::fs::read_to_string(&log).unwrap_or_default(),
-    }
-}
+use crate::{Finished, repo_root, run_logged, which};
 
 /// A stock Puppet agent with every directory of its own under `work`
 /// (confdir, vardir, codedir, logdir, rundir, publicdir; libdir
