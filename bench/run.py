@@ -15,14 +15,16 @@ Then the master's load figures (pluginsync-load: HTTPS with a client certificate
 keep-alive like Puppet's agent) and its memory. --big adds a 50,000-file environment: master
 memory with it loaded and the agent's no-op time on it.
 
-Puppet: a stock `puppet plugin download` against the pluginsync master is timed when `puppet` is
-installed (the Puppet agent's own cost). A Puppet Server column is not automated yet: the table says
-so instead of printing numbers.
+Puppet, when installed: a stock `puppet plugin download` against a throwaway Puppet Server 7
+(scripts/puppetserver_sandbox.py, its own CA and a copy of the same environment; needs the
+`puppet` and `puppetserver` packages) -- the Puppet column of the speed issue, with its request
+count and server CPU -- and the same stock agent against the pluginsync master. --puppet-runs sets
+how many times the Puppet columns run (an initial Puppet sync takes ~30 s).
 
-usage: python3 bench/run.py [--runs 5] [--files 3000] [--modules 60] [--seed 1] [--big]
-                            [--shared DIR] [--work DIR] [--keep] [--no-build]
+usage: python3 bench/run.py [--runs 5] [--puppet-runs 3] [--files 3000] [--modules 60] [--seed 1]
+                            [--big] [--no-puppet-server] [--shared DIR] [--work DIR] [--keep] [--no-build]
 """
-import argparse, json, os, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
+import argparse, importlib.util, json, os, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REL = os.path.join(ROOT, "target", "release")
@@ -32,6 +34,22 @@ TARGETS = {  # scenario -> (ratio to rsync, absolute seconds) from the speed iss
     "1%": (0.5, 0.040),
 }
 procs = []
+
+
+def load_sandbox():
+    """scripts/puppetserver_sandbox.py, the one way the tests and the bench start Puppet Server."""
+    spec = importlib.util.spec_from_file_location("puppetserver_sandbox",
+                                                  os.path.join(ROOT, "scripts", "puppetserver_sandbox.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def log(msg):
@@ -136,17 +154,21 @@ def main():
     ap.add_argument("--modules", type=int, default=60)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--big", action="store_true", help="also a 50,000-file environment")
-    ap.add_argument("--shared", default=os.path.join(os.path.dirname(ROOT), "shared"))
+    ap.add_argument("--puppet-runs", type=int, default=3, help="runs of the Puppet columns")
+    ap.add_argument("--no-puppet-server", action="store_true", help="skip the Puppet Server column")
+    ap.add_argument("--shared", default=None,
+                    help="a directory holding bench/gen_tree.py and bench/mutate.py (default: bench/vendor's copies)")
     ap.add_argument("--work", default=None)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--load-seconds", type=int, default=5)
     a = ap.parse_args()
 
-    gen = os.path.join(a.shared, "bench", "gen_tree.py")
-    mutate = os.path.join(a.shared, "bench", "mutate.py")
+    gen_dir = os.path.join(a.shared, "bench") if a.shared else os.path.join(ROOT, "bench", "vendor")
+    gen = os.path.join(gen_dir, "gen_tree.py")
+    mutate = os.path.join(gen_dir, "mutate.py")
     if not os.path.isfile(gen):
-        raise SystemExit(f"error: {gen} not found (pass --shared DIR, the directory holding bench/gen_tree.py)")
+        raise SystemExit(f"error: {gen} not found (--shared DIR must hold bench/gen_tree.py)")
     if not shutil.which("rsync"):
         raise SystemExit("error: rsync is not installed (apt-get install rsync)")
     if not a.no_build:
@@ -227,53 +249,98 @@ def bench(a, work, gen, mutate, results):
     rnode = os.path.join(work, "rnode")
     rsync = ["rsync", "-a", "--delete", f"rsync://127.0.0.1:{rport}/plugins/", rnode + "/"]
     puppet = shutil.which("puppet")
-    pnode = os.path.join(work, "pnode")
 
-    def puppet_cmd():
+    def puppet_cmd(pnode, pport, pssl):
         return [puppet, "plugin", "download", "--color", "false", "--certname", "bench-node", "--server", "localhost",
-                "--serverport", str(port), "--environment", "production", "--ssldir", ssl,
+                "--serverport", str(pport), "--environment", "production", "--ssldir", pssl,
                 "--confdir", f"{pnode}/conf", "--vardir", f"{pnode}/var", "--codedir", f"{pnode}/code",
-                "--logdir", f"{pnode}/log", "--rundir", f"{pnode}/run", "--libdir", f"{pnode}/var/lib",
-                "--pluginfactdest", f"{pnode}/var/facts.d"]
+                "--logdir", f"{pnode}/log", "--rundir", f"{pnode}/run", "--publicdir", f"{pnode}/public",
+                "--libdir", f"{pnode}/var/lib", "--pluginfactdest", f"{pnode}/var/facts.d"]
 
-    tools = {"pluginsync": agent, "rsync": rsync}
+    # tool -> (command, what an initial run empties, runs, is Puppet)
+    tools = {"pluginsync": (agent, node, a.runs, False), "rsync": (rsync, rnode, a.runs, False)}
+    ps_env = None
+    ps = None
+    results["puppet_server"] = {}
+    if not puppet:
+        results["puppet_server"]["note"] = "not measured: puppet is not installed (apt-get install puppet puppetserver)"
+    elif a.no_puppet_server:
+        results["puppet_server"]["note"] = "not measured: --no-puppet-server"
+    else:
+        sandbox = load_sandbox()
+        if not sandbox.installed():
+            results["puppet_server"]["note"] = "not measured: puppetserver is not installed (apt-get install puppetserver)"
+        else:
+            psdir = os.path.join(work, "puppetserver")
+            psport = free_port()
+            sandbox.setup(psdir, psport)
+            ps_env = os.path.join(psdir, "code", "environments", "production")
+            shutil.copytree(env, ps_env, symlinks=True)
+            log(f"starting Puppet Server on 127.0.0.1:{psport} (a JVM: ~20-60 s)")
+            ps = sandbox.start(psdir, psport)
+            procs.append(ps)
+            sandbox.generate(psdir, "bench-node")
+            pnode = os.path.join(work, "pnode-ps")
+            tools["puppet agent -> Puppet Server"] = (
+                puppet_cmd(pnode, psport, os.path.join(psdir, "ssl")), pnode, a.puppet_runs, True)
+            access_log = os.path.join(psdir, "log", "access.log")
     if puppet:
-        tools["puppet agent -> pluginsync master"] = None
+        pnode = os.path.join(work, "pnode")
+        tools["puppet agent -> pluginsync master"] = (puppet_cmd(pnode, port, ssl), pnode, a.puppet_runs, True)
+
+    def requests_so_far():
+        with open(access_log) as f:
+            return sum(1 for _ in f)
+
+    ps_cost = {}  # scenario -> {"requests": [...], "cpu_s": [...]}
+
+    def timed_tool(scenario, t):
+        cmd, _, _, _ = tools[t]
+        if t != "puppet agent -> Puppet Server":
+            return timed(cmd)
+        r0, c0 = requests_so_far(), cpu_seconds(ps.pid)
+        dt = timed(cmd)
+        cost = ps_cost.setdefault(scenario, {"requests": [], "cpu_s": []})
+        cost["requests"].append(requests_so_far() - r0)
+        cost["cpu_s"].append(cpu_seconds(ps.pid) - c0)
+        return dt
+
     sc = results["scenarios"]
     for name in ("initial", "noop", "1%"):
         sc[name] = {t: [] for t in tools}
     for i in range(a.runs):
         log(f"initial, run {i+1}/{a.runs}")
-        for t in tools:
-            if t == "pluginsync":
-                shutil.rmtree(node, ignore_errors=True)
-                sc["initial"][t].append(timed(agent))
-            elif t == "rsync":
-                shutil.rmtree(rnode, ignore_errors=True)
-                sc["initial"][t].append(timed(rsync))
-            else:
-                shutil.rmtree(pnode, ignore_errors=True)
-                os.makedirs(f"{pnode}/var")
-                sc["initial"][t].append(timed(puppet_cmd()))
+        for t, (cmd, dest, runs, is_puppet) in tools.items():
+            if i >= runs:
+                continue
+            shutil.rmtree(dest, ignore_errors=True)
+            if is_puppet:
+                os.makedirs(f"{dest}/var")  # Puppet creates its libdir only inside an existing vardir
+            sc["initial"][t].append(timed_tool("initial", t))
     for i in range(a.runs):
         log(f"noop, run {i+1}/{a.runs}")
-        for t in tools:
-            sc["noop"][t].append(timed(puppet_cmd() if tools[t] is None else tools[t]))
+        for t, (_, _, runs, _) in tools.items():
+            if i < runs:
+                sc["noop"][t].append(timed_tool("noop", t))
     for i in range(a.runs):
         log(f"1% change, run {i+1}/{a.runs}")
-        run([sys.executable, mutate, env, "--layout", "env", "--percent", "1", "--rev", str(i + 1)], stdout=subprocess.DEVNULL)
-        run([sys.executable, mutate, merged + "/lib", "--layout", "merged", "--percent", "1", "--rev", str(i + 1)],
-            stdout=subprocess.DEVNULL)
+        for root, layout in [(env, "env"), (merged + "/lib", "merged")] + ([(ps_env, "env")] if ps_env else []):
+            run([sys.executable, mutate, root, "--layout", layout, "--percent", "1", "--rev", str(i + 1)],
+                stdout=subprocess.DEVNULL)
         time.sleep(1.0)  # the master re-indexes (200 ms debounce); not timed
-        for t in tools:
-            sc["1%"][t].append(timed(puppet_cmd() if tools[t] is None else tools[t]))
+        for t, (_, _, runs, _) in tools.items():
+            if i < runs:
+                sc["1%"][t].append(timed_tool("1%", t))
     for name in sc:
         for t in sc[name]:
             sc[name][t] = stats(sc[name][t])
-    results["puppet_server"] = (
-        "not measured: driving a Puppet Server (CA, certificates, startup) is not automated in this bench yet"
-        if shutil.which("puppetserver")
-        else "not measured: puppetserver is not installed")
+    for name, cost in ps_cost.items():
+        results["puppet_server"][name] = {"requests": statistics.median(cost["requests"]),
+                                          "cpu_s": statistics.median(cost["cpu_s"])}
+    if ps is not None:
+        results["memory"]["Puppet Server (JVM), after the Puppet runs"] = rss(ps.pid)
+        ps.terminate()
+        ps.wait(30)
 
     # Master load, with the bench node's certificate.
     load = [os.path.join(REL, "pluginsync-load"), "--ca", f"{ssl}/certs/ca.pem", "--cert", f"{ssl}/certs/bench-node.pem",
@@ -323,16 +390,25 @@ def print_table(r):
     print(f"\nmachine: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB, Linux {m['kernel']}; "
           f"{r['params']['files']} plugin files in {r['params']['modules']} modules, seed {r['params']['seed']}, "
           f"{r['params']['runs']} runs each\n")
-    hdr = "| scenario | " + " | ".join(f"{t} median (min–max)" for t in tools) + " | pluginsync / rsync | target |"
+    ps_col = "puppet agent -> Puppet Server"
+    extra = ["pluginsync / Puppet Server"] if ps_col in tools else []
+    hdr = ("| scenario | " + " | ".join(f"{t} median (min–max)" for t in tools) + " | pluginsync / rsync | "
+           + "".join(f"{e} | " for e in extra) + "target |")
     print(hdr)
-    print("|" + "---|" * (len(tools) + 3))
+    print("|" + "---|" * (len(tools) + 3 + len(extra)))
     for name, per in sc.items():
         cells = [f"{fmt_s(per[t]['median'])} ({fmt_s(per[t]['min'])}–{fmt_s(per[t]['max'])})" for t in tools]
         ratio = per["pluginsync"]["median"] / per["rsync"]["median"]
         tr, ta = TARGETS[name]
         ok = "met" if ratio <= tr else "MISSED"
-        print(f"| {name} | " + " | ".join(cells) + f" | {ratio:.2f}× | ≤ {tr}× rsync: {ok} |")
-    print(f"\nPuppet Server: {r['puppet_server']}")
+        ps_ratio = "".join(f"{per['pluginsync']['median'] / per[ps_col]['median']:.3f}× | " for _ in extra)
+        print(f"| {name} | " + " | ".join(cells) + f" | {ratio:.2f}× | {ps_ratio}≤ {tr}× rsync: {ok} |")
+    ps = r["puppet_server"]
+    if "note" in ps:
+        print(f"\nPuppet Server: {ps['note']}")
+    else:
+        print("\nPuppet Server's cost per `puppet plugin download` (median): "
+              + "; ".join(f"{k}: {v['requests']:.0f} requests, {v['cpu_s']:.1f} s server CPU" for k, v in ps.items()))
     print("\n| master load (HTTPS, client certificate, HTTP/1.1 keep-alive) | req/s | p50 | p99 | errors |")
     print("|---|---|---|---|---|")
     for k, v in r["load"].items():
