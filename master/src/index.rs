@@ -10,6 +10,7 @@
 //! content-derived ETag, and gzipped at most once.
 
 use std::collections::{HashMap, VecDeque};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -310,10 +311,11 @@ impl MountIndex {
 
 /// A serialised listing, ready to send.
 ///
-/// Large listings (4 MiB or more) are kept only gzipped (a 50,000-file listing is 17 MB of
-/// JSON and 2.6 MB gzipped; both pluginsync's and Puppet's agents ask for
-/// gzip), and inflated for the rare client that does not take it. Small
-/// ones are kept as they are and gzipped on first use.
+/// Built by streaming the entries through a hasher (the ETag) and a gzip
+/// encoder. Large listings (4 MiB or more) are kept only gzipped (a
+/// 50,000-file listing is 17 MB of JSON and ~5.7 MB gzipped; both
+/// pluginsync's and Puppet's agents ask for gzip), and inflated for the rare
+/// client that does not take it. Small ones are kept both ways.
 #[derive(Debug)]
 pub struct CachedListing {
     plain: Option<Bytes>,
@@ -384,6 +386,62 @@ impl CachedListing {
             Some(b) => b.len() * 2,
             None => self.gzip.get().map_or(0, |g| g.len()),
         }
+    }
+}
+
+/// Where a listing is serialised: hashes it for the ETag, gzips it, and
+/// keeps a plain copy only while it stays under [`KEEP_GZIPPED`].
+struct ListingWriter {
+    hasher: sha2::Sha256,
+    plain: Option<Vec<u8>>,
+    gz: flate2::write::GzEncoder<Vec<u8>>,
+    len: usize,
+}
+
+impl ListingWriter {
+    fn new() -> Self {
+        ListingWriter {
+            hasher: sha2::Sha256::default(),
+            plain: Some(Vec::new()),
+            gz: flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6)),
+            len: 0,
+        }
+    }
+
+    fn finish(self, count: usize) -> CachedListing {
+        use sha2::Digest;
+        let digest = self.hasher.finalize();
+        let gz = OnceLock::new();
+        // Writing to a Vec cannot fail.
+        let _ = gz.set(Bytes::from(self.gz.finish().unwrap_or_default()));
+        CachedListing {
+            plain: self.plain.map(Bytes::from),
+            gzip: gz,
+            etag: format!("\"{}\"", hex_lower(&digest[..20])),
+            count,
+            len: self.len,
+        }
+    }
+}
+
+impl std::io::Write for ListingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use sha2::Digest;
+        self.hasher.update(buf);
+        self.len += buf.len();
+        if let Some(plain) = &mut self.plain {
+            if plain.len() + buf.len() >= KEEP_GZIPPED {
+                self.plain = None;
+            } else {
+                plain.extend_from_slice(buf);
+            }
+        }
+        self.gz.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -571,10 +629,29 @@ impl EnvIndex {
         if let Some(hit) = self.lock_responses().map.get(&key) {
             return Ok(hit.clone());
         }
-        let entries = self.search(mount, params)?;
-        let body =
-            serde_json::to_vec(&entries).map_err(|e| ListingError::Internal(e.to_string()))?;
-        let listing = Arc::new(CachedListing::new(body, entries.len()));
+        // Streamed: entries are serialised one at a time into the hasher
+        // (ETag), the gzip encoder and, while small, a plain copy, so the
+        // whole JSON document and the entry vector never exist at once (for
+        // 50,000 files they would be 17 MB plus their growth, and the
+        // allocator keeps such a peak as resident memory).
+        let mut sink = ListingWriter::new();
+        let mut out = std::io::BufWriter::with_capacity(64 << 10, &mut sink);
+        let mut count = 0usize;
+        let io = |e: std::io::Error| ListingError::Internal(e.to_string());
+        out.write_all(b"[").map_err(io)?;
+        self.for_each_entry(mount, params, |entry| {
+            if count > 0 {
+                out.write_all(b",").map_err(io)?;
+            }
+            serde_json::to_writer(&mut out, &entry)
+                .map_err(|e| ListingError::Internal(e.to_string()))?;
+            count += 1;
+            Ok(())
+        })?;
+        out.write_all(b"]").map_err(io)?;
+        out.flush().map_err(io)?;
+        drop(out);
+        let listing = Arc::new(sink.finish(count));
         self.lock_responses()
             .insert(key, listing.clone(), self.cache_capacity, self.cache_bytes);
         Ok(listing)
@@ -590,10 +667,25 @@ impl EnvIndex {
         mount: Mount,
         params: &SearchParams,
     ) -> Result<Vec<FileMetadata>, ListingError> {
+        let mut entries = Vec::new();
+        self.for_each_entry(mount, params, |e| {
+            entries.push(e);
+            Ok(())
+        })?;
+        Ok(entries)
+    }
+
+    /// Calls `f` with each entry of a `file_metadatas` answer, in order.
+    fn for_each_entry(
+        &self,
+        mount: Mount,
+        params: &SearchParams,
+        mut f: impl FnMut(FileMetadata) -> Result<(), ListingError>,
+    ) -> Result<(), ListingError> {
         let m = self.mount(mount);
         if m.roots.is_empty() {
             let (dir, view) = &m.fallback;
-            return Ok(vec![self.entry(dir, ".", view, None, params)?]);
+            return f(self.entry(dir, ".", view, None, params)?);
         }
         let ignore =
             IgnoreSet::new(&params.ignore).map_err(|e| ListingError::BadRequest(e.to_string()))?;
@@ -602,15 +694,15 @@ impl EnvIndex {
         } else {
             Some(0)
         };
-        m.merge(params.links, &ignore, limit, None)
-            .into_iter()
-            .filter_map(|loc| {
-                let node = m.node(loc);
-                let view = node.view(params.links)?;
-                let root = &m.roots[loc.0 as usize];
-                Some(self.entry(&root.dir, node.rel.as_str(), view, Some(node), params))
-            })
-            .collect()
+        for loc in m.merge(params.links, &ignore, limit, None) {
+            let node = m.node(loc);
+            let Some(view) = node.view(params.links) else {
+                continue;
+            };
+            let root = &m.roots[loc.0 as usize];
+            f(self.entry(&root.dir, node.rel.as_str(), view, Some(node), params)?)?;
+        }
+        Ok(())
     }
 
     /// One metadata entry.
@@ -714,6 +806,30 @@ mod tests {
             use_permissions: false,
         };
         (Mount::Plugins, p)
+    }
+
+    #[test]
+    fn streamed_listing_matches_the_whole_body() {
+        for size in [10usize, 3 << 20, 6 << 20] {
+            let body: Vec<u8> = (0..size).map(|i| b"[{\"a\":1},]"[i % 10]).collect();
+            let whole = CachedListing::new(body.clone(), 7);
+            let mut sink = ListingWriter::new();
+            for chunk in body.chunks(4093) {
+                sink.write_all(chunk).unwrap();
+            }
+            let streamed = sink.finish(7);
+            assert_eq!(streamed.etag, whole.etag, "same ETag, size {size}");
+            assert_eq!((streamed.len, streamed.count), (size, 7));
+            assert_eq!(streamed.plain(), Bytes::from(body.clone()));
+            assert_eq!(streamed.plain.is_some(), size < KEEP_GZIPPED);
+            let mut inflated = Vec::new();
+            std::io::Read::read_to_end(
+                &mut flate2::read::GzDecoder::new(&streamed.gzip()[..]),
+                &mut inflated,
+            )
+            .unwrap();
+            assert_eq!(inflated, body);
+        }
     }
 
     #[test]
