@@ -94,8 +94,8 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
         .into_iter()
         .map(|(hex, digest)| {
             let found = envs.iter().find_map(|idx| {
-                let node = idx.blob(&digest)?;
-                Some((node.real.clone(), node.sig?))
+                let (root, node) = idx.blob(&digest)?;
+                Some((node.real_path(&root.canon).into_owned(), node.sig?))
             });
             (hex, found)
         })

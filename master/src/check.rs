@@ -32,7 +32,7 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> anyhow::Result<()> {
             let m = idx.mount(mount);
             let files = m
                 .lookup
-                .values()
+                .iter()
                 .filter(|&&loc| m.node(loc).sig.is_some())
                 .count();
             let dirs = m.lookup.len() - files;

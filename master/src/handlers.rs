@@ -232,7 +232,13 @@ pub async fn file_metadata(
         } else {
             let (root, node) = index.find(mount, &path).ok_or_else(not_found)?;
             let view = node.view(params.links).ok_or_else(not_found)?;
-            index.entry(&root.dir, node.rel.as_str(), view, Some(node), &params)
+            index.entry(
+                &root.dir,
+                node.rel.as_str(),
+                view,
+                Some((root, node)),
+                &params,
+            )
         }
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
         if let Some(rel) = entry.relative_path.take()
@@ -265,7 +271,7 @@ pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<R
     if a.target.path.is_root() {
         return Err(not_found());
     }
-    let (_, node) = a
+    let (root, node) = a
         .index
         .find(a.target.mount, &a.target.path)
         .ok_or_else(not_found)?;
@@ -273,6 +279,7 @@ pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<R
         Some(view) if view.kind == FileType::File && node.has_content() => {
             send_file(
                 req,
+                root,
                 node,
                 CacheControl::Revalidate,
                 &state.store.stats.contents_sent,
@@ -296,6 +303,7 @@ enum CacheControl {
 /// only if it is still the inode (and stat) the index vouched for.
 async fn send_file(
     req: &Parts,
+    root: &crate::index::Root,
     node: &crate::walk::Node,
     cache: CacheControl,
     sent: &std::sync::atomic::AtomicU64,
@@ -311,7 +319,8 @@ async fn send_file(
         )
             .into_response());
     }
-    let real = node.real.clone();
+    let real = node.real_path(&root.canon).into_owned();
+    let shown = real.clone();
     let opened = tokio::task::spawn_blocking(
         move || -> std::io::Result<(std::fs::File, std::fs::Metadata, Option<Vec<u8>>)> {
             let file = std::fs::OpenOptions::new()
@@ -335,7 +344,7 @@ async fn send_file(
     let (file, md, small) = match opened {
         Ok(o) => o,
         Err(e) => {
-            tracing::warn!(path = %node.real.display(), error = %e, "indexed file cannot be opened");
+            tracing::warn!(path = %shown.display(), error = %e, "indexed file cannot be opened");
             return Err(ApiError::unavailable(
                 "the file changed on the master, retry",
                 1,
@@ -345,7 +354,7 @@ async fn send_file(
     let current = crate::walk::sig_of(&md);
     if !md.is_file() || current != sig || small.as_ref().is_some_and(|b| b.len() as u64 != sig.size)
     {
-        tracing::info!(path = %node.real.display(), "file changed since it was indexed");
+        tracing::info!(path = %shown.display(), "file changed since it was indexed");
         return Err(ApiError::unavailable(
             "the file changed on the master, retry",
             1,
@@ -419,9 +428,10 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
             || certname
                 .as_deref()
                 .is_some_and(|cn| state.authorizer.allows(cn, index.name.as_str()));
-        if allowed && let Some(node) = index.blob(&digest) {
+        if allowed && let Some((root, node)) = index.blob(&digest) {
             return send_file(
                 &req,
+                root,
                 node,
                 CacheControl::Immutable,
                 &state.store.stats.contents_sent,

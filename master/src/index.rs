@@ -71,6 +71,9 @@ pub struct Root {
     pub module: String,
     /// The root directory, as configured (the `path` of listing entries).
     pub dir: String,
+    /// The root directory, canonical: nodes' real paths are relative to it
+    /// ([`Node::real_path`]).
+    pub canon: PathBuf,
     /// The walked entries; `nodes[0]` is the root.
     pub nodes: Vec<Node>,
 }
@@ -99,9 +102,11 @@ pub struct MountIndex {
     /// What `"."` is when no module has the subdirectory: the first existing
     /// modulepath directory, or the environment directory.
     pub fallback: (String, View),
-    /// The merged `links=follow` view with nothing ignored: relative path →
-    /// winning entry. `file_content` and `file_metadata` look up here.
-    pub lookup: HashMap<String, Loc>,
+    /// The merged `links=follow` view with nothing ignored: the winning
+    /// entry of every relative path, sorted by that path (so a lookup is a
+    /// binary search and costs no second copy of each path). `file_content`
+    /// and `file_metadata` look up here, through [`MountIndex::find`].
+    pub lookup: Vec<Loc>,
     /// Paths hidden by an earlier module.
     pub collisions: Vec<Collision>,
 }
@@ -169,13 +174,14 @@ impl MountIndex {
                 continue;
             }
             match walk::walk_root(&dir, &m.name) {
-                Ok(mut nodes) => {
+                Ok((canon, mut nodes)) => {
                     if let Some(counter) = hashed {
-                        walk::hash_nodes(&mut nodes, previous, counter, &m.name);
+                        walk::hash_nodes(&mut nodes, &canon, previous, counter, &m.name);
                     }
                     roots.push(Root {
                         module: m.name.clone(),
                         dir: dir.to_string_lossy().into_owned(),
+                        canon,
                         nodes,
                     });
                 }
@@ -216,7 +222,7 @@ impl MountIndex {
             mount,
             roots,
             fallback: (fallback_dir.to_string_lossy().into_owned(), fallback_view),
-            lookup: HashMap::new(),
+            lookup: Vec::new(),
             collisions: Vec::new(),
         };
         let mut collisions = Vec::new();
@@ -226,10 +232,11 @@ impl MountIndex {
             None,
             Some(&mut collisions),
         );
-        index.lookup = all
-            .into_iter()
-            .map(|loc| (index.node(loc).rel.as_str().to_owned(), loc))
-            .collect();
+        let mut lookup = all;
+        lookup
+            .sort_unstable_by(|&a, &b| index.node(a).rel.as_str().cmp(index.node(b).rel.as_str()));
+        lookup.shrink_to_fit();
+        index.lookup = lookup;
         for c in &collisions {
             tracing::info!(mount = mount.name(), path = %c.path, winner = %c.winner, hidden = %c.loser, "path served by two modules, first wins");
         }
@@ -240,6 +247,14 @@ impl MountIndex {
     /// The node at `loc`.
     pub fn node(&self, loc: Loc) -> &Node {
         &self.roots[loc.0 as usize].nodes[loc.1 as usize]
+    }
+
+    /// The winning entry for `rel` in the merged `links=follow` view.
+    pub fn find(&self, rel: &str) -> Option<Loc> {
+        self.lookup
+            .binary_search_by(|&loc| self.node(loc).rel.as_str().cmp(rel))
+            .ok()
+            .map(|i| self.lookup[i])
     }
 
     /// The first-wins union of every root for one `links` mode, in Puppet's
@@ -541,7 +556,7 @@ impl EnvIndex {
             Mount::ALL.map(|m| MountIndex::build(m, &modules, &modulepath, &dir, &reuse, hashed));
         let mut blobs = HashMap::new();
         for (mi, m) in mounts.iter().enumerate() {
-            for &loc in m.lookup.values() {
+            for &loc in &m.lookup {
                 if let Some(digest) = m.node(loc).sha256 {
                     blobs.entry(digest).or_insert((mi, loc));
                 }
@@ -566,8 +581,8 @@ impl EnvIndex {
         self.mounts
             .iter()
             .flat_map(|m| m.roots.iter())
-            .flat_map(|r| r.nodes.iter())
-            .filter_map(|n| Some((n.real.clone(), (n.sig?, n.sha256?))))
+            .flat_map(|r| r.nodes.iter().map(move |n| (r, n)))
+            .filter_map(|(r, n)| Some((n.real_path(&r.canon).into_owned(), (n.sig?, n.sha256?))))
             .collect()
     }
 
@@ -583,7 +598,7 @@ impl EnvIndex {
     pub fn file_count(&self, mount: Mount) -> usize {
         let m = self.mount(mount);
         m.lookup
-            .values()
+            .iter()
             .filter(|&&loc| m.node(loc).has_content())
             .count()
     }
@@ -700,7 +715,13 @@ impl EnvIndex {
                 continue;
             };
             let root = &m.roots[loc.0 as usize];
-            f(self.entry(&root.dir, node.rel.as_str(), view, Some(node), params)?)?;
+            f(self.entry(
+                &root.dir,
+                node.rel.as_str(),
+                view,
+                Some((root, node)),
+                params,
+            )?)?;
         }
         Ok(())
     }
@@ -711,7 +732,7 @@ impl EnvIndex {
         base: &str,
         rel: &str,
         view: &View,
-        node: Option<&Node>,
+        node: Option<(&Root, &Node)>,
         params: &SearchParams,
     ) -> Result<FileMetadata, ListingError> {
         let (owner, group, mode) = if params.use_permissions {
@@ -724,7 +745,7 @@ impl EnvIndex {
                 kind: "ctime".into(),
                 value: ChecksumType::Ctime.format_time(DIRECTORY_CTIME),
             }),
-            _ => node.and_then(|n| self.checksum(n, view, params.checksum_type)),
+            _ => node.and_then(|(r, n)| self.checksum(r, n, view, params.checksum_type)),
         };
         Ok(FileMetadata {
             path: base.to_owned(),
@@ -742,7 +763,13 @@ impl EnvIndex {
     /// The checksum of a file (or of a link's target); `None` when its
     /// content is not served (a dangling or escaping link), as Puppet sends
     /// `null` when it cannot compute one.
-    pub fn checksum(&self, node: &Node, view: &View, ty: ChecksumType) -> Option<Checksum> {
+    pub fn checksum(
+        &self,
+        root: &Root,
+        node: &Node,
+        view: &View,
+        ty: ChecksumType,
+    ) -> Option<Checksum> {
         let value = match ty {
             ChecksumType::Sha256 => format!("{{sha256}}{}", hex_lower(&node.sha256?)),
             ChecksumType::Mtime => ty.format_time(view.mtime),
@@ -750,7 +777,8 @@ impl EnvIndex {
             ChecksumType::None => "{none}".to_owned(),
             _ => {
                 node.sha256?;
-                let key = (node.real.clone(), ty);
+                let real = node.real_path(&root.canon).into_owned();
+                let key = (real.clone(), ty);
                 if let Some(v) = self
                     .extra_checksums
                     .lock()
@@ -762,7 +790,7 @@ impl EnvIndex {
                         value: v.clone(),
                     });
                 }
-                let value = std::fs::File::open(&node.real)
+                let value = std::fs::File::open(&real)
                     .and_then(|f| ty.digest_reader(f))
                     .ok()?;
                 self.extra_checksums
@@ -779,15 +807,16 @@ impl EnvIndex {
     }
 
     /// Finds a served file by its sha256.
-    pub fn blob(&self, digest: &[u8; 32]) -> Option<&Node> {
+    pub fn blob(&self, digest: &[u8; 32]) -> Option<(&Root, &Node)> {
         let &(mi, loc) = self.blobs.get(digest)?;
-        Some(self.mounts[mi].node(loc))
+        let m = &self.mounts[mi];
+        Some((&m.roots[loc.0 as usize], m.node(loc)))
     }
 
     /// Finds the winning entry for a relative path (`"."` for the root).
     pub fn find(&self, mount: Mount, rel: &RelPath) -> Option<(&Root, &Node)> {
         let m = self.mount(mount);
-        let loc = *m.lookup.get(rel.as_str())?;
+        let loc = m.find(rel.as_str())?;
         Some((&m.roots[loc.0 as usize], m.node(loc)))
     }
 }

@@ -16,6 +16,7 @@
 //! can walk without reading every byte, and so a rebuild can reuse the
 //! digests of files whose stat did not change.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
@@ -77,9 +78,12 @@ pub struct Node {
     pub follow: Option<View>,
     /// The `links=manage` view; `None` if the entry is not served that way.
     pub manage: Option<View>,
-    /// The real path to open for content: the entry itself, or the
-    /// canonical target of a followed link. Always inside the module root.
-    pub real: PathBuf,
+    /// The real path to open for content, only where it is not
+    /// `<canonical root>/<rel>`: the canonical target of a followed link, or
+    /// an entry below a followed directory link. Always inside the module
+    /// root. Read it with [`Node::real_path`]. (Not storing the common case
+    /// saves a path per entry: ~6 MB for 50,000 files.)
+    real: Option<Box<Path>>,
     /// Stat signature of `real` (files only), for digest reuse.
     pub sig: Option<FileSig>,
     /// SHA-256 of the content of `real`, for files and links to files that
@@ -93,6 +97,16 @@ impl Node {
         match links {
             pluginsync_common::metadata::Links::Follow => self.follow.as_ref(),
             pluginsync_common::metadata::Links::Manage => self.manage.as_ref(),
+        }
+    }
+
+    /// The real path to open for content, given the canonical root the
+    /// node was walked from ([`walk_root`]'s first result).
+    pub fn real_path<'a>(&'a self, canon_root: &'a Path) -> Cow<'a, Path> {
+        match &self.real {
+            Some(p) => Cow::Borrowed(p),
+            None if self.rel.is_root() => Cow::Borrowed(canon_root),
+            None => Cow::Owned(canon_root.join(self.rel.as_str())),
         }
     }
 
@@ -137,7 +151,7 @@ pub fn sig_of(md: &Metadata) -> FileSig {
 
 /// Walks the root at `root` (which must be a directory). `label` names the
 /// module in log lines.
-pub fn walk_root(root: &Path, label: &str) -> std::io::Result<Vec<Node>> {
+pub fn walk_root(root: &Path, label: &str) -> std::io::Result<(PathBuf, Vec<Node>)> {
     let canon_root = root.canonicalize()?;
     let md = std::fs::metadata(&canon_root)?;
     let view = view_of(&md, None);
@@ -148,14 +162,14 @@ pub fn walk_root(root: &Path, label: &str) -> std::io::Result<Vec<Node>> {
         is_link: false,
         follow: view.clone(),
         manage: view,
-        real: canon_root.clone(),
+        real: None,
         sig: None,
         sha256: None,
     }];
     let mut queue: VecDeque<u32> = VecDeque::from([0]);
     while let Some(dir_idx) = queue.pop_front() {
         let dir = &nodes[dir_idx as usize];
-        let (dir_real, dir_rel) = (dir.real.clone(), dir.rel.clone());
+        let (dir_real, dir_rel) = (dir.real_path(&canon_root).into_owned(), dir.rel.clone());
         // Children of a followed directory link exist only under
         // links=follow; the link itself is still a `link` under manage.
         let children_via_link = dir.via_link || dir.is_link;
@@ -194,10 +208,11 @@ pub fn walk_root(root: &Path, label: &str) -> std::io::Result<Vec<Node>> {
                 is_link: lmd.file_type().is_symlink(),
                 follow: None,
                 manage: None,
-                real: path.clone(),
+                real: None,
                 sig: None,
                 sha256: None,
             };
+            let mut real = path.clone();
             let mut descend = false;
             if node.is_link {
                 let destination = std::fs::read_link(&path)
@@ -215,13 +230,13 @@ pub fn walk_root(root: &Path, label: &str) -> std::io::Result<Vec<Node>> {
                         Ok(tmd)
                             if tmd.is_dir()
                                 && (dir_real.starts_with(&target)
-                                    || on_chain(&nodes, dir_idx, &target)) =>
+                                    || on_chain(&nodes, dir_idx, &target, &canon_root)) =>
                         {
                             tracing::warn!(module = label, path = %path.display(), "symlink loop, not followed");
                         }
                         Ok(tmd) => {
                             node.follow = view_of(&tmd, None);
-                            node.real = target;
+                            real = target;
                             if tmd.is_file() {
                                 node.sig = Some(sig_of(&tmd));
                             }
@@ -256,7 +271,11 @@ pub fn walk_root(root: &Path, label: &str) -> std::io::Result<Vec<Node>> {
                     limit = MAX_NODES,
                     "too many entries (symlinked directories?), the rest is not served"
                 );
-                return Ok(nodes);
+                nodes.shrink_to_fit();
+                return Ok((canon_root, nodes));
+            }
+            if real != canon_root.join(node.rel.as_str()) {
+                node.real = Some(real.into_boxed_path());
             }
             nodes.push(node);
             if descend {
@@ -264,7 +283,9 @@ pub fn walk_root(root: &Path, label: &str) -> std::io::Result<Vec<Node>> {
             }
         }
     }
-    Ok(nodes)
+    // The index keeps these for its lifetime: drop the growth slack.
+    nodes.shrink_to_fit();
+    Ok((canon_root, nodes))
 }
 
 /// Entries walked per root at most: a guard against symlinked directories
@@ -273,10 +294,10 @@ pub const MAX_NODES: usize = 2_000_000;
 
 /// True if `target` is the real directory of `idx` or of one of its
 /// ancestors: following it would walk the same directory again, forever.
-fn on_chain(nodes: &[Node], mut idx: u32, target: &Path) -> bool {
+fn on_chain(nodes: &[Node], mut idx: u32, target: &Path, canon_root: &Path) -> bool {
     loop {
         let n = &nodes[idx as usize];
-        if n.real == target {
+        if n.real_path(canon_root) == target {
             return true;
         }
         if idx == 0 {
@@ -292,25 +313,27 @@ fn on_chain(nodes: &[Node], mut idx: u32, target: &Path) -> bool {
 /// read is dropped from both views, with a warning.
 pub fn hash_nodes(
     nodes: &mut [Node],
+    canon_root: &Path,
     previous: &HashMap<PathBuf, (FileSig, [u8; 32])>,
     hashed: &AtomicU64,
     label: &str,
 ) {
     for node in nodes.iter_mut() {
         let Some(sig) = node.sig else { continue };
-        if let Some((old_sig, digest)) = previous.get(&node.real)
+        let real = node.real_path(canon_root).into_owned();
+        if let Some((old_sig, digest)) = previous.get(&real)
             && *old_sig == sig
         {
             node.sha256 = Some(*digest);
             continue;
         }
-        match hash_file(&node.real) {
+        match hash_file(&real) {
             Ok(digest) => {
                 hashed.fetch_add(1, Ordering::Relaxed);
                 node.sha256 = Some(digest);
             }
             Err(e) => {
-                tracing::warn!(module = label, path = %node.real.display(), error = %e, "cannot read file, not served");
+                tracing::warn!(module = label, path = %real.display(), error = %e, "cannot read file, not served");
                 node.follow = None;
                 node.manage = None;
                 node.sig = None;
@@ -367,7 +390,7 @@ mod tests {
         std::os::unix::fs::symlink("../b", root.join("a/to_b")).unwrap();
         std::os::unix::fs::symlink("../a", root.join("b/to_a")).unwrap();
         std::os::unix::fs::symlink("..", root.join("a/up")).unwrap();
-        let nodes = walk_root(&root, "m").unwrap();
+        let (_, nodes) = walk_root(&root, "m").unwrap();
         let rels: Vec<&str> = nodes.iter().map(|n| n.rel.as_str()).collect();
         assert!(rels.len() < 20, "{rels:?}");
         // Followed once: a/to_b/to_a would be `a` again, so it is not followed.
@@ -395,21 +418,42 @@ mod tests {
     }
 
     #[test]
+    fn real_paths_are_stored_only_for_links_and_below_them() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("lib");
+        std::fs::create_dir_all(root.join("impl")).unwrap();
+        std::fs::write(root.join("impl/x.rb"), "x").unwrap();
+        std::os::unix::fs::symlink("impl", root.join("alias")).unwrap();
+        std::os::unix::fs::symlink("impl/x.rb", root.join("x_link.rb")).unwrap();
+        let (canon, nodes) = walk_root(&root, "m").unwrap();
+        let get = |rel: &str| nodes.iter().find(|n| n.rel.as_str() == rel).unwrap();
+        assert_eq!(get(".").real_path(&canon), canon.as_path());
+        assert!(
+            get("impl/x.rb").real.is_none(),
+            "the common case stores nothing"
+        );
+        assert_eq!(get("impl/x.rb").real_path(&canon), canon.join("impl/x.rb"));
+        assert_eq!(get("x_link.rb").real_path(&canon), canon.join("impl/x.rb"));
+        assert_eq!(get("alias").real_path(&canon), canon.join("impl"));
+        assert_eq!(get("alias/x.rb").real_path(&canon), canon.join("impl/x.rb"));
+    }
+
+    #[test]
     fn unchanged_files_are_not_hashed_again() {
         let t = tempfile::tempdir().unwrap();
         std::fs::write(t.path().join("a.rb"), "a").unwrap();
         std::fs::write(t.path().join("b.rb"), "b").unwrap();
         let counter = AtomicU64::new(0);
-        let mut first = walk_root(t.path(), "m").unwrap();
-        hash_nodes(&mut first, &HashMap::new(), &counter, "m");
+        let (canon, mut first) = walk_root(t.path(), "m").unwrap();
+        hash_nodes(&mut first, &canon, &HashMap::new(), &counter, "m");
         assert_eq!(counter.load(Ordering::Relaxed), 2);
         let previous: HashMap<_, _> = first
             .iter()
-            .filter_map(|n| Some((n.real.clone(), (n.sig?, n.sha256?))))
+            .filter_map(|n| Some((n.real_path(&canon).into_owned(), (n.sig?, n.sha256?))))
             .collect();
         std::fs::write(t.path().join("b.rb"), "bb").unwrap();
-        let mut second = walk_root(t.path(), "m").unwrap();
-        hash_nodes(&mut second, &previous, &counter, "m");
+        let (_, mut second) = walk_root(t.path(), "m").unwrap();
+        hash_nodes(&mut second, &canon, &previous, &counter, "m");
         assert_eq!(
             counter.load(Ordering::Relaxed),
             3,
