@@ -341,8 +341,32 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
 
     phase("committed");
     // Load what changed under the libdir; each load isolated.
-    let changed: Vec<(PathBuf, PathBuf)> = report
-        .changes
+    let mut registry = crate::plugins::Registry::load(&settings.vardir);
+    let before = registry.clone();
+    for (name, version) in registry.prune_missing() {
+        tracing::info!(plugin = %name, version = %version, "plugin file gone, unregistered");
+    }
+    if !settings.loaders.is_empty() {
+        let changed = changed_files(&settings.libdir, &report.changes);
+        if !changed.is_empty() {
+            let loaders = crate::load::Loaders::new(&settings.loaders, &settings.load, &env);
+            report.loads = loaders
+                .load(&changed, settings.load_enabled, &mut registry)
+                .await;
+        }
+    }
+    if registry != before
+        && let Err(e) = registry.save(&settings.vardir)
+    {
+        tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the plugin registry");
+    }
+    Ok(())
+}
+
+/// The regular files under `libdir` this run created or updated, as
+/// (path relative to the libdir, absolute path): what the loaders see.
+fn changed_files(libdir: &std::path::Path, changes: &[Change]) -> Vec<(PathBuf, PathBuf)> {
+    changes
         .iter()
         .filter(|c| {
             matches!(
@@ -352,30 +376,13 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         })
         .filter_map(|c| {
             let rel = c.path.strip_prefix("plugins/")?;
-            let abs = settings.libdir.join(rel);
+            let abs = libdir.join(rel);
             std::fs::symlink_metadata(&abs)
                 .ok()?
                 .is_file()
                 .then(|| (PathBuf::from(rel), abs))
         })
-        .collect();
-    let mut registry = crate::plugins::Registry::load(&settings.vardir);
-    let before = registry.clone();
-    for (name, version) in registry.prune_missing() {
-        tracing::info!(plugin = %name, version = %version, "plugin file gone, unregistered");
-    }
-    if !changed.is_empty() && !settings.loaders.is_empty() {
-        let loaders = crate::load::Loaders::new(&settings.loaders, &settings.load, &env);
-        report.loads = loaders
-            .load(&changed, settings.load_enabled, &mut registry)
-            .await;
-    }
-    if registry != before
-        && let Err(e) = registry.save(&settings.vardir)
-    {
-        tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the plugin registry");
-    }
-    Ok(())
+        .collect()
 }
 
 /// Records what a clean commit left: the listing, its ETag, the stat of
