@@ -11,6 +11,32 @@ use pluginsync_agent::plugins::Registry;
 use pluginsync_agent::report::Report;
 use pluginsync_agent::settings::{Overrides, Settings};
 
+/// `print!` that drops output nobody reads any more (stdout closed by
+/// `| head`, say) instead of panicking: the sync has happened and its exit
+/// code must still say how it went.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _unread = write!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `println!` without the panic; see [`out!`].
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _unread = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` without the panic; see [`out!`].
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _unread = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let level = ["warn", "info", "debug"][usize::from(cli.verbose.min(2))];
@@ -20,6 +46,11 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // A log line that cannot be written (stderr's reader gone) is
+        // dropped; by default tracing-subscriber reports it with
+        // `eprintln!`, which panics on that same broken pipe and kills
+        // the task that logged (once: the master's shutdown task).
+        .log_internal_errors(false)
         .init();
     match cli.command {
         Command::Sync {
@@ -59,7 +90,7 @@ fn main() -> ExitCode {
                 .iter()
                 .filter(|l| l.status == LoadStatus::Failed)
             {
-                eprintln!(
+                errln!(
                     "load failed: {} ({}): {}",
                     l.path,
                     l.loader.as_deref().unwrap_or("after_load"),
@@ -67,7 +98,7 @@ fn main() -> ExitCode {
                 );
             }
             if let Some(e) = &outcome.error {
-                eprintln!("error: {e}");
+                errln!("error: {e}");
             }
             ExitCode::from(outcome.exit_code(settings.detailed_exitcodes) as u8)
         }
@@ -79,12 +110,15 @@ fn main() -> ExitCode {
             let registry = Registry::load(&config.vardir);
             let loaders = Loaders::new(&config.loaders, &config.load, &config.environment);
             if format == Format::Json {
-                println!("{}", serde_json::to_string(&registry).unwrap_or_default());
+                outln!("{}", serde_json::to_string(&registry).unwrap_or_default());
                 return ExitCode::SUCCESS;
             }
-            println!(
+            outln!(
                 "{:<24} {:<14} {:<6} {:<9} PATH",
-                "NAME", "VERSION", "API", "STATUS"
+                "NAME",
+                "VERSION",
+                "API",
+                "STATUS"
             );
             for (name, versions) in &registry.plugins {
                 let active = registry
@@ -96,7 +130,7 @@ fn main() -> ExitCode {
                     } else {
                         "available"
                     };
-                    println!(
+                    outln!(
                         "{:<24} {:<14} {:<6} {:<9} {}",
                         name,
                         r.version,
@@ -117,7 +151,7 @@ fn main() -> ExitCode {
                 Ok(r) => {
                     print(&r, format);
                     if format == Format::Text && r.changes.is_empty() && r.failures.is_empty() {
-                        println!(
+                        outln!(
                             "no changes in the last run ({}, {})",
                             r.environment,
                             r.error.as_deref().unwrap_or("ok")
@@ -133,12 +167,12 @@ fn main() -> ExitCode {
 
 fn print(report: &Report, format: Format) {
     match format {
-        Format::Text => print!("{}", report.text()),
-        Format::Json => println!("{}", serde_json::to_string(report).unwrap_or_default()),
+        Format::Text => out!("{}", report.text()),
+        Format::Json => outln!("{}", serde_json::to_string(report).unwrap_or_default()),
     }
 }
 
 fn fail(message: &str) -> ExitCode {
-    eprintln!("error: {message}");
+    errln!("error: {message}");
     ExitCode::from(1)
 }

@@ -27,6 +27,11 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // A log line that cannot be written (stderr's reader gone) is
+        // dropped; by default tracing-subscriber reports it with
+        // `eprintln!`, which panics on that same broken pipe and kills
+        // the task that logged (once: the master's shutdown task).
+        .log_internal_errors(false)
         .init();
     match cli.command {
         Command::Check { config } => match MasterConfig::load(&config)

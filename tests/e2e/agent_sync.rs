@@ -744,3 +744,43 @@ async fn a_cut_batch_falls_back_to_single_downloads() {
     );
     assert!(!home.libdir().join(".pluginsync-staging").exists());
 }
+
+/// A reader that goes away (`pluginsync-agent sync | head -1`) does not
+/// turn a good sync into a crash: the exit code still says what the sync
+/// did, and the destinations are complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_leaves_the_exit_code_alone() {
+    let (tree, pki) = (tree(), Pki::new());
+    let master = start(&tree, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    let mut child = std::process::Command::new(pluginsync_tests::bin_path("pluginsync-agent"))
+        .args(["sync", "--detailed-exitcodes", "--config"])
+        .arg(home.path().join("agent.toml"))
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed before the agent writes its report.
+    drop(child.stdout.take());
+    let mut stderr = child.stderr.take().unwrap();
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "agent hung");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let err = err.join().unwrap();
+    assert_eq!(status.code(), Some(2), "changes made: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let env_dir = tree.envpath().join("production");
+    assert_eq!(tree_snapshot(&home.libdir()), merged_mount(&env_dir, "lib"));
+}

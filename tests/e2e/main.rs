@@ -8,6 +8,7 @@ mod haproxy_lb;
 mod master_blobs;
 mod master_etag;
 mod master_listing;
+mod master_process;
 mod master_security;
 mod master_watch;
 mod puppet_compat;
