@@ -154,10 +154,13 @@ def generate(d, certname, sans=None):
     cmd = ["puppetserver", "ca", "generate", "--config", puppet_conf(d), "--certname", certname]
     if sans:
         cmd += ["--subject-alt-names", sans]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    # Its output is kept for failures only: puppetserver 7 prints "Signed
+    # certificate ... could not be found on the CA" even when it signs.
+    r = subprocess.run(cmd, capture_output=True, text=True)
     cert = os.path.join(os.path.abspath(d), "ssl", "certs", f"{certname}.pem")
-    if not os.path.isfile(cert):
-        raise SystemExit(f"error: the CA did not sign {certname}; see {d}/log/puppetserver.log")
+    if r.returncode != 0 or not os.path.isfile(cert):
+        raise SystemExit(f"error: the CA did not sign {certname} (exit {r.returncode}): "
+                         f"{(r.stderr or r.stdout).strip()}; see {d}/log/puppetserver.log")
 
 
 def start(d, port, timeout=300):
