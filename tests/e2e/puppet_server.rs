@@ -21,7 +21,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use pluginsync_tests::puppet::{PuppetAgent, PuppetServer, gen_tree, requests};
-use pluginsync_tests::{AgentHome, TestMaster, merged_mount, parse_config, require, tree_snapshot};
+use pluginsync_tests::{
+    AgentHome, TestMaster, merged_mount, parse_config, require, skipped, tree_snapshot,
+};
 
 const TEST: &str = "puppet_server";
 
@@ -77,7 +79,10 @@ fn puppet_server_as_source_and_stock_agent_as_client() {
             std::env::var_os("CI").is_none(),
             "puppetserver is not installed but CI is set: .ci/run must install it"
         );
-        eprintln!("SKIPPED {TEST}: `puppetserver` not installed (apt-get install puppetserver)");
+        skipped(
+            TEST,
+            "`puppetserver` not installed (apt-get install puppetserver)",
+        );
         return;
     }
     let server =

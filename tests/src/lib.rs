@@ -13,7 +13,7 @@
 //! - [`puppet`]: stock Puppet agents and a throwaway Puppet Server.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -818,9 +818,19 @@ pub fn require(tool: &str, package: &str, test: &str) -> Option<PathBuf> {
             std::env::var_os("CI").is_none(),
             "{tool} is not installed but CI is set: .ci/run must install Debian's {package} package"
         );
-        eprintln!("SKIPPED {test}: `{tool}` not installed (apt-get install {package})");
+        skipped(
+            test,
+            &format!("`{tool}` not installed (apt-get install {package})"),
+        );
     }
     found
+}
+
+/// Prints `SKIPPED <test>: <why>` where `cargo test` shows it: straight
+/// to stderr, since libtest captures a passing test's `eprintln!` and the
+/// skip would be silent.
+pub fn skipped(test: &str, why: &str) {
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
 /// What a child process did.
