@@ -7,21 +7,15 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStderr, ExitStatus};
 use std::time::{Duration, Instant};
 
-use pluginsync_tests::{EnvTree, Pki, bin_path, client, config_toml};
+use pluginsync_tests::{EnvTree, MasterProcess, Pki, client, config_toml};
 
 /// Starts the master binary; returns it, its address and its log, read up
 /// to the "listening on" line.
 fn spawn(config: &Path) -> (Child, SocketAddr, BufReader<ChildStderr>) {
-    let mut child = Command::new(bin_path("pluginsync-master"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+    let mut child = MasterProcess::command(config)
         .spawn()
         .expect("spawn master");
     let mut log = BufReader::new(child.stderr.take().expect("stderr"));

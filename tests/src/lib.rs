@@ -312,15 +312,23 @@ pub struct MasterProcess {
 }
 
 impl MasterProcess {
+    /// `pluginsync-master serve --config <config>`, logging at info to a
+    /// pipe, stdin and stdout closed.
+    pub fn command(config: &Path) -> Command {
+        let mut cmd = Command::new(bin_path("pluginsync-master"));
+        cmd.args(["serve", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
     /// Runs `pluginsync-master serve --config <config>` and waits (up to
     /// 60 s) for its "listening on" line.
     pub fn spawn(config: &Path) -> MasterProcess {
-        let mut child = Command::new(bin_path("pluginsync-master"))
-            .args(["serve", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+        let mut child = MasterProcess::command(config)
             .spawn()
             .expect("spawn master");
         let stderr = child.stderr.take().expect("stderr");
