@@ -113,6 +113,7 @@ fn apply(
                 checked.forget(rel);
             }
             std::fs::create_dir(&path).map_err(io("create", &path))?;
+            checked.0.insert(rel.clone());
             chmod(&path, *mode).map_err(io("chmod", &path))
         }
         Action::Write {

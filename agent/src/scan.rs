@@ -134,9 +134,7 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
     let subtrees: Vec<std::sync::Mutex<Option<Subtree>>> =
         top.iter().map(|_| std::sync::Mutex::new(None)).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let workers = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(1, 4);
+    let workers = stat_threads();
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| {
@@ -262,11 +260,10 @@ impl LocalTree {
             .filter(|r| !r.as_os_str().is_empty())
             .chain(parents.iter().copied())
             .collect();
-        let stats = stat_all(dest, &rels);
-        let (now_touched, now_parents) = stats.split_at(rels.len() - parents.len());
-        let touched_rels = &rels[..now_touched.len()];
+        let (touched_rels, parent_rels) = rels.split_at(rels.len() - parents.len());
+        let mut stats = stat_all(dest, &rels).into_iter();
         // In plan order: a path's stale subtree goes before its new stat.
-        for (rel, now) in touched_rels.iter().zip(now_touched) {
+        for rel in touched_rels {
             let stale: Vec<PathBuf> = t
                 .entries
                 .range(rel.to_path_buf()..)
@@ -278,13 +275,13 @@ impl LocalTree {
             }
             // A created or replaced directory's contents are touched paths
             // of their own, later in the plan.
-            if let Some(entry) = now {
-                t.entries.insert(rel.to_path_buf(), entry.clone());
+            if let Some(entry) = stats.next().flatten() {
+                t.entries.insert(rel.to_path_buf(), entry);
             }
         }
-        for (dir, now) in parents.iter().zip(now_parents) {
-            if let Some(entry) = now {
-                t.entries.insert(dir.to_path_buf(), entry.clone());
+        for dir in parent_rels {
+            if let Some(entry) = stats.next().flatten() {
+                t.entries.insert(dir.to_path_buf(), entry);
             }
         }
         if let Ok(md) = std::fs::metadata(dest) {
@@ -293,6 +290,13 @@ impl LocalTree {
         }
         t
     }
+}
+
+/// Threads for stat-only work (walks, restats): the cores, at most 4.
+fn stat_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 4)
 }
 
 /// Below this many paths one thread stats them all.
@@ -307,9 +311,7 @@ fn stat_all(dest: &Path, rels: &[&Path]) -> Vec<Option<LocalEntry>> {
             .ok()
             .map(|md| entry_of(&md))
     };
-    let workers = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(1, 4);
+    let workers = stat_threads();
     if rels.len() < PARALLEL_STAT_MIN || workers == 1 {
         return rels.iter().map(stat).collect();
     }
@@ -422,6 +424,13 @@ mod tests {
         std::fs::write(dest.join("gone.rb"), "g").unwrap();
         std::fs::write(dest.join("mode.rb"), "m").unwrap();
         std::fs::create_dir(dest.join("stays")).unwrap();
+        // Dated back, so adding a file below moves its mtime for sure.
+        std::fs::File::open(dest.join("stays"))
+            .unwrap()
+            .set_modified(
+                std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30),
+            )
+            .unwrap();
         let ignore = IgnoreSet::new(&crate::config::default_ignore()).unwrap();
         let before = scan(&dest, &ignore).unwrap();
         // What a commit might do, in plan order: directories, writes (one
@@ -440,7 +449,6 @@ mod tests {
         }
         // A file added to a directory that is not itself touched: its
         // mtime moved all the same.
-        std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::write(dest.join("stays/added.rb"), "a").unwrap();
         touched.push(PathBuf::from("stays/added.rb"));
         std::fs::remove_dir_all(dest.join("old")).unwrap();

@@ -320,7 +320,6 @@ async fn send_file(
             .into_response());
     }
     let real = node.real_path(&root.canon).into_owned();
-    let shown = real.clone();
     let opened = tokio::task::spawn_blocking(
         move || -> std::io::Result<(std::fs::File, std::fs::Metadata, Option<Vec<u8>>)> {
             let file = std::fs::OpenOptions::new()
@@ -344,7 +343,7 @@ async fn send_file(
     let (file, md, small) = match opened {
         Ok(o) => o,
         Err(e) => {
-            tracing::warn!(path = %shown.display(), error = %e, "indexed file cannot be opened");
+            tracing::warn!(path = %node.real_path(&root.canon).display(), error = %e, "indexed file cannot be opened");
             return Err(ApiError::unavailable(
                 "the file changed on the master, retry",
                 1,
@@ -354,7 +353,7 @@ async fn send_file(
     let current = crate::walk::sig_of(&md);
     if !md.is_file() || current != sig || small.as_ref().is_some_and(|b| b.len() as u64 != sig.size)
     {
-        tracing::info!(path = %shown.display(), "file changed since it was indexed");
+        tracing::info!(path = %node.real_path(&root.canon).display(), "file changed since it was indexed");
         return Err(ApiError::unavailable(
             "the file changed on the master, retry",
             1,
