@@ -13,45 +13,12 @@
 //! differ), and nothing from the cache overrides a listing's checksum.
 
 use std::collections::HashMap;
-use std::fs::Metadata;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use pluginsync_common::protocol::Mount;
 use serde::{Deserialize, Serialize};
 
-/// The parts of a stat that change when content may have changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct FileStat {
-    /// Size in bytes.
-    pub size: u64,
-    /// mtime, ns since the epoch.
-    pub mtime_ns: i64,
-    /// ctime, ns since the epoch.
-    pub ctime_ns: i64,
-    /// Inode.
-    pub ino: u64,
-    /// Device.
-    pub dev: u64,
-}
-
-impl FileStat {
-    /// From a (non-following) stat.
-    pub fn of(md: &Metadata) -> FileStat {
-        FileStat {
-            size: md.size(),
-            mtime_ns: md
-                .mtime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(md.mtime_nsec()),
-            ctime_ns: md
-                .ctime()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(md.ctime_nsec()),
-            ino: md.ino(),
-            dev: md.dev(),
-        }
-    }
-}
+pub use pluginsync_common::filesig::FileSig;
 
 /// The cache of one mount.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,7 +35,7 @@ pub struct MountCache {
     /// file and read only when a pass needs hashing ([`MountCache::load_files`]),
     /// so a no-op run does not parse it.
     #[serde(skip)]
-    pub files: HashMap<String, (FileStat, String)>,
+    pub files: HashMap<String, (FileSig, String)>,
 }
 
 impl MountCache {
@@ -77,7 +44,7 @@ impl MountCache {
     }
 
     /// Reads the cache of `mount`; anything unreadable is an empty cache.
-    pub fn load(vardir: &Path, mount: &str) -> MountCache {
+    pub fn load(vardir: &Path, mount: Mount) -> MountCache {
         let path = Self::dir(vardir).join(format!("{mount}.json"));
         std::fs::read(&path)
             .ok()
@@ -86,7 +53,7 @@ impl MountCache {
     }
 
     /// Reads the stat cache of `mount` into `self.files`.
-    pub fn load_files(&mut self, vardir: &Path, mount: &str) {
+    pub fn load_files(&mut self, vardir: &Path, mount: Mount) {
         if !self.files.is_empty() {
             return;
         }
@@ -98,12 +65,12 @@ impl MountCache {
     }
 
     /// The cached listing body of `mount`.
-    pub fn load_listing(vardir: &Path, mount: &str) -> Option<Vec<u8>> {
+    pub fn load_listing(vardir: &Path, mount: Mount) -> Option<Vec<u8>> {
         std::fs::read(Self::dir(vardir).join(format!("{mount}.listing.json"))).ok()
     }
 
     /// Writes the cache (and the listing body, when given) atomically.
-    pub fn save(&self, vardir: &Path, mount: &str, listing: Option<&[u8]>) -> std::io::Result<()> {
+    pub fn save(&self, vardir: &Path, mount: Mount, listing: Option<&[u8]>) -> std::io::Result<()> {
         let dir = Self::dir(vardir);
         std::fs::create_dir_all(&dir)?;
         let write = |name: String, bytes: &[u8]| -> std::io::Result<()> {
@@ -123,7 +90,7 @@ impl MountCache {
     }
 
     /// Forgets everything about `mount` (after a failed commit).
-    pub fn clear(vardir: &Path, mount: &str) {
+    pub fn clear(vardir: &Path, mount: Mount) {
         let dir = Self::dir(vardir);
         let _missing_is_fine = std::fs::remove_file(dir.join(format!("{mount}.json")));
         let _missing_is_fine = std::fs::remove_file(dir.join(format!("{mount}.listing.json")));
@@ -131,7 +98,7 @@ impl MountCache {
     }
 
     /// The cached sha256 of `rel`, if its stat is still `stat`.
-    pub fn sha256(&self, rel: &str, stat: &FileStat) -> Option<&str> {
+    pub fn sha256(&self, rel: &str, stat: &FileSig) -> Option<&str> {
         self.files
             .get(rel)
             .filter(|(s, _)| s == stat)
@@ -148,27 +115,30 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("x");
         std::fs::write(&f, "a").unwrap();
-        let stat = FileStat::of(&std::fs::symlink_metadata(&f).unwrap());
+        let stat = FileSig::of(&std::fs::symlink_metadata(&f).unwrap());
         let mut c = MountCache {
             key: "k".into(),
             etag: Some("\"e\"".into()),
             ..Default::default()
         };
         c.files.insert("x".into(), (stat, "abc".into()));
-        c.save(d.path(), "plugins", Some(b"[]")).unwrap();
-        let mut back = MountCache::load(d.path(), "plugins");
+        c.save(d.path(), Mount::Plugins, Some(b"[]")).unwrap();
+        let mut back = MountCache::load(d.path(), Mount::Plugins);
         assert!(back.files.is_empty(), "the stat cache is read on demand");
-        back.load_files(d.path(), "plugins");
+        back.load_files(d.path(), Mount::Plugins);
         assert_eq!(back, c);
         assert_eq!(back.sha256("x", &stat), Some("abc"));
         std::fs::write(&f, "bb").unwrap();
-        let changed = FileStat::of(&std::fs::symlink_metadata(&f).unwrap());
+        let changed = FileSig::of(&std::fs::symlink_metadata(&f).unwrap());
         assert_eq!(back.sha256("x", &changed), None, "a changed stat is a miss");
         assert_eq!(
-            MountCache::load_listing(d.path(), "plugins").unwrap(),
+            MountCache::load_listing(d.path(), Mount::Plugins).unwrap(),
             b"[]"
         );
-        MountCache::clear(d.path(), "plugins");
-        assert_eq!(MountCache::load(d.path(), "plugins"), MountCache::default());
+        MountCache::clear(d.path(), Mount::Plugins);
+        assert_eq!(
+            MountCache::load(d.path(), Mount::Plugins),
+            MountCache::default()
+        );
     }
 }

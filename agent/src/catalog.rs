@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::metadata::Links;
+use pluginsync_common::protocol::Mount;
 
 use crate::config::SourcePermissions;
 use crate::settings::Settings;
@@ -20,7 +21,7 @@ pub struct FileResource {
     /// The destination directory (`path`).
     pub path: PathBuf,
     /// The source mount: `puppet:///<mount>`.
-    pub mount: &'static str,
+    pub mount: Mount,
     /// Remove local entries the source lacks.
     pub purge: bool,
     /// Replace entries of the wrong type (a file where a directory goes).
@@ -60,13 +61,13 @@ pub fn build(settings: &Settings) -> Catalog {
     if let Some(f) = &settings.factsdir {
         resources.push(resource(
             f.clone(),
-            "pluginfacts",
+            Mount::Pluginfacts,
             settings.pluginfacts_permissions,
         ));
     }
     resources.push(resource(
         settings.libdir.clone(),
-        "plugins",
+        Mount::Plugins,
         settings.plugins_permissions,
     ));
     Catalog {

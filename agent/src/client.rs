@@ -15,9 +15,11 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use pluginsync_common::checksum::Sha256Stream;
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::metadata::{ApiErrorBody, FileMetadata};
-use pluginsync_common::urlpath::{encode_path, encode_query_value};
+use pluginsync_common::protocol::{self, ListingQuery, Mount};
 use reqwest::StatusCode;
+use reqwest::header::ACCEPT;
 use tokio::io::AsyncWriteExt;
 
 use crate::config::TlsFiles;
@@ -132,7 +134,7 @@ pub struct Source<'a> {
     /// `https://host:port`.
     pub server: &'a str,
     /// `plugins` or `pluginfacts`.
-    pub mount: &'a str,
+    pub mount: Mount,
     /// The environment.
     pub env: &'a str,
     /// `X-Pluginsync-Blobs` of the listing, if any.
@@ -224,7 +226,7 @@ impl Client {
     pub async fn first_listing(
         &self,
         servers: &[String],
-        mount: &str,
+        mount: Mount,
         env: &str,
         source_permissions: &str,
         ignore: &[String],
@@ -261,51 +263,33 @@ impl Client {
         })
     }
 
-    /// The query of a pluginsync listing, as a stock agent sends it.
-    pub fn listing_query(env: &str, source_permissions: &str, ignore: &[String]) -> String {
-        let mut query = String::from("recurse=true&max_files=-1");
-        for i in ignore {
-            query.push_str("&ignore=");
-            query.push_str(&encode_query_value(i));
-        }
-        query.push_str(&format!(
-            "&links=follow&checksum_type=sha256&source_permissions={source_permissions}&environment={}",
-            encode_query_value(env)
-        ));
-        query
-    }
-
     /// Fetches one listing from `server`, with retries; sends
     /// `If-None-Match` when given and returns `body: None` on a 304.
     pub async fn listing(
         &self,
         server: &str,
-        mount: &str,
+        mount: Mount,
         env: &str,
         source_permissions: &str,
         ignore: &[String],
         if_none_match: Option<&str>,
     ) -> Result<ListingAnswer, FetchError> {
-        let mut query = String::from("recurse=true&max_files=-1");
-        for i in ignore {
-            query.push_str("&ignore=");
-            query.push_str(&encode_query_value(i));
+        let url = ListingQuery {
+            environment: env,
+            source_permissions,
+            ignore,
         }
-        query.push_str(&format!(
-            "&links=follow&checksum_type=sha256&source_permissions={source_permissions}&environment={}",
-            encode_query_value(env)
-        ));
-        let url = format!(
-            "{}/puppet/v3/file_metadatas/{mount}?{query}",
-            server.trim_end_matches('/')
-        );
+        .url(server, mount);
         let what = format!("the {mount} listing");
         self.with_retries(server, || async {
             let mut req = self
                 .http
                 .get(&url)
-                .header("Accept", "application/json, text/pson")
-                .header("X-Puppet-Version", pluginsync_common::PUPPET_VERSION)
+                .header(ACCEPT, protocol::ACCEPT_LISTING)
+                .header(
+                    protocol::HEADER_PUPPET_VERSION,
+                    pluginsync_common::PUPPET_VERSION,
+                )
                 .timeout(self.remaining());
             if let Some(tag) = if_none_match {
                 req = req.header("If-None-Match", tag);
@@ -325,8 +309,8 @@ impl Client {
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_owned)
             };
-            let (etag, blobs) = (header(&resp, "etag"), header(&resp, "x-pluginsync-blobs"));
-            let batch = header(&resp, "x-pluginsync-blob-batch");
+            let (etag, blobs) = (header(&resp, "etag"), header(&resp, protocol::HEADER_BLOBS));
+            let batch = header(&resp, protocol::HEADER_BLOB_BATCH);
             if resp.status() == StatusCode::NOT_MODIFIED && if_none_match.is_some() {
                 return Attempt::Done(ListingAnswer {
                     body: None,
@@ -359,21 +343,20 @@ impl Client {
     pub async fn batch(
         &self,
         src: &Source<'_>,
-        hashes: &[String],
+        hashes: &[Sha256],
     ) -> Result<reqwest::Response, FetchError> {
-        let path = src.batch.unwrap_or("/pluginsync/v1/blobs");
-        let query: Vec<String> = hashes.iter().map(|h| format!("sha256={h}")).collect();
+        let path = src.batch.unwrap_or(protocol::BATCH_PATH);
         let url = format!(
             "{}{path}?{}",
             src.server.trim_end_matches('/'),
-            query.join("&")
+            protocol::batch_query(hashes)
         );
         let what = format!("a batch of {} {} files", hashes.len(), src.mount);
         self.with_retries(src.server, || async {
             let req = self
                 .http
                 .get(&url)
-                .header("Accept", "application/x-pluginsync-blobs")
+                .header(ACCEPT, protocol::BLOBS_MEDIA_TYPE)
                 .timeout(self.remaining());
             match req.send().await {
                 Ok(resp) => match self.check_status(src.server, src.env, &what, resp).await {
@@ -507,12 +490,7 @@ impl Client {
                 other => return other,
             }
         }
-        let url = format!(
-            "{server}/puppet/v3/file_content/{}/{}?environment={}",
-            src.mount,
-            encode_path(rel),
-            encode_query_value(src.env)
-        );
+        let url = protocol::content_url(server, src.mount, rel, src.env);
         self.download_from(src, &url, rel, sha256, file).await
     }
 
@@ -575,8 +553,11 @@ impl Client {
         let req = self
             .http
             .get(url)
-            .header("Accept", "application/octet-stream")
-            .header("X-Puppet-Version", pluginsync_common::PUPPET_VERSION)
+            .header(ACCEPT, protocol::ACCEPT_CONTENT)
+            .header(
+                protocol::HEADER_PUPPET_VERSION,
+                pluginsync_common::PUPPET_VERSION,
+            )
             .timeout(self.remaining());
         let resp = match req.send().await {
             Ok(r) => r,

@@ -233,7 +233,7 @@ mod tests {
     fn resource(dest: &Path) -> FileResource {
         FileResource {
             path: dest.to_owned(),
-            mount: "plugins",
+            mount: pluginsync_common::protocol::Mount::Plugins,
             purge: true,
             force: true,
             backup: false,

@@ -9,35 +9,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use pluginsync_common::config::{ConfigFile, RelativeTo};
 use pluginsync_common::tls::SslDirPaths;
 use serde::Deserialize;
 
 /// The default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/agent.toml";
 
-/// A config that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config '{}': {source}", path.display())]
-    Read {
-        /// The config file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// TOML syntax or an unknown key.
-    #[error("invalid config '{}': {message}", path.display())]
-    Parse {
-        /// The config file.
-        path: PathBuf,
-        /// toml's message on one line.
-        message: String,
-    },
-    /// A value that parsed but cannot work.
-    #[error("invalid config: {0}")]
-    Invalid(String),
-}
+pub use pluginsync_common::config::ConfigError;
 
 /// `source_permissions` of one destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -254,42 +233,12 @@ fn default_parallel() -> usize {
 impl AgentConfig {
     /// Reads, parses and validates `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        let config = Self::parse(&text, path)?;
-        config.validate()?;
-        Ok(config)
+        pluginsync_common::config::load(path)
     }
 
     /// Parses TOML; relative paths are relative to the config's directory.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let mut c: AgentConfig =
-            pluginsync_common::config::parse_toml(text).map_err(|message| ConfigError::Parse {
-                path: path.to_owned(),
-                message,
-            })?;
-        let base = pluginsync_common::config::RelativeTo::config_file(path);
-        let fix = |p: &mut PathBuf| base.fix(p);
-        fix(&mut c.libdir);
-        fix(&mut c.vardir);
-        if let Some(f) = c.factsdir.as_mut() {
-            fix(f);
-        }
-        for p in [
-            &mut c.tls.ca,
-            &mut c.tls.cert,
-            &mut c.tls.key,
-            &mut c.tls.crl,
-            &mut c.tls.ssldir,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            fix(p);
-        }
-        Ok(c)
+        pluginsync_common::config::parse(text, path)
     }
 
     /// Cross-field checks.
@@ -406,6 +355,33 @@ pub fn validate_server(s: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+impl ConfigFile for AgentConfig {
+    fn resolve_paths(&mut self, base: &RelativeTo) {
+        let fix = |p: &mut PathBuf| base.fix(p);
+        fix(&mut self.libdir);
+        fix(&mut self.vardir);
+        if let Some(f) = self.factsdir.as_mut() {
+            fix(f);
+        }
+        for p in [
+            &mut self.tls.ca,
+            &mut self.tls.cert,
+            &mut self.tls.key,
+            &mut self.tls.crl,
+            &mut self.tls.ssldir,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            fix(p);
+        }
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        self.validate()
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use pluginsync_common::checksum::ChecksumType;
 use pluginsync_common::ignore::IgnoreSet;
 
-use crate::cache::{FileStat, MountCache};
+use crate::cache::{FileSig, MountCache};
 use crate::listing::{RemoteKind, RemoteTree, STAGING_DIR};
 
 /// What a local entry is (never following symlinks).
@@ -42,7 +42,7 @@ pub struct LocalEntry {
     /// (filled by [`hash_files`]).
     pub sha256: Option<String>,
     /// The entry's stat (not following symlinks).
-    pub stat: FileStat,
+    pub stat: FileSig,
 }
 
 /// A destination as found.
@@ -226,7 +226,7 @@ pub fn entry_of(md: &std::fs::Metadata) -> LocalEntry {
         kind,
         mode: md.permissions().mode() & 0o777,
         sha256: None,
-        stat: FileStat::of(md),
+        stat: FileSig::of(md),
     }
 }
 

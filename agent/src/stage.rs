@@ -18,37 +18,33 @@ use std::path::{Path, PathBuf};
 
 use futures_util::StreamExt;
 
+use pluginsync_common::checksum::Sha256Stream;
+use pluginsync_common::digest::Sha256;
+use pluginsync_common::protocol::{FrameDecoder, FrameEvent, MAX_BATCH};
+
 use crate::client::{Client, FetchError, Source};
 
-/// Checksums per batch request (the most a master takes; 128 × 71 bytes of
-/// query stays well inside HTTP/2's 16 KiB header-list limit).
-pub const BATCH: usize = 128;
 /// Batch requests in flight.
 pub const BATCHES_IN_FLIGHT: usize = 4;
 
 /// Reads one batch answer into staged files named `<prefix>.<i>`; returns
-/// sha256 → staged file for every frame that arrived whole and verified.
+/// digest → staged file for every frame that arrived whole and verified.
 /// A missing frame (`-`) is simply absent; a broken stream ends the batch
-/// early with what it has, and the partial file is removed.
+/// early with what it has, and the partial file is removed. The frames are
+/// decoded by the common [`FrameDecoder`] (docs/protocol.md §7.2).
 async fn fetch_batch(
     client: &Client,
     src: &Source<'_>,
-    hashes: &[String],
+    hashes: &[Sha256],
     prefix: &std::path::Path,
-) -> Result<HashMap<String, PathBuf>, FetchError> {
+) -> Result<HashMap<Sha256, PathBuf>, FetchError> {
     use std::io::Write;
     let resp = client.batch(src, hashes).await?;
     let mut body = resp.bytes_stream();
     let mut got = HashMap::new();
-    let mut buf: Vec<u8> = Vec::new();
-    // The frame being written: (sha, file, path, bytes left, hasher).
-    let mut current: Option<(
-        String,
-        std::fs::File,
-        PathBuf,
-        u64,
-        pluginsync_common::checksum::Sha256Stream,
-    )> = None;
+    let mut decoder = FrameDecoder::new();
+    // The frame being written: (file, path, hasher).
+    let mut current: Option<(std::fs::File, PathBuf, Sha256Stream)> = None;
     let mut n = 0usize;
     let fail = |detail: String| FetchError::Download {
         server: src.server.to_owned(),
@@ -56,64 +52,44 @@ async fn fetch_batch(
         detail,
     };
     loop {
-        // Consume what is buffered.
-        loop {
-            if let Some((_, file, _, left, hasher)) = current.as_mut() {
-                let take = (*left).min(buf.len() as u64) as usize;
-                if take > 0 {
-                    hasher.update(&buf[..take]);
-                    file.write_all(&buf[..take])
+        while let Some(event) = decoder.next_event().map_err(|e| fail(e.to_string()))? {
+            match event {
+                FrameEvent::Missing(sha) | FrameEvent::Begin { digest: sha, .. }
+                    if !hashes.contains(&sha) =>
+                {
+                    return Err(fail(format!("unrequested blob {sha}")));
+                }
+                FrameEvent::Missing(_) => {}
+                FrameEvent::Begin { .. } => {
+                    let path = prefix.with_extension(n.to_string());
+                    n += 1;
+                    let file = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(&path)
+                        .map_err(|e| fail(format!("cannot create '{}': {e}", path.display())))?;
+                    current = Some((file, path, Sha256Stream::new()));
+                }
+                FrameEvent::Data(bytes) => {
+                    let (file, _, hasher) = current.as_mut().expect("data inside a frame");
+                    hasher.update(bytes);
+                    file.write_all(bytes)
                         .map_err(|e| fail(format!("cannot write a staged file: {e}")))?;
-                    buf.drain(..take);
-                    *left -= take as u64;
                 }
-                if *left > 0 {
-                    break;
+                FrameEvent::End(sha) => {
+                    let (file, path, hasher) = current.take().expect("end of a frame");
+                    drop(file);
+                    if hasher.digest() == sha {
+                        got.insert(sha, path);
+                    } else {
+                        let _ = std::fs::remove_file(&path);
+                    }
                 }
-                let (sha, file, path, _, hasher) = current.take().expect("current frame");
-                drop(file);
-                if hasher.finish() == format!("{{sha256}}{sha}") {
-                    got.insert(sha, path);
-                } else {
-                    let _ = std::fs::remove_file(&path);
-                }
-                continue;
             }
-            let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
-                break;
-            };
-            let line = String::from_utf8_lossy(&buf[..nl]).into_owned();
-            buf.drain(..=nl);
-            let (sha, len) = line
-                .split_once(' ')
-                .ok_or_else(|| fail(format!("bad frame header {line:?}")))?;
-            if !hashes.iter().any(|h| h == sha) {
-                return Err(fail(format!("unrequested blob {sha}")));
-            }
-            if len == "-" {
-                continue;
-            }
-            let len: u64 = len
-                .parse()
-                .map_err(|_| fail(format!("bad frame length {len:?}")))?;
-            let path = prefix.with_extension(n.to_string());
-            n += 1;
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-                .map_err(|e| fail(format!("cannot create '{}': {e}", path.display())))?;
-            current = Some((
-                sha.to_owned(),
-                file,
-                path,
-                len,
-                pluginsync_common::checksum::Sha256Stream::new(),
-            ));
         }
         match body.next().await {
-            Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+            Some(Ok(chunk)) => decoder.feed(&chunk),
             Some(Err(e)) => {
                 tracing::info!(error = %crate::client::request_error(&e), "batch cut; the rest is fetched singly");
                 break;
@@ -121,7 +97,7 @@ async fn fetch_batch(
             None => break,
         }
     }
-    if let Some((_, _, path, _, _)) = current.take() {
+    if let Some((_, path, _)) = current.take() {
         let _ = std::fs::remove_file(path);
     }
     Ok(got)
@@ -193,7 +169,7 @@ impl Staging {
     }
 
     /// Fetches the distinct checksums of `writes` through the master's
-    /// batch endpoint, [`BATCH`] per request, [`BATCHES_IN_FLIGHT`] at a
+    /// batch endpoint, [`MAX_BATCH`] per request, [`BATCHES_IN_FLIGHT`] at a
     /// time; each frame is written straight to its staged file (plain
     /// blocking writes: small and local, and far cheaper than a thread
     /// hand-off per operation) and verified. Returns the writes still to
@@ -204,13 +180,17 @@ impl Staging {
         src: &Source<'_>,
         writes: Vec<(PathBuf, String)>,
     ) -> Result<Vec<(PathBuf, String)>, FetchError> {
-        let mut by_sha: HashMap<String, Vec<PathBuf>> = HashMap::new();
+        let mut by_sha: HashMap<Sha256, Vec<PathBuf>> = HashMap::new();
+        let mut rest = Vec::new();
         for (rel, sha) in writes {
-            by_sha.entry(sha).or_default().push(rel);
+            match Sha256::from_hex(&sha) {
+                Ok(digest) => by_sha.entry(digest).or_default().push(rel),
+                Err(_) => rest.push((rel, sha)),
+            }
         }
-        let shas: Vec<String> = by_sha.keys().cloned().collect();
+        let shas: Vec<Sha256> = by_sha.keys().copied().collect();
         let dir = self.dir.clone();
-        let jobs = shas.chunks(BATCH).enumerate().map(|(n, chunk)| {
+        let jobs = shas.chunks(MAX_BATCH).enumerate().map(|(n, chunk)| {
             let dir = dir.clone();
             let chunk = chunk.to_vec();
             async move {
@@ -219,7 +199,6 @@ impl Staging {
             }
         });
         let mut stream = futures_util::stream::iter(jobs).buffer_unordered(BATCHES_IN_FLIGHT);
-        let mut rest = Vec::new();
         while let Some((chunk, got)) = stream.next().await {
             let got = match got {
                 Ok(g) => g,
@@ -245,7 +224,7 @@ impl Staging {
                             self.files.insert(rel, tmp);
                         }
                     }
-                    None => rest.extend(rels.into_iter().map(|r| (r, sha.clone()))),
+                    None => rest.extend(rels.into_iter().map(|r| (r, sha.to_hex()))),
                 }
             }
         }

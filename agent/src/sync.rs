@@ -146,7 +146,12 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         let mut local = scan::scan(&resource.path, &ignore).map_err(|e| e.to_string())?;
         let digest = local.digest();
         phase("scanned");
-        let query = Client::listing_query(&env, perms, &resource.ignore);
+        let query = pluginsync_common::protocol::ListingQuery {
+            environment: &env,
+            source_permissions: perms,
+            ignore: &resource.ignore,
+        }
+        .to_query();
         let key_for = |server: &str| format!("{server}|{}|{query}", resource.mount);
         let inm_for = |server: &str| {
             if cache.key == key_for(server) {
@@ -236,7 +241,7 @@ async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), Strin
         cache.load_files(&settings.vardir, resource.mount);
         let read = scan::hash_files(&resource.path, &mut local, &remote, &cache)
             .map_err(|e| e.to_string())?;
-        tracing::debug!(mount = resource.mount, hashed = read, "local files hashed");
+        tracing::debug!(mount = %resource.mount, hashed = read, "local files hashed");
         let plan = plan::plan(
             &remote,
             &local,

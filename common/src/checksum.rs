@@ -145,7 +145,11 @@ pub fn ruby_time_utc(unix_seconds: i64) -> String {
         .unwrap_or_else(|_| "1970-01-01 00:00:00 +0000".to_owned())
 }
 
-fn hash_all<D: Digest>(mut reader: impl Read) -> io::Result<String> {
+fn hash_all<D: Digest>(reader: impl Read) -> io::Result<String> {
+    Ok(crate::digest::hex(&digest_all::<D>(reader)?))
+}
+
+fn digest_all<D: Digest>(mut reader: impl Read) -> io::Result<Vec<u8>> {
     let mut hasher = D::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -157,7 +161,15 @@ fn hash_all<D: Digest>(mut reader: impl Read) -> io::Result<String> {
         };
         hasher.update(&buf[..n]);
     }
-    Ok(hex::encode(hasher.finalize()))
+    Ok(hasher.finalize().to_vec())
+}
+
+/// The SHA-256 of everything `reader` yields, streamed.
+pub fn sha256_reader(reader: impl Read) -> io::Result<crate::digest::Sha256> {
+    let v = digest_all::<Sha256>(reader)?;
+    let mut out = [0u8; 32];
+    out.copy_from_slice(&v);
+    Ok(crate::digest::Sha256(out))
 }
 
 fn hash_lite<D: Digest>(reader: impl Read) -> io::Result<String> {
@@ -182,7 +194,12 @@ impl Sha256Stream {
 
     /// The digest as `{sha256}<hex>`.
     pub fn finish(self) -> String {
-        format!("{{sha256}}{}", hex::encode(self.0.finalize()))
+        self.digest().to_checksum()
+    }
+
+    /// The digest.
+    pub fn digest(self) -> crate::digest::Sha256 {
+        crate::digest::Sha256(self.0.finalize().into())
     }
 }
 

@@ -1,9 +1,68 @@
-//! What both config files share: TOML parsing with errors on one line,
-//! and paths taken relative to the config file's directory.
+//! What both config files share: one loader ([`load`], [`parse`]) with one
+//! error type ([`ConfigError`]), TOML errors on one line, and paths taken
+//! relative to the config file's directory. Each binary's config type says
+//! only what is its own through [`ConfigFile`].
 
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
+
+/// A config that cannot be used; both binaries exit with their documented
+/// config-error code on these.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config '{}': {source}", path.display())]
+    Read {
+        /// The config file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// TOML syntax, an unknown key, a wrong type.
+    #[error("invalid config '{}': {message}", path.display())]
+    Parse {
+        /// The config file.
+        path: PathBuf,
+        /// toml's message, flattened to one line.
+        message: String,
+    },
+    /// A value that parsed but cannot work.
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// A config file type: TOML with unknown keys refused (`deny_unknown_fields`),
+/// its relative paths resolved against the file's directory, and checks
+/// serde cannot make.
+pub trait ConfigFile: DeserializeOwned {
+    /// Makes every path in the config absolute with `base`.
+    fn resolve_paths(&mut self, base: &RelativeTo);
+    /// Cross-field checks, after parsing.
+    fn check(&self) -> Result<(), ConfigError>;
+}
+
+/// Reads, parses and validates the config file at `path`.
+pub fn load<T: ConfigFile>(path: &Path) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let config: T = parse(&text, path)?;
+    config.check()?;
+    Ok(config)
+}
+
+/// Parses `text` as if read from `path` (relative paths resolved against
+/// its directory), without validating.
+pub fn parse<T: ConfigFile>(text: &str, path: &Path) -> Result<T, ConfigError> {
+    let mut config: T = parse_toml(text).map_err(|message| ConfigError::Parse {
+        path: path.to_owned(),
+        message,
+    })?;
+    config.resolve_paths(&RelativeTo::config_file(path));
+    Ok(config)
+}
 
 /// Parses TOML text; the error is toml's message flattened to one line
 /// (it names the key, the line and the column).

@@ -6,13 +6,20 @@
 //! relative-path newtype that refuses `..` and absolute paths ([`relpath`]),
 //! environment names ([`envname`]), Puppet's basename-fnmatch ignore globs
 //! ([`ignore`]), TOML config parsing ([`config`]), the path encoding of `file_content` URLs ([`urlpath`]) and
-//! PEM loading for TLS ([`tls`]).
+//! PEM loading for TLS ([`tls`]), the wire contract of endpoints, headers,
+//! listing queries and batch frames ([`protocol`]), the sha256 digest type
+//! ([`digest`]), file signatures ([`filesig`]) and atomic state-file writes
+//! ([`fsutil`]).
 
 pub mod checksum;
 pub mod config;
+pub mod digest;
 pub mod envname;
+pub mod filesig;
+pub mod fsutil;
 pub mod ignore;
 pub mod metadata;
+pub mod protocol;
 pub mod relpath;
 pub mod tls;
 pub mod urlpath;
@@ -23,9 +30,6 @@ pub mod urlpath;
 /// 5.3.4 or later), so announcing the Puppet 7 line we are compatible with is
 /// what a Puppet Server 7 would send.
 pub const PUPPET_VERSION: &str = "7.23.0";
-
-/// The mounts a pluginsync master serves: module `lib/` and `facts.d/` unions.
-pub const MOUNTS: [&str; 2] = ["plugins", "pluginfacts"];
 
 /// The default ignore globs of Puppet's `pluginsignore` setting.
 pub const DEFAULT_IGNORE: [&str; 4] = [".svn", "CVS", ".git", ".hg"];

@@ -28,33 +28,17 @@ use axum::response::{IntoResponse, Response};
 use axum_server::tls::TlsInfo;
 use bytes::Bytes;
 
+use pluginsync_common::digest::Sha256;
+use pluginsync_common::protocol::{self, MAX_BATCH};
+
 use crate::api_error::ApiError;
 use crate::auth;
 use crate::config::ClientAuth;
 use crate::handlers::AppState;
 use crate::request::Query;
 
-/// Checksums per request at most.
-pub const MAX_BATCH: usize = 128;
-/// The path agents are told about.
-pub const BATCH_PATH: &str = "/pluginsync/v1/blobs";
 /// Bytes read and sent per chunk of a large blob.
 const CHUNK: usize = 256 * 1024;
-
-fn parse_hex(h: &str) -> Option<[u8; 32]> {
-    if h.len() != 64
-        || !h
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
 
 /// The handler; see the module docs.
 pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
@@ -62,7 +46,7 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
     if state.client_auth != ClientAuth::None && certname.is_none() {
         return Err(ApiError::forbidden(req.uri.path()));
     }
-    let hashes = Query::parse(req.uri.query()).all("sha256");
+    let hashes = Query::parse(req.uri.query()).all(protocol::BATCH_QUERY_KEY);
     if hashes.is_empty() || hashes.len() > MAX_BATCH {
         return Err(ApiError::bad_request(format!(
             "ask for 1 to {MAX_BATCH} sha256 values"
@@ -70,14 +54,12 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
     }
     let mut wanted = Vec::with_capacity(hashes.len());
     for h in &hashes {
-        let digest = parse_hex(h).ok_or_else(|| {
-            ApiError::bad_request(format!("'{h}' is not 64 lowercase hex digits"))
-        })?;
-        wanted.push((h.clone(), digest));
+        let digest = Sha256::from_hex(h).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        wanted.push(digest);
     }
     crate::request::check_accept(
         &req.headers,
-        &["application/x-pluginsync-blobs", "application/octet-stream"],
+        &[protocol::BLOBS_MEDIA_TYPE, protocol::ACCEPT_CONTENT],
     )?;
     let envs: Vec<_> = state
         .store
@@ -90,20 +72,20 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
                     .is_some_and(|cn| state.authorizer.allows(cn, idx.name.as_str()))
         })
         .collect();
-    let items: Vec<(String, Option<(std::path::PathBuf, crate::walk::FileSig)>)> = wanted
+    let items: Vec<(Sha256, Option<(std::path::PathBuf, crate::walk::FileSig)>)> = wanted
         .into_iter()
-        .map(|(hex, digest)| {
+        .map(|digest| {
             let found = envs.iter().find_map(|idx| {
-                let (root, node) = idx.blob(&digest)?;
+                let (root, node) = idx.blob(&digest.0)?;
                 Some((node.real_path(&root.canon).into_owned(), node.sig?))
             });
-            (hex, found)
+            (digest, found)
         })
         .collect();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     let store = state.store;
     tokio::task::spawn_blocking(move || {
-        for (hex, found) in items {
+        for (digest, found) in items {
             let opened = found.and_then(|(path, sig)| {
                 crate::walk::open_indexed(&path, sig)
                     .ok()
@@ -111,7 +93,7 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
             });
             let Some((mut file, size)) = opened else {
                 if tx
-                    .blocking_send(Ok(Bytes::from(format!("{hex} -\n"))))
+                    .blocking_send(Ok(Bytes::from(protocol::frame_header(&digest, None))))
                     .is_err()
                 {
                     return;
@@ -119,7 +101,7 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
                 continue;
             };
             if tx
-                .blocking_send(Ok(Bytes::from(format!("{hex} {size}\n"))))
+                .blocking_send(Ok(Bytes::from(protocol::frame_header(&digest, Some(size)))))
                 .is_err()
             {
                 return;
@@ -148,7 +130,7 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
         [
             (
                 header::CONTENT_TYPE,
-                HeaderValue::from_static("application/x-pluginsync-blobs"),
+                HeaderValue::from_static(protocol::BLOBS_MEDIA_TYPE),
             ),
             (
                 header::CACHE_CONTROL,
@@ -158,17 +140,4 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
         Body::from_stream(stream),
     )
         .into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hex_parsing() {
-        assert!(parse_hex(&"ab".repeat(32)).is_some());
-        assert!(parse_hex(&"AB".repeat(32)).is_none());
-        assert!(parse_hex("ab").is_none());
-        assert!(parse_hex(&"zz".repeat(32)).is_none());
-    }
 }

@@ -11,34 +11,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use pluginsync_common::config::{ConfigFile, RelativeTo};
 use serde::Deserialize;
 
 /// The default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/master.toml";
 
-/// A config that cannot be used; the binary exits 2 on these.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file could not be read.
-    #[error("cannot read config '{}': {source}", path.display())]
-    Read {
-        /// The config file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// TOML syntax or a key/type problem.
-    #[error("invalid config '{}': {message}", path.display())]
-    Parse {
-        /// The config file.
-        path: PathBuf,
-        /// toml's message, flattened to one line.
-        message: String,
-    },
-    /// A value that parsed but cannot work.
-    #[error("invalid config: {0}")]
-    Invalid(String),
-}
+pub use pluginsync_common::config::ConfigError;
 
 /// The whole master config.
 #[derive(Debug, Clone, Deserialize)]
@@ -182,34 +161,13 @@ fn default_listen() -> Vec<String> {
 impl MasterConfig {
     /// Reads, parses and validates `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        let config = Self::parse(&text, path)?;
-        config.validate()?;
-        Ok(config)
+        pluginsync_common::config::load(path)
     }
 
     /// Parses TOML text without validating (relative paths are taken
     /// relative to the config file's directory).
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let mut config: MasterConfig =
-            pluginsync_common::config::parse_toml(text).map_err(|message| ConfigError::Parse {
-                path: path.to_owned(),
-                message,
-            })?;
-        let base = pluginsync_common::config::RelativeTo::config_file(path);
-        let fix = |p: &mut PathBuf| base.fix(p);
-        config.environmentpath.iter_mut().for_each(fix);
-        config.basemodulepath.iter_mut().for_each(fix);
-        fix(&mut config.tls.cert);
-        fix(&mut config.tls.key);
-        fix(&mut config.tls.ca);
-        if let Some(crl) = config.tls.crl.as_mut() {
-            fix(crl);
-        }
-        Ok(config)
+        pluginsync_common::config::parse(text, path)
     }
 
     /// Checks what serde cannot.
@@ -275,6 +233,24 @@ impl MasterConfig {
             w.push("index.watch = false and index.rescan_interval = \"0s\": changes are never picked up".into());
         }
         w
+    }
+}
+
+impl ConfigFile for MasterConfig {
+    fn resolve_paths(&mut self, base: &RelativeTo) {
+        let fix = |p: &mut PathBuf| base.fix(p);
+        self.environmentpath.iter_mut().for_each(fix);
+        self.basemodulepath.iter_mut().for_each(fix);
+        fix(&mut self.tls.cert);
+        fix(&mut self.tls.key);
+        fix(&mut self.tls.ca);
+        if let Some(crl) = self.tls.crl.as_mut() {
+            fix(crl);
+        }
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        self.validate()
     }
 }
 

@@ -18,8 +18,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum_server::tls::TlsInfo;
 use bytes::Bytes;
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::metadata::FileType;
+use pluginsync_common::protocol;
 
 use crate::api_error::ApiError;
 use crate::auth::{self, Authorizer};
@@ -160,10 +162,13 @@ pub async fn file_metadatas(
     headers.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Tells pluginsync agents they may fetch content by checksum here.
-    headers.insert("x-pluginsync-blobs", HeaderValue::from_static(BLOBS_PREFIX));
     headers.insert(
-        "x-pluginsync-blob-batch",
-        HeaderValue::from_static(crate::batch::BATCH_PATH),
+        protocol::HEADER_BLOBS,
+        HeaderValue::from_static(protocol::BLOB_PREFIX),
+    );
+    headers.insert(
+        protocol::HEADER_BLOB_BATCH,
+        HeaderValue::from_static(protocol::BATCH_PATH),
     );
     if request::not_modified(&req.headers, &listing.etag) {
         state
@@ -311,7 +316,7 @@ async fn send_file(
     let (Some(sig), Some(digest)) = (node.sig, node.sha256) else {
         return Err(ApiError::internal());
     };
-    let etag = format!("\"{}\"", hex(&digest));
+    let etag = format!("\"{}\"", pluginsync_common::digest::hex(&digest));
     if request::not_modified(&req.headers, &etag) {
         return Ok((
             StatusCode::NOT_MODIFIED,
@@ -387,9 +392,6 @@ async fn send_file(
         .into_response())
 }
 
-/// The blob URL prefix a master advertises in `X-Pluginsync-Blobs`.
-pub const BLOBS_PREFIX: &str = "/pluginsync/v1/blobs/sha256/";
-
 /// `GET /pluginsync/v1/blobs/sha256/<hex>`: a served file by its sha256
 /// (PROTOCOL.md §9), immutable, so any HTTP cache in front of the masters
 /// can serve it to the whole fleet. Needs a client certificate like the
@@ -401,33 +403,17 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
     if state.client_auth != ClientAuth::None && certname.is_none() {
         return Err(ApiError::forbidden(path));
     }
-    let hex_digest = path.strip_prefix(BLOBS_PREFIX).unwrap_or_default();
-    let mut digest = [0u8; 32];
-    let valid = hex_digest.len() == 64
-        && hex_digest
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        && (0..32).all(
-            |i| match u8::from_str_radix(&hex_digest[2 * i..2 * i + 2], 16) {
-                Ok(v) => {
-                    digest[i] = v;
-                    true
-                }
-                Err(_) => false,
-            },
-        );
-    if !valid {
-        return Err(ApiError::bad_request(
-            "a blob is named by 64 lowercase hex digits of its sha256",
-        ));
-    }
+    let hex_digest = path.strip_prefix(protocol::BLOB_PREFIX).unwrap_or_default();
+    let digest = Sha256::from_hex(hex_digest).map_err(|_| {
+        ApiError::bad_request("a blob is named by 64 lowercase hex digits of its sha256")
+    })?;
     request::check_accept(&req.headers, &["application/octet-stream"])?;
     for index in state.store.all() {
         let allowed = state.client_auth == ClientAuth::None
             || certname
                 .as_deref()
                 .is_some_and(|cn| state.authorizer.allows(cn, index.name.as_str()));
-        if allowed && let Some((root, node)) = index.blob(&digest) {
+        if allowed && let Some((root, node)) = index.blob(&digest.0) {
             return send_file(
                 &req,
                 root,
@@ -439,10 +425,6 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
         }
     }
     Err(ApiError::not_found("blob", hex_digest))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `GET /status/v1/simple`: `running`, or 503 `stopping` while draining.

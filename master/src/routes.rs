@@ -11,6 +11,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use pluginsync_common::PUPPET_VERSION;
+use pluginsync_common::protocol;
 
 use crate::api_error::ApiError;
 use crate::handlers::{self, AppState};
@@ -19,20 +20,23 @@ use crate::handlers::{self, AppState};
 pub fn router(state: AppState, request_timeout: Duration) -> Router {
     Router::new()
         .route(
-            "/puppet/v3/file_metadatas/{*rest}",
+            &format!("{}/{{*rest}}", protocol::FILE_METADATAS),
             get(handlers::file_metadatas),
         )
         .route(
-            "/puppet/v3/file_metadata/{*rest}",
+            &format!("{}/{{*rest}}", protocol::FILE_METADATA),
             get(handlers::file_metadata),
         )
         .route(
-            "/puppet/v3/file_content/{*rest}",
+            &format!("{}/{{*rest}}", protocol::FILE_CONTENT),
             get(handlers::file_content),
         )
-        .route("/pluginsync/v1/blobs/sha256/{digest}", get(handlers::blob))
-        .route(crate::batch::BATCH_PATH, get(crate::batch::blobs_batch))
-        .route("/status/v1/simple", get(handlers::status))
+        .route(
+            &format!("{}{{digest}}", protocol::BLOB_PREFIX),
+            get(handlers::blob),
+        )
+        .route(protocol::BATCH_PATH, get(crate::batch::blobs_batch))
+        .route(protocol::STATUS_SIMPLE, get(handlers::status))
         // Only matched routes refuse bodies: a POST to an endpoint we do not
         // serve (a stock agent's catalog request) is a plain 404.
         .route_layer(middleware::from_fn(refuse_bodies))
@@ -76,7 +80,9 @@ async fn refuse_bodies(req: Request, next: Next) -> Response {
 }
 
 async fn puppet_version(mut resp: Response) -> Response {
-    resp.headers_mut()
-        .insert("x-puppet-version", HeaderValue::from_static(PUPPET_VERSION));
+    resp.headers_mut().insert(
+        protocol::HEADER_PUPPET_VERSION,
+        HeaderValue::from_static(PUPPET_VERSION),
+    );
     resp
 }

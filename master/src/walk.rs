@@ -23,25 +23,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use pluginsync_common::checksum::ChecksumType;
 use pluginsync_common::metadata::FileType;
 use pluginsync_common::relpath::RelPath;
 
-/// What changes when a file's content may have changed: a digest is reused
-/// only while all of these stay equal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FileSig {
-    /// Device.
-    pub dev: u64,
-    /// Inode.
-    pub ino: u64,
-    /// Size in bytes.
-    pub size: u64,
-    /// Modification time, nanoseconds since the epoch.
-    pub mtime_ns: i128,
-    /// Status-change time, nanoseconds since the epoch.
-    pub ctime_ns: i128,
-}
+pub use pluginsync_common::filesig::FileSig;
 
 /// One view (`follow` or `manage`) of an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,13 +125,7 @@ fn view_of(md: &Metadata, destination: Option<String>) -> Option<View> {
 
 /// The content signature of a file's metadata.
 pub fn sig_of(md: &Metadata) -> FileSig {
-    FileSig {
-        dev: md.dev(),
-        ino: md.ino(),
-        size: md.size(),
-        mtime_ns: i128::from(md.mtime()) * 1_000_000_000 + i128::from(md.mtime_nsec()),
-        ctime_ns: i128::from(md.ctime()) * 1_000_000_000 + i128::from(md.ctime_nsec()),
-    }
+    FileSig::of(md)
 }
 
 /// Walks the root at `root` (which must be a directory). `label` names the
@@ -362,17 +341,7 @@ pub fn open_indexed(path: &Path, sig: FileSig) -> std::io::Result<std::fs::File>
 /// SHA-256 of a file, streamed.
 pub fn hash_file(path: &Path) -> std::io::Result<[u8; 32]> {
     let file = std::fs::File::open(path)?;
-    let value = ChecksumType::Sha256.digest_reader(file)?;
-    let mut out = [0u8; 32];
-    hex_decode(&value["{sha256}".len()..], &mut out);
-    Ok(out)
-}
-
-fn hex_decode(hex: &str, out: &mut [u8; 32]) {
-    for (i, chunk) in hex.as_bytes().chunks(2).take(32).enumerate() {
-        let s = std::str::from_utf8(chunk).unwrap_or("00");
-        out[i] = u8::from_str_radix(s, 16).unwrap_or(0);
-    }
+    Ok(pluginsync_common::checksum::sha256_reader(file)?.0)
 }
 
 #[cfg(test)]

@@ -1,0 +1,61 @@
+//! [`FileSig`]: the parts of a file's stat that change whenever its content
+//! may have changed. The master reuses a digest, and serves a file, only
+//! while its signature is the indexed one; the agent re-hashes a file only
+//! when its signature differs from the one in its stat cache.
+
+use std::fs::Metadata;
+use std::os::unix::fs::MetadataExt;
+
+use serde::{Deserialize, Serialize};
+
+/// Device, inode, size and both timestamps (nanoseconds since the epoch).
+///
+/// Equal signatures mean "same content" for every writer that goes through
+/// the kernel (a write updates mtime and ctime; a rename-over changes the
+/// inode); the timestamps are nanoseconds so two writes within one second
+/// still differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FileSig {
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i64,
+    /// Status-change time, nanoseconds since the epoch.
+    pub ctime_ns: i64,
+    /// Inode.
+    pub ino: u64,
+    /// Device.
+    pub dev: u64,
+}
+
+impl FileSig {
+    /// From a stat (following or not, as the caller chose).
+    pub fn of(md: &Metadata) -> FileSig {
+        let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+        FileSig {
+            size: md.size(),
+            mtime_ns: ns(md.mtime(), md.mtime_nsec()),
+            ctime_ns: ns(md.ctime(), md.ctime_nsec()),
+            ino: md.ino(),
+            dev: md.dev(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_changes_the_signature() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"one").unwrap();
+        let a = FileSig::of(&std::fs::metadata(&p).unwrap());
+        assert_eq!(a, FileSig::of(&std::fs::metadata(&p).unwrap()));
+        std::fs::write(&p, b"two!").unwrap();
+        let b = FileSig::of(&std::fs::metadata(&p).unwrap());
+        assert_ne!(a, b);
+        assert_eq!(b.size, 4);
+    }
+}

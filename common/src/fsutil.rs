@@ -1,0 +1,55 @@
+//! Writing a small state file so that readers see the old or the new
+//! version whole, never a mix, and the new one survives a crash once this
+//! returns: the report, the cache, the plugin registry and the metrics
+//! textfile all go through [`write_atomic`].
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+/// Writes `bytes` to `path` atomically and durably: a temporary file in the
+/// same directory (so the rename cannot cross filesystems), `fsync`, mode
+/// `mode`, `rename` over `path`, then `fsync` of the directory so the
+/// rename itself is on disk.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".pluginsync-tmp-")
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_whole_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        write_atomic(&p, b"old", 0o644).unwrap();
+        write_atomic(&p, b"new contents", 0o600).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"new contents");
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("state.json")]);
+    }
+
+    #[test]
+    fn fails_cleanly_in_a_missing_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(write_atomic(&dir.path().join("no/such/file"), b"x", 0o644).is_err());
+    }
+}
