@@ -1,15 +1,27 @@
 //! End-to-end tests: a real master over real TLS on 127.0.0.1, real trees on
 //! disk, real child processes (the binaries and, where installed, Puppet).
 
+// Loading synced plugins after a sync: loaders as child processes, failures, versions, the report.
 mod agent_load;
+// The agent binary syncing from a master: mirroring, reports, purge, errors, noop, lock, failover.
 mod agent_sync;
+// No tests: helpers the modules share (Puppet's pluginsync query, GETting and reading listings).
 mod common;
+// Master processes behind HAProxy: syncs and ETags surviving a backend dying (needs `haproxy`).
 mod haproxy_lb;
+// Content-addressed blobs by sha256 and batches of them: caching, authentication, authorization.
 mod master_blobs;
+// ETags across two master processes: equal for one tree, 304 from either, new on change, gzip.
 mod master_etag;
+// What a listing says: checksums, order, first-wins collisions, ignores, links, modes.
 mod master_listing;
+// The master binary as a service manager sees it: SIGTERM, draining, exit status.
 mod master_process;
+// Exact bytes, Puppet's errors, traversal and symlink escapes, client certificates, authorization.
 mod master_security;
+// The index following the disk: changed files, environments created and removed after start.
 mod master_watch;
+// A stock `puppet plugin download` syncing from our master (needs `puppet`).
 mod puppet_compat;
+// Puppet Server as our agent's source and a stock Puppet agent as our master's client (needs both).
 mod puppet_server;
