@@ -39,7 +39,7 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> anyhow::Result<()> {
             writeln!(
                 out,
                 "  {}: {files} files, {dirs} directories from {} modules",
-                mount.name(),
+                mount.as_str(),
                 m.roots.len()
             )?;
             for c in &m.collisions {

@@ -225,7 +225,7 @@ pub async fn file_metadata(
         checksum_type: request::checksum_type(&a.query)?,
         use_permissions: request::use_permissions(&a.query)?,
     };
-    let key = format!("{}/{}", a.target.mount.name(), a.target.path);
+    let key = format!("{}/{}", a.target.mount.as_str(), a.target.path);
     let index = a.index.clone();
     let (mount, path) = (a.target.mount, a.target.path.clone());
     let entry = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
@@ -271,7 +271,7 @@ pub async fn file_metadata(
 pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
     let (state, req) = (&state, &req);
     let a = accept(state, req, "file_content", &["application/octet-stream"]).await?;
-    let key = format!("{}/{}", a.target.mount.name(), a.target.path);
+    let key = format!("{}/{}", a.target.mount.as_str(), a.target.path);
     let not_found = || ApiError::not_found("file_content", &key);
     if a.target.path.is_root() {
         return Err(not_found());

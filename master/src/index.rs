@@ -25,44 +25,7 @@ use pluginsync_common::relpath::RelPath;
 use crate::environments::{self, Module};
 use crate::walk::{self, FileSig, Node, View};
 
-/// A mount served by the master.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Mount {
-    /// Union of every module's `lib/`.
-    Plugins,
-    /// Union of every module's `facts.d/`.
-    PluginFacts,
-}
-
-impl Mount {
-    /// Both mounts.
-    pub const ALL: [Mount; 2] = [Mount::Plugins, Mount::PluginFacts];
-
-    /// Parses a mount name from a request path.
-    pub fn parse(s: &str) -> Option<Mount> {
-        match s {
-            "plugins" => Some(Mount::Plugins),
-            "pluginfacts" => Some(Mount::PluginFacts),
-            _ => None,
-        }
-    }
-
-    /// The mount name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mount::Plugins => "plugins",
-            Mount::PluginFacts => "pluginfacts",
-        }
-    }
-
-    /// The module subdirectory it serves.
-    pub fn subdir(self) -> &'static str {
-        match self {
-            Mount::Plugins => "lib",
-            Mount::PluginFacts => "facts.d",
-        }
-    }
-}
+pub use pluginsync_common::protocol::Mount;
 
 /// One served root: a module's `lib/` or `facts.d/`.
 #[derive(Debug)]
@@ -165,7 +128,7 @@ impl MountIndex {
     ) -> MountIndex {
         let mut roots = Vec::new();
         for m in modules {
-            let dir = m.dir.join(mount.subdir());
+            let dir = m.dir.join(mount.module_subdir());
             if !dir.exists() {
                 continue;
             }
@@ -238,7 +201,7 @@ impl MountIndex {
         lookup.shrink_to_fit();
         index.lookup = lookup;
         for c in &collisions {
-            tracing::info!(mount = mount.name(), path = %c.path, winner = %c.winner, hidden = %c.loser, "path served by two modules, first wins");
+            tracing::info!(mount = mount.as_str(), path = %c.path, winner = %c.winner, hidden = %c.loser, "path served by two modules, first wins");
         }
         index.collisions = collisions;
         index
@@ -351,7 +314,7 @@ impl CachedListing {
     /// Wraps a body, deriving its ETag.
     pub fn new(body: Vec<u8>, count: usize) -> Self {
         let digest = pluginsync_common::checksum::sha256_bytes(&body);
-        let etag = format!("\"{}\"", hex_lower(&digest[..20]));
+        let etag = format!("\"{}\"", pluginsync_common::digest::hex(&digest[..20]));
         let len = body.len();
         if len >= KEEP_GZIPPED {
             let gz = OnceLock::new();
@@ -432,7 +395,7 @@ impl ListingWriter {
         CachedListing {
             plain: self.plain.map(Bytes::from),
             gzip: gz,
-            etag: format!("\"{}\"", hex_lower(&digest[..20])),
+            etag: format!("\"{}\"", pluginsync_common::digest::hex(&digest[..20])),
             count,
             len: self.len,
         }
@@ -470,10 +433,6 @@ pub fn gzip(data: &[u8]) -> Bytes {
     // Writing to a Vec cannot fail.
     let _ = enc.write_all(data);
     Bytes::from(enc.finish().unwrap_or_default())
-}
-
-fn hex_lower(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Bounded map of serialised listings, oldest evicted first, by count and
@@ -590,7 +549,7 @@ impl EnvIndex {
     pub fn mount(&self, mount: Mount) -> &MountIndex {
         match mount {
             Mount::Plugins => &self.mounts[0],
-            Mount::PluginFacts => &self.mounts[1],
+            Mount::Pluginfacts => &self.mounts[1],
         }
     }
 
@@ -626,7 +585,7 @@ impl EnvIndex {
                         l.gzip();
                     }
                     Err(e) => {
-                        tracing::warn!(env = %self.name, mount = mount.name(), error = %e, "cannot pre-serialise a listing")
+                        tracing::warn!(env = %self.name, mount = mount.as_str(), error = %e, "cannot pre-serialise a listing")
                     }
                 }
             }
@@ -771,7 +730,10 @@ impl EnvIndex {
         ty: ChecksumType,
     ) -> Option<Checksum> {
         let value = match ty {
-            ChecksumType::Sha256 => format!("{{sha256}}{}", hex_lower(&node.sha256?)),
+            ChecksumType::Sha256 => format!(
+                "{{sha256}}{}",
+                pluginsync_common::digest::hex(&node.sha256?)
+            ),
             ChecksumType::Mtime => ty.format_time(view.mtime),
             ChecksumType::Ctime => ty.format_time(view.ctime),
             ChecksumType::None => "{none}".to_owned(),

@@ -83,7 +83,9 @@ pub fn mount_path(raw: &str) -> Result<MountPath, PathError> {
     let Some((mount, rest)) = segments.split_first() else {
         return Err(PathError::UnknownMount(String::new()));
     };
-    let mount = Mount::parse(mount).ok_or_else(|| PathError::UnknownMount((*mount).to_owned()))?;
+    let mount: Mount = mount
+        .parse()
+        .map_err(|_| PathError::UnknownMount((*mount).to_owned()))?;
     let path = if rest.is_empty() {
         RelPath::root()
     } else {

@@ -140,7 +140,7 @@ impl Store {
             tracing::info!(
                 env = %name,
                 plugins = idx.file_count(Mount::Plugins),
-                pluginfacts = idx.file_count(Mount::PluginFacts),
+                pluginfacts = idx.file_count(Mount::Pluginfacts),
                 hashed,
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "index built"
