@@ -4,6 +4,7 @@
 //! listings, noop, the run lock and failover. Every run is the real
 //! `pluginsync-agent` binary.
 
+use pluginsync_common::protocol;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -695,12 +696,15 @@ async fn a_cut_batch_falls_back_to_single_downloads() {
                 let head_end = r.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
                 r.splice(
                     head_end..head_end,
-                    b"\r\nX-Pluginsync-Blob-Batch: /pluginsync/v1/blobs"
-                        .iter()
-                        .copied(),
+                    format!(
+                        "\r\n{}: {}",
+                        protocol::HEADER_BLOB_BATCH,
+                        protocol::BATCH_PATH
+                    )
+                    .into_bytes(),
                 );
                 r
-            } else if target.starts_with("/pluginsync/v1/blobs?") {
+            } else if target.starts_with(&format!("{}?", protocol::BATCH_PATH)) {
                 calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 // Whatever was asked: a whole first frame for A if asked,
                 // then B's frame cut after 1,000 of its bytes.
@@ -712,7 +716,8 @@ async fn a_cut_batch_falls_back_to_single_downloads() {
                 body.extend_from_slice(format!("{sb} {}\n", B.len()).as_bytes());
                 body.extend_from_slice(&B[..1000]);
                 let mut r = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/x-pluginsync-blobs\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    protocol::BLOBS_MEDIA_TYPE,
                     body.len() + 10_000
                 )
                 .into_bytes();

@@ -2,6 +2,7 @@
 //! by sha256 with an immutable cache policy, only to authenticated clients
 //! and only from environments they may read.
 
+use pluginsync_common::protocol;
 use pluginsync_tests::{EnvTree, Pki, TestMaster, client, config_toml, parse_config, sha256_hex};
 
 use crate::common::{entry, listing, pluginsync_query};
@@ -32,8 +33,8 @@ async fn blobs_serve_listed_content_by_checksum() {
     )
     .await;
     assert_eq!(status, 200);
-    let prefix = headers["x-pluginsync-blobs"].to_str().unwrap().to_owned();
-    assert_eq!(prefix, "/pluginsync/v1/blobs/sha256/");
+    let prefix = headers[protocol::HEADER_BLOBS].to_str().unwrap().to_owned();
+    assert_eq!(prefix, protocol::BLOB_PREFIX);
 
     let get = |url: String, c: reqwest::Client| async move {
         let r = c.get(url).send().await.unwrap();
@@ -136,15 +137,13 @@ async fn batches_stream_frames_in_order_and_mark_the_missing() {
     let (a, b) = (sha256_hex(b"alpha\n"), sha256_hex(&big));
     let (unknown, restricted) = (sha256_hex(b"nope"), sha256_hex(b"restricted\n"));
     let url = format!(
-        "{}/pluginsync/v1/blobs?sha256={b}&sha256={unknown}&sha256={a}&sha256={restricted}",
-        master.url()
+        "{}{}?sha256={b}&sha256={unknown}&sha256={a}&sha256={restricted}",
+        master.url(),
+        protocol::BATCH_PATH
     );
     let r = c.get(&url).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    assert_eq!(
-        r.headers()["content-type"],
-        "application/x-pluginsync-blobs"
-    );
+    assert_eq!(r.headers()["content-type"], protocol::BLOBS_MEDIA_TYPE);
     let body = r.bytes().await.unwrap().to_vec();
     let mut want = format!("{b} {}\n", big.len()).into_bytes();
     want.extend_from_slice(&big);
@@ -160,12 +159,16 @@ async fn batches_stream_frames_in_order_and_mark_the_missing() {
         c.get(u).send().await.unwrap().status().as_u16()
     };
     assert_eq!(
-        status(format!("{}/pluginsync/v1/blobs", master.url()), c.clone()).await,
+        status(
+            format!("{}{}", master.url(), protocol::BATCH_PATH),
+            c.clone()
+        )
+        .await,
         400
     );
     assert_eq!(
         status(
-            format!("{}/pluginsync/v1/blobs?sha256=XYZ", master.url()),
+            format!("{}{}?sha256=XYZ", master.url(), protocol::BATCH_PATH),
             c.clone()
         )
         .await,
@@ -175,8 +178,9 @@ async fn batches_stream_frames_in_order_and_mark_the_missing() {
     assert_eq!(
         status(
             format!(
-                "{}/pluginsync/v1/blobs?{}",
+                "{}{}?{}",
                 master.url(),
+                protocol::BATCH_PATH,
                 too_many.join("&")
             ),
             c.clone()

@@ -7,7 +7,16 @@ use std::time::Duration;
 
 use pluginsync_tests::{EnvTree, MasterProcess, Pki, client, config_toml, wait_for};
 
-const Q: &str = "recurse=true&max_files=-1&ignore=.svn&ignore=CVS&ignore=.git&ignore=.hg&links=follow&checksum_type=sha256&source_permissions=use&environment=production";
+/// The agent's own listing query, with Puppet's default ignores.
+fn q() -> String {
+    let ignore = pluginsync_common::DEFAULT_IGNORE.map(str::to_owned);
+    pluginsync_common::protocol::ListingQuery {
+        environment: "production",
+        source_permissions: "use",
+        ignore: &ignore,
+    }
+    .to_query()
+}
 
 async fn get(
     c: &reqwest::Client,
@@ -16,7 +25,7 @@ async fn get(
     gzip: bool,
 ) -> (u16, Option<String>, Vec<u8>, Option<String>) {
     let mut r = c
-        .get(format!("{base}/puppet/v3/file_metadatas/plugins?{Q}"))
+        .get(format!("{base}/puppet/v3/file_metadatas/plugins?{}", q()))
         .header("Accept", "application/json");
     if let Some(tag) = inm {
         r = r.header("If-None-Match", tag);
