@@ -12,6 +12,7 @@ pub mod cli;
 pub mod client;
 pub mod commit;
 pub mod config;
+pub mod exit;
 pub mod listing;
 pub mod load;
 pub mod lock;

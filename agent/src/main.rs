@@ -100,7 +100,7 @@ fn main() -> ExitCode {
             if let Some(e) = &outcome.error {
                 errln!("error: {e}");
             }
-            ExitCode::from(outcome.exit_code(settings.detailed_exitcodes) as u8)
+            outcome.exit_status(settings.detailed_exitcodes).into()
         }
         Command::Plugins { config, format } => {
             let config = match AgentConfig::load(&config) {

@@ -23,6 +23,7 @@ use crate::catalog::{self, FileResource};
 use crate::client::{Client, FetchError};
 use crate::commit;
 use crate::config::SourcePermissions;
+use crate::exit::ExitStatus;
 use crate::listing;
 use crate::plan::{self, Plan};
 use crate::report::{Change, Failure, Report};
@@ -42,11 +43,11 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// The process exit code: with `detailed`, 0 no change, 2 changes,
+    /// How the process exits: with `detailed`, 0 no change, 2 changes,
     /// 4 failures, 6 both; 1 when nothing was applied. Without it, 0 or 1.
-    pub fn exit_code(&self, detailed: bool) -> i32 {
+    pub fn exit_status(&self, detailed: bool) -> ExitStatus {
         if self.error.is_some() {
-            return 1;
+            return ExitStatus::Failure;
         }
         let failed = !self.report.failures.is_empty()
             || (self.load_failures_are_errors
@@ -55,10 +56,15 @@ impl Outcome {
                     .loads
                     .iter()
                     .any(|l| l.status == crate::load::LoadStatus::Failed));
-        if !detailed {
-            return i32::from(failed);
+        let changed = !self.report.changes.is_empty();
+        match (detailed, changed, failed) {
+            (false, _, false) => ExitStatus::Success,
+            (false, _, true) => ExitStatus::Failure,
+            (true, false, false) => ExitStatus::Success,
+            (true, true, false) => ExitStatus::Changes,
+            (true, false, true) => ExitStatus::Failures,
+            (true, true, true) => ExitStatus::ChangesAndFailures,
         }
-        (if self.report.changes.is_empty() { 0 } else { 2 }) | (if failed { 4 } else { 0 })
     }
 }
 

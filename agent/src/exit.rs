@@ -1,0 +1,53 @@
+//! The exit statuses of `pluginsync-agent`, one enum, documented in
+//! `--help` ([`EXIT_STATUS_HELP`]) and in the man page.
+//!
+//! 0/1/2/4/6 are Puppet's `--detailed-exitcodes` (a timer unit's
+//! `SuccessExitStatus=2` relies on them), so a usage or config error must
+//! never look like one of them: they use the sysexits codes 64 and 78.
+
+use std::process::ExitCode;
+
+/// How `pluginsync-agent` exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ExitStatus {
+    /// The run succeeded (with `--detailed-exitcodes`: and changed nothing).
+    Success = 0,
+    /// The run failed and nothing was applied (or a subcommand failed).
+    Failure = 1,
+    /// `--detailed-exitcodes`: changes were applied.
+    Changes = 2,
+    /// `--detailed-exitcodes`: some resources failed.
+    Failures = 4,
+    /// `--detailed-exitcodes`: changes were applied and some failed.
+    ChangesAndFailures = 6,
+    /// The command line is wrong (sysexits `EX_USAGE`).
+    Usage = 64,
+    /// The config file is missing, unreadable or invalid (sysexits
+    /// `EX_CONFIG`).
+    Config = 78,
+}
+
+/// The EXIT STATUS section of `--help`.
+pub const EXIT_STATUS_HELP: &str = "\
+Exit status:
+  0   success (with --detailed-exitcodes: no change)
+  1   the run failed; nothing was applied
+  2   with --detailed-exitcodes: changes were applied
+  4   with --detailed-exitcodes: failures
+  6   with --detailed-exitcodes: changes and failures
+  64  usage error (unknown flag or subcommand)
+  78  configuration error";
+
+impl ExitStatus {
+    /// The numeric code.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+impl From<ExitStatus> for ExitCode {
+    fn from(s: ExitStatus) -> ExitCode {
+        ExitCode::from(s.code())
+    }
+}
