@@ -1,13 +1,18 @@
-//! Command-line interface of `pluginsync-agent`.
+//! Command-line interface of `pluginsync-agent`: the clap definition (also
+//! the source of the man page and completions) and [`parse`], which turns a
+//! usage error into [`ExitStatus::Usage`] — never clap's 2, which means
+//! "changes applied" under `--detailed-exitcodes`.
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::exit::{EXIT_STATUS_HELP, ExitStatus};
+
 /// Syncs this node's plugin directories from a pluginsync master or a
 /// Puppet Server: one recursive, purging file resource per destination.
 #[derive(Debug, Parser)]
-#[command(name = "pluginsync-agent", version, about)]
+#[command(name = "pluginsync-agent", version, about, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
     /// More log output on stderr (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -74,4 +79,25 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+}
+
+impl Cli {
+    /// The default log filter: warnings, `-v` info, `-vv` debug.
+    pub fn log_level(&self) -> &'static str {
+        ["warn", "info", "debug"][usize::from(self.verbose.min(2))]
+    }
+}
+
+/// Parses the command line; `--help` and `--version` print and give
+/// `Err(Success)`, a usage error prints clap's message and gives
+/// `Err(Usage)`.
+pub fn parse() -> Result<Cli, ExitStatus> {
+    Cli::try_parse().map_err(|e| {
+        let _unread = e.print();
+        if e.use_stderr() {
+            ExitStatus::Usage
+        } else {
+            ExitStatus::Success
+        }
+    })
 }

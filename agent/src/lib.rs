@@ -16,6 +16,7 @@ pub mod exit;
 pub mod listing;
 pub mod load;
 pub mod lock;
+pub mod output;
 pub mod plan;
 pub mod plugins;
 pub mod report;

@@ -1,58 +1,39 @@
-//! `pluginsync-agent`: parse the command line, set up logging, run, print
-//! the report on stdout and errors as one line on stderr.
+//! `pluginsync-agent`: parse the command line, set up logging, run the
+//! subcommand, print through [`pluginsync_agent::output`], and exit with
+//! the documented status ([`pluginsync_agent::exit`]).
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use pluginsync_agent::cli::{Cli, Command, Format};
+use pluginsync_agent::cli::{self, Command};
 use pluginsync_agent::config::AgentConfig;
-use pluginsync_agent::load::{LoadStatus, Loaders};
+use pluginsync_agent::exit::ExitStatus;
+use pluginsync_agent::load::Loaders;
+use pluginsync_agent::output;
 use pluginsync_agent::plugins::Registry;
 use pluginsync_agent::report::Report;
 use pluginsync_agent::settings::{Overrides, Settings};
 
-/// `print!` that drops output nobody reads any more (stdout closed by
-/// `| head`, say) instead of panicking: the sync has happened and its exit
-/// code must still say how it went.
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _unread = write!(std::io::stdout().lock(), $($arg)*);
-    }};
-}
-
-/// `println!` without the panic; see [`out!`].
-macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _unread = writeln!(std::io::stdout().lock(), $($arg)*);
-    }};
-}
-
-/// `eprintln!` without the panic; see [`out!`].
-macro_rules! errln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _unread = writeln!(std::io::stderr().lock(), $($arg)*);
-    }};
-}
-
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let level = ["warn", "info", "debug"][usize::from(cli.verbose.min(2))];
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        // A log line that cannot be written (stderr's reader gone) is
-        // dropped; by default tracing-subscriber reports it with
-        // `eprintln!`, which panics on that same broken pipe and kills
-        // the task that logged (once: the master's shutdown task).
-        .log_internal_errors(false)
-        .init();
-    match cli.command {
+    let cli = match cli::parse() {
+        Ok(cli) => cli,
+        Err(status) => return status.into(),
+    };
+    pluginsync_common::logging::init(cli.log_level());
+    match run(cli.command) {
+        Ok(status) => status,
+        Err((status, message)) => {
+            output::error(&message);
+            status
+        }
+    }
+    .into()
+}
+
+/// Runs one subcommand; an error is its exit status and its one line.
+fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
+    let config_error =
+        |e: pluginsync_agent::config::ConfigError| (ExitStatus::Config, e.to_string());
+    match command {
         Command::Sync {
             environment,
             config,
@@ -70,109 +51,38 @@ fn main() -> ExitCode {
                 detailed_exitcodes,
                 load,
             };
-            let settings =
-                match AgentConfig::load(&config).and_then(|c| Settings::resolve(c, overrides)) {
-                    Ok(s) => s,
-                    Err(e) => return fail(&e.to_string()),
-                };
-            let runtime = match tokio::runtime::Builder::new_current_thread()
+            let settings = AgentConfig::load(&config)
+                .and_then(|c| Settings::resolve(c, overrides))
+                .map_err(config_error)?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-            {
-                Ok(r) => r,
-                Err(e) => return fail(&format!("cannot start the runtime: {e}")),
-            };
+                .map_err(|e| {
+                    (
+                        ExitStatus::Failure,
+                        format!("cannot start the runtime: {e}"),
+                    )
+                })?;
             let outcome = runtime.block_on(pluginsync_agent::sync::run(&settings));
-            print(&outcome.report, settings.format);
-            for l in outcome
-                .report
-                .loads
-                .iter()
-                .filter(|l| l.status == LoadStatus::Failed)
-            {
-                errln!(
-                    "load failed: {} ({}): {}",
-                    l.path,
-                    l.loader.as_deref().unwrap_or("after_load"),
-                    l.error.as_deref().unwrap_or("failed")
-                );
-            }
+            output::report(&outcome.report, settings.format);
+            output::load_failures(&outcome.report);
             if let Some(e) = &outcome.error {
-                errln!("error: {e}");
+                output::error(e);
             }
-            outcome.exit_status(settings.detailed_exitcodes).into()
+            Ok(outcome.exit_status(settings.detailed_exitcodes))
         }
         Command::Plugins { config, format } => {
-            let config = match AgentConfig::load(&config) {
-                Ok(c) => c,
-                Err(e) => return fail(&e.to_string()),
-            };
+            let config = AgentConfig::load(&config).map_err(config_error)?;
             let registry = Registry::load(&config.vardir);
             let loaders = Loaders::new(&config.loaders, &config.load, &config.environment);
-            if format == Format::Json {
-                outln!("{}", serde_json::to_string(&registry).unwrap_or_default());
-                return ExitCode::SUCCESS;
-            }
-            outln!(
-                "{:<24} {:<14} {:<6} {:<9} PATH",
-                "NAME",
-                "VERSION",
-                "API",
-                "STATUS"
-            );
-            for (name, versions) in &registry.plugins {
-                let active = registry
-                    .active(name, loaders.constraint(name))
-                    .map(|r| r.path.clone());
-                for r in versions {
-                    let status = if Some(&r.path) == active.as_ref() {
-                        "active"
-                    } else {
-                        "available"
-                    };
-                    outln!(
-                        "{:<24} {:<14} {:<6} {:<9} {}",
-                        name,
-                        r.version,
-                        format!("x{}", r.api_version),
-                        status,
-                        r.path
-                    );
-                }
-            }
-            ExitCode::SUCCESS
+            output::plugins(&registry, &loaders, format);
+            Ok(ExitStatus::Success)
         }
         Command::Report { config, format } => {
-            let vardir = match AgentConfig::load(&config) {
-                Ok(c) => c.vardir,
-                Err(e) => return fail(&e.to_string()),
-            };
-            match Report::load(&vardir) {
-                Ok(r) => {
-                    print(&r, format);
-                    if format == Format::Text && r.changes.is_empty() && r.failures.is_empty() {
-                        outln!(
-                            "no changes in the last run ({}, {})",
-                            r.environment,
-                            r.error.as_deref().unwrap_or("ok")
-                        );
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(&e),
-            }
+            let vardir = AgentConfig::load(&config).map_err(config_error)?.vardir;
+            let report = Report::load(&vardir).map_err(|e| (ExitStatus::Failure, e))?;
+            output::last_report(&report, format);
+            Ok(ExitStatus::Success)
         }
     }
-}
-
-fn print(report: &Report, format: Format) {
-    match format {
-        Format::Text => out!("{}", report.text()),
-        Format::Json => outln!("{}", serde_json::to_string(report).unwrap_or_default()),
-    }
-}
-
-fn fail(message: &str) -> ExitCode {
-    errln!("error: {message}");
-    ExitCode::from(1)
 }

@@ -198,12 +198,11 @@ impl Registry {
     /// Writes the registry atomically.
     pub fn save(&self, vardir: &Path) -> std::io::Result<()> {
         std::fs::create_dir_all(vardir)?;
-        let mut tmp = tempfile::NamedTempFile::new_in(vardir)?;
-        std::io::Write::write_all(&mut tmp, &serde_json::to_vec_pretty(self)?)?;
-        tmp.as_file().sync_all()?;
-        tmp.persist(vardir.join("plugins.json"))
-            .map_err(|e| e.error)?;
-        Ok(())
+        pluginsync_common::fsutil::write_atomic(
+            &vardir.join("plugins.json"),
+            &serde_json::to_vec_pretty(self)?,
+            0o600,
+        )
     }
 
     /// Adds (or replaces, by path) an accepted version.

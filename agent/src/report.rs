@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use pluginsync_common::fsutil::write_atomic;
 use serde::{Deserialize, Serialize};
 
 use crate::load::{LoadEntry, LoadStatus};
@@ -107,16 +108,11 @@ impl Report {
     /// Writes `<vardir>/last_run_report.json` atomically.
     pub fn save(&self, vardir: &Path) -> std::io::Result<()> {
         std::fs::create_dir_all(vardir)?;
-        let mut tmp = tempfile::NamedTempFile::new_in(vardir)?;
         // Serialised in memory first: straight into the file, serde_json
         // would make one write(2) per token.
         let mut json = serde_json::to_vec_pretty(self)?;
         json.push(b'\n');
-        std::io::Write::write_all(&mut tmp, &json)?;
-        tmp.as_file().sync_all()?;
-        tmp.persist(vardir.join("last_run_report.json"))
-            .map_err(|e| e.error)?;
-        Ok(())
+        write_atomic(&vardir.join("last_run_report.json"), &json, 0o600)
     }
 
     /// Reads the last report.

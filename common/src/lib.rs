@@ -8,8 +8,8 @@
 //! ([`ignore`]), TOML config parsing ([`config`]), the path encoding of `file_content` URLs ([`urlpath`]) and
 //! PEM loading for TLS ([`tls`]), the wire contract of endpoints, headers,
 //! listing queries and batch frames ([`protocol`]), the sha256 digest type
-//! ([`digest`]), file signatures ([`filesig`]) and atomic state-file writes
-//! ([`fsutil`]).
+//! ([`digest`]), file signatures ([`filesig`]), atomic state-file writes
+//! ([`fsutil`]) and the binaries' one logging setup ([`logging`]).
 
 pub mod checksum;
 pub mod config;
@@ -18,6 +18,7 @@ pub mod envname;
 pub mod filesig;
 pub mod fsutil;
 pub mod ignore;
+pub mod logging;
 pub mod metadata;
 pub mod protocol;
 pub mod relpath;

@@ -336,8 +336,11 @@ mod tests {
         );
     }
 
+    /// Each blob's hex digest and its bytes (`None`: missing).
+    type Decoded = Vec<(String, Option<Vec<u8>>)>;
+
     /// Feeds `stream` in chunks of `n` and collects what the decoder says.
-    fn decode(stream: &[u8], n: usize) -> Result<Vec<(String, Option<Vec<u8>>)>, FrameError> {
+    fn decode(stream: &[u8], n: usize) -> Result<Decoded, FrameError> {
         let mut d = FrameDecoder::new();
         let mut out = Vec::new();
         let mut body: Option<Vec<u8>> = None;

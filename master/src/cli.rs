@@ -1,13 +1,18 @@
-//! Command-line interface of `pluginsync-master`.
+//! Command-line interface of `pluginsync-master`: the clap definition (also
+//! the source of the man page and completions) and [`parse`], which turns
+//! a usage error into [`ExitStatus::Usage`] instead of clap's exit 2.
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::devcerts::DevCertsOptions;
+use crate::exit::{EXIT_STATUS_HELP, ExitStatus};
+
 /// Serves per-environment plugin trees over Puppet's v3 file-serving API
 /// with mutual TLS.
 #[derive(Debug, Parser)]
-#[command(name = "pluginsync-master", version, about)]
+#[command(name = "pluginsync-master", version, about, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
     /// More log output (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -27,7 +32,7 @@ pub enum Command {
         config: PathBuf,
     },
     /// Validate the config and every environment, print what would be
-    /// served and every path collision; exit 0, or 2 with the error.
+    /// served and every path collision; exit 0, or 78 with the error.
     Check {
         /// The config file.
         #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
@@ -35,21 +40,32 @@ pub enum Command {
     },
     /// Make a throwaway development CA, server and agent certificates in a
     /// Puppet-style ssldir (never for production).
-    DevCerts {
-        /// The ssldir to write (an existing CA there is reused).
-        #[arg(long)]
-        out: PathBuf,
-        /// The server's name (repeatable; the first is its certname).
-        #[arg(long = "server-name", default_value = "localhost")]
-        server_names: Vec<String>,
-        /// An agent certname (repeatable).
-        #[arg(long = "agent")]
-        agents: Vec<String>,
-        /// A certname to list in the CRL (repeatable).
-        #[arg(long)]
-        revoke: Vec<String>,
-        /// Validity of the server and agent certificates, in days.
-        #[arg(long, default_value_t = 365)]
-        days: u32,
-    },
+    DevCerts(DevCertsOptions),
+}
+
+impl Cli {
+    /// The default log filter: `info` for `serve` (`warn` for the commands
+    /// that print their own findings when `quiet`), more with each `-v`.
+    pub fn log_level(&self, quiet: bool) -> &'static str {
+        match self.verbose {
+            0 if quiet => "warn",
+            0 => "info",
+            1 => "debug",
+            _ => "trace",
+        }
+    }
+}
+
+/// Parses the command line; `--help` and `--version` print and give
+/// `Err(Success)`, a usage error prints clap's message and gives
+/// `Err(Usage)` (never clap's 2).
+pub fn parse() -> Result<Cli, ExitStatus> {
+    Cli::try_parse().map_err(|e| {
+        let _unread = e.print();
+        if e.use_stderr() {
+            ExitStatus::Usage
+        } else {
+            ExitStatus::Success
+        }
+    })
 }

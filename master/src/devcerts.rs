@@ -27,19 +27,24 @@ use rcgen::{
 };
 use time::{Duration, OffsetDateTime};
 
-/// What to generate.
-#[derive(Debug, Clone)]
+/// What to generate (also the `dev-certs` command line).
+#[derive(Debug, Clone, clap::Args)]
 pub struct DevCertsOptions {
-    /// The ssldir to write.
+    /// The ssldir to write (an existing CA there is reused).
+    #[arg(long)]
     pub out: PathBuf,
-    /// Server names; the first is the certname, all are SANs (plus
-    /// `localhost`, `127.0.0.1` and `::1`).
+    /// The server's name (repeatable; the first is its certname; all are
+    /// SANs, plus `localhost`, `127.0.0.1` and `::1`).
+    #[arg(long = "server-name", default_value = "localhost")]
     pub server_names: Vec<String>,
-    /// Agent certnames.
+    /// An agent certname (repeatable).
+    #[arg(long = "agent")]
     pub agents: Vec<String>,
-    /// Certnames (agents or servers) to list in the CRL.
+    /// A certname to list in the CRL (repeatable).
+    #[arg(long)]
     pub revoke: Vec<String>,
-    /// Validity in days.
+    /// Validity of the server and agent certificates, in days.
+    #[arg(long, default_value_t = 365)]
     pub days: u32,
 }
 

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod config;
 pub mod devcerts;
 pub mod environments;
+pub mod exit;
 pub mod handlers;
 pub mod index;
 pub mod request;
@@ -23,7 +24,3 @@ pub mod store;
 pub mod tls;
 pub mod walk;
 pub mod watch;
-
-/// Exit code for a config or usage error: systemd's
-/// `RestartPreventExitStatus=2` stops restart loops on a bad config.
-pub const EXIT_CONFIG: i32 = 2;

@@ -13,7 +13,6 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use notify::{EventKind, RecursiveMode, Watcher};
 use pluginsync_common::envname::EnvName;
@@ -140,9 +139,6 @@ fn env_of(path: &Path, env_roots: &[PathBuf]) -> Option<Option<EnvName>> {
     }
     None
 }
-
-/// Debounce default, re-exported for tests that wait on the watcher.
-pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
 
 #[cfg(test)]
 mod tests {

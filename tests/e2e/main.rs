@@ -5,6 +5,8 @@
 mod agent_load;
 // The agent binary syncing from a master: mirroring, reports, purge, errors, noop, lock, failover.
 mod agent_sync;
+// Exit statuses of both binaries: usage errors (64), config errors (78), --help.
+mod cli_exit;
 // No tests: helpers the modules share (Puppet's pluginsync query, GETting and reading listings).
 mod common;
 // Master processes behind HAProxy: syncs and ETags surviving a backend dying (needs `haproxy`).

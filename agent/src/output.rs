@@ -1,0 +1,105 @@
+//! What `pluginsync-agent` prints on stdout and stderr: the report (text or
+//! JSON), the `plugins` table, load failures and error lines.
+//!
+//! Writes to a closed stdout or stderr (`pluginsync-agent sync | head`) are
+//! dropped instead of panicking: the sync has happened and its exit status
+//! must still say how it went.
+
+use std::io::Write;
+
+use crate::cli::Format;
+use crate::load::{LoadStatus, Loaders};
+use crate::plugins::Registry;
+use crate::report::Report;
+
+/// Writes `text` to stdout, ignoring a reader that went away.
+pub fn stdout(text: &str) {
+    let _unread = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
+/// Writes `line` and a newline to stderr, ignoring a reader that went away.
+pub fn stderr_line(line: &str) {
+    let _unread = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// The one line an error becomes.
+pub fn error(message: &dyn std::fmt::Display) {
+    stderr_line(&format!("error: {message}"));
+}
+
+/// Prints a report: one line per change and a summary, or one JSON object.
+pub fn report(report: &Report, format: Format) {
+    match format {
+        Format::Text => stdout(&report.text()),
+        Format::Json => stdout(&format!(
+            "{}\n",
+            serde_json::to_string(report).unwrap_or_default()
+        )),
+    }
+}
+
+/// Prints one stderr line per failed load (each is also in the report).
+pub fn load_failures(report: &Report) {
+    for l in report
+        .loads
+        .iter()
+        .filter(|l| l.status == LoadStatus::Failed)
+    {
+        stderr_line(&format!(
+            "load failed: {} ({}): {}",
+            l.path,
+            l.loader.as_deref().unwrap_or("after_load"),
+            l.error.as_deref().unwrap_or("failed")
+        ));
+    }
+}
+
+/// `pluginsync-agent report`: the last run's report, and in text a line
+/// saying so when it changed nothing.
+pub fn last_report(r: &Report, format: Format) {
+    report(r, format);
+    if format == Format::Text && r.changes.is_empty() && r.failures.is_empty() {
+        stdout(&format!(
+            "no changes in the last run ({}, {})\n",
+            r.environment,
+            r.error.as_deref().unwrap_or("ok")
+        ));
+    }
+}
+
+/// `pluginsync-agent plugins`: the registry as a table (name, version,
+/// api, status, path) or as JSON.
+pub fn plugins(registry: &Registry, loaders: &Loaders, format: Format) {
+    if format == Format::Json {
+        stdout(&format!(
+            "{}\n",
+            serde_json::to_string(registry).unwrap_or_default()
+        ));
+        return;
+    }
+    let mut out = format!(
+        "{:<24} {:<14} {:<6} {:<9} PATH\n",
+        "NAME", "VERSION", "API", "STATUS"
+    );
+    for (name, versions) in &registry.plugins {
+        let active = registry
+            .active(name, loaders.constraint(name))
+            .map(|r| r.path.clone());
+        for r in versions {
+            let status = if Some(&r.path) == active.as_ref() {
+                "active"
+            } else {
+                "available"
+            };
+            out.push_str(&format!(
+                "{:<24} {:<14} {:<6} {:<9} {}\n",
+                name,
+                r.version,
+                format!("x{}", r.api_version),
+                status,
+                r.path
+            ));
+        }
+    }
+    stdout(&out);
+}
