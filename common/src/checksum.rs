@@ -2,7 +2,7 @@
 //!
 //! The agent compares a listing's `checksum.value` with the same string
 //! computed locally, so the formatting here must match Puppet's byte for byte
-//! (PROTOCOL.md §2.2): a `{type}` prefix, lowercase hex for digests, Ruby's
+//! (docs/protocol.md §2.2): a `{type}` prefix, lowercase hex for digests, Ruby's
 //! `Time#to_s` for `mtime`/`ctime`, and an empty suffix for `none`. The `lite`
 //! variants hash only the first 512 bytes.
 

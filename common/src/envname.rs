@@ -1,7 +1,7 @@
 //! [`EnvName`]: a Puppet environment name, `^\w+$` in ASCII.
 //!
 //! Puppet accepts an environment iff its name matches `\A\w+\Z` (ASCII
-//! letters, digits and underscore: PROTOCOL.md §3.4). Validating the name
+//! letters, digits and underscore: docs/protocol.md §3.4). Validating the name
 //! before it is joined to an `environmentpath` entry is what keeps
 //! `environment=../../etc` from naming a directory.
 

@@ -2,7 +2,7 @@
 //!
 //! Both Puppet's file server and its agent apply `ignore` (`pluginsignore`)
 //! to the *basename* of every entry at every depth, and never descend into an
-//! ignored directory (PROTOCOL.md §3.2). Ruby's flagless `fnmatch` differs
+//! ignored directory (docs/protocol.md §3.2). Ruby's flagless `fnmatch` differs
 //! from a shell glob in ways that matter for purging:
 //!
 //! - `*`, `?` and `[...]` never match a leading `.`: `*` does not match

@@ -2,7 +2,7 @@
 //!
 //! One [`FileMetadata`] per entry of a `file_metadatas` answer (a JSON array)
 //! or as the whole `file_metadata` answer. Fields are declared in Puppet's key
-//! order (PROTOCOL.md §2.1) because serde writes them in declaration order and
+//! order (docs/protocol.md §2.1) because serde writes them in declaration order and
 //! stock agents, while they do not care, are debugged by people reading diffs
 //! against Puppet Server output. Parsing is lenient where Puppet is (owner and
 //! group may be numbers or SID strings, `links` may be absent, unknown keys

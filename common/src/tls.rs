@@ -119,7 +119,7 @@ pub fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
     Ok(roots)
 }
 
-/// The files of a Puppet-style ssldir for one certname (PROTOCOL.md §5.3).
+/// The files of a Puppet-style ssldir for one certname (docs/protocol.md §5.3).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SslDirPaths {
     /// `certs/ca.pem`.

@@ -2,7 +2,7 @@
 //! and decoded the way Puppet Server does.
 //!
 //! The agent sends `relative_path` with one layer of RFC 2396 escaping
-//! (PROTOCOL.md §1.5): unreserved and reserved characters stay literal, every
+//! (docs/protocol.md §1.5): unreserved and reserved characters stay literal, every
 //! other byte becomes `%XX`. We differ in one place on purpose: `?` is
 //! escaped, because Puppet's agent sends it raw and so cannot sync a file
 //! with `?` in its name. The master decodes exactly once, as UTF-8, and never

@@ -2,7 +2,7 @@
 //! certificates, laid out as a Puppet ssldir.
 //!
 //! For demos, tests and a first evaluation, never for production (the CA key
-//! sits next to the certificates). The layout is Puppet's (PROTOCOL.md §5.3)
+//! sits next to the certificates). The layout is Puppet's (docs/protocol.md §5.3)
 //! so the same directory works for `pluginsync-master` (`[tls] cert, key,
 //! ca, crl`), for `pluginsync-agent` (`[tls] ssldir, certname`) and for a
 //! stock `puppet plugin download --ssldir DIR --certname NAME`:

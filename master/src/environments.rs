@@ -1,5 +1,5 @@
 //! Environments and their modules, as Puppet's directory environments have
-//! them (PROTOCOL.md §3.4, §3.1).
+//! them (docs/protocol.md §3.4, §3.1).
 //!
 //! An environment is `<environmentpath entry>/<name>/` whose name matches
 //! `^\w+$`; the first entry that has it wins. Its modulepath is

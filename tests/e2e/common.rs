@@ -2,7 +2,7 @@
 
 use pluginsync_common::metadata::FileMetadata;
 
-/// Puppet's pluginsync search query (PROTOCOL.md §1.2) with the given
+/// Puppet's pluginsync search query (docs/protocol.md §1.2) with the given
 /// `source_permissions`, `links` and environment.
 pub fn pluginsync_query(perms: &str, links: &str, env: &str) -> String {
     format!(

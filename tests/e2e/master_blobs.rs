@@ -1,4 +1,4 @@
-//! Content-addressed blobs (PROTOCOL.md §9): advertised on listings, served
+//! Content-addressed blobs (docs/protocol.md §7): advertised on listings, served
 //! by sha256 with an immutable cache policy, only to authenticated clients
 //! and only from environments they may read.
 

@@ -17,7 +17,7 @@ use pluginsync_tests::{
 };
 
 /// The harness's independent merged mount, with or without modes (Puppet
-/// applies source modes only to facts.d: PROTOCOL.md §4.5).
+/// applies source modes only to facts.d: docs/protocol.md §4.5).
 fn expected_mount(env_dir: &Path, subdir: &str, modes: bool) -> BTreeMap<String, String> {
     pluginsync_tests::merged_mount(env_dir, subdir)
         .into_iter()
