@@ -17,7 +17,7 @@ use pluginsync_common::envname::EnvName;
 
 use crate::config::MasterConfig;
 use crate::environments;
-use crate::index::{EnvIndex, Mount};
+use crate::index::{EnvIndex, Hashing, Mount};
 
 /// Counters, exposed for tests and `/metrics`-style introspection.
 #[derive(Debug, Default)]
@@ -133,7 +133,9 @@ impl Store {
                 name.clone(),
                 dir,
                 previous.as_deref(),
-                Some(&self.stats.files_hashed),
+                Hashing::Hash {
+                    files_hashed: &self.stats.files_hashed,
+                },
             );
             let hashed = self.stats.files_hashed.load(Ordering::Relaxed) - before;
             idx.warm();

@@ -13,8 +13,8 @@
 //! and anything that cannot be read.
 //!
 //! Hashing is a separate pass ([`hash_nodes`]) so `pluginsync-master check`
-//! can walk without reading every byte, and so a rebuild can reuse the
-//! digests of files whose stat did not change.
+//! can walk without reading every byte ([`Hashing::Skip`]), and so a rebuild
+//! can reuse the digests of files whose stat did not change ([`Digests`]).
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
@@ -286,14 +286,43 @@ fn on_chain(nodes: &[Node], mut idx: u32, target: &Path, canon_root: &Path) -> b
     }
 }
 
+/// The digests of a previous build, for reuse: real path → (signature,
+/// sha256). A file whose signature is unchanged is not read again.
+pub type Digests = HashMap<PathBuf, (FileSig, [u8; 32])>;
+
+/// Whether a build reads file contents after walking.
+#[derive(Debug, Clone, Copy)]
+pub enum Hashing<'a> {
+    /// Walk only, read no content: no node gets a `sha256`
+    /// (`pluginsync-master check`, which reports what would be served).
+    Skip,
+    /// Hash every file with content ([`hash_nodes`]), reusing unchanged
+    /// digests; each file actually read bumps `files_hashed`.
+    Hash {
+        /// Counts the files read (digest reuse does not count).
+        files_hashed: &'a AtomicU64,
+    },
+}
+
+/// `None` is [`Hashing::Skip`], `Some(counter)` is [`Hashing::Hash`]: for
+/// callers that still hold the counter as an `Option`.
+impl<'a> From<Option<&'a AtomicU64>> for Hashing<'a> {
+    fn from(counter: Option<&'a AtomicU64>) -> Self {
+        match counter {
+            None => Hashing::Skip,
+            Some(files_hashed) => Hashing::Hash { files_hashed },
+        }
+    }
+}
+
 /// Fills `sha256` for every node with content, reusing digests from
-/// `previous` (real path → (signature, digest)) when the signature is
-/// unchanged. Each file actually read bumps `hashed`. A file that cannot be
-/// read is dropped from both views, with a warning.
+/// `previous` when the signature is unchanged. Each file actually read
+/// bumps `hashed`. A file that cannot be read is dropped from both views,
+/// with a warning.
 pub fn hash_nodes(
     nodes: &mut [Node],
     canon_root: &Path,
-    previous: &HashMap<PathBuf, (FileSig, [u8; 32])>,
+    previous: &Digests,
     hashed: &AtomicU64,
     label: &str,
 ) {

@@ -1,0 +1,151 @@
+//! What one listing entry is: the search parameters that shape it, and how
+//! one node becomes a `FileMetadata` (owner, group and mode under
+//! `source_permissions`, the checksum of the requested type).
+//!
+//! sha256, mtime and ctime come from the index itself; the other digest
+//! types (md5, sha1, …) are read from disk on first request and kept
+//! ([`OtherChecksums`]). Directories carry a constant checksum
+//! ([`DIRECTORY_CTIME`]) so every replica lists the same bytes.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use pluginsync_common::checksum::ChecksumType;
+use pluginsync_common::metadata::{Checksum, FileMetadata, FileType, Links, Principal};
+
+use super::mount::Root;
+use crate::walk::{Node, View};
+
+/// Parameters of a `file_metadatas` search, normalised; also the key of the
+/// response cache.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SearchParams {
+    /// `recurse`.
+    pub recurse: bool,
+    /// `recurselimit`; `None` for no limit.
+    pub recurselimit: Option<u32>,
+    /// `links`.
+    pub links: Links,
+    /// `ignore` patterns, in request order.
+    pub ignore: Vec<String>,
+    /// `checksum_type`.
+    pub checksum_type: ChecksumType,
+    /// `source_permissions=use` (or `use_when_creating`).
+    pub use_permissions: bool,
+}
+
+/// How owner, group and mode are reported.
+#[derive(Debug, Clone, Copy)]
+pub struct Identity {
+    /// The master's euid, reported under `source_permissions=ignore`.
+    pub uid: u32,
+    /// The master's egid.
+    pub gid: u32,
+}
+
+impl Identity {
+    /// The running process's effective ids.
+    pub fn current() -> Self {
+        Identity {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+        }
+    }
+}
+
+/// The checksum every directory carries. Puppet sends the ctime of the
+/// search base, which agents ignore (PROTOCOL.md §2.2); a constant keeps
+/// listings, and so ETags, identical on every replica of the same tree.
+pub const DIRECTORY_CTIME: i64 = 0;
+
+/// Digests of types the index does not hold (md5, sha1, …), computed on
+/// demand: (real path, type) → value. Kept for the index's lifetime: a
+/// rebuild starts empty, so a changed file is read again.
+#[derive(Debug, Default)]
+pub(super) struct OtherChecksums(Mutex<HashMap<(PathBuf, ChecksumType), String>>);
+
+impl OtherChecksums {
+    /// The `ty` digest of the file at `real`, read now unless known;
+    /// `None` if it cannot be read.
+    fn get_or_read(&self, real: PathBuf, ty: ChecksumType) -> Option<String> {
+        let key = (real, ty);
+        if let Some(v) = self.lock().get(&key) {
+            return Some(v.clone());
+        }
+        let value = std::fs::File::open(&key.0)
+            .and_then(|f| ty.digest_reader(f))
+            .ok()?;
+        self.lock().insert(key, value.clone());
+        Some(value)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(PathBuf, ChecksumType), String>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One metadata entry: `view` of `rel` under `base`, with the checksum of
+/// `node` (`None` for the fallback root of an empty mount).
+pub(super) fn metadata(
+    identity: Identity,
+    other: &OtherChecksums,
+    base: &str,
+    rel: &str,
+    view: &View,
+    node: Option<(&Root, &Node)>,
+    params: &SearchParams,
+) -> FileMetadata {
+    let (owner, group, mode) = if params.use_permissions {
+        (view.uid, view.gid, view.mode)
+    } else {
+        (identity.uid, identity.gid, 0o644)
+    };
+    let checksum = match view.kind {
+        FileType::Directory => Some(Checksum {
+            kind: "ctime".into(),
+            value: ChecksumType::Ctime.format_time(DIRECTORY_CTIME),
+        }),
+        _ => node.and_then(|(r, n)| checksum(other, r, n, view, params.checksum_type)),
+    };
+    FileMetadata {
+        path: base.to_owned(),
+        relative_path: Some(rel.to_owned()),
+        links: params.links,
+        owner: Principal::Id(owner.into()),
+        group: Principal::Id(group.into()),
+        mode,
+        checksum,
+        kind: view.kind,
+        destination: view.destination.clone(),
+    }
+}
+
+/// The checksum of a file (or of a link's target); `None` when its
+/// content is not served (a dangling or escaping link), as Puppet sends
+/// `null` when it cannot compute one.
+pub(super) fn checksum(
+    other: &OtherChecksums,
+    root: &Root,
+    node: &Node,
+    view: &View,
+    ty: ChecksumType,
+) -> Option<Checksum> {
+    let value = match ty {
+        ChecksumType::Sha256 => format!(
+            "{{sha256}}{}",
+            pluginsync_common::digest::hex(&node.sha256?)
+        ),
+        ChecksumType::Mtime => ty.format_time(view.mtime),
+        ChecksumType::Ctime => ty.format_time(view.ctime),
+        ChecksumType::None => "{none}".to_owned(),
+        _ => {
+            node.sha256?;
+            other.get_or_read(node.real_path(&root.canon).into_owned(), ty)?
+        }
+    };
+    Some(Checksum {
+        kind: ty.name().into(),
+        value,
+    })
+}

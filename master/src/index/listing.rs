@@ -1,0 +1,368 @@
+//! How a listing is serialised and cached.
+//!
+//! A `file_metadatas` answer is serialised once per (mount, parameters):
+//! entries are written one at a time ([`Serialiser`]) into a
+//! [`ListingWriter`], which feeds the ETag hasher, the gzip encoder and,
+//! while the body stays small, a plain copy, so the whole JSON document and
+//! the entry vector never exist at once (ARCHITECTURE.md, "index"). The
+//! result, a [`CachedListing`], is kept in a [`ListingCache`] bounded by
+//! count and by bytes, oldest evicted first.
+//!
+//! The ETag is derived from the uncompressed body alone, so two masters
+//! serving the same tree send the same ETag and revalidate each other's.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use pluginsync_common::metadata::FileMetadata;
+use pluginsync_common::protocol::Mount;
+
+use super::entry::SearchParams;
+
+/// A listing could not be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum ListingError {
+    /// A request parameter was unusable.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Serialisation failed.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// A serialised listing, ready to send.
+///
+/// Built by streaming the entries through a hasher (the ETag) and a gzip
+/// encoder. Large listings (4 MiB or more) are kept only gzipped (a
+/// 50,000-file listing is 17 MB of JSON and ~5.7 MB gzipped; both
+/// pluginsync's and Puppet's agents ask for gzip), and inflated for the rare
+/// client that does not take it. Small ones are kept both ways.
+#[derive(Debug)]
+pub struct CachedListing {
+    plain: Option<Bytes>,
+    gzip: OnceLock<Bytes>,
+    /// Strong ETag derived from the uncompressed body alone (quoted).
+    pub etag: String,
+    /// Number of entries.
+    pub count: usize,
+    /// Length of the uncompressed body.
+    pub len: usize,
+}
+
+/// Listings at least this large are kept only gzipped (inflating one per
+/// identity request is then cheaper than holding it twice).
+const KEEP_GZIPPED: usize = 4 << 20;
+
+impl CachedListing {
+    /// Wraps a body, deriving its ETag.
+    pub fn new(body: Vec<u8>, count: usize) -> Self {
+        let digest = pluginsync_common::checksum::sha256_bytes(&body);
+        let etag = format!("\"{}\"", pluginsync_common::digest::hex(&digest[..20]));
+        let len = body.len();
+        if len >= KEEP_GZIPPED {
+            let gz = OnceLock::new();
+            let _ = gz.set(gzip(&body));
+            CachedListing {
+                plain: None,
+                gzip: gz,
+                etag,
+                count,
+                len,
+            }
+        } else {
+            CachedListing {
+                plain: Some(Bytes::from(body)),
+                gzip: OnceLock::new(),
+                etag,
+                count,
+                len,
+            }
+        }
+    }
+
+    /// The uncompressed body (inflated if only the gzip is kept).
+    pub fn plain(&self) -> Bytes {
+        match &self.plain {
+            Some(b) => b.clone(),
+            None => {
+                use std::io::Read;
+                let mut out = Vec::with_capacity(self.len);
+                let gz = self.gzip.get().cloned().unwrap_or_default();
+                let _ = flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut out);
+                Bytes::from(out)
+            }
+        }
+    }
+
+    /// The gzipped body, compressed on first use.
+    pub fn gzip(&self) -> Bytes {
+        self.gzip
+            .get_or_init(|| gzip(self.plain.as_deref().unwrap_or_default()))
+            .clone()
+    }
+
+    /// Bytes held now or once gzipped (for the cache budget).
+    pub fn cost(&self) -> usize {
+        match &self.plain {
+            Some(b) => b.len() * 2,
+            None => self.gzip.get().map_or(0, |g| g.len()),
+        }
+    }
+}
+
+/// Writes the entries of one listing as a JSON array, one at a time, into a
+/// [`ListingWriter`] behind a 64 KiB buffer.
+pub(super) struct Serialiser {
+    out: std::io::BufWriter<ListingWriter>,
+    count: usize,
+}
+
+impl Serialiser {
+    /// Opens the array.
+    pub(super) fn new() -> Result<Self, ListingError> {
+        let mut out = std::io::BufWriter::with_capacity(64 << 10, ListingWriter::new());
+        out.write_all(b"[").map_err(internal)?;
+        Ok(Serialiser { out, count: 0 })
+    }
+
+    /// Appends one entry.
+    pub(super) fn push(&mut self, entry: &FileMetadata) -> Result<(), ListingError> {
+        if self.count > 0 {
+            self.out.write_all(b",").map_err(internal)?;
+        }
+        serde_json::to_writer(&mut self.out, entry)
+            .map_err(|e| ListingError::Internal(e.to_string()))?;
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Closes the array: the body, its ETag and its gzip.
+    pub(super) fn finish(mut self) -> Result<CachedListing, ListingError> {
+        self.out.write_all(b"]").map_err(internal)?;
+        let sink = self
+            .out
+            .into_inner()
+            .map_err(|e| internal(e.into_error()))?;
+        Ok(sink.finish(self.count))
+    }
+}
+
+fn internal(e: std::io::Error) -> ListingError {
+    ListingError::Internal(e.to_string())
+}
+
+/// Where a listing is serialised: hashes it for the ETag, gzips it, and
+/// keeps a plain copy only while it stays under [`KEEP_GZIPPED`].
+struct ListingWriter {
+    hasher: sha2::Sha256,
+    plain: Option<Vec<u8>>,
+    gz: flate2::write::GzEncoder<Vec<u8>>,
+    len: usize,
+}
+
+impl ListingWriter {
+    fn new() -> Self {
+        ListingWriter {
+            hasher: sha2::Sha256::default(),
+            plain: Some(Vec::new()),
+            gz: flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6)),
+            len: 0,
+        }
+    }
+
+    fn finish(self, count: usize) -> CachedListing {
+        use sha2::Digest;
+        let digest = self.hasher.finalize();
+        let gz = OnceLock::new();
+        // Writing to a Vec cannot fail.
+        let _ = gz.set(Bytes::from(self.gz.finish().unwrap_or_default()));
+        CachedListing {
+            plain: self.plain.map(Bytes::from),
+            gzip: gz,
+            etag: format!("\"{}\"", pluginsync_common::digest::hex(&digest[..20])),
+            count,
+            len: self.len,
+        }
+    }
+}
+
+impl std::io::Write for ListingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use sha2::Digest;
+        self.hasher.update(buf);
+        self.len += buf.len();
+        if let Some(plain) = &mut self.plain {
+            if plain.len() + buf.len() >= KEEP_GZIPPED {
+                self.plain = None;
+            } else {
+                plain.extend_from_slice(buf);
+            }
+        }
+        self.gz.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Gzips a buffer.
+pub fn gzip(data: &[u8]) -> Bytes {
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(data.len() / 3),
+        flate2::Compression::new(6),
+    );
+    // Writing to a Vec cannot fail.
+    let _ = enc.write_all(data);
+    Bytes::from(enc.finish().unwrap_or_default())
+}
+
+/// What a listing is cached under: the mount and the normalised search.
+type CacheKey = (Mount, SearchParams);
+
+/// The serialised listings of one environment index, shared by every
+/// request, within the `[index]` budget of the config.
+#[derive(Debug)]
+pub(super) struct ListingCache {
+    /// At most this many listings.
+    max_entries: usize,
+    /// At most this many bytes ([`CachedListing::cost`]).
+    max_bytes: usize,
+    responses: Mutex<ResponseCache>,
+}
+
+impl ListingCache {
+    /// An empty cache with these bounds.
+    pub(super) fn new(max_entries: usize, max_bytes: usize) -> Self {
+        ListingCache {
+            max_entries,
+            max_bytes,
+            responses: Mutex::new(ResponseCache::default()),
+        }
+    }
+
+    /// The listing cached under `key`.
+    pub(super) fn get(&self, key: &CacheKey) -> Option<Arc<CachedListing>> {
+        self.lock().map.get(key).cloned()
+    }
+
+    /// Keeps `listing` under `key`, evicting the oldest to stay in budget.
+    pub(super) fn insert(&self, key: CacheKey, listing: Arc<CachedListing>) {
+        self.lock()
+            .insert(key, listing, self.max_entries, self.max_bytes);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ResponseCache> {
+        self.responses.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Bounded map of serialised listings, oldest evicted first, by count and
+/// by bytes (a body counts twice: it may be gzipped too).
+#[derive(Debug, Default)]
+struct ResponseCache {
+    map: HashMap<CacheKey, Arc<CachedListing>>,
+    order: VecDeque<CacheKey>,
+    bytes: usize,
+}
+
+impl ResponseCache {
+    fn insert(
+        &mut self,
+        key: CacheKey,
+        listing: Arc<CachedListing>,
+        max_entries: usize,
+        max_bytes: usize,
+    ) {
+        if self.map.contains_key(&key) {
+            return;
+        }
+        let cost = listing.cost();
+        // A single listing larger than the whole budget is served, not kept
+        // (and does not flush what is cached).
+        if cost > max_bytes {
+            return;
+        }
+        while !self.order.is_empty()
+            && (self.order.len() >= max_entries || self.bytes + cost > max_bytes)
+        {
+            if let Some(old) = self.order.pop_front()
+                && let Some(gone) = self.map.remove(&old)
+            {
+                self.bytes -= gone.cost();
+            }
+        }
+        self.bytes += cost;
+        self.order.push_back(key.clone());
+        self.map.insert(key, listing);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pluginsync_common::checksum::ChecksumType;
+    use pluginsync_common::metadata::Links;
+
+    fn key(n: u32) -> (Mount, SearchParams) {
+        let p = SearchParams {
+            recurse: true,
+            recurselimit: Some(n),
+            links: Links::Follow,
+            ignore: Vec::new(),
+            checksum_type: ChecksumType::Sha256,
+            use_permissions: false,
+        };
+        (Mount::Plugins, p)
+    }
+
+    #[test]
+    fn streamed_listing_matches_the_whole_body() {
+        for size in [10usize, 3 << 20, 6 << 20] {
+            let body: Vec<u8> = (0..size).map(|i| b"[{\"a\":1},]"[i % 10]).collect();
+            let whole = CachedListing::new(body.clone(), 7);
+            let mut sink = ListingWriter::new();
+            for chunk in body.chunks(4093) {
+                sink.write_all(chunk).unwrap();
+            }
+            let streamed = sink.finish(7);
+            assert_eq!(streamed.etag, whole.etag, "same ETag, size {size}");
+            assert_eq!((streamed.len, streamed.count), (size, 7));
+            assert_eq!(streamed.plain(), Bytes::from(body.clone()));
+            assert_eq!(streamed.plain.is_some(), size < KEEP_GZIPPED);
+            let mut inflated = Vec::new();
+            std::io::Read::read_to_end(
+                &mut flate2::read::GzDecoder::new(&streamed.gzip()[..]),
+                &mut inflated,
+            )
+            .unwrap();
+            assert_eq!(inflated, body);
+        }
+    }
+
+    #[test]
+    fn response_cache_is_bounded_by_count_and_bytes() {
+        let mut c = ResponseCache::default();
+        let body = |n: usize| Arc::new(CachedListing::new(vec![b'x'; n], 1));
+        let big = CachedListing::new(vec![b'y'; 5 << 20], 1);
+        assert_eq!(big.plain().len(), 5 << 20, "inflated on demand");
+        assert!(big.cost() < 10_000, "kept gzipped only");
+        for i in 0..10 {
+            c.insert(key(i), body(100), 4, 10_000);
+        }
+        assert_eq!(c.map.len(), 4);
+        assert!(c.map.contains_key(&key(9)) && !c.map.contains_key(&key(5)));
+        c.insert(key(20), body(4_000), 4, 10_000);
+        assert_eq!(c.bytes, c.map.values().map(|l| l.cost()).sum::<usize>());
+        assert!(c.bytes <= 10_000);
+        c.insert(key(21), body(6_000), 4, 10_000);
+        assert!(
+            !c.map.contains_key(&key(21)),
+            "larger than the budget: served, not kept"
+        );
+        assert!(c.bytes <= 10_000);
+    }
+}

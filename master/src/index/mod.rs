@@ -1,0 +1,300 @@
+//! The in-memory index of one environment: both mounts, merged, hashed.
+//!
+//! [`EnvIndex::build`] walks every module root of the `plugins` (`lib/`)
+//! and `pluginfacts` (`facts.d/`) mounts, hashes each file once (reusing the
+//! digest of every file whose stat is unchanged since the previous build),
+//! and precomputes the merged, first-wins view used to find content. It runs
+//! off the request path (startup, the watcher, or once for an environment
+//! created after startup). Requests only read it: a listing for a given set
+//! of parameters is serialised once, kept in a small bounded cache with its
+//! content-derived ETag, and gzipped at most once (ARCHITECTURE.md,
+//! "index").
+//!
+//! # Map of this folder
+//!
+//! | file | answers |
+//! |---|---|
+//! | `mod.rs` | What an environment index is: [`EnvIndex`] (build, lookups by path and by sha256, listings, [`EnvIndex::warm`]). |
+//! | `mount.rs` | What a mount index is, and how first-wins merge works: [`MountIndex`], [`Root`], [`Loc`], [`Collision`]. |
+//! | `entry.rs` | What one listing entry is: [`SearchParams`], [`Identity`], a node's metadata and its checksum of any type. |
+//! | `listing.rs` | How a listing is serialised and cached: [`CachedListing`], the streaming writer (ETag, gzip), the bounded cache. |
+//!
+//! # How data flows
+//!
+//! ```text
+//! walk::walk_root + walk::hash_nodes     nodes of one module root
+//!   → MountIndex::build                  one Root per module, in module order
+//!   → MountIndex::merge                  first-wins union, as Locs
+//!                                        (unfiltered and path-sorted: the lookup)
+//!   → EnvIndex::build                    both mounts, blobs by sha256
+//!   → EnvIndex::listing                  merge for the params → entry::metadata
+//!                                        per Loc → listing::Serialiser → cache
+//! ```
+//!
+//! Children never import this file; `entry` uses `mount`, `listing` uses
+//! `entry`.
+
+mod entry;
+mod listing;
+mod mount;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pluginsync_common::checksum::ChecksumType;
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::ignore::IgnoreSet;
+use pluginsync_common::metadata::{Checksum, FileMetadata, Links};
+use pluginsync_common::relpath::RelPath;
+
+use crate::environments::{self, Module};
+use crate::walk::{Digests, Node, View};
+
+pub use self::entry::{DIRECTORY_CTIME, Identity, SearchParams};
+pub use self::listing::{CachedListing, ListingError, gzip};
+pub use self::mount::{Collision, Loc, MountIndex, Root};
+pub use crate::walk::Hashing;
+pub use pluginsync_common::protocol::Mount;
+
+use self::entry::OtherChecksums;
+use self::listing::{ListingCache, Serialiser};
+
+/// One environment: both mounts plus caches.
+#[derive(Debug)]
+pub struct EnvIndex {
+    /// The environment name.
+    pub name: EnvName,
+    /// The environment directory.
+    pub dir: PathBuf,
+    /// The modules, in resolution order.
+    pub modules: Vec<Module>,
+    /// `plugins` and `pluginfacts`, in [`Mount::ALL`] order.
+    pub mounts: [MountIndex; 2],
+    identity: Identity,
+    responses: ListingCache,
+    /// Content-addressed view: sha256 → (index in `mounts`, location) of a
+    /// file served by either mount (the first seen wins; the bytes are
+    /// equal).
+    blobs: HashMap<[u8; 32], (usize, Loc)>,
+    /// Non-sha256 digests computed on demand.
+    other_checksums: OtherChecksums,
+}
+
+impl EnvIndex {
+    /// Walks and (unless `hashing` is [`Hashing::Skip`], or `None`) hashes
+    /// an environment, reusing digests from `previous`.
+    pub fn build<'a>(
+        config: &crate::config::MasterConfig,
+        name: EnvName,
+        dir: PathBuf,
+        previous: Option<&EnvIndex>,
+        hashing: impl Into<Hashing<'a>>,
+    ) -> EnvIndex {
+        let hashing = hashing.into();
+        let modulepath = environments::modulepath(config, &dir);
+        let modules = environments::modules(&modulepath);
+        let reuse = previous.map(EnvIndex::digests).unwrap_or_default();
+        let mounts =
+            Mount::ALL.map(|m| MountIndex::build(m, &modules, &modulepath, &dir, &reuse, hashing));
+        let mut blobs = HashMap::new();
+        for (mi, m) in mounts.iter().enumerate() {
+            for &loc in &m.lookup {
+                if let Some(digest) = m.node(loc).sha256 {
+                    blobs.entry(digest).or_insert((mi, loc));
+                }
+            }
+        }
+        EnvIndex {
+            blobs,
+            name,
+            dir,
+            modules,
+            mounts,
+            identity: Identity::current(),
+            responses: ListingCache::new(
+                config.index.cached_responses.max(1),
+                config.index.cache_mib.saturating_mul(1 << 20),
+            ),
+            other_checksums: OtherChecksums::default(),
+        }
+    }
+
+    /// Every file digest of this index, for the next build to reuse.
+    fn digests(&self) -> Digests {
+        self.mounts
+            .iter()
+            .flat_map(|m| m.roots.iter())
+            .flat_map(|r| r.nodes.iter().map(move |n| (r, n)))
+            .filter_map(|(r, n)| Some((n.real_path(&r.canon).into_owned(), (n.sig?, n.sha256?))))
+            .collect()
+    }
+
+    /// The index of a mount.
+    pub fn mount(&self, mount: Mount) -> &MountIndex {
+        match mount {
+            Mount::Plugins => &self.mounts[0],
+            Mount::Pluginfacts => &self.mounts[1],
+        }
+    }
+
+    /// Number of files served by a mount.
+    pub fn file_count(&self, mount: Mount) -> usize {
+        let m = self.mount(mount);
+        m.lookup
+            .iter()
+            .filter(|&&loc| m.node(loc).has_content())
+            .count()
+    }
+
+    /// Serialises and gzips, before the index is published, the listings
+    /// a stock or pluginsync agent asks for (both mounts, both
+    /// `source_permissions`, Puppet's default ignores), so the first agent
+    /// after a change does not wait for them.
+    pub fn warm(&self) {
+        for mount in Mount::ALL {
+            for use_permissions in [true, false] {
+                let params = SearchParams {
+                    recurse: true,
+                    recurselimit: None,
+                    links: Links::Follow,
+                    ignore: pluginsync_common::DEFAULT_IGNORE
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect(),
+                    checksum_type: ChecksumType::Sha256,
+                    use_permissions,
+                };
+                match self.listing(mount, &params) {
+                    Ok(l) => {
+                        l.gzip();
+                    }
+                    Err(e) => {
+                        tracing::warn!(env = %self.name, mount = mount.as_str(), error = %e, "cannot pre-serialise a listing")
+                    }
+                }
+            }
+        }
+    }
+
+    /// The serialised listing for `params`, from the cache or built now.
+    /// Blocking: may hash files for non-sha256 checksum types.
+    pub fn listing(
+        &self,
+        mount: Mount,
+        params: &SearchParams,
+    ) -> Result<Arc<CachedListing>, ListingError> {
+        let key = (mount, params.clone());
+        if let Some(hit) = self.responses.get(&key) {
+            return Ok(hit);
+        }
+        // Streamed: each entry is serialised as soon as it is made, never
+        // collected (for 50,000 files the whole JSON and the entry vector
+        // would be 17 MB plus their growth, and the allocator keeps such a
+        // peak as resident memory).
+        let mut out = Serialiser::new()?;
+        self.for_each_entry(mount, params, |entry| out.push(&entry))?;
+        let listing = Arc::new(out.finish()?);
+        self.responses.insert(key, listing.clone());
+        Ok(listing)
+    }
+
+    /// The entries of a `file_metadatas` answer.
+    pub fn search(
+        &self,
+        mount: Mount,
+        params: &SearchParams,
+    ) -> Result<Vec<FileMetadata>, ListingError> {
+        let mut entries = Vec::new();
+        self.for_each_entry(mount, params, |e| {
+            entries.push(e);
+            Ok(())
+        })?;
+        Ok(entries)
+    }
+
+    /// Calls `f` with each entry of a `file_metadatas` answer, in order:
+    /// the merge of the mount for `params`, or only `"."` (the fallback
+    /// directory) when no module provides the mount.
+    fn for_each_entry(
+        &self,
+        mount: Mount,
+        params: &SearchParams,
+        mut f: impl FnMut(FileMetadata) -> Result<(), ListingError>,
+    ) -> Result<(), ListingError> {
+        let m = self.mount(mount);
+        if m.roots.is_empty() {
+            let (dir, view) = &m.fallback;
+            return f(self.entry(dir, ".", view, None, params)?);
+        }
+        let ignore =
+            IgnoreSet::new(&params.ignore).map_err(|e| ListingError::BadRequest(e.to_string()))?;
+        let limit = if params.recurse {
+            params.recurselimit
+        } else {
+            Some(0)
+        };
+        for loc in m.merge(params.links, &ignore, limit, None) {
+            let node = m.node(loc);
+            let Some(view) = node.view(params.links) else {
+                continue;
+            };
+            let root = m.root(loc);
+            f(self.entry(
+                &root.dir,
+                node.rel.as_str(),
+                view,
+                Some((root, node)),
+                params,
+            )?)?;
+        }
+        Ok(())
+    }
+
+    /// One metadata entry.
+    pub fn entry(
+        &self,
+        base: &str,
+        rel: &str,
+        view: &View,
+        node: Option<(&Root, &Node)>,
+        params: &SearchParams,
+    ) -> Result<FileMetadata, ListingError> {
+        Ok(entry::metadata(
+            self.identity,
+            &self.other_checksums,
+            base,
+            rel,
+            view,
+            node,
+            params,
+        ))
+    }
+
+    /// The checksum of a file (or of a link's target); `None` when its
+    /// content is not served (a dangling or escaping link), as Puppet sends
+    /// `null` when it cannot compute one.
+    pub fn checksum(
+        &self,
+        root: &Root,
+        node: &Node,
+        view: &View,
+        ty: ChecksumType,
+    ) -> Option<Checksum> {
+        entry::checksum(&self.other_checksums, root, node, view, ty)
+    }
+
+    /// Finds a served file by its sha256.
+    pub fn blob(&self, digest: &[u8; 32]) -> Option<(&Root, &Node)> {
+        let &(mi, loc) = self.blobs.get(digest)?;
+        let m = &self.mounts[mi];
+        Some((m.root(loc), m.node(loc)))
+    }
+
+    /// Finds the winning entry for a relative path (`"."` for the root).
+    pub fn find(&self, mount: Mount, rel: &RelPath) -> Option<(&Root, &Node)> {
+        let m = self.mount(mount);
+        let loc = m.find(rel.as_str())?;
+        Some((m.root(loc), m.node(loc)))
+    }
+}
