@@ -11,6 +11,7 @@ use std::io::Write;
 use crate::config::MasterConfig;
 use crate::environments;
 use crate::index::{EnvIndex, Mount};
+use crate::walk::Hashing;
 
 /// Runs the check, writing the summary to `out`.
 pub fn run(config: &MasterConfig, out: &mut impl Write) -> anyhow::Result<()> {
@@ -24,7 +25,7 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> anyhow::Result<()> {
         writeln!(out, "warning: no environment found on the environmentpath")?;
     }
     for (name, dir) in envs {
-        let idx = EnvIndex::build(config, name.clone(), dir.clone(), None, None);
+        let idx = EnvIndex::build(config, name.clone(), dir.clone(), None, Hashing::Skip);
         let modules: Vec<&str> = idx.modules.iter().map(|m| m.name.as_str()).collect();
         writeln!(out, "environment {name} ({})", dir.display())?;
         writeln!(out, "  modules ({}): {}", modules.len(), modules.join(" "))?;

@@ -304,17 +304,6 @@ pub enum Hashing<'a> {
     },
 }
 
-/// `None` is [`Hashing::Skip`], `Some(counter)` is [`Hashing::Hash`]: for
-/// callers that still hold the counter as an `Option`.
-impl<'a> From<Option<&'a AtomicU64>> for Hashing<'a> {
-    fn from(counter: Option<&'a AtomicU64>) -> Self {
-        match counter {
-            None => Hashing::Skip,
-            Some(files_hashed) => Hashing::Hash { files_hashed },
-        }
-    }
-}
-
 /// Fills `sha256` for every node with content, reusing digests from
 /// `previous` when the signature is unchanged. Each file actually read
 /// bumps `hashed`. A file that cannot be read is dropped from both views,

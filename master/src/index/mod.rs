@@ -82,16 +82,15 @@ pub struct EnvIndex {
 }
 
 impl EnvIndex {
-    /// Walks and (unless `hashing` is [`Hashing::Skip`], or `None`) hashes
+    /// Walks and (unless `hashing` is [`Hashing::Skip`]) hashes
     /// an environment, reusing digests from `previous`.
-    pub fn build<'a>(
+    pub fn build(
         config: &crate::config::MasterConfig,
         name: EnvName,
         dir: PathBuf,
         previous: Option<&EnvIndex>,
-        hashing: impl Into<Hashing<'a>>,
+        hashing: Hashing<'_>,
     ) -> EnvIndex {
-        let hashing = hashing.into();
         let modulepath = environments::modulepath(config, &dir);
         let modules = environments::modules(&modulepath);
         let reuse = previous.map(EnvIndex::digests).unwrap_or_default();
