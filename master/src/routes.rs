@@ -14,7 +14,8 @@ use pluginsync_common::PUPPET_VERSION;
 use pluginsync_common::protocol;
 
 use crate::api_error::ApiError;
-use crate::handlers::{self, AppState};
+use crate::handlers;
+use crate::state::AppState;
 
 /// Builds the application router.
 pub fn router(state: AppState, request_timeout: Duration) -> Router {
@@ -35,7 +36,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
             &format!("{}{{digest}}", protocol::BLOB_PREFIX),
             get(handlers::blob),
         )
-        .route(protocol::BATCH_PATH, get(crate::batch::blobs_batch))
+        .route(protocol::BATCH_PATH, get(handlers::blobs_batch))
         .route(protocol::STATUS_SIMPLE, get(handlers::status))
         // Only matched routes refuse bodies: a POST to an endpoint we do not
         // serve (a stock agent's catalog request) is a plain 404.
