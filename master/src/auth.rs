@@ -1,17 +1,45 @@
-//! Who may read what: the client's identity and `[[authorization]]` rules.
+//! Who may read what: the client's identity, `[[authorization]]` rules, and
+//! the one authorization step every file and blob endpoint goes through.
 //!
 //! The identity is the subject CN of the client certificate, as in Puppet
-//! Server. Without rules every authenticated client may read every
-//! environment (Puppet's default `auth.conf` for the file endpoints). With
-//! rules, the first rule whose `certname` glob matches decides, and a client
-//! matched by no rule is refused, like `auth.conf`'s final deny-all.
+//! Server, and it is only ever taken from the TLS handshake (the
+//! `Arc<TlsInfo>` the TLS acceptor puts in each request's extensions), never
+//! from a header (docs/protocol.md §5.1, §5.2). Without rules every
+//! authenticated client may read every environment (Puppet's default
+//! `auth.conf` for the file endpoints). With rules, the first rule whose
+//! `certname` glob matches decides, and a client matched by no rule is
+//! refused, like `auth.conf`'s final deny-all (docs/protocol.md §5.4).
+//!
+//! [`Gate`] is the step itself: [`Gate::admit`] refuses a request without a
+//! client certificate (403), [`Client::may_read`] applies the rules to one
+//! environment, and [`Gate::authorize`] chains them with the environment
+//! name check in Puppet Server's order (docs/protocol.md §1.7 steps 2–4).
+//! The file endpoints call [`Gate::authorize`]; blobs and batches call
+//! [`Gate::admit`] and search only the environments [`Client::may_read`]
+//! allows (docs/protocol.md §7.1, §7.2.1).
 
 use std::sync::Arc;
 
+use axum::http::request::Parts;
 use axum_server::tls::TlsInfo;
 use globset::{Glob, GlobMatcher, GlobSet, GlobSetBuilder};
+use pluginsync_common::config::ConfigError;
+use pluginsync_common::envname::{EnvName, InvalidEnvName};
+use serde::Deserialize;
 
-use crate::config::{AuthRule, ConfigError};
+use crate::api_error::ApiError;
+
+/// One `[[authorization]]` rule of `master.toml`: the first rule whose
+/// `certname` glob matches the client's certname decides; a client matched
+/// by no rule is refused.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthRule {
+    /// Glob on the client certificate's subject CN, e.g. `"*.dmz.example.org"`.
+    pub certname: String,
+    /// Globs on the environment names this client may read.
+    pub environments: Vec<String>,
+}
 
 /// The subject CN of the leaf certificate a client presented, if any.
 pub fn peer_common_name(info: Option<&Arc<TlsInfo>>) -> Option<String> {
@@ -66,6 +94,102 @@ impl Authorizer {
             .find(|(cert, _)| cert.is_match(certname))
             .is_some_and(|(_, envs)| envs.is_match(environment))
     }
+}
+
+/// Whether client certificates decide who reads what: `tls.client_auth`
+/// as the gate sees it (docs/protocol.md §5.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// `"optional"` or `"required"`: a request without a client certificate
+    /// is refused, and `[[authorization]]` applies to the certname.
+    Certificates,
+    /// `"none"`: every client may read every environment; the rules are
+    /// ignored.
+    Open,
+}
+
+/// The authorization step shared by every file and blob endpoint.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    authorizer: Arc<Authorizer>,
+    policy: Policy,
+}
+
+/// A client [`Gate::admit`] let in: what it may read.
+#[derive(Debug)]
+pub struct Client<'a> {
+    gate: &'a Gate,
+    /// The certname; `None` only under [`Policy::Open`].
+    certname: Option<String>,
+}
+
+impl Gate {
+    /// A gate applying `authorizer` under `policy`.
+    pub fn new(authorizer: Authorizer, policy: Policy) -> Self {
+        Gate {
+            authorizer: Arc::new(authorizer),
+            policy,
+        }
+    }
+
+    /// The first half of the step: a request without a client certificate
+    /// (or with one that has no CN) is a 403, unless the policy is
+    /// [`Policy::Open`]. The identity comes from the TLS handshake only.
+    pub fn admit(&self, req: &Parts) -> Result<Client<'_>, ApiError> {
+        let certname = peer_common_name(req.extensions.get::<Arc<TlsInfo>>());
+        if self.policy == Policy::Certificates && certname.is_none() {
+            tracing::info!(path = req.uri.path(), "refused: no client certificate");
+            return Err(ApiError::forbidden(req.uri.path()));
+        }
+        Ok(Client {
+            gate: self,
+            certname,
+        })
+    }
+
+    /// The whole step for an endpoint that names its environment, in
+    /// Puppet Server's order (docs/protocol.md §1.7 steps 2–4): no client
+    /// certificate → 403, a bad environment name → 400, refused by
+    /// `[[authorization]]` → 403. Whether the environment exists is left to
+    /// the caller, after this, so a refused client cannot probe for it.
+    pub fn authorize(&self, req: &Parts, environment: &str) -> Result<EnvName, ApiError> {
+        let client = self.admit(req)?;
+        let env: EnvName = environment
+            .parse()
+            .map_err(|e: InvalidEnvName| ApiError::bad_request(upper_first(&e.to_string())))?;
+        if !client.may_read(env.as_str()) {
+            tracing::info!(
+                certname = client.certname.as_deref().unwrap_or_default(),
+                env = %env,
+                path = req.uri.path(),
+                "refused by [[authorization]]"
+            );
+            return Err(ApiError::forbidden(req.uri.path()));
+        }
+        Ok(env)
+    }
+}
+
+impl Client<'_> {
+    /// True if this client may read `environment`: always under
+    /// [`Policy::Open`], else as `[[authorization]]` says for its certname.
+    pub fn may_read(&self, environment: &str) -> bool {
+        match self.gate.policy {
+            Policy::Open => true,
+            Policy::Certificates => self
+                .certname
+                .as_deref()
+                .is_some_and(|cn| self.gate.authorizer.allows(cn, environment)),
+        }
+    }
+}
+
+/// Puppet's messages start with a capital; [`InvalidEnvName`]'s does not.
+fn upper_first(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

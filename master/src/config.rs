@@ -14,6 +14,8 @@ use std::time::Duration;
 use pluginsync_common::config::{ConfigFile, RelativeTo};
 use serde::Deserialize;
 
+use crate::auth;
+
 /// The default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/master.toml";
 
@@ -42,7 +44,7 @@ pub struct MasterConfig {
     /// Which client certnames may read which environments; empty = any
     /// authenticated client may read every environment.
     #[serde(default)]
-    pub authorization: Vec<AuthRule>,
+    pub authorization: Vec<auth::AuthRule>,
 }
 
 /// `[tls]`.
@@ -78,6 +80,18 @@ pub enum ClientAuth {
     /// environment. Only for a master behind a TLS-terminating proxy that
     /// does its own authentication.
     None,
+}
+
+impl From<ClientAuth> for auth::Policy {
+    /// `required` and `optional` both mean "no certificate, no files";
+    /// `none` opens every environment to every client (docs/protocol.md
+    /// §5.1).
+    fn from(client_auth: ClientAuth) -> Self {
+        match client_auth {
+            ClientAuth::Required | ClientAuth::Optional => auth::Policy::Certificates,
+            ClientAuth::None => auth::Policy::Open,
+        }
+    }
 }
 
 /// `[http]`.
@@ -143,17 +157,6 @@ impl Default for IndexConfig {
     }
 }
 
-/// One `[[authorization]]` rule: the first rule whose `certname` glob matches
-/// the client's certname decides; a client matched by no rule is refused.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuthRule {
-    /// Glob on the client certificate's subject CN, e.g. `"*.dmz.example.org"`.
-    pub certname: String,
-    /// Globs on the environment names this client may read.
-    pub environments: Vec<String>,
-}
-
 fn default_listen() -> Vec<String> {
     vec!["0.0.0.0:8140".to_owned()]
 }
@@ -199,7 +202,7 @@ impl MasterConfig {
                 )));
             }
         }
-        crate::auth::Authorizer::new(&self.authorization)?;
+        auth::Authorizer::new(&self.authorization)?;
         Ok(())
     }
 

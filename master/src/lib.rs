@@ -3,12 +3,13 @@
 //!
 //! Flow: [`config`] → [`environments`] → [`index`] (built by [`walk`], kept
 //! in [`store`], refreshed by [`watch`]) → [`routes`] → [`handlers`], which
-//! only read the index. [`server`] ties listeners, TLS ([`tls`]) and signals
-//! together; [`check`] and [`devcerts`] back the other subcommands.
+//! only read the index, each after the one authorization step of [`auth`],
+//! with the [`state`] they share. [`server`] ties listeners, TLS ([`tls`])
+//! and signals together; [`check`] and [`devcerts`] back the other
+//! subcommands.
 
 pub mod api_error;
 pub mod auth;
-pub mod batch;
 pub mod check;
 pub mod cli;
 pub mod config;
@@ -20,6 +21,7 @@ pub mod index;
 pub mod request;
 pub mod routes;
 pub mod server;
+pub mod state;
 pub mod store;
 pub mod tls;
 pub mod walk;

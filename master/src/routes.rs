@@ -14,7 +14,8 @@ use pluginsync_common::PUPPET_VERSION;
 use pluginsync_common::protocol;
 
 use crate::api_error::ApiError;
-use crate::handlers::{self, AppState};
+use crate::handlers;
+use crate::state::AppState;
 
 /// Builds the application router.
 pub fn router(state: AppState, request_timeout: Duration) -> Router {
@@ -35,7 +36,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
             &format!("{}{{digest}}", protocol::BLOB_PREFIX),
             get(handlers::blob),
         )
-        .route(protocol::BATCH_PATH, get(crate::batch::blobs_batch))
+        .route(protocol::BATCH_PATH, get(handlers::blobs_batch))
         .route(protocol::STATUS_SIMPLE, get(handlers::status))
         // Only matched routes refuse bodies: a POST to an endpoint we do not
         // serve (a stock agent's catalog request) is a plain 404.
@@ -85,4 +86,346 @@ async fn puppet_version(mut resp: Response) -> Response {
         HeaderValue::from_static(PUPPET_VERSION),
     );
     resp
+}
+
+/// The real router over a real environment tree, without TLS: requests go
+/// in with [`tower::ServiceExt::oneshot`]. A client certificate is supplied
+/// the way the TLS acceptor supplies it, as an `Arc<TlsInfo>` extension
+/// holding the DER the client presented (docs/protocol.md §5.2).
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::body::{Body, Bytes};
+    use axum::http::{HeaderMap, Request, StatusCode, header};
+    use axum_server::tls::TlsInfo;
+    use pluginsync_common::digest::Sha256;
+    use pluginsync_common::protocol;
+    use tower::ServiceExt;
+
+    use super::router;
+    use crate::auth::{Authorizer, Gate};
+    use crate::config::MasterConfig;
+    use crate::state::AppState;
+    use crate::store::Store;
+
+    const PROD: &[u8] = b"Facter.add(:prod) { setcode { 'production' } }\n";
+    const DMZ: &[u8] = b"Facter.add(:dmz) { setcode { 'dmz' } }\n";
+
+    /// The file endpoints, each with a path that exists in `production`.
+    const FILE_ENDPOINTS: [&str; 3] = [
+        "/puppet/v3/file_metadatas/plugins",
+        "/puppet/v3/file_metadata/plugins/prod.rb",
+        "/puppet/v3/file_content/plugins/prod.rb",
+    ];
+
+    /// A router over `production` (`prod.rb`) and `dmz` (`dmz.rb`), with
+    /// `agent1` allowed `production` only and `admin` every environment.
+    struct Master {
+        app: Router,
+        _tree: tempfile::TempDir,
+    }
+
+    async fn master(client_auth: &str) -> Master {
+        let tree = tempfile::tempdir().unwrap();
+        let envs = tree.path().join("envs");
+        for (env, file, body) in [("production", "prod.rb", PROD), ("dmz", "dmz.rb", DMZ)] {
+            let lib = envs.join(env).join("modules/m/lib");
+            std::fs::create_dir_all(&lib).unwrap();
+            std::fs::write(lib.join(file), body).unwrap();
+        }
+        let toml = format!(
+            r#"environmentpath = ["{}"]
+[tls]
+cert = "unused-cert.pem"
+key = "unused-key.pem"
+ca = "unused-ca.pem"
+client_auth = "{client_auth}"
+
+[[authorization]]
+certname = "agent1"
+environments = ["production"]
+
+[[authorization]]
+certname = "admin"
+environments = ["*"]
+"#,
+            envs.display()
+        );
+        let config = MasterConfig::parse(&toml, &tree.path().join("master.toml")).unwrap();
+        config.validate().unwrap();
+        let gate = Gate::new(
+            Authorizer::new(&config.authorization).unwrap(),
+            config.tls.client_auth.into(),
+        );
+        let store = Store::new(Arc::new(config));
+        store.rebuild(None).await;
+        let app = router(AppState { store, gate }, Duration::from_secs(10));
+        Master { app, _tree: tree }
+    }
+
+    /// What the TLS acceptor attaches for a client that presented a
+    /// certificate with this subject CN (`None`: a subject without a CN).
+    fn presented(cn: Option<&str>) -> Arc<TlsInfo> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        if let Some(cn) = cn {
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, cn);
+        }
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "pluginsync tests");
+        let cert = params.self_signed(&key).unwrap();
+        let mut info = TlsInfo::default();
+        info.peer_certificates = vec![cert.der().to_vec()];
+        Arc::new(info)
+    }
+
+    struct Answer {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+    }
+
+    impl Answer {
+        /// Asserts a Puppet error body: status, `issue_kind`, `message`.
+        fn error(&self, status: StatusCode, kind: &str, message: &str) {
+            assert_eq!(self.status, status, "{:?}", self.body);
+            let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
+            assert_eq!(v["issue_kind"], kind, "{v}");
+            assert_eq!(v["message"], message, "{v}");
+        }
+
+        fn forbidden(&self, path: &str) {
+            self.error(
+                StatusCode::FORBIDDEN,
+                "FAILED_AUTHORIZATION",
+                &format!("Not Authorized: Forbidden request: {path} (method GET)"),
+            );
+        }
+    }
+
+    async fn get(m: &Master, uri: &str, client: Option<&Arc<TlsInfo>>) -> Answer {
+        let mut req = Request::get(uri).body(Body::empty()).unwrap();
+        if let Some(info) = client {
+            req.extensions_mut().insert(info.clone());
+        }
+        let resp = m.app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert!(
+            headers.contains_key(protocol::HEADER_PUPPET_VERSION),
+            "{uri}: no X-Puppet-Version"
+        );
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// docs/protocol.md §1.7: 400 missing `environment` → 403 no
+    /// certificate → 400 bad name → 403 `[[authorization]]` → 404 unknown
+    /// environment, each case failing the later checks too, so the status
+    /// shows which check ran first; then 200 for an allowed request.
+    #[tokio::test]
+    async fn file_endpoints_check_in_puppets_order() {
+        let m = master("optional").await;
+        let agent1 = presented(Some("agent1"));
+        let admin = presented(Some("admin"));
+        for path in FILE_ENDPOINTS {
+            let at = |query: &str| format!("{path}?{query}");
+
+            // 1. No environment: 400 even without a certificate.
+            get(&m, path, None).await.error(
+                StatusCode::BAD_REQUEST,
+                "RUNTIME_ERROR",
+                "Bad Request: An environment parameter must be specified",
+            );
+            // 2. No certificate: 403 even for a bad environment name.
+            get(&m, &at("environment=bad-name"), None)
+                .await
+                .forbidden(path);
+            get(&m, &at("environment=production"), None)
+                .await
+                .forbidden(path);
+            // A certificate without a CN is no identity.
+            get(&m, &at("environment=production"), Some(&presented(None)))
+                .await
+                .forbidden(path);
+            // 3. Bad name: 400, before any rule is consulted.
+            get(&m, &at("environment=bad-name"), Some(&agent1))
+                .await
+                .error(
+                    StatusCode::BAD_REQUEST,
+                    "RUNTIME_ERROR",
+                    "Bad Request: The environment must be purely alphanumeric, not 'bad-name'",
+                );
+            // 4. Refused by [[authorization]]: 403, whether the environment
+            // exists or not, so a refused client cannot probe for it.
+            get(&m, &at("environment=dmz"), Some(&agent1))
+                .await
+                .forbidden(path);
+            get(&m, &at("environment=nosuch"), Some(&agent1))
+                .await
+                .forbidden(path);
+            // 5. Allowed but unknown: 404.
+            get(&m, &at("environment=nosuch"), Some(&admin))
+                .await
+                .error(
+                    StatusCode::NOT_FOUND,
+                    "RUNTIME_ERROR",
+                    "Not Found: Could not find environment 'nosuch'",
+                );
+            // Allowed and known: 200.
+            for who in [&agent1, &admin] {
+                let ok = get(&m, &at("environment=production"), Some(who)).await;
+                assert_eq!(ok.status, StatusCode::OK, "{path}: {:?}", ok.body);
+            }
+        }
+        // admin's rule reaches dmz too.
+        let listing = get(
+            &m,
+            "/puppet/v3/file_metadatas/plugins?environment=dmz",
+            Some(&admin),
+        )
+        .await;
+        assert_eq!(listing.status, StatusCode::OK, "{:?}", listing.body);
+        let content = get(
+            &m,
+            "/puppet/v3/file_content/plugins/prod.rb?environment=production",
+            Some(&agent1),
+        )
+        .await;
+        assert_eq!(&content.body[..], PROD);
+    }
+
+    /// docs/protocol.md §7.1: the same gate, then only environments the
+    /// client may read are searched.
+    #[tokio::test]
+    async fn blob_goes_through_the_same_gate() {
+        let m = master("optional").await;
+        let agent1 = presented(Some("agent1"));
+        let admin = presented(Some("admin"));
+        let blob = |d: &[u8]| format!("{}{}", protocol::BLOB_PREFIX, Sha256::of(d));
+        let bad = format!("{}NOT-HEX", protocol::BLOB_PREFIX);
+
+        // No certificate: 403 before the name is even looked at.
+        get(&m, &bad, None).await.forbidden(&bad);
+        get(&m, &blob(PROD), None).await.forbidden(&blob(PROD));
+        get(&m, &blob(PROD), Some(&presented(None)))
+            .await
+            .forbidden(&blob(PROD));
+        get(&m, &bad, Some(&agent1)).await.error(
+            StatusCode::BAD_REQUEST,
+            "RUNTIME_ERROR",
+            "Bad Request: a blob is named by 64 lowercase hex digits of its sha256",
+        );
+        // dmz's file exists, but not for agent1.
+        get(&m, &blob(DMZ), Some(&agent1)).await.error(
+            StatusCode::NOT_FOUND,
+            "RESOURCE_NOT_FOUND",
+            &format!("Not Found: Could not find blob {}", Sha256::of(DMZ)),
+        );
+        let ok = get(&m, &blob(PROD), Some(&agent1)).await;
+        assert_eq!((ok.status, &ok.body[..]), (StatusCode::OK, PROD));
+        assert_eq!(
+            ok.headers[header::CACHE_CONTROL],
+            "public, max-age=31536000, immutable"
+        );
+        let ok = get(&m, &blob(DMZ), Some(&admin)).await;
+        assert_eq!((ok.status, &ok.body[..]), (StatusCode::OK, DMZ));
+    }
+
+    /// docs/protocol.md §7.2.1: the same gate; a blob the client may not
+    /// read is a "missing" frame, like one that does not exist.
+    #[tokio::test]
+    async fn batch_goes_through_the_same_gate() {
+        let m = master("optional").await;
+        let (prod, dmz) = (Sha256::of(PROD), Sha256::of(DMZ));
+        let uri = format!(
+            "{}?{k}={prod}&{k}={dmz}",
+            protocol::BATCH_PATH,
+            k = protocol::BATCH_QUERY_KEY
+        );
+        get(&m, &uri, None).await.forbidden(protocol::BATCH_PATH);
+        get(&m, &uri, Some(&presented(None)))
+            .await
+            .forbidden(protocol::BATCH_PATH);
+        get(&m, protocol::BATCH_PATH, Some(&presented(Some("agent1"))))
+            .await
+            .error(
+                StatusCode::BAD_REQUEST,
+                "RUNTIME_ERROR",
+                "Bad Request: ask for 1 to 128 sha256 values",
+            );
+
+        let found = |d: &Sha256, body: &[u8]| {
+            let mut f = protocol::frame_header(d, Some(body.len() as u64)).into_bytes();
+            f.extend_from_slice(body);
+            f
+        };
+        let agent1 = get(&m, &uri, Some(&presented(Some("agent1")))).await;
+        assert_eq!(agent1.status, StatusCode::OK);
+        let mut want = found(&prod, PROD);
+        want.extend_from_slice(protocol::frame_header(&dmz, None).as_bytes());
+        assert_eq!(&agent1.body[..], &want[..]);
+
+        let admin = get(&m, &uri, Some(&presented(Some("admin")))).await;
+        assert_eq!(admin.status, StatusCode::OK);
+        let mut want = found(&prod, PROD);
+        want.extend_from_slice(&found(&dmz, DMZ));
+        assert_eq!(&admin.body[..], &want[..]);
+    }
+
+    /// docs/protocol.md §5.1: `client_auth = "none"` needs no certificate
+    /// and ignores `[[authorization]]`; a missing or bad environment is
+    /// still refused in the same order.
+    #[tokio::test]
+    async fn client_auth_none_opens_every_environment() {
+        let m = master("none").await;
+        for path in FILE_ENDPOINTS {
+            let ok = get(&m, &format!("{path}?environment=dmz"), None).await;
+            // dmz has no prod.rb: the listing is 200, the others 404, but
+            // never 403.
+            assert_ne!(ok.status, StatusCode::FORBIDDEN, "{path}");
+            get(&m, &format!("{path}?environment=bad-name"), None)
+                .await
+                .error(
+                    StatusCode::BAD_REQUEST,
+                    "RUNTIME_ERROR",
+                    "Bad Request: The environment must be purely alphanumeric, not 'bad-name'",
+                );
+            get(&m, &format!("{path}?environment=nosuch"), None)
+                .await
+                .error(
+                    StatusCode::NOT_FOUND,
+                    "RUNTIME_ERROR",
+                    "Not Found: Could not find environment 'nosuch'",
+                );
+        }
+        let ok = get(
+            &m,
+            &format!("{}{}", protocol::BLOB_PREFIX, Sha256::of(DMZ)),
+            None,
+        )
+        .await;
+        assert_eq!((ok.status, &ok.body[..]), (StatusCode::OK, DMZ));
+    }
+
+    /// The health check is outside the gate: no certificate needed.
+    #[tokio::test]
+    async fn status_needs_no_certificate() {
+        let m = master("optional").await;
+        let ok = get(&m, protocol::STATUS_SIMPLE, None).await;
+        assert_eq!((ok.status, &ok.body[..]), (StatusCode::OK, &b"running"[..]));
+    }
 }

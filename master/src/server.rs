@@ -17,9 +17,9 @@ use axum_server::Handle;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use hyper_util::rt::TokioTimer;
 
-use crate::auth::Authorizer;
+use crate::auth::{Authorizer, Gate};
 use crate::config::MasterConfig;
-use crate::handlers::AppState;
+use crate::state::AppState;
 use crate::store::Store;
 
 /// A running master, for callers that need its state (tests, `serve`).
@@ -41,14 +41,13 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     pluginsync_common::tls::install_default_provider();
     let tls = RustlsConfig::from_config(Arc::new(crate::tls::server_config(&config.tls)?));
-    let authorizer = Arc::new(Authorizer::new(&config.authorization)?);
+    let authorizer = Authorizer::new(&config.authorization)?;
     let store = Store::new(config.clone());
     store.rebuild(None).await;
     let _watcher = crate::watch::spawn(store.clone())?;
     let state = AppState {
         store: store.clone(),
-        authorizer,
-        client_auth: config.tls.client_auth,
+        gate: Gate::new(authorizer, config.tls.client_auth.into()),
     };
     let app = crate::routes::router(state, config.http.request_timeout);
     let handle: Handle<SocketAddr> = Handle::new();

@@ -1,45 +1,31 @@
-//! The HTTP handlers. They only read the index: no walking, no hashing of
-//! sha256 on the request path (other checksum types are computed once, on
-//! demand, then cached by the index).
+//! Puppet's three file endpoints, `file_metadatas`, `file_metadata` and
+//! `file_content` (docs/protocol.md §1.2–§1.4), and `send_file`, the
+//! code that sends an indexed file's bytes (here and for blobs).
 //!
-//! Order of checks on the file endpoints follows Puppet Server: a missing
-//! `environment` is a 400 before anything else; then the client must be
-//! authenticated (403); then the environment name must be valid (400) and
-//! allowed for this client (403) before its existence is revealed (404).
+//! Order of checks follows Puppet Server (docs/protocol.md §1.7): a missing
+//! `environment` is a 400 before anything else; then the authorization step
+//! ([`crate::auth::Gate::authorize`]: a client certificate (403), a valid
+//! environment name (400), `[[authorization]]` (403)) before the
+//! environment's existence is revealed (404).
 
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum_server::tls::TlsInfo;
 use bytes::Bytes;
-use pluginsync_common::digest::Sha256;
-use pluginsync_common::envname::EnvName;
 use pluginsync_common::metadata::FileType;
 use pluginsync_common::protocol;
 
 use crate::api_error::ApiError;
-use crate::auth::{self, Authorizer};
-use crate::config::ClientAuth;
-use crate::index::{EnvIndex, SearchParams};
+use crate::index::{EnvIndex, ListingError, Root, SearchParams};
 use crate::request::{self, MountPath, PathError, Query};
-use crate::store::Store;
-
-/// Shared state of every handler.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    /// The indexes.
-    pub store: Arc<Store>,
-    /// Compiled `[[authorization]]`.
-    pub authorizer: Arc<Authorizer>,
-    /// `tls.client_auth`.
-    pub client_auth: ClientAuth,
-}
+use crate::state::AppState;
+use crate::walk::Node;
 
 /// Files up to this size are read whole; larger ones are streamed.
 const SMALL_FILE: u64 = 256 * 1024;
@@ -55,7 +41,8 @@ struct Accepted {
     query: Query,
 }
 
-/// The shared front half of the file endpoints.
+/// The shared front half of the file endpoints: docs/protocol.md §1.7
+/// steps 1 to 7, the authorization step included.
 async fn accept(
     state: &AppState,
     req: &Parts,
@@ -69,23 +56,7 @@ async fn accept(
             "An environment parameter must be specified",
         ));
     };
-    let certname = auth::peer_common_name(req.extensions.get::<Arc<TlsInfo>>());
-    if state.client_auth != ClientAuth::None && certname.is_none() {
-        tracing::info!(path = uri_path, "refused: no client certificate");
-        return Err(ApiError::forbidden(uri_path));
-    }
-    let env: EnvName = env
-        .parse()
-        .map_err(|e: pluginsync_common::envname::InvalidEnvName| {
-            ApiError::bad_request(upper_first(&e.to_string()))
-        })?;
-    if let Some(cn) = &certname
-        && state.client_auth != ClientAuth::None
-        && !state.authorizer.allows(cn, env.as_str())
-    {
-        tracing::info!(certname = %cn, env = %env, path = uri_path, "refused by [[authorization]]");
-        return Err(ApiError::forbidden(uri_path));
-    }
+    let env = state.gate.authorize(req, env)?;
     let prefix = format!("/puppet/v3/{endpoint}/");
     let raw = uri_path.strip_prefix(&prefix).unwrap_or_default();
     let target = request::mount_path(raw).map_err(|e| match e {
@@ -103,13 +74,6 @@ async fn accept(
         target,
         query,
     })
-}
-
-fn upper_first(s: &str) -> String {
-    let mut c = s.chars();
-    c.next()
-        .map(|f| f.to_uppercase().chain(c).collect())
-        .unwrap_or_default()
 }
 
 /// `GET /puppet/v3/file_metadatas/<mount>[/…]`: the recursive search. The
@@ -137,8 +101,8 @@ pub async fn file_metadatas(
             ApiError::internal()
         })?
         .map_err(|e| match e {
-            crate::index::ListingError::BadRequest(m) => ApiError::bad_request(m),
-            crate::index::ListingError::Internal(m) => {
+            ListingError::BadRequest(m) => ApiError::bad_request(m),
+            ListingError::Internal(m) => {
                 tracing::error!(error = %m, "listing failed");
                 ApiError::internal()
             }
@@ -297,7 +261,7 @@ pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<R
 
 /// How a file answer may be cached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CacheControl {
+pub(super) enum CacheControl {
     /// `file_content`: the same path may have new bytes tomorrow.
     Revalidate,
     /// Blobs: the URL names the bytes, so they never change.
@@ -306,12 +270,12 @@ enum CacheControl {
 
 /// Sends an indexed file: opened without following a final symlink, and
 /// only if it is still the inode (and stat) the index vouched for.
-async fn send_file(
+pub(super) async fn send_file(
     req: &Parts,
-    root: &crate::index::Root,
-    node: &crate::walk::Node,
+    root: &Root,
+    node: &Node,
     cache: CacheControl,
-    sent: &std::sync::atomic::AtomicU64,
+    sent: &AtomicU64,
 ) -> Result<Response, ApiError> {
     let (Some(sig), Some(digest)) = (node.sig, node.sha256) else {
         return Err(ApiError::internal());
@@ -390,59 +354,4 @@ async fn send_file(
         body,
     )
         .into_response())
-}
-
-/// `GET /pluginsync/v1/blobs/sha256/<hex>`: a served file by its sha256
-/// (PROTOCOL.md §9), immutable, so any HTTP cache in front of the masters
-/// can serve it to the whole fleet. Needs a client certificate like the
-/// other file endpoints, and only finds files of environments the client
-/// may read.
-pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
-    let path = req.uri.path();
-    let certname = auth::peer_common_name(req.extensions.get::<Arc<TlsInfo>>());
-    if state.client_auth != ClientAuth::None && certname.is_none() {
-        return Err(ApiError::forbidden(path));
-    }
-    let hex_digest = path.strip_prefix(protocol::BLOB_PREFIX).unwrap_or_default();
-    let digest = Sha256::from_hex(hex_digest).map_err(|_| {
-        ApiError::bad_request("a blob is named by 64 lowercase hex digits of its sha256")
-    })?;
-    request::check_accept(&req.headers, &["application/octet-stream"])?;
-    for index in state.store.all() {
-        let allowed = state.client_auth == ClientAuth::None
-            || certname
-                .as_deref()
-                .is_some_and(|cn| state.authorizer.allows(cn, index.name.as_str()));
-        if allowed && let Some((root, node)) = index.blob(&digest.0) {
-            return send_file(
-                &req,
-                root,
-                node,
-                CacheControl::Immutable,
-                &state.store.stats.contents_sent,
-            )
-            .await;
-        }
-    }
-    Err(ApiError::not_found("blob", hex_digest))
-}
-
-/// `GET /status/v1/simple`: `running`, or 503 `stopping` while draining.
-/// No client certificate needed: it is the load balancer's health check.
-pub async fn status(State(state): State<AppState>) -> Response {
-    if state.store.draining.load(Ordering::Relaxed) {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::CONTENT_TYPE, "text/plain")],
-            "stopping",
-        )
-            .into_response()
-    } else {
-        (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain")],
-            "running",
-        )
-            .into_response()
-    }
 }

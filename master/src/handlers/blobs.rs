@@ -1,8 +1,10 @@
-//! `GET /pluginsync/v1/blobs?sha256=<hex>&sha256=<hex>…`: many blobs in
-//! one answer (pluginsync's extension; stock agents never ask for it).
+//! pluginsync's content-by-checksum extension (docs/protocol.md §7): one
+//! blob, `GET /pluginsync/v1/blobs/sha256/<hex>` ([`blob`]), or many in one
+//! answer, `GET /pluginsync/v1/blobs?sha256=<hex>&sha256=<hex>…`
+//! ([`blobs_batch`]). Stock agents never ask for either.
 //!
 //! A first sync of 3,000 files is 3,000 requests over Puppet's API; most of
-//! its cost on both ends is per request (measured in the bench). This
+//! its cost on both ends is per request (measured in the bench). The batch
 //! endpoint answers up to [`MAX_BATCH`] checksums at once as a stream of
 //! frames, in request order:
 //!
@@ -11,13 +13,14 @@
 //! <64 hex> -\n                          not found (or changed): fetch it singly
 //! ```
 //!
-//! The same rules as for single blobs hold: a client certificate is needed,
-//! only environments the client may read are searched, and only the inode
-//! the index vouched for is read. Advertised to agents by the
-//! `X-Pluginsync-Blob-Batch` header on listings.
+//! Both go through the same authorization step as the file endpoints
+//! ([`crate::auth::Gate::admit`]: a client certificate is needed), search
+//! only the environments the client may read ([`crate::auth::Client::may_read`]),
+//! and read only the inode the index vouched for. Both are advertised to
+//! agents by the `X-Pluginsync-Blobs` and `X-Pluginsync-Blob-Batch` headers
+//! on listings.
 
 use std::io::Read;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::body::Body;
@@ -25,27 +28,57 @@ use axum::extract::State;
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use axum_server::tls::TlsInfo;
 use bytes::Bytes;
-
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::protocol::{self, MAX_BATCH};
 
 use crate::api_error::ApiError;
-use crate::auth;
-use crate::config::ClientAuth;
-use crate::handlers::AppState;
-use crate::request::Query;
+use crate::request::{self, Query};
+use crate::state::AppState;
+use crate::walk::FileSig;
+
+use super::files::{CacheControl, send_file};
 
 /// Bytes read and sent per chunk of a large blob.
 const CHUNK: usize = 256 * 1024;
 
-/// The handler; see the module docs.
-pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
-    let certname = auth::peer_common_name(req.extensions.get::<Arc<TlsInfo>>());
-    if state.client_auth != ClientAuth::None && certname.is_none() {
-        return Err(ApiError::forbidden(req.uri.path()));
+/// `GET /pluginsync/v1/blobs/sha256/<hex>`: a served file by its sha256
+/// (docs/protocol.md §7.1), immutable, so any HTTP cache in front of the
+/// masters can serve it to the whole fleet. Needs a client certificate like
+/// the file endpoints, and only finds files of environments the client may
+/// read.
+pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
+    let client = state.gate.admit(&req)?;
+    let hex_digest = req
+        .uri
+        .path()
+        .strip_prefix(protocol::BLOB_PREFIX)
+        .unwrap_or_default();
+    let digest = Sha256::from_hex(hex_digest).map_err(|_| {
+        ApiError::bad_request("a blob is named by 64 lowercase hex digits of its sha256")
+    })?;
+    request::check_accept(&req.headers, &["application/octet-stream"])?;
+    for index in state.store.all() {
+        if client.may_read(index.name.as_str())
+            && let Some((root, node)) = index.blob(&digest.0)
+        {
+            return send_file(
+                &req,
+                root,
+                node,
+                CacheControl::Immutable,
+                &state.store.stats.contents_sent,
+            )
+            .await;
+        }
     }
+    Err(ApiError::not_found("blob", hex_digest))
+}
+
+/// `GET /pluginsync/v1/blobs?sha256=…`: the batch (docs/protocol.md §7.2);
+/// see the module docs for the frames.
+pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
+    let client = state.gate.admit(&req)?;
     let hashes = Query::parse(req.uri.query()).all(protocol::BATCH_QUERY_KEY);
     if hashes.is_empty() || hashes.len() > MAX_BATCH {
         return Err(ApiError::bad_request(format!(
@@ -57,7 +90,7 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
         let digest = Sha256::from_hex(h).map_err(|e| ApiError::bad_request(e.to_string()))?;
         wanted.push(digest);
     }
-    crate::request::check_accept(
+    request::check_accept(
         &req.headers,
         &[protocol::BLOBS_MEDIA_TYPE, protocol::ACCEPT_CONTENT],
     )?;
@@ -65,14 +98,9 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
         .store
         .all()
         .into_iter()
-        .filter(|idx| {
-            state.client_auth == ClientAuth::None
-                || certname
-                    .as_deref()
-                    .is_some_and(|cn| state.authorizer.allows(cn, idx.name.as_str()))
-        })
+        .filter(|idx| client.may_read(idx.name.as_str()))
         .collect();
-    let items: Vec<(Sha256, Option<(std::path::PathBuf, crate::walk::FileSig)>)> = wanted
+    let items: Vec<(Sha256, Option<(std::path::PathBuf, FileSig)>)> = wanted
         .into_iter()
         .map(|digest| {
             let found = envs.iter().find_map(|idx| {

@@ -1,0 +1,20 @@
+//! The HTTP handlers, one module per kind of endpoint (ARCHITECTURE.md,
+//! Master). They only read the index: no walking, no hashing of sha256 on
+//! the request path (other checksum types are computed once, on demand,
+//! then cached by the index).
+//!
+//! - [`files`]: Puppet's `file_metadatas`, `file_metadata` and
+//!   `file_content`, and the code that sends an indexed file.
+//! - [`blobs`]: pluginsync's content by sha256, single and batched.
+//! - [`mod@status`]: the health check.
+//!
+//! Every file and blob endpoint passes the same authorization step,
+//! [`crate::auth::Gate`], before it looks at an environment.
+
+pub mod blobs;
+pub mod files;
+pub mod status;
+
+pub use blobs::{blob, blobs_batch};
+pub use files::{file_content, file_metadata, file_metadatas};
+pub use status::status;

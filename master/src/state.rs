@@ -1,0 +1,21 @@
+//! What every handler shares: the indexes and the authorization step.
+//!
+//! Built once by the server's `serve`, handed to the router, and cloned
+//! (cheaply: two `Arc`s) into each request (ARCHITECTURE.md, Master). It
+//! imports only what it holds, so routes, handlers and server can all
+//! import it without importing each other.
+
+use std::sync::Arc;
+
+use crate::auth::Gate;
+use crate::store::Store;
+
+/// Shared state of every handler.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The indexes, and the counters and drain flag kept beside them.
+    pub store: Arc<Store>,
+    /// `tls.client_auth` and the compiled `[[authorization]]`: who may
+    /// read what.
+    pub gate: Gate,
+}
