@@ -1,6 +1,8 @@
 //! End-to-end tests: a real master over real TLS on 127.0.0.1, real trees on
 //! disk, real child processes (the binaries and, where installed, Puppet).
 
+// ARCHITECTURE.md against the code: every module named, every arrow an import, no import cycles.
+mod architecture;
 // Loading synced plugins after a sync: loaders as child processes, failures, versions, the report.
 mod agent_load;
 // The agent binary syncing from a master: mirroring, reports, purge, errors, noop, lock, failover.
