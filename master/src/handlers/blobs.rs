@@ -117,7 +117,7 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
             let opened = found.and_then(|(path, sig)| {
                 crate::walk::open_indexed(&path, sig)
                     .ok()
-                    .map(|f| (f, sig.size))
+                    .map(|(f, _)| (f, sig.size))
             });
             let Some((mut file, size)) = opened else {
                 if tx

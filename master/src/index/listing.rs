@@ -30,6 +30,12 @@ pub enum ListingError {
     /// Serialisation failed.
     #[error("{0}")]
     Internal(String),
+    /// A checksum had to be read from a file that is no longer the indexed
+    /// one (replaced, swapped for a symlink or a fifo): answered 503 with
+    /// `Retry-After`, like `file_content` (docs/protocol.md §1.7 step 12),
+    /// and never cached.
+    #[error("the file changed on the master, retry")]
+    Changed,
 }
 
 /// A serialised listing, ready to send.

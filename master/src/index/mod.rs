@@ -259,7 +259,7 @@ impl EnvIndex {
         node: Option<(&Root, &Node)>,
         params: &SearchParams,
     ) -> Result<FileMetadata, ListingError> {
-        Ok(entry::metadata(
+        entry::metadata(
             self.identity,
             &self.other_checksums,
             base,
@@ -267,19 +267,20 @@ impl EnvIndex {
             view,
             node,
             params,
-        ))
+        )
     }
 
     /// The checksum of a file (or of a link's target); `None` when its
     /// content is not served (a dangling or escaping link), as Puppet sends
-    /// `null` when it cannot compute one.
+    /// `null` when it cannot compute one; [`ListingError::Changed`] when
+    /// the type is read from disk and the file changed since indexing.
     pub fn checksum(
         &self,
         root: &Root,
         node: &Node,
         view: &View,
         ty: ChecksumType,
-    ) -> Option<Checksum> {
+    ) -> Result<Option<Checksum>, ListingError> {
         entry::checksum(&self.other_checksums, root, node, view, ty)
     }
 
