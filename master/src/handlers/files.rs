@@ -22,7 +22,7 @@ use pluginsync_common::metadata::FileType;
 use pluginsync_common::protocol;
 
 use crate::api_error::ApiError;
-use crate::index::{EnvIndex, ListingError, Root, SearchParams};
+use crate::index::{EnvIndex, ListingError, Root, SearchParams, Served};
 use crate::request::{self, MountPath, PathError, Query};
 use crate::state::AppState;
 use crate::walk::Node;
@@ -101,6 +101,12 @@ pub async fn file_metadatas(
             ApiError::internal()
         })?
         .map_err(listing_error)?;
+    let (listing, served) = listing;
+    match served {
+        Served::Cached => &state.store.stats.listing_cache_hits,
+        Served::Serialised => &state.store.stats.listings_serialised,
+    }
+    .fetch_add(1, Ordering::Relaxed);
     if let Some(max) = max_files
         && listing.count > max
     {
