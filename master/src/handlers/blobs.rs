@@ -41,6 +41,7 @@ use pluginsync_common::digest::Sha256;
 use pluginsync_common::protocol::{self, MAX_BATCH};
 
 use crate::api_error::ApiError;
+use crate::config::ClientAuth;
 use crate::request::{self, Query};
 use crate::state::AppState;
 use crate::walk::FileSig;
@@ -59,9 +60,20 @@ const CHUNK: usize = 256 * 1024;
 /// config key for it would be `[http] batch_max_mib`.
 pub const BATCH_MAX_BYTES: u64 = 16 << 20;
 
+/// Whether a blob answer may be `public`: no `[[authorization]]` rule
+/// limits who reads what (none configured, or `client_auth = "none"`, which
+/// ignores them). Otherwise a shared cache in front of the masters would
+/// hand an environment's files to clients the rules refuse
+/// (docs/protocol.md §7.4).
+fn shareable(state: &AppState) -> bool {
+    let config = state.store.config();
+    config.authorization.is_empty() || config.tls.client_auth == ClientAuth::None
+}
+
 /// `GET /pluginsync/v1/blobs/sha256/<hex>`: a served file by its sha256
-/// (docs/protocol.md §7.1), immutable, so any HTTP cache in front of the
-/// masters can serve it to the whole fleet. Needs a client certificate like
+/// (docs/protocol.md §7.1), immutable; `public` (a shared HTTP cache in
+/// front of the masters may serve it to the whole fleet) only without
+/// `[[authorization]]` rules, else `private`. Needs a client certificate like
 /// the file endpoints, and only finds files of environments the client may
 /// read.
 pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
@@ -83,7 +95,9 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
                 &req,
                 root,
                 node,
-                CacheControl::Immutable,
+                CacheControl::Immutable {
+                    public: shareable(&state),
+                },
                 &state.store.stats.contents_sent,
             )
             .await;

@@ -280,8 +280,24 @@ pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<R
 pub(super) enum CacheControl {
     /// `file_content`: the same path may have new bytes tomorrow.
     Revalidate,
-    /// Blobs: the URL names the bytes, so they never change.
-    Immutable,
+    /// Blobs: the URL names the bytes, so they never change. `public` only
+    /// when any client that reaches a shared cache may read every blob
+    /// (no `[[authorization]]` rule applies); otherwise `private`, so only
+    /// the agent's own cache keeps them (docs/protocol.md §6.4, §7.4).
+    Immutable {
+        /// A shared cache may store the answer.
+        public: bool,
+    },
+}
+
+impl CacheControl {
+    fn header(self) -> &'static str {
+        match self {
+            CacheControl::Revalidate => "no-cache",
+            CacheControl::Immutable { public: true } => "public, max-age=31536000, immutable",
+            CacheControl::Immutable { public: false } => "private, max-age=31536000, immutable",
+        }
+    }
 }
 
 /// Sends an indexed file: opened through [`crate::walk::open_indexed`]
@@ -350,10 +366,7 @@ pub(super) async fn send_file(
             (header::ETAG, header_value(&etag)),
             (
                 header::CACHE_CONTROL,
-                HeaderValue::from_static(match cache {
-                    CacheControl::Revalidate => "no-cache",
-                    CacheControl::Immutable => "public, max-age=31536000, immutable",
-                }),
+                HeaderValue::from_static(cache.header()),
             ),
         ],
         body,
