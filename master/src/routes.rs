@@ -337,9 +337,10 @@ environments = ["*"]
         );
         let ok = get(&m, &blob(PROD), Some(&agent1)).await;
         assert_eq!((ok.status, &ok.body[..]), (StatusCode::OK, PROD));
+        // Rules restrict who reads what: no shared cache may keep it (§7.4).
         assert_eq!(
             ok.headers[header::CACHE_CONTROL],
-            "public, max-age=31536000, immutable"
+            "private, max-age=31536000, immutable"
         );
         let ok = get(&m, &blob(DMZ), Some(&admin)).await;
         assert_eq!((ok.status, &ok.body[..]), (StatusCode::OK, DMZ));

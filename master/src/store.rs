@@ -32,6 +32,11 @@ pub struct Stats {
     pub listings_not_modified: AtomicU64,
     /// File bodies sent (`file_content` and blobs).
     pub contents_sent: AtomicU64,
+    /// Listing requests answered from the listing cache (200 and 304).
+    pub listing_cache_hits: AtomicU64,
+    /// Listings serialised on the request path (cache misses); the
+    /// standard listings are serialised by the index build instead.
+    pub listings_serialised: AtomicU64,
 }
 
 /// Every environment's index.

@@ -21,7 +21,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pluginsync_common::metadata::FileType;
 use pluginsync_common::relpath::RelPath;
@@ -306,8 +306,12 @@ pub enum Hashing<'a> {
 
 /// Fills `sha256` for every node with content, reusing digests from
 /// `previous` when the signature is unchanged. Each file actually read
-/// bumps `hashed`. A file that cannot be read is dropped from both views,
-/// with a warning.
+/// bumps `hashed`. A file is read only through [`open_regular`] (no
+/// symlink anywhere in its real path, never a fifo or device), and its
+/// signature becomes that of the descriptor actually read, so the digest
+/// and the identity `open_indexed` checks later describe the same inode.
+/// A file that cannot be read that way is dropped from both views, with a
+/// warning.
 pub fn hash_nodes(
     nodes: &mut [Node],
     canon_root: &Path,
@@ -325,9 +329,10 @@ pub fn hash_nodes(
             continue;
         }
         match hash_file(&real) {
-            Ok(digest) => {
+            Ok((digest, read_sig)) => {
                 hashed.fetch_add(1, Ordering::Relaxed);
                 node.sha256 = Some(digest);
+                node.sig = Some(read_sig);
             }
             Err(e) => {
                 tracing::warn!(module = label, path = %real.display(), error = %e, "cannot read file, not served");
@@ -339,27 +344,81 @@ pub fn hash_nodes(
     }
 }
 
-/// Opens an indexed file for serving: without following a final symlink,
-/// without blocking on a fifo, and only if it is still the inode with the
-/// stat the index recorded (so its bytes match the advertised checksum);
-/// anything else is an error of kind `Other`.
-pub fn open_indexed(path: &Path, sig: FileSig) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)?;
+/// True while `openat2(2)` is usable; cleared for good the first time the
+/// kernel (or a seccomp filter) refuses the syscall itself.
+static OPENAT2: AtomicBool = AtomicBool::new(true);
+
+/// Opens a path the index recorded, for reading, the one way the master
+/// ever reads a served file (index build, other checksum types, content,
+/// blobs): docs/protocol.md §1.4, ARCHITECTURE.md "handlers".
+///
+/// - No symlink is followed, in any component: a recorded real path is
+///   canonical (a followed link inside the module root is stored as its
+///   target, [`Node::real_path`]), so a symlink met now was swapped in
+///   since the walk. `openat2(RESOLVE_NO_SYMLINKS)` refuses it in one
+///   syscall; where the kernel lacks `openat2`, `O_NOFOLLOW` still refuses
+///   a final symlink (and serving checks the inode, [`open_indexed`]).
+/// - `O_NONBLOCK | O_NOCTTY`: opening a fifo or a terminal never blocks or
+///   adopts it.
+/// - The opened descriptor is `fstat`ed and anything but a regular file is
+///   refused (error kind `Other`), before a byte is read.
+///
+/// Returns the file and the metadata of the descriptor.
+pub fn open_regular(path: &Path) -> std::io::Result<(std::fs::File, Metadata)> {
+    let file = open_no_follow(path)?;
     let md = file.metadata()?;
-    if !md.is_file() || sig_of(&md) != sig {
-        return Err(std::io::Error::other("changed since it was indexed"));
+    if !md.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
     }
-    Ok(file)
+    Ok((file, md))
 }
 
-/// SHA-256 of a file, streamed.
-pub fn hash_file(path: &Path) -> std::io::Result<[u8; 32]> {
-    let file = std::fs::File::open(path)?;
-    Ok(pluginsync_common::checksum::sha256_reader(file)?.0)
+fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    if OPENAT2.load(Ordering::Relaxed) {
+        match rustix::fs::openat2(
+            rustix::fs::CWD,
+            path,
+            flags,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Ok(fd) => return Ok(std::fs::File::from(fd)),
+            Err(rustix::io::Errno::NOSYS | rustix::io::Errno::PERM) => {
+                OPENAT2.store(false, Ordering::Relaxed);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+}
+
+/// Opens an indexed file for serving or for a checksum: through
+/// [`open_regular`], and only if it is still the inode with the stat the
+/// index recorded (so its bytes match the advertised checksum); anything
+/// else is an error (kind `Other` when it is another file now).
+pub fn open_indexed(path: &Path, sig: FileSig) -> std::io::Result<(std::fs::File, Metadata)> {
+    let (file, md) = open_regular(path)?;
+    if sig_of(&md) != sig {
+        return Err(std::io::Error::other("changed since it was indexed"));
+    }
+    Ok((file, md))
+}
+
+/// SHA-256 of a regular file opened with [`open_regular`], streamed, and
+/// the signature of the descriptor that was read.
+pub fn hash_file(path: &Path) -> std::io::Result<([u8; 32], FileSig)> {
+    let (file, md) = open_regular(path)?;
+    Ok((
+        pluginsync_common::checksum::sha256_reader(file)?.0,
+        sig_of(&md),
+    ))
 }
 
 #[cfg(test)]
@@ -445,6 +504,95 @@ mod tests {
             counter.load(Ordering::Relaxed),
             3,
             "only b.rb was read again"
+        );
+    }
+
+    /// Walks a root with `a.rb`, then lets `swap` replace it before hashing
+    /// (on a thread, bounded: a blocked read is a failure, not a hang).
+    fn hash_after_swap(swap: impl FnOnce(&Path) + Send + 'static) -> Node {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("lib");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("a.rb"), "alpha\n").unwrap();
+        std::fs::write(t.path().join("secret"), "secret\n").unwrap();
+        let (canon, mut nodes) = walk_root(&root, "m").unwrap();
+        swap(&canon.join("a.rb"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            hash_nodes(&mut nodes, &canon, &HashMap::new(), &AtomicU64::new(0), "m");
+            let _ = tx.send(nodes);
+            drop(t);
+        });
+        let nodes = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("hashing returned (not blocked on a fifo)");
+        nodes
+            .into_iter()
+            .find(|n| n.rel.as_str() == "a.rb")
+            .unwrap()
+    }
+
+    #[test]
+    fn hashing_never_follows_a_symlink_swapped_in_after_the_walk() {
+        let node = hash_after_swap(|p| {
+            std::fs::remove_file(p).unwrap();
+            std::os::unix::fs::symlink(p.parent().unwrap().join("../secret"), p).unwrap();
+        });
+        assert_eq!(node.sha256, None, "the secret's digest must not be indexed");
+        assert!(node.follow.is_none() && node.sig.is_none(), "not served");
+    }
+
+    #[test]
+    fn hashing_never_blocks_on_a_fifo_swapped_in_after_the_walk() {
+        let node = hash_after_swap(|p| {
+            std::fs::remove_file(p).unwrap();
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                p,
+                rustix::fs::FileType::Fifo,
+                rustix::fs::Mode::from_raw_mode(0o644),
+                0,
+            )
+            .unwrap();
+        });
+        assert_eq!(node.sha256, None);
+        assert!(node.follow.is_none() && node.sig.is_none(), "not served");
+    }
+
+    #[test]
+    fn hashing_adopts_the_signature_of_the_file_it_read() {
+        let node = hash_after_swap(|p| {
+            let tmp = p.with_extension("new");
+            std::fs::write(&tmp, "replaced, longer\n").unwrap();
+            std::fs::rename(&tmp, p).unwrap();
+        });
+        assert_eq!(
+            node.sha256,
+            Some(pluginsync_common::checksum::sha256_bytes(
+                b"replaced, longer\n"
+            ))
+        );
+        assert_eq!(
+            node.sig.map(|s| s.size),
+            Some(17),
+            "digest and signature agree"
+        );
+    }
+
+    #[test]
+    fn open_regular_refuses_directories_and_any_symlink_in_the_path() {
+        let t = tempfile::tempdir().unwrap();
+        let canon = t.path().canonicalize().unwrap();
+        std::fs::create_dir(canon.join("real")).unwrap();
+        std::fs::write(canon.join("real/f"), "f").unwrap();
+        std::os::unix::fs::symlink("real", canon.join("alias")).unwrap();
+        assert!(open_regular(&canon.join("real/f")).is_ok());
+        assert!(open_regular(&canon.join("real")).is_err(), "a directory");
+        // Only where the kernel has openat2 (elsewhere the identity check
+        // of open_indexed is what refuses another file).
+        assert!(
+            open_regular(&canon.join("alias/f")).is_err() || !OPENAT2.load(Ordering::Relaxed),
+            "a symlinked parent"
         );
     }
 }

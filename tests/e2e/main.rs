@@ -17,6 +17,8 @@ mod haproxy_lb;
 mod master_blobs;
 // ETags across two master processes: equal for one tree, 304 from either, new on change, gzip.
 mod master_etag;
+// Hostile requests and trees: odd listing parameters, files swapped for symlinks or fifos, batch amplification, blob caching.
+mod master_hostile;
 // What a listing says: checksums, order, first-wins collisions, ignores, links, modes.
 mod master_listing;
 // The master binary as a service manager sees it: SIGTERM, draining, exit status.

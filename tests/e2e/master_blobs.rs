@@ -58,7 +58,9 @@ async fn blobs_serve_listed_content_by_checksum() {
         let (s, h, body) = get(format!("{}{prefix}{hex}", master.url()), c.clone()).await;
         assert_eq!(s, 200, "{rel}");
         assert_eq!(body, bytes, "{rel}");
-        assert_eq!(h["cache-control"], "public, max-age=31536000, immutable");
+        // `[[authorization]]` rules are configured: no shared cache may keep
+        // it (docs/protocol.md §7.4).
+        assert_eq!(h["cache-control"], "private, max-age=31536000, immutable");
         assert_eq!(h["etag"].to_str().unwrap(), format!("\"{hex}\""));
         let r = c
             .get(format!("{}{prefix}{hex}", master.url()))

@@ -13,6 +13,14 @@
 //! <64 hex> -\n                          not found (or changed): fetch it singly
 //! ```
 //!
+//! A batch names each distinct digest once: repeated values are answered
+//! by the first one's frame only, so the answer never carries the same
+//! bytes twice. And it carries at most [`BATCH_MAX_BYTES`] of blob content
+//! (or one blob, if that alone is larger): a blob that would pass the bound
+//! gets a missing frame, and the agent fetches it singly (docs/protocol.md
+//! §7.2.3, §7.3). So a 9 KB request costs the master at most one bounded
+//! answer, whatever it names.
+//!
 //! Both go through the same authorization step as the file endpoints
 //! ([`crate::auth::Gate::admit`]: a client certificate is needed), search
 //! only the environments the client may read ([`crate::auth::Client::may_read`]),
@@ -33,6 +41,7 @@ use pluginsync_common::digest::Sha256;
 use pluginsync_common::protocol::{self, MAX_BATCH};
 
 use crate::api_error::ApiError;
+use crate::config::ClientAuth;
 use crate::request::{self, Query};
 use crate::state::AppState;
 use crate::walk::FileSig;
@@ -42,9 +51,29 @@ use super::files::{CacheControl, send_file};
 /// Bytes read and sent per chunk of a large blob.
 const CHUNK: usize = 256 * 1024;
 
+/// Blob content one batch answer carries at most, in bytes (16 MiB): once
+/// the blobs sent add up so that the next one would pass it, that one gets
+/// a missing frame (`<hex> -`) and is fetched singly. A first blob larger
+/// than the bound is still sent, so an answer is at most the bound or one
+/// file, plus frame headers. 128 plugin files rarely come near it; the
+/// agent's 4 batches in flight then ask one master for at most 64 MiB. A
+/// config key for it would be `[http] batch_max_mib`.
+pub const BATCH_MAX_BYTES: u64 = 16 << 20;
+
+/// Whether a blob answer may be `public`: no `[[authorization]]` rule
+/// limits who reads what (none configured, or `client_auth = "none"`, which
+/// ignores them). Otherwise a shared cache in front of the masters would
+/// hand an environment's files to clients the rules refuse
+/// (docs/protocol.md §7.4).
+fn shareable(state: &AppState) -> bool {
+    let config = state.store.config();
+    config.authorization.is_empty() || config.tls.client_auth == ClientAuth::None
+}
+
 /// `GET /pluginsync/v1/blobs/sha256/<hex>`: a served file by its sha256
-/// (docs/protocol.md §7.1), immutable, so any HTTP cache in front of the
-/// masters can serve it to the whole fleet. Needs a client certificate like
+/// (docs/protocol.md §7.1), immutable; `public` (a shared HTTP cache in
+/// front of the masters may serve it to the whole fleet) only without
+/// `[[authorization]]` rules, else `private`. Needs a client certificate like
 /// the file endpoints, and only finds files of environments the client may
 /// read.
 pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
@@ -66,7 +95,9 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
                 &req,
                 root,
                 node,
-                CacheControl::Immutable,
+                CacheControl::Immutable {
+                    public: shareable(&state),
+                },
                 &state.store.stats.contents_sent,
             )
             .await;
@@ -85,10 +116,14 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
             "ask for 1 to {MAX_BATCH} sha256 values"
         )));
     }
-    let mut wanted = Vec::with_capacity(hashes.len());
+    // Distinct digests, in the order of their first mention: a repeated
+    // value gets no second frame.
+    let mut wanted: Vec<Sha256> = Vec::with_capacity(hashes.len());
     for h in &hashes {
         let digest = Sha256::from_hex(h).map_err(|e| ApiError::bad_request(e.to_string()))?;
-        wanted.push(digest);
+        if !wanted.contains(&digest) {
+            wanted.push(digest);
+        }
     }
     request::check_accept(
         &req.headers,
@@ -113,12 +148,18 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     let store = state.store;
     tokio::task::spawn_blocking(move || {
+        // Blob bytes promised so far, against BATCH_MAX_BYTES.
+        let mut promised: u64 = 0;
         for (digest, found) in items {
-            let opened = found.and_then(|(path, sig)| {
-                crate::walk::open_indexed(&path, sig)
-                    .ok()
-                    .map(|f| (f, sig.size))
-            });
+            let opened = found
+                .filter(|(_, sig)| {
+                    promised == 0 || promised.saturating_add(sig.size) <= BATCH_MAX_BYTES
+                })
+                .and_then(|(path, sig)| {
+                    crate::walk::open_indexed(&path, sig)
+                        .ok()
+                        .map(|(f, _)| (f, sig.size))
+                });
             let Some((mut file, size)) = opened else {
                 if tx
                     .blocking_send(Ok(Bytes::from(protocol::frame_header(&digest, None))))
@@ -128,6 +169,7 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
                 }
                 continue;
             };
+            promised = promised.saturating_add(size);
             if tx
                 .blocking_send(Ok(Bytes::from(protocol::frame_header(&digest, Some(size)))))
                 .is_err()

@@ -8,7 +8,7 @@
 //! environment name (400), `[[authorization]]` (403)) before the
 //! environment's existence is revealed (404).
 
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -22,7 +22,7 @@ use pluginsync_common::metadata::FileType;
 use pluginsync_common::protocol;
 
 use crate::api_error::ApiError;
-use crate::index::{EnvIndex, ListingError, Root, SearchParams};
+use crate::index::{EnvIndex, ListingError, Root, SearchParams, Served};
 use crate::request::{self, MountPath, PathError, Query};
 use crate::state::AppState;
 use crate::walk::Node;
@@ -100,13 +100,13 @@ pub async fn file_metadatas(
             tracing::error!(error = %e, "listing task failed");
             ApiError::internal()
         })?
-        .map_err(|e| match e {
-            ListingError::BadRequest(m) => ApiError::bad_request(m),
-            ListingError::Internal(m) => {
-                tracing::error!(error = %m, "listing failed");
-                ApiError::internal()
-            }
-        })?;
+        .map_err(listing_error)?;
+    let (listing, served) = listing;
+    match served {
+        Served::Cached => &state.store.stats.listing_cache_hits,
+        Served::Serialised => &state.store.stats.listings_serialised,
+    }
+    .fetch_add(1, Ordering::Relaxed);
     if let Some(max) = max_files
         && listing.count > max
     {
@@ -163,6 +163,22 @@ pub async fn file_metadatas(
     Ok((StatusCode::OK, headers, body).into_response())
 }
 
+/// The answer for a listing or entry that could not be made.
+fn listing_error(e: ListingError) -> ApiError {
+    match e {
+        ListingError::BadRequest(m) => ApiError::bad_request(m),
+        ListingError::Changed => ApiError::unavailable(CHANGED, 1),
+        ListingError::Internal(m) => {
+            tracing::error!(error = %m, "listing failed");
+            ApiError::internal()
+        }
+    }
+}
+
+/// The message of the 503 for a file that changed since indexing
+/// (docs/protocol.md §1.7 step 12).
+const CHANGED: &str = "the file changed on the master, retry";
+
 fn header_value(s: &str) -> HeaderValue {
     HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
 }
@@ -209,7 +225,7 @@ pub async fn file_metadata(
                 &params,
             )
         }
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        .map_err(listing_error)?;
         if let Some(rel) = entry.relative_path.take()
             && rel != "."
         {
@@ -264,12 +280,29 @@ pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<R
 pub(super) enum CacheControl {
     /// `file_content`: the same path may have new bytes tomorrow.
     Revalidate,
-    /// Blobs: the URL names the bytes, so they never change.
-    Immutable,
+    /// Blobs: the URL names the bytes, so they never change. `public` only
+    /// when any client that reaches a shared cache may read every blob
+    /// (no `[[authorization]]` rule applies); otherwise `private`, so only
+    /// the agent's own cache keeps them (docs/protocol.md §6.4, §7.4).
+    Immutable {
+        /// A shared cache may store the answer.
+        public: bool,
+    },
 }
 
-/// Sends an indexed file: opened without following a final symlink, and
-/// only if it is still the inode (and stat) the index vouched for.
+impl CacheControl {
+    fn header(self) -> &'static str {
+        match self {
+            CacheControl::Revalidate => "no-cache",
+            CacheControl::Immutable { public: true } => "public, max-age=31536000, immutable",
+            CacheControl::Immutable { public: false } => "private, max-age=31536000, immutable",
+        }
+    }
+}
+
+/// Sends an indexed file: opened through [`crate::walk::open_indexed`]
+/// (no symlink followed, never blocking), and only if it is still the
+/// inode (and stat) the index vouched for.
 pub(super) async fn send_file(
     req: &Parts,
     root: &Root,
@@ -290,13 +323,9 @@ pub(super) async fn send_file(
     }
     let real = node.real_path(&root.canon).into_owned();
     let opened = tokio::task::spawn_blocking(
-        move || -> std::io::Result<(std::fs::File, std::fs::Metadata, Option<Vec<u8>>)> {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-                .open(&real)?;
-            let md = file.metadata()?;
-            let small = if md.is_file() && md.size() <= SMALL_FILE {
+        move || -> std::io::Result<(std::fs::File, Option<Vec<u8>>)> {
+            let (file, md) = crate::walk::open_indexed(&real, sig)?;
+            let small = if md.size() <= SMALL_FILE {
                 use std::io::Read;
                 let mut buf = Vec::with_capacity(md.size() as usize);
                 (&file).take(SMALL_FILE + 1).read_to_end(&mut buf)?;
@@ -304,29 +333,21 @@ pub(super) async fn send_file(
             } else {
                 None
             };
-            Ok((file, md, small))
+            Ok((file, small))
         },
     )
     .await
     .map_err(|_| ApiError::internal())?;
-    let (file, md, small) = match opened {
+    let (file, small) = match opened {
         Ok(o) => o,
         Err(e) => {
-            tracing::warn!(path = %node.real_path(&root.canon).display(), error = %e, "indexed file cannot be opened");
-            return Err(ApiError::unavailable(
-                "the file changed on the master, retry",
-                1,
-            ));
+            tracing::info!(path = %node.real_path(&root.canon).display(), error = %e, "file changed since it was indexed");
+            return Err(ApiError::unavailable(CHANGED, 1));
         }
     };
-    let current = crate::walk::sig_of(&md);
-    if !md.is_file() || current != sig || small.as_ref().is_some_and(|b| b.len() as u64 != sig.size)
-    {
+    if small.as_ref().is_some_and(|b| b.len() as u64 != sig.size) {
         tracing::info!(path = %node.real_path(&root.canon).display(), "file changed since it was indexed");
-        return Err(ApiError::unavailable(
-            "the file changed on the master, retry",
-            1,
-        ));
+        return Err(ApiError::unavailable(CHANGED, 1));
     }
     sent.fetch_add(1, Ordering::Relaxed);
     let body = match small {
@@ -345,10 +366,7 @@ pub(super) async fn send_file(
             (header::ETAG, header_value(&etag)),
             (
                 header::CACHE_CONTROL,
-                HeaderValue::from_static(match cache {
-                    CacheControl::Revalidate => "no-cache",
-                    CacheControl::Immutable => "public, max-age=31536000, immutable",
-                }),
+                HeaderValue::from_static(cache.header()),
             ),
         ],
         body,

@@ -4,8 +4,12 @@
 //!
 //! sha256, mtime and ctime come from the index itself; the other digest
 //! types (md5, sha1, …) are read from disk on first request and kept
-//! ([`OtherChecksums`]). Directories carry a constant checksum
-//! ([`DIRECTORY_CTIME`]) so every replica lists the same bytes.
+//! ([`OtherChecksums`]), through the same identity-checked open as content
+//! ([`crate::walk::open_indexed`]): a file replaced since indexing (by a
+//! symlink, a fifo, other bytes) is never read for them, and the listing
+//! answers 503 like `file_content` does (docs/protocol.md §1.7 step 12).
+//! Directories carry a constant checksum ([`DIRECTORY_CTIME`]) so every
+//! replica lists the same bytes.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -14,8 +18,9 @@ use std::sync::Mutex;
 use pluginsync_common::checksum::ChecksumType;
 use pluginsync_common::metadata::{Checksum, FileMetadata, FileType, Links, Principal};
 
+use super::listing::ListingError;
 use super::mount::Root;
-use crate::walk::{Node, View};
+use crate::walk::{FileSig, Node, View};
 
 /// Parameters of a `file_metadatas` search, normalised; also the key of the
 /// response cache.
@@ -66,18 +71,28 @@ pub const DIRECTORY_CTIME: i64 = 0;
 pub(super) struct OtherChecksums(Mutex<HashMap<(PathBuf, ChecksumType), String>>);
 
 impl OtherChecksums {
-    /// The `ty` digest of the file at `real`, read now unless known;
-    /// `None` if it cannot be read.
-    fn get_or_read(&self, real: PathBuf, ty: ChecksumType) -> Option<String> {
+    /// The `ty` digest of the file at `real`, read now unless known. It is
+    /// read only if it is still the indexed inode with the indexed stat
+    /// `sig` ([`crate::walk::open_indexed`]); otherwise
+    /// [`ListingError::Changed`].
+    fn get_or_read(
+        &self,
+        real: PathBuf,
+        sig: FileSig,
+        ty: ChecksumType,
+    ) -> Result<String, ListingError> {
         let key = (real, ty);
         if let Some(v) = self.lock().get(&key) {
-            return Some(v.clone());
+            return Ok(v.clone());
         }
-        let value = std::fs::File::open(&key.0)
-            .and_then(|f| ty.digest_reader(f))
-            .ok()?;
+        let value = crate::walk::open_indexed(&key.0, sig)
+            .and_then(|(f, _)| ty.digest_reader(f))
+            .map_err(|e| {
+                tracing::info!(path = %key.0.display(), error = %e, "file changed since it was indexed");
+                ListingError::Changed
+            })?;
         self.lock().insert(key, value.clone());
-        Some(value)
+        Ok(value)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(PathBuf, ChecksumType), String>> {
@@ -86,7 +101,8 @@ impl OtherChecksums {
 }
 
 /// One metadata entry: `view` of `rel` under `base`, with the checksum of
-/// `node` (`None` for the fallback root of an empty mount).
+/// `node` (`None` for the fallback root of an empty mount);
+/// [`ListingError::Changed`] when a checksum needs a file that changed.
 pub(super) fn metadata(
     identity: Identity,
     other: &OtherChecksums,
@@ -95,7 +111,7 @@ pub(super) fn metadata(
     view: &View,
     node: Option<(&Root, &Node)>,
     params: &SearchParams,
-) -> FileMetadata {
+) -> Result<FileMetadata, ListingError> {
     let (owner, group, mode) = if params.use_permissions {
         (view.uid, view.gid, view.mode)
     } else {
@@ -106,9 +122,12 @@ pub(super) fn metadata(
             kind: "ctime".into(),
             value: ChecksumType::Ctime.format_time(DIRECTORY_CTIME),
         }),
-        _ => node.and_then(|(r, n)| checksum(other, r, n, view, params.checksum_type)),
+        _ => match node {
+            Some((r, n)) => checksum(other, r, n, view, params.checksum_type)?,
+            None => None,
+        },
     };
-    FileMetadata {
+    Ok(FileMetadata {
         path: base.to_owned(),
         relative_path: Some(rel.to_owned()),
         links: params.links,
@@ -118,34 +137,37 @@ pub(super) fn metadata(
         checksum,
         kind: view.kind,
         destination: view.destination.clone(),
-    }
+    })
 }
 
 /// The checksum of a file (or of a link's target); `None` when its
 /// content is not served (a dangling or escaping link), as Puppet sends
-/// `null` when it cannot compute one.
+/// `null` when it cannot compute one; [`ListingError::Changed`] when the
+/// type must be read from disk and the file is no longer the indexed one.
 pub(super) fn checksum(
     other: &OtherChecksums,
     root: &Root,
     node: &Node,
     view: &View,
     ty: ChecksumType,
-) -> Option<Checksum> {
+) -> Result<Option<Checksum>, ListingError> {
     let value = match ty {
-        ChecksumType::Sha256 => format!(
-            "{{sha256}}{}",
-            pluginsync_common::digest::hex(&node.sha256?)
-        ),
+        ChecksumType::Sha256 => match node.sha256 {
+            Some(d) => format!("{{sha256}}{}", pluginsync_common::digest::hex(&d)),
+            None => return Ok(None),
+        },
         ChecksumType::Mtime => ty.format_time(view.mtime),
         ChecksumType::Ctime => ty.format_time(view.ctime),
         ChecksumType::None => "{none}".to_owned(),
         _ => {
-            node.sha256?;
-            other.get_or_read(node.real_path(&root.canon).into_owned(), ty)?
+            let (Some(_), Some(sig)) = (node.sha256, node.sig) else {
+                return Ok(None);
+            };
+            other.get_or_read(node.real_path(&root.canon).into_owned(), sig, ty)?
         }
     };
-    Some(Checksum {
+    Ok(Some(Checksum {
         kind: ty.name().into(),
         value,
-    })
+    }))
 }

@@ -5,13 +5,14 @@
 //! [`ListingWriter`], which feeds the ETag hasher, the gzip encoder and,
 //! while the body stays small, a plain copy, so the whole JSON document and
 //! the entry vector never exist at once (ARCHITECTURE.md, "index"). The
-//! result, a [`CachedListing`], is kept in a [`ListingCache`] bounded by
-//! count and by bytes, oldest evicted first.
+//! result, a [`CachedListing`], is kept in a [`ListingCache`]: the
+//! standard listings pinned for the index's lifetime, every other parameter
+//! set in a least-recently-used tier bounded by count and by bytes.
 //!
 //! The ETag is derived from the uncompressed body alone, so two masters
 //! serving the same tree send the same ETag and revalidate each other's.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -30,6 +31,12 @@ pub enum ListingError {
     /// Serialisation failed.
     #[error("{0}")]
     Internal(String),
+    /// A checksum had to be read from a file that is no longer the indexed
+    /// one (replaced, swapped for a symlink or a fifo): answered 503 with
+    /// `Retry-After`, like `file_content` (docs/protocol.md §1.7 step 12),
+    /// and never cached.
+    #[error("the file changed on the master, retry")]
+    Changed,
 }
 
 /// A serialised listing, ready to send.
@@ -224,52 +231,108 @@ pub fn gzip(data: &[u8]) -> Bytes {
 type CacheKey = (Mount, SearchParams);
 
 /// The serialised listings of one environment index, shared by every
-/// request, within the `[index]` budget of the config.
+/// request, in two tiers:
+///
+/// - **pinned**: the standard listings [`super::EnvIndex::warm`]
+///   pre-serialises (what every pluginsync and stock Puppet agent asks
+///   for). Filled before the index is published, never evicted, outside the
+///   `[index]` budget: however many odd parameter sets arrive, the listing
+///   the fleet asks for is never serialised again on the request path.
+/// - **recent**: every other parameter set, least recently used evicted
+///   first, within the `[index]` budget of the config (`cached_responses`
+///   entries, `cache_mib` bytes).
 #[derive(Debug)]
 pub(super) struct ListingCache {
-    /// At most this many listings.
+    /// At most this many listings in `recent`.
     max_entries: usize,
-    /// At most this many bytes ([`CachedListing::cost`]).
+    /// At most this many bytes ([`CachedListing::cost`]) in `recent`.
     max_bytes: usize,
-    responses: Mutex<ResponseCache>,
+    pinned: std::sync::RwLock<HashMap<CacheKey, Arc<CachedListing>>>,
+    recent: Mutex<Lru>,
 }
 
 impl ListingCache {
-    /// An empty cache with these bounds.
+    /// An empty cache with these bounds for non-standard listings.
     pub(super) fn new(max_entries: usize, max_bytes: usize) -> Self {
         ListingCache {
             max_entries,
             max_bytes,
-            responses: Mutex::new(ResponseCache::default()),
+            pinned: std::sync::RwLock::new(HashMap::new()),
+            recent: Mutex::new(Lru::default()),
         }
     }
 
-    /// The listing cached under `key`.
+    /// The listing cached under `key`; a hit in `recent` makes it the most
+    /// recently used.
     pub(super) fn get(&self, key: &CacheKey) -> Option<Arc<CachedListing>> {
-        self.lock().map.get(key).cloned()
+        if let Some(hit) = self
+            .pinned
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+        {
+            return Some(hit.clone());
+        }
+        self.lock().get(key)
     }
 
-    /// Keeps `listing` under `key`, evicting the oldest to stay in budget.
+    /// Keeps `listing` under `key` in `recent`, evicting the least recently
+    /// used to stay in budget.
     pub(super) fn insert(&self, key: CacheKey, listing: Arc<CachedListing>) {
         self.lock()
             .insert(key, listing, self.max_entries, self.max_bytes);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ResponseCache> {
-        self.responses.lock().unwrap_or_else(|p| p.into_inner())
+    /// Keeps a standard listing for the index's lifetime.
+    pub(super) fn pin(&self, key: CacheKey, listing: Arc<CachedListing>) {
+        self.lock().remove(&key);
+        self.pinned
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, listing);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {
+        self.recent.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// Bounded map of serialised listings, oldest evicted first, by count and
-/// by bytes (a body counts twice: it may be gzipped too).
+/// Bounded map of serialised listings, least recently used evicted first,
+/// by count and by bytes (a body counts twice: it may be gzipped too).
 #[derive(Debug, Default)]
-struct ResponseCache {
-    map: HashMap<CacheKey, Arc<CachedListing>>,
-    order: VecDeque<CacheKey>,
+struct Lru {
+    /// Listing and the tick of its last use.
+    map: HashMap<CacheKey, (Arc<CachedListing>, u64)>,
+    /// Tick of last use → key: the first is the least recently used.
+    order: BTreeMap<u64, CacheKey>,
+    tick: u64,
     bytes: usize,
 }
 
-impl ResponseCache {
+impl Lru {
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    fn get(&mut self, key: &CacheKey) -> Option<Arc<CachedListing>> {
+        let now = self.next_tick();
+        let (listing, used) = self.map.get_mut(key)?;
+        let old = std::mem::replace(used, now);
+        let listing = listing.clone();
+        if let Some(k) = self.order.remove(&old) {
+            self.order.insert(now, k);
+        }
+        Some(listing)
+    }
+
+    fn remove(&mut self, key: &CacheKey) {
+        if let Some((gone, used)) = self.map.remove(key) {
+            self.order.remove(&used);
+            self.bytes -= gone.cost();
+        }
+    }
+
     fn insert(
         &mut self,
         key: CacheKey,
@@ -286,18 +349,20 @@ impl ResponseCache {
         if cost > max_bytes {
             return;
         }
-        while !self.order.is_empty()
-            && (self.order.len() >= max_entries || self.bytes + cost > max_bytes)
+        while !self.map.is_empty()
+            && (self.map.len() >= max_entries || self.bytes + cost > max_bytes)
         {
-            if let Some(old) = self.order.pop_front()
-                && let Some(gone) = self.map.remove(&old)
-            {
+            let Some((_, old)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some((gone, _)) = self.map.remove(&old) {
                 self.bytes -= gone.cost();
             }
         }
+        let now = self.next_tick();
         self.bytes += cost;
-        self.order.push_back(key.clone());
-        self.map.insert(key, listing);
+        self.order.insert(now, key.clone());
+        self.map.insert(key, (listing, now));
     }
 }
 
@@ -345,7 +410,7 @@ mod tests {
 
     #[test]
     fn response_cache_is_bounded_by_count_and_bytes() {
-        let mut c = ResponseCache::default();
+        let mut c = Lru::default();
         let body = |n: usize| Arc::new(CachedListing::new(vec![b'x'; n], 1));
         let big = CachedListing::new(vec![b'y'; 5 << 20], 1);
         assert_eq!(big.plain().len(), 5 << 20, "inflated on demand");
@@ -356,7 +421,10 @@ mod tests {
         assert_eq!(c.map.len(), 4);
         assert!(c.map.contains_key(&key(9)) && !c.map.contains_key(&key(5)));
         c.insert(key(20), body(4_000), 4, 10_000);
-        assert_eq!(c.bytes, c.map.values().map(|l| l.cost()).sum::<usize>());
+        assert_eq!(
+            c.bytes,
+            c.map.values().map(|(l, _)| l.cost()).sum::<usize>()
+        );
         assert!(c.bytes <= 10_000);
         c.insert(key(21), body(6_000), 4, 10_000);
         assert!(
@@ -364,5 +432,28 @@ mod tests {
             "larger than the budget: served, not kept"
         );
         assert!(c.bytes <= 10_000);
+    }
+
+    #[test]
+    fn least_recently_used_goes_first_and_pinned_never() {
+        let body = || Arc::new(CachedListing::new(vec![b'x'; 100], 1));
+        let cache = ListingCache::new(3, 1 << 20);
+        cache.pin(key(0), body());
+        for i in 1..=3 {
+            cache.insert(key(i), body());
+        }
+        // key(1) used again: key(2) is now the least recently used.
+        assert!(cache.get(&key(1)).is_some());
+        cache.insert(key(4), body());
+        assert!(cache.get(&key(2)).is_none(), "least recently used evicted");
+        assert!(cache.get(&key(1)).is_some() && cache.get(&key(3)).is_some());
+        for i in 100..200 {
+            cache.insert(key(i), body());
+        }
+        assert!(cache.get(&key(0)).is_some(), "pinned survives any churn");
+        let lru = cache.lock();
+        assert_eq!(lru.map.len(), 3);
+        assert_eq!(lru.order.len(), 3);
+        assert_eq!(lru.bytes, 3 * body().cost());
     }
 }

@@ -6,9 +6,10 @@
 //! and precomputes the merged, first-wins view used to find content. It runs
 //! off the request path (startup, the watcher, or once for an environment
 //! created after startup). Requests only read it: a listing for a given set
-//! of parameters is serialised once, kept in a small bounded cache with its
-//! content-derived ETag, and gzipped at most once (ARCHITECTURE.md,
-//! "index").
+//! of parameters is serialised once, kept with its content-derived ETag and
+//! gzipped at most once; the standard listings agents ask for are pinned
+//! for the index's lifetime, any other parameter set lives in a small
+//! least-recently-used cache (ARCHITECTURE.md, "index").
 //!
 //! # Map of this folder
 //!
@@ -17,7 +18,7 @@
 //! | `mod.rs` | What an environment index is: [`EnvIndex`] (build, lookups by path and by sha256, listings, [`EnvIndex::warm`]). |
 //! | `mount.rs` | What a mount index is, and how first-wins merge works: [`MountIndex`], [`Root`], [`Loc`], [`Collision`]. |
 //! | `entry.rs` | What one listing entry is: [`SearchParams`], [`Identity`], a node's metadata and its checksum of any type. |
-//! | `listing.rs` | How a listing is serialised and cached: [`CachedListing`], the streaming writer (ETag, gzip), the bounded cache. |
+//! | `listing.rs` | How a listing is serialised and cached: [`CachedListing`], the streaming writer (ETag, gzip), the cache (standard listings pinned, the rest LRU-bounded). |
 //!
 //! # How data flows
 //!
@@ -59,6 +60,15 @@ pub use pluginsync_common::protocol::Mount;
 
 use self::entry::OtherChecksums;
 use self::listing::{ListingCache, Serialiser};
+
+/// Where [`EnvIndex::listing`] found its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// From the listing cache.
+    Cached,
+    /// Serialised for this request (then cached, within budget).
+    Serialised,
+}
 
 /// One environment: both mounts plus caches.
 #[derive(Debug)]
@@ -146,56 +156,78 @@ impl EnvIndex {
             .count()
     }
 
-    /// Serialises and gzips, before the index is published, the listings
-    /// a stock or pluginsync agent asks for (both mounts, both
-    /// `source_permissions`, Puppet's default ignores), so the first agent
-    /// after a change does not wait for them.
+    /// The standard listings: what a stock or pluginsync agent asks for
+    /// (both mounts, both `source_permissions`, `links=follow`, Puppet's
+    /// default ignores, sha256).
+    pub fn standard_params() -> impl Iterator<Item = (Mount, SearchParams)> {
+        Mount::ALL.into_iter().flat_map(|mount| {
+            [true, false].map(move |use_permissions| {
+                (
+                    mount,
+                    SearchParams {
+                        recurse: true,
+                        recurselimit: None,
+                        links: Links::Follow,
+                        ignore: pluginsync_common::DEFAULT_IGNORE
+                            .iter()
+                            .map(|s| s.to_string())
+                            .collect(),
+                        checksum_type: ChecksumType::Sha256,
+                        use_permissions,
+                    },
+                )
+            })
+        })
+    }
+
+    /// Serialises and gzips, before the index is published, the standard
+    /// listings ([`EnvIndex::standard_params`]), so the first agent after a
+    /// change does not wait for them, and pins them in the cache for the
+    /// index's lifetime: no other parameter set can evict them.
     pub fn warm(&self) {
-        for mount in Mount::ALL {
-            for use_permissions in [true, false] {
-                let params = SearchParams {
-                    recurse: true,
-                    recurselimit: None,
-                    links: Links::Follow,
-                    ignore: pluginsync_common::DEFAULT_IGNORE
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect(),
-                    checksum_type: ChecksumType::Sha256,
-                    use_permissions,
-                };
-                match self.listing(mount, &params) {
-                    Ok(l) => {
-                        l.gzip();
-                    }
-                    Err(e) => {
-                        tracing::warn!(env = %self.name, mount = mount.as_str(), error = %e, "cannot pre-serialise a listing")
-                    }
+        for (mount, params) in Self::standard_params() {
+            match self.serialise(mount, &params) {
+                Ok(l) => {
+                    l.gzip();
+                    self.responses.pin((mount, params), l);
+                }
+                Err(e) => {
+                    tracing::warn!(env = %self.name, mount = mount.as_str(), error = %e, "cannot pre-serialise a listing")
                 }
             }
         }
     }
 
-    /// The serialised listing for `params`, from the cache or built now.
+    /// The serialised listing for `params`, from the cache or built now
+    /// (and then cached), and which of the two it was.
     /// Blocking: may hash files for non-sha256 checksum types.
     pub fn listing(
         &self,
         mount: Mount,
         params: &SearchParams,
-    ) -> Result<Arc<CachedListing>, ListingError> {
+    ) -> Result<(Arc<CachedListing>, Served), ListingError> {
         let key = (mount, params.clone());
         if let Some(hit) = self.responses.get(&key) {
-            return Ok(hit);
+            return Ok((hit, Served::Cached));
         }
+        let listing = self.serialise(mount, params)?;
+        self.responses.insert(key, listing.clone());
+        Ok((listing, Served::Serialised))
+    }
+
+    /// Serialises the listing for `params`, bypassing the cache.
+    fn serialise(
+        &self,
+        mount: Mount,
+        params: &SearchParams,
+    ) -> Result<Arc<CachedListing>, ListingError> {
         // Streamed: each entry is serialised as soon as it is made, never
         // collected (for 50,000 files the whole JSON and the entry vector
         // would be 17 MB plus their growth, and the allocator keeps such a
         // peak as resident memory).
         let mut out = Serialiser::new()?;
         self.for_each_entry(mount, params, |entry| out.push(&entry))?;
-        let listing = Arc::new(out.finish()?);
-        self.responses.insert(key, listing.clone());
-        Ok(listing)
+        Ok(Arc::new(out.finish()?))
     }
 
     /// The entries of a `file_metadatas` answer.
@@ -259,7 +291,7 @@ impl EnvIndex {
         node: Option<(&Root, &Node)>,
         params: &SearchParams,
     ) -> Result<FileMetadata, ListingError> {
-        Ok(entry::metadata(
+        entry::metadata(
             self.identity,
             &self.other_checksums,
             base,
@@ -267,19 +299,20 @@ impl EnvIndex {
             view,
             node,
             params,
-        ))
+        )
     }
 
     /// The checksum of a file (or of a link's target); `None` when its
     /// content is not served (a dangling or escaping link), as Puppet sends
-    /// `null` when it cannot compute one.
+    /// `null` when it cannot compute one; [`ListingError::Changed`] when
+    /// the type is read from disk and the file changed since indexing.
     pub fn checksum(
         &self,
         root: &Root,
         node: &Node,
         view: &View,
         ty: ChecksumType,
-    ) -> Option<Checksum> {
+    ) -> Result<Option<Checksum>, ListingError> {
         entry::checksum(&self.other_checksums, root, node, view, ty)
     }
 
