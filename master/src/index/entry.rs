@@ -18,9 +18,25 @@ use std::sync::Mutex;
 use pluginsync_common::checksum::ChecksumType;
 use pluginsync_common::metadata::{Checksum, FileMetadata, FileType, Links, Principal};
 
-use super::listing::ListingError;
 use super::mount::Root;
 use crate::walk::{FileSig, Node, View};
+
+/// A listing could not be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum ListingError {
+    /// A request parameter was unusable.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Serialisation failed.
+    #[error("{0}")]
+    Internal(String),
+    /// A checksum had to be read from a file that is no longer the indexed
+    /// one (replaced, swapped for a symlink or a fifo): answered 503 with
+    /// `Retry-After`, like `file_content` (docs/protocol.md §1.7 step 12),
+    /// and never cached.
+    #[error("the file changed on the master, retry")]
+    Changed,
+}
 
 /// Parameters of a `file_metadatas` search, normalised; also the key of the
 /// response cache.

@@ -20,24 +20,7 @@ use bytes::Bytes;
 use pluginsync_common::metadata::FileMetadata;
 use pluginsync_common::protocol::Mount;
 
-use super::entry::SearchParams;
-
-/// A listing could not be produced.
-#[derive(Debug, thiserror::Error)]
-pub enum ListingError {
-    /// A request parameter was unusable.
-    #[error("{0}")]
-    BadRequest(String),
-    /// Serialisation failed.
-    #[error("{0}")]
-    Internal(String),
-    /// A checksum had to be read from a file that is no longer the indexed
-    /// one (replaced, swapped for a symlink or a fifo): answered 503 with
-    /// `Retry-After`, like `file_content` (docs/protocol.md §1.7 step 12),
-    /// and never cached.
-    #[error("the file changed on the master, retry")]
-    Changed,
-}
+use super::entry::{ListingError, SearchParams};
 
 /// A serialised listing, ready to send.
 ///

@@ -52,8 +52,8 @@ use pluginsync_common::relpath::RelPath;
 use crate::environments::{self, Module};
 use crate::walk::{Digests, Node, View};
 
-pub use self::entry::{DIRECTORY_CTIME, Identity, SearchParams};
-pub use self::listing::{CachedListing, ListingError, gzip};
+pub use self::entry::{DIRECTORY_CTIME, Identity, ListingError, SearchParams};
+pub use self::listing::{CachedListing, gzip};
 pub use self::mount::{Collision, Loc, MountIndex, Root};
 pub use crate::walk::Hashing;
 pub use pluginsync_common::protocol::Mount;
