@@ -2,11 +2,11 @@
 //!
 //! `CLI (cli) → settings (config, settings) → catalog (catalog: one file
 //! resource per destination) → listing (client: HTTP; listing: validation)
-//! + local scan (scan, with the hints of cache) → plan (plan, pure) → stage
-//! + verify (stage: every file write) → commit (commit) → report (report)
-//! → load changed files (load, plugins)`, driven by [`sync::run`], whose
-//! [`sync`] module has one function per arrow. Each step is a module that
-//! can be tested alone, and no two modules import each other.
+//! and local scan (scan, with the hints of cache) → plan (plan, pure) →
+//! stage and verify (stage: every file write) → commit (commit) → report
+//! (report) → load changed files (load, plugins)`, driven by
+//! [`sync::run`], whose module has one function per arrow. Each step is a
+//! module that can be tested alone, and no two modules import each other.
 
 pub mod cache;
 pub mod catalog;
