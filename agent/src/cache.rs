@@ -6,19 +6,55 @@
 //!   sha256), so a file is hashed again only when its stat changed;
 //! - the digest of the destination's stat scan right after the last sync.
 //!
-//! A `304 Not Modified` plus a stat scan whose digest equals the recorded
-//! one means neither side changed: the pass ends with nothing else read or
-//! sent. Everything here is a hint: a missing or unreadable cache only makes
-//! the run slower, a stale stat never hides a changed file (the stat would
-//! differ), and nothing from the cache overrides a listing's checksum.
+//! The policy lives here too: which `ETag` a listing request may send
+//! ([`MountCache::if_none_match`]), what a `304 Not Modified` means
+//! ([`MountCache::not_modified`]: a 304 plus a stat scan whose digest equals
+//! the recorded one means neither side changed, and the pass ends with
+//! nothing else read or sent), and what a clean commit leaves behind
+//! ([`remember`]). Everything here is a hint: a missing or unreadable cache
+//! only makes the run slower, a stale stat never hides a changed file (the
+//! stat would differ), and nothing from the cache overrides a listing's
+//! checksum. Files are written with
+//! [`pluginsync_common::fsutil::write_atomic`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
+use pluginsync_common::fsutil::write_atomic;
 use pluginsync_common::protocol::Mount;
 use serde::{Deserialize, Serialize};
 
+use crate::listing::{RemoteKind, RemoteTree};
+use crate::plan::Plan;
+use crate::scan::{LocalEntry, LocalTree};
+
 pub use pluginsync_common::filesig::FileSig;
+
+/// What a `304 Not Modified` for a listing means for the pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotModified {
+    /// Neither the master's tree nor ours changed since the last sync: the
+    /// pass is done.
+    Unchanged,
+    /// The master's tree did not change but ours may have: plan against
+    /// the cached listing.
+    Cached(Vec<u8>),
+    /// The cached listing is gone: fetch it again, unconditionally.
+    Refetch,
+}
+
+/// The listing a pass planned against, as the cache records it.
+#[derive(Debug, Clone)]
+pub struct ListingStamp {
+    /// Cache key ([`MountCache::key`]) of the listing.
+    pub key: String,
+    /// Its `ETag`.
+    pub etag: Option<String>,
+    /// A newly fetched body, to cache; `None` when the cached one is
+    /// current.
+    pub fresh: Option<Bytes>,
+}
 
 /// The cache of one mount.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,16 +105,39 @@ impl MountCache {
         std::fs::read(Self::dir(vardir).join(format!("{mount}.listing.json"))).ok()
     }
 
-    /// Writes the cache (and the listing body, when given) atomically.
+    /// The key of the listing of `mount` from `server` asked with `query`
+    /// (the listing's query string).
+    pub fn key(server: &str, mount: Mount, query: &str) -> String {
+        format!("{server}|{mount}|{query}")
+    }
+
+    /// The `If-None-Match` for a listing with `key`: the cached `ETag`, only
+    /// if the cached listing was fetched with the same key.
+    pub fn if_none_match(&self, key: &str) -> Option<String> {
+        if self.key == key {
+            self.etag.clone()
+        } else {
+            None
+        }
+    }
+
+    /// What a 304 for `mount` means, given the digest of this run's scan.
+    pub fn not_modified(&self, vardir: &Path, mount: Mount, scan_digest: &str) -> NotModified {
+        if self.scan_digest.as_deref() == Some(scan_digest) {
+            return NotModified::Unchanged;
+        }
+        match Self::load_listing(vardir, mount) {
+            Some(body) => NotModified::Cached(body),
+            None => NotModified::Refetch,
+        }
+    }
+
+    /// Writes the cache (and the listing body, when given), each file
+    /// atomically and durably.
     pub fn save(&self, vardir: &Path, mount: Mount, listing: Option<&[u8]>) -> std::io::Result<()> {
         let dir = Self::dir(vardir);
         std::fs::create_dir_all(&dir)?;
-        let write = |name: String, bytes: &[u8]| -> std::io::Result<()> {
-            let mut tmp = tempfile::NamedTempFile::new_in(&dir)?;
-            std::io::Write::write_all(&mut tmp, bytes)?;
-            tmp.persist(dir.join(name)).map_err(|e| e.error)?;
-            Ok(())
-        };
+        let write = |name: String, bytes: &[u8]| write_atomic(&dir.join(name), bytes, 0o600);
         if let Some(body) = listing {
             write(format!("{mount}.listing.json"), body)?;
         }
@@ -103,6 +162,69 @@ impl MountCache {
             .get(rel)
             .filter(|(s, _)| s == stat)
             .map(|(_, sha)| sha.as_str())
+    }
+}
+
+/// Records what a clean commit of `mount` into `dest` left: the listing
+/// (`stamp`, `remote`), the stat of every synced file with its (verified)
+/// sha256, and the digest of the destination's scan. `before` is the scan
+/// the `plan` was made from; the paths the plan touched (and their parent
+/// directories) are stat'ed again, with no second walk.
+pub fn remember(
+    vardir: &Path,
+    mount: Mount,
+    dest: &Path,
+    stamp: &ListingStamp,
+    remote: &RemoteTree,
+    plan: &Plan,
+    before: &LocalTree,
+) {
+    let touched: Vec<PathBuf> = plan
+        .actions
+        .iter()
+        .filter_map(|a| a.change().map(|(rel, _)| rel.to_owned()))
+        .chain(std::iter::once(PathBuf::new()))
+        .collect();
+    let after = before.updated(dest, &touched);
+    let written: HashSet<&Path> = plan.writes().map(|(r, _)| r).collect();
+    let now_by: HashMap<&Path, &LocalEntry> = after
+        .entries
+        .iter()
+        .map(|(k, v)| (k.as_path(), v))
+        .collect();
+    let before_by: HashMap<&Path, &LocalEntry> = before
+        .entries
+        .iter()
+        .map(|(k, v)| (k.as_path(), v))
+        .collect();
+    let mut files = HashMap::new();
+    for (rel, entry) in remote.entries.iter() {
+        let RemoteKind::File { sha256 } = &entry.kind else {
+            continue;
+        };
+        let path = Path::new(rel.as_str());
+        let Some(now) = now_by.get(path) else {
+            continue;
+        };
+        // A file we did not write must still be the one we hashed (or
+        // found in the cache); otherwise it changed under us: not cached.
+        let unchanged = written.contains(path)
+            || before_by
+                .get(path)
+                .is_some_and(|before| before.stat == now.stat);
+        if unchanged {
+            files.insert(rel.as_str().to_owned(), (now.stat, sha256.clone()));
+        }
+    }
+    let cache = MountCache {
+        key: stamp.key.clone(),
+        etag: stamp.etag.clone(),
+        scan_digest: Some(after.digest()),
+        entries: remote.entries.len(),
+        files,
+    };
+    if let Err(e) = cache.save(vardir, mount, stamp.fresh.as_deref()) {
+        tracing::warn!(vardir = %vardir.display(), error = %e, "cannot save the sync cache");
     }
 }
 
@@ -135,10 +257,38 @@ mod tests {
             MountCache::load_listing(d.path(), Mount::Plugins).unwrap(),
             b"[]"
         );
+        assert_eq!(
+            back.if_none_match("k").as_deref(),
+            Some("\"e\""),
+            "same key: the ETag is sent"
+        );
+        assert_eq!(back.if_none_match("other"), None);
         MountCache::clear(d.path(), Mount::Plugins);
         assert_eq!(
             MountCache::load(d.path(), Mount::Plugins),
             MountCache::default()
+        );
+    }
+
+    #[test]
+    fn a_304_ends_the_pass_only_when_the_scan_is_unchanged_too() {
+        let d = tempfile::tempdir().unwrap();
+        let c = MountCache {
+            scan_digest: Some("s".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            c.not_modified(d.path(), Mount::Plugins, "s"),
+            NotModified::Unchanged
+        );
+        assert_eq!(
+            c.not_modified(d.path(), Mount::Plugins, "t"),
+            NotModified::Refetch
+        );
+        c.save(d.path(), Mount::Plugins, Some(b"[]")).unwrap();
+        assert_eq!(
+            c.not_modified(d.path(), Mount::Plugins, "t"),
+            NotModified::Cached(b"[]".to_vec())
         );
     }
 }

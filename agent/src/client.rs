@@ -1,26 +1,31 @@
-//! Talking to masters: mutual TLS, failover, retries, verified downloads.
+//! HTTP to the masters, and nothing else: mutual TLS, failover, one retry
+//! policy, status mapping, and the bytes of listings and downloads handed
+//! back to the caller (this module never touches the filesystem: the
+//! staging does, see `stage.rs`).
 //!
 //! Only the configured CA is trusted (no system roots), the node presents
 //! its certificate, and plain HTTP is refused. Requests are exactly a stock
-//! agent's (PROTOCOL.md §7.2), so a stock Puppet Server serves them too.
+//! agent's (PROTOCOL.md §7.2), built with `pluginsync_common::protocol`, so
+//! a stock Puppet Server serves them too.
 //!
 //! Failures that may pass (connection refused or reset, timeouts, 5xx, 429
-//! and 503) are retried `retries` times per server with capped exponential
-//! backoff and full jitter, honouring `Retry-After`; then the next server in
-//! `servers` is tried, all before the run's deadline. The first server that
-//! answers the first listing serves the whole run, so listings and content
-//! come from the same master.
+//! and 503, a body cut mid-transfer) are retried `retries` times per server
+//! with capped exponential backoff and full jitter, honouring
+//! `Retry-After` ([`Client::retrying`]); then the next server in `servers`
+//! is tried, all before the run's deadline. The first server that answers
+//! the first listing is the run's [`Origin`], so listings and content come
+//! from the same master.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use pluginsync_common::checksum::Sha256Stream;
+use bytes::Bytes;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::metadata::{ApiErrorBody, FileMetadata};
 use pluginsync_common::protocol::{self, ListingQuery, Mount};
+use pluginsync_common::tls::TlsError;
 use reqwest::StatusCode;
 use reqwest::header::ACCEPT;
-use tokio::io::AsyncWriteExt;
 
 use crate::config::TlsFiles;
 
@@ -63,7 +68,8 @@ pub enum FetchError {
         /// What is wrong.
         detail: String,
     },
-    /// A download that failed or did not match its checksum.
+    /// A download that failed, did not match its checksum, or could not be
+    /// staged (what the body's consumer refused, see [`BodyError`]).
     #[error("download of {what} from {server} failed: {detail}")]
     Download {
         /// The server.
@@ -73,13 +79,41 @@ pub enum FetchError {
         /// What happened.
         detail: String,
     },
-    /// The TLS files could not be loaded.
-    #[error("{0}")]
-    Setup(String),
+}
+
+/// The client could not be set up; only [`Client::new`] says this.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// A TLS file could not be read.
+    #[error(transparent)]
+    Read(#[from] TlsError),
+    /// The CA bundle or the CRL was read but the TLS stack refused it.
+    #[error("{what} '{}': {detail}", path.display())]
+    Unusable {
+        /// `CA bundle` or `CRL`.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The TLS stack's reason, on one line.
+        detail: String,
+    },
+    /// The certificate and key were read but do not make an identity.
+    #[error("certificate '{}' and key '{}': {detail}", cert.display(), key.display())]
+    Identity {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+        /// The TLS stack's reason, on one line.
+        detail: String,
+    },
+    /// The HTTP client could not be built.
+    #[error("TLS client: {0}")]
+    Build(String),
 }
 
 /// Flattens an error and its sources into one line.
-pub fn chain(e: &dyn std::error::Error) -> String {
+fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
@@ -95,7 +129,7 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 
 /// One line for a request error: no URL (the caller names the server),
 /// and for connection failures just the innermost cause.
-pub fn request_error(e: &reqwest::Error) -> String {
+fn request_error(e: &reqwest::Error) -> String {
     if e.is_timeout() {
         return "timed out".into();
     }
@@ -119,41 +153,84 @@ pub fn request_error(e: &reqwest::Error) -> String {
     e2
 }
 
-/// The agent's HTTP client.
-#[derive(Debug, Clone)]
-pub struct Client {
-    http: reqwest::Client,
-    retries: u32,
-    deadline: Instant,
+/// The master that answered the run's first listing, and what it offers
+/// beyond Puppet's API (PROTOCOL.md §7): every later request of the run
+/// goes to it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// `https://host:port`, as configured.
+    pub server: String,
+    /// `X-Pluginsync-Blobs`: where it serves content by checksum, if it
+    /// said so.
+    pub blobs: Option<String>,
+    /// `X-Pluginsync-Blob-Batch`: where it serves many blobs at once, if it
+    /// said so.
+    pub batch: Option<String>,
 }
 
-/// Where content comes from: the run's server, the mount, the
-/// environment, and the master's blob prefix if it advertised one.
+impl Origin {
+    /// Whether it serves batches of blobs.
+    pub fn serves_batches(&self) -> bool {
+        self.batch.is_some()
+    }
+}
+
+/// Where one resource's content comes from: the run's origin, the mount,
+/// the environment.
 #[derive(Debug, Clone, Copy)]
 pub struct Source<'a> {
-    /// `https://host:port`.
-    pub server: &'a str,
+    /// The run's master.
+    pub origin: &'a Origin,
     /// `plugins` or `pluginfacts`.
     pub mount: Mount,
     /// The environment.
     pub env: &'a str,
-    /// `X-Pluginsync-Blobs` of the listing, if any.
-    pub blobs: Option<&'a str>,
-    /// `X-Pluginsync-Blob-Batch` of the listing, if any.
-    pub batch: Option<&'a str>,
 }
 
 /// A listing answer.
 #[derive(Debug, Clone)]
 pub struct ListingAnswer {
     /// The body, or `None` for `304 Not Modified`.
-    pub body: Option<bytes::Bytes>,
+    pub body: Option<Bytes>,
     /// The `ETag`, if any.
     pub etag: Option<String>,
-    /// `X-Pluginsync-Blobs`: where this master serves content by checksum.
-    pub blobs: Option<String>,
-    /// `X-Pluginsync-Blob-Batch`: where it serves many blobs at once.
-    pub batch: Option<String>,
+}
+
+/// The body of a 2xx answer, read chunk by chunk as it arrives.
+#[derive(Debug)]
+pub struct Body {
+    response: reqwest::Response,
+    received: u64,
+}
+
+impl Body {
+    /// The next chunk, `None` at the end; the error is one line,
+    /// `transfer cut after <n> bytes: …`.
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, String> {
+        match self.response.chunk().await {
+            Ok(chunk) => {
+                if let Some(c) = &chunk {
+                    self.received += c.len() as u64;
+                }
+                Ok(chunk)
+            }
+            Err(e) => Err(format!(
+                "transfer cut after {} bytes: {}",
+                self.received,
+                request_error(&e)
+            )),
+        }
+    }
+}
+
+/// Why the consumer of a download's [`Body`] did not take it whole.
+#[derive(Debug)]
+pub enum BodyError {
+    /// The transfer broke off: another attempt may do better.
+    Cut(String),
+    /// Anything else (the bytes do not match, the staged file cannot be
+    /// written): the download fails with this.
+    Refused(String),
 }
 
 /// What one attempt says about retrying.
@@ -166,30 +243,32 @@ enum Attempt<T> {
     },
 }
 
+/// The agent's HTTP client.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    retries: u32,
+    deadline: Instant,
+}
+
 impl Client {
     /// Builds a client for `tls`; the run must finish by `deadline`.
-    pub fn new(tls: &TlsFiles, retries: u32, deadline: Instant) -> Result<Client, FetchError> {
-        pluginsync_common::tls::install_default_provider();
-        let read = |p: &std::path::Path, what: &str| {
-            std::fs::read(p).map_err(|e| {
-                FetchError::Setup(format!("cannot read {what} '{}': {e}", p.display()))
-            })
-        };
-        let ca =
-            reqwest::Certificate::from_pem_bundle(&read(&tls.ca, "CA bundle")?).map_err(|e| {
-                FetchError::Setup(format!("CA bundle '{}': {}", tls.ca.display(), chain(&e)))
+    pub fn new(tls: &TlsFiles, retries: u32, deadline: Instant) -> Result<Client, SetupError> {
+        use pluginsync_common::tls::{install_default_provider, read_identity_pem, read_pem};
+        install_default_provider();
+        let ca = reqwest::Certificate::from_pem_bundle(&read_pem("CA bundle", &tls.ca)?).map_err(
+            |e| SetupError::Unusable {
+                what: "CA bundle",
+                path: tls.ca.clone(),
+                detail: chain(&e),
+            },
+        )?;
+        let identity = reqwest::Identity::from_pem(&read_identity_pem(&tls.cert, &tls.key)?)
+            .map_err(|e| SetupError::Identity {
+                cert: tls.cert.clone(),
+                key: tls.key.clone(),
+                detail: chain(&e),
             })?;
-        let mut identity = read(&tls.cert, "certificate")?;
-        identity.push(b'\n');
-        identity.extend(read(&tls.key, "private key")?);
-        let identity = reqwest::Identity::from_pem(&identity).map_err(|e| {
-            FetchError::Setup(format!(
-                "certificate '{}' and key '{}': {}",
-                tls.cert.display(),
-                tls.key.display(),
-                chain(&e)
-            ))
-        })?;
         let mut b = reqwest::Client::builder()
             .tls_certs_only(ca)
             .identity(identity)
@@ -200,15 +279,16 @@ impl Client {
             .pool_max_idle_per_host(8)
             .no_proxy();
         if let Some(crl) = &tls.crl {
-            let crls = reqwest::tls::CertificateRevocationList::from_pem_bundle(&read(crl, "CRL")?)
-                .map_err(|e| {
-                    FetchError::Setup(format!("CRL '{}': {}", crl.display(), chain(&e)))
-                })?;
+            let crls =
+                reqwest::tls::CertificateRevocationList::from_pem_bundle(&read_pem("CRL", crl)?)
+                    .map_err(|e| SetupError::Unusable {
+                        what: "CRL",
+                        path: crl.clone(),
+                        detail: chain(&e),
+                    })?;
             b = b.tls_crls_only(crls);
         }
-        let http = b
-            .build()
-            .map_err(|e| FetchError::Setup(format!("TLS client: {}", chain(&e))))?;
+        let http = b.build().map_err(|e| SetupError::Build(chain(&e)))?;
         Ok(Client {
             http,
             retries: retries.max(1),
@@ -221,32 +301,25 @@ impl Client {
     }
 
     /// Fetches a listing from the first server of `servers` that answers;
-    /// returns that server with the entries. Errors that are the master's
-    /// final word (404 environment, 403, 400) do not fail over.
+    /// that server, with what its answer offers, becomes the run's
+    /// [`Origin`]. `if_none_match` gives the `If-None-Match` for a server.
+    /// Errors that are the master's final word (404 environment, 403, 400)
+    /// do not fail over.
     pub async fn first_listing(
         &self,
         servers: &[String],
         mount: Mount,
-        env: &str,
-        source_permissions: &str,
-        ignore: &[String],
+        query: &ListingQuery<'_>,
         if_none_match: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<(String, ListingAnswer), FetchError> {
+    ) -> Result<(Origin, ListingAnswer), FetchError> {
         let mut last = String::from("no server configured");
         for server in servers {
             let inm = if_none_match(server);
             match self
-                .listing(
-                    server,
-                    mount,
-                    env,
-                    source_permissions,
-                    ignore,
-                    inm.as_deref(),
-                )
+                .fetch_listing(server, mount, query, inm.as_deref())
                 .await
             {
-                Ok(answer) => return Ok((server.clone(), answer)),
+                Ok(answer) => return Ok(answer),
                 Err(FetchError::Unreachable { detail, .. }) => {
                     tracing::info!(server = %server, error = %detail, "server unavailable, trying the next one");
                     last = detail;
@@ -263,25 +336,38 @@ impl Client {
         })
     }
 
-    /// Fetches one listing from `server`, with retries; sends
-    /// `If-None-Match` when given and returns `body: None` on a 304.
+    /// Fetches one listing from the run's `origin`; sends `If-None-Match`
+    /// when given and returns `body: None` on a 304.
     pub async fn listing(
+        &self,
+        origin: &Origin,
+        mount: Mount,
+        query: &ListingQuery<'_>,
+        if_none_match: Option<&str>,
+    ) -> Result<ListingAnswer, FetchError> {
+        let (_, answer) = self
+            .fetch_listing(&origin.server, mount, query, if_none_match)
+            .await?;
+        Ok(answer)
+    }
+
+    /// One listing from `server`, with retries, and what its headers offer.
+    async fn fetch_listing(
         &self,
         server: &str,
         mount: Mount,
-        env: &str,
-        source_permissions: &str,
-        ignore: &[String],
+        query: &ListingQuery<'_>,
         if_none_match: Option<&str>,
-    ) -> Result<ListingAnswer, FetchError> {
-        let url = ListingQuery {
-            environment: env,
-            source_permissions,
-            ignore,
-        }
-        .url(server, mount);
+    ) -> Result<(Origin, ListingAnswer), FetchError> {
+        let url = query.url(server, mount);
         let what = format!("the {mount} listing");
-        self.with_retries(server, || async {
+        let header = |resp: &reqwest::Response, name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let attempt = async || {
             let mut req = self
                 .http
                 .get(&url)
@@ -296,78 +382,38 @@ impl Client {
             }
             let resp = match req.send().await {
                 Ok(r) => r,
-                Err(e) => {
-                    return Attempt::Retry {
-                        detail: request_error(&e),
-                        after: None,
-                    };
-                }
+                Err(e) => return transient(&e),
             };
-            let header = |resp: &reqwest::Response, name: &str| {
-                resp.headers()
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned)
+            let origin = Origin {
+                server: server.to_owned(),
+                blobs: header(&resp, protocol::HEADER_BLOBS),
+                batch: header(&resp, protocol::HEADER_BLOB_BATCH),
             };
-            let (etag, blobs) = (header(&resp, "etag"), header(&resp, protocol::HEADER_BLOBS));
-            let batch = header(&resp, protocol::HEADER_BLOB_BATCH);
+            let etag = header(&resp, "etag");
             if resp.status() == StatusCode::NOT_MODIFIED && if_none_match.is_some() {
-                return Attempt::Done(ListingAnswer {
-                    body: None,
-                    etag,
-                    blobs,
-                    batch,
-                });
+                return Attempt::Done((origin, ListingAnswer { body: None, etag }));
             }
-            match self.check_status(server, env, &what, resp).await {
-                Ok(resp) => match resp.bytes().await {
-                    Ok(b) => Attempt::Done(ListingAnswer {
+            let resp = match self
+                .check_status(server, query.environment, &what, resp)
+                .await
+            {
+                Ok(r) => r,
+                Err(a) => return a,
+            };
+            match resp.bytes().await {
+                Ok(b) => Attempt::Done((
+                    origin,
+                    ListingAnswer {
                         body: Some(b),
                         etag,
-                        blobs,
-                        batch,
-                    }),
-                    Err(e) => Attempt::Retry {
-                        detail: request_error(&e),
-                        after: None,
                     },
-                },
-                Err(a) => a,
+                )),
+                Err(e) => transient(&e),
             }
-        })
-        .await
-    }
-
-    /// Asks `src`'s batch endpoint for `hashes`; returns the streaming
-    /// response (retried on transient failures before the first byte).
-    pub async fn batch(
-        &self,
-        src: &Source<'_>,
-        hashes: &[Sha256],
-    ) -> Result<reqwest::Response, FetchError> {
-        let path = src.batch.unwrap_or(protocol::BATCH_PATH);
-        let url = format!(
-            "{}{path}?{}",
-            src.server.trim_end_matches('/'),
-            protocol::batch_query(hashes)
-        );
-        let what = format!("a batch of {} {} files", hashes.len(), src.mount);
-        self.with_retries(src.server, || async {
-            let req = self
-                .http
-                .get(&url)
-                .header(ACCEPT, protocol::BLOBS_MEDIA_TYPE)
-                .timeout(self.remaining());
-            match req.send().await {
-                Ok(resp) => match self.check_status(src.server, src.env, &what, resp).await {
-                    Ok(r) => Attempt::Done(r),
-                    Err(a) => a,
-                },
-                Err(e) => Attempt::Retry {
-                    detail: request_error(&e),
-                    after: None,
-                },
-            }
+        };
+        self.retrying(server, &what, attempt, |detail| FetchError::Unreachable {
+            servers: server.to_owned(),
+            detail,
         })
         .await
     }
@@ -378,6 +424,120 @@ impl Client {
             server: server.to_owned(),
             detail: e.to_string(),
         })
+    }
+
+    /// Asks `src`'s batch endpoint for `hashes`; returns the body to read
+    /// frame by frame (retried on transient failures before the first
+    /// byte).
+    pub async fn batch(&self, src: &Source<'_>, hashes: &[Sha256]) -> Result<Body, FetchError> {
+        let server = src.origin.server.as_str();
+        let path = src.origin.batch.as_deref().unwrap_or(protocol::BATCH_PATH);
+        let url = format!(
+            "{}{path}?{}",
+            server.trim_end_matches('/'),
+            protocol::batch_query(hashes)
+        );
+        let what = format!("a batch of {} {} files", hashes.len(), src.mount);
+        let attempt = async || {
+            let req = self
+                .http
+                .get(&url)
+                .header(ACCEPT, protocol::BLOBS_MEDIA_TYPE)
+                .timeout(self.remaining());
+            match req.send().await {
+                Ok(resp) => match self.check_status(server, src.env, &what, resp).await {
+                    Ok(response) => Attempt::Done(Body {
+                        response,
+                        received: 0,
+                    }),
+                    Err(a) => a,
+                },
+                Err(e) => transient(&e),
+            }
+        };
+        self.retrying(server, &what, attempt, |detail| FetchError::Unreachable {
+            servers: server.to_owned(),
+            detail,
+        })
+        .await
+    }
+
+    /// Fetches `<mount>/<rel>` of `src` and hands each 2xx body to `take`,
+    /// which writes and verifies it (it must start over on every call: a
+    /// retry is a whole new body). Content comes by checksum where the
+    /// origin offers blobs (cacheable by any HTTP cache in front of it),
+    /// else from Puppet's `file_content`, which is also the fallback when a
+    /// blob is not found. A [`BodyError::Cut`] is retried like any
+    /// transient failure; a [`BodyError::Refused`] fails the download.
+    pub async fn download<T>(
+        &self,
+        src: &Source<'_>,
+        rel: &str,
+        sha256: &str,
+        take: &mut impl AsyncFnMut(Body) -> Result<T, BodyError>,
+    ) -> Result<T, FetchError> {
+        let server = src.origin.server.trim_end_matches('/');
+        if let Some(prefix) = src.origin.blobs.as_deref().filter(|p| p.starts_with('/')) {
+            let url = format!("{server}{prefix}{sha256}");
+            match self.download_from(src, &url, rel, take).await {
+                Err(FetchError::Status { status, .. }) if status.starts_with("404") => {
+                    tracing::info!(file = %rel, "blob not found, falling back to file_content");
+                }
+                other => return other,
+            }
+        }
+        let url = protocol::content_url(server, src.mount, rel, src.env);
+        self.download_from(src, &url, rel, take).await
+    }
+
+    /// Downloads `url` into `take` with retries; see [`Client::download`].
+    async fn download_from<T>(
+        &self,
+        src: &Source<'_>,
+        url: &str,
+        rel: &str,
+        take: &mut impl AsyncFnMut(Body) -> Result<T, BodyError>,
+    ) -> Result<T, FetchError> {
+        let server = src.origin.server.as_str();
+        let what = format!("{}/{rel}", src.mount);
+        let fail = |detail: String| FetchError::Download {
+            server: server.to_owned(),
+            what: what.clone(),
+            detail,
+        };
+        let attempt = async || {
+            let req = self
+                .http
+                .get(url)
+                .header(ACCEPT, protocol::ACCEPT_CONTENT)
+                .header(
+                    protocol::HEADER_PUPPET_VERSION,
+                    pluginsync_common::PUPPET_VERSION,
+                )
+                .timeout(self.remaining());
+            let resp = match req.send().await {
+                Ok(r) => r,
+                Err(e) => return transient(&e),
+            };
+            let response = match self.check_status(server, src.env, &what, resp).await {
+                Ok(r) => r,
+                Err(a) => return a,
+            };
+            match take(Body {
+                response,
+                received: 0,
+            })
+            .await
+            {
+                Ok(v) => Attempt::Done(v),
+                Err(BodyError::Cut(detail)) => Attempt::Retry {
+                    detail,
+                    after: None,
+                },
+                Err(BodyError::Refused(detail)) => Attempt::Fatal(fail(detail)),
+            }
+        };
+        self.retrying(server, &what, attempt, fail).await
     }
 
     /// Turns a response into itself (2xx) or the right kind of failure.
@@ -430,22 +590,27 @@ impl Client {
         }))
     }
 
-    async fn with_retries<T, F, Fut>(&self, server: &str, mut attempt: F) -> Result<T, FetchError>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Attempt<T>>,
-    {
+    /// The one retry policy: up to `retries` attempts at `server`, waiting
+    /// in between ([`Client::backoff`]), never past the run's deadline.
+    /// When the attempts or the time run out, `give_up` turns the last
+    /// transient failure into the error.
+    async fn retrying<T>(
+        &self,
+        server: &str,
+        what: &str,
+        mut attempt: impl AsyncFnMut() -> Attempt<T>,
+        give_up: impl FnOnce(String) -> FetchError,
+    ) -> Result<T, FetchError> {
         let mut last = String::new();
         for n in 0..self.retries {
             if self.remaining().is_zero() {
-                last = format!("run deadline reached ({last})");
-                break;
+                return Err(give_up(format!("run deadline reached ({last})")));
             }
             match attempt().await {
                 Attempt::Done(v) => return Ok(v),
                 Attempt::Fatal(e) => return Err(e),
                 Attempt::Retry { detail, after } => {
-                    tracing::info!(server = %server, attempt = n + 1, error = %detail, "request failed");
+                    tracing::info!(server = %server, what = %what, attempt = n + 1, error = %detail, "request failed");
                     last = detail;
                     if n + 1 < self.retries {
                         self.backoff(n, after).await;
@@ -453,10 +618,7 @@ impl Client {
                 }
             }
         }
-        Err(FetchError::Unreachable {
-            servers: server.to_owned(),
-            detail: last,
-        })
+        Err(give_up(last))
     }
 
     /// Waits before attempt `n + 1` (capped exponential backoff with full
@@ -466,150 +628,12 @@ impl Client {
         let wait = after.unwrap_or_else(|| cap.mul_f64(rand::random::<f64>()));
         tokio::time::sleep(wait.min(self.remaining())).await;
     }
+}
 
-    /// Streams `<mount>/<rel>` of `src` into `file`, hashing as it goes;
-    /// fails unless the bytes match `sha256` (lowercase hex). Content comes
-    /// by checksum where the master offers blobs (cacheable by any HTTP
-    /// cache in front of it), else from Puppet's `file_content`, which is
-    /// also the fallback when a blob is not found. Retried as a whole on
-    /// transient failures (the staged file is truncated first).
-    pub async fn download(
-        &self,
-        src: &Source<'_>,
-        rel: &str,
-        sha256: &str,
-        file: &mut tokio::io::BufWriter<tokio::fs::File>,
-    ) -> Result<u64, FetchError> {
-        let server = src.server.trim_end_matches('/');
-        if let Some(prefix) = src.blobs.filter(|p| p.starts_with('/')) {
-            let url = format!("{server}{prefix}{sha256}");
-            match self.download_from(src, &url, rel, sha256, file).await {
-                Err(FetchError::Status { status, .. }) if status.starts_with("404") => {
-                    tracing::info!(file = %rel, "blob not found, falling back to file_content");
-                }
-                other => return other,
-            }
-        }
-        let url = protocol::content_url(server, src.mount, rel, src.env);
-        self.download_from(src, &url, rel, sha256, file).await
-    }
-
-    /// Downloads `url` into `file` with retries; see [`Client::download`].
-    async fn download_from(
-        &self,
-        src: &Source<'_>,
-        url: &str,
-        rel: &str,
-        sha256: &str,
-        file: &mut tokio::io::BufWriter<tokio::fs::File>,
-    ) -> Result<u64, FetchError> {
-        let (server, mount, env) = (src.server, src.mount, src.env);
-        let what = format!("{mount}/{rel}");
-        let fail = |detail: String| FetchError::Download {
-            server: server.to_owned(),
-            what: what.clone(),
-            detail,
-        };
-        let mut last = String::new();
-        for n in 0..self.retries {
-            if self.remaining().is_zero() {
-                return Err(fail(format!("run deadline reached ({last})")));
-            }
-            match self
-                .download_once(server, env, url, &what, sha256, file)
-                .await
-            {
-                Attempt::Done(size) => return Ok(size),
-                Attempt::Fatal(FetchError::Download { detail, .. }) => return Err(fail(detail)),
-                Attempt::Fatal(e) => return Err(e),
-                Attempt::Retry { detail, after } => {
-                    tracing::info!(server = %server, file = %what, attempt = n + 1, error = %detail, "download failed");
-                    last = detail;
-                    if n + 1 < self.retries {
-                        self.backoff(n, after).await;
-                    }
-                }
-            }
-        }
-        Err(fail(last))
-    }
-
-    async fn download_once(
-        &self,
-        server: &str,
-        env: &str,
-        url: &str,
-        what: &str,
-        sha256: &str,
-        file: &mut tokio::io::BufWriter<tokio::fs::File>,
-    ) -> Attempt<u64> {
-        let fatal = |detail: String| {
-            Attempt::Fatal(FetchError::Download {
-                server: server.to_owned(),
-                what: what.to_owned(),
-                detail,
-            })
-        };
-        let req = self
-            .http
-            .get(url)
-            .header(ACCEPT, protocol::ACCEPT_CONTENT)
-            .header(
-                protocol::HEADER_PUPPET_VERSION,
-                pluginsync_common::PUPPET_VERSION,
-            )
-            .timeout(self.remaining());
-        let resp = match req.send().await {
-            Ok(r) => r,
-            Err(e) => {
-                return Attempt::Retry {
-                    detail: request_error(&e),
-                    after: None,
-                };
-            }
-        };
-        let resp = match self.check_status(server, env, what, resp).await {
-            Ok(r) => r,
-            Err(a) => return a,
-        };
-        // A retry starts the staged file over.
-        if let Err(e) = file.flush().await {
-            return fatal(format!("cannot write the staged file: {e}"));
-        }
-        if let Err(e) = file.get_mut().set_len(0).await {
-            return fatal(format!("cannot truncate the staged file: {e}"));
-        }
-        if let Err(e) = tokio::io::AsyncSeekExt::rewind(file.get_mut()).await {
-            return fatal(format!("cannot rewind the staged file: {e}"));
-        }
-        let mut hasher = Sha256Stream::new();
-        let mut size = 0u64;
-        let mut stream = resp.bytes_stream();
-        while let Some(chunk) = stream.next().await {
-            let chunk = match chunk {
-                Ok(c) => c,
-                Err(e) => {
-                    return Attempt::Retry {
-                        detail: format!("transfer cut after {size} bytes: {}", request_error(&e)),
-                        after: None,
-                    };
-                }
-            };
-            hasher.update(&chunk);
-            size += chunk.len() as u64;
-            if let Err(e) = file.write_all(&chunk).await {
-                return fatal(format!("cannot write the staged file: {e}"));
-            }
-        }
-        let (got, want) = (hasher.finish(), format!("{{sha256}}{sha256}"));
-        if got != want {
-            return fatal(format!(
-                "content does not match its listed checksum (expected {want}, got {got})"
-            ));
-        }
-        if let Err(e) = file.flush().await {
-            return fatal(format!("cannot write the staged file: {e}"));
-        }
-        Attempt::Done(size)
+/// A request that failed before an answer: worth another attempt.
+fn transient<T>(e: &reqwest::Error) -> Attempt<T> {
+    Attempt::Retry {
+        detail: request_error(e),
+        after: None,
     }
 }

@@ -14,6 +14,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use pluginsync_common::relpath::RelPath;
+
 use crate::catalog::FileResource;
 use crate::plan::{Action, ChangeKind, Plan};
 
@@ -24,6 +26,9 @@ pub struct Committed {
     pub changes: Vec<(PathBuf, ChangeKind)>,
     /// Failed steps (relative path, one-line error).
     pub failures: Vec<(PathBuf, String)>,
+    /// The regular files put in place (created or updated), in order: what
+    /// the loaders see.
+    pub written: Vec<RelPath>,
 }
 
 fn chmod(path: &Path, mode: u32) -> std::io::Result<()> {
@@ -178,6 +183,15 @@ pub fn commit(
     for action in &plan.actions {
         match apply(dest, action, staged, resource, &mut checked) {
             Ok(()) => {
+                if let Action::Write { rel, .. } = action {
+                    // Planned from the listing's relative paths: always one.
+                    match rel.to_str().map(RelPath::parse) {
+                        Some(Ok(rel)) => out.written.push(rel),
+                        _ => {
+                            tracing::warn!(path = %rel.display(), "written path is not a listing path")
+                        }
+                    }
+                }
                 if let Some((rel, kind)) = action.change() {
                     if kind != ChangeKind::Removed || resource.purge {
                         out.changes.push((rel.to_owned(), kind));
@@ -314,6 +328,7 @@ mod tests {
             std::fs::read_to_string(dest.join("a/one.rb")).unwrap(),
             "a/one.rb"
         );
+        assert_eq!(done.written, vec![RelPath::parse("a/one.rb").unwrap()]);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pluginsync_common::config::{ConfigFile, RelativeTo};
+use pluginsync_common::envname::EnvName;
 use pluginsync_common::tls::SslDirPaths;
 use serde::Deserialize;
 
@@ -241,19 +242,13 @@ impl AgentConfig {
         pluginsync_common::config::parse(text, path)
     }
 
-    /// Cross-field checks.
+    /// Checks the file: every value in it, alone and across fields
+    /// ([`servers`], [`environment`] and [`AgentConfig::tls_files`] are
+    /// the rules the command line's values go through too, in
+    /// `settings.rs`).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.servers.is_empty() {
-            return Err(ConfigError::Invalid(
-                "servers must name at least one master".into(),
-            ));
-        }
-        for s in &self.servers {
-            validate_server(s).map_err(ConfigError::Invalid)?;
-        }
-        self.environment
-            .parse::<pluginsync_common::envname::EnvName>()
-            .map_err(|e| ConfigError::Invalid(format!("environment: {e}")))?;
+        servers(&self.servers)?;
+        environment(&self.environment)?;
         pluginsync_common::ignore::IgnoreSet::new(&self.ignore)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.factsdir.as_deref() == Some(self.libdir.as_path()) {
@@ -341,6 +336,28 @@ impl AgentConfig {
             },
         }
     }
+}
+
+/// The masters of a run: at least one, each `https://host[:port]`
+/// ([`validate_server`]); returned without trailing slashes.
+pub fn servers(list: &[String]) -> Result<Vec<String>, ConfigError> {
+    if list.is_empty() {
+        return Err(ConfigError::Invalid(
+            "servers must name at least one master".into(),
+        ));
+    }
+    list.iter()
+        .map(|s| {
+            validate_server(s).map_err(ConfigError::Invalid)?;
+            Ok(s.trim_end_matches('/').to_owned())
+        })
+        .collect()
+}
+
+/// The environment of a run, checked as Puppet names environments.
+pub fn environment(name: &str) -> Result<EnvName, ConfigError> {
+    name.parse::<EnvName>()
+        .map_err(|e| ConfigError::Invalid(format!("environment: {e}")))
 }
 
 /// A server URL must be `https://host[:port]`, with no path.

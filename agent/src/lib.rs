@@ -1,10 +1,12 @@
 //! The pluginsync agent.
 //!
-//! `CLI (cli) → settings (settings) → catalog (catalog: one file resource
-//! per destination) → listing (client, listing) + local scan (scan) → plan
-//! (plan, pure) → stage + verify (stage) → commit (commit) → report
-//! (report) → load changed files (load, plugins)`, driven by [`sync::run`]. Each step is a module that can be
-//! tested alone.
+//! `CLI (cli) → settings (config, settings) → catalog (catalog: one file
+//! resource per destination) → listing (client: HTTP; listing: validation)
+//! and local scan (scan, with the hints of cache) → plan (plan, pure) →
+//! stage and verify (stage: every file write) → commit (commit) → report
+//! (report) → load changed files (load, plugins)`, driven by
+//! [`sync::run`], whose module has one function per arrow. Each step is a
+//! module that can be tested alone, and no two modules import each other.
 
 pub mod cache;
 pub mod catalog;

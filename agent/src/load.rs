@@ -19,11 +19,13 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use globset::{GlobBuilder, GlobMatcher};
+use pluginsync_common::protocol::Mount;
+use pluginsync_common::relpath::RelPath;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
@@ -198,21 +200,28 @@ impl Loaders {
         }
     }
 
-    /// Loads `changed` (relative path under the libdir, absolute path), in
-    /// order, each isolated; registers accepted describe plugins; runs
-    /// `after_load` if anything loaded. `enabled` is `[load] enabled` or
-    /// `--load`.
+    /// Loads the files of the `plugins` mount in `changed` (the files a
+    /// commit wrote; those of other mounts are not loaded), found under
+    /// `libdir`, in order, each isolated; registers accepted describe
+    /// plugins; runs `after_load` if anything loaded. `enabled` is
+    /// `[load] enabled` or `--load`.
     pub async fn load(
         &self,
-        changed: &[(PathBuf, PathBuf)],
+        libdir: &Path,
+        changed: &[(Mount, RelPath)],
         enabled: bool,
         registry: &mut Registry,
     ) -> Vec<LoadEntry> {
         let mut out = Vec::new();
-        for (rel, abs) in changed {
-            let path = format!("plugins/{}", rel.display());
+        for (mount, rel) in changed {
+            if *mount != Mount::Plugins {
+                continue;
+            }
+            let path = format!("{mount}/{rel}");
+            let abs = rel.to_path(libdir);
             let started = Instant::now();
-            let Some((_, loader)) = self.loaders.iter().find(|(g, _)| g.is_match(rel)) else {
+            let Some((_, loader)) = self.loaders.iter().find(|(g, _)| g.is_match(rel.as_str()))
+            else {
                 out.push(skipped(path, None, "not loaded (no loader)"));
                 continue;
             };
@@ -225,9 +234,9 @@ impl Loaders {
                 continue;
             }
             let result = match loader.kind {
-                LoaderKind::Command => self.command(loader, rel, abs).await,
+                LoaderKind::Command => self.command(loader, rel, &abs).await,
                 LoaderKind::Describe => {
-                    if rel.to_string_lossy().ends_with("_SHA256SUM") {
+                    if rel.as_str().ends_with("_SHA256SUM") {
                         out.push(skipped(
                             path,
                             Some(name),
@@ -235,7 +244,7 @@ impl Loaders {
                         ));
                         continue;
                     }
-                    self.describe(loader, abs, registry).await
+                    self.describe(loader, &abs, registry).await
                 }
             };
             let duration_ms = started.elapsed().as_millis() as u64;
@@ -281,13 +290,18 @@ impl Loaders {
         out
     }
 
-    async fn command(&self, loader: &LoaderConfig, rel: &Path, abs: &Path) -> Result<(), String> {
+    async fn command(
+        &self,
+        loader: &LoaderConfig,
+        rel: &RelPath,
+        abs: &Path,
+    ) -> Result<(), String> {
         let argv: Vec<String> = loader
             .command
             .iter()
             .map(|a| {
                 a.replace("{path}", &abs.to_string_lossy())
-                    .replace("{relpath}", &rel.to_string_lossy())
+                    .replace("{relpath}", rel.as_str())
                     .replace("{environment}", &self.environment)
             })
             .collect();

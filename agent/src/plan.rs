@@ -294,7 +294,7 @@ mod tests {
                             kind: *kind,
                             mode: *mode,
                             sha256: sha.map(str::to_owned),
-                            stat: crate::cache::FileSig {
+                            stat: pluginsync_common::filesig::FileSig {
                                 size: 0,
                                 mtime_ns: 0,
                                 ctime_ns: 0,

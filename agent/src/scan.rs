@@ -13,9 +13,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use pluginsync_common::checksum::ChecksumType;
+use pluginsync_common::filesig::FileSig;
 use pluginsync_common::ignore::IgnoreSet;
 
-use crate::cache::{FileSig, MountCache};
 use crate::listing::{RemoteKind, RemoteTree, STAGING_DIR};
 
 /// What a local entry is (never following symlinks).
@@ -338,13 +338,14 @@ fn stat_all(dest: &Path, rels: &[&Path]) -> Vec<Option<LocalEntry>> {
 }
 
 /// Fills `sha256` of the local files that the listing has as files, from
-/// the stat cache where the stat is unchanged, else by reading them.
-/// Returns how many files were read.
+/// `known` (the stat cache: the sha256 of a relative path if its stat is
+/// still the given one) where it knows, else by reading them. Returns how
+/// many files were read.
 pub fn hash_files(
     dest: &Path,
     local: &mut LocalTree,
     remote: &RemoteTree,
-    cache: &MountCache,
+    known: impl Fn(&str, &FileSig) -> Option<String>,
 ) -> Result<usize, ScanError> {
     let mut read = 0;
     for (rel, entry) in local.entries.iter_mut() {
@@ -361,8 +362,8 @@ pub fn hash_files(
         if !wanted {
             continue;
         }
-        if let Some(sha) = cache.sha256(rel_str, &entry.stat) {
-            entry.sha256 = Some(sha.to_owned());
+        if let Some(sha) = known(rel_str, &entry.stat) {
+            entry.sha256 = Some(sha);
             continue;
         }
         let path = dest.join(rel);

@@ -1,5 +1,10 @@
 //! Settings: the command line over the config file over the defaults,
 //! resolved once; everything after this takes `&Settings`.
+//!
+//! The file was checked when it was loaded (`config.rs`). What the command
+//! line can replace, the masters and the environment, is checked here on
+//! the merged values, by the same rules ([`crate::config::servers`],
+//! [`crate::config::environment`]); the TLS files are resolved here.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,8 +13,7 @@ use pluginsync_common::envname::EnvName;
 
 use crate::cli::Format;
 use crate::config::{
-    AgentConfig, ConfigError, LoadConfig, LoaderConfig, SourcePermissions, TlsFiles,
-    validate_server,
+    self, AgentConfig, ConfigError, LoadConfig, LoaderConfig, SourcePermissions, TlsFiles,
 };
 
 /// What a run needs, resolved.
@@ -71,28 +75,22 @@ pub struct Overrides {
 }
 
 impl Settings {
-    /// Resolves `config` with `cli` on top.
+    /// Resolves `config` (loaded, so checked) with `cli` on top, and checks
+    /// what the run goes by.
     pub fn resolve(config: AgentConfig, cli: Overrides) -> Result<Settings, ConfigError> {
-        let servers = if cli.servers.is_empty() {
-            config.servers.clone()
+        let servers = config::servers(if cli.servers.is_empty() {
+            &config.servers
         } else {
-            cli.servers
-        };
-        for s in &servers {
-            validate_server(s).map_err(ConfigError::Invalid)?;
-        }
-        let env = cli
-            .environment
-            .unwrap_or_else(|| config.environment.clone());
-        let environment = env
-            .parse::<EnvName>()
-            .map_err(|e| ConfigError::Invalid(format!("environment: {e}")))?;
+            &cli.servers
+        })?;
+        let environment = config::environment(
+            cli.environment
+                .as_deref()
+                .unwrap_or(config.environment.as_str()),
+        )?;
         let tls = config.tls_files()?;
         Ok(Settings {
-            servers: servers
-                .iter()
-                .map(|s| s.trim_end_matches('/').to_owned())
-                .collect(),
+            servers,
             environment,
             libdir: config.libdir,
             factsdir: config.factsdir,

@@ -1,13 +1,16 @@
 //! Stage and verify: every new or changed file is downloaded into the
 //! destination's staging directory (same filesystem, so the commit is a
 //! rename) and its sha256 checked while it streams, before anything in the
-//! destination changes.
+//! destination changes. Every file the agent writes before the commit is
+//! written here: the client only hands over bodies.
 //!
 //! Staged files are written through a buffer and made durable together by
 //! one `syncfs` of the destination's filesystem, before any rename.
 //!
 //! The staging directory is `<dest>/.pluginsync-staging` (0700), never
-//! synced or purged. A run that fails here removes it, and also removes the
+//! synced or purged. A [`Staging`] is a transaction: dropped before
+//! [`Staging::finish`] (a failed download, a failure in another
+//! destination, an early return), it removes the staging directory and the
 //! destination directories it had to create to hold it, so a failed first
 //! sync leaves nothing behind. A staging directory left by a killed run is
 //! removed by the next one.
@@ -17,15 +20,307 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use futures_util::StreamExt;
+use tokio::io::{AsyncSeekExt, AsyncWriteExt, BufWriter};
 
 use pluginsync_common::checksum::Sha256Stream;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::protocol::{FrameDecoder, FrameEvent, MAX_BATCH};
 
-use crate::client::{Client, FetchError, Source};
+use crate::client::{Body, BodyError, Client, FetchError, Source};
+use crate::listing::STAGING_DIR;
 
 /// Batch requests in flight.
 pub const BATCHES_IN_FLIGHT: usize = 4;
+
+/// Staging failed; nothing in the destination changed.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    /// A download failed (the master, the network, a checksum, writing its
+    /// staged file).
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    /// A staged file could not be copied for a second path with the same
+    /// content.
+    #[error("cannot copy a staged file: {0}")]
+    Copy(#[source] std::io::Error),
+    /// The staged files could not be made durable.
+    #[error("cannot sync the staged files in '{}': {source}", dir.display())]
+    Sync {
+        /// The staging directory.
+        dir: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The task running the `syncfs` died.
+    #[error("syncfs task: {0}")]
+    SyncTask(#[source] tokio::task::JoinError),
+}
+
+/// Removes a staging directory left by an interrupted run, if any.
+pub fn clean_stale(dest: &Path) -> std::io::Result<()> {
+    let dir = dest.join(STAGING_DIR);
+    match std::fs::symlink_metadata(&dir) {
+        Ok(md) if md.is_dir() => std::fs::remove_dir_all(&dir),
+        Ok(_) => std::fs::remove_file(&dir),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates a staged file: new, owner-only.
+fn create(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// The staged downloads of one destination; see the module docs for what
+/// dropping it undoes.
+#[derive(Debug)]
+pub struct Staging {
+    /// The staging directory.
+    pub dir: PathBuf,
+    /// Destination directories created to hold it, deepest first; kept by
+    /// [`Staging::finish`], removed (if still empty) by a drop before it.
+    created: Vec<PathBuf>,
+    /// Relative path → staged file, for every verified download.
+    pub files: HashMap<PathBuf, PathBuf>,
+}
+
+impl Staging {
+    /// Makes sure `dest` exists (recording what had to be created) and
+    /// creates a fresh staging directory in it.
+    pub fn prepare(dest: &Path) -> std::io::Result<Staging> {
+        let mut created = Vec::new();
+        let mut p = dest;
+        while !p.exists() {
+            created.push(p.to_owned());
+            match p.parent() {
+                Some(parent) => p = parent,
+                None => break,
+            }
+        }
+        std::fs::create_dir_all(dest)?;
+        // From here on a failure undoes the directories just created.
+        let staging = Staging {
+            dir: dest.join(STAGING_DIR),
+            created,
+            files: HashMap::new(),
+        };
+        clean_stale(dest)?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&staging.dir)?;
+        Ok(staging)
+    }
+
+    /// Ends the transaction after a commit: removes the (now empty) staging
+    /// directory and keeps the destination directories it created.
+    pub fn finish(mut self) {
+        self.created.clear();
+    }
+
+    /// Fetches the distinct checksums of `writes` through the master's
+    /// batch endpoint, [`MAX_BATCH`] per request, [`BATCHES_IN_FLIGHT`] at a
+    /// time; each frame is written straight to its staged file (plain
+    /// blocking writes: small and local, and far cheaper than a thread
+    /// hand-off per operation) and verified. Returns the writes still to
+    /// fetch singly.
+    async fn download_batched(
+        &mut self,
+        client: &Client,
+        src: &Source<'_>,
+        writes: Vec<(PathBuf, String)>,
+    ) -> Result<Vec<(PathBuf, String)>, StageError> {
+        let mut by_sha: HashMap<Sha256, Vec<PathBuf>> = HashMap::new();
+        let mut rest = Vec::new();
+        for (rel, sha) in writes {
+            match Sha256::from_hex(&sha) {
+                Ok(digest) => by_sha.entry(digest).or_default().push(rel),
+                Err(_) => rest.push((rel, sha)),
+            }
+        }
+        let shas: Vec<Sha256> = by_sha.keys().copied().collect();
+        let dir = &self.dir;
+        let jobs = shas
+            .chunks(MAX_BATCH)
+            .enumerate()
+            .map(|(n, chunk)| async move {
+                let got = fetch_batch(client, src, chunk, &dir.join(format!("b{n}"))).await;
+                (chunk, got)
+            });
+        let mut stream = futures_util::stream::iter(jobs).buffer_unordered(BATCHES_IN_FLIGHT);
+        while let Some((chunk, got)) = stream.next().await {
+            let got = got.unwrap_or_else(|e| {
+                tracing::info!(error = %e, "batch failed, fetching its files singly");
+                HashMap::new()
+            });
+            for sha in chunk {
+                let rels = by_sha.remove(sha).unwrap_or_default();
+                match got.get(sha) {
+                    Some(first) => {
+                        for (k, rel) in rels.into_iter().enumerate() {
+                            let tmp = if k == 0 {
+                                first.clone()
+                            } else {
+                                let copy = first.with_extension(format!("c{k}"));
+                                std::fs::copy(first, &copy).map_err(StageError::Copy)?;
+                                copy
+                            };
+                            self.files.insert(rel, tmp);
+                        }
+                    }
+                    None => rest.extend(rels.into_iter().map(|r| (r, sha.to_hex()))),
+                }
+            }
+        }
+        Ok(rest)
+    }
+
+    /// Downloads `writes` (relative path, sha256 hex) with `parallel` in
+    /// flight, then makes them durable with one `syncfs`; the first failure
+    /// stops the rest and is returned.
+    pub async fn download_all(
+        &mut self,
+        client: &Client,
+        src: &Source<'_>,
+        writes: Vec<(PathBuf, String)>,
+        parallel: usize,
+    ) -> Result<(), StageError> {
+        // Batches first where the master offers them; whatever they do not
+        // deliver (not found, changed, a cut stream) is fetched singly.
+        let writes = if src.origin.serves_batches() && writes.len() > 1 {
+            self.download_batched(client, src, writes).await?
+        } else {
+            writes
+        };
+        let base = self.files.len();
+        let dir = &self.dir;
+        let jobs = writes.into_iter().enumerate().map(|(i, (rel, sha256))| {
+            let mut staged = StagedFile {
+                path: dir.join((base + i).to_string()),
+                file: None,
+            };
+            async move {
+                let rel_str = rel.to_str().unwrap_or_default();
+                let want = Sha256::from_hex(&sha256).ok();
+                let mut take = async |body: Body| staged.take(body, &sha256, want).await;
+                client.download(src, rel_str, &sha256, &mut take).await?;
+                Ok::<_, FetchError>((rel, staged.path))
+            }
+        });
+        let mut stream = futures_util::stream::iter(jobs).buffer_unordered(parallel.max(1));
+        while let Some(result) = stream.next().await {
+            let (rel, tmp) = result?;
+            self.files.insert(rel, tmp);
+        }
+        drop(stream);
+        // One syncfs for every staged file instead of one fsync each: the
+        // data is durable before any rename makes it visible.
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            let d = std::fs::File::open(&dir)?;
+            rustix::fs::syncfs(&d)?;
+            Ok(())
+        })
+        .await
+        .map_err(StageError::SyncTask)?
+        .map_err(|source| StageError::Sync {
+            dir: self.dir.clone(),
+            source,
+        })
+    }
+}
+
+impl Drop for Staging {
+    /// Removes the staging directory with whatever is still staged in it
+    /// and, unless [`Staging::finish`] kept them, the destination
+    /// directories created for it (if still empty).
+    fn drop(&mut self) {
+        match std::fs::remove_dir_all(&self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot remove the staging directory");
+            }
+        }
+        for d in &self.created {
+            let _not_empty_is_fine = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// One single download's staged file: created on the first answer, started
+/// over on every retry.
+struct StagedFile {
+    path: PathBuf,
+    /// Buffered: a small file is one write, not one per frame.
+    file: Option<BufWriter<tokio::fs::File>>,
+}
+
+impl StagedFile {
+    /// Writes `body` into the staged file from its start, hashing as it
+    /// goes; succeeds only when the bytes hash to `want` (`sha256` is its
+    /// hex, for the message; `None` when it is not a digest at all).
+    async fn take(
+        &mut self,
+        mut body: Body,
+        sha256: &str,
+        want: Option<Sha256>,
+    ) -> Result<u64, BodyError> {
+        let refused = |what: &str, e: std::io::Error| BodyError::Refused(format!("{what}: {e}"));
+        let file = match self.file.take() {
+            Some(mut file) => {
+                // A retry starts the staged file over.
+                file.flush()
+                    .await
+                    .map_err(|e| refused("cannot write the staged file", e))?;
+                file.get_mut()
+                    .set_len(0)
+                    .await
+                    .map_err(|e| refused("cannot truncate the staged file", e))?;
+                file.get_mut()
+                    .rewind()
+                    .await
+                    .map_err(|e| refused("cannot rewind the staged file", e))?;
+                file
+            }
+            None => {
+                let std_file = create(&self.path).map_err(|e| {
+                    refused(
+                        &format!("cannot create the staged file '{}'", self.path.display()),
+                        e,
+                    )
+                })?;
+                BufWriter::with_capacity(256 * 1024, tokio::fs::File::from_std(std_file))
+            }
+        };
+        let file = self.file.insert(file);
+        let mut hasher = Sha256Stream::new();
+        let mut size = 0u64;
+        while let Some(chunk) = body.chunk().await.map_err(BodyError::Cut)? {
+            hasher.update(&chunk);
+            size += chunk.len() as u64;
+            file.write_all(&chunk)
+                .await
+                .map_err(|e| refused("cannot write the staged file", e))?;
+        }
+        let got = hasher.digest();
+        if want != Some(got) {
+            return Err(BodyError::Refused(format!(
+                "content does not match its listed checksum (expected {}{sha256}, got {})",
+                Sha256::PREFIX,
+                got.to_checksum()
+            )));
+        }
+        file.flush()
+            .await
+            .map_err(|e| refused("cannot write the staged file", e))?;
+        Ok(size)
+    }
+}
 
 /// Reads one batch answer into staged files named `<prefix>.<i>`; returns
 /// digest → staged file for every frame that arrived whole and verified.
@@ -36,18 +331,17 @@ async fn fetch_batch(
     client: &Client,
     src: &Source<'_>,
     hashes: &[Sha256],
-    prefix: &std::path::Path,
+    prefix: &Path,
 ) -> Result<HashMap<Sha256, PathBuf>, FetchError> {
     use std::io::Write;
-    let resp = client.batch(src, hashes).await?;
-    let mut body = resp.bytes_stream();
+    let mut body = client.batch(src, hashes).await?;
     let mut got = HashMap::new();
     let mut decoder = FrameDecoder::new();
     // The frame being written: (file, path, hasher).
     let mut current: Option<(std::fs::File, PathBuf, Sha256Stream)> = None;
     let mut n = 0usize;
     let fail = |detail: String| FetchError::Download {
-        server: src.server.to_owned(),
+        server: src.origin.server.clone(),
         what: format!("a {} batch", src.mount),
         detail,
     };
@@ -63,11 +357,7 @@ async fn fetch_batch(
                 FrameEvent::Begin { .. } => {
                     let path = prefix.with_extension(n.to_string());
                     n += 1;
-                    let file = std::fs::OpenOptions::new()
-                        .write(true)
-                        .create_new(true)
-                        .mode(0o600)
-                        .open(&path)
+                    let file = create(&path)
                         .map_err(|e| fail(format!("cannot create '{}': {e}", path.display())))?;
                     current = Some((file, path, Sha256Stream::new()));
                 }
@@ -88,13 +378,13 @@ async fn fetch_batch(
                 }
             }
         }
-        match body.next().await {
-            Some(Ok(chunk)) => decoder.feed(&chunk),
-            Some(Err(e)) => {
-                tracing::info!(error = %crate::client::request_error(&e), "batch cut; the rest is fetched singly");
+        match body.chunk().await {
+            Ok(Some(chunk)) => decoder.feed(&chunk),
+            Ok(None) => break,
+            Err(e) => {
+                tracing::info!(error = %e, "batch cut; the rest is fetched singly");
                 break;
             }
-            None => break,
         }
     }
     if let Some((_, path, _)) = current.take() {
@@ -102,202 +392,56 @@ async fn fetch_batch(
     }
     Ok(got)
 }
-use crate::listing::STAGING_DIR;
 
-/// The staged downloads of one destination.
-#[derive(Debug)]
-pub struct Staging {
-    /// The staging directory.
-    pub dir: PathBuf,
-    /// Destination directories created to hold it, deepest first.
-    created: Vec<PathBuf>,
-    /// Relative path → staged file, for every verified download.
-    pub files: HashMap<PathBuf, PathBuf>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Removes a staging directory left by an interrupted run, if any.
-pub fn clean_stale(dest: &Path) -> std::io::Result<()> {
-    let dir = dest.join(STAGING_DIR);
-    match std::fs::symlink_metadata(&dir) {
-        Ok(md) if md.is_dir() => std::fs::remove_dir_all(&dir),
-        Ok(_) => std::fs::remove_file(&dir),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-impl Staging {
-    /// Makes sure `dest` exists (recording what had to be created) and
-    /// creates a fresh staging directory in it.
-    pub fn prepare(dest: &Path) -> std::io::Result<Staging> {
-        let mut created = Vec::new();
-        let mut p = dest;
-        while !p.exists() {
-            created.push(p.to_owned());
-            match p.parent() {
-                Some(parent) => p = parent,
-                None => break,
-            }
-        }
-        std::fs::create_dir_all(dest)?;
-        clean_stale(dest)?;
-        let dir = dest.join(STAGING_DIR);
-        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        Ok(Staging {
-            dir,
-            created,
-            files: HashMap::new(),
-        })
+    /// Everything under `root`, relative, sorted.
+    fn tree(root: &Path) -> Vec<String> {
+        let mut all: Vec<String> = walkdir::WalkDir::new(root)
+            .min_depth(1)
+            .into_iter()
+            .map(|e| {
+                let e = e.unwrap();
+                e.path().strip_prefix(root).unwrap().display().to_string()
+            })
+            .collect();
+        all.sort();
+        all
     }
 
-    /// Undoes [`Staging::prepare`]: removes the staged files and the
-    /// directories created for them (if still empty).
-    pub fn abort(self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
-            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot remove the staging directory");
+    #[test]
+    fn a_staging_dropped_before_its_commit_leaves_nothing_behind() {
+        let tmp = tempfile::tempdir().unwrap();
+        // A first sync: the destination and one parent do not exist yet.
+        let dest = tmp.path().join("new/lib");
+        let mut staging = Staging::prepare(&dest).unwrap();
+        assert!(staging.dir.is_dir());
+        for (i, rel) in ["a.rb", "facter/b.rb", "c.sh"].into_iter().enumerate() {
+            let path = staging.dir.join(i.to_string());
+            std::io::Write::write_all(&mut create(&path).unwrap(), rel.as_bytes()).unwrap();
+            staging.files.insert(PathBuf::from(rel), path);
         }
-        for d in &self.created {
-            let _not_empty_is_fine = std::fs::remove_dir(d);
-        }
-    }
+        assert_eq!(tree(tmp.path()).len(), 6, "{:?}", tree(tmp.path()));
+        // Dropped mid-way, as on a failed download.
+        drop(staging);
+        assert_eq!(tree(tmp.path()), Vec::<String>::new());
 
-    /// Removes the (now empty) staging directory after a commit.
-    pub fn finish(self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
-            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot remove the staging directory");
-        }
-    }
+        // An existing destination stays, empty of staged files.
+        std::fs::create_dir(tmp.path().join("lib")).unwrap();
+        let dest = tmp.path().join("lib");
+        let staging = Staging::prepare(&dest).unwrap();
+        create(&staging.dir.join("0")).unwrap();
+        drop(staging);
+        assert_eq!(tree(tmp.path()), vec!["lib".to_owned()]);
 
-    /// Fetches the distinct checksums of `writes` through the master's
-    /// batch endpoint, [`MAX_BATCH`] per request, [`BATCHES_IN_FLIGHT`] at a
-    /// time; each frame is written straight to its staged file (plain
-    /// blocking writes: small and local, and far cheaper than a thread
-    /// hand-off per operation) and verified. Returns the writes still to
-    /// fetch singly.
-    async fn download_batched(
-        &mut self,
-        client: &Client,
-        src: &Source<'_>,
-        writes: Vec<(PathBuf, String)>,
-    ) -> Result<Vec<(PathBuf, String)>, FetchError> {
-        let mut by_sha: HashMap<Sha256, Vec<PathBuf>> = HashMap::new();
-        let mut rest = Vec::new();
-        for (rel, sha) in writes {
-            match Sha256::from_hex(&sha) {
-                Ok(digest) => by_sha.entry(digest).or_default().push(rel),
-                Err(_) => rest.push((rel, sha)),
-            }
-        }
-        let shas: Vec<Sha256> = by_sha.keys().copied().collect();
-        let dir = self.dir.clone();
-        let jobs = shas.chunks(MAX_BATCH).enumerate().map(|(n, chunk)| {
-            let dir = dir.clone();
-            let chunk = chunk.to_vec();
-            async move {
-                let got = fetch_batch(client, src, &chunk, &dir.join(format!("b{n}"))).await;
-                (chunk, got)
-            }
-        });
-        let mut stream = futures_util::stream::iter(jobs).buffer_unordered(BATCHES_IN_FLIGHT);
-        while let Some((chunk, got)) = stream.next().await {
-            let got = match got {
-                Ok(g) => g,
-                Err(e) => {
-                    tracing::info!(error = %e, "batch failed, fetching its files singly");
-                    HashMap::new()
-                }
-            };
-            for sha in chunk {
-                let rels = by_sha.remove(&sha).unwrap_or_default();
-                match got.get(&sha) {
-                    Some(first) => {
-                        for (k, rel) in rels.into_iter().enumerate() {
-                            let tmp = if k == 0 {
-                                first.clone()
-                            } else {
-                                let copy = first.with_extension(format!("c{k}"));
-                                std::fs::copy(first, &copy).map_err(|e| {
-                                    FetchError::Setup(format!("cannot copy a staged file: {e}"))
-                                })?;
-                                copy
-                            };
-                            self.files.insert(rel, tmp);
-                        }
-                    }
-                    None => rest.extend(rels.into_iter().map(|r| (r, sha.to_hex()))),
-                }
-            }
-        }
-        Ok(rest)
-    }
-
-    /// Downloads `writes` (relative path, sha256) with `parallel` in flight;
-    /// the first failure stops the rest and is returned.
-    pub async fn download_all(
-        &mut self,
-        client: &Client,
-        src: &Source<'_>,
-        writes: Vec<(PathBuf, String)>,
-        parallel: usize,
-    ) -> Result<(), FetchError> {
-        // Batches first where the master offers them; whatever they do not
-        // deliver (not found, changed, a cut stream) is fetched singly.
-        let writes = if src.batch.is_some() && writes.len() > 1 {
-            self.download_batched(client, src, writes).await?
-        } else {
-            writes
-        };
-        let base = self.files.len();
-        let jobs = writes.into_iter().enumerate().map(|(i, (rel, sha256))| {
-            let i = base + i;
-            let tmp = self.dir.join(i.to_string());
-            async move {
-                let setup = |e: std::io::Error| FetchError::Download {
-                    server: src.server.to_owned(),
-                    what: format!("{}/{}", src.mount, rel.display()),
-                    detail: format!("cannot create the staged file '{}': {e}", tmp.display()),
-                };
-                let std_file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&tmp)
-                    .map_err(setup)?;
-                // Buffered: a small file is one write, not one per frame.
-                let mut file = tokio::io::BufWriter::with_capacity(
-                    256 * 1024,
-                    tokio::fs::File::from_std(std_file),
-                );
-                let rel_str = rel.to_str().unwrap_or_default().to_owned();
-                client.download(src, &rel_str, &sha256, &mut file).await?;
-                tokio::io::AsyncWriteExt::flush(&mut file)
-                    .await
-                    .map_err(setup)?;
-                Ok::<_, FetchError>((rel, tmp))
-            }
-        });
-        let mut stream = futures_util::stream::iter(jobs).buffer_unordered(parallel.max(1));
-        while let Some(result) = stream.next().await {
-            let (rel, tmp) = result?;
-            self.files.insert(rel, tmp);
-        }
-        drop(stream);
-        // One syncfs for every staged file instead of one fsync each: the
-        // data is durable before any rename makes it visible.
-        let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            let d = std::fs::File::open(&dir)?;
-            rustix::fs::syncfs(&d)?;
-            Ok(())
-        })
-        .await
-        .map_err(|e| FetchError::Setup(format!("syncfs task: {e}")))?
-        .map_err(|e| {
-            FetchError::Setup(format!(
-                "cannot sync the staged files in '{}': {e}",
-                self.dir.display()
-            ))
-        })?;
-        Ok(())
+        // Finished (after a commit), the created directories stay.
+        let dest = tmp.path().join("other/lib");
+        Staging::prepare(&dest).unwrap().finish();
+        assert_eq!(
+            tree(tmp.path()),
+            vec!["lib".to_owned(), "other".to_owned(), "other/lib".to_owned()]
+        );
     }
 }

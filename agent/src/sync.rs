@@ -1,43 +1,102 @@
-//! One sync run, end to end.
+//! One sync run, read as its diagram (ARCHITECTURE.md, Agent):
 //!
-//! 1. Take the run lock (not for `--noop`).
-//! 2. For every resource of the catalog (pluginfacts, then plugins): fetch
-//!    and validate the listing, scan the destination, plan.
-//! 3. `--noop`: report the plan and stop.
-//! 4. Stage every download of every resource and verify each.
-//! 5. Only then commit each resource, and report.
+//! ```text
+//! catalog → listing (HTTP) + local scan → plan (pure) → stage + verify → commit → report → load
+//! ```
 //!
-//! Any failure in 1, 2 or 4 (unreachable masters, TLS, an error status, a
-//! malformed or hostile listing, an unknown environment, a failed or
-//! mismatching download) stops the run with one line and leaves every
-//! destination as it was: nothing is ever purged because of an error.
+//! [`run`] takes the run lock (not for `--noop`), builds the catalog (one
+//! resource per destination: pluginfacts, then plugins) and drives a
+//! [`Run`] through its phases, one method each:
+//!
+//! 1. [`Run::plan`], per resource: the listing (from the run's [`Origin`],
+//!    or the cache on a 304), the scan of the destination, the plan.
+//!    Reading only. `--noop` reports the plans and stops here.
+//! 2. [`Run::stage_all`]: every download of every resource, verified.
+//! 3. [`Run::commit_all`]: only then each resource is committed and
+//!    reported, and the cache updated.
+//! 4. [`Run::load_changed`]: the files written under the libdir go to the
+//!    loaders.
+//!
+//! Any failure in 1 or 2 (the lock, TLS, unreachable masters, an error
+//! status, a malformed or hostile listing, an unknown environment, a failed
+//! or mismatching download) stops the run with one [`SyncError`] and leaves
+//! every destination as it was: the staged files are removed when their
+//! [`Staging`] is dropped, and nothing is ever purged because of an error.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use pluginsync_common::ignore::IgnoreSet;
+use bytes::Bytes;
+use pluginsync_common::ignore::{IgnoreError, IgnoreSet};
+use pluginsync_common::protocol::{ListingQuery, Mount};
+use pluginsync_common::relpath::RelPath;
 
-use crate::cache::MountCache;
+use crate::cache::{self, ListingStamp, MountCache, NotModified};
 use crate::catalog::{self, FileResource};
-use crate::client::{Client, FetchError};
+use crate::client::{Client, FetchError, ListingAnswer, Origin, SetupError, Source};
 use crate::commit;
 use crate::config::SourcePermissions;
 use crate::exit::ExitStatus;
-use crate::listing;
-use crate::plan::{self, Plan};
+use crate::listing::{self, ListingError, RemoteTree};
+use crate::load::{LoadStatus, Loaders};
+use crate::lock::{self, LockError};
+use crate::plan::{self, ChangeKind, Plan};
+use crate::plugins::Registry;
 use crate::report::{Change, Failure, Report};
-use crate::scan;
+use crate::scan::{self, LocalTree, ScanError};
 use crate::settings::Settings;
-use crate::stage::{self, Staging};
+use crate::stage::{self, StageError, Staging};
+
+/// Why a run stopped before changing anything; one line each, the text of
+/// the report's `error`.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// Another run holds the lock, or it cannot be taken.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// The HTTP client could not be set up (TLS files).
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    /// An ignore glob does not compile.
+    #[error(transparent)]
+    Ignore(#[from] IgnoreError),
+    /// A destination could not be scanned or hashed.
+    #[error(transparent)]
+    Scan(#[from] ScanError),
+    /// A listing could not be fetched, or is not a listing.
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    /// A listing was refused (hostile or malformed entries).
+    #[error("malformed listing from {server}: {mount} mount: {source}")]
+    Listing {
+        /// The master that sent it.
+        server: String,
+        /// Its mount.
+        mount: Mount,
+        /// What is wrong with it.
+        source: ListingError,
+    },
+    /// A destination's staging directory could not be prepared.
+    #[error("cannot stage downloads in '{}': {source}", dest.display())]
+    Staging {
+        /// The destination.
+        dest: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A download could not be staged and verified.
+    #[error("{0}; nothing was changed")]
+    Download(#[source] StageError),
+}
 
 /// How a run ended.
 #[derive(Debug)]
 pub struct Outcome {
     /// The report (also for failed runs).
     pub report: Report,
-    /// The one-line reason the run stopped, if it did.
-    pub error: Option<String>,
+    /// Why the run stopped, if it did.
+    pub error: Option<SyncError>,
     /// `[load] failures_are_errors`.
     pub load_failures_are_errors: bool,
 }
@@ -55,7 +114,7 @@ impl Outcome {
                     .report
                     .loads
                     .iter()
-                    .any(|l| l.status == crate::load::LoadStatus::Failed));
+                    .any(|l| l.status == LoadStatus::Failed));
         let changed = !self.report.changes.is_empty();
         match (detailed, changed, failed) {
             (false, _, false) => ExitStatus::Success,
@@ -68,24 +127,8 @@ impl Outcome {
     }
 }
 
-/// One resource, planned.
-struct Planned {
-    resource: FileResource,
-    plan: Plan,
-    /// The validated listing; `None` when a 304 and an unchanged scan
-    /// ended the pass early.
-    remote: Option<listing::RemoteTree>,
-    /// The scan before any change.
-    local: scan::LocalTree,
-    /// Cache key (server, mount, parameters) of this listing.
-    key: String,
-    /// The listing's ETag.
-    etag: Option<String>,
-    /// A newly fetched listing body, to cache.
-    fresh: Option<bytes::Bytes>,
-}
-
-/// Runs a sync; never panics on bad input, always returns a report.
+/// Runs a sync; never panics on bad input, always returns a report (saved
+/// to `<vardir>` unless `--noop`).
 pub async fn run(settings: &Settings) -> Outcome {
     let started = Instant::now();
     let mut report = Report {
@@ -105,10 +148,9 @@ pub async fn run(settings: &Settings) -> Outcome {
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         loads: Vec::new(),
     };
-    let result = run_inner(settings, &mut report).await;
+    let error = Run::execute(settings, &mut report).await.err();
     report.duration_ms = started.elapsed().as_millis() as u64;
-    let error = result.err();
-    report.error = error.clone();
+    report.error = error.as_ref().map(ToString::to_string);
     if !settings.noop
         && let Err(e) = report.save(&settings.vardir)
     {
@@ -121,349 +163,312 @@ pub async fn run(settings: &Settings) -> Outcome {
     }
 }
 
-async fn run_inner(settings: &Settings, report: &mut Report) -> Result<(), String> {
-    let _lock = if settings.noop {
-        None
-    } else {
-        Some(crate::lock::acquire(&settings.vardir).map_err(|e| e.to_string())?)
-    };
-    let catalog = catalog::build(settings);
-    let deadline = Instant::now() + settings.timeout;
-    let client =
-        Client::new(&settings.tls, settings.retries, deadline).map_err(|e| e.to_string())?;
-    let env = catalog.environment.to_string();
-    let t0 = Instant::now();
-    let phase =
-        |name: &str| tracing::debug!(elapsed_ms = t0.elapsed().as_secs_f64() * 1000.0, "{name}");
+/// One resource after the reading phases: its plan and what it was made
+/// from.
+struct Pass {
+    resource: FileResource,
+    plan: Plan,
+    /// The validated listing; `None` when a 304 and an unchanged scan
+    /// ended the pass early.
+    remote: Option<RemoteTree>,
+    /// The scan before any change.
+    local: LocalTree,
+    /// The listing as the cache records it.
+    stamp: ListingStamp,
+}
 
-    // Scans, listings and plans: reading only.
-    let mut server: Option<String> = None;
-    let mut blobs: Option<String> = None;
-    let mut batch: Option<String> = None;
-    let mut planned = Vec::new();
-    for resource in catalog.resources {
-        let ignore = IgnoreSet::new(&resource.ignore).map_err(|e| e.to_string())?;
-        let perms = match resource.source_permissions {
-            SourcePermissions::Use => "use",
-            SourcePermissions::Ignore => "ignore",
+/// The state of one run.
+struct Run<'a> {
+    settings: &'a Settings,
+    report: &'a mut Report,
+    client: Client,
+    /// The environment, as sent.
+    env: String,
+    /// The master serving the run, once one answered the first listing.
+    origin: Option<Origin>,
+    /// For the phase timings in the debug log.
+    started: Instant,
+}
+
+impl<'a> Run<'a> {
+    /// The whole run, phase by phase; see the module docs.
+    async fn execute(settings: &'a Settings, report: &'a mut Report) -> Result<(), SyncError> {
+        let _lock = if settings.noop {
+            None
+        } else {
+            Some(lock::acquire(&settings.vardir)?)
         };
-        let mut cache = MountCache::load(&settings.vardir, resource.mount);
-        phase("cache loaded");
-        let mut local = scan::scan(&resource.path, &ignore).map_err(|e| e.to_string())?;
-        let digest = local.digest();
-        phase("scanned");
-        let query = pluginsync_common::protocol::ListingQuery {
-            environment: &env,
-            source_permissions: perms,
-            ignore: &resource.ignore,
+        let catalog = catalog::build(settings);
+        let deadline = Instant::now() + settings.timeout;
+        let mut run = Run {
+            settings,
+            report,
+            client: Client::new(&settings.tls, settings.retries, deadline)?,
+            env: catalog.environment.to_string(),
+            origin: None,
+            started: Instant::now(),
+        };
+        let mut passes = Vec::with_capacity(catalog.resources.len());
+        for resource in catalog.resources {
+            passes.push(run.plan(resource).await?);
         }
-        .to_query();
-        let key_for = |server: &str| format!("{server}|{}|{query}", resource.mount);
-        let inm_for = |server: &str| {
-            if cache.key == key_for(server) {
-                cache.etag.clone()
-            } else {
-                None
-            }
+        if settings.noop {
+            run.report_plans(&passes);
+            return Ok(());
+        }
+        run.phase("planned");
+        let stagings = run.stage_all(&passes).await?;
+        run.phase("staged");
+        let written = run.commit_all(&passes, stagings);
+        run.phase("committed");
+        run.load_changed(&written).await;
+        Ok(())
+    }
+
+    fn phase(&self, name: &str) {
+        tracing::debug!(
+            elapsed_ms = self.started.elapsed().as_secs_f64() * 1000.0,
+            "{name}"
+        );
+    }
+
+    /// listing + local scan → plan, for one resource; reads only.
+    async fn plan(&mut self, resource: FileResource) -> Result<Pass, SyncError> {
+        let settings = self.settings;
+        let (vardir, mount) = (&settings.vardir, resource.mount);
+        let ignore = IgnoreSet::new(&resource.ignore)?;
+        let mut cache = MountCache::load(vardir, mount);
+        self.phase("cache loaded");
+        let mut local = scan::scan(&resource.path, &ignore)?;
+        let digest = local.digest();
+        self.phase("scanned");
+        let env = self.env.clone();
+        let query = ListingQuery {
+            environment: &env,
+            source_permissions: match resource.source_permissions {
+                SourcePermissions::Use => "use",
+                SourcePermissions::Ignore => "ignore",
+            },
+            ignore: &resource.ignore,
         };
-        let answer = match &server {
-            None => {
-                let (s, answer) = client
-                    .first_listing(
-                        &settings.servers,
-                        resource.mount,
-                        &env,
-                        perms,
-                        &resource.ignore,
-                        &inm_for,
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?;
-                server = Some(s);
-                report.server = server.clone();
-                blobs = answer.blobs.clone();
-                batch = answer.batch.clone();
-                answer
-            }
-            Some(s) => client
-                .listing(
-                    s,
-                    resource.mount,
-                    &env,
-                    perms,
-                    &resource.ignore,
-                    inm_for(s).as_deref(),
-                )
-                .await
-                .map_err(|e| e.to_string())?,
-        };
-        let server_name = server.clone().unwrap_or_default();
-        let key = key_for(&server_name);
-        phase("listing answered");
+        let query_string = query.to_query();
+        let key_for = |server: &str| MountCache::key(server, mount, &query_string);
+        let answer = self
+            .listing(mount, &query, &|s| cache.if_none_match(&key_for(s)))
+            .await?;
+        let server = self.server().to_owned();
+        let key = key_for(&server);
+        self.phase("listing answered");
         let (body, fresh) = match answer.body {
-            Some(b) => (b.to_vec(), Some(b)),
-            None if cache.scan_digest.as_deref() == Some(digest.as_str()) => {
-                // Neither the master's tree nor ours changed: done.
-                report.unchanged += cache.entries;
-                planned.push(Planned {
-                    resource,
-                    plan: Plan::default(),
-                    remote: None,
-                    local,
-                    key,
-                    etag: answer.etag,
-                    fresh: None,
-                });
-                continue;
-            }
-            None => match MountCache::load_listing(&settings.vardir, resource.mount) {
-                Some(b) => (b, None),
-                None => {
-                    let again = client
-                        .listing(
-                            &server_name,
-                            resource.mount,
-                            &env,
-                            perms,
-                            &resource.ignore,
-                            None,
-                        )
-                        .await
-                        .map_err(|e| e.to_string())?;
+            Some(b) => (b.clone(), Some(b)),
+            None => match cache.not_modified(vardir, mount, &digest) {
+                NotModified::Unchanged => {
+                    self.report.unchanged += cache.entries;
+                    return Ok(Pass {
+                        resource,
+                        plan: Plan::default(),
+                        remote: None,
+                        local,
+                        stamp: ListingStamp {
+                            key,
+                            etag: answer.etag,
+                            fresh: None,
+                        },
+                    });
+                }
+                NotModified::Cached(b) => (Bytes::from(b), None),
+                NotModified::Refetch => {
+                    let again = self.listing(mount, &query, &|_| None).await?;
                     let b = again.body.unwrap_or_default();
-                    (b.to_vec(), Some(b))
+                    (b.clone(), Some(b))
                 }
             },
         };
-        let entries = Client::parse_listing(&server_name, &body).map_err(|e| e.to_string())?;
-        let remote = listing::validate(entries, &ignore).map_err(|e| {
-            FetchError::Malformed {
-                server: server_name.clone(),
-                detail: format!("{} mount: {e}", resource.mount),
-            }
-            .to_string()
+        let entries = Client::parse_listing(&server, &body)?;
+        let remote = listing::validate(entries, &ignore).map_err(|source| SyncError::Listing {
+            server,
+            mount,
+            source,
         })?;
-        phase("listing validated");
-        cache.load_files(&settings.vardir, resource.mount);
-        let read = scan::hash_files(&resource.path, &mut local, &remote, &cache)
-            .map_err(|e| e.to_string())?;
-        tracing::debug!(mount = %resource.mount, hashed = read, "local files hashed");
+        self.phase("listing validated");
+        cache.load_files(vardir, mount);
+        let read = scan::hash_files(&resource.path, &mut local, &remote, |rel, stat| {
+            cache.sha256(rel, stat).map(str::to_owned)
+        })?;
+        tracing::debug!(mount = %mount, hashed = read, "local files hashed");
         let plan = plan::plan(
             &remote,
             &local,
             resource.source_permissions == SourcePermissions::Use,
         );
-        report.unchanged += plan.unchanged;
-        planned.push(Planned {
+        self.report.unchanged += plan.unchanged;
+        Ok(Pass {
             resource,
             plan,
             remote: Some(remote),
             local,
-            key,
-            etag: answer.etag,
-            fresh,
-        });
-    }
-    let server = server.unwrap_or_default();
-
-    if settings.noop {
-        for p in &planned {
-            for (rel, kind) in p.plan.actions.iter().filter_map(|a| a.change()) {
-                report.changes.push(change(&p.resource, rel, kind));
-            }
-        }
-        return Ok(());
+            stamp: ListingStamp {
+                key,
+                etag: answer.etag,
+                fresh,
+            },
+        })
     }
 
-    phase("planned");
-    // Stage and verify every download before changing anything.
-    let mut stagings: Vec<Option<Staging>> = Vec::new();
-    for p in &planned {
-        let writes: Vec<(PathBuf, String)> = p
-            .plan
-            .writes()
-            .map(|(r, s)| (r.to_owned(), s.to_owned()))
-            .collect();
-        if writes.is_empty() {
-            if let Err(e) = stage::clean_stale(&p.resource.path) {
-                tracing::warn!(dest = %p.resource.path.display(), error = %e, "cannot remove a stale staging directory");
-            }
-            stagings.push(None);
-            continue;
-        }
-        let mut staging = match Staging::prepare(&p.resource.path) {
-            Ok(s) => s,
-            Err(e) => {
-                abort(stagings);
-                return Err(format!(
-                    "cannot stage downloads in '{}': {e}",
-                    p.resource.path.display()
-                ));
-            }
-        };
-        let result = staging
-            .download_all(
-                &client,
-                &crate::client::Source {
-                    server: &server,
-                    mount: p.resource.mount,
-                    env: &env,
-                    blobs: blobs.as_deref(),
-                    batch: batch.as_deref(),
-                },
-                writes,
-                settings.parallel_downloads,
-            )
-            .await;
-        stagings.push(Some(staging));
-        if let Err(e) = result {
-            abort(stagings);
-            return Err(format!("{e}; nothing was changed"));
-        }
-    }
-
-    phase("staged");
-    // Commit.
-    report.applied = true;
-    for (p, staging) in planned.iter().zip(stagings) {
-        let empty = HashMap::new();
-        let staged = staging.as_ref().map(|s| &s.files).unwrap_or(&empty);
-        let done = commit::commit(&p.resource.path, &p.plan, staged, &p.resource);
-        for (rel, kind) in done.changes {
-            report.changes.push(change(&p.resource, &rel, kind));
-        }
-        phase("renamed");
-        if done.failures.is_empty() {
-            remember(settings, p);
-            phase("remembered");
-        } else {
-            MountCache::clear(&settings.vardir, p.resource.mount);
-        }
-        for (rel, error) in done.failures {
-            report.failures.push(Failure {
-                path: format!("{}/{}", p.resource.mount, rel.display()),
-                error,
-            });
-        }
-        if let Some(s) = staging {
-            s.finish();
-        }
-    }
-
-    phase("committed");
-    // Load what changed under the libdir; each load isolated.
-    let mut registry = crate::plugins::Registry::load(&settings.vardir);
-    let before = registry.clone();
-    for (name, version) in registry.prune_missing() {
-        tracing::info!(plugin = %name, version = %version, "plugin file gone, unregistered");
-    }
-    if !settings.loaders.is_empty() {
-        let changed = changed_files(&settings.libdir, &report.changes);
-        if !changed.is_empty() {
-            let loaders = crate::load::Loaders::new(&settings.loaders, &settings.load, &env);
-            report.loads = loaders
-                .load(&changed, settings.load_enabled, &mut registry)
+    /// The listing of `mount`: the run's first comes from the first master
+    /// that answers, which becomes the run's origin (and the report's
+    /// server); every later one from that origin.
+    async fn listing(
+        &mut self,
+        mount: Mount,
+        query: &ListingQuery<'_>,
+        if_none_match: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<ListingAnswer, FetchError> {
+        if let Some(origin) = &self.origin {
+            let inm = if_none_match(&origin.server);
+            return self
+                .client
+                .listing(origin, mount, query, inm.as_deref())
                 .await;
         }
+        let (origin, answer) = self
+            .client
+            .first_listing(&self.settings.servers, mount, query, if_none_match)
+            .await?;
+        self.report.server = Some(origin.server.clone());
+        self.origin = Some(origin);
+        Ok(answer)
     }
-    if registry != before
-        && let Err(e) = registry.save(&settings.vardir)
-    {
-        tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the plugin registry");
+
+    /// The run's master (empty before one answered).
+    fn server(&self) -> &str {
+        self.origin.as_ref().map_or("", |o| o.server.as_str())
     }
-    Ok(())
-}
 
-/// The regular files under `libdir` this run created or updated, as
-/// (path relative to the libdir, absolute path): what the loaders see.
-fn changed_files(libdir: &std::path::Path, changes: &[Change]) -> Vec<(PathBuf, PathBuf)> {
-    changes
-        .iter()
-        .filter(|c| {
-            matches!(
-                c.action,
-                plan::ChangeKind::Created | plan::ChangeKind::Updated
-            )
-        })
-        .filter_map(|c| {
-            let rel = c.path.strip_prefix("plugins/")?;
-            let abs = libdir.join(rel);
-            std::fs::symlink_metadata(&abs)
-                .ok()?
-                .is_file()
-                .then(|| (PathBuf::from(rel), abs))
-        })
-        .collect()
-}
-
-/// Records what a clean commit left: the listing, its ETag, the stat of
-/// every synced file with its (verified) sha256, and the scan digest.
-fn remember(settings: &Settings, p: &Planned) {
-    let Some(remote) = &p.remote else { return };
-    // The scan from before the commit, with every path the plan touched
-    // (and their parent directories) stat'ed again: no second walk.
-    let touched: Vec<PathBuf> = p
-        .plan
-        .actions
-        .iter()
-        .filter_map(|a| a.change().map(|(rel, _)| rel.to_owned()))
-        .chain(std::iter::once(PathBuf::new()))
-        .collect();
-    let after = p.local.updated(&p.resource.path, &touched);
-    let written: std::collections::HashSet<&std::path::Path> =
-        p.plan.writes().map(|(r, _)| r).collect();
-    let now_by: std::collections::HashMap<&std::path::Path, &scan::LocalEntry> = after
-        .entries
-        .iter()
-        .map(|(k, v)| (k.as_path(), v))
-        .collect();
-    let before_by: std::collections::HashMap<&std::path::Path, &scan::LocalEntry> = p
-        .local
-        .entries
-        .iter()
-        .map(|(k, v)| (k.as_path(), v))
-        .collect();
-    let mut files = std::collections::HashMap::new();
-    for (rel, entry) in remote.entries.iter() {
-        let listing::RemoteKind::File { sha256 } = &entry.kind else {
-            continue;
-        };
-        let path = std::path::Path::new(rel.as_str());
-        let Some(now) = now_by.get(path) else {
-            continue;
-        };
-        // A file we did not write must still be the one we hashed (or
-        // found in the cache); otherwise it changed under us: not cached.
-        let unchanged = written.contains(path)
-            || before_by
-                .get(path)
-                .is_some_and(|before| before.stat == now.stat);
-        if unchanged {
-            files.insert(rel.as_str().to_owned(), (now.stat, sha256.clone()));
+    /// `--noop`: the plans, reported as changes.
+    fn report_plans(&mut self, passes: &[Pass]) {
+        for p in passes {
+            for (rel, kind) in p.plan.actions.iter().filter_map(|a| a.change()) {
+                self.report.changes.push(change(&p.resource, rel, kind));
+            }
         }
     }
-    let cache = MountCache {
-        key: p.key.clone(),
-        etag: p.etag.clone(),
-        scan_digest: Some(after.digest()),
-        entries: remote.entries.len(),
-        files,
-    };
-    if let Err(e) = cache.save(&settings.vardir, p.resource.mount, p.fresh.as_deref()) {
-        tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the sync cache");
+
+    /// stage + verify: every download of every resource, before anything
+    /// changes. On an error the stagings so far are dropped, which removes
+    /// them.
+    async fn stage_all(&self, passes: &[Pass]) -> Result<Vec<Option<Staging>>, SyncError> {
+        // Every pass with downloads had a listing answered, so the origin
+        // is known here.
+        let origin = self.origin.clone().unwrap_or_default();
+        let mut stagings = Vec::with_capacity(passes.len());
+        for p in passes {
+            let dest = &p.resource.path;
+            let writes: Vec<(PathBuf, String)> = p
+                .plan
+                .writes()
+                .map(|(r, s)| (r.to_owned(), s.to_owned()))
+                .collect();
+            if writes.is_empty() {
+                if let Err(e) = stage::clean_stale(dest) {
+                    tracing::warn!(dest = %dest.display(), error = %e, "cannot remove a stale staging directory");
+                }
+                stagings.push(None);
+                continue;
+            }
+            let mut staging = Staging::prepare(dest).map_err(|source| SyncError::Staging {
+                dest: dest.clone(),
+                source,
+            })?;
+            let src = Source {
+                origin: &origin,
+                mount: p.resource.mount,
+                env: &self.env,
+            };
+            staging
+                .download_all(&self.client, &src, writes, self.settings.parallel_downloads)
+                .await
+                .map_err(SyncError::Download)?;
+            stagings.push(Some(staging));
+        }
+        Ok(stagings)
+    }
+
+    /// commit → report: each resource in catalog order, its changes and
+    /// failures reported; the cache remembers a clean commit and forgets a
+    /// failed one. Returns the files written, for the loaders.
+    fn commit_all(
+        &mut self,
+        passes: &[Pass],
+        stagings: Vec<Option<Staging>>,
+    ) -> Vec<(Mount, RelPath)> {
+        let settings = self.settings;
+        let vardir = &settings.vardir;
+        self.report.applied = true;
+        let mut written = Vec::new();
+        for (p, staging) in passes.iter().zip(stagings) {
+            let (dest, mount) = (&p.resource.path, p.resource.mount);
+            let empty = HashMap::new();
+            let staged = staging.as_ref().map_or(&empty, |s| &s.files);
+            let done = commit::commit(dest, &p.plan, staged, &p.resource);
+            for (rel, kind) in done.changes {
+                self.report.changes.push(change(&p.resource, &rel, kind));
+            }
+            self.phase("renamed");
+            if done.failures.is_empty() {
+                if let Some(remote) = &p.remote {
+                    cache::remember(vardir, mount, dest, &p.stamp, remote, &p.plan, &p.local);
+                }
+                self.phase("remembered");
+            } else {
+                MountCache::clear(vardir, mount);
+            }
+            for (rel, error) in done.failures {
+                self.report.failures.push(Failure {
+                    path: format!("{mount}/{}", rel.display()),
+                    error,
+                });
+            }
+            if let Some(s) = staging {
+                s.finish();
+            }
+            written.extend(done.written.into_iter().map(|rel| (mount, rel)));
+        }
+        written
+    }
+
+    /// load: the files this run wrote under the libdir go to the loaders,
+    /// each isolated; the plugin registry drops plugins whose file is gone.
+    async fn load_changed(&mut self, written: &[(Mount, RelPath)]) {
+        let settings = self.settings;
+        let mut registry = Registry::load(&settings.vardir);
+        let before = registry.clone();
+        for (name, version) in registry.prune_missing() {
+            tracing::info!(plugin = %name, version = %version, "plugin file gone, unregistered");
+        }
+        if !settings.loaders.is_empty() && written.iter().any(|(m, _)| *m == Mount::Plugins) {
+            let loaders = Loaders::new(&settings.loaders, &settings.load, &self.env);
+            self.report.loads = loaders
+                .load(
+                    &settings.libdir,
+                    written,
+                    settings.load_enabled,
+                    &mut registry,
+                )
+                .await;
+        }
+        if registry != before
+            && let Err(e) = registry.save(&settings.vardir)
+        {
+            tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the plugin registry");
+        }
     }
 }
 
-fn change(resource: &FileResource, rel: &std::path::Path, action: plan::ChangeKind) -> Change {
+fn change(resource: &FileResource, rel: &Path, action: ChangeKind) -> Change {
     Change {
         path: format!("{}/{}", resource.mount, rel.display()),
         action,
         file: resource.path.join(rel).display().to_string(),
-    }
-}
-
-fn abort(stagings: Vec<Option<Staging>>) {
-    for s in stagings.into_iter().flatten() {
-        s.abort();
     }
 }

@@ -49,12 +49,24 @@ pub fn install_default_provider() {
     let _already_installed = rustls::crypto::ring::default_provider().install_default();
 }
 
-fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+/// Reads a PEM file whole, for a TLS stack that parses it itself (the
+/// agent hands these bytes to reqwest); the error names `what` and the file.
+pub fn read_pem(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Read {
         what,
         path: path.to_owned(),
         source,
     })
+}
+
+/// Reads a client identity as one PEM buffer: the certificate (chain), a
+/// newline, then the private key, as reqwest's `Identity::from_pem` takes
+/// it.
+pub fn read_identity_pem(cert: &Path, key: &Path) -> Result<Vec<u8>, TlsError> {
+    let mut pem = read_pem("certificate", cert)?;
+    pem.push(b'\n');
+    pem.extend(read_pem("private key", key)?);
+    Ok(pem)
 }
 
 fn invalid(what: &'static str, path: &Path, reason: impl Into<String>) -> TlsError {
@@ -70,7 +82,7 @@ pub fn load_certs(
     what: &'static str,
     path: &Path,
 ) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = read(what, path)?;
+    let pem = read_pem(what, path)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| invalid(what, path, format!("is not valid PEM: {e}")))?;
@@ -82,7 +94,7 @@ pub fn load_certs(
 
 /// Reads a private key (PKCS#8, PKCS#1 or SEC1 PEM).
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let pem = read("private key", path)?;
+    let pem = read_pem("private key", path)?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
         invalid(
             "private key",
@@ -94,7 +106,7 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 
 /// Reads every CRL of a PEM file.
 pub fn load_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
-    let pem = read("CRL", path)?;
+    let pem = read_pem("CRL", path)?;
     let crls = CertificateRevocationListDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| invalid("CRL", path, format!("is not valid PEM: {e}")))?;
@@ -176,6 +188,20 @@ mod tests {
                 .to_string()
                 .contains("no X509 CRL")
         );
+    }
+
+    #[test]
+    fn identity_is_the_certificate_then_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::write(&cert, "C").unwrap();
+        let e = read_identity_pem(&cert, &key).unwrap_err().to_string();
+        assert!(
+            e.starts_with("cannot read private key") && e.contains("key.pem"),
+            "{e}"
+        );
+        std::fs::write(&key, "K").unwrap();
+        assert_eq!(read_identity_pem(&cert, &key).unwrap(), b"C\nK");
     }
 
     #[test]
