@@ -51,9 +51,11 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
                 detailed_exitcodes,
                 load,
             };
-            let settings = AgentConfig::load(&config)
-                .and_then(|c| Settings::resolve(c, overrides))
-                .map_err(config_error)?;
+            // The file is checked on load (78); what `resolve` refuses
+            // then comes from the command line: a usage error (64).
+            let config = AgentConfig::load(&config).map_err(config_error)?;
+            let settings = Settings::resolve(config, overrides)
+                .map_err(|e| (ExitStatus::Usage, e.to_string()))?;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
