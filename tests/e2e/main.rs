@@ -15,6 +15,8 @@ mod haproxy_lb;
 mod master_blobs;
 // ETags across two master processes: equal for one tree, 304 from either, new on change, gzip.
 mod master_etag;
+// What clients can hold: idle and stalled connections, max_connections, revocation on SIGHUP and in the chain.
+mod master_limits;
 // What a listing says: checksums, order, first-wins collisions, ignores, links, modes.
 mod master_listing;
 // The master binary as a service manager sees it: SIGTERM, draining, exit status.
