@@ -112,6 +112,22 @@ pub struct HttpConfig {
     /// again to finish.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// A connection with no request in flight for this long is closed:
+    /// after the TLS handshake with no HTTP byte, between keep-alive
+    /// requests, on an idle HTTP/2 connection.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// A connection whose client stops taking response data (nothing
+    /// written, no HTTP/2 window opened) for this long is closed, and the
+    /// responses it held are freed.
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
+    /// Open connections at most; at the limit a new connection sheds the
+    /// oldest idle one (anonymous first). Capped below the process's
+    /// descriptor limit (`LimitNOFILE`).
+    pub max_connections: usize,
+    /// Concurrent HTTP/2 streams per connection.
+    pub max_concurrent_streams: u32,
 }
 
 impl Default for HttpConfig {
@@ -121,6 +137,10 @@ impl Default for HttpConfig {
             header_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            max_connections: 8192,
+            max_concurrent_streams: 64,
         }
     }
 }
@@ -199,6 +219,21 @@ impl MasterConfig {
                 return Err(ConfigError::Invalid(format!(
                     "basemodulepath entry '{}' is not a directory",
                     dir.display()
+                )));
+            }
+        }
+        if self.http.max_connections == 0 || self.http.max_concurrent_streams == 0 {
+            return Err(ConfigError::Invalid(
+                "http.max_connections and http.max_concurrent_streams must be at least 1".into(),
+            ));
+        }
+        for (key, d) in [
+            ("idle_timeout", self.http.idle_timeout),
+            ("write_timeout", self.http.write_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::Invalid(format!(
+                    "http.{key} must be longer than 0s"
                 )));
             }
         }
@@ -300,6 +335,15 @@ mod tests {
             c.http.request_timeout,
             HttpConfig::default().request_timeout
         );
+        let d = HttpConfig::default();
+        let all_http = |c: &HttpConfig| {
+            (
+                c.idle_timeout,
+                c.write_timeout,
+                c.max_connections,
+                c.max_concurrent_streams,
+            )
+        };
         assert_eq!(
             c.index.rescan_interval,
             IndexConfig::default().rescan_interval
@@ -318,6 +362,8 @@ mod tests {
         let all = MasterConfig::parse(&uncommented, &path)
             .unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
         assert_eq!(all.authorization.len(), 1);
+        // The documented connection limits are the defaults.
+        assert_eq!(all_http(&all.http), all_http(&d));
         assert!(all.tls.crl.is_some());
     }
 }

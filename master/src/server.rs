@@ -6,6 +6,14 @@
 //! SIGTERM/SIGINT make the health check answer 503 for `shutdown_grace`, so
 //! load balancers drain this replica, then stop accepting and give open
 //! requests `shutdown_grace` to finish.
+//!
+//! Every connection goes through [`conns`]: `max_connections`,
+//! `idle_timeout` and `write_timeout` bound how many sockets and how much
+//! memory clients can hold, and after a SIGHUP the open connections whose
+//! client certificate the new CA/CRL refuses are closed (a revoked node
+//! cannot keep reading over a keep-alive or HTTP/2 connection).
+
+mod conns;
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
@@ -16,19 +24,59 @@ use anyhow::Context;
 use axum_server::Handle;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use hyper_util::rt::TokioTimer;
+use rustls::server::danger::ClientCertVerifier;
+
+pub use conns::{ConnStats, Connections, Limits};
 
 use crate::auth::{Authorizer, Gate};
 use crate::config::MasterConfig;
 use crate::state::AppState;
 use crate::store::Store;
 
+/// HTTP/2 receive windows: the master only takes GET requests, so small
+/// windows bound what a client can make it buffer.
+const H2_STREAM_WINDOW: u32 = 64 * 1024;
+const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
+/// Request header block size limit on HTTP/2 (hyper's default is 16 MiB).
+const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
+
 /// A running master, for callers that need its state (tests, `serve`).
 #[derive(Debug, Clone)]
 pub struct Running {
     /// The indexes and counters.
     pub store: Arc<Store>,
+    /// What SIGHUP reloads.
+    pub tls: Reload,
+}
+
+/// What SIGHUP acts on: the TLS config new handshakes use, and the open
+/// connections, re-checked against the reloaded client verifier.
+#[derive(Debug, Clone)]
+pub struct Reload {
     /// The TLS config, reloadable.
-    pub tls: RustlsConfig,
+    pub config: RustlsConfig,
+    /// Every open connection, with its client certificate.
+    pub connections: Arc<Connections>,
+}
+
+impl Reload {
+    /// Reloads the TLS files of `config`: new handshakes use them at once;
+    /// open connections whose client certificate the new files refuse
+    /// (revoked, CA removed, expired) are closed. Returns how many.
+    pub async fn reload(&self, config: &MasterConfig) -> Result<usize, crate::tls::ServerTlsError> {
+        let server = crate::tls::server_tls(&config.tls)?;
+        self.config.reload_from_config(Arc::new(server.config));
+        Ok(match server.client_verifier {
+            Some(verifier) => recheck(self.connections.clone(), verifier).await,
+            None => 0,
+        })
+    }
+}
+
+async fn recheck(connections: Arc<Connections>, verifier: Arc<dyn ClientCertVerifier>) -> usize {
+    tokio::task::spawn_blocking(move || connections.recheck(verifier.as_ref()))
+        .await
+        .unwrap_or(0)
 }
 
 /// Builds the indexes, then serves on `listeners` until `shutdown`
@@ -41,6 +89,21 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     pluginsync_common::tls::install_default_provider();
     let tls = RustlsConfig::from_config(Arc::new(crate::tls::server_config(&config.tls)?));
+    let (max_connections, nofile) = conns::effective_max_connections(config.http.max_connections);
+    if max_connections < config.http.max_connections {
+        tracing::warn!(
+            max_connections,
+            configured = config.http.max_connections,
+            nofile = nofile.unwrap_or_default(),
+            "http.max_connections lowered to fit the descriptor limit (LimitNOFILE)"
+        );
+    }
+    let connections = Connections::new(Limits {
+        max_connections,
+        idle_timeout: config.http.idle_timeout,
+        write_timeout: config.http.write_timeout,
+    });
+    let reaper = tokio::spawn(Connections::reap(Arc::downgrade(&connections)));
     let authorizer = Authorizer::new(&config.authorization)?;
     let store = Store::new(config.clone());
     store.rebuild(None).await;
@@ -54,12 +117,14 @@ pub async fn serve(
     let mut servers = Vec::new();
     for listener in listeners {
         let addr = listener.local_addr().context("listener address")?;
-        let acceptor =
-            // TCP_NODELAY: without it the client's small writes after the
-            // handshake can meet a delayed ACK and stall a connection ~40 ms.
+        // Admit (TCP_NODELAY, the connection limit, the socket wrapped
+        // so the registry can close it), then TLS, then Identify (the
+        // client's certificate recorded, its requests counted).
+        let acceptor = conns::Identify::new(
             RustlsAcceptor::new(tls.clone())
                 .handshake_timeout(config.http.handshake_timeout)
-                .acceptor(axum_server::accept::NoDelayAcceptor::new());
+                .acceptor(conns::Admit::new(connections.clone())),
+        );
         let mut server = axum_server::from_tcp(listener)
             .with_context(|| format!("cannot listen on {addr}"))?
             .acceptor(acceptor)
@@ -70,7 +135,14 @@ pub async fn serve(
             .timer(TokioTimer::new())
             .header_read_timeout(config.http.header_timeout)
             .keep_alive(true);
-        server.http_builder().http2().timer(TokioTimer::new());
+        server
+            .http_builder()
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(config.http.max_concurrent_streams)
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .max_header_list_size(H2_MAX_HEADER_LIST);
         let service = app.clone().into_make_service();
         servers.push(tokio::spawn(async move {
             server
@@ -80,9 +152,18 @@ pub async fn serve(
         }));
         tracing::info!("listening on {addr}");
     }
+    tracing::info!(
+        max_connections,
+        idle_timeout_ms = config.http.idle_timeout.as_millis() as u64,
+        write_timeout_ms = config.http.write_timeout.as_millis() as u64,
+        "connection limits"
+    );
     ready(Running {
         store: store.clone(),
-        tls: tls.clone(),
+        tls: Reload {
+            config: tls.clone(),
+            connections: connections.clone(),
+        },
     });
     let grace = config.http.shutdown_grace;
     let drain_store = store.clone();
@@ -100,15 +181,13 @@ pub async fn serve(
     for s in servers {
         s.await.context("server task")??;
     }
+    reaper.abort();
     tracing::info!("stopped");
     Ok(())
 }
 
 /// Resolves on SIGTERM or SIGINT; SIGHUP reloads TLS in the meantime.
-pub async fn signals(
-    config: Arc<MasterConfig>,
-    tls: tokio::sync::watch::Receiver<Option<RustlsConfig>>,
-) {
+pub async fn signals(config: Arc<MasterConfig>, tls: tokio::sync::watch::Receiver<Option<Reload>>) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
@@ -124,13 +203,13 @@ pub async fn signals(
             _ = int.recv() => return,
             _ = hup.recv() => {
                 let current = tls.borrow().clone();
-                match (current, crate::tls::server_config(&config.tls)) {
-                    (Some(rustls), Ok(cfg)) => {
-                        rustls.reload_from_config(Arc::new(cfg));
-                        tracing::info!("SIGHUP: TLS certificate, key, CA and CRL reloaded");
-                    }
-                    (_, Err(e)) => tracing::error!(error = %e, "SIGHUP: TLS reload failed, keeping the old files"),
-                    (None, Ok(_)) => {}
+                let Some(current) = current else { continue };
+                match current.reload(&config).await {
+                    Ok(closed) => tracing::info!(
+                        closed,
+                        "SIGHUP: TLS certificate, key, CA and CRL reloaded; closed the open connections whose client certificate is now refused"
+                    ),
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: TLS reload failed, keeping the old files"),
                 }
             }
         }

@@ -1,11 +1,13 @@
 //! The master's rustls server config: ring only, client certificates per
-//! `tls.client_auth`, CRLs when configured, ALPN h2 + http/1.1.
+//! `tls.client_auth`, CRLs when configured (checked for the whole chain),
+//! ALPN h2 + http/1.1.
 
 use std::sync::Arc;
 
 use pluginsync_common::tls::{self as ptls, TlsError};
 use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
 
 use crate::config::{ClientAuth, TlsConfig};
 
@@ -20,32 +22,53 @@ pub enum ServerTlsError {
     Rustls(String),
 }
 
+/// A server config and the client verifier inside it.
+#[derive(Debug)]
+pub struct ServerTls {
+    /// What new handshakes use.
+    pub config: ServerConfig,
+    /// The client-certificate verifier `config` uses (`None` with
+    /// `client_auth = "none"`), kept to re-check the certificates of open
+    /// connections after a reload (docs/protocol.md §5.2).
+    pub client_verifier: Option<Arc<dyn ClientCertVerifier>>,
+}
+
 /// Builds the server config from `[tls]`.
 pub fn server_config(tls: &TlsConfig) -> Result<ServerConfig, ServerTlsError> {
+    server_tls(tls).map(|t| t.config)
+}
+
+/// Builds the server config from `[tls]`, with its client verifier.
+pub fn server_tls(tls: &TlsConfig) -> Result<ServerTls, ServerTlsError> {
     let provider = ptls::provider();
     let certs = ptls::load_certs("server certificate", &tls.cert)?;
     let key = ptls::load_key(&tls.key)?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| ServerTlsError::Rustls(e.to_string()))?;
+    let mut client_verifier: Option<Arc<dyn ClientCertVerifier>> = None;
     let builder = if tls.client_auth == ClientAuth::None {
         builder.with_no_client_auth()
     } else {
         let roots = Arc::new(ptls::load_roots(&tls.ca)?);
         let mut verifier = WebPkiClientVerifier::builder_with_provider(roots, provider);
         if let Some(crl) = &tls.crl {
-            // The leaf is checked against its issuer's CRL; a CRL bundle that
-            // does not cover the issuer refuses the client (fail closed).
-            verifier = verifier
-                .with_crls(ptls::load_crls(crl)?)
-                .only_check_end_entity_revocation();
+            // Every certificate of the client's chain below the trust anchor
+            // (the leaf and any intermediate CA) is checked against its
+            // issuer's CRL (rustls' default depth, `Chain`), as Puppet's
+            // `certificate_revocation = chain`: an intermediate CA that the
+            // root revoked takes its certificates with it. A CRL bundle that
+            // does not cover an issuer in the chain refuses the client (fail
+            // closed).
+            verifier = verifier.with_crls(ptls::load_crls(crl)?);
         }
         if tls.client_auth == ClientAuth::Optional {
             verifier = verifier.allow_unauthenticated();
         }
-        let verifier = verifier
+        let verifier: Arc<dyn ClientCertVerifier> = verifier
             .build()
             .map_err(|e| ServerTlsError::Rustls(format!("client verifier: {e}")))?;
+        client_verifier = Some(verifier.clone());
         builder.with_client_cert_verifier(verifier)
     };
     let mut config = builder.with_single_cert(certs, key).map_err(|e| {
@@ -54,5 +77,8 @@ pub fn server_config(tls: &TlsConfig) -> Result<ServerConfig, ServerTlsError> {
         ))
     })?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(config)
+    Ok(ServerTls {
+        config,
+        client_verifier,
+    })
 }

@@ -19,6 +19,8 @@ mod master_blobs;
 mod master_etag;
 // Hostile requests and trees: odd listing parameters, files swapped for symlinks or fifos, batch amplification, blob caching.
 mod master_hostile;
+// What clients can hold: idle and stalled connections, max_connections, revocation on SIGHUP and in the chain.
+mod master_limits;
 // What a listing says: checksums, order, first-wins collisions, ignores, links, modes.
 mod master_listing;
 // The master binary as a service manager sees it: SIGTERM, draining, exit status.

@@ -24,10 +24,16 @@
 //! - `process`: [`bin_path`] and [`repo_root`]; real peers on PATH or a
 //!   skip ([`which`], [`require`], [`skipped`]); [`run_logged`] runs a
 //!   command under a time limit ([`Finished`]).
+//! - `conn`: connections held by hand for the connection-limit tests:
+//!   [`ChildMaster`] (the binary with its descriptor limit, RSS and SIGHUP
+//!   reachable), [`tls_connect`], [`h1_get`] on a keep-alive connection,
+//!   [`H2`] (HTTP/2 that never opens a window), [`write_root_crl`] and
+//!   [`ChainedClient`] (an intermediate CA).
 //! - [`puppet`]: stock Puppet agents and a throwaway Puppet Server.
 
 mod agent;
 mod client;
+mod conn;
 mod fake;
 mod master;
 mod pki;
@@ -37,6 +43,10 @@ mod tree;
 
 pub use agent::{AgentHome, AgentRun};
 pub use client::{RawResponse, client, raw_get, wait_for};
+pub use conn::{
+    ChainedClient, ChildMaster, H2, H2Frame, closed_within, h1_get, identity, refused, serial_of,
+    tls_config, tls_connect, write_root_crl,
+};
 pub use fake::{FakeMaster, Responder, closed_port, http_response};
 pub use master::{MasterProcess, TestMaster, config_toml, parse_config};
 pub use pki::{AGENTS, Pki};

@@ -1,0 +1,414 @@
+//! What clients can hold on the master (issue 17): idle TLS connections
+//! without a certificate must not lock agents out when descriptors run
+//! short, idle connections of every kind are closed after `idle_timeout`, a
+//! client that stops reading is closed after `write_timeout` and the memory
+//! its responses pinned is freed, a certificate revoked on SIGHUP loses its
+//! open connections, and a revoked intermediate CA takes its clients with
+//! it (docs/protocol.md §5.2; `[http]` in etc/master.toml).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use pluginsync_tests::{
+    AgentHome, ChainedClient, ChildMaster, EnvTree, H2, Pki, TestMaster, client, closed_within,
+    config_toml, h1_get, identity, parse_config, refused, tls_config, tls_connect, write_root_crl,
+};
+
+use crate::common::pluginsync_query;
+
+fn listing_path() -> String {
+    format!(
+        "/puppet/v3/file_metadatas/plugins?{}",
+        pluginsync_query("ignore", "manage", "production")
+    )
+}
+
+fn small_tree() -> EnvTree {
+    let tree = EnvTree::new();
+    tree.file("production", "m", "lib/facter/a.rb", b"a = 1\n", 0o644);
+    tree.file("production", "m", "lib/puppet/type/b.rb", b"b = 2\n", 0o644);
+    tree
+}
+
+/// Writes `text` as a config file in a new tempdir.
+fn config_file(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("master.toml");
+    std::fs::write(&path, text).expect("write config");
+    (dir, path)
+}
+
+async fn health(c: &reqwest::Client, url: &str) -> Option<u16> {
+    c.get(format!("{url}/status/v1/simple"))
+        .timeout(Duration::from_secs(15))
+        .send()
+        .await
+        .ok()
+        .map(|r| r.status().as_u16())
+}
+
+/// M-2: 300 anonymous TLS connections that never send an HTTP byte, against
+/// a master with 256 descriptors (the default config). Before, they used up
+/// its descriptors and nobody else got in; now `max_connections` (capped
+/// below the descriptor limit) sheds the oldest idle ones, and an agent and
+/// the health check still get through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_anonymous_connections_do_not_lock_out_agents() {
+    const NOFILE: u64 = 256;
+    const IDLE: usize = 300;
+    let pki = Pki::new();
+    let tree = small_tree();
+    let (_dir, cfg) = config_file(&config_toml(&tree.envpath(), &pki, "", ""));
+    let master = ChildMaster::spawn(&cfg, Some(NOFILE));
+
+    let anonymous = tls_config(&pki, None, &["h2", "http/1.1"]);
+    let mut held = Vec::new();
+    let mut failed = 0;
+    // Batches of 50 at a time; each handshake gives up after 10 s.
+    for _ in 0..IDLE / 50 {
+        let mut batch = tokio::task::JoinSet::new();
+        for _ in 0..50 {
+            batch.spawn(tls_connect(master.addr, anonymous.clone()));
+        }
+        while let Some(r) = batch.join_next().await {
+            match r.expect("join") {
+                Ok(s) => held.push(s),
+                Err(_) => failed += 1,
+            }
+        }
+    }
+    eprintln!(
+        "{} of {IDLE} idle handshakes completed, {failed} failed",
+        held.len()
+    );
+
+    let c = client(&pki, Some("node1"));
+    assert_eq!(
+        health(&c, &master.url()).await,
+        Some(200),
+        "the health check must answer with {IDLE} idle connections open\n{}",
+        master.log()
+    );
+    let agent = AgentHome::new(&pki, &[master.url()], "");
+    let run = agent.sync(&[]);
+    assert!(
+        run.code == 0 || run.code == 2,
+        "agent sync failed ({}):\n{}\n{}\nmaster log:\n{}",
+        run.code,
+        run.stdout,
+        run.stderr,
+        master.log()
+    );
+    assert!(agent.libdir().join("facter/a.rb").is_file());
+
+    // The master shed idle connections to stay under its descriptor limit.
+    let mut probes = tokio::task::JoinSet::new();
+    for mut s in held {
+        probes.spawn(async move { closed_within(&mut s, Duration::from_secs(3)).await });
+    }
+    let mut shed = 0u64;
+    while let Some(closed) = probes.join_next().await {
+        shed += u64::from(closed.expect("join"));
+    }
+    eprintln!("{shed} idle connections were closed by the master");
+    assert!(
+        shed >= IDLE as u64 - NOFILE,
+        "only {shed} of {IDLE} idle connections were shed"
+    );
+    assert_eq!(health(&c, &master.url()).await, Some(200));
+}
+
+/// M-2: with `idle_timeout = "1s"`, a TLS connection that never sends an
+/// HTTP byte, an HTTP/1.1 keep-alive connection after its request and an
+/// HTTP/2 connection after its request are all closed by the master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_after_idle_timeout() {
+    let pki = Pki::new();
+    let tree = small_tree();
+    let master = TestMaster::start(parse_config(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        "idle_timeout = \"1s\"",
+    )));
+    let limit = Duration::from_secs(6);
+
+    let mut silent = tls_connect(master.addr, tls_config(&pki, None, &["h2", "http/1.1"]))
+        .await
+        .expect("handshake");
+    let mut h1 = tls_connect(
+        master.addr,
+        tls_config(&pki, Some(identity(&pki, "node1")), &["http/1.1"]),
+    )
+    .await
+    .expect("handshake");
+    let (status, _) = h1_get(&mut h1, &listing_path()).await.expect("listing");
+    assert_eq!(status, 200);
+    let mut h2 = H2::connect(
+        master.addr,
+        tls_config(&pki, Some(identity(&pki, "node1")), &["h2"]),
+    )
+    .await
+    .expect("h2");
+    h2.get(1, "/status/v1/simple", &[]).await.expect("request");
+    h2.response(1).await.expect("response");
+
+    assert!(
+        closed_within(&mut silent, limit).await,
+        "a TLS connection without any HTTP byte stayed open"
+    );
+    assert!(
+        closed_within(&mut h1, limit).await,
+        "an idle HTTP/1.1 keep-alive connection stayed open"
+    );
+    assert!(
+        h2.closed_within(limit).await,
+        "an idle HTTP/2 connection stayed open"
+    );
+    let c = client(&pki, Some("node1"));
+    assert_eq!(health(&c, &master.url()).await, Some(200));
+}
+
+/// M-3: 200 HTTP/2 streams (4 connections × 50) ask for a listing of more
+/// than 4 MiB without gzip (each gets its own inflated copy) and never open
+/// a flow-control window. After `write_timeout` the master closes the
+/// connections and the copies are freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_stop_reading_are_closed_and_their_memory_freed() {
+    const CONNECTIONS: usize = 4;
+    const STREAMS: u32 = 50;
+    let pki = Pki::new();
+    let tree = EnvTree::new();
+    tree.generate("production", 16, 1000, 17);
+    let (_dir, cfg) = config_file(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        "write_timeout = \"2s\"\nidle_timeout = \"3s\"",
+    ));
+    let master = ChildMaster::spawn(&cfg, None);
+
+    // One full read first, so the idle figure includes whatever a single
+    // listing request leaves behind.
+    let c = client(&pki, Some("node1"));
+    let body = c
+        .get(format!("{}{}", master.url(), listing_path()))
+        .send()
+        .await
+        .expect("listing")
+        .bytes()
+        .await
+        .expect("body");
+    assert!(
+        body.len() >= 4 << 20,
+        "the listing must be at least 4 MiB to be kept gzipped only: {} bytes",
+        body.len()
+    );
+    let body_len = body.len();
+    drop(body);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = master.rss_kib();
+
+    let peak = Arc::new(AtomicU64::new(idle));
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (peak, sampling, pid) = (peak.clone(), sampling.clone(), master.pid());
+        tokio::spawn(async move {
+            while sampling.load(Ordering::Relaxed) {
+                let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .find_map(|l| l.strip_prefix("VmRSS:"))
+                            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                    })
+                    .unwrap_or(0);
+                peak.fetch_max(rss, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    let config = tls_config(&pki, Some(identity(&pki, "node1")), &["h2"]);
+    let mut conns = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let mut h2 = H2::connect(master.addr, config.clone())
+            .await
+            .expect("h2 connection");
+        for i in 0..STREAMS {
+            h2.get(
+                2 * i + 1,
+                &listing_path(),
+                &[("accept", "application/json")],
+            )
+            .await
+            .expect("request");
+        }
+        conns.push(h2);
+    }
+    // Never opening a window: the master closes them after write_timeout.
+    let mut waits = tokio::task::JoinSet::new();
+    for mut h2 in conns {
+        waits.spawn(async move { h2.closed_within(Duration::from_secs(60)).await });
+    }
+    let mut closed = 0;
+    while let Some(r) = waits.join_next().await {
+        closed += usize::from(r.expect("join"));
+    }
+    assert_eq!(
+        closed,
+        CONNECTIONS,
+        "connections whose client never reads must be closed\n{}",
+        master.log()
+    );
+    // By the write timeout (the streams were in flight, so not as idle).
+    assert!(
+        master.log().contains("clients stopped reading"),
+        "{}",
+        master.log()
+    );
+
+    // The bound: idle RSS + 32 MiB + one listing per malloc arena. The
+    // 200 inflated copies alone are over 800 MiB. What may stay resident
+    // once they are freed is allocator state: glibc keeps up to 8 arenas
+    // per core, and each may keep a freed copy's pages at its top; the
+    // blocking threads the burst started (and their stacks) exit after
+    // tokio's 10 s keep-alive, so the wait is up to 30 s.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
+    let listing_kib = (body_len as u64).div_ceil(1024);
+    let bound = idle + 32 * 1024 + 8 * cores * listing_kib;
+    let mut after = master.rss_kib();
+    for _ in 0..120 {
+        if after <= bound {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        after = master.rss_kib();
+    }
+    sampling.store(false, Ordering::Relaxed);
+    sampler.await.expect("sampler");
+    let peak = peak.load(Ordering::Relaxed);
+    eprintln!(
+        "RSS: idle {} MiB, peak {} MiB, after the write timeout {} MiB (bound {} MiB)",
+        idle / 1024,
+        peak / 1024,
+        after / 1024,
+        bound / 1024
+    );
+    assert!(
+        peak >= idle + 256 * 1024,
+        "the stalled streams did not pin memory (idle {idle} KiB, peak {peak} KiB): the test proves nothing"
+    );
+    assert!(
+        after <= bound,
+        "RSS {after} KiB did not come back within {} KiB of idle ({idle} KiB)",
+        bound - idle
+    );
+    assert_eq!(health(&c, &master.url()).await, Some(200));
+}
+
+/// M-7: node1 reads over an HTTP/1.1 keep-alive connection and an HTTP/2
+/// connection; node1 is revoked and the master gets SIGHUP. Both open
+/// connections are closed, a new handshake is refused, and node2's open
+/// connection keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_clients_lose_their_open_connections_on_sighup() {
+    let pki = Pki::new();
+    let tree = small_tree();
+    let (_dir, cfg) = config_file(&config_toml(&tree.envpath(), &pki, "", ""));
+    let master = ChildMaster::spawn(&cfg, None);
+    let node1 = tls_config(&pki, Some(identity(&pki, "node1")), &["http/1.1"]);
+    let node2 = tls_config(&pki, Some(identity(&pki, "node2")), &["http/1.1"]);
+
+    let mut n1 = tls_connect(master.addr, node1.clone())
+        .await
+        .expect("node1");
+    let mut n2 = tls_connect(master.addr, node2).await.expect("node2");
+    for s in [&mut n1, &mut n2] {
+        let (status, _) = h1_get(s, &listing_path()).await.expect("listing");
+        assert_eq!(status, 200);
+    }
+    let mut n1_h2 = H2::connect(
+        master.addr,
+        tls_config(&pki, Some(identity(&pki, "node1")), &["h2"]),
+    )
+    .await
+    .expect("node1 h2");
+    n1_h2.get(1, &listing_path(), &[]).await.expect("request");
+    n1_h2.response(1).await.expect("response");
+
+    write_root_crl(&pki, &["revoked", "node1"]);
+    master.sighup();
+
+    // The same keep-alive connection: its next request fails once the
+    // master has reloaded (a request may still pass before the signal is
+    // handled; 10 s at most).
+    let mut answered = 0;
+    let mut closed = false;
+    for _ in 0..50 {
+        match h1_get(&mut n1, &listing_path()).await {
+            Ok(_) => answered += 1,
+            Err(_) => {
+                closed = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        closed,
+        "node1's keep-alive connection still answered {answered} requests after SIGHUP\n{}",
+        master.log()
+    );
+    assert!(
+        n1_h2.closed_within(Duration::from_secs(10)).await,
+        "node1's HTTP/2 connection stayed open after SIGHUP"
+    );
+    assert!(
+        refused(master.addr, node1).await,
+        "a new handshake with node1's revoked certificate must fail"
+    );
+    let (status, _) = h1_get(&mut n2, &listing_path())
+        .await
+        .expect("node2's open connection keeps working");
+    assert_eq!(status, 200);
+}
+
+/// M-6: a client certificate issued by an intermediate CA. With a CRL
+/// bundle covering the chain it is accepted; once the root's CRL revokes
+/// the intermediate, its handshake is refused, while a client issued by
+/// the root directly is still accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_under_a_revoked_intermediate_ca_is_refused() {
+    let pki = Pki::new();
+    let tree = small_tree();
+    let chained = ChainedClient::new(&pki, "chained1");
+    let config = config_toml(&tree.envpath(), &pki, "", "");
+    let chained_tls = tls_config(&pki, Some(chained.identity()), &["http/1.1"]);
+    let node1_tls = tls_config(&pki, Some(identity(&pki, "node1")), &["http/1.1"]);
+
+    chained.write_crls(&pki, &pki.crl(), false);
+    {
+        let master = TestMaster::start(parse_config(&config));
+        let mut s = tls_connect(master.addr, chained_tls.clone())
+            .await
+            .expect("handshake");
+        let (status, _) = h1_get(&mut s, &listing_path())
+            .await
+            .expect("a valid chain is accepted");
+        assert_eq!(status, 200);
+        assert!(!refused(master.addr, node1_tls.clone()).await);
+    }
+
+    chained.write_crls(&pki, &pki.crl(), true);
+    let master = TestMaster::start(parse_config(&config));
+    assert!(
+        refused(master.addr, chained_tls).await,
+        "a client under a revoked intermediate CA must be refused"
+    );
+    assert!(
+        !refused(master.addr, node1_tls).await,
+        "a client of the root is not affected"
+    );
+}
