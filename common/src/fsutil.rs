@@ -1,7 +1,10 @@
 //! Writing a small state file so that readers see the old or the new
-//! version whole, never a mix, and the new one survives a crash once this
-//! returns: the report, the cache, the plugin registry and the metrics
-//! textfile all go through [`write_atomic`].
+//! version whole, never a mix: [`write_atomic`] also makes the new version
+//! survive a crash once it returns (the report, the plugin registry);
+//! [`replace_atomic`] does not wait for the disk, for state that is only a
+//! hint (the agent's cache: a lost or stale cache costs a slower run, never
+//! a wrong one, and two fsyncs per file would cost every changed run more
+//! than the cache saves — measured in BENCHMARKS.md).
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -12,6 +15,19 @@ use std::path::Path;
 /// `mode`, `rename` over `path`, then `fsync` of the directory so the
 /// rename itself is on disk.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    write(path, bytes, mode, true)
+}
+
+/// Writes `bytes` to `path` atomically (a temporary file in the same
+/// directory renamed over `path`) without waiting for the disk: after a
+/// crash `path` holds the old version, the new one, or — rarely, on
+/// filesystems that delay allocation — an empty file. Only for state its
+/// reader validates and may discard.
+pub fn replace_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    write(path, bytes, mode, false)
+}
+
+fn write(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -22,9 +38,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()>
     tmp.write_all(bytes)?;
     tmp.as_file()
         .set_permissions(std::fs::Permissions::from_mode(mode))?;
-    tmp.as_file().sync_all()?;
+    if durable {
+        tmp.as_file().sync_all()?;
+    }
     tmp.persist(path).map_err(|e| e.error)?;
-    std::fs::File::open(dir)?.sync_all()
+    if durable {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -45,6 +66,16 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("state.json")]);
+    }
+
+    #[test]
+    fn replace_is_atomic_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("cache.json");
+        replace_atomic(&p, b"one", 0o600).unwrap();
+        replace_atomic(&p, b"two", 0o600).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]
