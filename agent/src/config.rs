@@ -180,6 +180,10 @@ pub struct LoaderConfig {
     pub pattern: String,
     /// `command` or `describe`.
     pub kind: LoaderKind,
+    /// The destination whose files this loader matches: `plugins` (the
+    /// libdir, the default) or `pluginfacts` (the factsdir).
+    #[serde(default = "default_loader_mount")]
+    pub mount: pluginsync_common::protocol::Mount,
     /// For `command`: argv, with `{path}` (absolute), `{relpath}` and
     /// `{environment}` replaced.
     #[serde(default)]
@@ -197,6 +201,9 @@ pub struct LoaderConfig {
 
 fn default_loader_timeout() -> Duration {
     Duration::from_secs(10)
+}
+fn default_loader_mount() -> pluginsync_common::protocol::Mount {
+    pluginsync_common::protocol::Mount::Plugins
 }
 fn default_attempts() -> u32 {
     1
