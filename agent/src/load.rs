@@ -30,7 +30,7 @@ use pluginsync_common::relpath::RelPath;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
-use crate::config::{LoadConfig, LoaderConfig, LoaderKind};
+use crate::config::{Layout, LoadConfig, LoaderConfig, LoaderKind};
 use crate::plugins::{self, Constraint, Registered, Registry};
 
 /// How a load ended.
@@ -59,6 +59,11 @@ pub struct LoadEntry {
     /// Wall time.
     pub duration_ms: u64,
 }
+
+/// Go's operating system names, to tell an `<os>_<arch>` directory.
+const GO_OSES: &[&str] = &[
+    "linux", "darwin", "windows", "freebsd", "openbsd", "netbsd", "solaris", "illumos", "aix",
+];
 
 /// Bytes of a child's output kept (the rest is drained and dropped).
 const CAPTURE: usize = 64 * 1024;
@@ -276,7 +281,14 @@ impl Loaders {
                         ));
                         continue;
                     }
-                    self.describe(loader, &abs, registry).await
+                    match self.describe(loader, root, rel, &abs, registry).await {
+                        Ok(Some(why)) => {
+                            out.push(skipped(path, Some(name), &why));
+                            continue;
+                        }
+                        Ok(None) => Ok(()),
+                        Err(e) => Err(e),
+                    }
                 }
             };
             let duration_ms = started.elapsed().as_millis() as u64;
@@ -353,25 +365,88 @@ impl Loaders {
         Err(last)
     }
 
+    /// A `describe` load: the layout gives the identity, version and
+    /// target from the path; then the roots, the exec bit, the optional
+    /// `_SHA256SUM` sidecar and the `describe` handshake. `Ok(Some(why))`:
+    /// skipped (outside the roots, shadowed, another os/arch where the
+    /// layout's system ignores those).
     async fn describe(
         &self,
         loader: &LoaderConfig,
+        root: &Path,
+        rel: &RelPath,
         abs: &Path,
         registry: &mut Registry,
-    ) -> Result<(), String> {
+    ) -> Result<Option<String>, String> {
         let file_name = abs
             .file_name()
             .and_then(|n| n.to_str())
             .ok_or("file name is not UTF-8")?;
-        let name = plugins::parse_name(file_name, &self.config.plugin_prefix)?;
-        if name.os != plugins::host_os() || name.arch != plugins::host_arch() {
-            return Err(format!(
-                "built for {}/{}, this host is {}/{}",
-                name.os,
-                name.arch,
-                plugins::host_os(),
-                plugins::host_arch()
-            ));
+        let roots: Vec<PathBuf> = loader.roots.iter().map(|r| root.join(r)).collect();
+        let root_of = |p: &Path| roots.iter().position(|r| p.starts_with(r));
+        let my_root = if roots.is_empty() {
+            0
+        } else {
+            match root_of(abs) {
+                Some(i) => i,
+                None => return Ok(Some("outside the loader's roots".into())),
+            }
+        };
+        let (id, version, api, local) = match loader.layout {
+            Layout::Packer => {
+                let name = plugins::parse_name(file_name, &self.config.plugin_prefix)?;
+                if name.os != plugins::host_os() || name.arch != plugins::host_arch() {
+                    return Err(format!(
+                        "built for {}/{}, this host is {}/{}",
+                        name.os,
+                        name.arch,
+                        plugins::host_os(),
+                        plugins::host_arch()
+                    ));
+                }
+                (name.name, Some(name.version), Some(name.api), false)
+            }
+            Layout::Terraform => {
+                let name = plugins::parse_terraform(file_name)?;
+                // Terraform looks only in its own <os>_<arch> directory.
+                let parent = rel.parent().unwrap_or_else(RelPath::root);
+                if let Some((os, arch)) = parent
+                    .file_name()
+                    .and_then(|d| d.split_once('_'))
+                    .filter(|(os, _)| GO_OSES.contains(os))
+                    && (os != plugins::host_os() || arch != plugins::host_arch())
+                {
+                    return Ok(Some(format!(
+                        "built for {os}/{arch}, this host is {}/{}",
+                        plugins::host_os(),
+                        plugins::host_arch()
+                    )));
+                }
+                let local = name.version.is_none();
+                if local
+                    && loader.host_dir.as_deref().map(|d| d.trim_end_matches('/'))
+                        != Some(parent.as_str())
+                {
+                    return Err(
+                        "an unversioned provider is a local build and belongs in host_dir".into(),
+                    );
+                }
+                (name.name, name.version, name.api, local)
+            }
+        };
+        if !roots.is_empty()
+            && let Some(earlier) = registry
+                .plugins
+                .get(&id)
+                .into_iter()
+                .flatten()
+                .filter_map(|r| root_of(Path::new(&r.path)))
+                .find(|&i| i < my_root)
+        {
+            return Ok(Some(format!(
+                "'{id}' is in an earlier root ({}), which wins",
+                loader.roots[earlier]
+            )));
         }
         let md = std::fs::metadata(abs).map_err(|e| format!("cannot stat: {e}"))?;
         if md.permissions().mode() & 0o111 == 0 {
@@ -420,37 +495,52 @@ impl Loaders {
         let d: Described = serde_json::from_slice(&output.stdout)
             .map_err(|e| format!("describe did not print the expected JSON: {e}"))?;
         let described = plugins::parse_version(&d.version).map_err(|e| format!("describe: {e}"))?;
-        if described != name.version {
-            return Err(format!(
-                "describe says version {} but the name says {}",
-                d.version, name.version
-            ));
-        }
-        let api = d.api_version.strip_prefix('x').unwrap_or(&d.api_version);
-        if api != name.api {
-            return Err(format!(
-                "describe says api_version {} but the name says x{}",
-                d.api_version, name.api
-            ));
+        let version = match version {
+            Some(named) if named != described => {
+                return Err(format!(
+                    "describe says version {} but the name says {named}",
+                    d.version
+                ));
+            }
+            Some(named) => named,
+            None => described,
+        };
+        let said = d.api_version.strip_prefix('x').unwrap_or(&d.api_version);
+        let api = match api {
+            Some(named) if said != named => {
+                return Err(format!(
+                    "describe says api_version {} but the name says x{named}",
+                    d.api_version
+                ));
+            }
+            Some(named) => named,
+            None => said.to_owned(),
+        };
+        if !roots.is_empty()
+            && let Some(versions) = registry.plugins.get_mut(&id)
+        {
+            // This root wins over the later ones that held the identity.
+            versions.retain(|r| root_of(Path::new(&r.path)).is_none_or(|i| i <= my_root));
         }
         registry.add(
-            &name.name,
+            &id,
             Registered {
-                version: name.version.to_string(),
-                api_version: name.api.clone(),
+                version: version.to_string(),
+                api_version: api,
                 path: abs.to_string_lossy().into_owned(),
                 sha256,
                 loaded_at: SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map(|d| d.as_secs())
                     .unwrap_or(0),
+                local,
             },
         );
         let active = registry
-            .active(&name.name, self.constraints.get(&name.name))
+            .active(&id, self.constraints.get(&id))
             .map(|r| r.version.clone());
-        tracing::info!(plugin = %name.name, version = %name.version, active = ?active, "plugin registered");
-        Ok(())
+        tracing::info!(plugin = %id, version = %version, active = ?active, "plugin registered");
+        Ok(None)
     }
 
     /// The constraint of a plugin name, if configured.
