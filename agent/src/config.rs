@@ -180,6 +180,10 @@ pub struct LoaderConfig {
     pub pattern: String,
     /// `command` or `describe`.
     pub kind: LoaderKind,
+    /// The destination whose files this loader matches: `plugins` (the
+    /// libdir, the default) or `pluginfacts` (the factsdir).
+    #[serde(default = "default_loader_mount")]
+    pub mount: pluginsync_common::protocol::Mount,
     /// For `command`: argv, with `{path}` (absolute), `{relpath}` and
     /// `{environment}` replaced.
     #[serde(default)]
@@ -193,10 +197,41 @@ pub struct LoaderConfig {
     /// Extra environment variables.
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// For `describe`: the plugin system whose file layout gives each
+    /// plugin's identity and version (README, "Plugin layouts").
+    #[serde(default)]
+    pub layout: Layout,
+    /// For `describe`: directories relative to the libdir, searched in
+    /// order; a file outside them is not loaded, and an identity held by an
+    /// earlier root shadows the same identity in a later one. Empty: the
+    /// whole libdir, one root.
+    #[serde(default)]
+    pub roots: Vec<String>,
+    /// For `layout = "terraform"`: the directory (relative to the libdir)
+    /// of the host program; an unversioned `terraform-provider-<name>`
+    /// there is a local build, preferred over installed releases.
+    #[serde(default)]
+    pub host_dir: Option<String>,
+}
+
+/// How `describe` plugins are laid out and named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// `<prefix>-<name>_v<version>_x<api>_<os>_<arch>`.
+    #[default]
+    Packer,
+    /// `terraform-provider-<name>_v<X.Y.Z>[_x<api>]` releases, in an
+    /// optional `<os>_<arch>` directory, and unversioned local builds in
+    /// `host_dir`.
+    Terraform,
 }
 
 fn default_loader_timeout() -> Duration {
     Duration::from_secs(10)
+}
+fn default_loader_mount() -> pluginsync_common::protocol::Mount {
+    pluginsync_common::protocol::Mount::Plugins
 }
 fn default_attempts() -> u32 {
     1

@@ -14,6 +14,13 @@ use pluginsync_agent::report::Report;
 use pluginsync_agent::settings::{Overrides, Settings};
 
 fn main() -> ExitCode {
+    // A loader's supervisor (load.rs, `supervised`): no CLI, no logging.
+    if let Some(code) = pluginsync_agent::load::supervised() {
+        return ExitCode::from((code & 0xff) as u8);
+    }
+    if let Ok(agent) = std::env::current_exe() {
+        pluginsync_agent::load::use_supervisor(agent);
+    }
     let cli = match cli::parse() {
         Ok(cli) => cli,
         Err(status) => return status.into(),

@@ -8,6 +8,11 @@
 //! `arm64`). Versions order as semver does, so `1.0.0 < 1.0.1-dev < 1.0.1`.
 //! The registry keeps every accepted version of each name; the active one
 //! is the highest that satisfies the name's constraint, if any.
+//!
+//! Terraform's layout ([`parse_terraform`]) names providers
+//! `terraform-provider-<name>_v<X.Y.Z>[_x<api>]`; an unversioned
+//! `terraform-provider-<name>` beside the host program is a local build,
+//! active over every release (README, "Plugin layouts").
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -103,6 +108,55 @@ pub fn parse_name(file_name: &str, prefix: &str) -> Result<PluginName, String> {
     })
 }
 
+/// A Terraform provider file name: `terraform-provider-<name>` (a local
+/// build, no version) or `terraform-provider-<name>_v<X.Y.Z>[_x<api>]` (an
+/// installed release; `X.Y.Z` canonical, no pre-release).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TerraformName {
+    /// The provider's name (its identity).
+    pub name: String,
+    /// The release's version; `None` for a local build.
+    pub version: Option<Version>,
+    /// The plugin protocol version of `_x<api>`, if named.
+    pub api: Option<String>,
+}
+
+/// Parses a Terraform provider file name.
+pub fn parse_terraform(file_name: &str) -> Result<TerraformName, String> {
+    let rest = file_name
+        .strip_prefix("terraform-provider-")
+        .ok_or_else(|| format!("'{file_name}' does not start with 'terraform-provider-'"))?;
+    let (name, tail) = match rest.split_once("_v") {
+        Some((n, t)) => (n, Some(t)),
+        None => (rest, None),
+    };
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(format!("'{file_name}' has no usable provider name"));
+    }
+    let (version, api) = match tail {
+        None => (None, None),
+        Some(t) => {
+            let (v, api) = match t.split_once("_x") {
+                Some((v, a)) if !a.is_empty() && a.bytes().all(|b| b.is_ascii_digit()) => {
+                    (v, Some(a.to_owned()))
+                }
+                Some(_) => return Err(format!("'{file_name}' has no valid _x<api>")),
+                None => (t, None),
+            };
+            let parsed = parse_version(v)?;
+            if !parsed.pre.is_empty() {
+                return Err(format!("version '{v}' is not a release"));
+            }
+            (Some(parsed), api)
+        }
+    };
+    Ok(TerraformName {
+        name: name.to_owned(),
+        version,
+        api,
+    })
+}
+
 /// A version constraint: comparisons joined by commas, all must hold
 /// (`>=1.0.0, <2.0.0`; operators `=`, `!=`, `>`, `>=`, `<`, `<=`, and
 /// `~>` for "this minor/patch series"). A `-dev` version is compared as
@@ -172,6 +226,10 @@ pub struct Registered {
     pub sha256: String,
     /// Unix time of acceptance.
     pub loaded_at: u64,
+    /// A local build (Terraform's provider beside its host program): active
+    /// whatever its version and the constraint.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub local: bool,
 }
 
 /// `<vardir>/plugins.json`.
@@ -231,8 +289,11 @@ impl Registry {
 
     /// The active version of `name`: the highest satisfying `constraint`.
     pub fn active(&self, name: &str, constraint: Option<&Constraint>) -> Option<&Registered> {
-        self.plugins
-            .get(name)?
+        let versions = self.plugins.get(name)?;
+        if let Some(local) = versions.iter().find(|r| r.local) {
+            return Some(local);
+        }
+        versions
             .iter()
             .filter(|r| constraint.is_none_or(|c| c.matches(&version_of(&r.version))))
             .max_by(|a, b| version_of(&a.version).cmp(&version_of(&b.version)))
@@ -282,6 +343,27 @@ mod tests {
     }
 
     #[test]
+    fn terraform_names() {
+        let n = parse_terraform("terraform-provider-aws_v2.10.0_x4").unwrap();
+        assert_eq!(
+            (n.name.as_str(), n.version.unwrap().to_string(), n.api),
+            ("aws", "2.10.0".to_owned(), Some("4".to_owned()))
+        );
+        let n = parse_terraform("terraform-provider-my-cloud").unwrap();
+        assert_eq!((n.name.as_str(), n.version), ("my-cloud", None));
+        for bad in [
+            "terraform-provider-aws_v2.10",
+            "terraform-provider-aws_v02.1.0",
+            "terraform-provider-aws_v2.1.0-dev",
+            "terraform-provider-aws_v2.1.0_xfour",
+            "terraform-provider-",
+            "terraform-aws_v1.0.0",
+        ] {
+            assert!(parse_terraform(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn version_order_and_constraints() {
         let v = |s: &str| parse_version(s).unwrap();
         assert!(v("1.0.0") < v("1.0.1-dev") && v("1.0.1-dev") < v("1.0.1"));
@@ -310,6 +392,7 @@ mod tests {
                     path: path.display().to_string(),
                     sha256: String::new(),
                     loaded_at: 0,
+                    local: false,
                 },
             );
             path

@@ -39,7 +39,7 @@ use crate::commit;
 use crate::config::SourcePermissions;
 use crate::exit::ExitStatus;
 use crate::listing::{self, ListingError, RemoteTree};
-use crate::load::{LoadStatus, Loaders};
+use crate::load::{LoadStatus, Loaders, PendingLoads};
 use crate::lock::{self, LockError};
 use crate::plan::{self, ChangeKind, Plan};
 use crate::plugins::Registry;
@@ -208,6 +208,9 @@ impl<'a> Run<'a> {
             origin: None,
             started: Instant::now(),
         };
+        if !settings.noop {
+            run.recover_loads().await;
+        }
         let mut passes = Vec::with_capacity(catalog.resources.len());
         for resource in catalog.resources {
             passes.push(run.plan(resource).await?);
@@ -219,9 +222,11 @@ impl<'a> Run<'a> {
         run.phase("planned");
         let stagings = run.stage_all(&passes).await?;
         run.phase("staged");
+        run.record_loads(&passes);
         let written = run.commit_all(&passes, stagings);
         run.phase("committed");
         run.load_changed(&written).await;
+        PendingLoads::clear(&settings.vardir);
         Ok(())
     }
 
@@ -446,22 +451,80 @@ impl<'a> Run<'a> {
         for (name, version) in registry.prune_missing() {
             tracing::info!(plugin = %name, version = %version, "plugin file gone, unregistered");
         }
-        if !settings.loaders.is_empty() && written.iter().any(|(m, _)| *m == Mount::Plugins) {
+        if !settings.loaders.is_empty() {
             let loaders = Loaders::new(&settings.loaders, &settings.load, &self.env);
-            self.report.loads = loaders
-                .load(
-                    &settings.libdir,
-                    written,
-                    settings.load_enabled,
-                    &mut registry,
-                )
-                .await;
+            if written.iter().any(|(m, _)| loaders.serves(*m)) {
+                let loads = loaders
+                    .load(
+                        &settings.libdir,
+                        settings.factsdir.as_deref(),
+                        written,
+                        settings.load_enabled,
+                        &mut registry,
+                    )
+                    .await;
+                self.report.loads.extend(loads);
+            }
         }
         if registry != before
             && let Err(e) = registry.save(&settings.vardir)
         {
             tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the plugin registry");
         }
+    }
+}
+
+impl Run<'_> {
+    /// Before the commit: records the files it is about to write, so that
+    /// a run killed between its commit and its loads leaves them to the
+    /// next run ([`Run::recover_loads`]). Only with loaders configured.
+    fn record_loads(&self, passes: &[Pass]) {
+        let settings = self.settings;
+        if settings.loaders.is_empty() {
+            return;
+        }
+        let files: Vec<(Mount, RelPath)> = passes
+            .iter()
+            .flat_map(|p| {
+                p.plan
+                    .writes()
+                    .filter_map(|(rel, _)| RelPath::parse(&rel.to_string_lossy()).ok())
+                    .map(|rel| (p.resource.mount, rel))
+            })
+            .collect();
+        if files.is_empty() {
+            return;
+        }
+        if let Err(e) = PendingLoads::record(&settings.vardir, &files) {
+            tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot record the pending loads");
+        }
+    }
+
+    /// At the start of a run: a previous run that died between its commit
+    /// and its loads left its record; its files that are still there are
+    /// loaded now, once, with the current loaders, and the record cleared.
+    async fn recover_loads(&mut self) {
+        let vardir = &self.settings.vardir;
+        let Some(files) = PendingLoads::take(vardir) else {
+            return;
+        };
+        let settings = self.settings;
+        let present: Vec<(Mount, RelPath)> = files
+            .into_iter()
+            .filter(|(m, rel)| {
+                let root = match m {
+                    Mount::Plugins => Some(settings.libdir.as_path()),
+                    Mount::Pluginfacts => settings.factsdir.as_deref(),
+                };
+                root.is_some_and(|r| rel.to_path(r).is_file())
+            })
+            .collect();
+        tracing::info!(
+            files = present.len(),
+            "loading the files a killed run committed"
+        );
+        self.load_changed(&present).await;
+        PendingLoads::clear(vardir);
     }
 }
 

@@ -391,3 +391,163 @@ async fn failures_are_errors_sets_the_failure_bit() {
         "the sync itself completed"
     );
 }
+
+/// A loader with `mount = "pluginfacts"` loads a changed external fact
+/// from the factsdir; the plugins loaders never see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loader_matches_a_pluginfacts_file() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file(
+        "production",
+        "alpha",
+        "facts.d/role.sh",
+        "#!/bin/sh\necho role=web\n",
+        0o755,
+    );
+    tree.file(
+        "production",
+        "alpha",
+        "lib/facts/role.rb",
+        "# role\n",
+        0o644,
+    );
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let marks = tempfile::tempdir().unwrap();
+    let log = marks.path().join("loaded");
+    let config = format!(
+        r#"
+[load]
+enabled = true
+
+[[loader]]
+name = "facts"
+mount = "pluginfacts"
+match = "*.sh"
+kind = "command"
+command = ["sh", "-c", "echo \"facts $0\" >> {log}", "{{path}}"]
+
+[[loader]]
+name = "ruby"
+match = "**/*.sh"
+kind = "command"
+command = ["sh", "-c", "echo \"ruby $0\" >> {log}", "{{path}}"]
+"#,
+        log = log.display()
+    );
+    let home = AgentHome::new(&pki, &[master.url()], &config);
+    let run = home.sync(&["--format", "json"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let report: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    let l = loads(&report);
+    assert_eq!(l["pluginfacts/role.sh"], ("ok".into(), String::new()));
+    assert_eq!(l["plugins/facts/role.rb"].1, "not loaded (no loader)");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        format!("facts {}\n", home.factsdir().join("role.sh").display())
+    );
+}
+
+/// The agent is SIGKILLed after its commit, while its first load runs: the
+/// loader and the loader's own child die with it; the next run loads the
+/// files that run committed, once; the run after that loads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loads_survive_an_agent_killed_after_its_commit() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    for f in ["a.rb", "b.rb"] {
+        tree.file(
+            "production",
+            "alpha",
+            &format!("lib/loaders/{f}"),
+            format!("# {f}\n"),
+            0o644,
+        );
+    }
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let marks = tempfile::tempdir().unwrap();
+    let m = |f: &str| marks.path().join(f).display().to_string();
+    // While `block` exists the loader hangs, noting its pid and its child's.
+    let config = format!(
+        r#"
+[load]
+enabled = true
+
+[[loader]]
+name = "blocking"
+match = "loaders/*.rb"
+kind = "command"
+command = ["sh", "-c", "if [ -e {block} ]; then sleep 300 & echo $! > {child}; echo $$ > {pid}; wait; fi; echo \"$0\" >> {loaded}", "{{relpath}}"]
+timeout = "200s"
+"#,
+        block = m("block"),
+        child = m("child"),
+        pid = m("pid"),
+        loaded = m("loaded"),
+    );
+    std::fs::write(marks.path().join("block"), "").unwrap();
+    let home = AgentHome::new(&pki, &[master.url()], &config);
+    let mut agent = std::process::Command::new(pluginsync_tests::bin_path("pluginsync-agent"))
+        .args(["sync", "--config"])
+        .arg(home.path().join("agent.toml"))
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !marks.path().join("pid").exists() || !marks.path().join("child").exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the loader never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    agent.kill().unwrap(); // SIGKILL
+    agent.wait().unwrap();
+    let (pid, child) = (
+        std::fs::read_to_string(marks.path().join("pid")).unwrap(),
+        std::fs::read_to_string(marks.path().join("child")).unwrap(),
+    );
+    let gone = pluginsync_tests::wait_for(std::time::Duration::from_secs(5), || {
+        let (pid, child) = (pid.clone(), child.clone());
+        async move { (dead(&pid) && dead(&child)).then_some(()) }
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "loader {pid} and its child {child} outlived the killed agent"
+    );
+    assert!(home.libdir().join("loaders/b.rb").is_file(), "committed");
+    assert!(!marks.path().join("loaded").exists(), "nothing loaded yet");
+
+    std::fs::remove_file(marks.path().join("block")).unwrap();
+    let next = home.sync(&["--format", "json"]);
+    assert_eq!(next.code, 0, "{next:?}");
+    let report: serde_json::Value = serde_json::from_str(next.stdout.trim()).unwrap();
+    assert_eq!(
+        report["changes"].as_array().unwrap().len(),
+        0,
+        "nothing new"
+    );
+    let l = loads(&report);
+    assert_eq!(l.len(), 2, "{l:#?}");
+    assert!(l.values().all(|(s, _)| s == "ok"), "{l:#?}");
+    assert_eq!(
+        std::fs::read_to_string(marks.path().join("loaded")).unwrap(),
+        "loaders/a.rb\nloaders/b.rb\n",
+        "each committed file loaded once"
+    );
+    assert!(!home.vardir().join("pending_loads.json").exists());
+
+    let after = home.sync(&["--format", "json"]);
+    let report: serde_json::Value = serde_json::from_str(after.stdout.trim()).unwrap();
+    assert_eq!(report["loads"].as_array().unwrap().len(), 0);
+    assert_eq!(
+        std::fs::read_to_string(marks.path().join("loaded"))
+            .unwrap()
+            .lines()
+            .count(),
+        2
+    );
+}
