@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use sha2::Digest;
 
 /// An environmentpath in a tempdir.
 pub struct EnvTree {
@@ -130,7 +129,7 @@ impl EnvTree {
 
 /// Lowercase hex SHA-256.
 pub fn sha256_hex(data: &[u8]) -> String {
-    hex::encode(sha2::Sha256::digest(data))
+    pluginsync_common::digest::Sha256::of(data).to_hex()
 }
 
 /// A comparable picture of a tree: relative path → `dir <mode>`,
