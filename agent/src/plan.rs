@@ -11,8 +11,9 @@
 //!   remote file where a local directory stands replaces the directory (the
 //!   resource has `force`). A local symlink is replaced, never followed.
 //! - A file is written when missing or when its sha256 differs.
-//! - Modes: with `source_permissions = use`, the listing's `mode & 0o777`
-//!   is applied to new and existing entries; with `ignore`, new files get
+//! - Modes: with `source_permissions = use`, the listing's mode (already
+//!   `mode & 0o755`, [`crate::listing::MODE_MASK`]: never group- or
+//!   world-writable) is applied to new and existing entries; with `ignore`, new files get
 //!   0644 and new directories 0755, and existing modes stay.
 //! - Local entries the listing lacks are removed, the topmost only (a
 //!   directory's removal takes its subtree). Ignored names never reach here.

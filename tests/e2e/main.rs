@@ -5,6 +5,8 @@
 mod architecture;
 // Loading synced plugins after a sync: loaders as child processes, failures, versions, the report.
 mod agent_load;
+// The agent against hostile masters and trees: modes, control characters, foreign hosts, unbounded answers.
+mod agent_hostile;
 // The agent binary syncing from a master: mirroring, reports, purge, errors, noop, lock, failover.
 mod agent_sync;
 // Exit statuses of both binaries: usage errors (64), config errors (78), --help.
