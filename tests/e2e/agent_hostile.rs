@@ -6,8 +6,12 @@
 //! scripted [`FakeMaster`].
 
 use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
 
-use pluginsync_tests::{AgentHome, EnvTree, Pki, TestMaster, config_toml, parse_config};
+use pluginsync_tests::{
+    AgentHome, EnvTree, FakeMaster, Pki, TestMaster, config_toml, http_response, listing_json,
+    parse_config, tree_snapshot,
+};
 
 fn start(tree: &EnvTree, pki: &Pki) -> TestMaster {
     TestMaster::start(parse_config(&config_toml(&tree.envpath(), pki, "", "")))
@@ -52,4 +56,75 @@ async fn group_and_world_writable_modes_never_reach_the_node() {
     let run = home.sync(&[]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(mode(&lib.join("open/x.rb")), 0o644);
+}
+
+/// No control character of a run's output reaches the terminal: every
+/// line of stdout and stderr is printable, one line per thing.
+fn assert_printable(text: &str) {
+    assert!(
+        !text.chars().any(|c| c.is_control() && c != '\n'),
+        "control characters printed: {text:?}"
+    );
+}
+
+/// a file name with ESC and a newline is printed escaped on one line
+/// (no forged summary line, no cleared terminal); a master's error
+/// message with control characters likewise, on one stderr line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_and_messages_are_printed_escaped() {
+    let pki = Pki::new();
+    let name = "a\u{1b}[2J\npluginsync: 0 created, 9 updated.rb";
+    let body = listing_json(&[(name, Some(b"x"), 0o644)]);
+    let fake = FakeMaster::start(
+        &pki,
+        Arc::new(move |t: &str| {
+            if t.contains("/file_metadatas/") {
+                http_response("200 OK", "application/json", body.as_bytes())
+            } else {
+                http_response("200 OK", "application/octet-stream", b"x")
+            }
+        }),
+    );
+    let home = AgentHome::new(&pki, &[fake.url()], "");
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(home.libdir().join(name).exists());
+    assert_printable(&run.stdout);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "one change per mount and the summary: {lines:?}"
+    );
+    assert_eq!(
+        lines[1],
+        "created  plugins/a\\x1b[2J\\npluginsync: 0 created, 9 updated.rb"
+    );
+    // The report keeps the name as it is.
+    let report = home.run(&["report", "--format", "json"]);
+    assert!(report.stdout.contains("\\u001b[2J\\n"), "{}", report.stdout);
+
+    let message = serde_json::json!({
+        "message": "Forbidden: no\u{1b}]0;owned\u{7}\nerror: forged\r\u{9b}2J",
+        "issue_kind": "RUNTIME_ERROR",
+    })
+    .to_string();
+    let denying = FakeMaster::start(
+        &pki,
+        Arc::new(move |_t: &str| {
+            http_response("403 Forbidden", "application/json", message.as_bytes())
+        }),
+    );
+    let before = tree_snapshot(&home.libdir());
+    let run = home.sync(&["--server", &denying.url()]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_printable(&run.stderr);
+    assert_eq!(run.stderr.lines().count(), 1, "{:?}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("Forbidden: no\\x1b]0;owned\\x07\\nerror: forged\\r\\x9b2J"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(tree_snapshot(&home.libdir()), before);
 }
