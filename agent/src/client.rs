@@ -277,6 +277,10 @@ impl Client {
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(8)
+            // A 3xx is an answer, never a hop: the node's certificate and
+            // its requests go to the configured server only
+            // (docs/protocol.md §4.4).
+            .redirect(reqwest::redirect::Policy::none())
             .no_proxy();
         if let Some(crl) = &tls.crl {
             let crls =
@@ -384,10 +388,18 @@ impl Client {
                 Ok(r) => r,
                 Err(e) => return transient(&e),
             };
+            let offered = |name: &str| {
+                let value = header(&resp, name)?;
+                let path = same_origin_path(server, &value);
+                if path.is_none() {
+                    tracing::warn!(server = %server, header = %name, value = %value.escape_debug(), "not a path on this server, ignored");
+                }
+                path
+            };
             let origin = Origin {
                 server: server.to_owned(),
-                blobs: header(&resp, protocol::HEADER_BLOBS),
-                batch: header(&resp, protocol::HEADER_BLOB_BATCH),
+                blobs: offered(protocol::HEADER_BLOBS),
+                batch: offered(protocol::HEADER_BLOB_BATCH),
             };
             let etag = header(&resp, "etag");
             if resp.status() == StatusCode::NOT_MODIFIED && if_none_match.is_some() {
@@ -558,7 +570,22 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         let body = resp.bytes().await.unwrap_or_default();
+        if status.is_redirection() {
+            return Err(Attempt::Fatal(FetchError::Status {
+                server: server.to_owned(),
+                status: status.to_string(),
+                what: what.to_owned(),
+                message: format!(
+                    "redirect to {} not followed",
+                    location.as_deref().unwrap_or("nowhere")
+                ),
+            }));
+        }
         let message = serde_json::from_slice::<ApiErrorBody>(&body)
             .map(|b| b.message)
             .unwrap_or_else(|_| {
@@ -630,10 +657,69 @@ impl Client {
     }
 }
 
+/// `value` (an `X-Pluginsync-Blobs` or `X-Pluginsync-Blob-Batch` header)
+/// if it is an absolute path on `server` itself, else `None`: it starts
+/// with one `/`, has no `..` segment, no `@`, `\\`, `?`, `#`, scheme,
+/// space or control character, and `server` followed by it parses as a URL
+/// of the same origin with exactly that path. The agent's requests (and its
+/// client certificate) never go to a host a listing names
+/// (docs/protocol.md §7.3).
+pub fn same_origin_path(server: &str, value: &str) -> Option<String> {
+    let plain = value.starts_with('/')
+        && !value.starts_with("//")
+        && !value.contains("://")
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'@' | b'\\' | b'?' | b'#'))
+        && !value.split('/').any(|seg| seg == ".." || seg == ".");
+    if !plain {
+        return None;
+    }
+    let base = reqwest::Url::parse(server).ok()?;
+    let url = reqwest::Url::parse(&format!("{}{value}", server.trim_end_matches('/'))).ok()?;
+    (url.origin() == base.origin() && url.path() == value && url.username().is_empty())
+        .then(|| value.to_owned())
+}
+
 /// A request that failed before an answer: worth another attempt.
 fn transient<T>(e: &reqwest::Error) -> Attempt<T> {
     Attempt::Retry {
         detail: request_error(e),
         after: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blob_locations_are_paths_on_the_server_itself() {
+        let s = "https://puppet:8140";
+        for ok in [
+            "/pluginsync/v1/blobs",
+            "/pluginsync/v1/blobs/sha256/",
+            "/a%20b/",
+        ] {
+            assert_eq!(same_origin_path(s, ok).as_deref(), Some(ok), "{ok}");
+        }
+        for bad in [
+            "@127.0.0.1:9/x",
+            "/@127.0.0.1:9/x",
+            "//evil:443/x",
+            "https://evil/x",
+            "/x/../../y",
+            "/./x",
+            "x/y",
+            "",
+            "/a b",
+            "/a\\b",
+            "/a?b",
+            "/a#b",
+            "/a\u{1b}b",
+            "/a:b@evil/",
+        ] {
+            assert_eq!(same_origin_path(s, bad), None, "{bad:?}");
+        }
     }
 }

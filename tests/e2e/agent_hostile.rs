@@ -7,10 +7,11 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pluginsync_tests::{
-    AgentHome, EnvTree, FakeMaster, Pki, TestMaster, config_toml, http_response, listing_json,
-    parse_config, tree_snapshot,
+    AgentHome, EnvTree, FakeMaster, Listener, Pki, TestMaster, config_toml, http_response,
+    listing_json, parse_config, response_with, tree_snapshot,
 };
 
 fn start(tree: &EnvTree, pki: &Pki) -> TestMaster {
@@ -125,6 +126,85 @@ async fn names_and_messages_are_printed_escaped() {
             .contains("Forbidden: no\\x1b]0;owned\\x07\\nerror: forged\\r\\x9b2J"),
         "{}",
         run.stderr
+    );
+    assert_eq!(tree_snapshot(&home.libdir()), before);
+}
+
+/// A master offering two files; `headers` go on its listing answers.
+fn offering_master(
+    pki: &Pki,
+    headers: Vec<(&'static str, String)>,
+) -> (FakeMaster, Arc<AtomicUsize>) {
+    let body = listing_json(&[("a.rb", Some(b"a"), 0o644), ("b.rb", Some(b"b"), 0o644)]);
+    let requests = Arc::new(AtomicUsize::new(0));
+    let seen = requests.clone();
+    let fake = FakeMaster::start(
+        pki,
+        Arc::new(move |t: &str| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            if t.contains("/file_metadatas/") {
+                let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                response_with("200 OK", &h, body.as_bytes())
+            } else if t.contains("/file_content/") {
+                let content: &[u8] = if t.contains("a.rb") { b"a" } else { b"b" };
+                http_response("200 OK", "application/octet-stream", content)
+            } else {
+                http_response("404 Not Found", "text/plain", b"no")
+            }
+        }),
+    );
+    (fake, requests)
+}
+
+/// blob and batch locations that are not paths on the master itself
+/// are ignored (content comes from `file_content`), and no request goes to
+/// the host they name; a redirect is an error, never followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blob_locations_and_redirects_never_lead_to_another_host() {
+    let pki = Pki::new();
+    let elsewhere = Listener::start();
+    let port = elsewhere.port;
+    let (fake, _) = offering_master(
+        &pki,
+        vec![
+            ("Content-Type", "application/json".into()),
+            ("X-Pluginsync-Blob-Batch", format!("@127.0.0.1:{port}/x")),
+            ("X-Pluginsync-Blobs", format!("//127.0.0.1:{port}/b/")),
+        ],
+    );
+    let home = AgentHome::new(&pki, &[fake.url()], "");
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(std::fs::read(home.libdir().join("a.rb")).unwrap(), b"a");
+    assert_eq!(std::fs::read(home.libdir().join("b.rb")).unwrap(), b"b");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(
+        elsewhere.accepted(),
+        0,
+        "the agent connected to another port"
+    );
+
+    // A redirect to another (trusted, same CA) server is not followed.
+    let (other, other_requests) =
+        offering_master(&pki, vec![("Content-Type", "application/json".into())]);
+    let target = format!("{}/puppet/v3/file_metadatas/plugins", other.url());
+    let redirecting = FakeMaster::start(
+        &pki,
+        Arc::new(move |_t: &str| response_with("302 Found", &[("Location", &target)], b"")),
+    );
+    let before = tree_snapshot(&home.libdir());
+    let run = home.sync(&["--server", &redirecting.url()]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(run.stderr.lines().count(), 1, "{:?}", run.stderr);
+    assert!(
+        run.stderr.contains("302") && run.stderr.contains("not followed"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        other_requests.load(Ordering::SeqCst),
+        0,
+        "the redirect was followed"
     );
     assert_eq!(tree_snapshot(&home.libdir()), before);
 }
