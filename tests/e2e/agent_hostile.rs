@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use pluginsync_tests::{
-    AgentHome, EnvTree, FakeMaster, Listener, Pki, TestMaster, config_toml, http_response,
-    listing_json, parse_config, response_with, tree_snapshot,
+    AgentHome, EnvTree, FakeMaster, Listener, Pki, TestMaster, config_toml, gzip_zeros,
+    http_response, listing_json, parse_config, response_with, tree_snapshot,
 };
 
 fn start(tree: &EnvTree, pki: &Pki) -> TestMaster {
@@ -207,4 +207,54 @@ async fn blob_locations_and_redirects_never_lead_to_another_host() {
         "the redirect was followed"
     );
     assert_eq!(tree_snapshot(&home.libdir()), before);
+}
+
+/// a gzip bomb for a listing and a huge error body are each one error
+/// line, the destination untouched, and the agent's memory bounded (it
+/// runs with a 768 MiB data limit; the bomb inflates to 1 GiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_bomb_and_a_huge_error_body_are_refused_with_one_line() {
+    let pki = Pki::new();
+    let bomb = Arc::new(gzip_zeros(1 << 30));
+    let bombing = {
+        let bomb = bomb.clone();
+        FakeMaster::start(
+            &pki,
+            Arc::new(move |_t: &str| {
+                response_with(
+                    "200 OK",
+                    &[
+                        ("Content-Type", "application/json"),
+                        ("Content-Encoding", "gzip"),
+                    ],
+                    &bomb,
+                )
+            }),
+        )
+    };
+    let error_bomb = FakeMaster::start(
+        &pki,
+        Arc::new(move |_t: &str| {
+            response_with(
+                "403 Forbidden",
+                &[("Content-Type", "text/plain"), ("Content-Encoding", "gzip")],
+                &bomb,
+            )
+        }),
+    );
+    let home = AgentHome::new(&pki, &["https://localhost:1".into()], "");
+    std::fs::create_dir_all(home.libdir()).unwrap();
+    std::fs::write(home.libdir().join("keep.rb"), "kept").unwrap();
+    let before = tree_snapshot(&home.libdir());
+    for (fake, expect) in [(&bombing, "larger than 256 MiB"), (&error_bomb, "403")] {
+        let run = home.sync_with_data_limit(&["--server", &fake.url()], 768 << 20);
+        assert_eq!(run.code, 1, "{expect}: {run:?}");
+        assert_eq!(run.stderr.lines().count(), 1, "{expect}: {:?}", run.stderr);
+        assert!(
+            run.stderr.starts_with("error: ") && run.stderr.contains(expect),
+            "{expect}: {}",
+            run.stderr
+        );
+        assert_eq!(tree_snapshot(&home.libdir()), before, "{expect}");
+    }
 }
