@@ -14,14 +14,16 @@
 //! ([`remember`]). Everything here is a hint: a missing or unreadable cache
 //! only makes the run slower, a stale stat never hides a changed file (the
 //! stat would differ), and nothing from the cache overrides a listing's
-//! checksum. Files are written with
-//! [`pluginsync_common::fsutil::write_atomic`].
+//! checksum. Files are replaced atomically but not fsynced
+//! ([`pluginsync_common::fsutil::replace_atomic`]): a cache lost in a crash
+//! costs one slower run, while two fsyncs per file cost every changed run
+//! (BENCHMARKS.md).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use pluginsync_common::fsutil::write_atomic;
+use pluginsync_common::fsutil::replace_atomic;
 use pluginsync_common::protocol::Mount;
 use serde::{Deserialize, Serialize};
 
@@ -137,7 +139,7 @@ impl MountCache {
     pub fn save(&self, vardir: &Path, mount: Mount, listing: Option<&[u8]>) -> std::io::Result<()> {
         let dir = Self::dir(vardir);
         std::fs::create_dir_all(&dir)?;
-        let write = |name: String, bytes: &[u8]| write_atomic(&dir.join(name), bytes, 0o600);
+        let write = |name: String, bytes: &[u8]| replace_atomic(&dir.join(name), bytes, 0o600);
         if let Some(body) = listing {
             write(format!("{mount}.listing.json"), body)?;
         }

@@ -277,6 +277,10 @@ impl Client {
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(8)
+            // A 3xx is an answer, never a hop: the node's certificate and
+            // its requests go to the configured server only
+            // (docs/protocol.md §4.4).
+            .redirect(reqwest::redirect::Policy::none())
             .no_proxy();
         if let Some(crl) = &tls.crl {
             let crls =
@@ -384,10 +388,18 @@ impl Client {
                 Ok(r) => r,
                 Err(e) => return transient(&e),
             };
+            let offered = |name: &str| {
+                let value = header(&resp, name)?;
+                let path = same_origin_path(server, &value);
+                if path.is_none() {
+                    tracing::warn!(server = %server, header = %name, value = %value.escape_debug(), "not a path on this server, ignored");
+                }
+                path
+            };
             let origin = Origin {
                 server: server.to_owned(),
-                blobs: header(&resp, protocol::HEADER_BLOBS),
-                batch: header(&resp, protocol::HEADER_BLOB_BATCH),
+                blobs: offered(protocol::HEADER_BLOBS),
+                batch: offered(protocol::HEADER_BLOB_BATCH),
             };
             let etag = header(&resp, "etag");
             if resp.status() == StatusCode::NOT_MODIFIED && if_none_match.is_some() {
@@ -400,15 +412,22 @@ impl Client {
                 Ok(r) => r,
                 Err(a) => return a,
             };
-            match resp.bytes().await {
-                Ok(b) => Attempt::Done((
+            match read_capped(resp, MAX_LISTING_BYTES).await {
+                (b, Ok(true)) => Attempt::Done((
                     origin,
                     ListingAnswer {
                         body: Some(b),
                         etag,
                     },
                 )),
-                Err(e) => transient(&e),
+                (_, Ok(false)) => Attempt::Fatal(FetchError::Malformed {
+                    server: server.to_owned(),
+                    detail: format!(
+                        "the {mount} listing is larger than {} MiB (inflated); refused",
+                        MAX_LISTING_BYTES >> 20
+                    ),
+                }),
+                (_, Err(e)) => transient(&e),
             }
         };
         self.retrying(server, &what, attempt, |detail| FetchError::Unreachable {
@@ -418,12 +437,16 @@ impl Client {
         .await
     }
 
-    /// Parses a listing body.
+    /// Parses a listing body: a JSON array of at most
+    /// [`MAX_LISTING_ENTRIES`] metadata objects (refused as soon as the one
+    /// after the last allowed is read, before it is kept).
     pub fn parse_listing(server: &str, body: &[u8]) -> Result<Vec<FileMetadata>, FetchError> {
-        serde_json::from_slice::<Vec<FileMetadata>>(body).map_err(|e| FetchError::Malformed {
-            server: server.to_owned(),
-            detail: e.to_string(),
-        })
+        serde_json::from_slice::<Capped>(body)
+            .map(|c| c.0)
+            .map_err(|e| FetchError::Malformed {
+                server: server.to_owned(),
+                detail: e.to_string(),
+            })
     }
 
     /// Asks `src`'s batch endpoint for `hashes`; returns the body to read
@@ -558,7 +581,22 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let body = resp.bytes().await.unwrap_or_default();
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let body = read_capped(resp, MAX_ERROR_BODY).await.0;
+        if status.is_redirection() {
+            return Err(Attempt::Fatal(FetchError::Status {
+                server: server.to_owned(),
+                status: status.to_string(),
+                what: what.to_owned(),
+                message: format!(
+                    "redirect to {} not followed",
+                    location.as_deref().unwrap_or("nowhere")
+                ),
+            }));
+        }
         let message = serde_json::from_slice::<ApiErrorBody>(&body)
             .map(|b| b.message)
             .unwrap_or_else(|_| {
@@ -630,10 +668,149 @@ impl Client {
     }
 }
 
+/// `value` (an `X-Pluginsync-Blobs` or `X-Pluginsync-Blob-Batch` header)
+/// if it is an absolute path on `server` itself, else `None`: it starts
+/// with one `/`, has no `..` segment, no `@`, `\\`, `?`, `#`, scheme,
+/// space or control character, and `server` followed by it parses as a URL
+/// of the same origin with exactly that path. The agent's requests (and its
+/// client certificate) never go to a host a listing names
+/// (docs/protocol.md §7.3).
+pub fn same_origin_path(server: &str, value: &str) -> Option<String> {
+    let plain = value.starts_with('/')
+        && !value.starts_with("//")
+        && !value.contains("://")
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'@' | b'\\' | b'?' | b'#'))
+        && !value.split('/').any(|seg| seg == ".." || seg == ".");
+    if !plain {
+        return None;
+    }
+    let base = reqwest::Url::parse(server).ok()?;
+    let url = reqwest::Url::parse(&format!("{}{value}", server.trim_end_matches('/'))).ok()?;
+    (url.origin() == base.origin() && url.path() == value && url.username().is_empty())
+        .then(|| value.to_owned())
+}
+
+/// The most bytes of a listing body the agent reads, after gzip is undone
+/// (docs/protocol.md §4.3): a real listing of 100,000 entries is ~40 MiB.
+pub const MAX_LISTING_BYTES: usize = 256 << 20;
+
+/// The most entries a listing may have (docs/protocol.md §4.3).
+pub const MAX_LISTING_ENTRIES: usize = 250_000;
+
+/// The most bytes of an error answer's body read for its message; the rest
+/// is dropped with the connection.
+pub const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// Reads `resp`'s body (inflated, when the master gzipped it) up to `cap`
+/// bytes. `Ok(false)` with what was read when there was more: the rest is
+/// never read (the connection is dropped), so a gzip bomb or an endless
+/// body costs at most `cap` bytes of memory.
+async fn read_capped(
+    mut resp: reqwest::Response,
+    cap: usize,
+) -> (Bytes, Result<bool, reqwest::Error>) {
+    let mut body = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > cap {
+                    let room = cap - body.len();
+                    body.extend_from_slice(&chunk[..room]);
+                    return (Bytes::from(body), Ok(false));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return (Bytes::from(body), Ok(true)),
+            Err(e) => return (Bytes::from(body), Err(e)),
+        }
+    }
+}
+
+/// A listing of at most [`MAX_LISTING_ENTRIES`] entries.
+struct Capped(Vec<FileMetadata>);
+
+impl<'de> serde::Deserialize<'de> for Capped {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Capped, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Capped;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON array of file metadata")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Capped, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+                while let Some(m) = seq.next_element::<FileMetadata>()? {
+                    if out.len() == MAX_LISTING_ENTRIES {
+                        return Err(serde::de::Error::custom(format!(
+                            "more than {MAX_LISTING_ENTRIES} entries; refused"
+                        )));
+                    }
+                    out.push(m);
+                }
+                Ok(Capped(out))
+            }
+        }
+        d.deserialize_seq(Visitor)
+    }
+}
+
 /// A request that failed before an answer: worth another attempt.
 fn transient<T>(e: &reqwest::Error) -> Attempt<T> {
     Attempt::Retry {
         detail: request_error(e),
         after: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blob_locations_are_paths_on_the_server_itself() {
+        let s = "https://puppet:8140";
+        for ok in [
+            "/pluginsync/v1/blobs",
+            "/pluginsync/v1/blobs/sha256/",
+            "/a%20b/",
+        ] {
+            assert_eq!(same_origin_path(s, ok).as_deref(), Some(ok), "{ok}");
+        }
+        for bad in [
+            "@127.0.0.1:9/x",
+            "/@127.0.0.1:9/x",
+            "//evil:443/x",
+            "https://evil/x",
+            "/x/../../y",
+            "/./x",
+            "x/y",
+            "",
+            "/a b",
+            "/a\\b",
+            "/a?b",
+            "/a#b",
+            "/a\u{1b}b",
+            "/a:b@evil/",
+        ] {
+            assert_eq!(same_origin_path(s, bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_listing_with_too_many_entries_is_refused() {
+        let entry = r#"{"path":"/m","relative_path":".","links":"follow","owner":0,"group":0,"mode":493,"checksum":{"type":"ctime","value":"{ctime}x"},"type":"directory","destination":null}"#;
+        let body = |n: usize| format!("[{}]", vec![entry; n].join(","));
+        let ok = Client::parse_listing("s", body(MAX_LISTING_ENTRIES).as_bytes()).unwrap();
+        assert_eq!(ok.len(), MAX_LISTING_ENTRIES);
+        let e = Client::parse_listing("s", body(MAX_LISTING_ENTRIES + 1).as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("more than 250000 entries"), "{e}");
+        assert!(Client::parse_listing("s", b"{}").is_err());
     }
 }

@@ -14,6 +14,13 @@ use pluginsync_common::ignore::IgnoreSet;
 use pluginsync_common::metadata::{FileMetadata, FileType};
 use pluginsync_common::relpath::RelPath;
 
+/// The permission bits a listing's `mode` is reduced to (docs/protocol.md
+/// §4.3, §4.5): read and execute stay as the master lists them, the owner
+/// may write, and nothing becomes group- or world-writable, setuid, setgid
+/// or sticky. A 0777 directory or a 0666 file on a master's code tree is
+/// code root runs on every node: it arrives as 0755 or 0644.
+pub const MODE_MASK: u32 = 0o755;
+
 /// The name of the agent's staging directory inside each destination;
 /// reserved, never synced or purged.
 pub const STAGING_DIR: &str = ".pluginsync-staging";
@@ -35,7 +42,7 @@ pub enum RemoteKind {
 pub struct RemoteEntry {
     /// File or directory.
     pub kind: RemoteKind,
-    /// Permission bits from the listing, `mode & 0o777`.
+    /// Permission bits from the listing, `mode & MODE_MASK`.
     pub mode: u32,
 }
 
@@ -92,7 +99,7 @@ pub fn validate(
             if m.kind != FileType::Directory {
                 return Err(ListingError::RootNotDir);
             }
-            root_mode = Some(m.mode & 0o777);
+            root_mode = Some(m.mode & MODE_MASK);
             continue;
         }
         if rel.segments().next() == Some(STAGING_DIR) {
@@ -134,7 +141,7 @@ pub fn validate(
                 rel,
                 RemoteEntry {
                     kind,
-                    mode: m.mode & 0o777,
+                    mode: m.mode & MODE_MASK,
                 },
             )
             .is_some()
@@ -208,6 +215,18 @@ mod tests {
         assert_eq!(t.root_mode, 0o755);
         assert_eq!(t.entries.len(), 2);
         assert!(t.entries.values().all(|e| e.mode == 0o755));
+    }
+
+    #[test]
+    fn group_and_world_write_never_come_from_a_listing() {
+        let mut l = ok_listing();
+        l[0].mode = 0o40777;
+        l[1].mode = 0o42777;
+        l[2].mode = 0o104666;
+        let t = validate(l, &ignore()).unwrap();
+        assert_eq!(t.root_mode, 0o755);
+        let modes: Vec<u32> = t.entries.values().map(|e| e.mode).collect();
+        assert_eq!(modes, [0o755, 0o644]);
     }
 
     #[test]

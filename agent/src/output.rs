@@ -1,6 +1,11 @@
 //! What `pluginsync-agent` prints on stdout and stderr: the report (text or
 //! JSON), the `plugins` table, load failures and error lines.
 //!
+//! Every line is made of text from outside (names from a listing or the
+//! disk, a master's error messages, a loader's output): it goes through
+//! [`escape`] first, so it stays one line and sends no control sequence to
+//! a terminal or a cron mail.
+//!
 //! Writes to a closed stdout or stderr (`pluginsync-agent sync | head`) are
 //! dropped instead of panicking: the sync has happened and its exit status
 //! must still say how it went.
@@ -10,16 +15,17 @@ use std::io::Write;
 use crate::cli::Format;
 use crate::load::{LoadStatus, Loaders};
 use crate::plugins::Registry;
-use crate::report::Report;
+use crate::report::{Report, escape};
 
 /// Writes `text` to stdout, ignoring a reader that went away.
 pub fn stdout(text: &str) {
     let _unread = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
-/// Writes `line` and a newline to stderr, ignoring a reader that went away.
+/// Writes `line`, escaped ([`escape`]: it stays one line), and a newline to
+/// stderr, ignoring a reader that went away.
 pub fn stderr_line(line: &str) {
-    let _unread = writeln!(std::io::stderr().lock(), "{line}");
+    let _unread = writeln!(std::io::stderr().lock(), "{}", escape(line));
 }
 
 /// The one line an error becomes.
@@ -61,8 +67,8 @@ pub fn last_report(r: &Report, format: Format) {
     if format == Format::Text && r.changes.is_empty() && r.failures.is_empty() {
         stdout(&format!(
             "no changes in the last run ({}, {})\n",
-            r.environment,
-            r.error.as_deref().unwrap_or("ok")
+            escape(&r.environment),
+            escape(r.error.as_deref().unwrap_or("ok"))
         ));
     }
 }
@@ -93,11 +99,11 @@ pub fn plugins(registry: &Registry, loaders: &Loaders, format: Format) {
             };
             out.push_str(&format!(
                 "{:<24} {:<14} {:<6} {:<9} {}\n",
-                name,
-                r.version,
+                escape(name),
+                escape(&r.version.to_string()),
                 format!("x{}", r.api_version),
                 status,
-                r.path
+                escape(&r.path)
             ));
         }
     }

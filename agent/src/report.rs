@@ -7,6 +7,7 @@
 //! (not `--noop`) also writes it to `<vardir>/last_run_report.json`,
 //! atomically, for `pluginsync-agent report`.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use pluginsync_common::fsutil::write_atomic;
@@ -14,6 +15,37 @@ use serde::{Deserialize, Serialize};
 
 use crate::load::{LoadEntry, LoadStatus};
 use crate::plan::ChangeKind;
+
+/// Text from outside (file names, a master's messages, a loader's output)
+/// made safe for a terminal, a log or a cron mail: every control character
+/// (C0, DEL, C1) and every bidirectional formatting character becomes a
+/// visible escape (`\n`, `\r`, `\t`, `\x1b`, `\u{202e}`), so a name can
+/// neither end a line (and forge a summary after it) nor send escape
+/// sequences to a terminal. The one function every line the agent prints
+/// goes through (`report.rs` for the text report, `output.rs` for the rest).
+pub fn escape(text: &str) -> Cow<'_, str> {
+    fn unsafe_char(c: char) -> bool {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    }
+    if !text.chars().any(unsafe_char) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if unsafe_char(c) && (c as u32) < 0x100 => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
 
 /// One change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,13 +99,20 @@ pub struct Report {
 
 impl Report {
     /// The text report: empty when nothing changed and nothing failed.
+    /// Every field from outside goes through [`escape`]: one line per
+    /// change, whatever its name.
     pub fn text(&self) -> String {
         let mut out = String::new();
         for c in &self.changes {
-            out.push_str(&format!("{:<8} {}\n", c.action.as_str(), c.path));
+            out.push_str(&format!("{:<8} {}\n", c.action.as_str(), escape(&c.path)));
         }
         for f in &self.failures {
-            out.push_str(&format!("{:<8} {}: {}\n", "failed", f.path, f.error));
+            out.push_str(&format!(
+                "{:<8} {}: {}\n",
+                "failed",
+                escape(&f.path),
+                escape(&f.error)
+            ));
         }
         if self.changes.is_empty() && self.failures.is_empty() {
             return out;
@@ -97,8 +136,8 @@ impl Report {
             count(ChangeKind::Mode),
             self.failures.len(),
             self.unchanged,
-            self.environment,
-            self.server.as_deref().unwrap_or("no server"),
+            escape(&self.environment),
+            escape(self.server.as_deref().unwrap_or("no server")),
             self.duration_ms as f64 / 1000.0,
             if self.noop { "; nothing was changed" } else { "" },
         ));
@@ -173,6 +212,27 @@ mod tests {
             "pluginsync: 1 created, 0 updated, 0 removed, 1 mode, 0 failed, 3 unchanged"
         ));
         assert_eq!(lines.len(), 3);
+    }
+
+    #[test]
+    fn names_and_messages_cannot_forge_lines_or_reach_the_terminal() {
+        let mut r = report(vec![Change {
+            path: "plugins/a\u{1b}[2J\npluginsync: 0 created\u{202e}.rb".into(),
+            action: ChangeKind::Created,
+            file: "/l/x".into(),
+        }]);
+        r.failures.push(Failure {
+            path: "plugins/b\rc".into(),
+            error: "boom\u{7}\u{9b}31m\tend".into(),
+        });
+        let t = r.text();
+        assert_eq!(t.lines().count(), 3, "{t}");
+        assert!(t.starts_with(
+            "created  plugins/a\\x1b[2J\\npluginsync: 0 created\\u{202e}.rb\n\
+             failed   plugins/b\\rc: boom\\x07\\x9b31m\\tend\n"
+        ));
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'));
+        assert!(matches!(escape("plain é ✓"), Cow::Borrowed(_)));
     }
 
     #[test]

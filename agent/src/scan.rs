@@ -91,12 +91,8 @@ impl LocalTree {
                 s.dev
             ));
         }
-        hex_lower(&pluginsync_common::checksum::sha256_bytes(text.as_bytes()))
+        pluginsync_common::digest::Sha256::of(text.as_bytes()).to_hex()
     }
-}
-
-fn hex_lower(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Scans `dest` (stat only); see the module docs.

@@ -7,6 +7,8 @@ mod architecture;
 mod agent_load;
 // Describe loaders in the other plugin systems' layouts (Terraform): identity, versions, roots, local builds.
 mod agent_layouts;
+// The agent against hostile masters and trees: modes, control characters, foreign hosts, unbounded answers.
+mod agent_hostile;
 // The agent binary syncing from a master: mirroring, reports, purge, errors, noop, lock, failover.
 mod agent_sync;
 // Exit statuses of both binaries: usage errors (64), config errors (78), --help.

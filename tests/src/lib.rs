@@ -21,6 +21,9 @@
 //!   and directories in a tempdir; [`AgentRun`], what one run did.
 //! - `fake`: [`FakeMaster`], a scripted TLS server for answers a real
 //!   master never gives ([`Responder`], [`http_response`]); [`closed_port`].
+//! - `hostile`: for hostile-master tests of the agent: [`response_with`]
+//!   (extra headers), [`Listener`] (counts connections to a port),
+//!   [`listing_json`], [`gzip_zeros`].
 //! - `process`: [`bin_path`] and [`repo_root`]; real peers on PATH or a
 //!   skip ([`which`], [`require`], [`skipped`]); [`run_logged`] runs a
 //!   command under a time limit ([`Finished`]).
@@ -35,6 +38,7 @@ mod agent;
 mod client;
 mod conn;
 mod fake;
+mod hostile;
 mod master;
 mod pki;
 mod process;
@@ -48,6 +52,7 @@ pub use conn::{
     tls_config, tls_connect, write_root_crl,
 };
 pub use fake::{FakeMaster, Responder, closed_port, http_response};
+pub use hostile::{Listener, gzip_zeros, listing_json, response_with};
 pub use master::{MasterProcess, TestMaster, config_toml, parse_config};
 pub use pki::{AGENTS, Pki};
 pub use process::{Finished, bin_path, repo_root, require, run_logged, skipped, which};

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-
 /// An environmentpath in a tempdir.
 pub struct EnvTree {
     dir: tempfile::TempDir,

@@ -1,0 +1,260 @@
+//! The agent against masters and trees that try to hurt the node (issue
+//! 17, findings A-1…): modes that would make root's code writable by
+//! others, names and messages made of terminal control characters, blob
+//! locations pointing at other hosts, answers too large to buffer. Every
+//! run is the real `pluginsync-agent` binary against a real master or a
+//! scripted [`FakeMaster`].
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use pluginsync_tests::{
+    AgentHome, EnvTree, FakeMaster, Listener, Pki, TestMaster, config_toml, gzip_zeros,
+    http_response, listing_json, parse_config, response_with, tree_snapshot,
+};
+
+fn start(tree: &EnvTree, pki: &Pki) -> TestMaster {
+    TestMaster::start(parse_config(&config_toml(&tree.envpath(), pki, "", "")))
+}
+
+fn mode(p: &std::path::Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// a 0777 directory and a 0666 fact on the master's tree arrive as
+/// 0755 and 0644 (docs/protocol.md §4.5); executables stay executable; a
+/// local world-writable file is fixed on the next run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_and_world_writable_modes_never_reach_the_node() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.dir("production", "alpha", "lib/open", 0o777);
+    tree.file("production", "alpha", "lib/open/x.rb", "x\n", 0o666);
+    tree.file(
+        "production",
+        "alpha",
+        "lib/open/run.sh",
+        "#!/bin/sh\n",
+        0o777,
+    );
+    tree.dir("production", "alpha", "facts.d", 0o777);
+    tree.file("production", "alpha", "facts.d/f.txt", "a=1\n", 0o666);
+    let master = start(&tree, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let (lib, facts) = (home.libdir(), home.factsdir());
+    assert_eq!(mode(&lib.join("open")), 0o755);
+    assert_eq!(mode(&lib.join("open/x.rb")), 0o644);
+    assert_eq!(mode(&lib.join("open/run.sh")), 0o755);
+    assert_eq!(mode(&facts.join("f.txt")), 0o644);
+    // A local file made world-writable is put back by the next run.
+    std::fs::set_permissions(
+        lib.join("open/x.rb"),
+        std::fs::Permissions::from_mode(0o666),
+    )
+    .unwrap();
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(mode(&lib.join("open/x.rb")), 0o644);
+}
+
+/// No control character of a run's output reaches the terminal: every
+/// line of stdout and stderr is printable, one line per thing.
+fn assert_printable(text: &str) {
+    assert!(
+        !text.chars().any(|c| c.is_control() && c != '\n'),
+        "control characters printed: {text:?}"
+    );
+}
+
+/// a file name with ESC and a newline is printed escaped on one line
+/// (no forged summary line, no cleared terminal); a master's error
+/// message with control characters likewise, on one stderr line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_and_messages_are_printed_escaped() {
+    let pki = Pki::new();
+    let name = "a\u{1b}[2J\npluginsync: 0 created, 9 updated.rb";
+    let body = listing_json(&[(name, Some(b"x"), 0o644)]);
+    let fake = FakeMaster::start(
+        &pki,
+        Arc::new(move |t: &str| {
+            if t.contains("/file_metadatas/") {
+                http_response("200 OK", "application/json", body.as_bytes())
+            } else {
+                http_response("200 OK", "application/octet-stream", b"x")
+            }
+        }),
+    );
+    let home = AgentHome::new(&pki, &[fake.url()], "");
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(home.libdir().join(name).exists());
+    assert_printable(&run.stdout);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "one change per mount and the summary: {lines:?}"
+    );
+    assert_eq!(
+        lines[1],
+        "created  plugins/a\\x1b[2J\\npluginsync: 0 created, 9 updated.rb"
+    );
+    // The report keeps the name as it is.
+    let report = home.run(&["report", "--format", "json"]);
+    assert!(report.stdout.contains("\\u001b[2J\\n"), "{}", report.stdout);
+
+    let message = serde_json::json!({
+        "message": "Forbidden: no\u{1b}]0;owned\u{7}\nerror: forged\r\u{9b}2J",
+        "issue_kind": "RUNTIME_ERROR",
+    })
+    .to_string();
+    let denying = FakeMaster::start(
+        &pki,
+        Arc::new(move |_t: &str| {
+            http_response("403 Forbidden", "application/json", message.as_bytes())
+        }),
+    );
+    let before = tree_snapshot(&home.libdir());
+    let run = home.sync(&["--server", &denying.url()]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_printable(&run.stderr);
+    assert_eq!(run.stderr.lines().count(), 1, "{:?}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("Forbidden: no\\x1b]0;owned\\x07\\nerror: forged\\r\\x9b2J"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(tree_snapshot(&home.libdir()), before);
+}
+
+/// A master offering two files; `headers` go on its listing answers.
+fn offering_master(
+    pki: &Pki,
+    headers: Vec<(&'static str, String)>,
+) -> (FakeMaster, Arc<AtomicUsize>) {
+    let body = listing_json(&[("a.rb", Some(b"a"), 0o644), ("b.rb", Some(b"b"), 0o644)]);
+    let requests = Arc::new(AtomicUsize::new(0));
+    let seen = requests.clone();
+    let fake = FakeMaster::start(
+        pki,
+        Arc::new(move |t: &str| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            if t.contains("/file_metadatas/") {
+                let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                response_with("200 OK", &h, body.as_bytes())
+            } else if t.contains("/file_content/") {
+                let content: &[u8] = if t.contains("a.rb") { b"a" } else { b"b" };
+                http_response("200 OK", "application/octet-stream", content)
+            } else {
+                http_response("404 Not Found", "text/plain", b"no")
+            }
+        }),
+    );
+    (fake, requests)
+}
+
+/// blob and batch locations that are not paths on the master itself
+/// are ignored (content comes from `file_content`), and no request goes to
+/// the host they name; a redirect is an error, never followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blob_locations_and_redirects_never_lead_to_another_host() {
+    let pki = Pki::new();
+    let elsewhere = Listener::start();
+    let port = elsewhere.port;
+    let (fake, _) = offering_master(
+        &pki,
+        vec![
+            ("Content-Type", "application/json".into()),
+            ("X-Pluginsync-Blob-Batch", format!("@127.0.0.1:{port}/x")),
+            ("X-Pluginsync-Blobs", format!("//127.0.0.1:{port}/b/")),
+        ],
+    );
+    let home = AgentHome::new(&pki, &[fake.url()], "");
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(std::fs::read(home.libdir().join("a.rb")).unwrap(), b"a");
+    assert_eq!(std::fs::read(home.libdir().join("b.rb")).unwrap(), b"b");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(
+        elsewhere.accepted(),
+        0,
+        "the agent connected to another port"
+    );
+
+    // A redirect to another (trusted, same CA) server is not followed.
+    let (other, other_requests) =
+        offering_master(&pki, vec![("Content-Type", "application/json".into())]);
+    let target = format!("{}/puppet/v3/file_metadatas/plugins", other.url());
+    let redirecting = FakeMaster::start(
+        &pki,
+        Arc::new(move |_t: &str| response_with("302 Found", &[("Location", &target)], b"")),
+    );
+    let before = tree_snapshot(&home.libdir());
+    let run = home.sync(&["--server", &redirecting.url()]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(run.stderr.lines().count(), 1, "{:?}", run.stderr);
+    assert!(
+        run.stderr.contains("302") && run.stderr.contains("not followed"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        other_requests.load(Ordering::SeqCst),
+        0,
+        "the redirect was followed"
+    );
+    assert_eq!(tree_snapshot(&home.libdir()), before);
+}
+
+/// a gzip bomb for a listing and a huge error body are each one error
+/// line, the destination untouched, and the agent's memory bounded (it
+/// runs with a 768 MiB data limit; the bomb inflates to 1 GiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_bomb_and_a_huge_error_body_are_refused_with_one_line() {
+    let pki = Pki::new();
+    let bomb = Arc::new(gzip_zeros(1 << 30));
+    let bombing = {
+        let bomb = bomb.clone();
+        FakeMaster::start(
+            &pki,
+            Arc::new(move |_t: &str| {
+                response_with(
+                    "200 OK",
+                    &[
+                        ("Content-Type", "application/json"),
+                        ("Content-Encoding", "gzip"),
+                    ],
+                    &bomb,
+                )
+            }),
+        )
+    };
+    let error_bomb = FakeMaster::start(
+        &pki,
+        Arc::new(move |_t: &str| {
+            response_with(
+                "403 Forbidden",
+                &[("Content-Type", "text/plain"), ("Content-Encoding", "gzip")],
+                &bomb,
+            )
+        }),
+    );
+    let home = AgentHome::new(&pki, &["https://localhost:1".into()], "");
+    std::fs::create_dir_all(home.libdir()).unwrap();
+    std::fs::write(home.libdir().join("keep.rb"), "kept").unwrap();
+    let before = tree_snapshot(&home.libdir());
+    for (fake, expect) in [(&bombing, "larger than 256 MiB"), (&error_bomb, "403")] {
+        let run = home.sync_with_data_limit(&["--server", &fake.url()], 768 << 20);
+        assert_eq!(run.code, 1, "{expect}: {run:?}");
+        assert_eq!(run.stderr.lines().count(), 1, "{expect}: {:?}", run.stderr);
+        assert!(
+            run.stderr.starts_with("error: ") && run.stderr.contains(expect),
+            "{expect}: {}",
+            run.stderr
+        );
+        assert_eq!(tree_snapshot(&home.libdir()), before, "{expect}");
+    }
+}

@@ -1,0 +1,138 @@
+//! Helpers for hostile-master tests of the agent: [`response_with`], a raw
+//! answer with extra headers; [`Listener`], a port that counts who
+//! connects to it; [`listing_json`], a listing body from entries; and
+//! [`gzip_zeros`], a gzip bomb; `AgentHome::sync_with_data_limit`, a run
+//! with bounded memory.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A raw HTTP/1.1 response with `Connection: close`, a `Content-Length`
+/// and the extra `headers`.
+pub fn response_with(status: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut head = format!("HTTP/1.1 {status}\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    ));
+    let mut r = head.into_bytes();
+    r.extend_from_slice(body);
+    r
+}
+
+/// A listener on 127.0.0.1 that accepts and counts connections (and closes
+/// them), until dropped.
+pub struct Listener {
+    /// Its port.
+    pub port: u16,
+    accepted: Arc<AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Listener {
+    /// Starts listening.
+    pub fn start() -> Listener {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.set_nonblocking(true).expect("nonblocking");
+        let port = l.local_addr().expect("addr").port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (a, s) = (accepted.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok(_) => {
+                        a.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
+                }
+            }
+        });
+        Listener {
+            port,
+            accepted,
+            stop,
+        }
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A listing body: `"."` (0755) and `entries` as (relative path, content
+/// or `None` for a directory, mode).
+pub fn listing_json(entries: &[(&str, Option<&[u8]>, u32)]) -> String {
+    let one = |rel: &str, content: Option<&[u8]>, mode: u32| {
+        let (kind, sum) = match content {
+            Some(c) => (
+                "file",
+                format!(
+                    r#"{{"type":"sha256","value":"{{sha256}}{}"}}"#,
+                    crate::sha256_hex(c)
+                ),
+            ),
+            None => (
+                "directory",
+                r#"{"type":"ctime","value":"{ctime}x"}"#.to_owned(),
+            ),
+        };
+        format!(
+            r#"{{"path":"/m","relative_path":{},"links":"follow","owner":0,"group":0,"mode":{mode},"checksum":{sum},"type":"{kind}","destination":null}}"#,
+            serde_json::to_string(rel).expect("json string")
+        )
+    };
+    let mut all = vec![one(".", None, 0o755)];
+    all.extend(entries.iter().map(|(r, c, m)| one(r, *c, *m)));
+    format!("[{}]", all.join(","))
+}
+
+/// `n` zero bytes, gzipped (about `n / 1000` bytes).
+pub fn gzip_zeros(n: usize) -> Vec<u8> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let block = vec![0u8; 1 << 20];
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(block.len());
+        gz.write_all(&block[..k]).expect("gzip");
+        left -= k;
+    }
+    gz.finish().expect("gzip")
+}
+
+impl crate::AgentHome {
+    /// Runs `sync <flags>` with the agent's data segment (heap and
+    /// anonymous mappings, `RLIMIT_DATA`) limited to `bytes`: an agent that
+    /// buffers more fails to allocate and dies instead of finishing.
+    pub fn sync_with_data_limit(&self, flags: &[&str], bytes: u64) -> crate::AgentRun {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -d {}; exec \"$0\" \"$@\"", bytes / 1024))
+            .arg(crate::bin_path("pluginsync-agent"))
+            .arg("sync")
+            .args(flags)
+            .arg("--config")
+            .arg(self.path().join("agent.toml"))
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run the agent");
+        crate::AgentRun {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
