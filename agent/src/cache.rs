@@ -23,6 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::fsutil::replace_atomic;
 use pluginsync_common::protocol::Mount;
 use serde::{Deserialize, Serialize};
@@ -56,6 +57,8 @@ pub struct ListingStamp {
     /// A newly fetched body, to cache; `None` when the cached one is
     /// current.
     pub fresh: Option<Bytes>,
+    /// The sha256 (hex) of the listing body the pass planned against.
+    pub listing_sha256: Option<String>,
 }
 
 /// The cache of one mount.
@@ -69,6 +72,15 @@ pub struct MountCache {
     pub scan_digest: Option<String>,
     /// Entries below `"."` in the cached listing.
     pub entries: usize,
+    /// The sha256 (hex) of the listing body this record describes. The
+    /// three cache files are replaced one after the other, so a run killed
+    /// in between can leave a new listing beside an old record (old `ETag`):
+    /// a cached body is used only when its digest is this one, so such a
+    /// torn cache costs one full listing instead of planning against the
+    /// wrong tree forever (a master rolled back answers 304 to the old
+    /// `ETag`). `None` only in records written before this field existed.
+    #[serde(default)]
+    pub listing_sha256: Option<String>,
     /// Stat cache: relative path → (stat, sha256 hex). Kept in its own
     /// file and read only when a pass needs hashing ([`MountCache::load_files`]),
     /// so a no-op run does not parse it.
@@ -129,9 +141,16 @@ impl MountCache {
             return NotModified::Unchanged;
         }
         match Self::load_listing(vardir, mount) {
-            Some(body) => NotModified::Cached(body),
-            None => NotModified::Refetch,
+            Some(body) if self.describes(&body) => NotModified::Cached(body),
+            _ => NotModified::Refetch,
         }
+    }
+
+    /// Whether `body` is the listing this record was written for.
+    pub fn describes(&self, body: &[u8]) -> bool {
+        self.listing_sha256
+            .as_deref()
+            .is_none_or(|want| Sha256::of(body).to_hex() == want)
     }
 
     /// Writes the cache (and the listing body, when given), each file
@@ -223,6 +242,7 @@ pub fn remember(
         etag: stamp.etag.clone(),
         scan_digest: Some(after.digest()),
         entries: remote.entries.len(),
+        listing_sha256: stamp.listing_sha256.clone(),
         files,
     };
     if let Err(e) = cache.save(vardir, mount, stamp.fresh.as_deref()) {
@@ -269,6 +289,31 @@ mod tests {
         assert_eq!(
             MountCache::load(d.path(), Mount::Plugins),
             MountCache::default()
+        );
+    }
+
+    #[test]
+    fn a_torn_cache_is_never_planned_against() {
+        let d = tempfile::tempdir().unwrap();
+        let old = MountCache {
+            etag: Some("\"old\"".into()),
+            scan_digest: Some("s".into()),
+            listing_sha256: Some(Sha256::of(b"[old]").to_hex()),
+            ..Default::default()
+        };
+        old.save(d.path(), Mount::Plugins, Some(b"[old]")).unwrap();
+        assert_eq!(
+            old.not_modified(d.path(), Mount::Plugins, "t"),
+            NotModified::Cached(b"[old]".to_vec())
+        );
+        // Killed after the new listing was written, before its record: the
+        // old record (and ETag) beside the new body.
+        std::fs::write(d.path().join("cache/plugins.listing.json"), b"[new]").unwrap();
+        let back = MountCache::load(d.path(), Mount::Plugins);
+        assert_eq!(back, old);
+        assert_eq!(
+            back.not_modified(d.path(), Mount::Plugins, "t"),
+            NotModified::Refetch
         );
     }
 

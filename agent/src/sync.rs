@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::ignore::{IgnoreError, IgnoreSet};
 use pluginsync_common::protocol::{ListingQuery, Mount};
 use pluginsync_common::relpath::RelPath;
@@ -278,6 +279,7 @@ impl<'a> Run<'a> {
                             key,
                             etag: answer.etag,
                             fresh: None,
+                            listing_sha256: cache.listing_sha256.clone(),
                         },
                     });
                 }
@@ -316,6 +318,7 @@ impl<'a> Run<'a> {
                 key,
                 etag: answer.etag,
                 fresh,
+                listing_sha256: Some(Sha256::of(&body).to_hex()),
             },
         })
     }

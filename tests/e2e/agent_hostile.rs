@@ -3,7 +3,8 @@
 //! others, names and messages made of terminal control characters, blob
 //! locations pointing at other hosts, answers too large to buffer. Every
 //! run is the real `pluginsync-agent` binary against a real master or a
-//! scripted [`FakeMaster`].
+//! scripted [`FakeMaster`]. Also the agent's own faults: a cache torn by a
+//! kill between its writes.
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
@@ -257,4 +258,66 @@ async fn a_gzip_bomb_and_a_huge_error_body_are_refused_with_one_line() {
         );
         assert_eq!(tree_snapshot(&home.libdir()), before, "{expect}");
     }
+}
+
+/// Waits until the master's plugins listing has `content`'s sha256, so the
+/// next run sees the tree as it is now (the watcher re-indexes within ~2 s).
+async fn master_serves(master: &TestMaster, pki: &Pki, content: &str) {
+    let c = pluginsync_tests::client(pki, Some("node1"));
+    let url = format!(
+        "{}/puppet/v3/file_metadatas/plugins?recurse=true&environment=production",
+        master.url()
+    );
+    let want = pluginsync_tests::sha256_hex(content.as_bytes());
+    let served = pluginsync_tests::wait_for(std::time::Duration::from_secs(10), || {
+        let (c, url, want) = (c.clone(), url.clone(), want.clone());
+        async move {
+            let body = c.get(url).send().await.ok()?.text().await.ok()?;
+            body.contains(&want).then_some(())
+        }
+    })
+    .await;
+    assert!(served.is_some(), "the master did not re-index {content:?}");
+}
+
+/// Faults: a run killed between the cache writes leaves the new listing
+/// beside the old record (and its old `ETag`); the master then rolls back
+/// to that old tree and answers 304 to the old `ETag`. The next run must
+/// not plan against the newer cached listing: it converges on the
+/// rolled-back tree (agent/src/cache.rs, `listing_sha256`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_cache_and_a_master_rollback_still_converge() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "alpha", "lib/facter/role.rb", "v1\n", 0o644);
+    let master = start(&tree, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    let role = home.libdir().join("facter/role.rb");
+    let record = home.vardir().join("cache/plugins.json");
+
+    assert_eq!(home.sync(&[]).code, 0);
+    assert_eq!(std::fs::read_to_string(&role).unwrap(), "v1\n");
+    let old_record = std::fs::read(&record).unwrap();
+
+    tree.file("production", "alpha", "lib/facter/role.rb", "v2\n", 0o644);
+    master_serves(&master, &pki, "v2\n").await;
+    assert_eq!(home.sync(&[]).code, 0);
+    assert_eq!(std::fs::read_to_string(&role).unwrap(), "v2\n");
+
+    // The torn cache: the v2 listing is cached, the record is v1's.
+    std::fs::write(&record, &old_record).unwrap();
+    tree.file("production", "alpha", "lib/facter/role.rb", "v1\n", 0o644);
+    master_serves(&master, &pki, "v1\n").await;
+
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(
+        std::fs::read_to_string(&role).unwrap(),
+        "v1\n",
+        "the run converged on the rolled-back tree: {run:?}"
+    );
+    assert_eq!(
+        home.sync(&["--detailed-exitcodes"]).code,
+        0,
+        "and stays there"
+    );
 }
