@@ -286,17 +286,25 @@ impl AgentConfig {
         environment(&self.environment)?;
         pluginsync_common::ignore::IgnoreSet::new(&self.ignore)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        if self.factsdir.as_deref() == Some(self.libdir.as_path()) {
-            return Err(ConfigError::Invalid(
-                "libdir and factsdir must differ".into(),
-            ));
-        }
-        if let Some(f) = &self.factsdir
-            && (f.starts_with(&self.libdir) || self.libdir.starts_with(f))
-        {
-            return Err(ConfigError::Invalid(
-                "libdir and factsdir must not contain each other".into(),
-            ));
+        if let Some(f) = &self.factsdir {
+            // Compared as the filesystem resolves them: `..` and symlinks
+            // must not hide one destination inside the other (each purge
+            // would delete the other's files).
+            let (facts, lib) = (real_path(f), real_path(&self.libdir));
+            if facts == lib {
+                return Err(ConfigError::Invalid(
+                    "libdir and factsdir must differ".into(),
+                ));
+            }
+            if facts.starts_with(&lib) || lib.starts_with(&facts) {
+                return Err(ConfigError::Invalid(format!(
+                    "libdir and factsdir must not contain each other ('{}' and '{}' resolve to '{}' and '{}')",
+                    self.libdir.display(),
+                    f.display(),
+                    lib.display(),
+                    facts.display()
+                )));
+            }
         }
         for (i, l) in self.loaders.iter().enumerate() {
             globset::GlobBuilder::new(&l.pattern)
@@ -436,6 +444,34 @@ impl ConfigFile for AgentConfig {
     }
 }
 
+/// `p` as the filesystem resolves it: its longest existing prefix made
+/// canonical (symlinks followed), the rest applied lexically (`..` pops,
+/// `.` is skipped), so paths that do not exist yet compare correctly too.
+pub fn real_path(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let parts: Vec<Component<'_>> = p.components().collect();
+    for i in (0..=parts.len()).rev() {
+        let prefix: PathBuf = parts[..i].iter().collect();
+        let base = if prefix.as_os_str().is_empty() {
+            std::env::current_dir().ok()
+        } else {
+            prefix.canonicalize().ok()
+        };
+        let Some(mut out) = base else { continue };
+        for c in &parts[i..] {
+            match c {
+                Component::ParentDir => {
+                    out.pop();
+                }
+                Component::CurDir => {}
+                other => out.push(other.as_os_str()),
+            }
+        }
+        return out;
+    }
+    p.to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -515,5 +551,32 @@ mod tests {
             .join("\n");
         let all = AgentConfig::parse(&all, &path).unwrap_or_else(|e| panic!("{e}\n{all}"));
         assert!(all.factsdir.is_some());
+    }
+
+    #[test]
+    fn destinations_inside_each_other_are_refused_through_dotdot_and_symlinks() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        std::fs::create_dir_all(root.join("lib")).unwrap();
+        std::fs::create_dir_all(root.join("other")).unwrap();
+        std::os::unix::fs::symlink(root.join("lib"), root.join("link")).unwrap();
+        let with = |facts: &Path| {
+            let mut c = parse(MIN).unwrap();
+            c.libdir = root.join("lib");
+            c.factsdir = Some(facts.to_owned());
+            c.validate()
+        };
+        for inside in [
+            root.join("other/../lib/facts.d"),
+            root.join("link/facts.d"),
+            root.join("link/./new/../facts.d"),
+        ] {
+            let e = with(&inside).unwrap_err().to_string();
+            assert!(e.contains("must not contain each other"), "{inside:?}: {e}");
+        }
+        let e = with(&root.join("link")).unwrap_err().to_string();
+        assert!(e.contains("must differ"), "{e}");
+        with(&root.join("facts.d")).unwrap();
+        with(&root.join("other/facts.d")).unwrap();
     }
 }
