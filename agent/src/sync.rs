@@ -29,6 +29,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use pluginsync_common::digest::Sha256;
+use pluginsync_common::fsutil::remove_leftovers;
 use pluginsync_common::ignore::{IgnoreError, IgnoreSet};
 use pluginsync_common::protocol::{ListingQuery, Mount};
 use pluginsync_common::relpath::RelPath;
@@ -199,6 +200,15 @@ impl<'a> Run<'a> {
         } else {
             Some(lock::acquire(&settings.vardir)?)
         };
+        if !settings.noop {
+            // Under the lock no other run writes: what a killed run left
+            // half-written in the vardir and its cache goes now.
+            let removed = remove_leftovers(&settings.vardir)
+                + remove_leftovers(&settings.vardir.join("cache"));
+            if removed > 0 {
+                tracing::info!(removed, "removed temporary files a killed run left");
+            }
+        }
         let catalog = catalog::build(settings);
         let deadline = Instant::now() + settings.timeout;
         let mut run = Run {

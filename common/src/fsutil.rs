@@ -10,6 +10,25 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+/// The name prefix of the temporary files [`write_atomic`] and
+/// [`replace_atomic`] create beside their target.
+pub const TMP_PREFIX: &str = ".pluginsync-tmp-";
+
+/// Removes the temporary files a killed writer left in `dir` (not below
+/// it); returns how many. Call it only while no writer can be running
+/// (the agent holds its run lock).
+pub fn remove_leftovers(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(TMP_PREFIX))
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| std::fs::remove_file(e.path()).is_ok())
+        .count()
+}
+
 /// Writes `bytes` to `path` atomically and durably: a temporary file in the
 /// same directory (so the rename cannot cross filesystems), `fsync`, mode
 /// `mode`, `rename` over `path`, then `fsync` of the directory so the
@@ -33,7 +52,7 @@ fn write(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> std::io::Result
         _ => Path::new("."),
     };
     let mut tmp = tempfile::Builder::new()
-        .prefix(".pluginsync-tmp-")
+        .prefix(TMP_PREFIX)
         .tempfile_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file()
@@ -76,6 +95,20 @@ mod tests {
         replace_atomic(&p, b"two", 0o600).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn leftovers_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(".pluginsync-tmp-abc"), b"half").unwrap();
+        std::fs::write(dir.path().join("keep.json"), b"{}").unwrap();
+        assert_eq!(remove_leftovers(dir.path()), 1);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("keep.json")]);
+        assert_eq!(remove_leftovers(&dir.path().join("missing")), 0);
     }
 
     #[test]

@@ -321,3 +321,41 @@ async fn a_torn_cache_and_a_master_rollback_still_converge() {
         "and stays there"
     );
 }
+
+/// Faults: the temporary files a killed run left in the vardir and its
+/// cache directory are removed by the next run (under its lock); nothing
+/// else there is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_runs_temporary_files_are_removed_by_the_next_run() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "alpha", "lib/facter/role.rb", "v1\n", 0o644);
+    let master = start(&tree, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    assert_eq!(home.sync(&[]).code, 0);
+    let (vardir, cache) = (home.vardir(), home.vardir().join("cache"));
+    for dir in [&vardir, &cache] {
+        std::fs::write(dir.join(".pluginsync-tmp-AbC123"), b"half a file").unwrap();
+    }
+    let leftovers = |dir: &std::path::Path| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(".pluginsync-tmp-")
+            })
+            .count()
+    };
+    assert_eq!(home.sync(&["--noop"]).code, 0);
+    assert_eq!(
+        leftovers(&vardir),
+        1,
+        "--noop takes no lock and removes nothing"
+    );
+    assert_eq!(home.sync(&[]).code, 0);
+    assert_eq!((leftovers(&vardir), leftovers(&cache)), (0, 0));
+    assert!(vardir.join("last_run_report.json").is_file());
+    assert!(cache.join("plugins.json").is_file());
+}
