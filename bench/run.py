@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """pluginsync bench: pluginsync against an rsync daemon (and Puppet where installed), in one run.
 
-Generates the shared seeded Puppet environment (../shared/bench/gen_tree.py; default 60 modules,
+Generates the team's seeded Puppet environment (bench/vendor/gen_tree.py, or --shared DIR's copy; default 60 modules,
 3,000 plugin files, 25 MB, seed 1), starts a release pluginsync master on it with throwaway
 certificates and an rsync daemon (TCP_NODELAY) on a first-wins merged copy, then times each
 scenario --runs times for both tools into fresh destinations on the same filesystem:
 
   initial   empty destination
   noop      nothing changed
-  1%        30 plugin files changed by ../shared/bench/mutate.py (the same files for both tools)
+  1%        30 plugin files changed by bench/vendor/mutate.py (the same files for both tools)
 
 and prints one table: median, min-max, and the ratio pluginsync / rsync, against the targets.
 Then the master's load figures (pluginsync-load: HTTPS with a client certificate, HTTP/1.1

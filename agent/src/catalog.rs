@@ -1,5 +1,5 @@
 //! The internal resource catalog: one recursive, purging file resource per
-//! destination, as Puppet's `Downloader` builds (PROTOCOL.md §4.3).
+//! destination, as Puppet's `Downloader` builds (docs/protocol.md §4.1).
 //!
 //! `pluginfacts` comes first (when `factsdir` is set), then `plugins`, as in
 //! Puppet. The resource's switches are honoured by the sync, not just

@@ -5,7 +5,7 @@
 //!
 //! Only the configured CA is trusted (no system roots), the node presents
 //! its certificate, and plain HTTP is refused. Requests are exactly a stock
-//! agent's (PROTOCOL.md §7.2), built with `pluginsync_common::protocol`, so
+//! agent's (docs/protocol.md §1.6, §4.2), built with `pluginsync_common::protocol`, so
 //! a stock Puppet Server serves them too.
 //!
 //! Failures that may pass (connection refused or reset, timeouts, 5xx, 429
@@ -154,7 +154,7 @@ fn request_error(e: &reqwest::Error) -> String {
 }
 
 /// The master that answered the run's first listing, and what it offers
-/// beyond Puppet's API (PROTOCOL.md §7): every later request of the run
+/// beyond Puppet's API (docs/protocol.md §7): every later request of the run
 /// goes to it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Origin {

@@ -1,5 +1,5 @@
 //! Errors as Puppet's file server sends them: a status code and a JSON body
-//! `{"message": "<Prefix>: <text>", "issue_kind": "<KIND>"}` (PROTOCOL.md
+//! `{"message": "<Prefix>: <text>", "issue_kind": "<KIND>"}` (docs/protocol.md
 //! §1.7). Stock agents branch only on the status and log the body, so the
 //! prefixes and kinds follow Puppet's. Internal details (file-system paths,
 //! I/O errors) are logged, never sent.

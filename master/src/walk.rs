@@ -6,7 +6,7 @@
 //! (`lstat`: a symlink shows as `type: "link"` with its `destination`).
 //!
 //! What is never served, each skipped with one warning instead of failing
-//! the whole listing as Puppet does (PROTOCOL.md §3.3): a dangling symlink, a
+//! the whole listing as Puppet does (docs/protocol.md §3.3): a dangling symlink, a
 //! symlink whose target leaves the module root (its `manage` view stays, with
 //! a `null` checksum, so nothing outside is ever opened), a symlink loop, a
 //! name that is not UTF-8 or holds a backslash, fifos, sockets and devices,

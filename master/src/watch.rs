@@ -6,7 +6,7 @@
 //! basemodulepath entry, or an event that cannot be placed, touches every
 //! environment). Access events are dropped: the master's own reads (hashing,
 //! serving content) produce them, and reacting to them would rebuild forever
-//! (DEPENDENCIES.md pitfall 7). After the last event of a burst and a quiet
+//! (every rebuild reads files, which makes more Access events). After the last event of a burst and a quiet
 //! `debounce`, the touched environments are rebuilt; unchanged files keep
 //! their digests, so only what changed is read again.
 

@@ -76,7 +76,7 @@ impl Identity {
 }
 
 /// The checksum every directory carries. Puppet sends the ctime of the
-/// search base, which agents ignore (PROTOCOL.md §2.2); a constant keeps
+/// search base, which agents ignore (docs/protocol.md §2.2); a constant keeps
 /// listings, and so ETags, identical on every replica of the same tree.
 pub const DIRECTORY_CTIME: i64 = 0;
 
