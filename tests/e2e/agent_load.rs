@@ -502,7 +502,6 @@ timeout = "200s"
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    std::thread::sleep(std::time::Duration::from_millis(100));
     agent.kill().unwrap(); // SIGKILL
     agent.wait().unwrap();
     let (pid, child) = (

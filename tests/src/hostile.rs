@@ -4,9 +4,9 @@
 //! [`gzip_zeros`], a gzip bomb; `AgentHome::sync_with_data_limit`, a run
 //! with bounded memory.
 
-use std::net::TcpListener;
-use std::sync::Arc;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// A raw HTTP/1.1 response with `Connection: close`, a `Content-Length`
 /// and the extra `headers`.
@@ -30,6 +30,8 @@ pub struct Listener {
     /// Its port.
     pub port: u16,
     accepted: Arc<AtomicUsize>,
+    /// The peer address of every accepted connection, in accept order.
+    peers: Arc<Mutex<Vec<SocketAddr>>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -41,11 +43,13 @@ impl Listener {
         let port = l.local_addr().expect("addr").port();
         let accepted = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (a, s) = (accepted.clone(), stop.clone());
+        let peers = Arc::new(Mutex::new(Vec::new()));
+        let (a, s, p) = (accepted.clone(), stop.clone(), peers.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
                 match l.accept() {
-                    Ok(_) => {
+                    Ok((_, peer)) => {
+                        p.lock().expect("peers").push(peer);
                         a.fetch_add(1, Ordering::SeqCst);
                     }
                     Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
@@ -55,6 +59,7 @@ impl Listener {
         Listener {
             port,
             accepted,
+            peers,
             stop,
         }
     }
@@ -62,6 +67,32 @@ impl Listener {
     /// Connections accepted so far.
     pub fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections made before this call, without waiting a fixed time for
+    /// the accepting thread: connects once itself and waits (10 s at most)
+    /// until that connection is accepted; the kernel's accept queue is in
+    /// order, so everything connected earlier has been counted by then.
+    pub fn accepted_before_now(&self) -> usize {
+        let sentinel = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        let me = sentinel.local_addr().expect("addr");
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(i) = self
+                .peers
+                .lock()
+                .expect("peers")
+                .iter()
+                .position(|p| *p == me)
+            {
+                return i;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "the listener never accepted its own connection"
+            );
+            std::thread::yield_now();
+        }
     }
 }
 
