@@ -319,6 +319,12 @@ impl<'a> Run<'a> {
             resource.source_permissions == SourcePermissions::Use,
         );
         self.report.unchanged += plan.unchanged;
+        // A cached body was verified against its record; a fresh one is
+        // hashed once, here.
+        let listing_sha256 = match &fresh {
+            Some(_) => Some(Sha256::of(&body).to_hex()),
+            None => cache.listing_sha256.clone(),
+        };
         Ok(Pass {
             resource,
             plan,
@@ -328,7 +334,7 @@ impl<'a> Run<'a> {
                 key,
                 etag: answer.etag,
                 fresh,
-                listing_sha256: Some(Sha256::of(&body).to_hex()),
+                listing_sha256,
             },
         })
     }
