@@ -41,18 +41,46 @@ pub struct AuthRule {
     pub environments: Vec<String>,
 }
 
-/// The subject CN of the leaf certificate a client presented, if any.
-pub fn peer_common_name(info: Option<&Arc<TlsInfo>>) -> Option<String> {
-    let der = info?.peer_certificates.first()?;
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let cn = cert
-        .subject()
-        .iter_common_name()
-        .next()?
-        .as_str()
-        .ok()?
-        .to_owned();
-    Some(cn)
+/// Why a certificate gives no identity.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NoIdentity {
+    /// The certificate could not be parsed.
+    Unparsable,
+    /// Its subject has no CN.
+    NoCommonName,
+    /// Its subject has more than one CN.
+    SeveralCommonNames,
+    /// Its CN is not a string, or not a valid certname.
+    InvalidCommonName,
+}
+
+/// The certname of a client's DER leaf certificate, if it has one usable as
+/// an identity (docs/protocol.md §5.2): its subject must hold exactly one
+/// common name, and that name must be a valid Puppet certname
+/// ([`is_valid_certname`]). A certificate with two CNs is ambiguous (which
+/// one `[[authorization]]` matched would depend on DER order) and one with
+/// control characters in its CN could forge log lines: neither is an
+/// identity.
+pub fn certname_of(der: &[u8]) -> Result<String, NoIdentity> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|_| NoIdentity::Unparsable)?;
+    let mut names = cert.subject().iter_common_name();
+    let first = names.next().ok_or(NoIdentity::NoCommonName)?;
+    if names.next().is_some() {
+        return Err(NoIdentity::SeveralCommonNames);
+    }
+    let cn = first.as_str().map_err(|_| NoIdentity::InvalidCommonName)?;
+    if !is_valid_certname(cn) {
+        return Err(NoIdentity::InvalidCommonName);
+    }
+    Ok(cn.to_owned())
+}
+
+/// Puppet's rule for a certname (`Puppet::SSL::Base::VALID_CERTNAME`,
+/// `/\A[ -.0-~]+\Z/`, docs/protocol.md §5.2): one or more printable ASCII
+/// characters other than `/`. No control character, so a certname can be
+/// logged as it is.
+pub fn is_valid_certname(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| matches!(b, b' '..=b'.' | b'0'..=b'~'))
 }
 
 /// Compiled `[[authorization]]` rules.
@@ -136,11 +164,28 @@ impl Gate {
     /// (or with one that has no CN) is a 403, unless the policy is
     /// [`Policy::Open`]. The identity comes from the TLS handshake only.
     pub fn admit(&self, req: &Parts) -> Result<Client<'_>, ApiError> {
-        let certname = peer_common_name(req.extensions.get::<Arc<TlsInfo>>());
-        if self.policy == Policy::Certificates && certname.is_none() {
-            tracing::info!(path = req.uri.path(), "refused: no client certificate");
-            return Err(ApiError::forbidden(req.uri.path()));
-        }
+        let leaf = req
+            .extensions
+            .get::<Arc<TlsInfo>>()
+            .and_then(|info| info.peer_certificates.first());
+        let certname = match leaf.map(|der| certname_of(der)) {
+            Some(Ok(name)) => Some(name),
+            refused => {
+                if self.policy == Policy::Certificates {
+                    let why = match refused {
+                        Some(Err(NoIdentity::NoCommonName)) => "client certificate without a CN",
+                        Some(Err(NoIdentity::SeveralCommonNames)) => {
+                            "client certificate with several CNs"
+                        }
+                        Some(Err(_)) => "client certificate whose CN is not a valid certname",
+                        _ => "no client certificate",
+                    };
+                    tracing::info!(path = req.uri.path(), "refused: {why}");
+                    return Err(ApiError::forbidden(req.uri.path()));
+                }
+                None
+            }
+        };
         Ok(Client {
             gate: self,
             certname,
@@ -201,6 +246,69 @@ mod tests {
             certname: c.into(),
             environments: e.iter().map(|s| s.to_string()).collect(),
         }
+    }
+
+    #[test]
+    fn certnames_follow_puppets_rule() {
+        for good in [
+            "web1.example.org",
+            "node_1",
+            "a",
+            "UPPER-case.Example",
+            "*.x",
+            "a b",
+        ] {
+            assert!(is_valid_certname(good), "{good:?}");
+        }
+        for bad in [
+            "",
+            "a/b",
+            "web1\nINFO forged",
+            "tab\there",
+            "esc\u{1b}[2J",
+            "é.example",
+        ] {
+            assert!(!is_valid_certname(bad), "{bad:?}");
+        }
+    }
+
+    const TWO_CNS: &str = "-----BEGIN CERTIFICATE-----\nMIIBxTCCAWugAwIBAgIUct/ytIvujecNiHbKyZBQnayKaKIwCgYIKoZIzj0EAwIw\nNzEaMBgGA1UEAwwRYWRtaW4uZXhhbXBsZS5vcmcxGTAXBgNVBAMMEHdlYjEuZXhh\nbXBsZS5vcmcwIBcNMjYxMTIzMjM0NjE1WhgPMjEyNjEwMzAyMzQ2MTVaMDcxGjAY\nBgNVBAMMEWFkbWluLmV4YW1wbGUub3JnMRkwFwYDVQQDDBB3ZWIxLmV4YW1wbGUu\nb3JnMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEYFW9PELBORosmbVxagq7jyoi\nLj5HfJ4LTcE2iFYTAyari9DwH3rZyqLcNE3e8zSXx6N7uDgof3g2phGCzVdCEqNT\nMFEwHQYDVR0OBBYEFJK0hKjPnaAMyfQMt1v6k0khr4yyMB8GA1UdIwQYMBaAFJK0\nhKjPnaAMyfQMt1v6k0khr4yyMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwID\nSAAwRQIhAJ98QLo2gDW4JrrpRnPpdEwU1GBg9Llu1pgWOtHTXELYAiBNe3ra3nd5\nPoQy7yHem8vJs4X9dGdwOW6l4z1+ihZ2zg==\n-----END CERTIFICATE-----";
+
+    fn cert_with_cns(cns: &[&str]) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        for cn in cns {
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, *cn);
+        }
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn one_valid_cn_is_an_identity_and_nothing_else_is() {
+        assert_eq!(
+            certname_of(&cert_with_cns(&["web1.example.org"])),
+            Ok("web1.example.org".into())
+        );
+        assert_eq!(
+            certname_of(&cert_with_cns(&[])),
+            Err(NoIdentity::NoCommonName)
+        );
+        // rcgen keeps one value per attribute type, so this one was made
+        // with `openssl req -x509 -subj "/CN=admin.example.org/CN=web1.example.org"`.
+        use rustls_pki_types::pem::PemObject;
+        let two = rustls_pki_types::CertificateDer::from_pem_slice(TWO_CNS.as_bytes()).unwrap();
+        assert_eq!(certname_of(&two), Err(NoIdentity::SeveralCommonNames));
+        assert_eq!(
+            certname_of(&cert_with_cns(&["web1\nINFO refused by [[authorization]]"])),
+            Err(NoIdentity::InvalidCommonName)
+        );
+        assert_eq!(
+            certname_of(b"not a certificate"),
+            Err(NoIdentity::Unparsable)
+        );
     }
 
     #[test]

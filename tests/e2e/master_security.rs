@@ -3,7 +3,10 @@
 //! symlink escapes, missing and revoked client certificates, authorization.
 
 use pluginsync_common::urlpath::encode_path;
-use pluginsync_tests::{EnvTree, Pki, TestMaster, client, config_toml, parse_config, raw_get};
+use pluginsync_tests::{
+    ChainedClient, EnvTree, Pki, TestMaster, client, config_toml, h1_get, parse_config, raw_get,
+    tls_config, tls_connect,
+};
 
 const SECRET: &str = "TOP-SECRET-OUTSIDE-THE-MODULE";
 
@@ -386,4 +389,26 @@ async fn client_auth_required_refuses_anonymous_handshakes() {
             .status,
         200
     );
+}
+
+/// A certificate whose CN is not a valid Puppet certname (here: a newline
+/// that would forge a log line) is no identity: its handshake succeeds (the
+/// chain is valid) but every file endpoint answers 403, while the same
+/// chain with a valid CN reads (docs/protocol.md §5.2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cn_that_is_not_a_certname_is_no_identity() {
+    let (tree, pki) = (tree(), Pki::new());
+    let path = "/puppet/v3/file_metadatas/plugins?recurse=true&environment=production";
+    let forged = ChainedClient::new(&pki, "node1\nINFO refused by [[authorization]]");
+    let valid = ChainedClient::new(&pki, "node1");
+    // Both intermediates have the same serial and key usage; one CRL bundle
+    // per master run covers the chain being tested.
+    for (chained, want) in [(&valid, 200), (&forged, 403)] {
+        chained.write_crls(&pki, &pki.crl(), false);
+        let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+        let tls = tls_config(&pki, Some(chained.identity()), &["http/1.1"]);
+        let mut s = tls_connect(master.addr, tls).await.expect("handshake");
+        let (status, _) = h1_get(&mut s, path).await.expect("an answer");
+        assert_eq!(status, want);
+    }
 }
