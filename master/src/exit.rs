@@ -61,11 +61,52 @@ impl Failure {
         }
     }
 
+    /// The error as one line: each cause in the chain appended after `: `,
+    /// unless the text before already says it (an error whose message
+    /// quotes its own source, as `ConfigError::Read` does, would otherwise
+    /// print the OS error twice).
+    pub fn line(&self) -> String {
+        let mut line = String::new();
+        for cause in self.error.chain() {
+            let text = cause.to_string();
+            if line.is_empty() {
+                line = text;
+            } else if !line.contains(&text) {
+                line.push_str(": ");
+                line.push_str(&text);
+            }
+        }
+        line
+    }
+
     /// A runtime problem: [`ExitStatus::Failure`].
     pub fn runtime(error: impl Into<anyhow::Error>) -> Failure {
         Failure {
             status: ExitStatus::Failure,
             error: error.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_the_message_already_quotes_is_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        let read = pluginsync_common::config::ConfigError::Read {
+            path: "/etc/x.toml".into(),
+            source: io,
+        };
+        assert_eq!(
+            Failure::config(read).line(),
+            "cannot read config '/etc/x.toml': No such file or directory"
+        );
+        let chained = anyhow::anyhow!("refused").context("cannot listen on 127.0.0.1:8140");
+        assert_eq!(
+            Failure::runtime(chained).line(),
+            "cannot listen on 127.0.0.1:8140: refused"
+        );
     }
 }

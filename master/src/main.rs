@@ -38,7 +38,11 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitStatus::Success.into(),
         Err(f) => {
-            eprintln!("error: {:#}", f.error);
+            eprintln!(
+                "{}error: {}",
+                pluginsync_common::logging::stderr_prefix(3),
+                f.line()
+            );
             f.status.into()
         }
     }

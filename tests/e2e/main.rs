@@ -17,6 +17,8 @@ mod cli_exit;
 mod common;
 // Master processes behind HAProxy: syncs and ETags surviving a backend dying (needs `haproxy`).
 mod haproxy_lb;
+// Log lines under systemd: syslog priorities when stderr is the journal, one line per error.
+mod logs;
 // Content-addressed blobs by sha256 and batches of them: caching, authentication, authorization.
 mod master_blobs;
 // ETags across two master processes: equal for one tree, 304 from either, new on change, gzip.

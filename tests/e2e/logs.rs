@@ -1,0 +1,118 @@
+//! Log lines an operator can use under systemd (`common/src/logging.rs`,
+//! README "Logs"): when stderr is the journal's stream (`JOURNAL_STREAM`
+//! names its device and inode), every line the master writes starts with
+//! its syslog priority and carries no timestamp of its own, so `journalctl
+//! -p err` shows a failure's cause; on any other stderr nothing changes.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use pluginsync_tests::{EnvTree, Pki, bin_path, config_toml};
+
+/// Runs the master with `args`, stderr to `log` and `JOURNAL_STREAM` set to
+/// `stream`; returns the child.
+fn master(args: &[&str], log: &Path, stream: &str) -> std::process::Child {
+    Command::new(bin_path("pluginsync-master"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env("JOURNAL_STREAM", stream)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log file"))
+        .spawn()
+        .expect("spawn the master")
+}
+
+/// `<device>:<inode>` of `path`, as systemd writes `JOURNAL_STREAM`.
+fn stream_of(path: &Path) -> String {
+    let m = std::fs::metadata(path).expect("stat");
+    format!("{}:{}", m.dev(), m.ino())
+}
+
+#[test]
+fn under_the_journal_every_line_carries_its_priority() {
+    let dir = tempfile::tempdir().unwrap();
+
+    // A config error: the final line is an error, priority 3.
+    let log = dir.path().join("bad.log");
+    std::fs::File::create(&log).unwrap();
+    let missing = dir.path().join("missing.toml");
+    let status = master(
+        &["serve", "--config", missing.to_str().unwrap()],
+        &log,
+        &stream_of(&log),
+    )
+    .wait()
+    .unwrap();
+    assert_eq!(status.code(), Some(78));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.starts_with("<3>error: cannot read config"), "{text:?}");
+    assert_eq!(
+        text.matches("os error 2").count(),
+        1,
+        "the cause once: {text:?}"
+    );
+
+    // A serving master: info lines are priority 6, none has a timestamp.
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "m", "lib/facter/a.rb", b"a\n", 0o644);
+    let config = dir.path().join("master.toml");
+    std::fs::write(&config, config_toml(&tree.envpath(), &pki, "", "")).unwrap();
+    let log = dir.path().join("serve.log");
+    std::fs::File::create(&log).unwrap();
+    let mut child = master(
+        &["serve", "--config", config.to_str().unwrap()],
+        &log,
+        &stream_of(&log),
+    );
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = std::fs::read_to_string(&log).unwrap();
+        if text.contains("listening") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    assert!(
+        text.contains("listening"),
+        "the master logged its start: {text:?}"
+    );
+    for line in text.lines() {
+        let priority = line.strip_prefix('<').and_then(|l| l.get(..2));
+        assert!(
+            matches!(priority, Some("3>" | "4>" | "6>" | "7>")),
+            "every line starts with a priority: {line:?}"
+        );
+        assert!(
+            !line[3..].starts_with("20"),
+            "journald adds the time; the line does not: {line:?}"
+        );
+    }
+    assert!(text.contains("<6>"), "{text:?}");
+}
+
+#[test]
+fn on_any_other_stderr_lines_are_unprefixed() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("bad.log");
+    let other = dir.path().join("other");
+    std::fs::File::create(&other).unwrap();
+    std::fs::File::create(&log).unwrap();
+    // JOURNAL_STREAM inherited from a unit, but stderr was redirected.
+    let missing = dir.path().join("missing.toml");
+    master(
+        &["serve", "--config", missing.to_str().unwrap()],
+        &log,
+        &stream_of(&other),
+    )
+    .wait()
+    .unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.starts_with("error: cannot read config"), "{text:?}");
+}
