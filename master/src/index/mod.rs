@@ -106,6 +106,10 @@ impl EnvIndex {
         let reuse = previous.map(EnvIndex::digests).unwrap_or_default();
         let mounts =
             Mount::ALL.map(|m| MountIndex::build(m, &modules, &modulepath, &dir, &reuse, hashing));
+        for (i, m) in mounts.iter().enumerate() {
+            let before = previous.map(|p| p.mounts[i].collisions.as_slice());
+            log_collisions(&name, m.mount, &new_collisions(before, &m.collisions));
+        }
         let mut blobs = HashMap::new();
         for (mi, m) in mounts.iter().enumerate() {
             for &loc in &m.lookup {
@@ -328,5 +332,75 @@ impl EnvIndex {
         let m = self.mount(mount);
         let loc = m.find(rel.as_str())?;
         Some((m.root(loc), m.node(loc)))
+    }
+}
+
+/// Collisions logged one line each per build; the rest are counted in one
+/// line (`pluginsync-master check` lists them all).
+pub const COLLISION_LOG_LINES: usize = 20;
+
+/// The collisions of `current` that `previous` (the index this one
+/// replaces) did not have: each collision is logged once, when it first
+/// appears, not again on every re-index (a write to 20 modules that share
+/// paths once logged 26,002 lines).
+pub fn new_collisions<'a>(
+    previous: Option<&[Collision]>,
+    current: &'a [Collision],
+) -> Vec<&'a Collision> {
+    let before: std::collections::HashSet<&Collision> =
+        previous.unwrap_or_default().iter().collect();
+    current.iter().filter(|c| !before.contains(c)).collect()
+}
+
+/// Logs new collisions: at most [`COLLISION_LOG_LINES`] lines, then one
+/// line with the count of the others.
+fn log_collisions(env: &EnvName, mount: Mount, new: &[&Collision]) {
+    for c in new.iter().take(COLLISION_LOG_LINES) {
+        tracing::info!(env = %env, mount = mount.as_str(), path = %c.path, winner = %c.winner, hidden = %c.loser, "path served by two modules, first wins");
+    }
+    if new.len() > COLLISION_LOG_LINES {
+        tracing::info!(
+            env = %env,
+            mount = mount.as_str(),
+            more = new.len() - COLLISION_LOG_LINES,
+            "more paths served by two modules (pluginsync-master check lists them)"
+        );
+    }
+}
+
+#[cfg(test)]
+mod collision_tests {
+    use super::*;
+
+    fn c(path: &str, winner: &str, loser: &str) -> Collision {
+        Collision {
+            path: path.into(),
+            winner: winner.into(),
+            loser: loser.into(),
+        }
+    }
+
+    #[test]
+    fn a_collision_is_new_only_once() {
+        let first = [c("a.rb", "m1", "m2"), c("b.rb", "m1", "m3")];
+        assert_eq!(
+            new_collisions(None, &first).len(),
+            2,
+            "a first build: all new"
+        );
+        assert!(
+            new_collisions(Some(&first), &first).is_empty(),
+            "a re-index with the same collisions logs nothing"
+        );
+        let second = [
+            c("a.rb", "m1", "m2"),
+            c("b.rb", "m3", "m1"),
+            c("c.rb", "m1", "m2"),
+        ];
+        assert_eq!(
+            new_collisions(Some(&first), &second),
+            vec![&second[1], &second[2]],
+            "a changed winner and a new path are new"
+        );
     }
 }

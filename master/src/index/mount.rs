@@ -36,7 +36,7 @@ pub struct Root {
 }
 
 /// A path served by two modules: the first wins.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Collision {
     /// The relative path.
     pub path: String,
@@ -140,9 +140,6 @@ impl MountIndex {
             .sort_unstable_by(|&a, &b| index.node(a).rel.as_str().cmp(index.node(b).rel.as_str()));
         lookup.shrink_to_fit();
         index.lookup = lookup;
-        for c in &collisions {
-            tracing::info!(mount = mount.as_str(), path = %c.path, winner = %c.winner, hidden = %c.loser, "path served by two modules, first wins");
-        }
         index.collisions = collisions;
         index
     }
