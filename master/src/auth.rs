@@ -28,6 +28,7 @@ use pluginsync_common::envname::{EnvName, InvalidEnvName};
 use serde::Deserialize;
 
 use crate::api_error::ApiError;
+use crate::sample::Sampler;
 
 /// One `[[authorization]]` rule of `master.toml`: the first rule whose
 /// `certname` glob matches the client's certname decides; a client matched
@@ -141,62 +142,7 @@ pub enum Policy {
 pub struct Gate {
     authorizer: Arc<Authorizer>,
     policy: Policy,
-    refusals: Arc<Refusals>,
-}
-
-/// Refusals counted, and logged as a sample: one unauthenticated client
-/// once wrote 20,257 log lines in 30 s, one per request. The first refusal
-/// is logged, then at most one line per [`Refusals::INTERVAL`] carrying how
-/// many were refused since the last line.
-#[derive(Debug)]
-pub struct Refusals {
-    epoch: std::time::Instant,
-    total: std::sync::atomic::AtomicU64,
-    unlogged: std::sync::atomic::AtomicU64,
-    /// Seconds since `epoch` of the last line, plus 1 (0: never).
-    last_line: std::sync::atomic::AtomicU64,
-}
-
-impl Default for Refusals {
-    fn default() -> Self {
-        Refusals {
-            epoch: std::time::Instant::now(),
-            total: Default::default(),
-            unlogged: Default::default(),
-            last_line: Default::default(),
-        }
-    }
-}
-
-impl Refusals {
-    /// At most one log line per this many seconds.
-    pub const INTERVAL: u64 = 10;
-
-    /// Counts a refusal; returns `Some(n)` when this one is to be logged,
-    /// `n` being the refusals since the last line (this one included).
-    pub fn note(&self) -> Option<u64> {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.total.fetch_add(1, Relaxed);
-        self.unlogged.fetch_add(1, Relaxed);
-        let now = self.epoch.elapsed().as_secs() + 1;
-        let last = self.last_line.load(Relaxed);
-        let due = last == 0 || now >= last + Self::INTERVAL;
-        if due
-            && self
-                .last_line
-                .compare_exchange(last, now, Relaxed, Relaxed)
-                .is_ok()
-        {
-            Some(self.unlogged.swap(0, Relaxed))
-        } else {
-            None
-        }
-    }
-
-    /// Every refusal so far.
-    pub fn total(&self) -> u64 {
-        self.total.load(std::sync::atomic::Ordering::Relaxed)
-    }
+    refusals: Arc<Sampler>,
 }
 
 /// A client [`Gate::admit`] let in: what it may read.
@@ -215,6 +161,11 @@ impl Gate {
             policy,
             refusals: Arc::default(),
         }
+    }
+
+    /// Requests refused so far: no usable identity, or `[[authorization]]`.
+    pub fn refusals(&self) -> u64 {
+        self.refusals.total()
     }
 
     /// The first half of the step: a request without a client certificate
@@ -375,18 +326,6 @@ mod tests {
             certname_of(b"not a certificate"),
             Err(NoIdentity::Unparsable)
         );
-    }
-
-    #[test]
-    fn refusals_are_counted_and_logged_as_a_sample() {
-        let r = Refusals::default();
-        assert_eq!(r.note(), Some(1), "the first refusal is logged");
-        let logged: Vec<_> = (0..10_000).filter_map(|_| r.note()).collect();
-        assert!(
-            logged.is_empty(),
-            "then nothing within the interval: {logged:?}"
-        );
-        assert_eq!(r.total(), 10_001);
     }
 
     #[test]

@@ -45,6 +45,20 @@ pub struct MasterConfig {
     /// authenticated client may read every environment.
     #[serde(default)]
     pub authorization: Vec<auth::AuthRule>,
+    /// Prometheus metrics.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]` (README, "Metrics").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Plain-HTTP address of `GET /metrics`, e.g. `"127.0.0.1:9140"`; unset:
+    /// no metrics listener. Apart from the mTLS port: keep it on loopback
+    /// or a management network.
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
 }
 
 /// `[tls]`.

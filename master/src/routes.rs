@@ -1,8 +1,13 @@
 //! The router: Puppet's v3 file-serving endpoints, the health check, and
 //! the layers every response goes through (`X-Puppet-Version`, request
-//! bodies refused, a request timeout, panics turned into 500s).
+//! bodies refused, a request timeout, panics turned into 500s, and the
+//! outermost one, [`measure`]: each answer counted by endpoint and status,
+//! timed and its body bytes counted for the metrics — README, "Metrics").
 
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::Request;
@@ -16,9 +21,11 @@ use pluginsync_common::protocol;
 use crate::api_error::ApiError;
 use crate::handlers;
 use crate::state::AppState;
+use crate::store::Store;
 
 /// Builds the application router.
 pub fn router(state: AppState, request_timeout: Duration) -> Router {
+    let store = state.store.clone();
     Router::new()
         .route(
             &format!("{}/{{*rest}}", protocol::FILE_METADATAS),
@@ -52,6 +59,97 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
             ApiError::internal().into_response()
         }))
         .layer(middleware::map_response(puppet_version))
+        .layer(middleware::from_fn(move |req, next| {
+            measure(store.clone(), req, next)
+        }))
+}
+
+/// The metrics' name for the endpoint of `path`: a bounded set, never the
+/// path itself (which would name files and environments).
+pub fn endpoint_of(path: &str) -> &'static str {
+    let under = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('/'))
+    };
+    if under(protocol::FILE_METADATAS) {
+        "file_metadatas"
+    } else if under(protocol::FILE_METADATA) {
+        "file_metadata"
+    } else if under(protocol::FILE_CONTENT) {
+        "file_content"
+    } else if path.starts_with(protocol::BLOB_PREFIX) {
+        "blob"
+    } else if path == protocol::BATCH_PATH {
+        "blob_batch"
+    } else if path == protocol::STATUS_SIMPLE {
+        "status"
+    } else {
+        "other"
+    }
+}
+
+/// Counts, times and measures every answer (the outermost layer, so
+/// timeouts and panics are counted too). The latency is the time to the
+/// response headers; body bytes are counted as they are sent and recorded
+/// when the body ends or is dropped (a client that goes away mid-body
+/// counts what was sent).
+async fn measure(store: Arc<Store>, req: Request, next: Next) -> Response {
+    let endpoint = endpoint_of(req.uri().path());
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    store
+        .metrics
+        .request(endpoint, resp.status().as_u16(), started.elapsed());
+    let (parts, body) = resp.into_parts();
+    let counted = Counted {
+        inner: body,
+        bytes: 0,
+        endpoint,
+        store,
+    };
+    Response::from_parts(parts, axum::body::Body::new(counted))
+}
+
+/// A response body whose bytes are counted for the metrics.
+struct Counted {
+    inner: axum::body::Body,
+    bytes: u64,
+    endpoint: &'static str,
+    store: Arc<Store>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.store.metrics.response_bytes(self.endpoint, self.bytes);
+        }
+    }
+}
+
+impl http_body::Body for Counted {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            self.bytes += data.len() as u64;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 async fn fallback(req: Request) -> Response {

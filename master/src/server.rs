@@ -112,6 +112,10 @@ pub async fn serve(
         store: store.clone(),
         gate: Gate::new(authorizer, config.tls.client_auth.into()),
     };
+    let metrics_server = match config.metrics.listen {
+        Some(addr) => Some(spawn_metrics(addr, &store, &connections, &state.gate).await?),
+        None => None,
+    };
     let app = crate::routes::router(state, config.http.request_timeout);
     let handle: Handle<SocketAddr> = Handle::new();
     let mut servers = Vec::new();
@@ -124,6 +128,7 @@ pub async fn serve(
             RustlsAcceptor::new(tls.clone())
                 .handshake_timeout(config.http.handshake_timeout)
                 .acceptor(conns::Admit::new(connections.clone())),
+            store.clone(),
         );
         let mut server = axum_server::from_tcp(listener)
             .with_context(|| format!("cannot listen on {addr}"))?
@@ -182,8 +187,74 @@ pub async fn serve(
         s.await.context("server task")??;
     }
     reaper.abort();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Serves `GET /metrics` in the Prometheus text format on `addr`, plain
+/// HTTP (README, "Metrics").
+async fn spawn_metrics(
+    addr: SocketAddr,
+    store: &Arc<Store>,
+    connections: &Arc<Connections>,
+    gate: &Gate,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for metrics"))?;
+    let (store, connections, gate) = (store.clone(), connections.clone(), gate.clone());
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let (store, connections, gate) = (store.clone(), connections.clone(), gate.clone());
+            async move {
+                let text = tokio::task::spawn_blocking(move || {
+                    store.metrics.render(&snapshot(&store, &connections, &gate))
+                })
+                .await
+                .unwrap_or_default();
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    text,
+                )
+            }
+        }),
+    );
+    let bound = listener.local_addr().unwrap_or(addr);
+    tracing::info!("metrics on http://{bound}/metrics");
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics listener failed");
+        }
+    }))
+}
+
+/// What the metrics read at scrape time (`metrics::Snapshot`).
+fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::metrics::Snapshot {
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let s = &store.stats;
+    let c = connections.stats();
+    let tls = &store.config().tls;
+    crate::metrics::Snapshot {
+        open_connections: c.open as u64,
+        connections_evicted: c.evicted,
+        connections_refused: c.refused,
+        listing_cache_hits: load(&s.listing_cache_hits),
+        listing_cache_misses: load(&s.listings_serialised),
+        listing_cache_evictions: load(&s.listing_cache_evictions),
+        listings_not_modified: load(&s.listings_not_modified),
+        files_hashed: load(&s.files_hashed),
+        watch_events: load(&s.watch_events),
+        authorization_refusals: gate.refusals(),
+        server_certificate_expiry: crate::tls::certificate_expiry(&tls.cert),
+        crl_next_update: tls.crl.as_deref().and_then(crate::tls::crl_next_update),
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT; SIGHUP reloads TLS in the meantime.

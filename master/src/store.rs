@@ -18,6 +18,7 @@ use pluginsync_common::envname::EnvName;
 use crate::config::MasterConfig;
 use crate::environments;
 use crate::index::{EnvIndex, Hashing, Mount};
+use crate::metrics::Metrics;
 
 /// Counters, exposed for tests and `/metrics`-style introspection.
 #[derive(Debug, Default)]
@@ -37,6 +38,10 @@ pub struct Stats {
     /// Listings serialised on the request path (cache misses); the
     /// standard listings are serialised by the index build instead.
     pub listings_serialised: AtomicU64,
+    /// Listings evicted from the listing caches.
+    pub listing_cache_evictions: AtomicU64,
+    /// Filesystem events the watcher received.
+    pub watch_events: AtomicU64,
 }
 
 /// Every environment's index.
@@ -47,6 +52,8 @@ pub struct Store {
     build_lock: tokio::sync::Mutex<()>,
     /// Counters.
     pub stats: Stats,
+    /// The labelled metrics (README, "Metrics").
+    pub metrics: Metrics,
     /// True once SIGTERM/SIGINT arrived: the health check answers 503.
     pub draining: AtomicBool,
 }
@@ -59,6 +66,7 @@ impl Store {
             envs: RwLock::new(HashMap::new()),
             build_lock: tokio::sync::Mutex::new(()),
             stats: Stats::default(),
+            metrics: Metrics::new(),
             draining: AtomicBool::new(false),
         })
     }
@@ -144,6 +152,12 @@ impl Store {
             );
             let hashed = self.stats.files_hashed.load(Ordering::Relaxed) - before;
             idx.warm();
+            let mounts = Mount::ALL.map(|m| {
+                let (files, bytes) = idx.served(m);
+                (m.as_str(), files, bytes)
+            });
+            self.metrics
+                .index_built(name.as_str(), started.elapsed(), &mounts);
             tracing::info!(
                 env = %name,
                 plugins = idx.file_count(Mount::Plugins),

@@ -82,3 +82,26 @@ pub fn server_tls(tls: &TlsConfig) -> Result<ServerTls, ServerTlsError> {
         client_verifier,
     })
 }
+
+/// When the first certificate of the PEM file `path` expires (Unix
+/// seconds), or `None` if it cannot be read.
+pub fn certificate_expiry(path: &std::path::Path) -> Option<i64> {
+    use rustls_pki_types::pem::PemObject;
+    let der = rustls_pki_types::CertificateDer::from_pem_file(path).ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
+/// The earliest `nextUpdate` of the CRLs in the PEM file `path` (Unix
+/// seconds), or `None` if it cannot be read or no CRL has one.
+pub fn crl_next_update(path: &std::path::Path) -> Option<i64> {
+    use rustls_pki_types::pem::PemObject;
+    rustls_pki_types::CertificateRevocationListDer::pem_file_iter(path)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|der| {
+            let (_, crl) = x509_parser::parse_x509_crl(&der).ok()?;
+            crl.next_update().map(|t| t.timestamp())
+        })
+        .min()
+}

@@ -34,7 +34,12 @@ pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<notify::RecommendedWatc
     let config = store.config().clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<notify::Result<notify::Event>>();
     let watcher = if config.index.watch {
+        let counted = store.clone();
         let mut w = notify::recommended_watcher(move |ev| {
+            counted
+                .stats
+                .watch_events
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let _receiver_gone = tx.send(ev);
         })?;
         for dir in config

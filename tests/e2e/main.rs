@@ -27,6 +27,8 @@ mod master_etag;
 mod master_hostile;
 // What clients can hold: idle and stalled connections, max_connections, revocation on SIGHUP and in the chain.
 mod master_limits;
+// Prometheus metrics of the real master: counters follow the traffic, promtool accepts them.
+mod master_metrics;
 // What a listing says: checksums, order, first-wins collisions, ignores, links, modes.
 mod master_listing;
 // The master binary as a service manager sees it: SIGTERM, draining, exit status.

@@ -102,11 +102,16 @@ pub async fn file_metadatas(
         })?
         .map_err(listing_error)?;
     let (listing, served) = listing;
+    let stats = &state.store.stats;
     match served {
-        Served::Cached => &state.store.stats.listing_cache_hits,
-        Served::Serialised => &state.store.stats.listings_serialised,
-    }
-    .fetch_add(1, Ordering::Relaxed);
+        Served::Cached => stats.listing_cache_hits.fetch_add(1, Ordering::Relaxed),
+        Served::Serialised { evicted } => {
+            stats
+                .listing_cache_evictions
+                .fetch_add(evicted, Ordering::Relaxed);
+            stats.listings_serialised.fetch_add(1, Ordering::Relaxed)
+        }
+    };
     if let Some(max) = max_files
         && listing.count > max
     {

@@ -260,10 +260,10 @@ impl ListingCache {
     }
 
     /// Keeps `listing` under `key` in `recent`, evicting the least recently
-    /// used to stay in budget.
-    pub(super) fn insert(&self, key: CacheKey, listing: Arc<CachedListing>) {
+    /// used to stay in budget; returns how many were evicted.
+    pub(super) fn insert(&self, key: CacheKey, listing: Arc<CachedListing>) -> u64 {
         self.lock()
-            .insert(key, listing, self.max_entries, self.max_bytes);
+            .insert(key, listing, self.max_entries, self.max_bytes)
     }
 
     /// Keeps a standard listing for the index's lifetime.
@@ -322,16 +322,17 @@ impl Lru {
         listing: Arc<CachedListing>,
         max_entries: usize,
         max_bytes: usize,
-    ) {
+    ) -> u64 {
         if self.map.contains_key(&key) {
-            return;
+            return 0;
         }
         let cost = listing.cost();
         // A single listing larger than the whole budget is served, not kept
         // (and does not flush what is cached).
         if cost > max_bytes {
-            return;
+            return 0;
         }
+        let mut evicted = 0;
         while !self.map.is_empty()
             && (self.map.len() >= max_entries || self.bytes + cost > max_bytes)
         {
@@ -340,12 +341,14 @@ impl Lru {
             };
             if let Some((gone, _)) = self.map.remove(&old) {
                 self.bytes -= gone.cost();
+                evicted += 1;
             }
         }
         let now = self.next_tick();
         self.bytes += cost;
         self.order.insert(now, key.clone());
         self.map.insert(key, (listing, now));
+        evicted
     }
 }
 

@@ -66,8 +66,12 @@ use self::listing::{ListingCache, Serialiser};
 pub enum Served {
     /// From the listing cache.
     Cached,
-    /// Serialised for this request (then cached, within budget).
-    Serialised,
+    /// Serialised for this request (then cached, within budget), which
+    /// evicted this many cached listings.
+    Serialised {
+        /// Listings evicted to keep this one.
+        evicted: u64,
+    },
 }
 
 /// One environment: both mounts plus caches.
@@ -160,6 +164,18 @@ impl EnvIndex {
             .count()
     }
 
+    /// Files served by a mount, and their bytes.
+    pub fn served(&self, mount: Mount) -> (u64, u64) {
+        let m = self.mount(mount);
+        m.lookup
+            .iter()
+            .map(|&loc| m.node(loc))
+            .filter(|n| n.has_content())
+            .fold((0, 0), |(files, bytes), n| {
+                (files + 1, bytes + n.sig.map_or(0, |s| s.size))
+            })
+    }
+
     /// The standard listings: what a stock or pluginsync agent asks for
     /// (both mounts, both `source_permissions`, `links=follow`, Puppet's
     /// default ignores, sha256).
@@ -215,8 +231,8 @@ impl EnvIndex {
             return Ok((hit, Served::Cached));
         }
         let listing = self.serialise(mount, params)?;
-        self.responses.insert(key, listing.clone());
-        Ok((listing, Served::Serialised))
+        let evicted = self.responses.insert(key, listing.clone());
+        Ok((listing, Served::Serialised { evicted }))
     }
 
     /// Serialises the listing for `params`, bypassing the cache.

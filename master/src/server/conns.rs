@@ -56,6 +56,12 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tower::Service;
 
+use crate::sample::Sampler;
+use crate::store::Store;
+
+/// The error of a connection refused at `max_connections`.
+const REFUSED_AT_LIMIT: &str = "max_connections reached and every connection is busy";
+
 /// The limits a [`Connections`] registry enforces.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -254,9 +260,7 @@ impl Connections {
                 }
                 None => {
                     self.refused.fetch_add(1, Ordering::Relaxed);
-                    return Err(io::Error::other(
-                        "max_connections reached and every connection is busy",
-                    ));
+                    return Err(io::Error::other(REFUSED_AT_LIMIT));
                 }
             }
         }
@@ -503,12 +507,19 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
 #[derive(Debug, Clone)]
 pub struct Identify<A> {
     inner: A,
+    store: Arc<Store>,
+    failures: Arc<Sampler>,
 }
 
 impl<A> Identify<A> {
-    /// Wraps the TLS acceptor `inner`.
-    pub fn new(inner: A) -> Self {
-        Identify { inner }
+    /// Wraps the TLS acceptor `inner`; failed handshakes are counted in
+    /// `store`'s metrics and logged as a sample.
+    pub fn new(inner: A, store: Arc<Store>) -> Self {
+        Identify {
+            inner,
+            store,
+            failures: Arc::default(),
+        }
     }
 }
 
@@ -524,9 +535,28 @@ where
         Pin<Box<dyn Future<Output = io::Result<(Self::Stream, Self::Service)>> + Send + 'static>>;
 
     fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
+        let peer = stream.peer_addr().ok();
         let handshake = self.inner.accept(stream, service);
+        let (store, failures) = (self.store.clone(), self.failures.clone());
         Box::pin(async move {
-            let (tls, service) = handshake.await?;
+            let (tls, service) = match handshake.await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    if let Some(reason) = handshake_failure(&e) {
+                        store.metrics.handshake_failure(reason);
+                        if let Some(n) = failures.note() {
+                            tracing::warn!(
+                                peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
+                                reason,
+                                error = %e,
+                                failed_since_last_line = n,
+                                "TLS handshake failed"
+                            );
+                        }
+                    }
+                    return Err(e);
+                }
+            };
             let (tracked, session) = tls.get_ref();
             let conn = tracked.conn.clone();
             let chain = session
@@ -542,6 +572,37 @@ where
                 },
             ))
         })
+    }
+}
+
+/// The metrics' reason for a failed handshake (a bounded set), or `None`
+/// when the connection was refused before its handshake (at
+/// `max_connections`, counted apart).
+pub fn handshake_failure(e: &io::Error) -> Option<&'static str> {
+    use rustls::{CertificateError as C, Error as R};
+    if let Some(tls) = e.get_ref().and_then(|i| i.downcast_ref::<R>()) {
+        return Some(match tls {
+            R::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => "certificate_expired",
+            R::InvalidCertificate(C::NotValidYet | C::NotValidYetContext { .. }) => {
+                "certificate_not_yet_valid"
+            }
+            R::InvalidCertificate(C::Revoked) => "certificate_revoked",
+            R::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => "unknown_ca",
+            R::InvalidCertificate(_) => "certificate_invalid",
+            R::NoCertificatesPresented => "no_certificate",
+            R::AlertReceived(_) => "alert_received",
+            R::InvalidMessage(_) | R::PeerIncompatible(_) | R::PeerMisbehaved(_) => "protocol",
+            _ => "other",
+        });
+    }
+    match e.kind() {
+        io::ErrorKind::TimedOut => Some("timeout"),
+        io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe => Some("connection_closed"),
+        _ if e.to_string().contains(REFUSED_AT_LIMIT) => None,
+        _ => Some("other"),
     }
 }
 

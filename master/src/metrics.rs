@@ -1,0 +1,367 @@
+//! Prometheus metrics of the master (README, "Metrics"), served in the
+//! Prometheus text format on `[metrics] listen`, a plain-HTTP port apart
+//! from the mTLS one (off when unset).
+//!
+//! One [`Metrics`] per master, not a process-global recorder: tests run
+//! several masters in one process. Two kinds of series:
+//! - **recorded as they happen**, with labels: requests by endpoint and
+//!   status, response bytes, the latency histogram, TLS handshake failures
+//!   by reason, index builds per environment ([`Metrics::request`],
+//!   [`Metrics::handshake_failure`], [`Metrics::index_built`]);
+//! - **read at scrape time** from counters the master keeps anyway
+//!   (`store::Stats`, the connection registry, the TLS files): the caller
+//!   hands them over as a [`Snapshot`] to [`Metrics::render`], so this
+//!   module imports nothing of the master's.
+//!
+//! Names follow Prometheus' conventions: the `pluginsync_master_` prefix,
+//! base units (seconds, bytes), `_total` on counters, timestamps as
+//! `_timestamp_seconds`; label values are bounded (endpoint names, status
+//! codes, reasons, environment names — never paths or certnames).
+
+use std::time::Duration;
+
+use metrics::{Key, Label, Metadata, Recorder, SharedString, Unit};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+
+/// Latency buckets (seconds): 1 ms to 10 s.
+const LATENCY_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+/// Index build buckets (seconds): 10 ms to 5 min.
+const BUILD_BUCKETS: [f64; 10] = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0];
+
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+const REQUESTS: &str = "pluginsync_master_http_requests_total";
+const RESPONSE_BYTES: &str = "pluginsync_master_http_response_bytes_total";
+const DURATION: &str = "pluginsync_master_http_request_duration_seconds";
+const HANDSHAKE_FAILURES: &str = "pluginsync_master_tls_handshake_failures_total";
+const BUILDS: &str = "pluginsync_master_index_builds_total";
+const BUILD_DURATION: &str = "pluginsync_master_index_build_duration_seconds";
+const INDEX_FILES: &str = "pluginsync_master_index_files";
+const INDEX_BYTES: &str = "pluginsync_master_index_bytes";
+
+/// What is read at scrape time (see the module doc).
+#[derive(Debug, Default, Clone)]
+pub struct Snapshot {
+    /// Open client connections.
+    pub open_connections: u64,
+    /// Idle connections closed to make room at `max_connections`.
+    pub connections_evicted: u64,
+    /// Connections refused at `max_connections` (every one busy).
+    pub connections_refused: u64,
+    /// Listings answered from the listing cache.
+    pub listing_cache_hits: u64,
+    /// Listings serialised on the request path (cache misses).
+    pub listing_cache_misses: u64,
+    /// Listings evicted from the cache.
+    pub listing_cache_evictions: u64,
+    /// Listings answered `304 Not Modified`.
+    pub listings_not_modified: u64,
+    /// Files read and hashed by index builds.
+    pub files_hashed: u64,
+    /// Filesystem events the watcher received.
+    pub watch_events: u64,
+    /// Requests refused for their identity or by `[[authorization]]`.
+    pub authorization_refusals: u64,
+    /// When the server certificate expires (Unix seconds), if readable.
+    pub server_certificate_expiry: Option<i64>,
+    /// The CRL's `nextUpdate` (Unix seconds), if there is a CRL with one.
+    pub crl_next_update: Option<i64>,
+}
+
+/// The master's metrics.
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Empty metrics, every series described.
+    pub fn new() -> Metrics {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(DURATION.into()),
+                &LATENCY_BUCKETS,
+            )
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full(BUILD_DURATION.into()),
+                    &BUILD_BUCKETS,
+                )
+            })
+            .expect("bucket lists are non-empty")
+            .build_recorder();
+        let handle = recorder.handle();
+        let m = Metrics { recorder, handle };
+        let counter = |name: &'static str, unit: Option<Unit>, help: &'static str| {
+            m.recorder
+                .describe_counter(name.into(), unit, SharedString::const_str(help))
+        };
+        counter(
+            REQUESTS,
+            None,
+            "HTTP requests answered, by endpoint and status code.",
+        );
+        counter(
+            RESPONSE_BYTES,
+            Some(Unit::Bytes),
+            "Response body bytes sent, by endpoint.",
+        );
+        counter(
+            HANDSHAKE_FAILURES,
+            None,
+            "TLS handshakes that failed, by reason.",
+        );
+        counter(BUILDS, None, "Index builds completed, by environment.");
+        m.recorder.describe_histogram(
+            DURATION.into(),
+            Some(Unit::Seconds),
+            SharedString::const_str(
+                "Time from a request's arrival to its response headers, by endpoint.",
+            ),
+        );
+        m.recorder.describe_histogram(
+            BUILD_DURATION.into(),
+            Some(Unit::Seconds),
+            SharedString::const_str("Duration of index builds, by environment."),
+        );
+        m.recorder.describe_gauge(
+            INDEX_FILES.into(),
+            None,
+            SharedString::const_str("Files served, by environment and mount."),
+        );
+        m.recorder.describe_gauge(
+            INDEX_BYTES.into(),
+            Some(Unit::Bytes),
+            SharedString::const_str("Bytes of the files served, by environment and mount."),
+        );
+        for (name, help) in SNAPSHOT_SERIES {
+            if name.ends_with("_total") {
+                counter(name, None, help);
+            } else {
+                m.recorder
+                    .describe_gauge(name.into(), None, SharedString::const_str(help));
+            }
+        }
+        m
+    }
+
+    fn key(name: &'static str, labels: &[(&'static str, String)]) -> Key {
+        Key::from_parts(
+            name,
+            labels
+                .iter()
+                .map(|(k, v)| Label::new(*k, v.clone()))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// Records one answered request: `endpoint` (a bounded name such as
+    /// `file_metadatas`), its status, the body bytes sent and the time to
+    /// its response headers.
+    pub fn request(&self, endpoint: &'static str, status: u16, latency: Duration) {
+        let e = ("endpoint", endpoint.to_owned());
+        self.recorder
+            .register_counter(
+                &Self::key(REQUESTS, &[e.clone(), ("code", status.to_string())]),
+                &METADATA,
+            )
+            .increment(1);
+        self.recorder
+            .register_histogram(&Self::key(DURATION, &[e]), &METADATA)
+            .record(latency.as_secs_f64());
+    }
+
+    /// Records body bytes sent for `endpoint`.
+    pub fn response_bytes(&self, endpoint: &'static str, bytes: u64) {
+        self.recorder
+            .register_counter(
+                &Self::key(RESPONSE_BYTES, &[("endpoint", endpoint.to_owned())]),
+                &METADATA,
+            )
+            .increment(bytes);
+    }
+
+    /// Records a failed TLS handshake.
+    pub fn handshake_failure(&self, reason: &'static str) {
+        self.recorder
+            .register_counter(
+                &Self::key(HANDSHAKE_FAILURES, &[("reason", reason.to_owned())]),
+                &METADATA,
+            )
+            .increment(1);
+    }
+
+    /// Records an index build of `env`: its duration, and per mount the
+    /// files served and their bytes.
+    pub fn index_built(&self, env: &str, took: Duration, mounts: &[(&'static str, u64, u64)]) {
+        let e = ("environment", env.to_owned());
+        self.recorder
+            .register_counter(&Self::key(BUILDS, std::slice::from_ref(&e)), &METADATA)
+            .increment(1);
+        self.recorder
+            .register_histogram(
+                &Self::key(BUILD_DURATION, std::slice::from_ref(&e)),
+                &METADATA,
+            )
+            .record(took.as_secs_f64());
+        for &(mount, files, bytes) in mounts {
+            let labels = [e.clone(), ("mount", mount.to_owned())];
+            self.recorder
+                .register_gauge(&Self::key(INDEX_FILES, &labels), &METADATA)
+                .set(files as f64);
+            self.recorder
+                .register_gauge(&Self::key(INDEX_BYTES, &labels), &METADATA)
+                .set(bytes as f64);
+        }
+    }
+
+    /// The Prometheus text exposition, `snapshot` included.
+    pub fn render(&self, snapshot: &Snapshot) -> String {
+        let s = snapshot;
+        let values = [
+            s.open_connections,
+            s.connections_evicted,
+            s.connections_refused,
+            s.listing_cache_hits,
+            s.listing_cache_misses,
+            s.listing_cache_evictions,
+            s.listings_not_modified,
+            s.files_hashed,
+            s.watch_events,
+            s.authorization_refusals,
+        ];
+        for (&(name, _), value) in SNAPSHOT_SERIES.iter().zip(values) {
+            if name.ends_with("_total") {
+                self.recorder
+                    .register_counter(&Key::from_static_name(name), &METADATA)
+                    .absolute(value);
+            } else {
+                self.recorder
+                    .register_gauge(&Key::from_static_name(name), &METADATA)
+                    .set(value as f64);
+            }
+        }
+        for (name, value) in [
+            (SNAPSHOT_SERIES[10].0, snapshot.server_certificate_expiry),
+            (SNAPSHOT_SERIES[11].0, snapshot.crl_next_update),
+        ] {
+            if let Some(v) = value {
+                self.recorder
+                    .register_gauge(&Key::from_static_name(name), &METADATA)
+                    .set(v as f64);
+            }
+        }
+        self.handle.render()
+    }
+}
+
+/// The series read at scrape time, with their help texts, in
+/// [`Metrics::render`]'s order.
+const SNAPSHOT_SERIES: [(&str, &str); 12] = [
+    (
+        "pluginsync_master_open_connections",
+        "Client connections open now.",
+    ),
+    (
+        "pluginsync_master_connections_evicted_total",
+        "Idle connections closed to make room at http.max_connections.",
+    ),
+    (
+        "pluginsync_master_connections_refused_total",
+        "Connections refused at http.max_connections, every open one busy.",
+    ),
+    (
+        "pluginsync_master_listing_cache_hits_total",
+        "Listings answered from the listing cache.",
+    ),
+    (
+        "pluginsync_master_listing_cache_misses_total",
+        "Listings serialised on the request path.",
+    ),
+    (
+        "pluginsync_master_listing_cache_evictions_total",
+        "Listings evicted from the listing cache.",
+    ),
+    (
+        "pluginsync_master_listings_not_modified_total",
+        "Listings answered 304 Not Modified.",
+    ),
+    (
+        "pluginsync_master_files_hashed_total",
+        "Files read and hashed by index builds.",
+    ),
+    (
+        "pluginsync_master_watch_events_total",
+        "Filesystem events received by the watcher.",
+    ),
+    (
+        "pluginsync_master_authorization_refusals_total",
+        "Requests refused for their client certificate or by [[authorization]].",
+    ),
+    (
+        "pluginsync_master_server_certificate_expiry_timestamp_seconds",
+        "When the server certificate expires (Unix time).",
+    ),
+    (
+        "pluginsync_master_crl_next_update_timestamp_seconds",
+        "The CRL's nextUpdate (Unix time).",
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_series_appear_with_their_labels_and_help() {
+        let m = Metrics::new();
+        for _ in 0..3 {
+            m.request("file_metadatas", 200, Duration::from_millis(3));
+        }
+        m.request("file_content", 404, Duration::from_millis(1));
+        m.response_bytes("file_content", 1234);
+        m.handshake_failure("unknown_ca");
+        m.index_built(
+            "production",
+            Duration::from_millis(20),
+            &[("plugins", 7, 700)],
+        );
+        let text = m.render(&Snapshot {
+            open_connections: 2,
+            listing_cache_hits: 5,
+            server_certificate_expiry: Some(1_900_000_000),
+            ..Snapshot::default()
+        });
+        for want in [
+            "pluginsync_master_http_requests_total{endpoint=\"file_metadatas\",code=\"200\"} 3",
+            "pluginsync_master_http_requests_total{endpoint=\"file_content\",code=\"404\"} 1",
+            "pluginsync_master_http_response_bytes_total{endpoint=\"file_content\"} 1234",
+            "pluginsync_master_tls_handshake_failures_total{reason=\"unknown_ca\"} 1",
+            "pluginsync_master_index_builds_total{environment=\"production\"} 1",
+            "pluginsync_master_index_files{environment=\"production\",mount=\"plugins\"} 7",
+            "pluginsync_master_open_connections 2",
+            "pluginsync_master_listing_cache_hits_total 5",
+            "pluginsync_master_server_certificate_expiry_timestamp_seconds 1900000000",
+            "# HELP pluginsync_master_http_requests_total HTTP requests answered",
+            "pluginsync_master_http_request_duration_seconds_bucket{endpoint=\"file_metadatas\",le=\"0.005\"} 3",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in:\n{text}");
+        }
+    }
+}
