@@ -505,7 +505,7 @@ async fn launch_attempts(
         }
     }
     Err(if attempts > 1 {
-        format!("{last} (after {attempts} attempts)")
+        format!("{last} (attempt {attempts} of {attempts})")
     } else {
         last
     })
