@@ -496,7 +496,7 @@ match = "celerity/**"
 kind = "describe"
 layout = "celerity"
 roots = ["celerity/site", "celerity/base"]
-timeout = "1s"
+timeout = "2s"
 "#;
     let (home, l, rows) = sync_and_list(&tree, config);
     let p = |rel: &str| format!("plugins/celerity/{rel}");
@@ -585,7 +585,7 @@ timeout = "1s"
         &l,
         &p("site/providers/celerity/mute/1.0.0/plugin"),
         "failed",
-        "timed out after 1s (killed with its process group) (attempt 5 of 5)",
+        "timed out after 2s (killed with its process group) (attempt 5 of 5)",
     );
     let children = std::fs::read_to_string(&pids).unwrap();
     assert_eq!(
