@@ -191,9 +191,16 @@ pub struct LoaderConfig {
     /// Deadline of one launch; the child and its process group are killed.
     #[serde(default = "default_loader_timeout", with = "humantime_serde")]
     pub timeout: Duration,
-    /// Launches tried before the load counts as failed.
-    #[serde(default = "default_attempts")]
-    pub attempts: u32,
+    /// Launches tried before the load counts as failed; unset: 5 for
+    /// `layout = "celerity"` (Celerity's launch attempt limit), else 1
+    /// ([`LoaderConfig::attempts`]).
+    #[serde(default)]
+    pub attempts: Option<u32>,
+    /// For `describe`: run the `describe` handshake; unset: on for every
+    /// layout but `kustomize`, whose exec plugins only take their
+    /// configuration file ([`LoaderConfig::handshake`]).
+    #[serde(default)]
+    pub handshake: Option<bool>,
     /// Extra environment variables.
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
@@ -225,6 +232,29 @@ pub enum Layout {
     /// optional `<os>_<arch>` directory, and unversioned local builds in
     /// `host_dir`.
     Terraform,
+    /// Celerity's Deploy Engine:
+    /// `{providers,transformers}/[<host>/]<namespace>/<name>/<version>/plugin`.
+    Celerity,
+    /// kustomize's exec plugins: `<apiVersion>/<lowercase kind>/<Kind>`.
+    Kustomize,
+}
+
+impl LoaderConfig {
+    /// Launch attempts per load: `attempts`, or the layout's default (5
+    /// for Celerity, whose Deploy Engine relaunches a plugin that did not
+    /// register up to 4 times; 1 otherwise).
+    pub fn attempts(&self) -> u32 {
+        self.attempts.unwrap_or(match self.layout {
+            Layout::Celerity if self.kind == LoaderKind::Describe => 5,
+            _ => 1,
+        })
+    }
+
+    /// Whether a `describe` load runs the handshake: `handshake`, or on
+    /// for every layout but kustomize.
+    pub fn handshake(&self) -> bool {
+        self.handshake.unwrap_or(self.layout != Layout::Kustomize)
+    }
 }
 
 fn default_loader_timeout() -> Duration {
@@ -232,9 +262,6 @@ fn default_loader_timeout() -> Duration {
 }
 fn default_loader_mount() -> pluginsync_common::protocol::Mount {
     pluginsync_common::protocol::Mount::Plugins
-}
-fn default_attempts() -> u32 {
-    1
 }
 
 fn default_servers() -> Vec<String> {
@@ -318,13 +345,21 @@ impl AgentConfig {
                         e.kind()
                     ))
                 })?;
+            for r in l.roots.iter().chain(&l.host_dir) {
+                if pluginsync_common::relpath::RelPath::parse(r.trim_end_matches('/')).is_err() {
+                    return Err(ConfigError::Invalid(format!(
+                        "[[loader]] {}: root '{r}' must be a relative path inside the destination",
+                        i + 1
+                    )));
+                }
+            }
             if l.kind == LoaderKind::Command && l.command.is_empty() {
                 return Err(ConfigError::Invalid(format!(
                     "[[loader]] {} (kind = \"command\") needs a command",
                     i + 1
                 )));
             }
-            if l.attempts == 0 {
+            if l.attempts == Some(0) {
                 return Err(ConfigError::Invalid(format!(
                     "[[loader]] {}: attempts must be at least 1",
                     i + 1

@@ -4,7 +4,7 @@
 //! resource per destination) → listing (client: HTTP; listing: validation)
 //! and local scan (scan, with the hints of cache) → plan (plan, pure) →
 //! stage and verify (stage: every file write) → commit (commit) → report
-//! (report) → load changed files (load, plugins)`, driven by
+//! (report) → load changed files (load, launch, layouts, plugins)`, driven by
 //! [`sync::run`], whose module has one function per arrow. Each step is a
 //! module that can be tested alone, and no two modules import each other.
 
@@ -15,6 +15,8 @@ pub mod client;
 pub mod commit;
 pub mod config;
 pub mod exit;
+pub mod launch;
+pub mod layouts;
 pub mod listing;
 pub mod load;
 pub mod lock;

@@ -10,28 +10,32 @@
 //! all the same (Puppet stops at the first failing file; Celerity and
 //! kustomize fail the run).
 //!
-//! `kind = "describe"` follows Packer: the name must parse
-//! ([`crate::plugins::parse_name`]) and target this host, the file must be
-//! executable, an optional `<file>_SHA256SUM` must match its sha256, and
-//! `<file> describe` must print JSON whose `version` and `api_version` match
-//! the name. Accepted plugins go to the registry.
+//! `kind = "describe"` registers executable plugins in one of four layouts
+//! (Packer, Terraform, Celerity, kustomize; README, "Plugin layouts"): the
+//! layout names the plugin from its path ([`crate::layouts::identify`]),
+//! the file must be executable, a Packer or Terraform `<file>_SHA256SUM`
+//! must match its sha256, and `<file> describe` (the one handshake of every
+//! layout, up to `attempts` launches each with its deadline) must print JSON
+//! whose `version`, `api_version` and `id` agree with the path. Accepted
+//! plugins go to the registry. Launching children is `launch.rs`'s.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use globset::{GlobBuilder, GlobMatcher};
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
+use semver::Version;
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncReadExt;
 
 use crate::config::{Layout, LoadConfig, LoaderConfig, LoaderKind};
+use crate::launch::{ChildOutput, run_isolated};
+use crate::layouts::{self, Found, Identified};
 use crate::plugins::{self, Constraint, Registered, Registry};
+
+pub use crate::launch::{SUPERVISE, supervised, use_supervisor};
 
 /// How a load ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,132 +62,6 @@ pub struct LoadEntry {
     pub error: Option<String>,
     /// Wall time.
     pub duration_ms: u64,
-}
-
-/// Go's operating system names, to tell an `<os>_<arch>` directory.
-const GO_OSES: &[&str] = &[
-    "linux", "darwin", "windows", "freebsd", "openbsd", "netbsd", "solaris", "illumos", "aix",
-];
-
-/// Bytes of a child's output kept (the rest is drained and dropped).
-const CAPTURE: usize = 64 * 1024;
-
-/// A finished child.
-#[derive(Debug)]
-pub struct ChildOutput {
-    /// Standard output (first 64 KiB).
-    pub stdout: Vec<u8>,
-    /// Standard error (first 64 KiB).
-    pub stderr: Vec<u8>,
-}
-
-async fn capture(mut r: impl tokio::io::AsyncRead + Unpin) -> Vec<u8> {
-    let mut kept = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        match r.read(&mut buf).await {
-            Ok(0) | Err(_) => return kept,
-            Ok(n) => {
-                let room = CAPTURE.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
-            }
-        }
-    }
-}
-
-fn tail(bytes: &[u8]) -> String {
-    let s = String::from_utf8_lossy(bytes);
-    let last: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
-    last.iter()
-        .rev()
-        .take(1)
-        .map(|l| l.chars().take(300).collect::<String>())
-        .collect()
-}
-
-/// Runs `argv` in its own process group with `env` added; kills the group
-/// at `timeout`. `Ok` only for exit status 0.
-pub async fn run_isolated(
-    argv: &[String],
-    env: &BTreeMap<String, String>,
-    timeout: Duration,
-) -> Result<ChildOutput, String> {
-    let (program, args) = argv.split_first().ok_or("empty command")?;
-    let mut cmd = match SUPERVISOR.get() {
-        // The agent binary in its supervisor mode, which execs nothing
-        // itself but runs `argv` and dies with its process group when the
-        // agent dies (see `supervise`).
-        Some(agent) => {
-            let mut cmd = tokio::process::Command::new(agent);
-            cmd.arg(SUPERVISE)
-                .arg(std::process::id().to_string())
-                .arg(program);
-            cmd
-        }
-        None => tokio::process::Command::new(program),
-    };
-    cmd.args(args)
-        .envs(env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot run '{program}': {e}"))?;
-    let pid = child.id();
-    let out = tokio::spawn(capture(child.stdout.take().ok_or("no stdout")?));
-    let err = tokio::spawn(capture(child.stderr.take().ok_or("no stderr")?));
-    let status = match tokio::time::timeout(timeout, child.wait()).await {
-        Ok(status) => status.map_err(|e| format!("waiting for '{program}': {e}"))?,
-        Err(_) => {
-            if let Some(pid) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-                let _already_gone =
-                    rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-            }
-            let _ = child.wait().await;
-            return Err(format!(
-                "timed out after {} (killed with its process group)",
-                humantime(timeout)
-            ));
-        }
-    };
-    // Output readers end when the pipes close; a grandchild that escaped the
-    // group could hold them open, so do not wait for it forever.
-    let grace = Duration::from_secs(1);
-    let stdout = tokio::time::timeout(grace, out)
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default();
-    let stderr = tokio::time::timeout(grace, err)
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default();
-    if status.success() {
-        return Ok(ChildOutput { stdout, stderr });
-    }
-    let why = match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exited with status {code}"),
-        (None, Some(sig)) => format!("killed by signal {sig}"),
-        _ => "failed".to_owned(),
-    };
-    let detail = tail(&stderr);
-    Err(if detail.is_empty() {
-        why
-    } else {
-        format!("{why}: {detail}")
-    })
-}
-
-fn humantime(d: Duration) -> String {
-    if d.subsec_millis() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
-    }
 }
 
 /// The configured loaders, compiled.
@@ -271,7 +149,7 @@ impl Loaders {
                 continue;
             }
             let result = match loader.kind {
-                LoaderKind::Command => self.command(loader, rel, &abs).await,
+                LoaderKind::Command => self.command(loader, *mount, root, rel, &abs).await,
                 LoaderKind::Describe => {
                     if rel.as_str().ends_with("_SHA256SUM") {
                         out.push(skipped(
@@ -281,7 +159,14 @@ impl Loaders {
                         ));
                         continue;
                     }
-                    match self.describe(loader, root, rel, &abs, registry).await {
+                    let mut evicted = Vec::new();
+                    let result = self
+                        .describe(loader, *mount, root, rel, &abs, registry, &mut evicted)
+                        .await;
+                    for gone in evicted {
+                        evict(&mut out, *mount, root, &gone, &name);
+                    }
+                    match result {
                         Ok(Some(why)) => {
                             out.push(skipped(path, Some(name), &why));
                             continue;
@@ -313,9 +198,14 @@ impl Loaders {
             && out.iter().any(|e| e.status == LoadStatus::Ok)
         {
             let started = Instant::now();
+            let env = BTreeMap::from([(
+                "PLUGINSYNC_ENVIRONMENT".to_owned(),
+                self.environment.clone(),
+            )]);
             let result = run_isolated(
                 &self.config.after_load,
-                &BTreeMap::new(),
+                &env,
+                None,
                 self.config.after_load_timeout,
             )
             .await;
@@ -334,49 +224,77 @@ impl Loaders {
         out
     }
 
+    /// The variables the agent sets for a child loading `rel` of `mount`
+    /// (over the loader's `env`): `PLUGINSYNC_ENVIRONMENT`,
+    /// `PLUGINSYNC_MOUNT`, `PLUGINSYNC_PATH` and `PLUGINSYNC_RELPATH`.
+    fn child_env(
+        &self,
+        loader: &LoaderConfig,
+        mount: Mount,
+        rel: &RelPath,
+        abs: &Path,
+    ) -> BTreeMap<String, String> {
+        let mut env = loader.env.clone();
+        env.insert("PLUGINSYNC_ENVIRONMENT".into(), self.environment.clone());
+        env.insert("PLUGINSYNC_MOUNT".into(), mount.to_string());
+        env.insert("PLUGINSYNC_PATH".into(), abs.to_string_lossy().into_owned());
+        env.insert("PLUGINSYNC_RELPATH".into(), rel.as_str().to_owned());
+        env
+    }
+
+    /// A `command` load: the placeholders substituted in one pass
+    /// ([`substitute`]), run in the destination directory, up to
+    /// `attempts` launches.
     async fn command(
         &self,
         loader: &LoaderConfig,
+        mount: Mount,
+        root: &Path,
         rel: &RelPath,
         abs: &Path,
     ) -> Result<(), String> {
+        // A relative path that begins with '-' would be read as an option
+        // by most programs; `./-x` names the same file (the loader runs in
+        // the destination directory) and cannot be.
+        let relpath = if rel.as_str().starts_with('-') {
+            format!("./{}", rel.as_str())
+        } else {
+            rel.as_str().to_owned()
+        };
+        let path = abs.to_string_lossy();
+        let values = [
+            ("path", path.as_ref()),
+            ("relpath", relpath.as_str()),
+            ("environment", self.environment.as_str()),
+        ];
         let argv: Vec<String> = loader
             .command
             .iter()
-            .map(|a| {
-                a.replace("{path}", &abs.to_string_lossy())
-                    .replace("{relpath}", rel.as_str())
-                    .replace("{environment}", &self.environment)
-            })
+            .map(|a| substitute(a, &values))
             .collect();
-        let mut last = String::new();
-        for attempt in 1..=loader.attempts {
-            match run_isolated(&argv, &loader.env, loader.timeout).await {
-                Ok(_) => return Ok(()),
-                Err(e) => {
-                    last = if loader.attempts > 1 {
-                        format!("{e} (attempt {attempt} of {})", loader.attempts)
-                    } else {
-                        e
-                    };
-                }
-            }
-        }
-        Err(last)
+        let env = self.child_env(loader, mount, rel, abs);
+        launch_attempts(loader, &argv, &env, Some(root))
+            .await
+            .map(|_| ())
     }
 
     /// A `describe` load: the layout gives the identity, version and
-    /// target from the path; then the roots, the exec bit, the optional
-    /// `_SHA256SUM` sidecar and the `describe` handshake. `Ok(Some(why))`:
-    /// skipped (outside the roots, shadowed, another os/arch where the
-    /// layout's system ignores those).
+    /// target from the path ([`layouts::identify`]); then the roots, the
+    /// Celerity ID's uniqueness, the exec bit, the `_SHA256SUM` sidecar
+    /// (Packer, Terraform) and the `describe` handshake (unless
+    /// `handshake = false`). `Ok(Some(why))`: skipped (outside the roots,
+    /// shadowed, not a plugin as the layout's system sees it). Registry
+    /// entries a Celerity ID clash takes out are pushed to `evicted`.
+    #[allow(clippy::too_many_arguments)]
     async fn describe(
         &self,
         loader: &LoaderConfig,
+        mount: Mount,
         root: &Path,
         rel: &RelPath,
         abs: &Path,
         registry: &mut Registry,
+        evicted: &mut Vec<String>,
     ) -> Result<Option<String>, String> {
         let file_name = abs
             .file_name()
@@ -384,56 +302,33 @@ impl Loaders {
             .ok_or("file name is not UTF-8")?;
         let roots: Vec<PathBuf> = loader.roots.iter().map(|r| root.join(r)).collect();
         let root_of = |p: &Path| roots.iter().position(|r| p.starts_with(r));
-        let my_root = if roots.is_empty() {
-            0
+        let (my_root, base) = if roots.is_empty() {
+            (0, root.to_path_buf())
         } else {
             match root_of(abs) {
-                Some(i) => i,
+                Some(i) => (i, roots[i].clone()),
                 None => return Ok(Some("outside the loader's roots".into())),
             }
         };
-        let (id, version, api, local) = match loader.layout {
-            Layout::Packer => {
-                let name = plugins::parse_name(file_name, &self.config.plugin_prefix)?;
-                if name.os != plugins::host_os() || name.arch != plugins::host_arch() {
-                    return Err(format!(
-                        "built for {}/{}, this host is {}/{}",
-                        name.os,
-                        name.arch,
-                        plugins::host_os(),
-                        plugins::host_arch()
-                    ));
-                }
-                (name.name, Some(name.version), Some(name.api), false)
-            }
-            Layout::Terraform => {
-                let name = plugins::parse_terraform(file_name)?;
-                // Terraform looks only in its own <os>_<arch> directory.
-                let parent = rel.parent().unwrap_or_else(RelPath::root);
-                if let Some((os, arch)) = parent
-                    .file_name()
-                    .and_then(|d| d.split_once('_'))
-                    .filter(|(os, _)| GO_OSES.contains(os))
-                    && (os != plugins::host_os() || arch != plugins::host_arch())
-                {
-                    return Ok(Some(format!(
-                        "built for {os}/{arch}, this host is {}/{}",
-                        plugins::host_os(),
-                        plugins::host_arch()
-                    )));
-                }
-                let local = name.version.is_none();
-                if local
-                    && loader.host_dir.as_deref().map(|d| d.trim_end_matches('/'))
-                        != Some(parent.as_str())
-                {
-                    return Err(
-                        "an unversioned provider is a local build and belongs in host_dir".into(),
-                    );
-                }
-                (name.name, name.version, name.api, local)
-            }
+        let within: Vec<&str> = abs
+            .strip_prefix(&base)
+            .map_err(|_| "not under its root")?
+            .iter()
+            .map(|c| c.to_str().ok_or("path is not UTF-8"))
+            .collect::<Result<_, _>>()?;
+        let parent = rel.parent().unwrap_or_else(RelPath::root);
+        let host_dir_holds =
+            loader.host_dir.as_deref().map(|d| d.trim_end_matches('/')) == Some(parent.as_str());
+        let ident = match layouts::identify(
+            loader.layout,
+            &within,
+            &self.config.plugin_prefix,
+            host_dir_holds,
+        )? {
+            Found::Skip(why) => return Ok(Some(why)),
+            Found::Plugin(p) => p,
         };
+        let id = ident.id.clone();
         if !roots.is_empty()
             && let Some(earlier) = registry
                 .plugins
@@ -448,73 +343,58 @@ impl Loaders {
                 loader.roots[earlier]
             )));
         }
+        if let Some(mine) = ident.celerity_type {
+            // Celerity: "a transformer plugin and a provider plugin must not
+            // have the same ID". Checked on disk, so it holds whichever of
+            // the two arrived first: both are failed, neither is active.
+            let other = if mine == "providers" {
+                "transformers"
+            } else {
+                "providers"
+            };
+            let other_dir = base.join(other).join(&id);
+            if other_dir.is_dir() {
+                if let Some(versions) = registry.plugins.get_mut(&id) {
+                    versions.retain(|r| {
+                        let clashes = Path::new(&r.path).starts_with(&other_dir);
+                        if clashes {
+                            evicted.push(r.path.clone());
+                        }
+                        !clashes
+                    });
+                }
+                registry.plugins.retain(|_, v| !v.is_empty());
+                return Err(format!(
+                    "plugin ID '{id}' is both a provider and a transformer (IDs are unique across both)"
+                ));
+            }
+        }
         let md = std::fs::metadata(abs).map_err(|e| format!("cannot stat: {e}"))?;
         if md.permissions().mode() & 0o111 == 0 {
             return Err("not executable (is source_permissions = \"ignore\"?)".into());
         }
-        let bytes = std::fs::read(abs).map_err(|e| format!("cannot read: {e}"))?;
-        let sha256 = pluginsync_common::checksum::ChecksumType::Sha256
-            .digest_reader(&bytes[..])
-            .map_err(|e| e.to_string())?["{sha256}".len()..]
-            .to_owned();
-        let sidecar = abs.with_file_name(format!("{file_name}_SHA256SUM"));
-        match std::fs::read_to_string(&sidecar) {
-            Ok(text) => {
-                let want = text
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or_default()
-                    .to_ascii_lowercase();
-                if want != sha256 {
-                    return Err(format!(
-                        "sha256 {sha256} does not match {file_name}_SHA256SUM ({want})"
-                    ));
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("cannot read {file_name}_SHA256SUM: {e}")),
+        let sha256 = sha256_of(abs)?;
+        if matches!(loader.layout, Layout::Packer | Layout::Terraform) {
+            check_sidecar(abs, file_name, &sha256)?;
         }
-        let argv = vec![abs.to_string_lossy().into_owned(), "describe".to_owned()];
-        let mut last = String::new();
-        let mut output = None;
-        for _ in 0..loader.attempts {
-            match run_isolated(&argv, &loader.env, loader.timeout).await {
-                Ok(o) => {
-                    output = Some(o);
-                    break;
-                }
-                Err(e) => last = e,
-            }
-        }
-        let output = output.ok_or_else(|| format!("describe: {last}"))?;
-        #[derive(Deserialize)]
-        struct Described {
-            version: String,
-            api_version: String,
-        }
-        let d: Described = serde_json::from_slice(&output.stdout)
-            .map_err(|e| format!("describe did not print the expected JSON: {e}"))?;
-        let described = plugins::parse_version(&d.version).map_err(|e| format!("describe: {e}"))?;
-        let version = match version {
-            Some(named) if named != described => {
-                return Err(format!(
-                    "describe says version {} but the name says {named}",
-                    d.version
-                ));
-            }
-            Some(named) => named,
-            None => described,
-        };
-        let said = d.api_version.strip_prefix('x').unwrap_or(&d.api_version);
-        let api = match api {
-            Some(named) if said != named => {
-                return Err(format!(
-                    "describe says api_version {} but the name says x{named}",
-                    d.api_version
-                ));
-            }
-            Some(named) => named,
-            None => said.to_owned(),
+        let (version, api) = if loader.handshake() {
+            let argv = vec![abs.to_string_lossy().into_owned(), "describe".to_owned()];
+            let env = self.child_env(loader, mount, rel, abs);
+            let output = launch_attempts(loader, &argv, &env, None)
+                .await
+                .map_err(|e| format!("describe: {e}"))?;
+            let (v, a) = handshake(&ident, &output.stdout)?;
+            (v.to_string(), a)
+        } else {
+            (
+                ident
+                    .version
+                    .as_ref()
+                    .map(Version::to_string)
+                    .or(ident.fallback_version.clone())
+                    .unwrap_or_default(),
+                ident.api.clone().unwrap_or_default(),
+            )
         };
         if !roots.is_empty()
             && let Some(versions) = registry.plugins.get_mut(&id)
@@ -525,7 +405,7 @@ impl Loaders {
         registry.add(
             &id,
             Registered {
-                version: version.to_string(),
+                version: version.clone(),
                 api_version: api,
                 path: abs.to_string_lossy().into_owned(),
                 sha256,
@@ -533,7 +413,7 @@ impl Loaders {
                     .duration_since(UNIX_EPOCH)
                     .map(|d| d.as_secs())
                     .unwrap_or(0),
-                local,
+                local: ident.local,
             },
         );
         let active = registry
@@ -549,6 +429,170 @@ impl Loaders {
     }
 }
 
+/// A Celerity plugin whose ID clash took it out of the registry: its entry
+/// of this run turns failed, or a failed entry is added for it.
+fn evict(out: &mut Vec<LoadEntry>, mount: Mount, root: &Path, gone: &str, loader: &str) {
+    let rel = Path::new(gone)
+        .strip_prefix(root)
+        .unwrap_or(Path::new(gone));
+    let path = format!("{mount}/{}", rel.display());
+    let error = Some(
+        "plugin ID is both a provider and a transformer (IDs are unique across both)".to_owned(),
+    );
+    match out.iter_mut().find(|e| e.path == path) {
+        Some(e) => {
+            e.status = LoadStatus::Failed;
+            e.error = error;
+        }
+        None => out.push(LoadEntry {
+            path,
+            loader: Some(loader.to_owned()),
+            status: LoadStatus::Failed,
+            error,
+            duration_ms: 0,
+        }),
+    }
+}
+
+/// Replaces `{name}` placeholders of `values` in `template` in one pass:
+/// a value is never searched again, so a file named `x{environment}.rb`
+/// stays `x{environment}.rb`. Unknown `{…}` are left as they are.
+pub fn substitute(template: &str, values: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        match values.iter().find(|(k, _)| {
+            after
+                .strip_prefix(k)
+                .is_some_and(|tail| tail.starts_with('}'))
+        }) {
+            Some((k, v)) => {
+                out.push_str(v);
+                rest = &after[k.len() + 1..];
+            }
+            None => {
+                out.push('{');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Launches `argv` up to the loader's `attempts` times, each with its
+/// `timeout` (Celerity's registration deadline: a launch that does not
+/// answer in time is killed with its process group and tried again).
+async fn launch_attempts(
+    loader: &LoaderConfig,
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    cwd: Option<&Path>,
+) -> Result<ChildOutput, String> {
+    let attempts = loader.attempts();
+    let mut last = String::new();
+    for attempt in 1..=attempts {
+        match run_isolated(argv, env, cwd, loader.timeout).await {
+            Ok(o) => {
+                if attempt > 1 {
+                    tracing::info!(program = %argv[0], attempt, "answered after failed launches");
+                }
+                return Ok(o);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(if attempts > 1 {
+        format!("{last} (attempt {attempts} of {attempts})")
+    } else {
+        last
+    })
+}
+
+/// The sha256 of a file, streamed.
+fn sha256_of(abs: &Path) -> Result<String, String> {
+    let file = std::fs::File::open(abs).map_err(|e| format!("cannot read: {e}"))?;
+    let digest = pluginsync_common::checksum::ChecksumType::Sha256
+        .digest_reader(std::io::BufReader::new(file))
+        .map_err(|e| format!("cannot read: {e}"))?;
+    Ok(digest["{sha256}".len()..].to_owned())
+}
+
+/// Packer's `<file>_SHA256SUM`: if present, its first word must be the
+/// file's sha256.
+fn check_sidecar(abs: &Path, file_name: &str, sha256: &str) -> Result<(), String> {
+    let sidecar = abs.with_file_name(format!("{file_name}_SHA256SUM"));
+    match std::fs::read_to_string(&sidecar) {
+        Ok(text) => {
+            let want = text
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_ascii_lowercase();
+            if want != sha256 {
+                return Err(format!(
+                    "sha256 {sha256} does not match {file_name}_SHA256SUM ({want})"
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot read {file_name}_SHA256SUM: {e}")),
+    }
+}
+
+/// The `describe` answer against what the path says: `version` (required)
+/// must equal the path's version if it has one, `api_version` the path's
+/// API version if it has one, and `id`, if given, the path's identity.
+/// Returns the version and API version to register.
+fn handshake(ident: &Identified, stdout: &[u8]) -> Result<(Version, String), String> {
+    #[derive(Deserialize)]
+    struct Described {
+        version: String,
+        #[serde(default)]
+        api_version: Option<String>,
+        #[serde(default)]
+        id: Option<String>,
+    }
+    let d: Described = serde_json::from_slice(stdout)
+        .map_err(|e| format!("describe did not print the expected JSON: {e}"))?;
+    if let Some(said) = &d.id
+        && *said != ident.id
+    {
+        return Err(format!(
+            "describe says id '{said}' but the path says '{}'",
+            ident.id
+        ));
+    }
+    let described = plugins::parse_version(&d.version).map_err(|e| format!("describe: {e}"))?;
+    let version = match &ident.version {
+        Some(named) if *named != described => {
+            return Err(format!(
+                "describe says version {} but the name says {named}",
+                d.version
+            ));
+        }
+        Some(named) => named.clone(),
+        None => described,
+    };
+    let said = d
+        .api_version
+        .as_deref()
+        .map(|a| a.strip_prefix('x').unwrap_or(a).to_owned());
+    let api = match (&ident.api, said) {
+        (Some(named), Some(said)) if said != *named => {
+            return Err(format!(
+                "describe says api_version x{said} but the name says x{named}"
+            ));
+        }
+        (Some(named), _) => named.clone(),
+        (None, said) => said.unwrap_or_default(),
+    };
+    Ok((version, api))
+}
+
 fn skipped(path: String, loader: Option<String>, why: &str) -> LoadEntry {
     LoadEntry {
         path,
@@ -556,122 +600,6 @@ fn skipped(path: String, loader: Option<String>, why: &str) -> LoadEntry {
         status: LoadStatus::Skipped,
         error: Some(why.to_owned()),
         duration_ms: 0,
-    }
-}
-
-/// `argv[1]` of the agent binary when it runs as a loader's supervisor:
-/// `pluginsync-agent __supervise-loader <agent pid> <program> [<arg>…]`.
-pub const SUPERVISE: &str = "__supervise-loader";
-
-/// Exit status of a supervisor that could not run its program (as a shell's
-/// "command not found").
-const CANNOT_RUN: i32 = 127;
-
-static SUPERVISOR: OnceLock<PathBuf> = OnceLock::new();
-
-/// Makes every later [`run_isolated`] launch its command through `agent`
-/// (this binary) in supervisor mode, so loader children die with the agent
-/// even when it is killed with SIGKILL. Called once by `main`; without it
-/// (unit tests, other binaries) commands are spawned directly.
-pub fn use_supervisor(agent: PathBuf) {
-    let _first_call_wins = SUPERVISOR.set(agent);
-}
-
-/// If this process was started as a supervisor (`argv[1]` is
-/// [`SUPERVISE`]), supervises and returns the exit status to exit with.
-///
-/// Why a re-exec and not `pre_exec`: `PR_SET_PDEATHSIG` must be set in the
-/// child, between fork and exec, which std only offers through the unsafe
-/// `CommandExt::pre_exec`, and the workspace forbids `unsafe_code`. The
-/// supervisor is the agent's direct child, so it sets the signal on itself
-/// with rustix's safe `set_parent_process_death_signal` and then runs the
-/// loader. It asks for SIGTERM, not SIGKILL, so that it can catch it and
-/// kill its whole process group (the loader and the loader's own children,
-/// which a death signal does not reach: it is cleared on fork). The agent
-/// dying by SIGKILL, SIGTERM or SIGINT therefore takes every loader process
-/// with it. The supervisor passes the loader's exit status through (a
-/// signal by re-raising it on itself), so reports read as before.
-pub fn supervised() -> Option<i32> {
-    let mut args = std::env::args_os().skip(1);
-    if args.next()? != SUPERVISE {
-        return None;
-    }
-    let parent = args
-        .next()
-        .and_then(|p| p.to_str()?.parse::<i32>().ok())
-        .and_then(rustix::process::Pid::from_raw);
-    let argv: Vec<std::ffi::OsString> = args.collect();
-    let (Some(parent), Some((program, rest))) = (parent, argv.split_first()) else {
-        eprintln!("usage: pluginsync-agent {SUPERVISE} <agent pid> <program> [<arg>...]");
-        return Some(64);
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("supervisor: cannot start the runtime: {e}");
-            return Some(CANNOT_RUN);
-        }
-    };
-    Some(runtime.block_on(supervise(parent, program, rest)))
-}
-
-async fn supervise(
-    parent: rustix::process::Pid,
-    program: &std::ffi::OsStr,
-    args: &[std::ffi::OsString],
-) -> i32 {
-    use rustix::process::{Signal, getpgrp, getpid, getppid, kill_process, kill_process_group};
-    let kill_group = || {
-        let _ = kill_process_group(getpgrp(), Signal::KILL);
-    };
-    // The handler first, then the death signal, then the check that the
-    // agent did not die before the death signal was armed.
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("supervisor: cannot handle SIGTERM: {e}");
-            return CANNOT_RUN;
-        }
-    };
-    if let Err(e) = rustix::process::set_parent_process_death_signal(Some(Signal::TERM)) {
-        eprintln!("supervisor: cannot set the parent death signal: {e}");
-        return CANNOT_RUN;
-    }
-    if getppid() != Some(parent) {
-        return CANNOT_RUN;
-    }
-    let mut child = match tokio::process::Command::new(program).args(args).spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cannot run '{}': {e}", program.to_string_lossy());
-            return CANNOT_RUN;
-        }
-    };
-    tokio::select! {
-        status = child.wait() => match status {
-            Ok(s) => match (s.code(), s.signal().and_then(Signal::from_named_raw)) {
-                (Some(code), _) => code,
-                (None, Some(sig)) => {
-                    let _ = kill_process(getpid(), sig);
-                    // Not reached for deadly signals; a stopped child is a
-                    // failure all the same.
-                    128 + sig.as_raw()
-                }
-                (None, None) => 1,
-            },
-            Err(e) => {
-                eprintln!("supervisor: waiting for the loader: {e}");
-                kill_group();
-                1
-            }
-        },
-        _ = term.recv() => {
-            kill_group();
-            128 + Signal::TERM.as_raw()
-        }
     }
 }
 
@@ -732,5 +660,29 @@ impl PendingLoads {
                 tracing::warn!(vardir = %vardir.display(), error = %e, "cannot remove the pending loads record")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_are_substituted_in_one_pass() {
+        let values = [
+            ("path", "/lib/x{environment}.rb"),
+            ("relpath", "x{environment}.rb"),
+            ("environment", "production"),
+        ];
+        assert_eq!(
+            substitute("{path} {relpath} {environment}", &values),
+            "/lib/x{environment}.rb x{environment}.rb production"
+        );
+        assert_eq!(
+            substitute("{unknown}{{path}}", &values),
+            "{unknown}{/lib/x{environment}.rb}"
+        );
+        assert_eq!(substitute("{path", &values), "{path");
+        assert_eq!(substitute("a{}b{", &values), "a{}b{");
     }
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use pluginsync_agent::plugins::{host_arch, host_os};
 use pluginsync_tests::{
-    AgentHome, EnvTree, Pki, TestMaster, config_toml, parse_config, sha256_hex,
+    AgentHome, EnvTree, Pki, TestMaster, bin_path, config_toml, parse_config, sha256_hex,
 };
 
 fn plugin_name(name: &str, version: &str) -> String {
@@ -549,4 +549,127 @@ timeout = "200s"
             .count(),
         2
     );
+}
+
+/// Issue 17 (Info): loader placeholders are substituted in one pass (a file
+/// named `x{environment}.rb` is loaded as itself, not as `xproduction.rb`);
+/// a `{relpath}` beginning with `-` reaches the loader as `./-…`, so `cat`
+/// reads it instead of refusing an unknown option (the loader runs in the
+/// libdir); and a loader's environment is cleared but for the allowlist,
+/// the agent's `PLUGINSYNC_*` and the loader's `env`: a secret in the
+/// agent's environment does not reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loader_arguments_and_environment_are_what_the_loader_asked_for() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file(
+        "production",
+        "alpha",
+        "lib/braces/x{environment}.rb",
+        "# braces\n",
+        0o644,
+    );
+    tree.file(
+        "production",
+        "alpha",
+        "lib/-dash.rb",
+        "dash content\n",
+        0o644,
+    );
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let marks = tempfile::tempdir().unwrap();
+    let (args, cat, env) = (
+        marks.path().join("args"),
+        marks.path().join("cat"),
+        marks.path().join("env"),
+    );
+    let config = format!(
+        r#"
+[load]
+enabled = true
+
+[[loader]]
+name = "braces"
+match = "braces/*"
+kind = "command"
+command = ["sh", "-c", "printf '%s|%s\n' \"$0\" \"$1\" >> {args}; env >> {env}", "{{relpath}}", "{{path}}"]
+env = {{ LOADER_OWN = "yes" }}
+
+[[loader]]
+name = "dash"
+match = "-*"
+kind = "command"
+command = ["sh", "-c", "cat \"$0\" >> {cat}", "{{relpath}}"]
+"#,
+        args = args.display(),
+        env = env.display(),
+        cat = cat.display()
+    );
+    let home = AgentHome::new(&pki, &[master.url()], &config);
+    let run = std::process::Command::new(bin_path("pluginsync-agent"))
+        .args(["sync", "--format", "json", "--config"])
+        .arg(home.path().join("agent.toml"))
+        .env("AGENT_SECRET", "hunter2")
+        .env("LC_MESSAGES", "C")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{stdout} {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let l = loads(&report);
+    assert_eq!(
+        l["plugins/braces/x{environment}.rb"],
+        ("ok".into(), String::new())
+    );
+    assert_eq!(
+        l["plugins/-dash.rb"],
+        ("ok".into(), String::new()),
+        "{l:#?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&args).unwrap(),
+        format!(
+            "braces/x{{environment}}.rb|{}\n",
+            home.libdir().join("braces/x{environment}.rb").display()
+        ),
+        "one pass: the file's own braces are not placeholders"
+    );
+    assert_eq!(std::fs::read_to_string(&cat).unwrap(), "dash content\n");
+    let env = std::fs::read_to_string(&env).unwrap();
+    let vars: std::collections::BTreeMap<&str, &str> =
+        env.lines().filter_map(|l| l.split_once('=')).collect();
+    assert!(!vars.contains_key("AGENT_SECRET"), "{env}");
+    assert_eq!(vars.get("LC_MESSAGES"), Some(&"C"), "{env}");
+    assert!(vars.contains_key("PATH"), "{env}");
+    assert_eq!(vars.get("LOADER_OWN"), Some(&"yes"), "{env}");
+    assert_eq!(vars.get("PLUGINSYNC_ENVIRONMENT"), Some(&"production"));
+    assert_eq!(vars.get("PLUGINSYNC_MOUNT"), Some(&"plugins"));
+    assert_eq!(
+        vars.get("PLUGINSYNC_RELPATH"),
+        Some(&"braces/x{environment}.rb")
+    );
+    for v in vars.keys() {
+        assert!(
+            [
+                "PATH",
+                "LANG",
+                "LANGUAGE",
+                "TZ",
+                "LOADER_OWN",
+                "PWD",
+                "SHLVL",
+                "_"
+            ]
+            .contains(v)
+                || v.starts_with("LC_")
+                || v.starts_with("PLUGINSYNC_"),
+            "'{v}' reached the loader: {env}"
+        );
+    }
 }

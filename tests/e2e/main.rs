@@ -5,7 +5,7 @@
 mod architecture;
 // Loading synced plugins after a sync: loaders as child processes, failures, versions, the report.
 mod agent_load;
-// Describe loaders in the other plugin systems' layouts (Terraform): identity, versions, roots, local builds.
+// Describe loaders in the four plugin systems' layouts (Packer, Terraform, Celerity, kustomize): identity, versions, roots, attempts.
 mod agent_layouts;
 // The agent against hostile masters and trees: modes, control characters, foreign hosts, unbounded answers.
 mod agent_hostile;
