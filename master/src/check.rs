@@ -1,5 +1,8 @@
 //! `pluginsync-master check`: validate the config and every environment
-//! without serving, and say what would be served.
+//! without serving, and say what would be served. A server certificate that
+//! agents would refuse (expired, not yet valid, not issued by `[tls] ca`)
+//! fails the check; one that expires within `[tls] cert_expiry_warning`
+//! is a warning.
 //!
 //! Prints, per environment, its modules, the files per mount and every path
 //! that two modules both provide (with the winner), so an operator sees a
@@ -17,7 +20,13 @@ use crate::walk::Hashing;
 pub fn run(config: &MasterConfig, out: &mut impl Write) -> anyhow::Result<()> {
     pluginsync_common::tls::install_default_provider();
     crate::tls::server_config(&config.tls)?;
-    for w in config.warnings() {
+    let soon = crate::tls::server_certificate_check(
+        &config.tls,
+        std::time::SystemTime::now(),
+        config.tls.cert_expiry_warning,
+    )
+    .map_err(anyhow::Error::msg)?;
+    for w in config.warnings().into_iter().chain(soon) {
         writeln!(out, "warning: {w}")?;
     }
     let envs = environments::list_environments(config);

@@ -77,6 +77,14 @@ pub struct TlsConfig {
     /// Whether clients must present a certificate.
     #[serde(default)]
     pub client_auth: ClientAuth,
+    /// Warn this long before the server certificate expires (`check`
+    /// prints it, `serve` logs it daily).
+    #[serde(default = "default_expiry_warning", with = "humantime_serde")]
+    pub cert_expiry_warning: Duration,
+}
+
+fn default_expiry_warning() -> Duration {
+    crate::tls::DEFAULT_EXPIRY_WARNING
 }
 
 /// `tls.client_auth`.

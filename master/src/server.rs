@@ -104,6 +104,7 @@ pub async fn serve(
         write_timeout: config.http.write_timeout,
     });
     let reaper = tokio::spawn(Connections::reap(Arc::downgrade(&connections)));
+    let expiry_watch = tokio::spawn(watch_certificate(config.clone()));
     let authorizer = Authorizer::new(&config.authorization)?;
     let store = Store::new(config.clone());
     store.rebuild(None).await;
@@ -187,11 +188,32 @@ pub async fn serve(
         s.await.context("server task")??;
     }
     reaper.abort();
+    expiry_watch.abort();
     if let Some(m) = metrics_server {
         m.abort();
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Checks the server certificate at startup and then daily: an error line
+/// when agents would refuse it, a warning within `[tls]
+/// cert_expiry_warning` of its expiry (README, "Certificates"). A SIGHUP
+/// that installs a new certificate is picked up by the next check.
+async fn watch_certificate(config: Arc<MasterConfig>) {
+    let mut daily = tokio::time::interval(std::time::Duration::from_secs(24 * 3600));
+    loop {
+        daily.tick().await;
+        match crate::tls::server_certificate_check(
+            &config.tls,
+            std::time::SystemTime::now(),
+            config.tls.cert_expiry_warning,
+        ) {
+            Ok(None) => {}
+            Ok(Some(warning)) => tracing::warn!("{warning}"),
+            Err(e) => tracing::error!("{e}"),
+        }
+    }
 }
 
 /// Serves `GET /metrics` in the Prometheus text format on `addr`, plain

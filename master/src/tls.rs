@@ -105,3 +105,168 @@ pub fn crl_next_update(path: &std::path::Path) -> Option<i64> {
         })
         .min()
 }
+
+/// Default of `[tls] cert_expiry_warning`.
+pub const DEFAULT_EXPIRY_WARNING: std::time::Duration =
+    std::time::Duration::from_secs(30 * 24 * 3600);
+
+/// What is wrong with the server certificate now, beyond what loading it
+/// checks: `Err` when it cannot work (expired, not yet valid, not issued by
+/// `[tls] ca` — every agent would refuse it: the classic Puppet fleet
+/// outage), `Ok(Some(warning))` when it expires within `warn_within`.
+/// `pluginsync-master check` fails on the first and prints the second;
+/// `serve` refuses to start on the first and logs the second daily
+/// (README, "Certificates").
+pub fn server_certificate_check(
+    tls: &TlsConfig,
+    now: std::time::SystemTime,
+    warn_within: std::time::Duration,
+) -> Result<Option<String>, String> {
+    let certs = ptls::load_certs("server certificate", &tls.cert).map_err(|e| e.to_string())?;
+    let leaf = certs
+        .first()
+        .ok_or_else(|| format!("server certificate '{}' is empty", tls.cert.display()))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf).map_err(|e| {
+        format!(
+            "server certificate '{}' cannot be parsed: {e}",
+            tls.cert.display()
+        )
+    })?;
+    let unix = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64)
+    };
+    let now_s = unix(now);
+    let validity = cert.validity();
+    let day = |t: &x509_parser::time::ASN1Time| t.to_datetime().date().to_string();
+    if now_s > validity.not_after.timestamp() {
+        return Err(format!(
+            "server certificate '{}' expired on {}: agents refuse it",
+            tls.cert.display(),
+            day(&validity.not_after)
+        ));
+    }
+    if now_s < validity.not_before.timestamp() {
+        return Err(format!(
+            "server certificate '{}' is not valid until {}: agents refuse it",
+            tls.cert.display(),
+            day(&validity.not_before)
+        ));
+    }
+    // Issued by [tls] ca (through the chain in the file): agents trust that
+    // CA, so a certificate from another one is refused by every agent.
+    let roots = Arc::new(ptls::load_roots(&tls.ca).map_err(|e| e.to_string())?);
+    let verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(roots, ptls::provider())
+            .build()
+            .map_err(|e| format!("[tls] ca '{}': {e}", tls.ca.display()))?;
+    let name = rustls::pki_types::ServerName::try_from("pluginsync-check.invalid")
+        .expect("a valid DNS name");
+    let at = rustls::pki_types::UnixTime::since_unix_epoch(std::time::Duration::from_secs(
+        now_s.max(0) as u64,
+    ));
+    use rustls::client::danger::ServerCertVerifier;
+    match verifier.verify_server_cert(leaf, &certs[1..], &name, &[], at) {
+        Ok(_) => {}
+        // Which names agents use is theirs to say; only the issuer matters.
+        Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::NotValidForName
+            | rustls::CertificateError::NotValidForNameContext { .. },
+        )) => {}
+        Err(e) => {
+            return Err(format!(
+                "server certificate '{}' does not verify against [tls] ca '{}': {e}",
+                tls.cert.display(),
+                tls.ca.display()
+            ));
+        }
+    }
+    let left = validity.not_after.timestamp() - now_s;
+    Ok((left < warn_within.as_secs() as i64).then(|| {
+        format!(
+            "server certificate '{}' expires on {} (in {} days)",
+            tls.cert.display(),
+            day(&validity.not_after),
+            left / 86_400
+        )
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    /// A CA and a server certificate it issued, valid from `from` to
+    /// `until` days from now, written as PEM files under `dir`; returns
+    /// the `[tls]` table.
+    fn issued(dir: &std::path::Path, from: i64, until: i64, foreign: bool) -> TlsConfig {
+        let now = time::OffsetDateTime::now_utc();
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "test CA");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut leaf = rcgen::CertificateParams::new(vec!["puppet".to_owned()]).unwrap();
+        leaf.not_before = now + time::Duration::days(from);
+        leaf.not_after = now + time::Duration::days(until);
+        let cert = leaf.signed_by(&key, &issuer).unwrap();
+        let trusted = if foreign {
+            let other = rcgen::KeyPair::generate().unwrap();
+            rcgen::CertificateParams::new(Vec::<String>::new())
+                .unwrap()
+                .self_signed(&other)
+                .unwrap()
+                .pem()
+        } else {
+            ca_cert.pem()
+        };
+        std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+        std::fs::write(dir.join("ca.pem"), trusted).unwrap();
+        TlsConfig {
+            cert: dir.join("cert.pem"),
+            key: dir.join("key.pem"),
+            ca: dir.join("ca.pem"),
+            crl: None,
+            client_auth: ClientAuth::Optional,
+            cert_expiry_warning: DEFAULT_EXPIRY_WARNING,
+        }
+    }
+
+    fn check(tls: &TlsConfig) -> Result<Option<String>, String> {
+        server_certificate_check(tls, SystemTime::now(), DEFAULT_EXPIRY_WARNING)
+    }
+
+    #[test]
+    fn a_certificate_agents_would_refuse_fails_and_one_expiring_soon_warns() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(check(&issued(dir.path(), -1, 365, false)), Ok(None));
+        let soon = check(&issued(dir.path(), -1, 10, false)).unwrap().unwrap();
+        assert!(
+            soon.contains("expires on") && soon.contains(" days)"),
+            "{soon}"
+        );
+        let expired = check(&issued(dir.path(), -30, -1, false)).unwrap_err();
+        assert!(expired.contains("expired on"), "{expired}");
+        let early = check(&issued(dir.path(), 2, 365, false)).unwrap_err();
+        assert!(early.contains("not valid until"), "{early}");
+        let foreign = check(&issued(dir.path(), -1, 365, true)).unwrap_err();
+        assert!(
+            foreign.contains("does not verify against [tls] ca"),
+            "{foreign}"
+        );
+        let later = SystemTime::now() + Duration::from_secs(400 * 86_400);
+        assert!(
+            server_certificate_check(
+                &issued(dir.path(), -1, 365, false),
+                later,
+                DEFAULT_EXPIRY_WARNING
+            )
+            .is_err()
+        );
+    }
+}
