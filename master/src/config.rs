@@ -48,6 +48,18 @@ pub struct MasterConfig {
     /// Prometheus metrics.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Logging.
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// The access log: `"off"` (default), `"text"` or `"json"`.
+    #[serde(default)]
+    pub access: crate::access::AccessFormat,
 }
 
 /// `[metrics]` (README, "Metrics").
@@ -83,8 +95,11 @@ pub struct TlsConfig {
     pub cert_expiry_warning: Duration,
 }
 
+/// Default of `[tls] cert_expiry_warning`: 30 days.
+pub const DEFAULT_EXPIRY_WARNING: Duration = Duration::from_secs(30 * 24 * 3600);
+
 fn default_expiry_warning() -> Duration {
-    crate::tls::DEFAULT_EXPIRY_WARNING
+    DEFAULT_EXPIRY_WARNING
 }
 
 /// `tls.client_auth`.

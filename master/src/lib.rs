@@ -8,6 +8,7 @@
 //! and signals together; [`check`] and [`devcerts`] back the other
 //! subcommands.
 
+pub mod access;
 pub mod api_error;
 pub mod auth;
 pub mod check;

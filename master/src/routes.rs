@@ -16,8 +16,10 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use pluginsync_common::PUPPET_VERSION;
+use pluginsync_common::envname::EnvName;
 use pluginsync_common::protocol;
 
+use crate::access::{self, AccessFormat};
 use crate::api_error::ApiError;
 use crate::handlers;
 use crate::state::AppState;
@@ -96,6 +98,8 @@ pub fn endpoint_of(path: &str) -> &'static str {
 async fn measure(store: Arc<Store>, req: Request, next: Next) -> Response {
     let endpoint = endpoint_of(req.uri().path());
     let started = Instant::now();
+    let format = store.config().log.access;
+    let access = (format != AccessFormat::Off).then(|| access_record(&req, endpoint));
     let resp = next.run(req).await;
     store
         .metrics
@@ -106,22 +110,66 @@ async fn measure(store: Arc<Store>, req: Request, next: Next) -> Response {
         bytes: 0,
         endpoint,
         store,
+        access: access.map(|mut r| {
+            r.status = parts.status.as_u16();
+            (r, format)
+        }),
+        started,
     };
     Response::from_parts(parts, axum::body::Body::new(counted))
 }
 
-/// A response body whose bytes are counted for the metrics.
+/// What the access log knows of a request before it is answered.
+fn access_record(req: &Request, endpoint: &'static str) -> access::Record {
+    let certname = req
+        .extensions()
+        .get::<Arc<axum_server::tls::TlsInfo>>()
+        .and_then(|info| info.peer_certificates.first())
+        .and_then(|der| crate::auth::certname_of(der).ok());
+    let environment = crate::request::Query::parse(req.uri().query())
+        .get("environment")
+        .filter(|e| e.parse::<EnvName>().is_ok())
+        .map(str::to_owned);
+    access::Record {
+        time: access::now(),
+        peer: req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0),
+        certname,
+        environment,
+        endpoint,
+        method: req.method().to_string(),
+        target: req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| req.uri().path().to_owned(), |p| p.to_string()),
+        status: 0,
+        bytes: 0,
+        seconds: 0.0,
+    }
+}
+
+/// A response body whose bytes are counted for the metrics, and whose end
+/// writes the access log line.
 struct Counted {
     inner: axum::body::Body,
     bytes: u64,
     endpoint: &'static str,
     store: Arc<Store>,
+    access: Option<(access::Record, AccessFormat)>,
+    started: Instant,
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
         if self.bytes > 0 {
             self.store.metrics.response_bytes(self.endpoint, self.bytes);
+        }
+        if let Some((mut record, format)) = self.access.take() {
+            record.bytes = self.bytes;
+            record.seconds = access::seconds(self.started.elapsed());
+            record.write(format);
         }
     }
 }

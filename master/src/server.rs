@@ -149,7 +149,9 @@ pub async fn serve(
             .initial_stream_window_size(H2_STREAM_WINDOW)
             .initial_connection_window_size(H2_CONNECTION_WINDOW)
             .max_header_list_size(H2_MAX_HEADER_LIST);
-        let service = app.clone().into_make_service();
+        let service = app
+            .clone()
+            .into_make_service_with_connect_info::<SocketAddr>();
         servers.push(tokio::spawn(async move {
             server
                 .serve(service)

@@ -106,10 +106,6 @@ pub fn crl_next_update(path: &std::path::Path) -> Option<i64> {
         .min()
 }
 
-/// Default of `[tls] cert_expiry_warning`.
-pub const DEFAULT_EXPIRY_WARNING: std::time::Duration =
-    std::time::Duration::from_secs(30 * 24 * 3600);
-
 /// What is wrong with the server certificate now, beyond what loading it
 /// checks: `Err` when it cannot work (expired, not yet valid, not issued by
 /// `[tls] ca` — every agent would refuse it: the classic Puppet fleet
@@ -233,12 +229,16 @@ mod tests {
             ca: dir.join("ca.pem"),
             crl: None,
             client_auth: ClientAuth::Optional,
-            cert_expiry_warning: DEFAULT_EXPIRY_WARNING,
+            cert_expiry_warning: crate::config::DEFAULT_EXPIRY_WARNING,
         }
     }
 
     fn check(tls: &TlsConfig) -> Result<Option<String>, String> {
-        server_certificate_check(tls, SystemTime::now(), DEFAULT_EXPIRY_WARNING)
+        server_certificate_check(
+            tls,
+            SystemTime::now(),
+            crate::config::DEFAULT_EXPIRY_WARNING,
+        )
     }
 
     #[test]
@@ -264,7 +264,7 @@ mod tests {
             server_certificate_check(
                 &issued(dir.path(), -1, 365, false),
                 later,
-                DEFAULT_EXPIRY_WARNING
+                crate::config::DEFAULT_EXPIRY_WARNING
             )
             .is_err()
         );

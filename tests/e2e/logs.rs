@@ -116,3 +116,70 @@ fn on_any_other_stderr_lines_are_unprefixed() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.starts_with("error: cannot read config"), "{text:?}");
 }
+
+/// `[log] access = "text"`: one line per request with the client's
+/// certname (or `-`), the environment, the endpoint and the status; `json`
+/// gives the same fields as objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_has_one_line_per_request() {
+    use pluginsync_tests::{ChildMaster, client};
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "m", "lib/facter/a.rb", b"a\n", 0o644);
+    for format in ["text", "json"] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("master.toml");
+        let table = format!("[log]\naccess = \"{format}\"\n");
+        std::fs::write(&cfg, config_toml(&tree.envpath(), &pki, "", &table)).unwrap();
+        let master = ChildMaster::spawn(&cfg, None);
+        let listing = format!(
+            "{}/puppet/v3/file_metadatas/plugins?recurse=true&environment=production",
+            master.url()
+        );
+        let node = client(&pki, Some("node1"));
+        for _ in 0..3 {
+            let r = node.get(&listing).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.bytes().await.unwrap();
+        }
+        let r = client(&pki, None).get(&listing).send().await.unwrap();
+        assert_eq!(r.status(), 403);
+        r.bytes().await.unwrap();
+        let mut lines = Vec::new();
+        for _ in 0..100 {
+            lines = master
+                .log()
+                .lines()
+                .filter(|l| l.contains("GET /puppet/v3/file_metadatas") || l.starts_with('{'))
+                .map(str::to_owned)
+                .collect();
+            if lines.len() >= 4 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert_eq!(lines.len(), 4, "one line per request: {lines:#?}");
+        for (i, line) in lines.iter().enumerate() {
+            let (certname, status) = if i < 3 { ("node1", 200) } else { ("-", 403) };
+            if format == "text" {
+                let f: Vec<&str> = line.split(' ').collect();
+                assert_eq!(f[1].split(':').next(), Some("127.0.0.1"), "{line}");
+                assert_eq!(
+                    (f[2], f[3], f[4], f[5]),
+                    (
+                        certname,
+                        "production",
+                        "file_metadatas",
+                        &*status.to_string()
+                    ),
+                    "{line}"
+                );
+            } else {
+                let v: serde_json::Value = serde_json::from_str(line).expect(line);
+                let certname = (certname != "-").then_some(certname);
+                assert_eq!(v["certname"].as_str(), certname, "{line}");
+                assert_eq!(v["status"], status, "{line}");
+                assert_eq!(v["environment"], "production", "{line}");
+            }
+        }
+    }
+}
