@@ -20,6 +20,7 @@ pub mod layouts;
 pub mod listing;
 pub mod load;
 pub mod lock;
+pub mod metrics;
 pub mod output;
 pub mod plan;
 pub mod plugins;
