@@ -3,6 +3,8 @@
 
 // ARCHITECTURE.md against the code: every module named, every arrow an import, no import cycles.
 mod architecture;
+// Downloads failing over across replicas with equal listing ETags, and outlasting a master restart.
+mod agent_failover;
 // Loading synced plugins after a sync: loaders as child processes, failures, versions, the report.
 mod agent_load;
 // Describe loaders in the other plugin systems' layouts (Terraform): identity, versions, roots, local builds.
