@@ -5,6 +5,8 @@
 mod architecture;
 // Downloads failing over across replicas with equal listing ETags, and outlasting a master restart.
 mod agent_failover;
+// Fault injection: the agent killed with SIGKILL at random points of initial and incremental syncs.
+mod agent_killed;
 // Loading synced plugins after a sync: loaders as child processes, failures, versions, the report.
 mod agent_load;
 // Describe loaders in the other plugin systems' layouts (Terraform): identity, versions, roots, local builds.
