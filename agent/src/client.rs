@@ -1102,6 +1102,66 @@ mod tests {
     }
 
     #[test]
+    fn downloads_try_the_origin_then_the_servers_after_it() {
+        let servers: Vec<String> = ["https://a", "https://b", "https://c"]
+            .map(str::to_owned)
+            .to_vec();
+        let origin = |s: &str| Origin {
+            server: s.to_owned(),
+            ..Origin::default()
+        };
+        let src = |o: &'static Origin, servers: &'static [String]| Source {
+            origin: o,
+            mount: Mount::Plugins,
+            env: "production",
+            servers,
+            query: "",
+            etag: None,
+        };
+        let servers: &'static [String] = servers.leak();
+        let b: &'static Origin = Box::leak(Box::new(origin("https://b")));
+        assert_eq!(
+            ring(&src(b, servers)),
+            ["https://b", "https://c", "https://a"]
+        );
+        // `--server` lists may not name the origin (never in practice).
+        let x: &'static Origin = Box::leak(Box::new(origin("https://x")));
+        assert_eq!(
+            ring(&src(x, servers)),
+            ["https://x", "https://a", "https://b", "https://c"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_told_from_a_server_that_answered_badly() {
+        pluginsync_common::tls::install_default_provider();
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let e = reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{port}/"))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(refused(&e), "{e:?}");
+        assert!(matches!(
+            transient::<()>(&e),
+            Attempt::Retry { reached: false, .. }
+        ));
+        // A peer that accepts and hangs up without an answer was reached.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || drop(l.accept()));
+        let e = reqwest::Client::new()
+            .get(format!("http://{addr}/"))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(!refused(&e), "{e:?}");
+    }
+
+    #[test]
     fn a_listing_with_too_many_entries_is_refused() {
         let entry = r#"{"path":"/m","relative_path":".","links":"follow","owner":0,"group":0,"mode":493,"checksum":{"type":"ctime","value":"{ctime}x"},"type":"directory","destination":null}"#;
         let body = |n: usize| format!("[{}]", vec![entry; n].join(","));
