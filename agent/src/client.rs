@@ -9,14 +9,21 @@
 //! a stock Puppet Server serves them too.
 //!
 //! Failures that may pass (connection refused or reset, timeouts, 5xx, 429
-//! and 503, a body cut mid-transfer) are retried `retries` times per server
-//! with capped exponential backoff and full jitter, honouring
-//! `Retry-After` ([`Client::retrying`]); then the next server in `servers`
-//! is tried, all before the run's deadline. The first server that answers
-//! the first listing is the run's [`Origin`], so listings and content come
-//! from the same master.
+//! and 503, a body cut mid-transfer) are retried with capped exponential
+//! backoff and full jitter, honouring `Retry-After` ([`Client::backoff`]),
+//! all before the run's deadline. Listings: `retries` attempts per server,
+//! then the next server in `servers`; the first server that answers the
+//! first listing is the run's [`Origin`] and answers every listing of the
+//! run ([`Client::retrying`]). Downloads fail over (docs/protocol.md §4.7):
+//! content is addressed by sha256 and verified as it streams, so any
+//! replica serving the *same listing* may serve it — a replica is used only
+//! once it answered `304 Not Modified` to the listing's own ETag
+//! ([`Client::download`], [`Replicas`]), and a master that refuses
+//! connections (restarting) is waited for until the deadline.
 
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -153,9 +160,10 @@ fn request_error(e: &reqwest::Error) -> String {
     e2
 }
 
-/// The master that answered the run's first listing, and what it offers
-/// beyond Puppet's API (docs/protocol.md §7): every later request of the run
-/// goes to it.
+/// A master and what it offers beyond Puppet's API (docs/protocol.md §7).
+/// The run's origin is the master that answered its first listing: every
+/// listing of the run comes from it, and content too unless it fails and a
+/// replica serving the same listing takes over (docs/protocol.md §4.7).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Origin {
     /// `https://host:port`, as configured.
@@ -176,7 +184,9 @@ impl Origin {
 }
 
 /// Where one resource's content comes from: the run's origin, the mount,
-/// the environment.
+/// the environment, and the listing it was planned from, which a replica
+/// must be serving too before it may serve the content (docs/protocol.md
+/// §4.7).
 #[derive(Debug, Clone, Copy)]
 pub struct Source<'a> {
     /// The run's master.
@@ -185,6 +195,14 @@ pub struct Source<'a> {
     pub mount: Mount,
     /// The environment.
     pub env: &'a str,
+    /// `servers`, in failover order: the replicas content may come from.
+    pub servers: &'a [String],
+    /// The listing's query string ([`ListingQuery::to_query`]).
+    pub query: &'a str,
+    /// The listing's `ETag`. Without one (Puppet Server sends none) no
+    /// replica can be shown to serve the same listing, and content comes
+    /// from the origin only.
+    pub etag: Option<&'a str>,
 }
 
 /// A listing answer.
@@ -240,7 +258,33 @@ enum Attempt<T> {
     Retry {
         detail: String,
         after: Option<Duration>,
+        /// Whether the server was there at all: `false` only for a refused
+        /// connection (nothing listens: a master that is restarting).
+        reached: bool,
     },
+}
+
+/// What the run knows of the replicas, shared by every download
+/// (docs/protocol.md §4.7).
+#[derive(Debug, Default)]
+pub struct Replicas {
+    /// `(server, mount, listing ETag)` → the server's offers when it
+    /// serves that very listing (it answered 304 to the ETag), `None` when
+    /// it serves another. Absent: not asked yet, or it could not be asked.
+    verdicts: HashMap<(String, Mount, String), Option<Origin>>,
+    /// Per mount, the server the next download starts at: the last one
+    /// that delivered (the origin until one failed).
+    preferred: HashMap<Mount, String>,
+}
+
+/// Which replica a download's next attempt goes to.
+enum Pick {
+    /// This one.
+    Use(Origin),
+    /// None now, but a replica that could not be asked may be later.
+    Wait,
+    /// None: every replica failed for good or serves another listing.
+    GiveUp,
 }
 
 /// The agent's HTTP client.
@@ -249,6 +293,7 @@ pub struct Client {
     http: reqwest::Client,
     retries: u32,
     deadline: Instant,
+    replicas: Arc<tokio::sync::Mutex<Replicas>>,
 }
 
 impl Client {
@@ -297,6 +342,7 @@ impl Client {
             http,
             retries: retries.max(1),
             deadline,
+            replicas: Arc::default(),
         })
     }
 
@@ -449,12 +495,21 @@ impl Client {
             })
     }
 
-    /// Asks `src`'s batch endpoint for `hashes`; returns the body to read
-    /// frame by frame (retried on transient failures before the first
-    /// byte).
-    pub async fn batch(&self, src: &Source<'_>, hashes: &[Sha256]) -> Result<Body, FetchError> {
-        let server = src.origin.server.as_str();
-        let path = src.origin.batch.as_deref().unwrap_or(protocol::BATCH_PATH);
+    /// Asks the batch endpoint of the replica that serves `src` now (the
+    /// origin until a download failed over) for `hashes`; returns the body
+    /// to read frame by frame (retried on transient failures before the
+    /// first byte). `None` when that replica serves no batches.
+    pub async fn batch(
+        &self,
+        src: &Source<'_>,
+        hashes: &[Sha256],
+    ) -> Option<Result<Body, FetchError>> {
+        let replica = match self.pick(src, None, &HashSet::new()).await {
+            Pick::Use(r) => r,
+            Pick::Wait | Pick::GiveUp => src.origin.clone(),
+        };
+        let path = replica.batch.as_deref()?;
+        let server = replica.server.as_str();
         let url = format!(
             "{}{path}?{}",
             server.trim_end_matches('/'),
@@ -478,20 +533,29 @@ impl Client {
                 Err(e) => transient(&e),
             }
         };
-        self.retrying(server, &what, attempt, |detail| FetchError::Unreachable {
-            servers: server.to_owned(),
-            detail,
-        })
-        .await
+        Some(
+            self.retrying(server, &what, attempt, |detail| FetchError::Unreachable {
+                servers: server.to_owned(),
+                detail,
+            })
+            .await,
+        )
     }
 
-    /// Fetches `<mount>/<rel>` of `src` and hands each 2xx body to `take`,
-    /// which writes and verifies it (it must start over on every call: a
-    /// retry is a whole new body). Content comes by checksum where the
-    /// origin offers blobs (cacheable by any HTTP cache in front of it),
-    /// else from Puppet's `file_content`, which is also the fallback when a
-    /// blob is not found. A [`BodyError::Cut`] is retried like any
-    /// transient failure; a [`BodyError::Refused`] fails the download.
+    /// Fetches `<mount>/<rel>` and hands each 2xx body to `take`, which
+    /// writes and verifies it (it must start over on every call: a retry
+    /// is a whole new body, from whichever replica).
+    ///
+    /// Each attempt goes to one replica ([`Client::download_once`]): first
+    /// the one that delivered last for this mount (the origin to begin
+    /// with), after a failure the next one in `servers` order that serves
+    /// the same listing (checked once per replica, [`Client::verdict`]),
+    /// wrapping around. A transient failure waits the one backoff
+    /// ([`Client::backoff`]) before the next attempt. A replica that
+    /// answered and failed `retries` times is not asked again; one that
+    /// refuses connections (a master restarting) is asked again until the
+    /// run's deadline. A [`BodyError::Refused`], a checksum mismatch or a
+    /// final status fails the download at once.
     pub async fn download<T>(
         &self,
         src: &Source<'_>,
@@ -499,68 +563,274 @@ impl Client {
         sha256: &str,
         take: &mut impl AsyncFnMut(Body) -> Result<T, BodyError>,
     ) -> Result<T, FetchError> {
-        let server = src.origin.server.trim_end_matches('/');
-        if let Some(prefix) = src.origin.blobs.as_deref().filter(|p| p.starts_with('/')) {
+        let what = format!("{}/{rel}", src.mount);
+        let mut failures: HashMap<String, u32> = HashMap::new();
+        let mut exhausted: HashSet<String> = HashSet::new();
+        let mut last: Option<(String, String)> = None;
+        let give_up = |last: Option<(String, String)>, why: &str| {
+            let (server, detail) =
+                last.unwrap_or_else(|| (src.origin.server.clone(), "no replica left".into()));
+            FetchError::Download {
+                server,
+                what: what.clone(),
+                detail: format!("{why}{detail}"),
+            }
+        };
+        for n in 0u32.. {
+            if self.remaining().is_zero() {
+                let why = "run deadline reached: ";
+                return Err(give_up(last, why));
+            }
+            let previous = last.as_ref().map(|(s, _)| s.as_str());
+            let replica = match self.pick(src, previous, &exhausted).await {
+                Pick::Use(r) => r,
+                Pick::GiveUp => return Err(give_up(last, "")),
+                Pick::Wait => {
+                    self.backoff(n, None).await;
+                    continue;
+                }
+            };
+            match self.download_once(&replica, src, rel, sha256, take).await {
+                Attempt::Done(v) => {
+                    self.prefer(src.mount, &replica.server).await;
+                    return Ok(v);
+                }
+                Attempt::Fatal(e) => return Err(e),
+                Attempt::Retry {
+                    detail,
+                    after,
+                    reached,
+                } => {
+                    let server = replica.server;
+                    tracing::info!(server = %server, what = %what, attempt = n + 1, error = %detail, "download failed");
+                    if reached {
+                        let count = failures.entry(server.clone()).or_default();
+                        *count += 1;
+                        if *count >= self.retries {
+                            exhausted.insert(server.clone());
+                        }
+                    }
+                    self.avoid(src, &server).await;
+                    last = Some((server, detail));
+                    self.backoff(n, after).await;
+                }
+            }
+        }
+        unreachable!("the attempts loop returns")
+    }
+
+    /// One attempt at `replica`: by checksum where it offers blobs (cacheable
+    /// by any HTTP cache in front of it), else from Puppet's `file_content`,
+    /// which is also the fallback when a blob is not found.
+    async fn download_once<T>(
+        &self,
+        replica: &Origin,
+        src: &Source<'_>,
+        rel: &str,
+        sha256: &str,
+        take: &mut impl AsyncFnMut(Body) -> Result<T, BodyError>,
+    ) -> Attempt<T> {
+        let server = replica.server.trim_end_matches('/');
+        if let Some(prefix) = replica.blobs.as_deref().filter(|p| p.starts_with('/')) {
             let url = format!("{server}{prefix}{sha256}");
-            match self.download_from(src, &url, rel, take).await {
-                Err(FetchError::Status { status, .. }) if status.starts_with("404") => {
+            match self.fetch_into(replica, src, &url, rel, take).await {
+                Attempt::Fatal(FetchError::Status { status, .. }) if status.starts_with("404") => {
                     tracing::info!(file = %rel, "blob not found, falling back to file_content");
                 }
                 other => return other,
             }
         }
         let url = protocol::content_url(server, src.mount, rel, src.env);
-        self.download_from(src, &url, rel, take).await
+        self.fetch_into(replica, src, &url, rel, take).await
     }
 
-    /// Downloads `url` into `take` with retries; see [`Client::download`].
-    async fn download_from<T>(
+    /// One GET of `url` into `take`.
+    async fn fetch_into<T>(
         &self,
+        replica: &Origin,
         src: &Source<'_>,
         url: &str,
         rel: &str,
         take: &mut impl AsyncFnMut(Body) -> Result<T, BodyError>,
-    ) -> Result<T, FetchError> {
-        let server = src.origin.server.as_str();
+    ) -> Attempt<T> {
+        let server = replica.server.as_str();
         let what = format!("{}/{rel}", src.mount);
-        let fail = |detail: String| FetchError::Download {
-            server: server.to_owned(),
-            what: what.clone(),
-            detail,
+        let req = self
+            .http
+            .get(url)
+            .header(ACCEPT, protocol::ACCEPT_CONTENT)
+            .header(
+                protocol::HEADER_PUPPET_VERSION,
+                pluginsync_common::PUPPET_VERSION,
+            )
+            .timeout(self.remaining());
+        let resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => return transient(&e),
         };
-        let attempt = async || {
-            let req = self
-                .http
-                .get(url)
-                .header(ACCEPT, protocol::ACCEPT_CONTENT)
-                .header(
-                    protocol::HEADER_PUPPET_VERSION,
-                    pluginsync_common::PUPPET_VERSION,
-                )
-                .timeout(self.remaining());
-            let resp = match req.send().await {
-                Ok(r) => r,
-                Err(e) => return transient(&e),
-            };
-            let response = match self.check_status(server, src.env, &what, resp).await {
-                Ok(r) => r,
-                Err(a) => return a,
-            };
-            match take(Body {
-                response,
-                received: 0,
-            })
-            .await
-            {
-                Ok(v) => Attempt::Done(v),
-                Err(BodyError::Cut(detail)) => Attempt::Retry {
-                    detail,
-                    after: None,
-                },
-                Err(BodyError::Refused(detail)) => Attempt::Fatal(fail(detail)),
+        let response = match self.check_status(server, src.env, &what, resp).await {
+            Ok(r) => r,
+            Err(a) => return a,
+        };
+        match take(Body {
+            response,
+            received: 0,
+        })
+        .await
+        {
+            Ok(v) => Attempt::Done(v),
+            Err(BodyError::Cut(detail)) => Attempt::Retry {
+                detail,
+                after: None,
+                reached: true,
+            },
+            Err(BodyError::Refused(detail)) => Attempt::Fatal(FetchError::Download {
+                server: server.to_owned(),
+                what,
+                detail,
+            }),
+        }
+    }
+
+    /// The replica for `src`'s next attempt: the servers in order from the
+    /// one after `after` (a first attempt: from the preferred one), minus
+    /// `exhausted`; the origin is always eligible, any other server only
+    /// once it showed that it serves the same listing.
+    async fn pick(
+        &self,
+        src: &Source<'_>,
+        after: Option<&str>,
+        exhausted: &HashSet<String>,
+    ) -> Pick {
+        let ring = ring(src);
+        let start = match after {
+            Some(s) => ring.iter().position(|r| *r == s).map_or(0, |i| i + 1),
+            None => {
+                let preferred = self
+                    .replicas
+                    .lock()
+                    .await
+                    .preferred
+                    .get(&src.mount)
+                    .cloned();
+                preferred
+                    .and_then(|p| ring.iter().position(|r| *r == p))
+                    .unwrap_or(0)
             }
         };
-        self.retrying(server, &what, attempt, fail).await
+        let mut unknown = false;
+        for k in 0..ring.len() {
+            let server = ring[(start + k) % ring.len()];
+            if exhausted.contains(server) {
+                continue;
+            }
+            if server == src.origin.server {
+                return Pick::Use(src.origin.clone());
+            }
+            match self.verdict(src, server).await {
+                Some(Some(offers)) => return Pick::Use(offers),
+                Some(None) => {}
+                None => unknown = true,
+            }
+        }
+        if unknown { Pick::Wait } else { Pick::GiveUp }
+    }
+
+    /// Whether `server` serves the listing `src` was planned from: asked
+    /// once per run and mount (`If-None-Match: <ETag>`, one attempt; only
+    /// a `304` says yes), and remembered unless it could not be asked.
+    /// `Some(None)`: it serves another listing, or there is no ETag to
+    /// compare; `None`: it could not be asked now.
+    async fn verdict(&self, src: &Source<'_>, server: &str) -> Option<Option<Origin>> {
+        let Some(etag) = src.etag else {
+            return Some(None);
+        };
+        let key = (server.to_owned(), src.mount, etag.to_owned());
+        // Held while asking, so that parallel downloads ask once.
+        let mut replicas = self.replicas.lock().await;
+        if let Some(v) = replicas.verdicts.get(&key) {
+            return Some(v.clone());
+        }
+        let url = format!(
+            "{}{}/{}?{}",
+            server.trim_end_matches('/'),
+            protocol::FILE_METADATAS,
+            src.mount,
+            src.query
+        );
+        let req = self
+            .http
+            .get(&url)
+            .header(ACCEPT, protocol::ACCEPT_LISTING)
+            .header(
+                protocol::HEADER_PUPPET_VERSION,
+                pluginsync_common::PUPPET_VERSION,
+            )
+            .header("If-None-Match", etag)
+            .timeout(self.remaining().min(Duration::from_secs(10)));
+        let verdict = match req.send().await {
+            Ok(resp) if resp.status() == StatusCode::NOT_MODIFIED => {
+                let offered = |name: &str| {
+                    let value = resp.headers().get(name)?.to_str().ok()?;
+                    same_origin_path(server, value)
+                };
+                Some(Origin {
+                    server: server.to_owned(),
+                    blobs: offered(protocol::HEADER_BLOBS),
+                    batch: offered(protocol::HEADER_BLOB_BATCH),
+                })
+            }
+            // Any other final answer: another listing (a 200 is never read).
+            Ok(resp)
+                if !resp.status().is_server_error()
+                    && resp.status() != StatusCode::TOO_MANY_REQUESTS =>
+            {
+                None
+            }
+            Ok(resp) => {
+                tracing::info!(server = %server, status = %resp.status(), "replica could not be asked");
+                return None;
+            }
+            Err(e) => {
+                tracing::info!(server = %server, error = %request_error(&e), "replica could not be asked");
+                return None;
+            }
+        };
+        match &verdict {
+            Some(_) => {
+                tracing::info!(server = %server, mount = %src.mount, "replica serves the same listing")
+            }
+            None => {
+                tracing::info!(server = %server, mount = %src.mount, "replica serves another listing; not used")
+            }
+        }
+        replicas.verdicts.insert(key, verdict.clone());
+        Some(verdict)
+    }
+
+    /// `server` delivered: the next downloads of `mount` start there.
+    async fn prefer(&self, mount: Mount, server: &str) {
+        let mut replicas = self.replicas.lock().await;
+        if replicas.preferred.get(&mount).map(String::as_str) != Some(server) {
+            replicas.preferred.insert(mount, server.to_owned());
+        }
+    }
+
+    /// `server` failed: if the next downloads of `src`'s mount would start
+    /// there, they start at the server after it instead.
+    async fn avoid(&self, src: &Source<'_>, server: &str) {
+        let ring = ring(src);
+        let mut replicas = self.replicas.lock().await;
+        let current = replicas
+            .preferred
+            .get(&src.mount)
+            .map_or(src.origin.server.as_str(), String::as_str);
+        if current == server
+            && let Some(i) = ring.iter().position(|r| *r == server)
+        {
+            let next = ring[(i + 1) % ring.len()].to_owned();
+            replicas.preferred.insert(src.mount, next);
+        }
     }
 
     /// Turns a response into itself (2xx) or the right kind of failure.
@@ -618,6 +888,7 @@ impl Client {
             return Err(Attempt::Retry {
                 detail: format!("{server} answered {status} for {what}: {message}"),
                 after: retry_after,
+                reached: true,
             });
         }
         Err(Attempt::Fatal(FetchError::Status {
@@ -647,7 +918,7 @@ impl Client {
             match attempt().await {
                 Attempt::Done(v) => return Ok(v),
                 Attempt::Fatal(e) => return Err(e),
-                Attempt::Retry { detail, after } => {
+                Attempt::Retry { detail, after, .. } => {
                     tracing::info!(server = %server, what = %what, attempt = n + 1, error = %detail, "request failed");
                     last = detail;
                     if n + 1 < self.retries {
@@ -764,6 +1035,35 @@ fn transient<T>(e: &reqwest::Error) -> Attempt<T> {
     Attempt::Retry {
         detail: request_error(e),
         after: None,
+        reached: !refused(e),
+    }
+}
+
+/// Whether `e` is a refused connection: nothing listens on the port (a
+/// master that is down or restarting), as opposed to one that answered
+/// badly.
+fn refused(e: &reqwest::Error) -> bool {
+    let mut cur: Option<&dyn std::error::Error> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// `src`'s replicas in the order downloads try them: the origin, then the
+/// servers after it in `servers`, wrapping around.
+fn ring<'a>(src: &'a Source<'a>) -> Vec<&'a str> {
+    let servers: Vec<&str> = src.servers.iter().map(String::as_str).collect();
+    match servers.iter().position(|s| *s == src.origin.server) {
+        Some(i) => servers[i..].iter().chain(&servers[..i]).copied().collect(),
+        None => std::iter::once(src.origin.server.as_str())
+            .chain(servers)
+            .collect(),
     }
 }
 
@@ -799,6 +1099,66 @@ mod tests {
         ] {
             assert_eq!(same_origin_path(s, bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn downloads_try_the_origin_then_the_servers_after_it() {
+        let servers: Vec<String> = ["https://a", "https://b", "https://c"]
+            .map(str::to_owned)
+            .to_vec();
+        let origin = |s: &str| Origin {
+            server: s.to_owned(),
+            ..Origin::default()
+        };
+        let src = |o: &'static Origin, servers: &'static [String]| Source {
+            origin: o,
+            mount: Mount::Plugins,
+            env: "production",
+            servers,
+            query: "",
+            etag: None,
+        };
+        let servers: &'static [String] = servers.leak();
+        let b: &'static Origin = Box::leak(Box::new(origin("https://b")));
+        assert_eq!(
+            ring(&src(b, servers)),
+            ["https://b", "https://c", "https://a"]
+        );
+        // `--server` lists may not name the origin (never in practice).
+        let x: &'static Origin = Box::leak(Box::new(origin("https://x")));
+        assert_eq!(
+            ring(&src(x, servers)),
+            ["https://x", "https://a", "https://b", "https://c"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_told_from_a_server_that_answered_badly() {
+        pluginsync_common::tls::install_default_provider();
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let e = reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{port}/"))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(refused(&e), "{e:?}");
+        assert!(matches!(
+            transient::<()>(&e),
+            Attempt::Retry { reached: false, .. }
+        ));
+        // A peer that accepts and hangs up without an answer was reached.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || drop(l.accept()));
+        let e = reqwest::Client::new()
+            .get(format!("http://{addr}/"))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(!refused(&e), "{e:?}");
     }
 
     #[test]

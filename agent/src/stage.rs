@@ -334,7 +334,11 @@ async fn fetch_batch(
     prefix: &Path,
 ) -> Result<HashMap<Sha256, PathBuf>, FetchError> {
     use std::io::Write;
-    let mut body = client.batch(src, hashes).await?;
+    let Some(body) = client.batch(src, hashes).await else {
+        // The replica serving this mount now has no batches.
+        return Ok(HashMap::new());
+    };
+    let mut body = body?;
     let mut got = HashMap::new();
     let mut decoder = FrameDecoder::new();
     // The frame being written: (file, path, hasher).

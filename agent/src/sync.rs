@@ -177,6 +177,10 @@ struct Pass {
     local: LocalTree,
     /// The listing as the cache records it.
     stamp: ListingStamp,
+    /// The listing's query string: a replica must answer it with the same
+    /// ETag before it may serve this pass's content (docs/protocol.md
+    /// §4.7).
+    query: String,
 }
 
 /// The state of one run.
@@ -275,6 +279,7 @@ impl<'a> Run<'a> {
         let server = self.server().to_owned();
         let key = key_for(&server);
         self.phase("listing answered");
+        let mut etag = answer.etag;
         let (body, fresh) = match answer.body {
             Some(b) => (b.clone(), Some(b)),
             None => match cache.not_modified(vardir, mount, &digest) {
@@ -287,15 +292,19 @@ impl<'a> Run<'a> {
                         local,
                         stamp: ListingStamp {
                             key,
-                            etag: answer.etag,
+                            etag,
                             fresh: None,
                             listing_sha256: cache.listing_sha256.clone(),
                         },
+                        query: query_string,
                     });
                 }
                 NotModified::Cached(b) => (Bytes::from(b), None),
                 NotModified::Refetch => {
                     let again = self.listing(mount, &query, &|_| None).await?;
+                    // The tag of the body refetched, not of the 304 (the
+                    // tree may have changed in between).
+                    etag = again.etag;
                     let b = again.body.unwrap_or_default();
                     (b.clone(), Some(b))
                 }
@@ -332,10 +341,11 @@ impl<'a> Run<'a> {
             local,
             stamp: ListingStamp {
                 key,
-                etag: answer.etag,
+                etag,
                 fresh,
                 listing_sha256,
             },
+            query: query_string,
         })
     }
 
@@ -408,6 +418,9 @@ impl<'a> Run<'a> {
                 origin: &origin,
                 mount: p.resource.mount,
                 env: &self.env,
+                servers: &self.settings.servers,
+                query: &p.query,
+                etag: p.stamp.etag.as_deref(),
             };
             staging
                 .download_all(&self.client, &src, writes, self.settings.parallel_downloads)

@@ -3,6 +3,10 @@
 
 // ARCHITECTURE.md against the code: every module named, every arrow an import, no import cycles.
 mod architecture;
+// Downloads failing over across replicas with equal listing ETags, and outlasting a master restart.
+mod agent_failover;
+// Fault injection: the agent killed with SIGKILL at random points of initial and incremental syncs.
+mod agent_killed;
 // Loading synced plugins after a sync: loaders as child processes, failures, versions, the report.
 mod agent_load;
 // Describe loaders in the four plugin systems' layouts (Packer, Terraform, Celerity, kustomize): identity, versions, roots, attempts.

@@ -32,6 +32,9 @@
 //!   reachable), [`tls_connect`], [`h1_get`] on a keep-alive connection,
 //!   [`H2`] (HTTP/2 that never opens a window), [`write_root_crl`] and
 //!   [`ChainedClient`] (an intermediate CA).
+//! - `replicas`: masters that die and come back: [`CutProxy`] (a TCP proxy
+//!   that holds bytes at an exact count, throttles, goes down and comes
+//!   back on its port), [`kill9`], [`Lcg`] (a seeded random sequence).
 //! - [`puppet`]: stock Puppet agents and a throwaway Puppet Server.
 
 mod agent;
@@ -43,6 +46,7 @@ mod master;
 mod pki;
 mod process;
 pub mod puppet;
+mod replicas;
 mod tree;
 
 pub use agent::{AgentHome, AgentRun};
@@ -56,4 +60,5 @@ pub use hostile::{Listener, gzip_zeros, listing_json, response_with};
 pub use master::{MasterProcess, TestMaster, config_toml, parse_config};
 pub use pki::{AGENTS, Pki};
 pub use process::{Finished, bin_path, repo_root, require, run_logged, skipped, which};
+pub use replicas::{CutProxy, Lcg, kill9};
 pub use tree::{EnvTree, merged_mount, sha256_hex, tree_snapshot};

@@ -1,0 +1,278 @@
+//! Downloads that fail over across replicas and outlast a restart (issue
+//! 17, "Faults — a master dying mid-run"; docs/protocol.md §4.7). Masters
+//! are real (the first one a child process killed with SIGKILL); a
+//! [`CutProxy`] in front of it holds the answer at an exact byte count, so
+//! every kill lands mid-download whatever the machine's speed.
+//!
+//! - `a_master_killed_mid_download_fails_over_to_its_replica`: two masters
+//!   on one tree, the first killed mid-download, `FAILOVER_RUNS` runs
+//!   (default 100): every run succeeds with the whole tree.
+//! - `a_master_restarted_within_seconds_is_waited_for`: one master, killed
+//!   mid-download and restarted on the same port 2 s later: the run
+//!   succeeds.
+//! - `a_replica_with_another_tree_is_never_mixed_in`: the second master's
+//!   listing ETag differs: it serves no content (its counters), and the run
+//!   either waits for the first (success, its tree) or fails with one
+//!   line and nothing changed.
+
+use std::path::Path;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant};
+
+use pluginsync_tests::{
+    AgentHome, AgentRun, ChildMaster, CutProxy, EnvTree, Lcg, Pki, TestMaster, config_toml, kill9,
+    merged_mount, parse_config, tree_snapshot,
+};
+
+/// An environment whose content dominates its listings: `files` plugins of
+/// 64 KiB of incompressible bytes, two facts, one file that is `variant`
+/// dependent in each mount (so two variants have different ETags for both
+/// mounts but share most blobs).
+fn content_tree(files: usize, variant: &str) -> EnvTree {
+    let t = EnvTree::new();
+    let mut rng = Lcg::new(17);
+    for i in 0..files {
+        let body: Vec<u8> = (0..64 * 1024).map(|_| rng.next_u32() as u8).collect();
+        t.file(
+            "production",
+            "big",
+            &format!("lib/facter/blob{i:02}.rb"),
+            body,
+            0o644,
+        );
+    }
+    t.file(
+        "production",
+        "big",
+        "lib/puppet/variant.rb",
+        format!("# {variant}\n"),
+        0o644,
+    );
+    t.file("production", "big", "facts.d/site.txt", "site=one\n", 0o644);
+    t.file(
+        "production",
+        "big",
+        "facts.d/variant.txt",
+        format!("variant={variant}\n"),
+        0o755,
+    );
+    t
+}
+
+/// What the agent's destinations must hold after a run against `tree`.
+fn expected(tree: &EnvTree) -> [std::collections::BTreeMap<String, String>; 2] {
+    let env = tree.envpath().join("production");
+    [merged_mount(&env, "lib"), merged_mount(&env, "facts.d")]
+}
+
+fn synced(home: &AgentHome) -> [std::collections::BTreeMap<String, String>; 2] {
+    [
+        tree_snapshot(&home.libdir()),
+        tree_snapshot(&home.factsdir()),
+    ]
+}
+
+fn master_config(dir: &Path, tree: &EnvTree, pki: &Pki) -> std::path::PathBuf {
+    let cfg = dir.join(format!("master-{}.toml", std::process::id()));
+    std::fs::write(&cfg, config_toml(&tree.envpath(), pki, "", "")).unwrap();
+    cfg
+}
+
+/// Master → agent bytes through `proxy` of a `--noop` run (handshake and
+/// both listings) and of a full first sync: a hold mark between the two
+/// is mid-download.
+fn calibrate(proxy: &CutProxy, pki: &Pki, servers: &[String], tree: &EnvTree) -> (u64, u64) {
+    let before = proxy.sent();
+    let home = AgentHome::new(pki, servers, "");
+    let noop = home.sync(&["--noop"]);
+    assert_eq!(noop.code, 0, "{noop:?}");
+    let listings = proxy.sent() - before;
+    let home = AgentHome::new(pki, servers, "");
+    let before = proxy.sent();
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), expected(tree));
+    let full = proxy.sent() - before;
+    assert!(
+        full > listings + 256 * 1024,
+        "the downloads must dominate: {listings} bytes of listings, {full} in all"
+    );
+    (listings, full)
+}
+
+/// Runs a sync of `home` on another thread while `during` runs here.
+fn sync_while(home: &AgentHome, during: impl FnOnce()) -> AgentRun {
+    std::thread::scope(|s| {
+        let run = s.spawn(|| home.sync(&[]));
+        during();
+        run.join().expect("agent thread")
+    })
+}
+
+#[test]
+fn a_master_killed_mid_download_fails_over_to_its_replica() {
+    let runs: usize = std::env::var("FAILOVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let seed = Lcg::seed_from_env();
+    let mut rng = Lcg::new(seed);
+    let (tree, pki) = (content_tree(16, "one"), Pki::new());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = master_config(dir.path(), &tree, &pki);
+    let second = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let mut first = ChildMaster::spawn(&cfg, None);
+    let mut proxy = CutProxy::start(first.addr);
+    let servers = [proxy.url(), second.url()];
+    let (listings, full) = calibrate(&proxy, &pki, &servers, &tree);
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    for i in 0..runs {
+        // Somewhere in the downloads: past the listings, before the end.
+        let mark = proxy.sent() + rng.range(listings + 2048, full - 16 * 1024);
+        proxy.hold_at(mark);
+        let home = AgentHome::new(&pki, &servers, "");
+        let mut held = false;
+        let run = sync_while(&home, || {
+            held = proxy.wait_held(Duration::from_secs(60));
+            kill9(first.pid());
+            proxy.down();
+        });
+        assert!(
+            held,
+            "run {i} (seed {seed}): the agent never reached byte {mark}"
+        );
+        if run.code != 0 || synced(&home) != expected(&tree) {
+            failed.push(format!("run {i}: {run:?}"));
+        }
+        first = ChildMaster::spawn(&cfg, None);
+        proxy.up(first.addr);
+    }
+    eprintln!(
+        "{runs} runs with the first master killed mid-download: {} failed, {:.1} s",
+        failed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {runs} runs failed (seed {seed}):\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+    // The replica served the rest of every run.
+    assert!(second.store.stats.contents_sent.load(SeqCst) > 0);
+}
+
+#[test]
+fn a_master_restarted_within_seconds_is_waited_for() {
+    let seed = Lcg::seed_from_env();
+    let mut rng = Lcg::new(seed);
+    let (tree, pki) = (content_tree(16, "one"), Pki::new());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = master_config(dir.path(), &tree, &pki);
+    let mut master = ChildMaster::spawn(&cfg, None);
+    let mut proxy = CutProxy::start(master.addr);
+    let servers = [proxy.url()];
+    let (listings, full) = calibrate(&proxy, &pki, &servers, &tree);
+    for i in 0..3 {
+        let mark = proxy.sent() + rng.range(listings + 2048, full - 16 * 1024);
+        proxy.hold_at(mark);
+        let home = AgentHome::new(&pki, &servers, "");
+        let mut held = false;
+        let run = sync_while(&home, || {
+            held = proxy.wait_held(Duration::from_secs(60));
+            kill9(master.pid());
+            proxy.down();
+            std::thread::sleep(Duration::from_secs(2));
+            master = ChildMaster::spawn(&cfg, None);
+            proxy.up(master.addr);
+        });
+        assert!(
+            held,
+            "restart {i} (seed {seed}): the agent never reached byte {mark}"
+        );
+        assert_eq!(run.code, 0, "restart {i} (seed {seed}): {run:?}");
+        assert_eq!(run.stderr, "", "restart {i}");
+        assert_eq!(synced(&home), expected(&tree), "restart {i}");
+    }
+}
+
+#[test]
+fn a_replica_with_another_tree_is_never_mixed_in() {
+    let seed = Lcg::seed_from_env();
+    let mut rng = Lcg::new(seed);
+    let pki = Pki::new();
+    let (tree_a, tree_b) = (content_tree(16, "one"), content_tree(16, "two"));
+    let start =
+        |t: &EnvTree| TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
+    let (first, other) = (start(&tree_a), start(&tree_b));
+    let mut proxy = CutProxy::start(first.addr);
+    let servers = [proxy.url(), other.url()];
+    let (listings, full) = calibrate(&proxy, &pki, &servers, &tree_a);
+    let stats = &other.store.stats;
+    assert_eq!(stats.contents_sent.load(SeqCst), 0);
+
+    // The first master goes for good: the run can only wait for it, then
+    // fail with one line, its destinations as they were.
+    let home = AgentHome::new(&pki, &servers, "");
+    let config = home.path().join("agent.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("timeout = \"60s\"", "timeout = \"4s\""),
+    )
+    .unwrap();
+    std::fs::create_dir_all(home.libdir()).unwrap();
+    std::fs::write(
+        home.libdir().join("old.rb"),
+        "kept: nothing is purged on error",
+    )
+    .unwrap();
+    let before = synced(&home);
+    let probes = stats.listings_sent.load(SeqCst) + stats.listings_not_modified.load(SeqCst);
+    proxy.hold_at(proxy.sent() + rng.range(listings + 2048, full - 16 * 1024));
+    let run = sync_while(&home, || {
+        assert!(proxy.wait_held(Duration::from_secs(60)), "seed {seed}");
+        proxy.down();
+    });
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(run.stderr.contains("nothing was changed"), "{}", run.stderr);
+    assert_eq!(synced(&home), before, "nothing changed, nothing purged");
+    assert!(!home.libdir().join(".pluginsync-staging").exists());
+    assert_eq!(
+        stats.contents_sent.load(SeqCst),
+        0,
+        "no content from the other tree"
+    );
+    assert!(
+        stats.listings_sent.load(SeqCst) + stats.listings_not_modified.load(SeqCst) > probes,
+        "the other master was asked for its listing, and refused"
+    );
+
+    // The first master comes back while the agent waits: the run
+    // succeeds with the first tree, still nothing from the other.
+    proxy.up(first.addr);
+    let home = AgentHome::new(&pki, &servers, "");
+    let probes = stats.listings_sent.load(SeqCst) + stats.listings_not_modified.load(SeqCst);
+    proxy.hold_at(proxy.sent() + rng.range(listings + 2048, full - 16 * 1024));
+    let run = sync_while(&home, || {
+        assert!(proxy.wait_held(Duration::from_secs(60)), "seed {seed}");
+        proxy.down();
+        // Back once the agent has looked at the other master (bounded).
+        let asked = Instant::now();
+        while stats.listings_sent.load(SeqCst) + stats.listings_not_modified.load(SeqCst) == probes
+            && asked.elapsed() < Duration::from_secs(30)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        proxy.up(first.addr);
+    });
+    assert_eq!(run.code, 0, "seed {seed}: {run:?}");
+    assert_eq!(synced(&home), expected(&tree_a));
+    assert_eq!(
+        stats.contents_sent.load(SeqCst),
+        0,
+        "no content from the other tree"
+    );
+}

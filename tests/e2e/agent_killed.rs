@@ -1,0 +1,340 @@
+//! Fault injection: the agent killed with SIGKILL at random points of a
+//! sync (issue 17, "fault injection"; docs/protocol.md §4.8). For initial
+//! syncs (empty destinations) and incremental ones (the old tree to the
+//! new: changed, added, removed files and a changed mode), straight from a
+//! master and through a throttled [`CutProxy`] (so kills land in the
+//! staging too), three runs are measured, then runs are killed at uniform
+//! random fractions of their median duration. After every kill:
+//!
+//! - every file under a final name in either destination has the content
+//!   of the old or the new tree at that path (sha256 compared against
+//!   both; the staging directory is not a final name);
+//! - nothing was written outside the destinations and the vardir;
+//! - the next uninterrupted run converges to the new tree exactly (what
+//!   it should purge is gone, the staging directory too).
+//!
+//! `FAULT_POINTS` kills per scenario (default 12, four scenarios: 48 in
+//! CI); `scripts/fault-inject.sh` runs hundreds. The seed is printed with
+//! every failure; `FAULT_SEED=<seed>` replays it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pluginsync_tests::{
+    AgentHome, CutProxy, EnvTree, Lcg, Pki, TestMaster, bin_path, config_toml, merged_mount,
+    parse_config, tree_snapshot,
+};
+
+/// The old tree (`new = false`) or the new one: the same generated
+/// modules, then in the new one a third of the files changed, a seventh
+/// removed, a directory of new files, a fact changed, one removed, one
+/// added, and a mode changed.
+fn tree(new: bool) -> EnvTree {
+    let t = EnvTree::new();
+    let files = t.generate("production", 6, 20, 5);
+    t.file("production", "mod00", "facts.d/kept.txt", "kept=1\n", 0o644);
+    t.file(
+        "production",
+        "mod00",
+        "lib/facter/mode.rb",
+        "# mode\n",
+        0o644,
+    );
+    if !new {
+        t.file("production", "mod00", "facts.d/gone.txt", "gone=1\n", 0o644);
+        t.file("production", "mod01", "lib/old_only/a.rb", "# old\n", 0o644);
+        return t;
+    }
+    for (i, f) in files.iter().enumerate() {
+        if i % 7 == 0 {
+            std::fs::remove_file(f).unwrap();
+        } else if i % 3 == 0 {
+            std::fs::write(f, format!("# changed {i}\n").repeat(i % 11 + 1)).unwrap();
+        }
+    }
+    for i in 0..10 {
+        t.file(
+            "production",
+            "mod02",
+            &format!("lib/added/dir{}/new_{i}.rb", i % 3),
+            format!("# added {i}\n"),
+            0o644,
+        );
+    }
+    t.file("production", "mod00", "facts.d/kept.txt", "kept=2\n", 0o644);
+    t.file(
+        "production",
+        "mod00",
+        "facts.d/added.sh",
+        "#!/bin/sh\necho added=1\n",
+        0o755,
+    );
+    t.file(
+        "production",
+        "mod00",
+        "lib/facter/mode.rb",
+        "# mode\n",
+        0o755,
+    );
+    t
+}
+
+/// Both mounts of a tree, as `tree_snapshot` pictures the destinations.
+fn mounts(t: &EnvTree) -> [BTreeMap<String, String>; 2] {
+    let env = t.envpath().join("production");
+    [merged_mount(&env, "lib"), merged_mount(&env, "facts.d")]
+}
+
+/// A file entry's sha256 (`file <mode> <sha256>`).
+fn sha(entry: &str) -> Option<&str> {
+    entry
+        .strip_prefix("file ")
+        .and_then(|e| e.split(' ').nth(1))
+}
+
+/// The world one scenario runs in.
+struct World {
+    old: TestMaster,
+    new: TestMaster,
+    old_mounts: [BTreeMap<String, String>; 2],
+    new_mounts: [BTreeMap<String, String>; 2],
+    home: AgentHome,
+    _trees: (EnvTree, EnvTree),
+}
+
+impl World {
+    fn new(pki: &Pki) -> World {
+        let (t_old, t_new) = (tree(false), tree(true));
+        let start =
+            |t: &EnvTree| TestMaster::start(parse_config(&config_toml(&t.envpath(), pki, "", "")));
+        let (old, new) = (start(&t_old), start(&t_new));
+        let home = AgentHome::new(pki, &[new.url()], "");
+        std::fs::create_dir_all(home.path().join("outside")).unwrap();
+        std::fs::write(home.path().join("outside/sentinel"), "untouched").unwrap();
+        World {
+            old_mounts: mounts(&t_old),
+            new_mounts: mounts(&t_new),
+            old,
+            new,
+            home,
+            _trees: (t_old, t_new),
+        }
+    }
+
+    fn dests(&self) -> [PathBuf; 2] {
+        [self.home.libdir(), self.home.factsdir()]
+    }
+
+    fn synced(&self) -> [BTreeMap<String, String>; 2] {
+        self.dests().map(|d| tree_snapshot(&d))
+    }
+
+    /// An uninterrupted run from `server` that must converge to `want`.
+    fn converge(&self, server: &str, want: &[BTreeMap<String, String>; 2], ctx: &str) {
+        let run = self.home.sync(&["--server", server]);
+        assert_eq!(run.code, 0, "{ctx}: {run:?}");
+        assert_eq!(&self.synced(), want, "{ctx}: the run did not converge");
+    }
+
+    /// Empties both destinations and the vardir (an initial sync).
+    fn wipe(&self) {
+        for d in [self.home.libdir(), self.home.factsdir(), self.home.vardir()] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
+    /// A run from `server` killed with SIGKILL after `delay` (or ended
+    /// by itself before); returns whether it was killed.
+    fn killed_run(&self, server: &str, delay: Duration) -> bool {
+        let mut child = Command::new(bin_path("pluginsync-agent"))
+            .args(["sync", "--server", server, "--config"])
+            .arg(self.home.path().join("agent.toml"))
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn agent");
+        let start = Instant::now();
+        while start.elapsed() < delay {
+            if child.try_wait().expect("wait").is_some() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        true
+    }
+
+    /// The invariants after a kill; returns where the kill landed, by the
+    /// destinations' state: `before` (as they were), `staging` (a staging
+    /// directory left), `commit` (new files beside a staging directory or
+    /// beside old ones), `after` (the new tree).
+    fn check(&self, before: &[BTreeMap<String, String>; 2], ctx: &str) -> &'static str {
+        let (mut old_only, mut new_only, mut staging) = (false, false, false);
+        for (i, snap) in self.synced().iter().enumerate() {
+            for (rel, entry) in snap {
+                if rel == ".pluginsync-staging" || rel.starts_with(".pluginsync-staging/") {
+                    staging = true;
+                    continue;
+                }
+                if entry.starts_with("dir ") {
+                    continue;
+                }
+                let got = sha(entry).unwrap_or_else(|| {
+                    panic!("{ctx}: '{rel}' is not a file or directory: {entry}")
+                });
+                let in_old = self.old_mounts[i].get(rel).and_then(|e| sha(e)) == Some(got);
+                let in_new = self.new_mounts[i].get(rel).and_then(|e| sha(e)) == Some(got);
+                assert!(
+                    in_old || in_new,
+                    "{ctx}: '{rel}' in {} has the content of neither tree ({entry})",
+                    self.dests()[i].display()
+                );
+                old_only |= in_old && !in_new;
+                new_only |= in_new && !in_old;
+            }
+        }
+        let mut top: Vec<String> = std::fs::read_dir(self.home.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        top.sort();
+        for name in &top {
+            assert!(
+                ["agent.toml", "facts.d", "lib", "outside", "var"].contains(&name.as_str()),
+                "{ctx}: '{name}' written outside the destinations"
+            );
+        }
+        assert_eq!(
+            tree_snapshot(&self.home.path().join("outside")).len(),
+            1,
+            "{ctx}: written outside the destinations"
+        );
+        let now = self.synced();
+        if staging && new_only {
+            "commit"
+        } else if staging {
+            "staging"
+        } else if old_only && new_only {
+            "commit"
+        } else if &now == before {
+            "before"
+        } else {
+            "after"
+        }
+    }
+}
+
+/// `FAULT_POINTS` (default 12) kills of initial syncs, then as many of
+/// incremental ones, from `via` (the new master, direct or through a
+/// proxy).
+fn kill_at_random_points(label: &str, world: &World, via: &str) {
+    let points: usize = std::env::var("FAULT_POINTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12);
+    let seed = Lcg::seed_from_env();
+    let mut rng = Lcg::new(seed);
+    let old = world.old.url();
+    let empty = [BTreeMap::new(), BTreeMap::new()];
+    let started = Instant::now();
+    let mut landed: BTreeMap<String, usize> = BTreeMap::new();
+    for incremental in [false, true] {
+        // Uninterrupted runs, measured, set the range of kill points: the
+        // median of three (a shared machine's syncfs varies).
+        let mut took = Vec::new();
+        for _ in 0..3 {
+            world.wipe();
+            if incremental {
+                world.converge(&old, &world.old_mounts, "setup");
+            }
+            let t = Instant::now();
+            world.converge(via, &world.new_mounts, "measured run");
+            took.push(t.elapsed());
+        }
+        took.sort();
+        let duration = took[1];
+        eprintln!("{label}: measured runs took {took:?}");
+        for k in 0..points {
+            let ctx = format!(
+                "{label}, {} kill {k} (seed {seed})",
+                if incremental {
+                    "incremental"
+                } else {
+                    "initial"
+                }
+            );
+            let before = if incremental {
+                world.converge(&old, &world.old_mounts, &ctx);
+                world.old_mounts.clone()
+            } else {
+                world.wipe();
+                empty.clone()
+            };
+            let delay = duration.mul_f64(rng.fraction() * 1.1);
+            let killed = world.killed_run(via, delay);
+            let at = world.check(&before, &ctx);
+            *landed
+                .entry(format!("{}{at}", if killed { "" } else { "(ended) " }))
+                .or_default() += 1;
+            world.converge(via, &world.new_mounts, &ctx);
+            for d in world.dests() {
+                assert!(!d.join(".pluginsync-staging").exists(), "{ctx}");
+            }
+        }
+    }
+    eprintln!(
+        "{label}: {} kills (seed {seed}) in {:.1} s, landed: {landed:?}",
+        2 * points,
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn an_agent_killed_anywhere_leaves_old_or_new_files_and_converges() {
+    let pki = Pki::new();
+    let world = World::new(&pki);
+    let new = world.new.url();
+    kill_at_random_points("direct", &world, &new);
+}
+
+#[test]
+fn an_agent_killed_anywhere_in_a_throttled_sync_leaves_old_or_new_files_and_converges() {
+    let pki = Pki::new();
+    let world = World::new(&pki);
+    let proxy = CutProxy::start(world.new.addr);
+    // ~250 KB of listings and content at 1 MB/s per connection: the
+    // downloads take a good part of the run.
+    proxy.throttle(1 << 20);
+    kill_at_random_points("throttled", &world, &proxy.url());
+}
+
+#[test]
+fn the_checks_catch_a_partial_file_and_a_write_outside() {
+    let pki = Pki::new();
+    let world = World::new(&pki);
+    let none = [BTreeMap::new(), BTreeMap::new()];
+    world.converge(&world.new.url(), &world.new_mounts, "setup");
+    assert_eq!(world.check(&none, "converged"), "after");
+    let catches = |what: &str| {
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            world.check(&none, what);
+        }));
+        assert!(caught.is_err(), "{what} not caught");
+    };
+    // Half of a file under its final name.
+    let f = world.home.libdir().join("facter/mode.rb");
+    let full = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &full[..full.len() / 2]).unwrap();
+    catches("a partial file");
+    std::fs::write(&f, &full).unwrap();
+    // A file beside the destinations.
+    std::fs::write(world.home.path().join("stray.rb"), "x").unwrap();
+    catches("a write outside");
+    std::fs::remove_file(world.home.path().join("stray.rb")).unwrap();
+    assert_eq!(world.check(&none, "restored"), "after");
+}
