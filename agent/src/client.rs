@@ -117,6 +117,9 @@ pub enum SetupError {
     /// The HTTP client could not be built.
     #[error("TLS client: {0}")]
     Build(String),
+    /// This node's certificate is expired or not yet valid.
+    #[error(transparent)]
+    Certificate(#[from] crate::certs::Unusable),
 }
 
 /// Flattens an error and its sources into one line.
@@ -137,6 +140,9 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// One line for a request error: no URL (the caller names the server),
 /// and for connection failures just the innermost cause.
 fn request_error(e: &reqwest::Error) -> String {
+    if let Some(cause) = crate::certs::explain(e) {
+        return cause;
+    }
     if e.is_timeout() {
         return "timed out".into();
     }
@@ -301,6 +307,17 @@ impl Client {
     pub fn new(tls: &TlsFiles, retries: u32, deadline: Instant) -> Result<Client, SetupError> {
         use pluginsync_common::tls::{install_default_provider, read_identity_pem, read_pem};
         install_default_provider();
+        // This node's certificate, before any connection: a master would
+        // only answer "connection closed" (README, "Certificates").
+        match crate::certs::check_own(
+            &tls.cert,
+            std::time::SystemTime::now(),
+            tls.cert_expiry_warning,
+        ) {
+            Ok(None) => {}
+            Ok(Some(warning)) => tracing::warn!("{warning}"),
+            Err(e) => return Err(SetupError::Certificate(e)),
+        }
         let ca = reqwest::Certificate::from_pem_bundle(&read_pem("CA bundle", &tls.ca)?).map_err(
             |e| SetupError::Unusable {
                 what: "CA bundle",

@@ -58,7 +58,14 @@ pub struct TlsConfig {
     pub ssldir: Option<PathBuf>,
     /// The certname of this node in `ssldir`.
     pub certname: Option<String>,
+    /// Warn this long before this node's certificate expires (default 30
+    /// days; README, "Certificates").
+    #[serde(default, with = "humantime_serde")]
+    pub cert_expiry_warning: Option<Duration>,
 }
+
+/// Default of `[tls] cert_expiry_warning`: 30 days.
+pub const DEFAULT_CERT_EXPIRY_WARNING: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// TLS files after resolving `ssldir`/`certname`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +78,8 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// Optional CRL.
     pub crl: Option<PathBuf>,
+    /// Warn this long before `cert` expires.
+    pub cert_expiry_warning: Duration,
 }
 
 /// The whole agent config.
@@ -396,6 +405,9 @@ impl AgentConfig {
                     cert: p.cert,
                     key: p.key,
                     crl: p.crl.exists().then_some(p.crl),
+                    cert_expiry_warning: t
+                        .cert_expiry_warning
+                        .unwrap_or(DEFAULT_CERT_EXPIRY_WARNING),
                 })
             }
             (Some(_), None) | (None, Some(_)) => Err(ConfigError::Invalid(
@@ -407,6 +419,9 @@ impl AgentConfig {
                     cert: cert.clone(),
                     key: key.clone(),
                     crl: t.crl.clone(),
+                    cert_expiry_warning: t
+                        .cert_expiry_warning
+                        .unwrap_or(DEFAULT_CERT_EXPIRY_WARNING),
                 }),
                 _ => Err(ConfigError::Invalid(
                     "[tls] needs ca, cert and key (or ssldir and certname)".into(),

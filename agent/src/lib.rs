@@ -10,6 +10,7 @@
 
 pub mod cache;
 pub mod catalog;
+pub mod certs;
 pub mod cli;
 pub mod client;
 pub mod commit;

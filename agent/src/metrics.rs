@@ -200,15 +200,6 @@ pub fn write_textfile(path: &Path, report: &Report, facts: RunFacts) -> std::io:
     write_atomic(path, text.as_bytes(), 0o644)
 }
 
-/// When the first certificate of the PEM file `path` expires (Unix
-/// seconds).
-pub fn certificate_expiry(path: &Path) -> Option<i64> {
-    let pem = std::fs::read(path).ok()?;
-    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
-    let cert = pem.parse_x509().ok()?;
-    Some(cert.validity().not_after.timestamp())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

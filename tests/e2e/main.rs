@@ -16,6 +16,8 @@ mod agent_hostile;
 // The agent binary syncing from a master: mirroring, reports, purge, errors, noop, lock, failover.
 mod agent_sync;
 // Exit statuses of both binaries: usage errors (64), config errors (78), --help.
+// Certificate failures named in one line by the agent; expiry warnings.
+mod certs;
 mod cli_exit;
 // No tests: helpers the modules share (Puppet's pluginsync query, GETting and reading listings).
 mod common;

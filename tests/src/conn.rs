@@ -593,3 +593,33 @@ impl ChainedClient {
         std::fs::write(path, bundle).expect("write CRL bundle");
     }
 }
+
+/// A client certificate for `certname` issued by the PKI's CA, valid from
+/// `from_days` to `until_days` days from now (negative: in the past),
+/// written as `<dir>/<certname>.pem` and `<dir>/<certname>.key`; returns
+/// both paths. For expired and not-yet-valid certificates.
+pub fn dated_client_cert(
+    pki: &Pki,
+    certname: &str,
+    from_days: i64,
+    until_days: i64,
+    dir: &Path,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let key = KeyPair::generate().expect("key");
+    let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+    p.distinguished_name.push(DnType::CommonName, certname);
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let now = time::OffsetDateTime::now_utc();
+    let at = |days: i64| now + time::Duration::days(days);
+    p.not_before = at(from_days);
+    p.not_after = at(until_days);
+    let cert = p.signed_by(&key, &ca_issuer(pki)).expect("sign");
+    let (c, k) = (
+        dir.join(format!("{certname}.pem")),
+        dir.join(format!("{certname}.key")),
+    );
+    std::fs::write(&c, cert.pem()).expect("write cert");
+    std::fs::write(&k, key.serialize_pem()).expect("write key");
+    (c, k)
+}

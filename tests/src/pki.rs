@@ -26,7 +26,7 @@ impl Pki {
             server_names: vec!["localhost".into()],
             agents: AGENTS.iter().map(|s| s.to_string()).collect(),
             revoke: vec!["revoked".into()],
-            days: 2,
+            days: 400,
         })
         .expect("dev certs");
         Pki { _dir: dir, ssldir }

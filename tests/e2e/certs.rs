@@ -1,0 +1,102 @@
+//! Certificate failures in words (`agent/src/certs.rs`, README
+//! "Certificates"): the agent names the cause of a failed handshake in one
+//! line — its own certificate expired or not yet valid (checked before
+//! connecting), the master does not trust its CA, the master's certificate
+//! is not from `[tls] ca` — and warns before its certificate expires.
+
+use std::path::Path;
+
+use pluginsync_tests::{EnvTree, Pki, TestMaster, config_toml, dated_client_cert, parse_config};
+
+fn tree() -> EnvTree {
+    let tree = EnvTree::new();
+    tree.file("production", "m", "lib/facter/a.rb", b"a = 1\n", 0o644);
+    tree
+}
+
+/// Runs `pluginsync-agent sync` against `url` with these TLS files; returns
+/// (exit code, stderr).
+fn sync(dir: &Path, url: &str, ca: &Path, cert: &Path, key: &Path) -> (i32, String) {
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "servers = [{url:?}]\nlibdir = \"lib\"\nvardir = \"var\"\ntimeout = \"20s\"\nretries = 1\n\
+             [tls]\nca = {ca:?}\ncert = {cert:?}\nkey = {key:?}\n"
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(pluginsync_tests::bin_path("pluginsync-agent"))
+        .args(["sync", "--config"])
+        .arg(&config)
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn each_certificate_failure_is_one_line_naming_its_cause() {
+    let (tree, pki) = (tree(), Pki::new());
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let url = master.url();
+    let other = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    let expired = dated_client_cert(&pki, "expired", -30, -1, &certs);
+    let early = dated_client_cert(&pki, "early", 2, 30, &certs);
+    let cases: [(&str, &Path, &Path, &Path, &str); 4] = [
+        ("expired", &pki.ca(), &expired.0, &expired.1, "expired on"),
+        (
+            "not yet valid",
+            &pki.ca(),
+            &early.0,
+            &early.1,
+            "is not valid until",
+        ),
+        (
+            "another CA's node certificate",
+            &pki.ca(),
+            &other.cert("node1"),
+            &other.key("node1"),
+            "the master does not trust this node's certificate",
+        ),
+        (
+            "a master from another CA",
+            &other.ca(),
+            &other.cert("node1"),
+            &other.key("node1"),
+            "the master's certificate is not issued by the CA of [tls] ca",
+        ),
+    ];
+    for (what, ca, cert, key, want) in cases {
+        let home = tempfile::tempdir().unwrap();
+        let (code, err) = sync(home.path(), &url, ca, cert, key);
+        assert_ne!(code, 0, "{what}: {err}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "{what}: one line: {err}");
+        assert!(lines[0].contains(want), "{what}: {err}");
+        assert!(
+            !home.path().join("lib/facter").exists(),
+            "{what}: nothing was synced"
+        );
+    }
+}
+
+#[test]
+fn a_certificate_expiring_soon_is_warned_about_and_still_works() {
+    let (tree, pki) = (tree(), Pki::new());
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let dir = tempfile::tempdir().unwrap();
+    let soon = dated_client_cert(&pki, "node1", -1, 10, dir.path());
+    let home = tempfile::tempdir().unwrap();
+    let (code, err) = sync(home.path(), &master.url(), &pki.ca(), &soon.0, &soon.1);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("expires on") && err.contains("days)"), "{err}");
+    assert!(home.path().join("lib/facter/a.rb").is_file());
+}
