@@ -24,5 +24,6 @@ pub mod plugins;
 pub mod report;
 pub mod scan;
 pub mod settings;
+pub mod signals;
 pub mod stage;
 pub mod sync;
