@@ -7,6 +7,8 @@ mod architecture;
 mod agent_load;
 // Describe loaders in the other plugin systems' layouts (Terraform): identity, versions, roots, local builds.
 mod agent_layouts;
+// The agent's commit under faults: a racing user's symlinks, inodes running out, SIGTERM/SIGINT before and during it.
+mod agent_faults;
 // The agent against hostile masters and trees: modes, control characters, foreign hosts, unbounded answers.
 mod agent_hostile;
 // The agent binary syncing from a master: mirroring, reports, purge, errors, noop, lock, failover.
