@@ -106,9 +106,9 @@ impl Interrupts {
                             _ = term.recv() => Interrupt::Term,
                             _ = int.recv() => Interrupt::Int,
                         };
-                        kill_loader_groups();
                         // The first signal decides the exit status.
                         tx.send_if_modified(|s| s.is_none() && s.replace(which).is_none());
+                        kill_loader_groups();
                     }
                 });
             })?;
