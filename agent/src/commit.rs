@@ -224,17 +224,17 @@ impl<'a> Dirs<'a> {
 /// The message for a directory component that could not be opened: a
 /// symlink and a non-directory are named as such.
 fn not_a_dir(parent: BorrowedFd<'_>, name: &OsStr, path: &Path, e: Errno) -> String {
-    if e == Errno::LOOP || e == Errno::NOTDIR {
-        if let Ok(st) = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
-            return if rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink() {
-                format!(
-                    "'{}' is a symlink; refusing to go through it",
-                    path.display()
-                )
-            } else {
-                format!("'{}' is not a directory", path.display())
-            };
-        }
+    if (e == Errno::LOOP || e == Errno::NOTDIR)
+        && let Ok(st) = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)
+    {
+        return if rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink() {
+            format!(
+                "'{}' is a symlink; refusing to go through it",
+                path.display()
+            )
+        } else {
+            format!("'{}' is not a directory", path.display())
+        };
     }
     format!("'{}': {}", path.display(), std::io::Error::from(e))
 }
