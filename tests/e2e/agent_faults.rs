@@ -307,3 +307,67 @@ command = ["sh", "-c", "echo \"$0\" >> {}", "{{relpath}}"]
     assert!(!home.vardir().join("pending_loads.json").exists());
     assert_eq!(tree_snapshot(&home.libdir()), expected);
 }
+
+/// SIGTERM while a loader runs: the loader's whole process group (the
+/// loader and what it started) is killed, the run exits 143 (its commit
+/// was finished) and the load is left to the next run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_the_loads_kills_the_loaders_process_groups() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "m", "lib/loaders/hang.rb", "hang\n", 0o644);
+    let master = start(&tree, &pki);
+    let pid_file = tree.outside().join("pid");
+    let home = AgentHome::new(
+        &pki,
+        &[master.url()],
+        &format!(
+            r#"
+[load]
+enabled = true
+
+[[loader]]
+name = "hangs"
+match = "loaders/*.rb"
+kind = "command"
+command = ["sh", "-c", "sleep 300 & echo $! > {}; wait"]
+timeout = "600s"
+"#,
+            pid_file.display()
+        ),
+    );
+    let agent = home.spawn_sync(&[], "");
+    let start = Instant::now();
+    let pid = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            break pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the loader never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    agent.signal(Signal::TERM);
+    let run = agent.finish();
+    assert_eq!(run.code, 143, "{run:?}");
+    assert!(home.libdir().join("loaders/hang.rb").is_file());
+    assert!(home.vardir().join("pending_loads.json").is_file());
+    // The loader's child is gone (or a zombie waiting for its reaper).
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, r)| !r.starts_with('Z'))
+        })
+    };
+    let start = Instant::now();
+    while alive() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the loader's child {pid} survived the agent's SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -7,7 +7,7 @@ mod architecture;
 mod agent_load;
 // Describe loaders in the other plugin systems' layouts (Terraform): identity, versions, roots, local builds.
 mod agent_layouts;
-// The agent's commit under faults: a racing user's symlinks, inodes running out, SIGTERM/SIGINT before and during it.
+// The agent's commit under faults: a racing user's symlinks, inodes running out, SIGTERM/SIGINT before, during and after the commit.
 mod agent_faults;
 // The agent against hostile masters and trees: modes, control characters, foreign hosts, unbounded answers.
 mod agent_hostile;
