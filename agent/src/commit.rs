@@ -366,11 +366,9 @@ fn apply(
                 remove_entry(dirs.fd(depth), name)
                     .map_err(|e| format!("cannot remove '{}': {e}", dest.join(rel).display()))?;
             }
-            let staging = dirs
-                .staging()?
-                .try_clone_to_owned()
-                .map_err(|e| format!("cannot open '{}': {e}", dest.join(STAGING_DIR).display()))?;
-            chmod_entry(staging.as_fd(), tmp_name, *mode).map_err(|e| {
+            dirs.staging()?;
+            let staging = dirs.staging.as_ref().ok_or("no staging")?.as_fd();
+            chmod_entry(staging, tmp_name, *mode).map_err(|e| {
                 format!(
                     "cannot chmod '{}': {}",
                     tmp.display(),
@@ -379,7 +377,7 @@ fn apply(
             })?;
             // renameat(2) replaces a file or a symlink itself, never a
             // link's target.
-            rustix::fs::renameat(&staging, tmp_name, dirs.fd(depth), name)
+            rustix::fs::renameat(staging, tmp_name, dirs.fd(depth), name)
                 .map_err(io("rename into", rel))
         }
         Action::Chmod { rel, mode } => {
