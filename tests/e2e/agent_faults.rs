@@ -350,23 +350,30 @@ timeout = "600s"
         );
         std::thread::sleep(Duration::from_millis(5));
     };
+    // `/proc/<pid>/stat` after the command name: the state, and the start
+    // time (field 22 of the line), which tells the loader's child from a
+    // later process given the same pid.
+    let stat = || {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = s.rsplit_once(") ")?.1.to_owned();
+        let started = rest.split_whitespace().nth(19)?.to_owned();
+        Some((rest.starts_with('Z'), started))
+    };
+    let (_, started) = stat().expect("the loader's child is running");
     agent.signal(Signal::TERM);
     let run = agent.finish();
     assert_eq!(run.code, 143, "{run:?}");
     assert!(home.libdir().join("loaders/hang.rb").is_file());
     assert!(home.vardir().join("pending_loads.json").is_file());
     // The loader's child is gone (or a zombie waiting for its reaper).
-    let alive = || {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-            s.rsplit_once(") ")
-                .is_some_and(|(_, r)| !r.starts_with('Z'))
-        })
-    };
     let start = Instant::now();
-    while alive() {
+    while let Some((false, s)) = stat()
+        && s == started
+    {
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "the loader's child {pid} survived the agent's SIGTERM"
+            "the loader's child {pid} survived the agent's SIGTERM: {:?}",
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
         );
         std::thread::sleep(Duration::from_millis(10));
     }
