@@ -3,20 +3,38 @@
 //! Runs only after every download of the run has been verified. Directories
 //! are made parents-first, staged files are renamed over their targets
 //! (atomic: a reader sees the old file or the new one, never half of
-//! either), modes are fixed, then purges run. Before touching any path, its
-//! parent chain inside the destination must consist of real directories:
-//! a symlink there (planted between scan and commit, say) refuses the step,
-//! so nothing is ever written or removed outside the destination. Each step
-//! that fails is recorded and the others still run. Finally the touched
-//! directories are made durable: one `syncfs(2)` per filesystem they are on.
+//! either), modes are fixed, then purges run. Each step that fails is
+//! recorded and the others still run. Finally the touched filesystems are
+//! made durable: one `syncfs(2)` each.
+//!
+//! **No path is ever resolved through a link** (issue 17, A-2): a local
+//! user who can rename inside the libdir must not be able to redirect a
+//! write or a removal of this (root) process. Every step acts on a name
+//! relative to a directory descriptor, and every descriptor is opened from
+//! the destination's root down one component at a time with `O_NOFOLLOW`
+//! ([`Dirs`]): `openat` (a component that is a symlink or not a directory
+//! fails that step with ELOOP/ENOTDIR), `mkdirat`, `renameat` (staged file
+//! in `<dest>/.pluginsync-staging` → its target, same filesystem),
+//! `unlinkat`, and `fchmod` on an entry opened `O_NOFOLLOW`. A purged
+//! directory is removed by walking it the same way: a symlink entry is
+//! unlinked itself, never followed. The destination's own path is
+//! configuration (trusted) and is opened as given.
+//!
+//! Before the first step, [`check_space`] makes sure the destination's
+//! filesystem has the inodes and blocks the commit needs, so a full disk
+//! refuses the whole commit instead of applying part of it.
 
-use std::collections::{BTreeSet, HashMap};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
 
 use pluginsync_common::relpath::RelPath;
+use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::io::Errno;
 
 use crate::catalog::FileResource;
+use crate::listing::{MODE_MASK, STAGING_DIR};
 use crate::plan::{Action, ChangeKind, Plan};
 
 /// What a commit did.
@@ -31,95 +49,297 @@ pub struct Committed {
     pub written: Vec<RelPath>,
 }
 
-fn chmod(path: &Path, mode: u32) -> std::io::Result<()> {
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o777))
+/// How every directory of the commit is opened: read-only (a descriptor
+/// that `syncfs` and `fchmod` accept), never through a symlink.
+const DIR_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+/// How an entry is opened for `fchmod`: never through a symlink, never
+/// blocking (a FIFO planted there), never as a controlling terminal.
+const ENTRY_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::NONBLOCK)
+    .union(OFlags::NOCTTY)
+    .union(OFlags::CLOEXEC);
+
+/// The open directories of one commit: the destination's root and the
+/// chain from it down to the directory of the last step.
+///
+/// Bounded: only the current chain is kept (at most the tree's depth in
+/// descriptors). The plan's order (directories parents-first, then files
+/// in listing order, removals deepest-first) visits a directory's entries
+/// together, so a chain is mostly reused from one step to the next and
+/// each directory is opened about once per phase, not once per file.
+struct Dirs<'a> {
+    /// The destination (for messages, and to open the root).
+    dest: &'a Path,
+    /// The destination itself, once open.
+    root: Option<OwnedFd>,
+    /// Below the root: (name, descriptor) per component of the last
+    /// directory looked up.
+    chain: Vec<(std::ffi::OsString, OwnedFd)>,
+    /// `<dest>/.pluginsync-staging`, once open.
+    staging: Option<OwnedFd>,
+    /// The root's device, and one directory per other filesystem met
+    /// below it (a mount point inside the destination), for `syncfs`.
+    devices: BTreeMap<u64, Option<OwnedFd>>,
 }
 
-/// Relative directories already found (or made) to be real directories in
-/// this commit: each ancestor is `lstat`ed once, not once per file below it
-/// (13,000 `statx` calls fewer in a 3,000-file initial sync). Whatever is
-/// removed during the commit is forgotten with its subtree.
-#[derive(Default)]
-struct CheckedDirs(std::collections::HashSet<PathBuf>);
+/// The names of `rel`'s components; only plain names (a listing path).
+fn names(rel: &Path) -> Result<Vec<&OsStr>, String> {
+    rel.components()
+        .map(|c| match c {
+            Component::Normal(n) => Ok(n),
+            _ => Err(format!("'{}' is not a relative path", rel.display())),
+        })
+        .collect()
+}
 
-impl CheckedDirs {
+impl<'a> Dirs<'a> {
+    fn new(dest: &'a Path) -> Dirs<'a> {
+        Dirs {
+            dest,
+            root: None,
+            chain: Vec::new(),
+            staging: None,
+            devices: BTreeMap::new(),
+        }
+    }
+
+    /// The root, opened on first use (it may be created by the plan's
+    /// first step).
+    fn root(&mut self) -> Result<BorrowedFd<'_>, String> {
+        if self.root.is_none() {
+            let fd = rustix::fs::open(
+                self.dest,
+                DIR_FLAGS.difference(OFlags::NOFOLLOW),
+                Mode::empty(),
+            )
+            .map_err(|e| {
+                format!(
+                    "cannot open '{}': {}",
+                    self.dest.display(),
+                    std::io::Error::from(e)
+                )
+            })?;
+            if let Ok(st) = rustix::fs::fstat(&fd) {
+                self.devices.entry(st.st_dev).or_insert(None);
+            }
+            self.root = Some(fd);
+        }
+        Ok(self.root.as_ref().map(AsFd::as_fd).ok_or("no root")?)
+    }
+
+    /// Opens the directory `rel_dir` (relative to the root) component by
+    /// component without following links, reusing the chain's common
+    /// prefix; returns its depth (0: the root). See [`Dirs::fd`].
+    fn open(&mut self, rel_dir: &Path) -> Result<usize, String> {
+        let names = names(rel_dir)?;
+        self.root()?;
+        let keep = self
+            .chain
+            .iter()
+            .zip(&names)
+            .take_while(|((have, _), want)| have.as_os_str() == **want)
+            .count();
+        self.chain.truncate(keep);
+        for (i, name) in names.iter().enumerate().skip(keep) {
+            let parent = self.fd(i);
+            let fd = match rustix::fs::openat(parent, *name, DIR_FLAGS, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(e) => {
+                    let path = self.dest.join(names[..=i].iter().collect::<PathBuf>());
+                    return Err(not_a_dir(parent, name, &path, e));
+                }
+            };
+            if let Ok(st) = rustix::fs::fstat(&fd)
+                && !self.devices.contains_key(&st.st_dev)
+            {
+                let dup = fd.try_clone().ok();
+                self.devices.insert(st.st_dev, dup);
+            }
+            self.chain.push(((*name).to_owned(), fd));
+        }
+        Ok(names.len())
+    }
+
+    /// The descriptor of the chain at `depth` (0: the root); valid after
+    /// [`Dirs::open`] returned at least that depth.
+    fn fd(&self, depth: usize) -> BorrowedFd<'_> {
+        match depth.checked_sub(1).and_then(|i| self.chain.get(i)) {
+            Some((_, fd)) => fd.as_fd(),
+            None => self
+                .root
+                .as_ref()
+                .expect("the root is opened by Dirs::open before any depth")
+                .as_fd(),
+        }
+    }
+
+    /// The parent directory of `rel`, opened; returns its depth and `rel`'s
+    /// last name.
+    fn parent_of<'r>(&mut self, rel: &'r Path) -> Result<(usize, &'r OsStr), String> {
+        let name = rel
+            .file_name()
+            .ok_or_else(|| format!("'{}' has no name", rel.display()))?;
+        let depth = self.open(rel.parent().unwrap_or(Path::new("")))?;
+        Ok((depth, name))
+    }
+
+    /// Drops `rel` (and what was opened below it) from the chain: it is
+    /// about to be removed or replaced.
     fn forget(&mut self, rel: &Path) {
-        self.0.retain(|d| !d.starts_with(rel));
+        let Ok(names) = names(rel) else { return };
+        let common = self
+            .chain
+            .iter()
+            .zip(&names)
+            .take_while(|((have, _), want)| have.as_os_str() == **want)
+            .count();
+        if common == names.len() {
+            self.chain.truncate(common.saturating_sub(1));
+        }
+    }
+
+    /// `<dest>/.pluginsync-staging`, opened without following a link.
+    fn staging(&mut self) -> Result<BorrowedFd<'_>, String> {
+        if self.staging.is_none() {
+            let root = self.root()?;
+            let fd =
+                rustix::fs::openat(root, STAGING_DIR, DIR_FLAGS, Mode::empty()).map_err(|e| {
+                    format!(
+                        "cannot open '{}': {}",
+                        self.dest.join(STAGING_DIR).display(),
+                        std::io::Error::from(e)
+                    )
+                })?;
+            self.staging = Some(fd);
+        }
+        Ok(self.staging.as_ref().map(AsFd::as_fd).ok_or("no staging")?)
     }
 }
 
-/// Checks that every ancestor of `rel` below `dest` is a real directory.
-fn parents_are_dirs(dest: &Path, rel: &Path, checked: &mut CheckedDirs) -> Result<(), String> {
-    let Some(parent) = rel.parent() else {
-        return Ok(());
+/// The message for a directory component that could not be opened: a
+/// symlink and a non-directory are named as such.
+fn not_a_dir(parent: BorrowedFd<'_>, name: &OsStr, path: &Path, e: Errno) -> String {
+    if (e == Errno::LOOP || e == Errno::NOTDIR)
+        && let Ok(st) = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)
+    {
+        return if rustix::fs::FileType::from_raw_mode(st.st_mode).is_symlink() {
+            format!(
+                "'{}' is a symlink; refusing to go through it",
+                path.display()
+            )
+        } else {
+            format!("'{}' is not a directory", path.display())
+        };
+    }
+    format!("'{}': {}", path.display(), std::io::Error::from(e))
+}
+
+/// Removes the entry `name` of `parent` without following a symlink: a
+/// directory with its subtree (walked the same way), anything else
+/// itself. Gone already is fine.
+fn remove_entry(parent: BorrowedFd<'_>, name: &OsStr) -> std::io::Result<()> {
+    use rustix::fs::FileType;
+    let st = match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
     };
-    let mut sub = PathBuf::new();
-    for c in parent.components() {
-        sub.push(c);
-        if checked.0.contains(&sub) {
-            continue;
+    let result = if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+        // O_NOFOLLOW: a directory swapped for a link since the stat fails
+        // here (ELOOP) instead of emptying the link's target.
+        let dir = rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty())?;
+        empty_dir(&dir)?;
+        rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
+    } else {
+        rustix::fs::unlinkat(parent, name, AtFlags::empty())
+    };
+    match result {
+        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes everything in the open directory `dir`.
+fn empty_dir(dir: &OwnedFd) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    // Names first, removals after: a directory is not changed while it is
+    // being read.
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(dir)? {
+        let name = entry?.file_name().to_bytes().to_owned();
+        if name != b"." && name != b".." {
+            names.push(name);
         }
-        let p = dest.join(&sub);
-        match std::fs::symlink_metadata(&p) {
-            Ok(md) if md.is_dir() => {
-                checked.0.insert(sub.clone());
-            }
-            Ok(md) if md.file_type().is_symlink() => {
-                return Err(format!(
-                    "'{}' is a symlink; refusing to go through it",
-                    p.display()
-                ));
-            }
-            Ok(_) => return Err(format!("'{}' is not a directory", p.display())),
-            Err(e) => return Err(format!("'{}': {e}", p.display())),
-        }
+    }
+    for name in names {
+        remove_entry(dir.as_fd(), OsStr::from_bytes(&name))?;
     }
     Ok(())
 }
 
-/// Removes whatever is at `path` without following a symlink.
-fn remove_any(path: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(md) if md.is_dir() => std::fs::remove_dir_all(path),
-        Ok(_) => std::fs::remove_file(path),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
+/// Opens the entry `name` of `parent` (never through a symlink) and sets
+/// its mode to `mode & MODE_MASK`.
+fn chmod_entry(parent: BorrowedFd<'_>, name: &OsStr, mode: u32) -> Result<(), Errno> {
+    let fd = rustix::fs::openat(parent, name, ENTRY_FLAGS, Mode::empty())?;
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK))
 }
 
+/// One step; the error is its one line.
 fn apply(
-    dest: &Path,
+    dirs: &mut Dirs<'_>,
     action: &Action,
     staged: &HashMap<PathBuf, PathBuf>,
     resource: &FileResource,
-    checked: &mut CheckedDirs,
 ) -> Result<(), String> {
-    let io = |what: &str, p: &Path| {
-        let (what, p) = (what.to_owned(), p.display().to_string());
-        move |e: std::io::Error| format!("cannot {what} '{p}': {e}")
+    let dest = dirs.dest;
+    let io = |what: &str, rel: &Path| {
+        let (what, p) = (what.to_owned(), dest.join(rel).display().to_string());
+        move |e: Errno| format!("cannot {what} '{p}': {}", std::io::Error::from(e))
     };
     match action {
         Action::CreateRoot { mode } => {
-            std::fs::create_dir_all(dest).map_err(io("create", dest))?;
-            chmod(dest, *mode).map_err(io("chmod", dest))
+            std::fs::create_dir_all(dest)
+                .map_err(|e| format!("cannot create '{}': {e}", dest.display()))?;
+            let root = dirs.root()?;
+            rustix::fs::fchmod(root, Mode::from_raw_mode(mode & MODE_MASK))
+                .map_err(io("chmod", Path::new("")))
         }
-        Action::ChmodRoot { mode } => chmod(dest, *mode).map_err(io("chmod", dest)),
+        Action::ChmodRoot { mode } => {
+            let root = dirs.root()?;
+            rustix::fs::fchmod(root, Mode::from_raw_mode(mode & MODE_MASK))
+                .map_err(io("chmod", Path::new("")))
+        }
         Action::Mkdir { rel, mode, replace } => {
-            parents_are_dirs(dest, rel, checked)?;
-            let path = dest.join(rel);
+            let (depth, name) = dirs.parent_of(rel)?;
             if *replace {
                 if !resource.force {
                     return Err(format!(
                         "'{}' is in the way and force is off",
-                        path.display()
+                        dest.join(rel).display()
                     ));
                 }
-                remove_any(&path).map_err(io("remove", &path))?;
-                checked.forget(rel);
+                dirs.forget(rel);
+                remove_entry(dirs.fd(depth), name)
+                    .map_err(|e| format!("cannot remove '{}': {e}", dest.join(rel).display()))?;
             }
-            std::fs::create_dir(&path).map_err(io("create", &path))?;
-            checked.0.insert(rel.clone());
-            chmod(&path, *mode).map_err(io("chmod", &path))
+            let parent = dirs.fd(depth);
+            rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(mode & MODE_MASK))
+                .map_err(io("create", rel))?;
+            // mkdir's mode went through the umask: set it exactly, on the
+            // directory just made (opened without following a link).
+            let fd = rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty())
+                .map_err(io("open", rel))?;
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK))
+                .map_err(io("chmod", rel))?;
+            if dirs.chain.len() == depth {
+                dirs.chain.push((name.to_owned(), fd));
+            }
+            Ok(())
         }
         Action::Write {
             rel,
@@ -127,45 +347,60 @@ fn apply(
             replace_dir,
             ..
         } => {
-            parents_are_dirs(dest, rel, checked)?;
-            let path = dest.join(rel);
-            let tmp = staged
-                .get(rel)
-                .ok_or_else(|| format!("no verified download for '{}'", path.display()))?;
-            chmod(tmp, *mode).map_err(io("chmod", tmp))?;
+            let tmp = staged.get(rel).ok_or_else(|| {
+                format!("no verified download for '{}'", dest.join(rel).display())
+            })?;
+            let tmp_name = match (tmp.parent(), tmp.file_name()) {
+                (Some(dir), Some(name)) if dir == dest.join(STAGING_DIR) => name,
+                _ => return Err(format!("'{}' is not a staged file", tmp.display())),
+            };
+            let (depth, name) = dirs.parent_of(rel)?;
             if *replace_dir {
                 if !resource.force {
                     return Err(format!(
                         "a directory is in the way at '{}' and force is off",
-                        path.display()
+                        dest.join(rel).display()
                     ));
                 }
-                remove_any(&path).map_err(io("remove", &path))?;
-                checked.forget(rel);
+                dirs.forget(rel);
+                remove_entry(dirs.fd(depth), name)
+                    .map_err(|e| format!("cannot remove '{}': {e}", dest.join(rel).display()))?;
             }
-            // rename(2) replaces a file or a symlink itself, never a link's target.
-            std::fs::rename(tmp, &path).map_err(io("rename into", &path))
+            dirs.staging()?;
+            let staging = dirs.staging.as_ref().ok_or("no staging")?.as_fd();
+            chmod_entry(staging, tmp_name, *mode).map_err(|e| {
+                format!(
+                    "cannot chmod '{}': {}",
+                    tmp.display(),
+                    std::io::Error::from(e)
+                )
+            })?;
+            // renameat(2) replaces a file or a symlink itself, never a
+            // link's target.
+            rustix::fs::renameat(staging, tmp_name, dirs.fd(depth), name)
+                .map_err(io("rename into", rel))
         }
         Action::Chmod { rel, mode } => {
-            parents_are_dirs(dest, rel, checked)?;
-            let path = dest.join(rel);
-            let md = std::fs::symlink_metadata(&path).map_err(io("stat", &path))?;
-            if md.file_type().is_symlink() {
-                return Err(format!(
-                    "'{}' became a symlink; not changing its mode",
-                    path.display()
-                ));
-            }
-            chmod(&path, *mode).map_err(io("chmod", &path))
+            let (depth, name) = dirs.parent_of(rel)?;
+            chmod_entry(dirs.fd(depth), name, *mode).map_err(|e| {
+                if e == Errno::LOOP {
+                    format!(
+                        "'{}' became a symlink; not changing its mode",
+                        dest.join(rel).display()
+                    )
+                } else {
+                    io("chmod", rel)(e)
+                }
+            })
         }
         Action::Remove { rel, .. } => {
             if !resource.purge {
                 return Ok(());
             }
-            parents_are_dirs(dest, rel, checked)?;
-            let path = dest.join(rel);
-            checked.forget(rel);
-            remove_any(&path).map_err(io("remove", &path))
+            let (depth, name) = dirs.parent_of(rel)?;
+            dirs.forget(rel);
+            remove_entry(dirs.fd(depth), name)
+                .map_err(|e| format!("cannot remove '{}': {e}", dest.join(rel).display()))
         }
     }
 }
@@ -178,10 +413,9 @@ pub fn commit(
     resource: &FileResource,
 ) -> Committed {
     let mut out = Committed::default();
-    let mut touched: BTreeSet<PathBuf> = BTreeSet::from([dest.to_owned()]);
-    let mut checked = CheckedDirs::default();
+    let mut dirs = Dirs::new(dest);
     for action in &plan.actions {
-        match apply(dest, action, staged, resource, &mut checked) {
+        match apply(&mut dirs, action, staged, resource) {
             Ok(()) => {
                 if let Action::Write { rel, .. } = action {
                     // Planned from the listing's relative paths: always one.
@@ -193,11 +427,9 @@ pub fn commit(
                     }
                 }
                 if let Some((rel, kind)) = action.change() {
+                    tracing::trace!(path = %rel.display(), change = kind.as_str(), "committed");
                     if kind != ChangeKind::Removed || resource.purge {
                         out.changes.push((rel.to_owned(), kind));
-                    }
-                    if let Some(parent) = dest.join(rel).parent() {
-                        touched.insert(parent.to_owned());
                     }
                 }
             }
@@ -206,36 +438,167 @@ pub fn commit(
                     .change()
                     .map(|(r, _)| r.to_owned())
                     .unwrap_or_default();
-                tracing::error!(path = %dest.join(&rel).display(), error = %e, "change failed");
+                // Printed once for the run (output.rs); every one is in the
+                // report.
+                tracing::debug!(path = %dest.join(&rel).display(), error = %e, "change failed");
                 out.failures.push((rel, e));
             }
         }
     }
-    if let Some(parent) = dest.parent() {
-        touched.insert(parent.to_owned());
-    }
-    sync_dirs(touched);
+    sync_filesystems(dest, dirs);
     out
 }
 
-/// Makes the directory entries of `dirs` durable: one `syncfs(2)` per
-/// filesystem they live on instead of one `fsync(2)` per directory (on a
-/// journal-less ext4 each directory fsync is a synchronous write: 490 of
-/// them cost ~70 ms of a 3,000-file initial sync, one syncfs a few).
-fn sync_dirs(dirs: BTreeSet<PathBuf>) {
-    use std::os::unix::fs::MetadataExt;
-    let mut synced: BTreeSet<u64> = BTreeSet::new();
-    for dir in dirs {
-        let result = std::fs::metadata(&dir).and_then(|md| {
-            if synced.insert(md.dev()) {
-                rustix::fs::syncfs(std::fs::File::open(&dir)?)?;
+/// Makes the commit durable: one `syncfs(2)` per filesystem it touched
+/// (the destination's, any mounted below it, and its parent's, which
+/// holds the destination's own entry when it was just made) instead of one
+/// `fsync(2)` per directory (on a journal-less ext4 each directory fsync
+/// is a synchronous write: 490 of them cost ~70 ms of a 3,000-file initial
+/// sync, one syncfs a few).
+fn sync_filesystems(dest: &Path, dirs: Dirs<'_>) {
+    let warn = |dir: &Path, e: std::io::Error| {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot sync directory");
+    };
+    if let Some(root) = &dirs.root
+        && let Err(e) = rustix::fs::syncfs(root)
+    {
+        warn(dest, e.into());
+    }
+    for fd in dirs.devices.values().flatten() {
+        if let Err(e) = rustix::fs::syncfs(fd) {
+            warn(dest, e.into());
+        }
+    }
+    if let Some(parent) = dest.parent() {
+        use std::os::unix::fs::MetadataExt;
+        let result = std::fs::metadata(parent).and_then(|md| {
+            if !dirs.devices.contains_key(&md.dev()) {
+                rustix::fs::syncfs(std::fs::File::open(parent)?)?;
             }
             Ok(())
         });
         if let Err(e) = result {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot sync directory");
+            warn(parent, e);
         }
     }
+}
+
+/// The destination's filesystem cannot hold what the commit must create;
+/// checked before the commit's first step ([`check_space`]).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "not enough room for the commit in '{}': {short} {what} short ({free} free, {needed} needed for {dirs} new directories); nothing was changed",
+    dest.display()
+)]
+pub struct SpaceError {
+    /// The (first) destination on that filesystem.
+    pub dest: PathBuf,
+    /// `inodes` or `blocks`.
+    pub what: &'static str,
+    /// How many the commit needs, margin included.
+    pub needed: u64,
+    /// How many are free (for this process: root may use the reserve).
+    pub free: u64,
+    /// `needed - free`.
+    pub short: u64,
+    /// New directories the commit makes there.
+    pub dirs: u64,
+}
+
+/// What the commits on one filesystem need.
+struct Needs {
+    dest: PathBuf,
+    dirs: u64,
+    names: u64,
+    vfs: Option<rustix::fs::StatVfs>,
+}
+
+/// Checks, before anything changes, that each destination's filesystem
+/// has the inodes and blocks its commit needs (issue 17, "a disk that
+/// fills at the commit"). What the commit allocates:
+/// - staged files are already allocated (same filesystem): their rename
+///   needs nothing, and one over an old file frees the old;
+/// - a new directory needs an inode and a block (`f_bsize`);
+/// - a new name in a directory may grow it: 64 bytes per created name,
+///   rounded up to blocks;
+/// - plus a margin of 1% and one, for whatever else writes there meanwhile.
+///
+/// Destinations on one filesystem are summed. A filesystem that reports no
+/// inode (or block) counts (`f_files == 0`, as btrfs) is not checked for
+/// them. `statvfs` failing skips the check: the commit then reports its own
+/// errors.
+pub fn check_space<'p>(
+    commits: impl IntoIterator<Item = (&'p Path, &'p Plan)>,
+) -> Result<(), SpaceError> {
+    let root = rustix::process::geteuid().is_root();
+    let mut by_fs: Vec<Needs> = Vec::new();
+    for (dest, plan) in commits {
+        let (mut dirs, mut names) = (0u64, 0u64);
+        for a in &plan.actions {
+            match a {
+                Action::CreateRoot { .. } | Action::Mkdir { .. } => {
+                    dirs += 1;
+                    names += 1;
+                }
+                Action::Write {
+                    change: ChangeKind::Created,
+                    ..
+                } => names += 1,
+                _ => {}
+            }
+        }
+        if dirs == 0 && names == 0 {
+            continue;
+        }
+        // The destination, or its nearest existing ancestor (a first sync).
+        let Some(vfs) = dest.ancestors().find_map(|p| rustix::fs::statvfs(p).ok()) else {
+            continue;
+        };
+        match by_fs
+            .iter_mut()
+            .find(|n| n.vfs.as_ref().is_some_and(|v| v.f_fsid == vfs.f_fsid))
+        {
+            Some(n) => {
+                n.dirs += dirs;
+                n.names += names;
+            }
+            None => by_fs.push(Needs {
+                dest: dest.to_owned(),
+                dirs,
+                names,
+                vfs: Some(vfs),
+            }),
+        }
+    }
+    for n in by_fs {
+        let Some(v) = n.vfs else { continue };
+        let margin = |x: u64| if x == 0 { 0 } else { x + x / 100 + 1 };
+        let frsize = v.f_frsize.max(1);
+        let per_dir = v.f_bsize.max(frsize).div_ceil(frsize);
+        let inodes = margin(n.dirs);
+        let blocks = margin(n.dirs * per_dir + (n.names * 64).div_ceil(frsize));
+        let (free_inodes, free_blocks) = if root {
+            (v.f_ffree, v.f_bfree)
+        } else {
+            (v.f_favail, v.f_bavail)
+        };
+        let short = |what, needed: u64, free: u64, reported: bool| {
+            (reported && needed > free).then(|| SpaceError {
+                dest: n.dest.clone(),
+                what,
+                needed,
+                free,
+                short: needed - free,
+                dirs: n.dirs,
+            })
+        };
+        if let Some(e) = short("inodes", inodes, free_inodes, v.f_files > 0)
+            .or_else(|| short("blocks", blocks, free_blocks, v.f_blocks > 0))
+        {
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -290,7 +653,7 @@ mod tests {
         std::fs::remove_dir(dest.join("a/b")).unwrap();
         std::os::unix::fs::symlink(&outside, dest.join("a/b")).unwrap();
         let files = staged(
-            &tmp.path().join("stage"),
+            &dest.join(STAGING_DIR),
             &["a/one.rb", "a/b/two.rb", "a/b/c/three.rb"],
         );
         let plan = Plan {
@@ -336,7 +699,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dest = tmp.path().join("lib");
         std::fs::create_dir_all(dest.join("d")).unwrap();
-        let files = staged(&tmp.path().join("stage"), &["d/x.rb", "d", "d/y.rb"]);
+        let files = staged(&dest.join(STAGING_DIR), &["d/x.rb", "d", "d/y.rb"]);
         // d is checked (as the parent of d/x.rb), then replaced by a file:
         // what is below it must fail on "not a directory", not be trusted.
         let plan = Plan {
@@ -362,5 +725,54 @@ mod tests {
             done.failures
         );
         assert_eq!(std::fs::read_to_string(dest.join("d")).unwrap(), "d");
+    }
+
+    #[test]
+    fn purge_and_chmod_never_follow_a_symlink_out_of_the_destination() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (dest, outside) = (tmp.path().join("lib"), tmp.path().join("outside"));
+        std::fs::create_dir_all(dest.join("gone/deeper")).unwrap();
+        std::fs::create_dir_all(outside.join("sub")).unwrap();
+        std::fs::write(outside.join("keep.rb"), "keep").unwrap();
+        std::fs::write(outside.join("sub/keep.rb"), "keep").unwrap();
+        std::os::unix::fs::symlink(&outside, dest.join("gone/link")).unwrap();
+        std::os::unix::fs::symlink(&outside, dest.join("gone/deeper/link")).unwrap();
+        std::os::unix::fs::symlink(outside.join("keep.rb"), dest.join("x.rb")).unwrap();
+        let plan = Plan {
+            actions: vec![
+                Action::Chmod {
+                    rel: "x.rb".into(),
+                    mode: 0o700,
+                },
+                Action::Remove {
+                    rel: "gone".into(),
+                    dir: true,
+                },
+            ],
+            unchanged: 0,
+        };
+        let done = commit(&dest, &plan, &HashMap::new(), &resource(&dest));
+        assert_eq!(done.failures.len(), 1, "{:?}", done.failures);
+        assert!(
+            done.failures[0].1.contains("became a symlink"),
+            "{:?}",
+            done.failures
+        );
+        assert_eq!(
+            done.changes,
+            vec![(PathBuf::from("gone"), ChangeKind::Removed)]
+        );
+        assert!(!dest.join("gone").exists());
+        assert_eq!(
+            std::fs::read_to_string(outside.join("sub/keep.rb")).unwrap(),
+            "keep"
+        );
+        let mode = std::fs::metadata(outside.join("keep.rb"))
+            .unwrap()
+            .permissions();
+        assert_ne!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o700
+        );
     }
 }

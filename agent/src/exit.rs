@@ -3,7 +3,9 @@
 //!
 //! 0/1/2/4/6 are Puppet's `--detailed-exitcodes` (a timer unit's
 //! `SuccessExitStatus=2` relies on them), so a usage or config error must
-//! never look like one of them: they use the sysexits codes 64 and 78.
+//! never look like one of them: they use the sysexits codes 64 and 78. A
+//! run stopped by SIGINT or SIGTERM exits as a shell reports a process
+//! killed by them, 128 + the signal's number (`signals.rs`).
 
 use std::process::ExitCode;
 
@@ -26,6 +28,12 @@ pub enum ExitStatus {
     /// The config file is missing, unreadable or invalid (sysexits
     /// `EX_CONFIG`).
     Config = 78,
+    /// SIGINT stopped the run (128 + 2, as a shell reports it): before the
+    /// commit nothing was changed; after its start the commit finished and
+    /// the loads were left to the next run (README, "Signals").
+    Interrupted = 130,
+    /// SIGTERM stopped the run (128 + 15); as [`ExitStatus::Interrupted`].
+    Terminated = 143,
 }
 
 /// The EXIT STATUS section of `--help`.
@@ -37,7 +45,10 @@ Exit status:
   4   with --detailed-exitcodes: failures
   6   with --detailed-exitcodes: changes and failures
   64  usage error (unknown flag or subcommand)
-  78  configuration error";
+  78  configuration error
+  130 interrupted by SIGINT (before the commit: nothing was changed;
+      during it: the commit was finished, its loads left to the next run)
+  143 stopped by SIGTERM (as 130)";
 
 impl ExitStatus {
     /// The numeric code.

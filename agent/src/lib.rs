@@ -28,5 +28,6 @@ pub mod plugins;
 pub mod report;
 pub mod scan;
 pub mod settings;
+pub mod signals;
 pub mod stage;
 pub mod sync;

@@ -12,6 +12,7 @@ use pluginsync_agent::output;
 use pluginsync_agent::plugins::Registry;
 use pluginsync_agent::report::Report;
 use pluginsync_agent::settings::{Overrides, Settings};
+use pluginsync_agent::signals::Interrupts;
 
 fn main() -> ExitCode {
     // A loader's supervisor (load.rs, `supervised`): no CLI, no logging.
@@ -72,8 +73,15 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
                         format!("cannot start the runtime: {e}"),
                     )
                 })?;
-            let outcome = runtime.block_on(pluginsync_agent::sync::run(&settings));
+            // SIGTERM/SIGINT from here on stop the run cleanly (README,
+            // "Signals"); if they cannot be taken over they keep killing.
+            let interrupts = Interrupts::listen().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot handle SIGTERM and SIGINT");
+                Interrupts::none()
+            });
+            let outcome = runtime.block_on(pluginsync_agent::sync::run(&settings, &interrupts));
             output::report(&outcome.report, settings.format);
+            output::commit_failures(&outcome.report);
             output::load_failures(&outcome.report);
             if let Some(e) = &outcome.error {
                 output::error(e);

@@ -44,6 +44,25 @@ pub fn report(report: &Report, format: Format) {
     }
 }
 
+/// Prints ONE stderr line for the run's failed changes, however many
+/// (issue 17: a full disk once made 2,655 lines): their count and the
+/// first; every one of them is in the report (stdout and
+/// `<vardir>/last_run_report.json`).
+pub fn commit_failures(report: &Report) {
+    let Some(first) = report.failures.first() else {
+        return;
+    };
+    let n = report.failures.len();
+    stderr_line(&if n == 1 {
+        format!("error: 1 change failed: {}: {}", first.path, first.error)
+    } else {
+        format!(
+            "error: {n} changes failed (all in the report); the first: {}: {}",
+            first.path, first.error
+        )
+    });
+}
+
 /// Prints one stderr line per failed load (each is also in the report).
 pub fn load_failures(report: &Report) {
     for l in report

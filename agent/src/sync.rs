@@ -19,9 +19,15 @@
 //!
 //! Any failure in 1 or 2 (the lock, TLS, unreachable masters, an error
 //! status, a malformed or hostile listing, an unknown environment, a failed
-//! or mismatching download) stops the run with one [`SyncError`] and leaves
+//! or mismatching download, a destination without room for the commit:
+//! [`commit::check_space`]) stops the run with one [`SyncError`] and leaves
 //! every destination as it was: the staged files are removed when their
 //! [`Staging`] is dropped, and nothing is ever purged because of an error.
+//!
+//! SIGTERM and SIGINT ([`Interrupts`], README "Signals") race phases 1 and
+//! 2 and stop the run the same way; once the commit has started they are
+//! only noted: the commit finishes, is reported and remembered, and the
+//! run ends without its loads (kept in the pending-loads record).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -48,6 +54,7 @@ use crate::plugins::Registry;
 use crate::report::{Change, Failure, Report};
 use crate::scan::{self, LocalTree, ScanError};
 use crate::settings::Settings;
+use crate::signals::{Interrupt, Interrupts};
 use crate::stage::{self, StageError, Staging};
 
 /// Why a run stopped before changing anything; one line each, the text of
@@ -90,6 +97,20 @@ pub enum SyncError {
     /// A download could not be staged and verified.
     #[error("{0}; nothing was changed")]
     Download(#[source] StageError),
+    /// A destination's filesystem cannot hold what the commit creates.
+    #[error(transparent)]
+    Space(#[from] commit::SpaceError),
+    /// SIGTERM or SIGINT stopped the run.
+    #[error("interrupted by {signal} {}", match .committed {
+        false => "before the commit; nothing was changed",
+        true => "during the run; the commit was finished, its loads are left to the next run",
+    })]
+    Interrupted {
+        /// The signal.
+        signal: Interrupt,
+        /// Whether the commit had started (and so was finished).
+        committed: bool,
+    },
 }
 
 /// How a run ended.
@@ -106,9 +127,12 @@ pub struct Outcome {
 impl Outcome {
     /// How the process exits: with `detailed`, 0 no change, 2 changes,
     /// 4 failures, 6 both; 1 when nothing was applied. Without it, 0 or 1.
+    /// A signal: 130 (SIGINT) or 143 (SIGTERM), whatever was applied.
     pub fn exit_status(&self, detailed: bool) -> ExitStatus {
-        if self.error.is_some() {
-            return ExitStatus::Failure;
+        match &self.error {
+            Some(SyncError::Interrupted { signal, .. }) => return signal.exit_status(),
+            Some(_) => return ExitStatus::Failure,
+            None => {}
         }
         let failed = !self.report.failures.is_empty()
             || (self.load_failures_are_errors
@@ -130,8 +154,9 @@ impl Outcome {
 }
 
 /// Runs a sync; never panics on bad input, always returns a report (saved
-/// to `<vardir>` unless `--noop`).
-pub async fn run(settings: &Settings) -> Outcome {
+/// to `<vardir>` unless `--noop`). `interrupts`: SIGTERM/SIGINT, see the
+/// module docs.
+pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
     let started = Instant::now();
     let mut report = Report {
         environment: settings.environment.to_string(),
@@ -150,7 +175,7 @@ pub async fn run(settings: &Settings) -> Outcome {
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         loads: Vec::new(),
     };
-    let error = Run::execute(settings, &mut report).await.err();
+    let error = Run::execute(settings, &mut report, interrupts).await.err();
     report.duration_ms = started.elapsed().as_millis() as u64;
     report.error = error.as_ref().map(ToString::to_string);
     if !settings.noop
@@ -198,7 +223,11 @@ struct Run<'a> {
 
 impl<'a> Run<'a> {
     /// The whole run, phase by phase; see the module docs.
-    async fn execute(settings: &'a Settings, report: &'a mut Report) -> Result<(), SyncError> {
+    async fn execute(
+        settings: &'a Settings,
+        report: &'a mut Report,
+        interrupts: &Interrupts,
+    ) -> Result<(), SyncError> {
         let _lock = if settings.noop {
             None
         } else {
@@ -223,24 +252,54 @@ impl<'a> Run<'a> {
             origin: None,
             started: Instant::now(),
         };
-        if !settings.noop {
-            run.recover_loads().await;
+        let interrupted = |signal, committed| SyncError::Interrupted { signal, committed };
+        // Everything before the commit, raced with the signals: dropping
+        // it drops the stagings made so far, which removes them.
+        let before_commit = async {
+            if !settings.noop {
+                run.recover_loads().await;
+            }
+            let mut passes = Vec::with_capacity(catalog.resources.len());
+            for resource in catalog.resources {
+                passes.push(run.plan(resource).await?);
+            }
+            if settings.noop {
+                run.report_plans(&passes);
+                return Ok(None);
+            }
+            run.phase("planned");
+            let stagings = run.stage_all(&passes).await?;
+            run.phase("staged");
+            Ok::<_, SyncError>(Some((passes, stagings)))
+        };
+        let (passes, stagings) = tokio::select! {
+            biased;
+            signal = interrupts.wait() => return Err(interrupted(signal, false)),
+            ready = before_commit => match ready? {
+                Some(ready) => ready,
+                None => return Ok(()),
+            },
+        };
+        // A signal during the last synchronous stretch still comes first.
+        if let Some(signal) = interrupts.received() {
+            return Err(interrupted(signal, false));
         }
-        let mut passes = Vec::with_capacity(catalog.resources.len());
-        for resource in catalog.resources {
-            passes.push(run.plan(resource).await?);
-        }
-        if settings.noop {
-            run.report_plans(&passes);
-            return Ok(());
-        }
-        run.phase("planned");
-        let stagings = run.stage_all(&passes).await?;
-        run.phase("staged");
+        commit::check_space(passes.iter().map(|p| (p.resource.path.as_path(), &p.plan)))?;
         run.record_loads(&passes);
+        // From here on a signal is only noted (see the module docs).
+        run.phase("commit started");
         let written = run.commit_all(&passes, stagings);
         run.phase("committed");
-        run.load_changed(&written).await;
+        if let Some(signal) = interrupts.received() {
+            return Err(interrupted(signal, true));
+        }
+        tokio::select! {
+            biased;
+            // The loaders' groups are killed by the signal thread; what
+            // they did not finish stays in the pending-loads record.
+            signal = interrupts.wait() => return Err(interrupted(signal, true)),
+            () = run.load_changed(&written) => {}
+        }
         PendingLoads::clear(&settings.vardir);
         Ok(())
     }

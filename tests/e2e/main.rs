@@ -11,6 +11,8 @@ mod agent_killed;
 mod agent_load;
 // Describe loaders in the four plugin systems' layouts (Packer, Terraform, Celerity, kustomize): identity, versions, roots, attempts.
 mod agent_layouts;
+// The agent's commit under faults: a racing user's symlinks, inodes running out, SIGTERM/SIGINT before, during and after the commit.
+mod agent_faults;
 // The agent against hostile masters and trees: modes, control characters, foreign hosts, unbounded answers.
 mod agent_hostile;
 // The agent binary syncing from a master: mirroring, reports, purge, errors, noop, lock, failover.

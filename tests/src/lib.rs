@@ -21,6 +21,10 @@
 //!   and directories in a tempdir; [`AgentRun`], what one run did.
 //! - `fake`: [`FakeMaster`], a scripted TLS server for answers a real
 //!   master never gives ([`Responder`], [`http_response`]); [`closed_port`].
+//! - `faults`: for the agent's commit under faults: [`RunningAgent`] (a
+//!   run whose stderr is read as it comes, and signalled), [`Racer`]
+//!   (directories swapped for symlinks during commits), [`on_small_tmpfs`]
+//!   (a libdir that runs out of inodes).
 //! - `hostile`: for hostile-master tests of the agent: [`response_with`]
 //!   (extra headers), [`Listener`] (counts connections to a port),
 //!   [`listing_json`], [`gzip_zeros`].
@@ -41,6 +45,7 @@ mod agent;
 mod client;
 mod conn;
 mod fake;
+mod faults;
 mod hostile;
 mod master;
 mod pki;
@@ -56,6 +61,7 @@ pub use conn::{
     refused, serial_of, tls_config, tls_connect, write_root_crl,
 };
 pub use fake::{FakeMaster, Responder, closed_port, http_response};
+pub use faults::{Racer, RunningAgent, on_small_tmpfs};
 pub use hostile::{Listener, gzip_zeros, listing_json, response_with};
 pub use master::{MasterProcess, TestMaster, config_toml, parse_config};
 pub use pki::{AGENTS, Pki};
