@@ -12,6 +12,8 @@ use std::time::{Duration, SystemTime};
 
 use rustls::{AlertDescription as A, CertificateError as C, Error as R};
 
+use crate::config::TlsFiles;
+
 /// This node's certificate cannot be used now.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -93,6 +95,14 @@ pub fn explain(e: &(dyn std::error::Error + 'static)) -> Option<String> {
         if let Some(tls) = err.downcast_ref::<R>() {
             return Some(explain_rustls(tls));
         }
+        // An `io::Error`'s `source()` skips the error it wraps.
+        if let Some(tls) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<R>())
+        {
+            return Some(explain_rustls(tls));
+        }
         cur = err.source();
     }
     None
@@ -106,10 +116,13 @@ fn explain_rustls(e: &R) -> String {
         R::AlertReceived(A::CertificateRevoked) => {
             "the master refused this node's certificate: it is revoked".into()
         }
-        R::AlertReceived(A::UnknownCA) | R::AlertReceived(A::BadCertificate) => {
-            "the master does not trust this node's certificate (not issued by the master's CA)"
-                .into()
-        }
+        // rustls answers a client certificate from another CA with
+        // `decrypt_error`, Java (Puppet Server) with `certificate_unknown`
+        // or `bad_certificate`.
+        R::AlertReceived(
+            A::UnknownCA | A::BadCertificate | A::CertificateUnknown | A::DecryptError | A::AccessDenied,
+        ) => "the master does not trust this node's certificate (not issued by the master's CA)"
+            .into(),
         R::AlertReceived(A::CertificateRequired) => {
             "the master requires a client certificate and got none".into()
         }
@@ -141,6 +154,53 @@ fn explain_rustls(e: &R) -> String {
         },
         other => format!("TLS handshake failed: {other}"),
     }
+}
+
+/// Asks `server` once more, over a plain TLS connection with the run's
+/// files, why it closed the connection: a master that refuses a client
+/// certificate under TLS 1.3 does so after the handshake, with an alert
+/// that the HTTP client only reports as "connection closed". Returns the
+/// cause in words when the probe meets a TLS error; bounded to 5 s.
+pub async fn probe(server: &str, tls: &TlsFiles) -> Option<String> {
+    use pluginsync_common::tls::{load_certs, load_key, load_roots, provider};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let url = reqwest::Url::parse(server).ok()?;
+    let host = url.host_str()?.trim_matches(['[', ']']).to_owned();
+    let port = url.port_or_known_default()?;
+    let config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(load_roots(&tls.ca).ok()?)
+        .with_client_auth_cert(
+            load_certs("certificate", &tls.cert).ok()?,
+            load_key(&tls.key).ok()?,
+        )
+        .ok()?;
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let name = rustls::pki_types::ServerName::try_from(host.clone()).ok()?;
+    let ask = async {
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .ok()?;
+        let mut s = match connector.connect(name, tcp).await {
+            Ok(s) => s,
+            Err(e) => return explain(&e),
+        };
+        let request =
+            format!("GET /status/v1/simple HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        if let Err(e) = s.write_all(request.as_bytes()).await {
+            return explain(&e);
+        }
+        let mut byte = [0u8; 1];
+        match s.read(&mut byte).await {
+            Err(e) => explain(&e),
+            Ok(_) => None,
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), ask)
+        .await
+        .ok()
+        .flatten()
 }
 
 #[cfg(test)]

@@ -297,6 +297,7 @@ enum Pick {
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
+    tls: TlsFiles,
     retries: u32,
     deadline: Instant,
     replicas: Arc<tokio::sync::Mutex<Replicas>>,
@@ -357,6 +358,7 @@ impl Client {
         let http = b.build().map_err(|e| SetupError::Build(chain(&e)))?;
         Ok(Client {
             http,
+            tls: tls.clone(),
             retries: retries.max(1),
             deadline,
             replicas: Arc::default(),
@@ -396,6 +398,15 @@ impl Client {
             if self.remaining().is_zero() {
                 break;
             }
+        }
+        // A closed connection may be a refused client certificate (TLS 1.3
+        // alerts come after the handshake): ask once more, plainly, why.
+        if !last.contains("Connection refused")
+            && last != "timed out"
+            && let Some(server) = servers.last()
+            && let Some(cause) = crate::certs::probe(server, &self.tls).await
+        {
+            last = cause;
         }
         Err(FetchError::Unreachable {
             servers: servers.join(", "),

@@ -129,6 +129,19 @@ pub struct AgentConfig {
     /// Loaders, first match wins for each changed file.
     #[serde(default, rename = "loader")]
     pub loaders: Vec<LoaderConfig>,
+    /// Metrics for node_exporter's textfile collector.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]` (README, "Metrics and logs").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Where every run (not `--noop`) writes its metrics, atomically, e.g.
+    /// `/var/lib/prometheus/node-exporter/pluginsync.prom`; unset: off.
+    #[serde(default)]
+    pub textfile: Option<PathBuf>,
 }
 
 /// `[load]`: nothing is executed unless `enabled` (or `--load`).
@@ -474,6 +487,9 @@ impl ConfigFile for AgentConfig {
         fix(&mut self.vardir);
         if let Some(f) = self.factsdir.as_mut() {
             fix(f);
+        }
+        if let Some(t) = self.metrics.textfile.as_mut() {
+            fix(t);
         }
         for p in [
             &mut self.tls.ca,

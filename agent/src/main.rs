@@ -13,6 +13,7 @@ use pluginsync_agent::plugins::Registry;
 use pluginsync_agent::report::Report;
 use pluginsync_agent::settings::{Overrides, Settings};
 use pluginsync_agent::signals::Interrupts;
+use pluginsync_agent::{certs, metrics};
 
 fn main() -> ExitCode {
     // A loader's supervisor (load.rs, `supervised`): no CLI, no logging.
@@ -86,7 +87,22 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
             if let Some(e) = &outcome.error {
                 output::error(e);
             }
-            Ok(outcome.exit_status(settings.detailed_exitcodes))
+            let status = outcome.exit_status(settings.detailed_exitcodes);
+            if let Some(path) = settings.metrics_textfile.as_deref()
+                && !settings.noop
+            {
+                let facts = metrics::RunFacts {
+                    exit_code: status.code(),
+                    cert_expiry: certs::validity(&settings.tls.cert).map(|(_, until)| until),
+                };
+                if let Err(e) = metrics::write_textfile(path, &outcome.report, facts) {
+                    output::warning(&format!(
+                        "cannot write the metrics textfile '{}': {e}",
+                        path.display()
+                    ));
+                }
+            }
+            Ok(status)
         }
         Command::Plugins { config, format } => {
             let config = AgentConfig::load(&config).map_err(config_error)?;
@@ -99,7 +115,12 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
             let vardir = AgentConfig::load(&config).map_err(config_error)?.vardir;
             let report = Report::load(&vardir).map_err(|e| (ExitStatus::Failure, e))?;
             output::last_report(&report, format);
-            Ok(ExitStatus::Success)
+            // A monitoring check can run `pluginsync-agent report`.
+            Ok(if metrics::succeeded(&report) {
+                ExitStatus::Success
+            } else {
+                ExitStatus::Failure
+            })
         }
     }
 }

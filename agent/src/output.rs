@@ -28,9 +28,17 @@ pub fn stderr_line(line: &str) {
     let _unread = writeln!(std::io::stderr().lock(), "{}", escape(line));
 }
 
-/// The one line an error becomes.
+/// The one line an error becomes; under the journal it carries the err
+/// priority, so `journalctl -p err` shows a failed sync's cause
+/// (`common::logging`).
 pub fn error(message: &dyn std::fmt::Display) {
-    stderr_line(&format!("error: {message}"));
+    let line = format!("error: {message}");
+    let _unread = writeln!(
+        std::io::stderr().lock(),
+        "{}{}",
+        pluginsync_common::logging::stderr_prefix(3),
+        escape(&line)
+    );
 }
 
 /// Prints a report: one line per change and a summary, or one JSON object.
@@ -83,13 +91,39 @@ pub fn load_failures(report: &Report) {
 /// saying so when it changed nothing.
 pub fn last_report(r: &Report, format: Format) {
     report(r, format);
-    if format == Format::Text && r.changes.is_empty() && r.failures.is_empty() {
+    if format != Format::Text {
+        return;
+    }
+    if let Some(e) = &r.error {
         stdout(&format!(
-            "no changes in the last run ({}, {})\n",
+            "FAILED: the last run ({}) stopped: {}\n",
             escape(&r.environment),
-            escape(r.error.as_deref().unwrap_or("ok"))
+            escape(e)
+        ));
+    } else if !r.failures.is_empty() {
+        stdout(&format!(
+            "FAILED: the last run ({}) had {} failures\n",
+            escape(&r.environment),
+            r.failures.len()
+        ));
+    } else if r.changes.is_empty() {
+        stdout(&format!(
+            "no changes in the last run ({}, ok)\n",
+            escape(&r.environment)
         ));
     }
+}
+
+/// One `warning: …` line on stderr (the warning priority under the
+/// journal).
+pub fn warning(message: &str) {
+    let line = format!("warning: {message}");
+    let _unread = writeln!(
+        std::io::stderr().lock(),
+        "{}{}",
+        pluginsync_common::logging::stderr_prefix(4),
+        escape(&line)
+    );
 }
 
 /// `pluginsync-agent plugins`: the registry as a table (name, version,

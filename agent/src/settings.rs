@@ -55,6 +55,8 @@ pub struct Settings {
     pub load: LoadConfig,
     /// `[[loader]]`.
     pub loaders: Vec<LoaderConfig>,
+    /// `[metrics] textfile`.
+    pub metrics_textfile: Option<PathBuf>,
 }
 
 /// Command-line overrides.
@@ -108,6 +110,7 @@ impl Settings {
             load_enabled: config.load.enabled || cli.load,
             load: config.load,
             loaders: config.loaders,
+            metrics_textfile: config.metrics.textfile,
         })
     }
 }

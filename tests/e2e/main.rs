@@ -9,6 +9,8 @@ mod agent_failover;
 mod agent_killed;
 // Loading synced plugins after a sync: loaders as child processes, failures, versions, the report.
 mod agent_load;
+// The agent's textfile metrics after good and failed runs; `report` as a monitoring check.
+mod agent_metrics;
 // Describe loaders in the four plugin systems' layouts (Packer, Terraform, Celerity, kustomize): identity, versions, roots, attempts.
 mod agent_layouts;
 // The agent's commit under faults: a racing user's symlinks, inodes running out, SIGTERM/SIGINT before, during and after the commit.

@@ -9,7 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use pluginsync_tests::{
-    ChildMaster, EnvTree, Pki, client, config_toml, identity, require, tls_config, tls_connect,
+    ChildMaster, EnvTree, Pki, client, config_toml, dated_client_cert, identity, require,
+    tls_config, tls_connect,
 };
 
 fn metric(text: &str, series: &str) -> Option<f64> {
@@ -78,7 +79,19 @@ async fn metrics_count_the_traffic_and_promtool_accepts_them() {
     let revoked = tls_config(&pki, Some(identity(&pki, "revoked")), &["http/1.1"]);
     let other = Pki::new();
     let foreign = tls_config(&pki, Some(identity(&other, "node1")), &["http/1.1"]);
-    for tls in [revoked, foreign] {
+    let dated = |name: &str, from: i64, until: i64| {
+        use rustls_pki_types::pem::PemObject;
+        let (cert, key) = dated_client_cert(&pki, name, from, until, dir.path());
+        let chain = rustls_pki_types::CertificateDer::pem_file_iter(&cert)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let key = rustls_pki_types::PrivateKeyDer::from_pem_file(&key).unwrap();
+        tls_config(&pki, Some((chain, key)), &["http/1.1"])
+    };
+    let expired = dated("expired", -30, -1);
+    let early = dated("early", 2, 30);
+    for tls in [revoked, foreign, expired, early] {
         if let Ok(mut s) = tls_connect(master.addr, tls).await {
             // TLS 1.3: the client learns of the refusal on its first read.
             let _ = pluginsync_tests::h1_get(&mut s, "/status/v1/simple").await;
@@ -134,6 +147,16 @@ async fn metrics_count_the_traffic_and_promtool_accepts_them() {
     );
     assert_eq!(
         count("pluginsync_master_tls_handshake_failures_total{reason=\"unknown_ca\"}"),
+        1.0
+    );
+    assert_eq!(
+        count("pluginsync_master_tls_handshake_failures_total{reason=\"certificate_expired\"}"),
+        1.0
+    );
+    assert_eq!(
+        count(
+            "pluginsync_master_tls_handshake_failures_total{reason=\"certificate_not_yet_valid\"}"
+        ),
         1.0
     );
     assert_eq!(
