@@ -50,6 +50,7 @@ check() {
         echo "FAIL $name"
         tail -n +"$((start + 2))" "$log" | tail -n 15 | sed 's/^/    /'
         failed=$((failed + 1))
+        return 1
     fi
 }
 
