@@ -193,6 +193,37 @@ agent_config_loads() {
 }
 check "the shipped agent.toml loads" agent_config_loads
 
+# The agent unit's capability bounding set (read from the installed unit)
+# is what lets a root-run agent read a Puppet ssldir it does not own
+# (Debian's: puppet:puppet 0750, keys 0640); with no capability it cannot.
+# The sync goes to a closed loopback port: getting as far as connecting
+# means every TLS file was read.
+agent_sync_as_unit() {
+    local bounding=$1
+    in_root setpriv --bounding-set "$bounding" --inh-caps -all -- \
+        /usr/bin/pluginsync-agent sync --noop --server https://127.0.0.1:9 2>&1
+}
+reads_puppet_ssldir() {
+    local caps out
+    caps=$(sed -n 's/^CapabilityBoundingSet=//p' "$root/usr/lib/systemd/system/pluginsync-agent.service" |
+        tr 'A-Z' 'a-z' | sed 's/cap_/+/g; s/ \+/,/g')
+    [ -n "$caps" ] || { echo "no CapabilityBoundingSet= in the agent unit"; return 1; }
+    mkdir -p "$root/var/lib/puppet"
+    cp -a "$root/etc/pluginsync/ssl" "$root/var/lib/puppet/ssl"
+    chown -R 4242:4242 "$root/var/lib/puppet/ssl"
+    chmod 0750 "$root/var/lib/puppet/ssl" "$root/var/lib/puppet/ssl/private_keys"
+    chmod 0640 "$root"/var/lib/puppet/ssl/private_keys/*
+    out=$(agent_sync_as_unit "-all,$caps")
+    echo "with $caps: $out"
+    if grep -qi 'permission denied' <<<"$out" || ! grep -q '127.0.0.1:9' <<<"$out"; then
+        return 1
+    fi
+    out=$(agent_sync_as_unit -all)
+    echo "with no capability: $out"
+    grep -qi 'permission denied' <<<"$out"
+}
+check "the agent unit's capabilities read a puppet-owned 0750 ssldir (none do not)" reads_puppet_ssldir
+
 purge() {
     in_root dpkg --purge pluginsync-agent &&
         [ ! -e "$root/var/lib/pluginsync" ] &&
