@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod output;
 pub mod plan;
 pub mod plugins;
+pub mod progress;
 pub mod report;
 pub mod scan;
 pub mod settings;

@@ -28,6 +28,7 @@ use pluginsync_common::protocol::{FrameDecoder, FrameEvent, MAX_BATCH};
 
 use crate::client::{Body, BodyError, Client, FetchError, Source};
 use crate::listing::STAGING_DIR;
+use crate::progress::Progress;
 
 /// Batch requests in flight.
 pub const BATCHES_IN_FLIGHT: usize = 4;
@@ -133,6 +134,7 @@ impl Staging {
         client: &Client,
         src: &Source<'_>,
         writes: Vec<(PathBuf, String)>,
+        progress: &Progress,
     ) -> Result<Vec<(PathBuf, String)>, StageError> {
         let mut by_sha: HashMap<Sha256, Vec<PathBuf>> = HashMap::new();
         let mut rest = Vec::new();
@@ -170,6 +172,7 @@ impl Staging {
                                 copy
                             };
                             self.files.insert(rel, tmp);
+                            progress.file_done();
                         }
                     }
                     None => rest.extend(rels.into_iter().map(|r| (r, sha.to_hex()))),
@@ -188,11 +191,12 @@ impl Staging {
         src: &Source<'_>,
         writes: Vec<(PathBuf, String)>,
         parallel: usize,
+        progress: &Progress,
     ) -> Result<(), StageError> {
         // Batches first where the master offers them; whatever they do not
         // deliver (not found, changed, a cut stream) is fetched singly.
         let writes = if src.origin.serves_batches() && writes.len() > 1 {
-            self.download_batched(client, src, writes).await?
+            self.download_batched(client, src, writes, progress).await?
         } else {
             writes
         };
@@ -215,6 +219,7 @@ impl Staging {
         while let Some(result) = stream.next().await {
             let (rel, tmp) = result?;
             self.files.insert(rel, tmp);
+            progress.file_done();
         }
         drop(stream);
         // One syncfs for every staged file instead of one fsync each: the

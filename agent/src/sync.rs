@@ -31,6 +31,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -42,6 +43,7 @@ use pluginsync_common::relpath::RelPath;
 
 use crate::cache::{self, ListingStamp, MountCache, NotModified};
 use crate::catalog::{self, FileResource};
+use crate::cli::Format;
 use crate::client::{Client, FetchError, ListingAnswer, Origin, SetupError, Source};
 use crate::commit;
 use crate::config::SourcePermissions;
@@ -51,6 +53,7 @@ use crate::load::{LoadStatus, Loaders, PendingLoads};
 use crate::lock::{self, LockError};
 use crate::plan::{self, ChangeKind, Plan};
 use crate::plugins::Registry;
+use crate::progress::{self, Progress};
 use crate::report::{Change, Failure, Report};
 use crate::scan::{self, LocalTree, ScanError};
 use crate::settings::Settings;
@@ -455,6 +458,14 @@ impl<'a> Run<'a> {
         // is known here.
         let origin = self.origin.clone().unwrap_or_default();
         let mut stagings = Vec::with_capacity(passes.len());
+        // On a terminal, a text run shows its downloads as they go
+        // (README, "The agent").
+        let progress = Arc::new(Progress::default());
+        progress.add_total(passes.iter().map(|p| p.plan.writes().count() as u64).sum());
+        let _display = progress::Display::start(
+            progress.clone(),
+            progress::wanted(self.settings.format == Format::Text),
+        );
         for p in passes {
             let dest = &p.resource.path;
             let writes: Vec<(PathBuf, String)> = p
@@ -482,7 +493,13 @@ impl<'a> Run<'a> {
                 etag: p.stamp.etag.as_deref(),
             };
             staging
-                .download_all(&self.client, &src, writes, self.settings.parallel_downloads)
+                .download_all(
+                    &self.client,
+                    &src,
+                    writes,
+                    self.settings.parallel_downloads,
+                    &progress,
+                )
                 .await
                 .map_err(SyncError::Download)?;
             stagings.push(Some(staging));

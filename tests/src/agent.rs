@@ -39,7 +39,34 @@ impl AgentHome {
         servers: &[String],
         extra: &str,
     ) -> AgentHome {
-        let dir = tempfile::tempdir().expect("tempdir");
+        AgentHome::with_ssldir_in(
+            tempfile::tempdir().expect("tempdir"),
+            ssldir,
+            certname,
+            servers,
+            extra,
+        )
+    }
+
+    /// Like [`AgentHome::new`], in memory (`/dev/shm` when it is there):
+    /// for destinations of tens of thousands of files.
+    pub fn in_memory(pki: &Pki, servers: &[String], extra: &str) -> AgentHome {
+        AgentHome::with_ssldir_in(
+            crate::tree::memory_tempdir(),
+            &pki.ssldir,
+            "node1",
+            servers,
+            extra,
+        )
+    }
+
+    fn with_ssldir_in(
+        dir: tempfile::TempDir,
+        ssldir: &Path,
+        certname: &str,
+        servers: &[String],
+        extra: &str,
+    ) -> AgentHome {
         let servers: Vec<String> = servers.iter().map(|s| format!("{s:?}")).collect();
         let toml = format!(
             "servers = [{}]\nlibdir = \"lib\"\nfactsdir = \"facts.d\"\nvardir = \"var\"\ntimeout = \"60s\"\nretries = 2\n{extra}\n[tls]\nssldir = {ssldir:?}\ncertname = {certname:?}\n",

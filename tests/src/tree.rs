@@ -21,7 +21,17 @@ impl Default for EnvTree {
 impl EnvTree {
     /// An empty environmentpath.
     pub fn new() -> EnvTree {
-        let dir = tempfile::tempdir().expect("tempdir");
+        EnvTree::in_dir(tempfile::tempdir().expect("tempdir"))
+    }
+
+    /// An empty environmentpath in memory (`/dev/shm` when it is there),
+    /// for trees of tens of thousands of files: removing 20,000 files from
+    /// a busy disk took 50 s here.
+    pub fn in_memory() -> EnvTree {
+        EnvTree::in_dir(memory_tempdir())
+    }
+
+    fn in_dir(dir: tempfile::TempDir) -> EnvTree {
         std::fs::create_dir(dir.path().join("environments")).expect("mkdir");
         EnvTree { dir }
     }
@@ -226,4 +236,16 @@ pub fn merged_mount(env_dir: &Path, subdir: &str) -> BTreeMap<String, String> {
         }
     }
     out
+}
+
+/// A temporary directory in `/dev/shm` (tmpfs) when it exists, else in
+/// the default temporary directory.
+pub fn memory_tempdir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir()
+        && let Ok(dir) = tempfile::tempdir_in(shm)
+    {
+        return dir;
+    }
+    tempfile::tempdir().expect("tempdir")
 }
