@@ -7,8 +7,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --quiet --bins
-bin="$PWD/target/debug"
+# Release binaries when they were built (faster, what a fleet runs), else
+# debug ones; either way cargo rebuilds what changed, and says so first.
+if [ -x target/release/pluginsync-master ] && [ -x target/release/pluginsync-agent ]; then
+    profile=release
+    echo "== cargo build --release (release binaries are present; rebuilding what changed)"
+    cargo build --quiet --release --bins
+else
+    profile=debug
+    echo "== cargo build (the first build takes a few minutes)"
+    cargo build --quiet --bins
+fi
+bin="$PWD/target/$profile"
 work="$(mktemp -d)"
 master_pid=""
 cleanup() {

@@ -27,7 +27,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(status) => return status.into(),
     };
-    pluginsync_common::logging::init(cli.log_level());
+    pluginsync_common::logging::init_with(cli.log_level(), cli.log_format);
     match run(cli.command) {
         Ok(status) => status,
         Err((status, message)) => {

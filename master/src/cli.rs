@@ -4,9 +4,12 @@
 
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser;
 use clap::{Parser, Subcommand};
 
 use crate::devcerts::DevCertsOptions;
+use pluginsync_common::logging::LogFormat;
+
 use crate::exit::{EXIT_STATUS_HELP, ExitStatus};
 
 /// Serves per-environment plugin trees over Puppet's v3 file-serving API
@@ -17,6 +20,10 @@ pub struct Cli {
     /// More log output (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+    /// Log lines as text or as one JSON object per line (README, "Metrics
+    /// and logs").
+    #[arg(long, global = true, default_value = "text", value_parser = clap::builder::PossibleValuesParser::new(["text", "json"]).map(|s| s.parse::<LogFormat>().unwrap_or_default()))]
+    pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

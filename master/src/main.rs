@@ -21,7 +21,7 @@ fn main() -> ExitCode {
         cli.command,
         Command::Check { .. } | Command::DevCerts { .. }
     );
-    pluginsync_common::logging::init(cli.log_level(quiet));
+    pluginsync_common::logging::init_with(cli.log_level(quiet), cli.log_format);
     let result = match cli.command {
         Command::Check { config } => load(&config)
             .and_then(|c| check::run(&c, &mut std::io::stdout()).map_err(Failure::config)),

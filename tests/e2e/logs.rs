@@ -183,3 +183,48 @@ async fn the_access_log_has_one_line_per_request() {
         }
     }
 }
+
+/// `--log-format json`: every line the master logs is one JSON object with
+/// its level and message.
+#[test]
+fn json_log_lines_are_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "m", "lib/facter/a.rb", b"a\n", 0o644);
+    let config = dir.path().join("master.toml");
+    std::fs::write(&config, config_toml(&tree.envpath(), &pki, "", "")).unwrap();
+    let log = dir.path().join("serve.log");
+    std::fs::File::create(&log).unwrap();
+    let mut child = master(
+        &[
+            "--log-format",
+            "json",
+            "serve",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &log,
+        "0:0",
+    );
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = std::fs::read_to_string(&log).unwrap();
+        if text.contains("listening") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    assert!(text.contains("listening"), "{text}");
+    for line in text.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(
+            v["level"].is_string() && v["fields"]["message"].is_string(),
+            "{line}"
+        );
+    }
+}
