@@ -40,10 +40,14 @@
 //!   that holds bytes at an exact count, throttles, goes down and comes
 //!   back on its port), [`kill9`], [`Lcg`] (a seeded random sequence).
 //! - [`puppet`]: stock Puppet agents and a throwaway Puppet Server.
+//! - `controlrepo`: [`ControlRepo`], a code tree shaped like an
+//!   r10k-deployed control repository (`environment.conf`, site-modules,
+//!   a glob, `$basemodulepath`) and what each mount must serve from it.
 
 mod agent;
 mod client;
 mod conn;
+mod controlrepo;
 mod fake;
 mod faults;
 mod hostile;
@@ -56,6 +60,7 @@ mod tree;
 
 pub use agent::{AgentHome, AgentRun};
 pub use client::{RawResponse, client, raw_get, wait_for};
+pub use controlrepo::{ControlRepo, ENVIRONMENT_CONF};
 pub use conn::{
     ChainedClient, ChildMaster, H2, H2Frame, closed_within, dated_client_cert, h1_get, identity,
     refused, serial_of, tls_config, tls_connect, write_root_crl,
