@@ -237,9 +237,7 @@ impl IndexConfig {
             let glob = globset::GlobBuilder::new(pattern)
                 .literal_separator(true)
                 .build()
-                .map_err(|e| {
-                    ConfigError::Invalid(format!("index.allow_external_roots: {e}"))
-                })?;
+                .map_err(|e| ConfigError::Invalid(format!("index.allow_external_roots: {e}")))?;
             set.add(glob);
         }
         set.build()

@@ -92,15 +92,15 @@ pub fn parse(text: &str) -> (EnvConf, Vec<Warning>) {
             continue;
         }
         let Some((key, value)) = trimmed.split_once('=') else {
-            warn(format!(
-                "not 'key = value', ignored: {}",
-                shorten(trimmed)
-            ));
+            warn(format!("not 'key = value', ignored: {}", shorten(trimmed)));
             continue;
         };
         let key = key.trim_end();
         if !is_word(key) {
-            warn(format!("'{}' is not a setting name, line ignored", shorten(key)));
+            warn(format!(
+                "'{}' is not a setting name, line ignored",
+                shorten(key)
+            ));
             continue;
         }
         if !in_main {
@@ -147,9 +147,7 @@ fn shorten(s: &str) -> String {
 /// `value.gsub(/^["']|["']$/, '').sub(/\s+$/, '')` (Puppet's
 /// `ValueTranslator`): one leading and one trailing quote, independently.
 fn unquote(value: &str) -> String {
-    let v = value
-        .strip_prefix(['"', '\''])
-        .unwrap_or(value);
+    let v = value.strip_prefix(['"', '\'']).unwrap_or(value);
     let v = v.strip_suffix(['"', '\'']).unwrap_or(v);
     v.trim_end().to_owned()
 }
@@ -263,9 +261,7 @@ fn interpolate(entry: &str, env_name: &str) -> Result<String, String> {
 /// True when an entry holds glob characters (Puppet's `expand_glob` test,
 /// without `{`: braces never get past the parser).
 pub fn is_glob(entry: &Path) -> bool {
-    entry
-        .to_string_lossy()
-        .contains(['*', '?', '['])
+    entry.to_string_lossy().contains(['*', '?', '['])
 }
 
 #[cfg(test)]
@@ -280,13 +276,25 @@ mod tests {
     fn puppets_line_rules() {
         assert_eq!(mp("modulepath=a:b"), Some("a:b".into()));
         assert_eq!(mp("  modulepath   =   a:b   \n"), Some("a:b".into()));
-        assert_eq!(mp("modulepath = \"site:modules\""), Some("site:modules".into()));
+        assert_eq!(
+            mp("modulepath = \"site:modules\""),
+            Some("site:modules".into())
+        );
         assert_eq!(mp("modulepath = 'a\""), Some("a".into()));
         assert_eq!(mp("modulepath = a=b"), Some("a=b".into()));
-        assert_eq!(mp("modulepath = a # not a comment"), Some("a # not a comment".into()));
-        assert_eq!(mp("# modulepath = a\n\n   # x\nmodulepath = b"), Some("b".into()));
+        assert_eq!(
+            mp("modulepath = a # not a comment"),
+            Some("a # not a comment".into())
+        );
+        assert_eq!(
+            mp("# modulepath = a\n\n   # x\nmodulepath = b"),
+            Some("b".into())
+        );
         assert_eq!(mp("[main]\nmodulepath = a"), Some("a".into()));
-        assert_eq!(mp("modulepath = a {owner = root, mode = 0644}"), Some("a".into()));
+        assert_eq!(
+            mp("modulepath = a {owner = root, mode = 0644}"),
+            Some("a".into())
+        );
         assert_eq!(mp("modulepath = \r"), Some("".into()));
         assert_eq!(mp("manifest = site.pp"), None);
     }
@@ -309,11 +317,16 @@ mod tests {
                     environment_timeout = unlimited\nstatic_catalogs = false\nrich_data = true\n\
                     environment_data_provider = hiera\n";
         assert_eq!(parse(text).1, vec![]);
-        let (c, w) = parse("modulepth = a\njust words\n; ini comment\nbad key = 1\nmodulepath = {x}\nmodulepath = m\n");
+        let (c, w) = parse(
+            "modulepth = a\njust words\n; ini comment\nbad key = 1\nmodulepath = {x}\nmodulepath = m\n",
+        );
         assert_eq!(c.modulepath, Some(("m".into(), 6)));
         let lines: Vec<usize> = w.iter().map(|w| w.line).collect();
         assert_eq!(lines, vec![1, 2, 3, 4, 5], "{w:?}");
-        assert!(w[0].message.contains("unknown setting 'modulepth'"), "{w:?}");
+        assert!(
+            w[0].message.contains("unknown setting 'modulepth'"),
+            "{w:?}"
+        );
         assert!(w[4].message.contains("braces"), "{w:?}");
     }
 
@@ -349,12 +362,60 @@ mod tests {
         assert!(e.is_empty() && p.len() == 1);
     }
 
+    /// Every text of up to four characters over the characters that matter
+    /// to the parser, alone and as a `modulepath` value: no panic, and every warning names a line of the text.
+    #[test]
+    fn never_panics_on_any_short_text() {
+        const ALPHABET: [char; 13] = [
+            'm', '=', '[', ']', '{', '}', '$', '"', '#', ' ', '\n', ':', '*',
+        ];
+        let mut text = String::new();
+        let n = ALPHABET.len();
+        for len in 0..=4u32 {
+            for mut code in 0..n.pow(len) {
+                text.clear();
+                for _ in 0..len {
+                    text.push(ALPHABET[code % n]);
+                    code /= n;
+                }
+                for text in [text.clone(), format!("modulepath ={text}")] {
+                    let (c, warnings) = parse(&text);
+                    let lines = text.lines().count();
+                    assert!(
+                        warnings.iter().all(|w| w.line >= 1 && w.line <= lines),
+                        "{text:?}"
+                    );
+                    if let Some((v, _)) = c.modulepath {
+                        let _ = modulepath_entries(&v, Path::new("/e"), "e", &[]);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn never_panics_on_odd_text() {
         let samples = [
-            "\u{0}=\u{0}", "[", "]", "[]", "=", "==", "{", "}", "a={", "a=}{", "modulepath={}",
-            "modulepath={ owner = }", "modulepath=\"", "modulepath='", "ü = ß", "[ü]",
-            "modulepath = ${", "modulepath = $", "\u{feff}modulepath = a", "\r\n\r\n",
+            "\u{0}=\u{0}",
+            "[",
+            "]",
+            "[]",
+            "=",
+            "==",
+            "{",
+            "}",
+            "a={",
+            "a=}{",
+            "modulepath={}",
+            "modulepath={ owner = }",
+            "modulepath=\"",
+            "modulepath='",
+            "ü = ß",
+            "[ü]",
+            "modulepath = ${",
+            "modulepath = $",
+            "\u{feff}modulepath = a",
+            "\r\n\r\n",
         ];
         for s in samples {
             let (c, _) = parse(s);

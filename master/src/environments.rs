@@ -200,10 +200,11 @@ pub fn resolve(config: &MasterConfig, env_dir: &Path) -> Modulepath {
     let mut entries = Vec::new();
     for p in patterns {
         if envconf::is_glob(&p) {
-            entries.extend(expand_glob(&p).into_iter().map(|dir| Entry {
-                exists: true,
-                dir,
-            }));
+            entries.extend(
+                expand_glob(&p)
+                    .into_iter()
+                    .map(|dir| Entry { exists: true, dir }),
+            );
         } else {
             entries.push(Entry {
                 exists: p.is_dir(),
@@ -431,7 +432,11 @@ mod tests {
         .unwrap();
         let c = config(std::slice::from_ref(&base), &[]);
         let mp = resolve(&c, &env);
-        let dirs: Vec<_> = mp.entries.iter().map(|e| (e.dir.clone(), e.exists)).collect();
+        let dirs: Vec<_> = mp
+            .entries
+            .iter()
+            .map(|e| (e.dir.clone(), e.exists))
+            .collect();
         assert_eq!(
             dirs,
             vec![
@@ -450,10 +455,20 @@ mod tests {
             mp.warnings
         );
         let scan = scan(&mp);
-        let served: Vec<_> = scan.modules.iter().map(|m| (m.name.as_str(), m.entry)).collect();
+        let served: Vec<_> = scan
+            .modules
+            .iter()
+            .map(|m| (m.name.as_str(), m.entry))
+            .collect();
         assert_eq!(
             served,
-            vec![("role", 0), ("stdlib", 1), ("y", 2), ("x", 3), ("basemod", 5)]
+            vec![
+                ("role", 0),
+                ("stdlib", 1),
+                ("y", 2),
+                ("x", 3),
+                ("basemod", 5)
+            ]
         );
         assert_eq!(
             scan.shadowed,
@@ -462,7 +477,10 @@ mod tests {
         // Without the file: <env>/modules + basemodulepath.
         std::fs::remove_file(env.join("environment.conf")).unwrap();
         let mp = resolve(&c, &env);
-        assert_eq!(mp.dirs().collect::<Vec<_>>(), vec![env.join("modules"), base]);
+        assert_eq!(
+            mp.dirs().collect::<Vec<_>>(),
+            vec![env.join("modules"), base]
+        );
         assert!(mp.conf.is_none() && mp.warnings.is_empty());
     }
 
@@ -481,7 +499,10 @@ mod tests {
         let scan_with = |allow: &[&str]| scan(&resolve(&config(&[], allow), &env));
         let s = scan_with(&[]);
         assert_eq!(
-            s.modules.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
+            s.modules
+                .iter()
+                .map(|m| m.name.as_str())
+                .collect::<Vec<_>>(),
             vec!["inside"]
         );
         assert_eq!(s.outside.len(), 1);

@@ -116,7 +116,10 @@ async fn control_repo_is_served_over_its_effective_modulepath() {
         .text()
         .await
         .unwrap();
-    assert_eq!(body, "# site-modules/stdlib wins\n", "content from the winner");
+    assert_eq!(
+        body, "# site-modules/stdlib wins\n",
+        "content from the winner"
+    );
 
     // `check` prints the effective modulepath, entry by entry.
     let config = tree.outside().join("master.toml");
@@ -181,7 +184,8 @@ async fn control_repo_is_served_over_its_effective_modulepath() {
     assert!(!listed.contains_key("facter/site_role.rb"), "{listed:?}");
     let (code, out) = check(&config);
     assert_eq!(code, 0, "{out}");
-    let warning = format!("  warning: {e}/environment.conf:2: unknown setting 'modulepth', ignored");
+    let warning =
+        format!("  warning: {e}/environment.conf:2: unknown setting 'modulepth', ignored");
     assert!(out.lines().any(|l| l == warning), "{warning:?} in:\n{out}");
     assert!(out.ends_with("OK, with 1 warnings\n"), "{out}");
 
@@ -363,5 +367,8 @@ async fn deleting_module_directories_logs_no_watch_descriptor_lines_by_default()
         seen.push(log.matches("unable to remove watch descriptor").count());
     }
     assert_eq!(seen[0], 0, "watch-descriptor lines at the default level");
-    assert!(seen[1] > 0, "-vv shows none, so the check above proves nothing");
+    assert!(
+        seen[1] > 0,
+        "-vv shows none, so the check above proves nothing"
+    );
 }

@@ -237,7 +237,11 @@ async fn stock_puppet_plugin_download_syncs_a_control_repo() {
             .await
             .unwrap()
     };
-    assert_eq!(run.code, 0, "puppet plugin download failed:\n{}", run.output);
+    assert_eq!(
+        run.code, 0,
+        "puppet plugin download failed:\n{}",
+        run.output
+    );
     assert_eq!(
         actual(&agent.libdir(), false),
         ControlRepo::expected("lib", false),

@@ -29,8 +29,7 @@ use std::path::Path;
 
 use pluginsync_tests::puppet::{PuppetAgent, PuppetServer, gen_tree, requests};
 use pluginsync_tests::{
-    AgentHome, ControlRepo, TestMaster, merged_mount, parse_config, require, skipped,
-    tree_snapshot,
+    AgentHome, ControlRepo, TestMaster, merged_mount, parse_config, require, skipped, tree_snapshot,
 };
 
 const TEST: &str = "puppet_server";
@@ -293,12 +292,8 @@ fn puppet_server_as_source_and_stock_agent_as_client() {
         tree_snapshot(&stock_control.factsdir()),
         "stock agent: our master's control facts.d differs from Puppet Server's"
     );
-    let home_ours = AgentHome::with_ssldir(
-        &ssl,
-        "node1",
-        &[master.url()],
-        "environment = \"control\"",
-    );
+    let home_ours =
+        AgentHome::with_ssldir(&ssl, "node1", &[master.url()], "environment = \"control\"");
     let run = home_ours.sync(&[]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(

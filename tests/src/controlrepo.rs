@@ -116,12 +116,7 @@ const FILES: &[(&str, &str, u32, bool)] = &[
         0o644,
         false,
     ),
-    (
-        "@base/apt/facts.d/base_apt.txt",
-        "hidden=1\n",
-        0o644,
-        false,
-    ),
+    ("@base/apt/facts.d/base_apt.txt", "hidden=1\n", 0o644, false),
 ];
 
 /// The control-repository fixture.

@@ -60,11 +60,11 @@ mod tree;
 
 pub use agent::{AgentHome, AgentRun};
 pub use client::{RawResponse, client, raw_get, wait_for};
-pub use controlrepo::{ControlRepo, ENVIRONMENT_CONF};
 pub use conn::{
     ChainedClient, ChildMaster, H2, H2Frame, closed_within, dated_client_cert, h1_get, identity,
     refused, serial_of, tls_config, tls_connect, write_root_crl,
 };
+pub use controlrepo::{ControlRepo, ENVIRONMENT_CONF};
 pub use fake::{FakeMaster, Responder, closed_port, http_response};
 pub use faults::{Racer, RunningAgent, on_small_tmpfs};
 pub use hostile::{Listener, gzip_zeros, listing_json, response_with};
