@@ -15,7 +15,9 @@ logback files, CA, ssldir, code and var directories; it binds 127.0.0.1 only; it
                                    files land in DIR/ssl (Puppet's ssldir layout)
   start    --dir DIR --port PORT   setup + serve in the background + wait; prints the PID
 
-Code goes under DIR/code/environments/<env>/modules/... (Puppet's environmentpath).
+Code goes under DIR/code/environments/<env>/... (Puppet's environmentpath; an environment may
+have its own environment.conf); basemodulepath is DIR/code/modules alone (not the packaged
+default's second entry), so a pluginsync master given the same two directories serves the same.
 stdlib only. JAVA_ARGS overrides the JVM flags (default -Xms256m -Xmx768m).
 """
 import argparse, os, subprocess, sys, time
@@ -43,7 +45,7 @@ def puppet_conf(d):
 def setup(d, port):
     """Writes every configuration file and creates the CA. Idempotent for the CA."""
     d = os.path.abspath(d)
-    for sub in ("conf", "code/environments", "var", "server-var", "log", "run", "ssl", "jruby-gems"):
+    for sub in ("conf", "code/environments", "code/modules", "var", "server-var", "log", "run", "ssl", "jruby-gems"):
         os.makedirs(os.path.join(d, sub), exist_ok=True)
     write(puppet_conf(d), f"""[main]
 server = localhost
@@ -52,6 +54,7 @@ certname = localhost
 ssldir = {d}/ssl
 vardir = {d}/var
 codedir = {d}/code
+basemodulepath = {d}/code/modules
 logdir = {d}/log
 rundir = {d}/run
 [server]

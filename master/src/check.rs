@@ -4,12 +4,18 @@
 //! fails the check; one that expires within `[tls] cert_expiry_warning`
 //! is a warning.
 //!
-//! Prints, per environment, its modules, the files per mount and every path
-//! that two modules both provide (with the winner), so an operator sees a
-//! shadowed fact before an agent does. Walks the trees but does not hash
-//! them, so it is quick on large environments.
+//! Prints, per environment, where its modulepath comes from
+//! (`environment.conf` or the default), the effective modulepath and the
+//! modules found in each entry (shadowed ones marked, missing entries
+//! said), every warning about `environment.conf`, every module root not
+//! served because it is outside the code tree (issue 15), its modules, the
+//! files per mount and every path that two modules both provide (with the
+//! winner), so an operator sees a shadowed fact before an agent does. Walks
+//! the trees but does not hash them, so it is quick on large environments.
+//! The last line is `OK`, or `OK, with N warnings` when there are any.
 
 use std::io::Write;
+use std::path::Path;
 
 use crate::config::MasterConfig;
 use crate::environments;
@@ -26,8 +32,10 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> anyhow::Result<()> {
         config.tls.cert_expiry_warning,
     )
     .map_err(anyhow::Error::msg)?;
+    let mut warnings = 0usize;
     for w in config.warnings().into_iter().chain(soon) {
         writeln!(out, "warning: {w}")?;
+        warnings += 1;
     }
     let envs = environments::list_environments(config);
     if envs.is_empty() {
@@ -37,6 +45,7 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> anyhow::Result<()> {
         let idx = EnvIndex::build(config, name.clone(), dir.clone(), None, Hashing::Skip);
         let modules: Vec<&str> = idx.modules.iter().map(|m| m.name.as_str()).collect();
         writeln!(out, "environment {name} ({})", dir.display())?;
+        warnings += modulepath(config, &dir, out)?;
         writeln!(out, "  modules ({}): {}", modules.len(), modules.join(" "))?;
         for mount in Mount::ALL {
             let m = idx.mount(mount);
@@ -52,6 +61,10 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> anyhow::Result<()> {
                 mount.as_str(),
                 m.roots.len()
             )?;
+            for o in &m.outside {
+                writeln!(out, "  warning: {o}")?;
+                warnings += 1;
+            }
             for c in &m.collisions {
                 writeln!(
                     out,
@@ -61,6 +74,59 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> anyhow::Result<()> {
             }
         }
     }
-    writeln!(out, "OK")?;
+    if warnings == 0 {
+        writeln!(out, "OK")?;
+    } else {
+        writeln!(out, "OK, with {warnings} warnings")?;
+    }
     Ok(())
+}
+
+/// The effective modulepath of the environment at `dir`, entry by entry
+/// with the modules found there, then its warnings; returns how many
+/// warnings it printed.
+fn modulepath(config: &MasterConfig, dir: &Path, out: &mut impl Write) -> anyhow::Result<usize> {
+    let mp = environments::resolve(config, dir);
+    let scan = environments::scan(&mp);
+    match &mp.conf {
+        Some(conf) => writeln!(out, "  environment.conf: {}", conf.display())?,
+        None => writeln!(
+            out,
+            "  environment.conf: none (modulepath <env>/modules, then basemodulepath)"
+        )?,
+    }
+    writeln!(out, "  modulepath: {}", mp.joined())?;
+    for (i, entry) in mp.entries.iter().enumerate() {
+        if !entry.exists {
+            writeln!(out, "    {}: missing, skipped", entry.dir.display())?;
+            continue;
+        }
+        let served: Vec<&str> = scan
+            .modules
+            .iter()
+            .filter(|m| m.entry == i)
+            .map(|m| m.name.as_str())
+            .collect();
+        let shadowed: Vec<&str> = scan
+            .shadowed
+            .iter()
+            .filter(|(e, _)| *e == i)
+            .map(|(_, n)| n.as_str())
+            .collect();
+        let mut line = format!("    {}: {}", entry.dir.display(), served.join(" "));
+        if !shadowed.is_empty() {
+            line.push_str(&format!(
+                " (shadowed by an earlier entry: {})",
+                shadowed.join(" ")
+            ));
+        }
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    for w in &mp.warnings {
+        writeln!(out, "  warning: {w}")?;
+    }
+    for o in &scan.outside {
+        writeln!(out, "  warning: {o}")?;
+    }
+    Ok(mp.warnings.len() + scan.outside.len())
 }

@@ -200,6 +200,13 @@ pub struct IndexConfig {
     /// Memory those listings may take per environment, in MiB (bodies plus
     /// their gzipped copies); the oldest are dropped first.
     pub cache_mib: usize,
+    // ---- index.allow_external_roots (issue 15, item 5) ----
+    /// Absolute path globs: a module directory, `lib/` or `facts.d/` whose
+    /// real path (or one of its ancestors) matches one is served even though
+    /// it is outside the code tree (the environment directory and the
+    /// `basemodulepath` entries, real paths). Empty: none is.
+    pub allow_external_roots: Vec<String>,
+    // ---- end index.allow_external_roots ----
 }
 
 impl Default for IndexConfig {
@@ -210,9 +217,34 @@ impl Default for IndexConfig {
             rescan_interval: Duration::from_secs(600),
             cached_responses: 64,
             cache_mib: 64,
+            allow_external_roots: Vec::new(),
         }
     }
 }
+
+// ---- index.allow_external_roots (issue 15, item 5) ----
+impl IndexConfig {
+    /// `allow_external_roots`, compiled: `*` and `?` stay within one path
+    /// component; every pattern must be absolute.
+    pub fn external_roots(&self) -> Result<globset::GlobSet, ConfigError> {
+        let mut set = globset::GlobSetBuilder::new();
+        for pattern in &self.allow_external_roots {
+            if !pattern.starts_with('/') {
+                return Err(ConfigError::Invalid(format!(
+                    "index.allow_external_roots: '{pattern}' is not an absolute path"
+                )));
+            }
+            let glob = globset::GlobBuilder::new(pattern)
+                .literal_separator(true)
+                .build()
+                .map_err(|e| ConfigError::Invalid(format!("index.allow_external_roots: {e}")))?;
+            set.add(glob);
+        }
+        set.build()
+            .map_err(|e| ConfigError::Invalid(format!("index.allow_external_roots: {e}")))
+    }
+}
+// ---- end index.allow_external_roots ----
 
 fn default_listen() -> Vec<String> {
     vec!["0.0.0.0:8140".to_owned()]
@@ -275,6 +307,7 @@ impl MasterConfig {
             }
         }
         auth::Authorizer::new(&self.authorization)?;
+        self.index.external_roots()?; // index.allow_external_roots (issue 15)
         Ok(())
     }
 

@@ -2,18 +2,30 @@
 //! them (docs/protocol.md §3.4, §3.1).
 //!
 //! An environment is `<environmentpath entry>/<name>/` whose name matches
-//! `^\w+$`; the first entry that has it wins. Its modulepath is
-//! `<env>/modules` followed by `basemodulepath`. A module is a directory in a
-//! modulepath entry whose name matches `^[a-z][a-z0-9_]*$`; a name seen in an
-//! earlier entry shadows later ones. Puppet orders modules of one directory
-//! by readdir order, which differs between hosts; we sort by name so every
-//! replica resolves collisions the same way ("first wins").
+//! `^\w+$`; the first entry that has it wins. Its modulepath is the
+//! `modulepath` of its `environment.conf` ([`crate::envconf`]: relative
+//! entries under the environment directory, `$basemodulepath` expanded,
+//! globs expanded in sorted order, missing directories skipped), or without
+//! that file `<env>/modules` followed by `basemodulepath`. A module is a
+//! directory in a modulepath entry whose name matches `^[a-z][a-z0-9_]*$`; a
+//! name seen in an earlier entry shadows later ones. Puppet orders modules
+//! of one directory by readdir order, which differs between hosts; we sort
+//! by name so every replica resolves collisions the same way ("first wins").
+//!
+//! **The code tree** (issue 15, item 5): a module directory, `lib/` or
+//! `facts.d/` is served only if its real path is under the environment
+//! directory's real path or a `basemodulepath` entry's real path (so a
+//! Code Manager / r10k layout with `production -> releases/N` works), or
+//! matches `index.allow_external_roots`. `environment.conf` cannot widen
+//! the code tree: whoever can push a branch writes that file. A root
+//! outside is skipped with one warning per build ([`Modulepath::contains`]).
 
 use std::path::{Path, PathBuf};
 
 use pluginsync_common::envname::EnvName;
 
 use crate::config::MasterConfig;
+use crate::envconf;
 
 /// A module on the modulepath.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +34,75 @@ pub struct Module {
     pub name: String,
     /// The module directory.
     pub dir: PathBuf,
+    /// Index of its directory in [`Modulepath::entries`].
+    pub entry: usize,
+}
+
+/// One directory of an effective modulepath.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The directory (absolute; a glob's match, or the entry as written).
+    pub dir: PathBuf,
+    /// Whether it is an existing directory (missing ones are skipped).
+    pub exists: bool,
+}
+
+/// An environment's effective modulepath, and the code tree its module
+/// roots must stay in.
+#[derive(Debug, Clone)]
+pub struct Modulepath {
+    /// The environment directory, as found.
+    pub env_dir: PathBuf,
+    /// `<env>/environment.conf` when it exists (and was read).
+    pub conf: Option<PathBuf>,
+    /// The directories, in order (globs expanded).
+    pub entries: Vec<Entry>,
+    /// Problems with `environment.conf` or the entries, one line each,
+    /// naming the file and line where there is one.
+    pub warnings: Vec<String>,
+    /// Real paths of the environment directory and the basemodulepath.
+    code_tree: Vec<PathBuf>,
+    /// `index.allow_external_roots`, compiled.
+    allowed: globset::GlobSet,
+}
+
+/// A module directory or root that is not served because its real path is
+/// outside the code tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outside {
+    /// The module name.
+    pub module: String,
+    /// The path as found on the modulepath.
+    pub path: PathBuf,
+    /// Where it really is.
+    pub real: PathBuf,
+}
+
+impl std::fmt::Display for Outside {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "module {}: {} is really {}, outside the code tree (the environment directory and \
+             basemodulepath), not served (index.allow_external_roots allows it)",
+            self.module,
+            self.path.display(),
+            self.real.display()
+        )
+    }
+}
+
+/// What [`scan`] found on a modulepath.
+#[derive(Debug, Clone, Default)]
+pub struct Scan {
+    /// The served modules, in resolution order.
+    pub modules: Vec<Module>,
+    /// Modules hidden by one of the same name in an earlier entry: (entry
+    /// index, name).
+    pub shadowed: Vec<(usize, String)>,
+    /// Module directories outside the code tree (not served; they still
+    /// shadow later modules of the same name, as Puppet would have served
+    /// them).
+    pub outside: Vec<Outside>,
 }
 
 /// The directory of environment `name`, if one exists.
@@ -59,11 +140,176 @@ pub fn list_environments(config: &MasterConfig) -> Vec<(EnvName, PathBuf)> {
     found
 }
 
-/// The modulepath of the environment at `env_dir`.
-pub fn modulepath(config: &MasterConfig, env_dir: &Path) -> Vec<PathBuf> {
+/// The effective modulepath of the environment at `env_dir` (its name is
+/// the directory's name), with `environment.conf`'s warnings logged (once
+/// per call: once per index build).
+pub fn modulepath(config: &MasterConfig, env_dir: &Path) -> Modulepath {
+    let mp = resolve(config, env_dir);
+    for w in &mp.warnings {
+        tracing::warn!(environment = %env_dir.display(), "{w}");
+    }
+    mp
+}
+
+/// [`modulepath`] without logging (for `check`, which prints).
+pub fn resolve(config: &MasterConfig, env_dir: &Path) -> Modulepath {
+    let env_name = env_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let conf_path = env_dir.join("environment.conf");
+    let mut warnings = Vec::new();
+    let mut conf = None;
+    let patterns = match std::fs::read(&conf_path) {
+        Ok(bytes) => {
+            conf = Some(conf_path.clone());
+            let text = String::from_utf8_lossy(&bytes);
+            let (parsed, problems) = envconf::parse(&text);
+            warnings.extend(
+                problems
+                    .iter()
+                    .map(|w| format!("{}:{}: {}", conf_path.display(), w.line, w.message)),
+            );
+            match parsed.modulepath {
+                Some((value, line)) => {
+                    let (entries, problems) = envconf::modulepath_entries(
+                        &value,
+                        env_dir,
+                        &env_name,
+                        &config.basemodulepath,
+                    );
+                    warnings.extend(
+                        problems
+                            .iter()
+                            .map(|p| format!("{}:{line}: {p}", conf_path.display())),
+                    );
+                    entries
+                }
+                None => default_modulepath(config, env_dir),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => default_modulepath(config, env_dir),
+        Err(e) => {
+            warnings.push(format!(
+                "{}: cannot read ({e}); using the default modulepath",
+                conf_path.display()
+            ));
+            default_modulepath(config, env_dir)
+        }
+    };
+    let mut entries = Vec::new();
+    for p in patterns {
+        if envconf::is_glob(&p) {
+            entries.extend(
+                expand_glob(&p)
+                    .into_iter()
+                    .map(|dir| Entry { exists: true, dir }),
+            );
+        } else {
+            entries.push(Entry {
+                exists: p.is_dir(),
+                dir: p,
+            });
+        }
+    }
+    let code_tree = std::iter::once(env_dir)
+        .chain(config.basemodulepath.iter().map(PathBuf::as_path))
+        .filter_map(|p| p.canonicalize().ok())
+        .collect();
+    let allowed = config.index.external_roots().unwrap_or_else(|e| {
+        warnings.push(format!("{e}; no external root is allowed"));
+        globset::GlobSet::empty()
+    });
+    Modulepath {
+        env_dir: env_dir.to_owned(),
+        conf,
+        entries,
+        warnings,
+        code_tree,
+        allowed,
+    }
+}
+
+/// Puppet's modulepath without `environment.conf`.
+fn default_modulepath(config: &MasterConfig, env_dir: &Path) -> Vec<PathBuf> {
     std::iter::once(env_dir.join("modules"))
         .chain(config.basemodulepath.iter().cloned())
         .collect()
+}
+
+/// The existing directories matching an absolute glob, sorted (Ruby's
+/// `Dir.glob`, whose `*` and `?` skip names starting with `.`), component
+/// by component; at most 10,000.
+fn expand_glob(pattern: &Path) -> Vec<PathBuf> {
+    const MAX: usize = 10_000;
+    let mut current = vec![PathBuf::from("/")];
+    for comp in pattern.components().skip(1) {
+        let comp = comp.as_os_str().to_string_lossy();
+        if !envconf::is_glob(Path::new(comp.as_ref())) {
+            current = current.into_iter().map(|d| d.join(comp.as_ref())).collect();
+            continue;
+        }
+        let Ok(glob) = globset::GlobBuilder::new(&comp)
+            .literal_separator(true)
+            .build()
+        else {
+            return Vec::new();
+        };
+        let matcher = glob.compile_matcher();
+        let mut next = Vec::new();
+        for dir in &current {
+            let Ok(rd) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            let mut names: Vec<String> = rd
+                .flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                .filter(|n| (!n.starts_with('.') || comp.starts_with('.')) && matcher.is_match(n))
+                .collect();
+            names.sort();
+            next.extend(names.into_iter().map(|n| dir.join(n)));
+            if next.len() > MAX {
+                break;
+            }
+        }
+        current = next;
+        current.truncate(MAX);
+    }
+    current.retain(|p| p.is_dir());
+    current
+}
+
+impl Modulepath {
+    /// The existing directories, in order.
+    pub fn dirs(&self) -> impl Iterator<Item = &Path> {
+        self.entries
+            .iter()
+            .filter(|e| e.exists)
+            .map(|e| e.dir.as_path())
+    }
+
+    /// Whether a real (canonical) path may be served: under the code tree,
+    /// or it or an ancestor matches `index.allow_external_roots`.
+    pub fn contains(&self, real: &Path) -> bool {
+        self.code_tree.iter().any(|root| real.starts_with(root))
+            || real.ancestors().any(|a| self.allowed.is_match(a))
+    }
+
+    /// `path`'s real path if it is outside the code tree (and not allowed);
+    /// `None` when it may be served or cannot be resolved.
+    pub fn outside(&self, path: &Path) -> Option<PathBuf> {
+        let real = path.canonicalize().ok()?;
+        (!self.contains(&real)).then_some(real)
+    }
+
+    /// The effective modulepath, `:`-joined as Puppet prints it (existing
+    /// directories only).
+    pub fn joined(&self) -> String {
+        self.dirs()
+            .map(|d| d.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(":")
+    }
 }
 
 /// True for a valid Puppet module name.
@@ -73,33 +319,55 @@ pub fn is_module_name(name: &str) -> bool {
         && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
-/// The modules of a modulepath, in resolution order: modulepath order, then
-/// name; a name already seen is shadowed.
-pub fn modules(modulepath: &[PathBuf]) -> Vec<Module> {
-    let mut out: Vec<Module> = Vec::new();
-    for dir in modulepath {
-        let Ok(entries) = std::fs::read_dir(dir) else {
+/// The served modules of a modulepath, in resolution order: modulepath
+/// order, then name; a name already seen is shadowed. Module directories
+/// outside the code tree are left out with one warning each.
+pub fn modules(modulepath: &Modulepath) -> Vec<Module> {
+    let scan = scan(modulepath);
+    for o in &scan.outside {
+        tracing::warn!("{o}");
+    }
+    scan.modules
+}
+
+/// Every module of every existing modulepath directory: served, shadowed,
+/// or outside the code tree.
+pub fn scan(modulepath: &Modulepath) -> Scan {
+    let mut out = Scan::default();
+    let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
+    for (entry, e) in modulepath.entries.iter().enumerate() {
+        if !e.exists {
+            continue;
+        }
+        let Ok(rd) = std::fs::read_dir(&e.dir) else {
             continue;
         };
-        let mut here: Vec<Module> = entries
+        let mut here: Vec<(String, PathBuf)> = rd
             .flatten()
-            .filter_map(|e| {
-                let name = e.file_name().to_str()?.to_owned();
+            .filter_map(|d| {
+                let name = d.file_name().to_str()?.to_owned();
                 if !is_module_name(&name) {
-                    tracing::debug!(dir = %e.path().display(), "not a module name, skipped");
+                    tracing::debug!(dir = %d.path().display(), "not a module name, skipped");
                     return None;
                 }
-                e.path().is_dir().then(|| Module {
-                    name,
-                    dir: e.path(),
-                })
+                d.path().is_dir().then(|| (name, d.path()))
             })
             .collect();
-        here.sort_by(|a, b| a.name.cmp(&b.name));
-        for m in here {
-            if !out.iter().any(|o| o.name == m.name) {
-                out.push(m);
+        here.sort();
+        for (name, dir) in here {
+            if !seen.insert(name.clone()) {
+                out.shadowed.push((entry, name));
+                continue;
             }
+            if let Some(real) = modulepath.outside(&dir) {
+                out.outside.push(Outside {
+                    module: name,
+                    path: dir,
+                    real,
+                });
+                continue;
+            }
+            out.modules.push(Module { name, dir, entry });
         }
     }
     out
@@ -108,6 +376,149 @@ pub fn modules(modulepath: &[PathBuf]) -> Vec<Module> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A modulepath of `dirs` whose code tree is `root`.
+    fn test_modulepath(root: &Path, dirs: &[PathBuf]) -> Modulepath {
+        Modulepath {
+            env_dir: root.to_owned(),
+            conf: None,
+            entries: dirs
+                .iter()
+                .map(|d| Entry {
+                    dir: d.clone(),
+                    exists: d.is_dir(),
+                })
+                .collect(),
+            warnings: Vec::new(),
+            code_tree: vec![root.canonicalize().unwrap()],
+            allowed: globset::GlobSet::empty(),
+        }
+    }
+
+    fn config(base: &[PathBuf], allow: &[&str]) -> MasterConfig {
+        MasterConfig::parse(
+            &format!(
+                "environmentpath = [\"/nonexistent\"]\nbasemodulepath = {base:?}\n\
+                 [tls]\ncert = \"c\"\nkey = \"k\"\nca = \"a\"\n\
+                 [index]\nallow_external_roots = {allow:?}\n"
+            ),
+            Path::new("/etc/pluginsync/master.toml"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn environment_conf_gives_the_effective_modulepath() {
+        let t = tempfile::tempdir().unwrap();
+        let env = t.path().join("envs/production");
+        let base = t.path().join("base");
+        for d in [
+            "envs/production/site-modules/role",
+            "envs/production/modules/stdlib",
+            "envs/production/modules/role",
+            "envs/production/dist/b_set/x",
+            "envs/production/dist/a_set/y",
+            "envs/production/dist/.hidden/z",
+            "base/stdlib",
+            "base/basemod",
+        ] {
+            std::fs::create_dir_all(t.path().join(d)).unwrap();
+        }
+        std::fs::write(
+            env.join("environment.conf"),
+            "# control repo\nmodulepath = site-modules:modules:dist/*:missing:$basemodulepath\n\
+             manifest = manifests\nfrobnicate = yes\n",
+        )
+        .unwrap();
+        let c = config(std::slice::from_ref(&base), &[]);
+        let mp = resolve(&c, &env);
+        let dirs: Vec<_> = mp
+            .entries
+            .iter()
+            .map(|e| (e.dir.clone(), e.exists))
+            .collect();
+        assert_eq!(
+            dirs,
+            vec![
+                (env.join("site-modules"), true),
+                (env.join("modules"), true),
+                (env.join("dist/a_set"), true),
+                (env.join("dist/b_set"), true),
+                (env.join("missing"), false),
+                (base.clone(), true),
+            ]
+        );
+        assert_eq!(mp.warnings.len(), 1, "{:?}", mp.warnings);
+        assert!(
+            mp.warnings[0].ends_with("environment.conf:4: unknown setting 'frobnicate', ignored"),
+            "{:?}",
+            mp.warnings
+        );
+        let scan = scan(&mp);
+        let served: Vec<_> = scan
+            .modules
+            .iter()
+            .map(|m| (m.name.as_str(), m.entry))
+            .collect();
+        assert_eq!(
+            served,
+            vec![
+                ("role", 0),
+                ("stdlib", 1),
+                ("y", 2),
+                ("x", 3),
+                ("basemod", 5)
+            ]
+        );
+        assert_eq!(
+            scan.shadowed,
+            vec![(1, "role".to_owned()), (5, "stdlib".to_owned())]
+        );
+        // Without the file: <env>/modules + basemodulepath.
+        std::fs::remove_file(env.join("environment.conf")).unwrap();
+        let mp = resolve(&c, &env);
+        assert_eq!(
+            mp.dirs().collect::<Vec<_>>(),
+            vec![env.join("modules"), base]
+        );
+        assert!(mp.conf.is_none() && mp.warnings.is_empty());
+    }
+
+    #[test]
+    fn module_roots_stay_in_the_code_tree_unless_allowed() {
+        let t = tempfile::tempdir().unwrap();
+        let releases = t.path().join("releases/7");
+        std::fs::create_dir_all(releases.join("modules/inside")).unwrap();
+        std::fs::create_dir_all(t.path().join("envs")).unwrap();
+        std::fs::create_dir_all(t.path().join("secret/keys")).unwrap();
+        // production -> releases/7, as Code Manager lays it out.
+        let env = t.path().join("envs/production");
+        std::os::unix::fs::symlink(&releases, &env).unwrap();
+        std::os::unix::fs::symlink(t.path().join("secret/keys"), releases.join("modules/keys"))
+            .unwrap();
+        let scan_with = |allow: &[&str]| scan(&resolve(&config(&[], allow), &env));
+        let s = scan_with(&[]);
+        assert_eq!(
+            s.modules
+                .iter()
+                .map(|m| m.name.as_str())
+                .collect::<Vec<_>>(),
+            vec!["inside"]
+        );
+        assert_eq!(s.outside.len(), 1);
+        assert_eq!(s.outside[0].module, "keys");
+        assert_eq!(
+            s.outside[0].real,
+            t.path().join("secret/keys").canonicalize().unwrap()
+        );
+        let secret = t.path().join("secret").canonicalize().unwrap();
+        let s = scan_with(&[secret.to_str().unwrap()]);
+        assert_eq!(s.modules.len(), 2, "{s:?}");
+        let s = scan_with(&[&format!("{}/*", secret.display())]);
+        assert_eq!(s.modules.len(), 2, "{s:?}");
+        let s = scan_with(&["/nowhere/*"]);
+        assert_eq!(s.modules.len(), 1, "{s:?}");
+    }
 
     #[test]
     fn module_names() {
@@ -127,7 +538,10 @@ mod tests {
             std::fs::create_dir_all(t.path().join(d)).unwrap();
         }
         std::fs::write(a.join("file_not_dir"), "").unwrap();
-        let m = modules(&[a.clone(), b.clone(), t.path().join("missing")]);
+        let m = modules(&test_modulepath(
+            t.path(),
+            &[a.clone(), b.clone(), t.path().join("missing")],
+        ));
         let names: Vec<_> = m
             .iter()
             .map(|m| (m.name.as_str(), m.dir.parent().unwrap().to_owned()))

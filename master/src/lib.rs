@@ -15,6 +15,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod devcerts;
+pub mod envconf;
 pub mod environments;
 pub mod exit;
 pub mod handlers;

@@ -35,6 +35,8 @@ mod logs;
 mod master_blobs;
 // ETags across two master processes: equal for one tree, 304 from either, new on change, gzip.
 mod master_etag;
+// environment.conf and a control repository as r10k deploys it; module roots kept in the code tree; quiet logs on deletes.
+mod master_envconf;
 // Hostile requests and trees: odd listing parameters, files swapped for symlinks or fifos, batch amplification, blob caching.
 mod master_hostile;
 // What clients can hold: idle and stalled connections, max_connections, revocation on SIGHUP and in the chain.

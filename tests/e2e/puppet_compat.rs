@@ -4,6 +4,11 @@
 //! merged mounts (content, and modes for facts.d), computed here
 //! independently of the master's code.
 //!
+//! The same stock agent against the control-repository fixture (issue 15:
+//! `environment.conf`, site-modules before modules, a glob, a missing
+//! entry, `$basemodulepath`): libdir and facts.d end as the fixture says,
+//! the site module's fact and executable external fact included.
+//!
 //! Skipped with a message when `puppet` is not installed, except under CI
 //! (`CI` set), where `.ci/run` installs it and a missing agent is a failure.
 
@@ -13,7 +18,8 @@ use std::time::Duration;
 
 use pluginsync_tests::puppet::PuppetAgent;
 use pluginsync_tests::{
-    EnvTree, Pki, TestMaster, client, config_toml, parse_config, require, tree_snapshot, wait_for,
+    ControlRepo, EnvTree, Pki, TestMaster, client, config_toml, parse_config, require,
+    tree_snapshot, wait_for,
 };
 
 /// The harness's independent merged mount, with or without modes (Puppet
@@ -201,4 +207,55 @@ async fn stock_puppet_plugin_download_syncs_from_our_master() {
     let (code, out) = run("nosuchenv").await.unwrap();
     assert_ne!(code, 0, "{out}");
     assert_eq!((tree_snapshot(&lib), tree_snapshot(&facts)), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stock_puppet_plugin_download_syncs_a_control_repo() {
+    let Some(puppet) = require("puppet", "puppet", "puppet_compat") else {
+        return;
+    };
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    let base = tree.outside().join("base");
+    ControlRepo::write(&tree.envpath().join("production"), &base);
+    let master = TestMaster::start(parse_config(&config_toml(
+        &tree.envpath(),
+        &pki,
+        &format!("basemodulepath = [{base:?}]"),
+        "",
+    )));
+    let work = tempfile::tempdir().unwrap();
+    let agent = std::sync::Arc::new(PuppetAgent::new(
+        &puppet,
+        work.path(),
+        &pki.ssldir,
+        "node1",
+        master.addr.port(),
+    ));
+    let run = {
+        let agent = agent.clone();
+        tokio::task::spawn_blocking(move || agent.plugin_download("production"))
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        run.code, 0,
+        "puppet plugin download failed:\n{}",
+        run.output
+    );
+    assert_eq!(
+        actual(&agent.libdir(), false),
+        ControlRepo::expected("lib", false),
+        "libdir is not the first-wins union over the effective modulepath"
+    );
+    let facts = tree_snapshot(&agent.factsdir());
+    assert_eq!(
+        facts,
+        ControlRepo::expected("facts.d", true),
+        "facts.d differs (content or modes)"
+    );
+    // The site module's executable external fact runs.
+    let out = std::process::Command::new(agent.factsdir().join("site_env.sh"))
+        .output()
+        .expect("run the external fact");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "site_env=control\n");
 }

@@ -14,6 +14,13 @@
 //!    environment probe and pluginsyncs (its catalog request fails: only
 //!    what pluginsync did is asserted).
 //!
+//! 3. The control-repository fixture (issue 15; environment `control`:
+//!    `environment.conf` with site-modules before modules, a glob, a
+//!    missing entry and `$basemodulepath`, which is `code/modules` on both
+//!    servers): Puppet Server serves what the fixture says, and the stock
+//!    agent and ours get identical trees (content, and facts.d modes) from
+//!    Puppet Server and from pluginsync's master.
+//!
 //! Skipped with a message where `puppet` or `puppetserver` is missing,
 //! except under CI. One JVM for both parts: it takes ~20 s to start.
 
@@ -22,7 +29,7 @@ use std::path::Path;
 
 use pluginsync_tests::puppet::{PuppetAgent, PuppetServer, gen_tree, requests};
 use pluginsync_tests::{
-    AgentHome, TestMaster, merged_mount, parse_config, require, skipped, tree_snapshot,
+    AgentHome, ControlRepo, TestMaster, merged_mount, parse_config, require, skipped, tree_snapshot,
 };
 
 const TEST: &str = "puppet_server";
@@ -42,12 +49,30 @@ fn without_modes(snapshot: BTreeMap<String, String>) -> BTreeMap<String, String>
         .collect()
 }
 
+/// Asserts two trees are equal; on failure names only the paths that
+/// differ (the trees hold hundreds of files).
+#[track_caller]
+fn assert_same(left: &BTreeMap<String, String>, right: &BTreeMap<String, String>, what: &str) {
+    let diff: Vec<String> = left
+        .keys()
+        .chain(right.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| left.get(*k) != right.get(*k))
+        .map(|k| format!("  {k}: {:?} vs {:?}", left.get(k), right.get(k)))
+        .collect();
+    assert!(diff.is_empty(), "{what}:\n{}", diff.join("\n"));
+}
+
 /// What is in `dir`, without modes.
 fn contents(dir: &Path) -> BTreeMap<String, String> {
     without_modes(tree_snapshot(dir))
 }
 
-/// The environment's merged `subdir` mount, computed independently.
+/// The environment's merged `subdir` mount, computed independently (the
+/// generated environment's `environment.conf` says `modulepath = modules`,
+/// so the basemodulepath, where the control fixture's base modules are, is
+/// not part of it).
 fn expected_contents(env_dir: &Path, subdir: &str) -> BTreeMap<String, String> {
     without_modes(merged_mount(env_dir, subdir))
 }
@@ -85,8 +110,14 @@ fn puppet_server_as_source_and_stock_agent_as_client() {
         );
         return;
     }
-    let server =
-        PuppetServer::start(|envpath| gen_tree(&envpath.join("production"), 10, 300, 2, 1));
+    let server = PuppetServer::start(|envpath| {
+        gen_tree(&envpath.join("production"), 10, 300, 2, 1);
+        ControlRepo::write(
+            &envpath.join("control"),
+            &envpath.parent().expect("codedir").join("modules"),
+        );
+    });
+    let base = server.envpath().parent().unwrap().join("modules");
     let env_dir = server.envpath().join("production");
     server.generate("node1", None);
     let work = tempfile::tempdir().unwrap();
@@ -106,10 +137,10 @@ fn puppet_server_as_source_and_stock_agent_as_client() {
         "{summary:?}"
     );
     assert_eq!(summary["failed"], 0, "{summary:?}");
-    assert_eq!(
-        contents(&home.libdir()),
-        expected_contents(&env_dir, "lib"),
-        "pluginsync's libdir differs from the environment's merged lib/"
+    assert_same(
+        &contents(&home.libdir()),
+        &expected_contents(&env_dir, "lib"),
+        "pluginsync's libdir differs from the environment's merged lib/",
     );
 
     // The stock agent, from the same server.
@@ -185,12 +216,51 @@ fn puppet_server_as_source_and_stock_agent_as_client() {
     assert_eq!(requests(&new, "/puppet/v3/file_content/").len(), 1, "{new}");
     assert_eq!(contents(&home.libdir()), expected_contents(&env_dir, "lib"));
 
+    // The control repository from Puppet Server: what the fixture says,
+    // to the stock agent and to ours.
+    let stock_control = PuppetAgent::new(
+        &puppet,
+        &work.path().join("stock-control"),
+        &server.ssldir(),
+        "node1",
+        server.port,
+    );
+    let run = stock_control.plugin_download("control");
+    assert_eq!(run.code, 0, "{}", run.output);
+    assert_eq!(
+        contents(&stock_control.libdir()),
+        ControlRepo::expected("lib", false),
+        "Puppet Server's control libdir is not what the fixture says"
+    );
+    assert_eq!(
+        tree_snapshot(&stock_control.factsdir()),
+        ControlRepo::expected("facts.d", true),
+        "Puppet Server's control facts.d is not what the fixture says"
+    );
+    let home_control = AgentHome::with_ssldir(
+        &server.ssldir(),
+        "node1",
+        &[server.url()],
+        "environment = \"control\"",
+    );
+    let run = home_control.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(
+        contents(&home_control.libdir()),
+        contents(&stock_control.libdir())
+    );
+    assert_eq!(
+        tree_snapshot(&home_control.factsdir()),
+        tree_snapshot(&stock_control.factsdir())
+    );
+
     // ---- 2. A stock Puppet agent against pluginsync's master, whose
     // certificate the Puppet CA signed.
     server.generate("pluginsync-master", Some("localhost,127.0.0.1"));
     let ssl = server.ssldir();
     let master = TestMaster::start(parse_config(&format!(
         "listen = [\"127.0.0.1:0\"]\nenvironmentpath = [{envpath:?}]\n\
+         basemodulepath = [{base:?}]\n\
          [tls]\ncert = {cert:?}\nkey = {key:?}\nca = {ca:?}\ncrl = {crl:?}\n\
          [http]\nshutdown_grace = \"0s\"\n",
         envpath = server.envpath(),
@@ -200,6 +270,42 @@ fn puppet_server_as_source_and_stock_agent_as_client() {
         crl = ssl.join("crl.pem"),
     )));
     let port = master.addr.port();
+
+    // ---- 3. The control repository from our master: the same trees as
+    // from Puppet Server, through the stock agent and through ours.
+    let ours_control = PuppetAgent::new(
+        &puppet,
+        &work.path().join("ours-control"),
+        &ssl,
+        "node1",
+        port,
+    );
+    let run = ours_control.plugin_download("control");
+    assert_eq!(run.code, 0, "{}", run.output);
+    assert_eq!(
+        tree_snapshot(&ours_control.libdir()),
+        tree_snapshot(&stock_control.libdir()),
+        "stock agent: our master's control libdir differs from Puppet Server's"
+    );
+    assert_eq!(
+        tree_snapshot(&ours_control.factsdir()),
+        tree_snapshot(&stock_control.factsdir()),
+        "stock agent: our master's control facts.d differs from Puppet Server's"
+    );
+    let home_ours =
+        AgentHome::with_ssldir(&ssl, "node1", &[master.url()], "environment = \"control\"");
+    let run = home_ours.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(
+        tree_snapshot(&home_ours.libdir()),
+        tree_snapshot(&home_control.libdir()),
+        "our agent: our master's control libdir differs from Puppet Server's"
+    );
+    assert_eq!(
+        tree_snapshot(&home_ours.factsdir()),
+        tree_snapshot(&home_control.factsdir()),
+        "our agent: our master's control facts.d differs from Puppet Server's"
+    );
 
     // The stock agent again from Puppet Server (after the change), then
     // a fresh one from our master: the same trees, modes included.

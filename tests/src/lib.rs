@@ -40,10 +40,14 @@
 //!   that holds bytes at an exact count, throttles, goes down and comes
 //!   back on its port), [`kill9`], [`Lcg`] (a seeded random sequence).
 //! - [`puppet`]: stock Puppet agents and a throwaway Puppet Server.
+//! - `controlrepo`: [`ControlRepo`], a code tree shaped like an
+//!   r10k-deployed control repository (`environment.conf`, site-modules,
+//!   a glob, `$basemodulepath`) and what each mount must serve from it.
 
 mod agent;
 mod client;
 mod conn;
+mod controlrepo;
 mod fake;
 mod faults;
 mod hostile;
@@ -60,6 +64,7 @@ pub use conn::{
     ChainedClient, ChildMaster, H2, H2Frame, closed_within, dated_client_cert, h1_get, identity,
     refused, serial_of, tls_config, tls_connect, write_root_crl,
 };
+pub use controlrepo::{ControlRepo, ENVIRONMENT_CONF};
 pub use fake::{FakeMaster, Responder, closed_port, http_response};
 pub use faults::{Racer, RunningAgent, on_small_tmpfs};
 pub use hostile::{Listener, gzip_zeros, listing_json, response_with};

@@ -10,6 +10,11 @@
 //! (ARCHITECTURE.md, "index"). [`MountIndex::build`] runs it once with
 //! nothing ignored and keeps the result, sorted by path, as the content
 //! lookup, so `file_content` always serves the module that won the listing.
+//!
+//! A root whose real path is outside the code tree (ARCHITECTURE.md,
+//! "environments"; issue 15) is not walked at all, so nothing outside is
+//! ever read, listed or served; it is warned about and kept in
+//! [`MountIndex::outside`] for `check`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -18,7 +23,7 @@ use pluginsync_common::ignore::IgnoreSet;
 use pluginsync_common::metadata::{FileType, Links};
 use pluginsync_common::protocol::Mount;
 
-use crate::environments::Module;
+use crate::environments::{Module, Modulepath, Outside};
 use crate::walk::{self, Digests, Hashing, Node, View};
 
 /// One served root: a module's `lib/` or `facts.d/`.
@@ -82,6 +87,8 @@ pub struct MountIndex {
     pub lookup: Vec<Loc>,
     /// Paths hidden by an earlier module.
     pub collisions: Vec<Collision>,
+    /// Roots not served: their real path is outside the code tree.
+    pub outside: Vec<Outside>,
 }
 
 impl MountIndex {
@@ -90,12 +97,13 @@ impl MountIndex {
     pub fn build(
         mount: Mount,
         modules: &[Module],
-        modulepath: &[PathBuf],
+        modulepath: &Modulepath,
         env_dir: &Path,
         previous: &Digests,
         hashing: Hashing<'_>,
     ) -> MountIndex {
         let mut roots = Vec::new();
+        let mut outside = Vec::new();
         for m in modules {
             let dir = m.dir.join(mount.module_subdir());
             if !dir.exists() {
@@ -105,7 +113,28 @@ impl MountIndex {
                 tracing::warn!(path = %dir.display(), "not a directory, not served");
                 continue;
             }
+            if let Some(real) = modulepath.outside(&dir) {
+                let o = Outside {
+                    module: m.name.clone(),
+                    path: dir,
+                    real,
+                };
+                tracing::warn!("{o}");
+                outside.push(o);
+                continue;
+            }
             match walk::walk_root(&dir, &m.name) {
+                // Checked again on the path the walk resolved: a swap
+                // between the two resolutions serves nothing outside.
+                Ok((canon, _)) if !modulepath.contains(&canon) => {
+                    let o = Outside {
+                        module: m.name.clone(),
+                        path: dir,
+                        real: canon,
+                    };
+                    tracing::warn!("{o}");
+                    outside.push(o);
+                }
                 Ok((canon, mut nodes)) => {
                     if let Hashing::Hash { files_hashed } = hashing {
                         walk::hash_nodes(&mut nodes, &canon, previous, files_hashed, &m.name);
@@ -128,6 +157,7 @@ impl MountIndex {
             fallback: fallback(modulepath, env_dir),
             lookup: Vec::new(),
             collisions: Vec::new(),
+            outside,
         };
         let mut collisions = Vec::new();
         let mut lookup = index.merge(
@@ -242,11 +272,11 @@ impl MountIndex {
 /// `"."` of a mount no module provides: the first existing modulepath
 /// directory, or the environment directory, as a directory (with default
 /// metadata if it cannot be stat'ed).
-fn fallback(modulepath: &[PathBuf], env_dir: &Path) -> (String, View) {
+fn fallback(modulepath: &Modulepath, env_dir: &Path) -> (String, View) {
     let fallback_dir = modulepath
-        .iter()
-        .find(|d| d.is_dir())
-        .cloned()
+        .dirs()
+        .next()
+        .map(Path::to_owned)
         .unwrap_or_else(|| env_dir.to_owned());
     let fallback_view = std::fs::metadata(&fallback_dir)
         .ok()
