@@ -100,3 +100,29 @@ fn a_certificate_expiring_soon_is_warned_about_and_still_works() {
     assert!(err.contains("expires on") && err.contains("days)"), "{err}");
     assert!(home.path().join("lib/facter/a.rb").is_file());
 }
+
+/// `pluginsync-master check` fails (78) on an expired server certificate:
+/// every agent would refuse it.
+#[test]
+fn check_fails_on_an_expired_server_certificate() {
+    let (tree, pki) = (tree(), Pki::new());
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = dated_client_cert(&pki, "localhost", -30, -1, dir.path());
+    let text = config_toml(&tree.envpath(), &pki, "", "")
+        .replace(
+            &format!("{:?}", pki.cert("localhost")),
+            &format!("{cert:?}"),
+        )
+        .replace(&format!("{:?}", pki.key("localhost")), &format!("{key:?}"));
+    let config = dir.path().join("master.toml");
+    std::fs::write(&config, text).unwrap();
+    let out = std::process::Command::new(pluginsync_tests::bin_path("pluginsync-master"))
+        .args(["check", "--config"])
+        .arg(&config)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("expired on"), "{err}");
+}
