@@ -39,11 +39,17 @@
 //! - `replicas`: masters that die and come back: [`CutProxy`] (a TCP proxy
 //!   that holds bytes at an exact count, throttles, goes down and comes
 //!   back on its port), [`kill9`], [`Lcg`] (a seeded random sequence).
+//! - `deploy`: deploys for issue 15: [`ControlRepo`] (local git
+//!   repositories deployed by the real `r10k`), [`scripted_redeploy`]
+//!   (module directories deleted and re-created with pauses),
+//!   [`AgentLoop`] (the agent syncing back to back meanwhile),
+//!   [`removals`] (what a run reported removed).
 //! - [`puppet`]: stock Puppet agents and a throwaway Puppet Server.
 
 mod agent;
 mod client;
 mod conn;
+mod deploy;
 mod fake;
 mod faults;
 mod hostile;
@@ -60,6 +66,7 @@ pub use conn::{
     ChainedClient, ChildMaster, H2, H2Frame, closed_within, dated_client_cert, h1_get, identity,
     refused, serial_of, tls_config, tls_connect, write_root_crl,
 };
+pub use deploy::{AgentLoop, ControlRepo, ModuleRef, git, removals, scripted_redeploy};
 pub use fake::{FakeMaster, Responder, closed_port, http_response};
 pub use faults::{Racer, RunningAgent, on_small_tmpfs};
 pub use hostile::{Listener, gzip_zeros, listing_json, response_with};
