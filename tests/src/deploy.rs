@@ -46,6 +46,10 @@ pub struct ControlRepo {
     modules: Vec<String>,
 }
 
+/// How long r10k's `git clone` and `git fetch` take in
+/// [`ControlRepo::deploy`] before they start.
+pub const FETCH_LATENCY: Duration = Duration::from_millis(600);
+
 /// One module's line in the Puppetfile.
 #[derive(Debug, Clone, Copy)]
 pub struct ModuleRef<'a> {
@@ -159,7 +163,31 @@ impl ControlRepo {
 
     /// `r10k deploy environment production --modules` with the config
     /// from [`ControlRepo::r10k_yaml`]; panics unless it succeeds.
+    ///
+    /// r10k's `git clone` and `git fetch` go through a wrapper that waits
+    /// [`FETCH_LATENCY`] first, as a fetch from a real git server does: a
+    /// module whose remote changed is deleted, then fetched, so the tree
+    /// lacks it for that long (with local repositories and no latency the
+    /// gap is too short for any watcher to see).
     pub fn deploy(&self, r10k: &Path, config: &Path) -> Finished {
+        let real_git = crate::process::which("git").expect("git on PATH");
+        let wrappers = self.dir.path().join("bin");
+        std::fs::create_dir_all(&wrappers).expect("mkdir");
+        let wrapper = wrappers.join("git");
+        let script = format!(
+            "#!/bin/sh\ncase \"$*\" in *clone*|*fetch*) sleep {:.1} ;; esac\nexec '{}' \"$@\"\n",
+            FETCH_LATENCY.as_secs_f64(),
+            real_git.display()
+        );
+        std::fs::write(&wrapper, script).expect("write git wrapper");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+        }
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut dirs = vec![wrappers];
+        dirs.extend(std::env::split_paths(&path));
         let mut cmd = Command::new(r10k);
         cmd.args([
             "deploy",
@@ -169,6 +197,7 @@ impl ControlRepo {
             "--config",
         ])
         .arg(config)
+        .env("PATH", std::env::join_paths(dirs).expect("PATH"))
         .env("HOME", self.dir.path());
         let done = run_logged(cmd, self.dir.path(), Duration::from_secs(300));
         assert_eq!(done.code, 0, "r10k failed:\n{}", done.output);
