@@ -59,7 +59,7 @@ pub struct MasterConfig {
 }
 
 // --- issue 15 B: `[admin]`, `index.publish` ---
-/// `[admin]`: who may call the admin API (docs/protocol.md §7).
+/// `[admin]`: who may call the admin API (docs/protocol.md §1.10).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {

@@ -3,7 +3,7 @@
 //! r10k's `postrun` hook.
 //!
 //! It speaks the admin API the master already serves (`DELETE
-//! /puppet-admin-api/v1/environment-cache`, docs/protocol.md §9) over the
+//! /puppet-admin-api/v1/environment-cache`, docs/protocol.md §1.10) over the
 //! master's own mTLS port, presenting the master's own certificate and key
 //! from its config — which the admin API always allows. So there is no
 //! second listener, socket file or credential to secure: whoever can read

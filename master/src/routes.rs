@@ -47,7 +47,7 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
         )
         .route(protocol::BATCH_PATH, get(handlers::blobs_batch))
         .route(protocol::STATUS_SIMPLE, get(handlers::status))
-        // Puppet Server's admin API, for deploy tools (docs/protocol.md §9).
+        // Puppet Server's admin API, for deploy tools (docs/protocol.md §1.10).
         .route(
             handlers::admin::ENVIRONMENT_CACHE,
             axum::routing::delete(handlers::environment_cache),

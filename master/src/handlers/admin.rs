@@ -1,6 +1,6 @@
 //! Puppet Server's admin API, the part deploy tools call:
 //! `DELETE /puppet-admin-api/v1/environment-cache[?environment=NAME]`
-//! (docs/protocol.md §9). Puppet Server drops its cached environments; we
+//! (docs/protocol.md §1.10). Puppet Server drops its cached environments; we
 //! re-index the named environment (or every one) and answer once the new
 //! index is served, so r10k's `postrun` hook returns to a published tree.
 //!
