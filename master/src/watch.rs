@@ -59,6 +59,9 @@ const R10K_DEPLOY_INFO: &str = ".r10k-deploy.json";
 /// directories of the module layout (`modules/<m>/lib`), not edited files.
 const LAYOUT_DEPTH: usize = 3;
 
+/// An event as the watcher thread received it, stamped on arrival.
+type Stamped = (Instant, notify::Result<notify::Event>);
+
 /// What a burst of events asks for.
 #[derive(Debug, Default)]
 struct Pending {
@@ -146,7 +149,7 @@ pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
         );
         return Ok(None);
     }
-    let (tx, rx) = mpsc::unbounded_channel::<notify::Result<notify::Event>>();
+    let (tx, rx) = mpsc::unbounded_channel::<Stamped>();
     let mut roots = Roots {
         envpaths: config
             .environmentpath
@@ -159,7 +162,7 @@ pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
         let counted = store.clone();
         let mut w = notify::recommended_watcher(move |ev| {
             counted.stats.watch_events.fetch_add(1, Ordering::Relaxed);
-            let _receiver_gone = tx.send(ev);
+            let _receiver_gone = tx.send((Instant::now(), ev));
         })?;
         let cannot = |dir: &Path, e: notify::Error| {
             anyhow::anyhow!(
@@ -191,7 +194,7 @@ async fn run(
     store: Arc<Store>,
     mut watcher: Option<notify::RecommendedWatcher>,
     mut roots: Roots,
-    mut rx: mpsc::UnboundedReceiver<notify::Result<notify::Event>>,
+    mut rx: mpsc::UnboundedReceiver<Stamped>,
 ) {
     let index = store.config().index.clone();
     let (debounce, settle, settle_max) = (index.debounce, index.settle, index.settle_max);
@@ -211,23 +214,32 @@ async fn run(
             .min();
         tokio::select! {
             ev = rx.recv() => {
-                let Some(ev) = ev else { break };
+                let Some((first, ev)) = ev else { break };
                 classify(&ev, &roots, &mut pending);
                 // Collect the rest of the burst: until `debounce` passes
-                // with no new event, or 10 × debounce at most; a burst cut
-                // short that way is a tree that keeps changing.
+                // with no new event, or 10 × debounce at most. A burst cut
+                // short that way whose events (as stamped when they
+                // arrived, so a busy runtime cannot fake it) span half of
+                // that without a pause is a tree that keeps changing.
                 let deadline = Instant::now() + debounce * 10;
+                let (mut last, mut paused) = (first, false);
                 loop {
                     let quiet = tokio::time::sleep(debounce);
                     tokio::select! {
                         more = rx.recv() => match more {
-                            Some(ev) => classify(&ev, &roots, &mut pending),
+                            Some((at, ev)) => {
+                                paused |= at.saturating_duration_since(last) >= debounce;
+                                last = at;
+                                classify(&ev, &roots, &mut pending);
+                            }
                             None => break,
                         },
                         _ = quiet => break,
                         _ = tokio::time::sleep_until(deadline) => {
-                            let touched = pending.envs.clone();
-                            pending.deploying.extend(touched);
+                            if !paused && last.saturating_duration_since(first) >= debounce * 5 {
+                                let touched = pending.envs.clone();
+                                pending.deploying.extend(touched);
+                            }
                             break;
                         }
                     }

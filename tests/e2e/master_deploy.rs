@@ -16,9 +16,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use pluginsync_tests::{
-    AgentHome, AgentLoop, ControlRepo, EnvTree, ModuleRef, Pki, TestMaster, bin_path, client,
-    config_toml, merged_mount, parse_config, removals, require, scripted_redeploy, sha256_hex,
-    tree_snapshot, wait_for,
+    AgentHome, AgentLoop, ChildMaster, ControlRepo, EnvTree, ModuleRef, Pki, TestMaster, bin_path,
+    client, config_toml, merged_mount, parse_config, removals, require, scripted_redeploy,
+    sha256_hex, tree_snapshot, wait_for,
 };
 
 use crate::common::listing;
@@ -365,4 +365,38 @@ async fn r10k_postrun_publishes_an_explicit_master_issue_15() {
     let out = repo.deploy(&r10k, &repo.r10k_yaml(&postrun));
     assert_eq!(served(&c, &url).await, on_disk(&env), "{}", out.output);
     assert_eq!(served(&c, &url).await, v1);
+}
+
+/// Issue 15, item 3: under `index.publish = "explicit"`, SIGHUP re-indexes
+/// every environment of the master binary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_publishes_an_explicit_master_issue_15() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    let file = tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+    let cfg = tree.outside().join("master.toml");
+    std::fs::write(
+        &cfg,
+        config_toml(
+            &tree.envpath(),
+            &pki,
+            "",
+            "[index]\npublish = \"explicit\"\n",
+        ),
+    )
+    .unwrap();
+    let m = ChildMaster::spawn(&cfg, None);
+    let (c, url) = (client(&pki, Some("node1")), m.url());
+    assert_eq!(
+        served(&c, &url).await["facter/app.rb"],
+        sha256_hex(b"# one\n")
+    );
+    std::fs::write(&file, "# two\n").unwrap();
+    m.sighup();
+    let two = sha256_hex(b"# two\n");
+    let seen = wait_for(PATIENCE, || {
+        let (c, url, two) = (c.clone(), url.clone(), two.clone());
+        async move { (served(&c, &url).await["facter/app.rb"] == two).then_some(()) }
+    })
+    .await;
+    assert!(seen.is_some(), "SIGHUP did not publish the edit");
 }
