@@ -66,7 +66,9 @@ pub use conn::{
     ChainedClient, ChildMaster, H2, H2Frame, closed_within, dated_client_cert, h1_get, identity,
     refused, serial_of, tls_config, tls_connect, write_root_crl,
 };
-pub use deploy::{AgentLoop, ControlRepo, ModuleRef, git, removals, scripted_redeploy};
+pub use deploy::{
+    AgentLoop, ControlRepo, FETCH_LATENCY, ModuleRef, git, removals, scripted_redeploy,
+};
 pub use fake::{FakeMaster, Responder, closed_port, http_response};
 pub use faults::{Racer, RunningAgent, on_small_tmpfs};
 pub use hostile::{Listener, gzip_zeros, listing_json, response_with};
