@@ -66,6 +66,11 @@ pub enum Command {
         /// Run the configured loaders on changed files (as `[load] enabled`).
         #[arg(long)]
         load: bool,
+        /// Proceed even when the run would remove more than
+        /// `max_removal_percent` of a destination's files (the removal
+        /// guard, README "The removal guard").
+        #[arg(long)]
+        allow_mass_removal: bool,
     },
     /// Print the registry of loaded describe plugins (name, version, api,
     /// status, path).

@@ -114,6 +114,11 @@ pub struct AgentConfig {
     /// Downloads in flight at once.
     #[serde(default = "default_parallel")]
     pub parallel_downloads: usize,
+    /// The removal guard (README, "The removal guard"): a run that would
+    /// remove more than this percentage of a destination's files refuses
+    /// and changes nothing, unless `--allow-mass-removal`; 100 turns it off.
+    #[serde(default = "default_max_removal_percent")]
+    pub max_removal_percent: u8,
     /// TLS identity and trust.
     #[serde(default)]
     pub tls: TlsConfig,
@@ -311,6 +316,14 @@ fn default_timeout() -> Duration {
 fn default_retries() -> u32 {
     3
 }
+/// Default of `max_removal_percent`: a run may take away at most half of a
+/// destination's files (rsync's `--max-delete`, as a share).
+pub const DEFAULT_MAX_REMOVAL_PERCENT: u8 = 50;
+
+fn default_max_removal_percent() -> u8 {
+    DEFAULT_MAX_REMOVAL_PERCENT
+}
+
 fn default_parallel() -> usize {
     16
 }
@@ -332,6 +345,12 @@ impl AgentConfig {
     /// `settings.rs`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         servers(&self.servers)?;
+        if self.max_removal_percent > 100 {
+            return Err(ConfigError::Invalid(format!(
+                "max_removal_percent must be between 0 and 100, not {}",
+                self.max_removal_percent
+            )));
+        }
         environment(&self.environment)?;
         pluginsync_common::ignore::IgnoreSet::new(&self.ignore)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;

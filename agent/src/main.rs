@@ -51,6 +51,7 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
             format,
             detailed_exitcodes,
             load,
+            allow_mass_removal,
         } => {
             let overrides = Overrides {
                 environment,
@@ -59,6 +60,7 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
                 format: Some(format),
                 detailed_exitcodes,
                 load,
+                allow_mass_removal,
             };
             // The file is checked on load (78); what `resolve` refuses
             // then comes from the command line: a usage error (64).

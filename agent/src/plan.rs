@@ -23,6 +23,8 @@
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
+use pluginsync_common::relpath::RelPath;
+
 use crate::listing::{RemoteKind, RemoteTree};
 use crate::scan::{LocalKind, LocalTree};
 
@@ -272,12 +274,68 @@ pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Pl
     p
 }
 
+/// The removal guard's floor: a destination holding fewer files than this
+/// is never guarded (taking 6 of 8 files away is an ordinary change, and a
+/// percentage of a handful says nothing about the master's tree).
+pub const GUARD_MIN_FILES: usize = 10;
+
+/// How many of a destination's files a plan takes away (README, "The
+/// removal guard"). Files are the local non-directories (regular files,
+/// symlinks, others); one is taken away when the listing has no file at
+/// its path: purged itself, purged with a directory above it, or replaced
+/// by a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Removal {
+    /// Files the plan takes away.
+    pub removed: usize,
+    /// Files the destination holds now.
+    pub total: usize,
+}
+
+impl Removal {
+    /// Counts, for the plan of `remote` over `local` (with `purge`; without
+    /// it nothing is removed but what a directory replaces).
+    pub fn count(remote: &RemoteTree, local: &LocalTree, purge: bool) -> Removal {
+        let mut r = Removal {
+            removed: 0,
+            total: 0,
+        };
+        for (path, l) in &local.entries {
+            if l.kind == LocalKind::Dir {
+                continue;
+            }
+            r.total += 1;
+            let kept = match path.to_str().and_then(|p| RelPath::parse(p).ok()) {
+                Some(rel) => match remote.entries.get(&rel) {
+                    Some(e) => matches!(e.kind, RemoteKind::File { .. }),
+                    None => !purge,
+                },
+                // A name the listing cannot hold is purged like any extra.
+                None => !purge,
+            };
+            if !kept {
+                r.removed += 1;
+            }
+        }
+        r
+    }
+
+    /// True when the guard refuses: the destination holds at least
+    /// [`GUARD_MIN_FILES`] files and more than `max_percent` % of them
+    /// would go. `None` (`--allow-mass-removal`) never refuses.
+    pub fn refused(&self, max_percent: Option<u8>) -> bool {
+        let Some(max) = max_percent else {
+            return false;
+        };
+        self.total >= GUARD_MIN_FILES && self.removed * 100 > usize::from(max) * self.total
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::listing::RemoteEntry;
     use crate::scan::LocalEntry;
-    use pluginsync_common::relpath::RelPath;
 
     fn remote(entries: &[(&str, Option<&str>, u32)]) -> RemoteTree {
         RemoteTree {
@@ -505,6 +563,92 @@ mod tests {
             p.actions
                 .iter()
                 .any(|a| matches!(a, Action::Write { mode: 0o644, .. }))
+        );
+    }
+
+    /// `n` local files `f0..` under `d/`, and a listing keeping `kept` of
+    /// them.
+    fn trees(n: usize, kept: usize) -> (RemoteTree, LocalTree) {
+        let names: Vec<String> = (0..n).map(|i| format!("d/f{i}")).collect();
+        let mut l: Vec<(&str, LocalKind, Option<&str>, u32)> =
+            vec![("d", LocalKind::Dir, None, 0o755)];
+        l.extend(
+            names
+                .iter()
+                .map(|p| (p.as_str(), LocalKind::File, Some("aa"), 0o644)),
+        );
+        let mut r: Vec<(&str, Option<&str>, u32)> = vec![("d", None, 0o755)];
+        r.extend(
+            names[..kept]
+                .iter()
+                .map(|p| (p.as_str(), Some("aa"), 0o644)),
+        );
+        (remote(&r), local(&l))
+    }
+
+    #[test]
+    fn removal_counts_files_not_directories() {
+        let (r, l) = trees(20, 2);
+        let c = Removal::count(&r, &l, true);
+        assert_eq!(
+            c,
+            Removal {
+                removed: 18,
+                total: 20
+            }
+        );
+        // Without purge nothing is taken away.
+        assert_eq!(Removal::count(&r, &l, false).removed, 0);
+        // A whole directory gone counts every file below it.
+        let empty = remote(&[]);
+        assert_eq!(Removal::count(&empty, &l, true).removed, 20);
+        // A file replaced by a directory is taken away too.
+        let dir_over_file = remote(&[("d", None, 0o755), ("d/f0", None, 0o755)]);
+        let (_, l1) = trees(1, 0);
+        assert_eq!(
+            Removal::count(&dir_over_file, &l1, true),
+            Removal {
+                removed: 1,
+                total: 1
+            }
+        );
+    }
+
+    #[test]
+    fn removal_guard_threshold_and_floor() {
+        // 90 % of 20 goes: refused at 50, not at 90 or with the override.
+        let (r, l) = trees(20, 2);
+        let c = Removal::count(&r, &l, true);
+        assert!(c.refused(Some(50)));
+        assert!(!c.refused(Some(90)));
+        assert!(!c.refused(None));
+        // Exactly 50 % is allowed, one more file is not.
+        assert!(
+            !Removal {
+                removed: 10,
+                total: 20
+            }
+            .refused(Some(50))
+        );
+        assert!(
+            Removal {
+                removed: 11,
+                total: 20
+            }
+            .refused(Some(50))
+        );
+        // Below the floor the guard never speaks.
+        let small = Removal {
+            removed: GUARD_MIN_FILES - 1,
+            total: GUARD_MIN_FILES - 1,
+        };
+        assert!(!small.refused(Some(0)));
+        assert!(
+            Removal {
+                removed: 1,
+                total: GUARD_MIN_FILES
+            }
+            .refused(Some(0))
         );
     }
 }

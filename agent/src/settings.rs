@@ -37,6 +37,9 @@ pub struct Settings {
     pub retries: u32,
     /// Concurrent downloads.
     pub parallel_downloads: usize,
+    /// The removal guard's limit (`max_removal_percent`); `None` with
+    /// `--allow-mass-removal`.
+    pub max_removal_percent: Option<u8>,
     /// TLS files.
     pub tls: TlsFiles,
     /// `plugins` modes.
@@ -74,6 +77,8 @@ pub struct Overrides {
     pub detailed_exitcodes: bool,
     /// `--load`.
     pub load: bool,
+    /// `--allow-mass-removal`.
+    pub allow_mass_removal: bool,
 }
 
 impl Settings {
@@ -101,6 +106,7 @@ impl Settings {
             timeout: config.timeout,
             retries: config.retries,
             parallel_downloads: config.parallel_downloads,
+            max_removal_percent: (!cli.allow_mass_removal).then_some(config.max_removal_percent),
             tls,
             plugins_permissions: config.plugins.source_permissions,
             pluginfacts_permissions: config.pluginfacts.source_permissions,

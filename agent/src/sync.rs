@@ -103,6 +103,20 @@ pub enum SyncError {
     /// A destination's filesystem cannot hold what the commit creates.
     #[error(transparent)]
     Space(#[from] commit::SpaceError),
+    /// The removal guard (README, "The removal guard"): the plan of `mount`
+    /// takes away more than `max_removal_percent` of its destination's
+    /// files; nothing was changed.
+    #[error(
+        "refusing to remove {} of {} files in {mount}: the master's environment looks incomplete; --allow-mass-removal to proceed",
+        thousands(removal.removed),
+        thousands(removal.total)
+    )]
+    MassRemoval {
+        /// The mount whose destination it is.
+        mount: Mount,
+        /// What the plan takes away.
+        removal: plan::Removal,
+    },
     /// SIGTERM or SIGINT stopped the run.
     #[error("interrupted by {signal} {}", match .committed {
         false => "before the commit; nothing was changed",
@@ -271,6 +285,7 @@ impl<'a> Run<'a> {
                 return Ok(None);
             }
             run.phase("planned");
+            guard(settings, &passes)?;
             let stagings = run.stage_all(&passes).await?;
             run.phase("staged");
             Ok::<_, SyncError>(Some((passes, stagings)))
@@ -636,10 +651,63 @@ impl Run<'_> {
     }
 }
 
+/// The removal guard, over every pass before anything is staged, so a
+/// refusal changes nothing in any destination.
+fn guard(settings: &Settings, passes: &[Pass]) -> Result<(), SyncError> {
+    for p in passes {
+        let Some(remote) = &p.remote else { continue };
+        let removal = plan::Removal::count(remote, &p.local, p.resource.purge);
+        if removal.refused(settings.max_removal_percent) {
+            return Err(SyncError::MassRemoval {
+                mount: p.resource.mount,
+                removal,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `3093` as `3,093`.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 fn change(resource: &FileResource, rel: &Path, action: ChangeKind) -> Change {
     Change {
         path: format!("{}/{}", resource.mount, rel.display()),
         action,
         file: resource.path.join(rel).display().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guard_line_names_counts_with_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(3093), "3,093");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        let e = SyncError::MassRemoval {
+            mount: Mount::Plugins,
+            removal: plan::Removal {
+                removed: 2941,
+                total: 3093,
+            },
+        };
+        assert_eq!(
+            e.to_string(),
+            "refusing to remove 2,941 of 3,093 files in plugins: the master's environment looks incomplete; --allow-mass-removal to proceed"
+        );
     }
 }

@@ -48,6 +48,22 @@ pub enum Command {
     /// Make a throwaway development CA, server and agent certificates in a
     /// Puppet-style ssldir (never for production).
     DevCerts(DevCertsOptions),
+    /// Ask the running master to re-index ENVIRONMENT (every environment
+    /// without one) now, and wait until it is served: Puppet Server's admin
+    /// API over the master's port with the master's own certificate
+    /// (README, "Deploys"; for `index.publish = "explicit"` and r10k's
+    /// postrun hook).
+    Reindex {
+        /// The config file of the running master.
+        #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// The master's URL, `https://HOST:PORT` (default: the first
+        /// `listen` address, a wildcard as loopback).
+        #[arg(long)]
+        server: Option<String>,
+        /// The environment.
+        environment: Option<String>,
+    },
 }
 
 impl Cli {

@@ -51,7 +51,38 @@ pub struct MasterConfig {
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
+    // --- issue 15 B: the admin API ---
+    /// Puppet Server's admin API (`DELETE /puppet-admin-api/v1/environment-cache`).
+    #[serde(default)]
+    pub admin: AdminConfig,
+    // --- end issue 15 B ---
 }
+
+// --- issue 15 B: `[admin]`, `index.publish` ---
+/// `[admin]`: who may call the admin API (docs/protocol.md §1.10).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Certnames allowed to call it (exact names, as Puppet Server's
+    /// `puppet-admin` allowlist); empty (the default): everyone gets 403.
+    /// The master's own certificate is always allowed (`pluginsync-master
+    /// reindex` uses it).
+    #[serde(default)]
+    pub certnames: Vec<String>,
+}
+
+/// `index.publish`: what makes a changed tree served (README, "Deploys").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Publish {
+    /// The watcher re-indexes on change (after `settle` during a deploy).
+    #[default]
+    Watch,
+    /// Only the admin API, `pluginsync-master reindex` or SIGHUP re-index;
+    /// the watcher never does (the periodic rescan neither).
+    Explicit,
+}
+// --- end issue 15 B ---
 
 /// `[log]`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -207,6 +238,18 @@ pub struct IndexConfig {
     /// `basemodulepath` entries, real paths). Empty: none is.
     pub allow_external_roots: Vec<String>,
     // ---- end index.allow_external_roots ----
+    // --- issue 15 B: deploys ---
+    /// During a deploy (a directory of the environment removed, git at
+    /// work, or changes that never pause), the last complete index is kept
+    /// until the environment has been quiet this long (README, "Deploys").
+    #[serde(with = "humantime_serde")]
+    pub settle: Duration,
+    /// A deploy that never settles is published after this long anyway.
+    #[serde(with = "humantime_serde")]
+    pub settle_max: Duration,
+    /// `"watch"` or `"explicit"`.
+    pub publish: Publish,
+    // --- end issue 15 B ---
 }
 
 impl Default for IndexConfig {
@@ -218,6 +261,11 @@ impl Default for IndexConfig {
             cached_responses: 64,
             cache_mib: 64,
             allow_external_roots: Vec::new(),
+            // --- issue 15 B ---
+            settle: DEFAULT_SETTLE,
+            settle_max: DEFAULT_SETTLE_MAX,
+            publish: Publish::Watch,
+            // --- end issue 15 B ---
         }
     }
 }
@@ -245,6 +293,17 @@ impl IndexConfig {
     }
 }
 // ---- end index.allow_external_roots ----
+// --- issue 15 B ---
+/// Default of `index.settle`: longer than the pauses of a real r10k
+/// redeploy, where git or the Forge is fetching the next module and the
+/// tree is briefly silent (about 1–2 s per module measured in issue 15), and
+/// short enough that a deploy is served seconds after it ends. r10k's
+/// `.r10k-deploy.json`, written when an environment's deploy is done, ends
+/// the wait at once.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(5);
+/// Default of `index.settle_max`.
+pub const DEFAULT_SETTLE_MAX: Duration = Duration::from_secs(60);
+// --- end issue 15 B ---
 
 fn default_listen() -> Vec<String> {
     vec!["0.0.0.0:8140".to_owned()]
@@ -308,6 +367,24 @@ impl MasterConfig {
         }
         auth::Authorizer::new(&self.authorization)?;
         self.index.external_roots()?; // index.allow_external_roots (issue 15)
+        // --- issue 15 B ---
+        if self.index.settle.is_zero() || self.index.settle_max < self.index.settle {
+            return Err(ConfigError::Invalid(
+                "index.settle must be longer than 0s and index.settle_max at least index.settle"
+                    .into(),
+            ));
+        }
+        if let Some(bad) = self
+            .admin
+            .certnames
+            .iter()
+            .find(|c| !auth::is_valid_certname(c))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "admin.certnames: '{bad}' is not a certname"
+            )));
+        }
+        // --- end issue 15 B ---
         Ok(())
     }
 

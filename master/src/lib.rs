@@ -5,8 +5,8 @@
 //! in [`store`], refreshed by [`watch`]) → [`routes`] → [`handlers`], which
 //! only read the index, each after the one authorization step of [`auth`],
 //! with the [`state`] they share. [`server`] ties listeners, TLS ([`tls`])
-//! and signals together; [`check`] and [`devcerts`] back the other
-//! subcommands.
+//! and signals together; [`check`], [`devcerts`] and [`reindex`] back the
+//! other subcommands.
 
 pub mod access;
 pub mod api_error;
@@ -21,6 +21,7 @@ pub mod exit;
 pub mod handlers;
 pub mod index;
 pub mod metrics;
+pub mod reindex;
 pub mod request;
 pub mod routes;
 pub mod sample;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use pluginsync_master::cli::{self, Command};
 use pluginsync_master::config::MasterConfig;
 use pluginsync_master::exit::{ExitStatus, Failure};
-use pluginsync_master::{check, devcerts, server};
+use pluginsync_master::{check, devcerts, reindex, server};
 
 fn main() -> ExitCode {
     let cli = match cli::parse() {
@@ -19,7 +19,7 @@ fn main() -> ExitCode {
     // `check` and `dev-certs` print their findings themselves.
     let quiet = matches!(
         cli.command,
-        Command::Check { .. } | Command::DevCerts { .. }
+        Command::Check { .. } | Command::DevCerts { .. } | Command::Reindex { .. }
     );
     pluginsync_common::logging::init_with(cli.log_level(quiet), cli.log_format);
     let result = match cli.command {
@@ -28,6 +28,18 @@ fn main() -> ExitCode {
         Command::DevCerts(opts) => devcerts::generate(&opts)
             .map(|c| println!("development ssldir written to {}", c.ssldir.display()))
             .map_err(Failure::runtime),
+        Command::Reindex {
+            config,
+            server,
+            environment,
+        } => load(&config).and_then(|c| {
+            let done = tokio::runtime::Runtime::new()
+                .map_err(Failure::runtime)?
+                .block_on(reindex::run(&c, environment.as_deref(), server.as_deref()))
+                .map_err(Failure::runtime)?;
+            println!("{done}");
+            Ok(())
+        }),
         Command::Serve { config } => load(&config).and_then(|c| {
             tokio::runtime::Runtime::new()
                 .map_err(Failure::runtime)?

@@ -47,6 +47,11 @@ pub fn router(state: AppState, request_timeout: Duration) -> Router {
         )
         .route(protocol::BATCH_PATH, get(handlers::blobs_batch))
         .route(protocol::STATUS_SIMPLE, get(handlers::status))
+        // Puppet Server's admin API, for deploy tools (docs/protocol.md §1.10).
+        .route(
+            handlers::admin::ENVIRONMENT_CACHE,
+            axum::routing::delete(handlers::environment_cache),
+        )
         // Only matched routes refuse bodies: a POST to an endpoint we do not
         // serve (a stock agent's catalog request) is a plain 404.
         .route_layer(middleware::from_fn(refuse_bodies))
@@ -85,6 +90,8 @@ pub fn endpoint_of(path: &str) -> &'static str {
         "blob_batch"
     } else if path == protocol::STATUS_SIMPLE {
         "status"
+    } else if path == handlers::admin::ENVIRONMENT_CACHE {
+        "admin"
     } else {
         "other"
     }

@@ -2,7 +2,9 @@
 //!
 //! [`serve`] takes already-bound listeners (tests bind `127.0.0.1:0`, the
 //! binary binds `listen`) and a shutdown future. SIGHUP reloads the TLS
-//! files (certificate rotation, a new CRL) without dropping connections;
+//! files (certificate rotation, a new CRL) without dropping connections,
+//! and re-indexes every environment (the explicit publish, README
+//! "Deploys");
 //! SIGTERM/SIGINT make the health check answer 503 for `shutdown_grace`, so
 //! load balancers drain this replica, then stop accepting and give open
 //! requests `shutdown_grace` to finish.
@@ -57,6 +59,9 @@ pub struct Reload {
     pub config: RustlsConfig,
     /// Every open connection, with its client certificate.
     pub connections: Arc<Connections>,
+    /// The indexes: SIGHUP also re-indexes every environment (README,
+    /// "Deploys").
+    pub store: Arc<Store>,
 }
 
 impl Reload {
@@ -171,6 +176,7 @@ pub async fn serve(
         tls: Reload {
             config: tls.clone(),
             connections: connections.clone(),
+            store: store.clone(),
         },
     });
     let grace = config.http.shutdown_grace;
@@ -281,7 +287,8 @@ fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::met
     }
 }
 
-/// Resolves on SIGTERM or SIGINT; SIGHUP reloads TLS in the meantime.
+/// Resolves on SIGTERM or SIGINT; SIGHUP reloads TLS and re-indexes every
+/// environment in the meantime.
 pub async fn signals(config: Arc<MasterConfig>, tls: tokio::sync::watch::Receiver<Option<Reload>>) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
@@ -306,6 +313,7 @@ pub async fn signals(config: Arc<MasterConfig>, tls: tokio::sync::watch::Receive
                     ),
                     Err(e) => tracing::error!(error = %e, "SIGHUP: TLS reload failed, keeping the old files"),
                 }
+                current.store.reindex(None, "SIGHUP").await;
             }
         }
     }

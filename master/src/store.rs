@@ -42,6 +42,13 @@ pub struct Stats {
     pub listing_cache_evictions: AtomicU64,
     /// Filesystem events the watcher received.
     pub watch_events: AtomicU64,
+    /// Deploys the watcher noticed and held back until they settled
+    /// (README, "Deploys").
+    pub deploys_held: AtomicU64,
+    /// Environment directories the watcher watches now (real paths).
+    pub watched_environments: AtomicU64,
+    /// Explicit re-indexes: the admin API, `reindex`, SIGHUP.
+    pub reindexes: AtomicU64,
 }
 
 /// Every environment's index.
@@ -107,6 +114,20 @@ impl Store {
         if let Err(e) = result {
             tracing::error!(error = %e, "index build panicked");
         }
+    }
+
+    /// An explicit re-index (the admin API, `pluginsync-master reindex`,
+    /// SIGHUP): `env`, or every environment; returns once the new indexes
+    /// are served. Under `index.publish = "explicit"` this is the only way
+    /// a changed tree is published.
+    pub async fn reindex(self: &Arc<Self>, env: Option<EnvName>, by: &str) {
+        self.stats.reindexes.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            env = env.as_ref().map(EnvName::as_str).unwrap_or("*"),
+            by,
+            "re-indexing on request"
+        );
+        self.rebuild(env.map(|e| vec![e])).await;
     }
 
     fn rebuild_blocking(&self, names: Option<Vec<EnvName>>) {

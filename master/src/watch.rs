@@ -1,110 +1,390 @@
-//! Keeping the indexes current: inotify events, debounced, plus a periodic
-//! stat-only rescan as a backstop.
+//! Keeping the indexes current: inotify events, debounced, held while an
+//! environment is being deployed, plus a periodic stat-only rescan as a
+//! backstop (README, "Deploys").
 //!
-//! Events are mapped to the environments they touch (a path under an
-//! environmentpath entry names its environment; anything under a
-//! basemodulepath entry, or an event that cannot be placed, touches every
-//! environment). Access events are dropped: the master's own reads (hashing,
-//! serving content) produce them, and reacting to them would rebuild forever
-//! (every rebuild reads files, which makes more Access events). After the last event of a burst and a quiet
-//! `debounce`, the touched environments are rebuilt; unchanged files keep
-//! their digests, so only what changed is read again.
+//! **What is watched.** Each environmentpath entry itself (not recursively:
+//! environments appear, vanish and are flipped there), each environment's
+//! *real* directory recursively, and each basemodulepath entry recursively.
+//! inotify watches an inode, so a watch added through `production ->
+//! releases/3` stays on `releases/3` after the link is flipped; the
+//! environments' real paths are therefore resolved again after every burst
+//! of events, and a changed one is unwatched and its new target watched
+//! (issue 15, item 2). Events carry real paths, mapped back to environment
+//! names through that table.
+//!
+//! **Events.** Mapped to the environments they touch (a path in an
+//! environment's real directory, or `<environmentpath>/<name>`, names it;
+//! anything under a basemodulepath entry, or an event that cannot be placed,
+//! touches every environment). Access events are dropped: the master's own
+//! reads produce them, and reacting to them would rebuild forever. After the
+//! last event of a burst and a quiet `debounce` (at most 10 × `debounce`),
+//! the touched environments are rebuilt; unchanged files keep their
+//! digests, so only what changed is read again.
+//!
+//! **Deploys** (issue 15, item 3). r10k and Code Manager redeploy modules in
+//! place, deleting and re-creating their directories over tens of seconds;
+//! an index built in between lacks whole modules, and agents purge them for
+//! a run. An environment is taken to be deploying when, in a burst, one of
+//! its directories was removed or renamed away (a module, its `lib/` or
+//! `facts.d/`, or `modules/` itself: depth 3 or less for renames), git wrote
+//! inside it (a `.git` component), or the burst never paused for
+//! `debounce` (the tree keeps changing). Its last complete index then stays
+//! served until it has been quiet for `index.settle`, or `index.settle_max`
+//! has passed since the deploy was noticed, or r10k wrote the environment's
+//! `.r10k-deploy.json` (r10k's last act for an environment). Ordinary edits
+//! are none of these, and are served after `debounce` as before.
+//!
+//! With `index.publish = "explicit"` nothing here runs: only the admin API,
+//! `pluginsync-master reindex` and SIGHUP re-index.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
+use notify::event::{ModifyKind, RemoveKind, RenameMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use pluginsync_common::envname::EnvName;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
+use crate::config::Publish;
+use crate::environments;
 use crate::store::Store;
 
-/// What a burst of events asks to rebuild.
+/// r10k writes this file into an environment when its deploy is done.
+const R10K_DEPLOY_INFO: &str = ".r10k-deploy.json";
+
+/// Renames away at this depth or less (relative to the environment) are
+/// directories of the module layout (`modules/<m>/lib`), not edited files.
+const LAYOUT_DEPTH: usize = 3;
+
+/// An event as the watcher thread received it, stamped on arrival.
+type Stamped = (Instant, notify::Result<notify::Event>);
+
+/// What a burst of events asks for.
 #[derive(Debug, Default)]
 struct Pending {
+    /// Every environment (basemodulepath, an unplaceable event, a rescan).
     all: bool,
+    /// Environments touched.
     envs: BTreeSet<EnvName>,
+    /// Environments that show a deploy in progress.
+    deploying: BTreeSet<EnvName>,
+    /// Environments whose deploy r10k reported done.
+    deployed: BTreeSet<EnvName>,
+}
+
+/// A deploy in progress: when it was noticed and when it last changed.
+#[derive(Debug, Clone, Copy)]
+struct Deploy {
+    since: Instant,
+    last: Instant,
+}
+
+/// Where events come from: environments' real directories (the watched
+/// paths) and the environmentpath entries.
+#[derive(Debug, Default)]
+struct Roots {
+    /// Real directory → the environments it is (usually one).
+    envs: BTreeMap<PathBuf, BTreeSet<EnvName>>,
+    /// The environmentpath entries, as configured and resolved.
+    envpaths: Vec<PathBuf>,
+}
+
+/// What an event path belongs to.
+#[derive(Debug, PartialEq, Eq)]
+enum Place {
+    /// Inside these environments, at this path relative to their directory.
+    Env(Vec<EnvName>, PathBuf),
+    /// Under an environmentpath entry, but not a valid environment name.
+    NotAnEnv,
+    /// Anything else: every environment.
+    Unknown,
+}
+
+impl Roots {
+    fn place(&self, path: &Path) -> Place {
+        // The deepest root wins (an environment inside another's tree).
+        for (root, names) in self.envs.iter().rev() {
+            if let Ok(rel) = path.strip_prefix(root) {
+                return Place::Env(names.iter().cloned().collect(), rel.to_owned());
+            }
+        }
+        for entry in &self.envpaths {
+            if let Ok(rest) = path.strip_prefix(entry) {
+                let Some(first) = rest.components().next() else {
+                    return Place::Unknown;
+                };
+                return match first.as_os_str().to_str().and_then(|s| s.parse().ok()) {
+                    Some(env) => Place::Env(vec![env], PathBuf::new()),
+                    None => Place::NotAnEnv,
+                };
+            }
+        }
+        Place::Unknown
+    }
+}
+
+/// Keeps the watcher task alive; dropping it stops watching.
+#[derive(Debug)]
+pub struct WatchGuard {
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// Starts watching (when `index.watch` is on) and the periodic rescan (when
-/// `index.rescan_interval` is non-zero). The returned guard keeps the
-/// watcher alive; drop it to stop.
-pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<notify::RecommendedWatcher>> {
+/// `index.rescan_interval` is non-zero); nothing with `index.publish =
+/// "explicit"`. The returned guard keeps both alive; drop it to stop.
+pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
     let config = store.config().clone();
-    let (tx, mut rx) = mpsc::unbounded_channel::<notify::Result<notify::Event>>();
+    if config.index.publish == Publish::Explicit {
+        tracing::info!(
+            "index.publish = \"explicit\": re-indexing only on the admin API, `reindex` or SIGHUP"
+        );
+        return Ok(None);
+    }
+    let (tx, rx) = mpsc::unbounded_channel::<Stamped>();
+    let mut roots = Roots {
+        envpaths: config
+            .environmentpath
+            .iter()
+            .flat_map(|p| [p.clone(), p.canonicalize().unwrap_or_else(|_| p.clone())])
+            .collect(),
+        ..Roots::default()
+    };
     let watcher = if config.index.watch {
         let counted = store.clone();
         let mut w = notify::recommended_watcher(move |ev| {
-            counted
-                .stats
-                .watch_events
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let _receiver_gone = tx.send(ev);
+            counted.stats.watch_events.fetch_add(1, Ordering::Relaxed);
+            let _receiver_gone = tx.send((Instant::now(), ev));
         })?;
-        for dir in config
-            .environmentpath
-            .iter()
-            .chain(config.basemodulepath.iter())
-        {
-            w.watch(dir, RecursiveMode::Recursive)
-                .map_err(|e| anyhow::anyhow!("cannot watch '{}': {e} (raise fs.inotify.max_user_watches for very large trees, or set index.watch = false)", dir.display()))?;
+        let cannot = |dir: &Path, e: notify::Error| {
+            anyhow::anyhow!(
+                "cannot watch '{}': {e} (raise fs.inotify.max_user_watches for very large trees, or set index.watch = false)",
+                dir.display()
+            )
+        };
+        for dir in &config.environmentpath {
+            w.watch(dir, RecursiveMode::NonRecursive)
+                .map_err(|e| cannot(dir, e))?;
         }
+        for dir in &config.basemodulepath {
+            w.watch(dir, RecursiveMode::Recursive)
+                .map_err(|e| cannot(dir, e))?;
+        }
+        resync(&store, &mut w, &mut roots);
         Some(w)
     } else {
         None
     };
-    let env_roots: Vec<PathBuf> = config
-        .environmentpath
-        .iter()
-        .flat_map(|p| [p.clone(), p.canonicalize().unwrap_or_else(|_| p.clone())])
-        .collect();
-    let debounce = config.index.debounce;
-    let rescan = config.index.rescan_interval;
-    tokio::spawn(async move {
-        let mut ticker = (!rescan.is_zero()).then(|| {
-            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + rescan, rescan);
-            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            t
-        });
-        loop {
-            let mut pending = Pending::default();
-            tokio::select! {
-                ev = rx.recv() => {
-                    let Some(ev) = ev else { break };
-                    classify(&ev, &env_roots, &mut pending);
-                    // Collect the rest of the burst: until `debounce` passes
-                    // with no new event, or 10 × debounce at most.
-                    let deadline = tokio::time::Instant::now() + debounce * 10;
-                    loop {
-                        let quiet = tokio::time::sleep(debounce);
-                        tokio::select! {
-                            more = rx.recv() => match more {
-                                Some(ev) => classify(&ev, &env_roots, &mut pending),
-                                None => break,
-                            },
-                            _ = quiet => break,
-                            _ = tokio::time::sleep_until(deadline) => break,
+    let task = tokio::spawn(run(store, watcher, roots, rx));
+    Ok(Some(WatchGuard {
+        task: task.abort_handle(),
+    }))
+}
+
+/// The watcher's loop: bursts, deploys held and released, rescans.
+async fn run(
+    store: Arc<Store>,
+    mut watcher: Option<notify::RecommendedWatcher>,
+    mut roots: Roots,
+    mut rx: mpsc::UnboundedReceiver<Stamped>,
+) {
+    let index = store.config().index.clone();
+    let (debounce, settle, settle_max) = (index.debounce, index.settle, index.settle_max);
+    let rescan = index.rescan_interval;
+    let mut ticker = (!rescan.is_zero()).then(|| {
+        let mut t = tokio::time::interval_at(Instant::now() + rescan, rescan);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
+    let mut deploys: BTreeMap<EnvName, Deploy> = BTreeMap::new();
+    loop {
+        let mut pending = Pending::default();
+        // The next held deploy due for publishing, if any.
+        let due = deploys
+            .values()
+            .map(|d| (d.last + settle).min(d.since + settle_max))
+            .min();
+        tokio::select! {
+            ev = rx.recv() => {
+                let Some((first, ev)) = ev else { break };
+                classify(&ev, &roots, &mut pending);
+                // Collect the rest of the burst: until `debounce` passes
+                // with no new event, or 10 × debounce at most. A burst cut
+                // short that way whose events (as stamped when they
+                // arrived, so a busy runtime cannot fake it) span half of
+                // that without a pause is a tree that keeps changing.
+                let deadline = Instant::now() + debounce * 10;
+                let (mut last, mut paused) = (first, false);
+                loop {
+                    let quiet = tokio::time::sleep(debounce);
+                    tokio::select! {
+                        more = rx.recv() => match more {
+                            Some((at, ev)) => {
+                                paused |= at.saturating_duration_since(last) >= debounce;
+                                last = at;
+                                classify(&ev, &roots, &mut pending);
+                            }
+                            None => break,
+                        },
+                        _ = quiet => break,
+                        _ = tokio::time::sleep_until(deadline) => {
+                            if !paused && last.saturating_duration_since(first) >= debounce * 5 {
+                                let touched = pending.envs.clone();
+                                pending.deploying.extend(touched);
+                            }
+                            break;
                         }
                     }
                 }
-                _ = async { match ticker.as_mut() { Some(t) => { t.tick().await; } None => std::future::pending().await } } => {
-                    pending.all = true;
-                }
             }
-            if pending.all {
-                store.rebuild(None).await;
-            } else if !pending.envs.is_empty() {
-                store
-                    .rebuild(Some(pending.envs.into_iter().collect()))
-                    .await;
+            _ = async { match ticker.as_mut() { Some(t) => { t.tick().await; } None => std::future::pending().await } } => {
+                pending.all = true;
             }
+            _ = async { match due { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
         }
-    });
-    Ok(watcher)
+        let now = Instant::now();
+        let mut ready = hold(&mut deploys, &pending, now, &store);
+        release(&mut deploys, now, settle, settle_max, &mut ready);
+        if let Some(w) = watcher.as_mut() {
+            resync(&store, w, &mut roots);
+        }
+        let targets: Option<Vec<EnvName>> = if pending.all && deploys.is_empty() {
+            None
+        } else if pending.all {
+            let mut all: BTreeSet<EnvName> = environments::list_environments(store.config())
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect();
+            all.extend(store.all().iter().map(|i| i.name.clone()));
+            Some(
+                all.into_iter()
+                    .filter(|n| !deploys.contains_key(n))
+                    .collect(),
+            )
+        } else {
+            ready.extend(
+                pending
+                    .envs
+                    .iter()
+                    .filter(|n| !deploys.contains_key(*n))
+                    .cloned(),
+            );
+            Some(ready.into_iter().collect())
+        };
+        match targets {
+            None => store.rebuild(None).await,
+            Some(names) if !names.is_empty() => store.rebuild(Some(names)).await,
+            Some(_) => {}
+        }
+    }
 }
 
-fn classify(ev: &notify::Result<notify::Event>, env_roots: &[PathBuf], pending: &mut Pending) {
+/// Starts or extends the deploys `pending` shows; ends those r10k reported
+/// done. Returns the environments to publish now.
+fn hold(
+    deploys: &mut BTreeMap<EnvName, Deploy>,
+    pending: &Pending,
+    now: Instant,
+    store: &Store,
+) -> BTreeSet<EnvName> {
+    let mut ready = BTreeSet::new();
+    for env in &pending.envs {
+        let started = pending.deploying.contains(env) && !deploys.contains_key(env);
+        if started {
+            store.stats.deploys_held.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(env = %env, "deploy in progress: serving the last complete index until it settles");
+            deploys.insert(
+                env.clone(),
+                Deploy {
+                    since: now,
+                    last: now,
+                },
+            );
+        } else if let Some(d) = deploys.get_mut(env) {
+            d.last = now;
+        }
+    }
+    for env in &pending.deployed {
+        if let Some(d) = deploys.remove(env) {
+            tracing::info!(env = %env, held_ms = (now - d.since).as_millis() as u64, "deploy done (.r10k-deploy.json): publishing");
+            ready.insert(env.clone());
+        }
+    }
+    ready
+}
+
+/// Moves the deploys quiet for `settle`, or held for `settle_max`, to
+/// `ready`.
+fn release(
+    deploys: &mut BTreeMap<EnvName, Deploy>,
+    now: Instant,
+    settle: std::time::Duration,
+    settle_max: std::time::Duration,
+    ready: &mut BTreeSet<EnvName>,
+) {
+    deploys.retain(|env, d| {
+        let quiet = now >= d.last + settle;
+        let too_long = now >= d.since + settle_max;
+        if quiet || too_long {
+            let held_ms = (now - d.since).as_millis() as u64;
+            if quiet {
+                tracing::info!(env = %env, held_ms, "deploy settled: publishing");
+            } else {
+                tracing::warn!(env = %env, held_ms, "deploy still changing after index.settle_max: publishing anyway");
+            }
+            ready.insert(env.clone());
+        }
+        !(quiet || too_long)
+    });
+}
+
+/// Watches every environment's current real directory, and only those:
+/// a flipped symlink's old target is unwatched and its new one watched.
+fn resync(store: &Store, watcher: &mut notify::RecommendedWatcher, roots: &mut Roots) {
+    let mut now: BTreeMap<PathBuf, BTreeSet<EnvName>> = BTreeMap::new();
+    for (name, dir) in environments::list_environments(store.config()) {
+        match dir.canonicalize() {
+            Ok(real) => {
+                now.entry(real).or_default().insert(name);
+            }
+            Err(e) => tracing::debug!(env = %name, error = %e, "cannot resolve the environment"),
+        }
+    }
+    for gone in roots.envs.keys().filter(|p| !now.contains_key(*p)) {
+        // A deleted directory's watches went with it: nothing to undo.
+        if let Err(e) = watcher.unwatch(gone) {
+            tracing::debug!(dir = %gone.display(), error = %e, "unwatch");
+        }
+        tracing::debug!(dir = %gone.display(), "no longer an environment's directory: unwatched");
+    }
+    let mut kept = BTreeMap::new();
+    for (real, names) in now {
+        if !roots.envs.contains_key(&real) {
+            if let Err(e) = watcher.watch(&real, RecursiveMode::Recursive) {
+                // Picked up again after the next event or rescan.
+                tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment (raise fs.inotify.max_user_watches for very large trees)");
+                continue;
+            }
+            tracing::debug!(dir = %real.display(), envs = ?names, "watching");
+        }
+        kept.insert(real, names);
+    }
+    roots.envs = kept;
+    store
+        .stats
+        .watched_environments
+        .store(roots.envs.len() as u64, Ordering::Relaxed);
+}
+
+fn classify(ev: &notify::Result<notify::Event>, roots: &Roots, pending: &mut Pending) {
     let ev = match ev {
         Ok(ev) => ev,
         Err(e) => {
@@ -120,44 +400,128 @@ fn classify(ev: &notify::Result<notify::Event>, env_roots: &[PathBuf], pending: 
         pending.all = true;
         return;
     }
-    for path in &ev.paths {
-        match env_of(path, env_roots) {
-            Some(Some(env)) => {
-                pending.envs.insert(env);
+    for (i, path) in ev.paths.iter().enumerate() {
+        match roots.place(path) {
+            Place::Env(envs, rel) => {
+                let signal = signal(&ev.kind, i, &rel);
+                for env in envs {
+                    match signal {
+                        Signal::Deploying => {
+                            pending.deploying.insert(env.clone());
+                        }
+                        Signal::Deployed => {
+                            pending.deployed.insert(env.clone());
+                        }
+                        Signal::Edit => {}
+                    }
+                    pending.envs.insert(env);
+                }
             }
-            Some(None) => {} // a name that is not an environment
-            None => pending.all = true,
+            Place::NotAnEnv => {}
+            Place::Unknown => pending.all = true,
         }
     }
 }
 
-/// `Some(Some(env))` for a path inside an environment, `Some(None)` for a
-/// path under an environmentpath entry whose first component is not a valid
-/// environment name, `None` for anything else (e.g. basemodulepath, or the
-/// environmentpath directory itself: an environment was added or removed).
-fn env_of(path: &Path, env_roots: &[PathBuf]) -> Option<Option<EnvName>> {
-    for root in env_roots {
-        if let Ok(rest) = path.strip_prefix(root) {
-            let first = rest.components().next()?;
-            return Some(first.as_os_str().to_str().and_then(|s| s.parse().ok()));
-        }
+/// What one event path says about a deploy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    Edit,
+    Deploying,
+    Deployed,
+}
+
+/// `kind` on the `index`-th path of an event, at `rel` inside an
+/// environment (empty: the environment itself, seen from its
+/// environmentpath entry).
+fn signal(kind: &EventKind, index: usize, rel: &Path) -> Signal {
+    let depth = rel.components().count();
+    if rel.components().any(|c| c.as_os_str() == ".git") {
+        return Signal::Deploying;
     }
-    None
+    let renamed_away = matches!(kind, EventKind::Modify(ModifyKind::Name(RenameMode::From)))
+        || (index == 0 && matches!(kind, EventKind::Modify(ModifyKind::Name(RenameMode::Both))));
+    match kind {
+        EventKind::Remove(RemoveKind::Folder) if depth > 0 => Signal::Deploying,
+        _ if renamed_away && (1..=LAYOUT_DEPTH).contains(&depth) => Signal::Deploying,
+        EventKind::Create(_) | EventKind::Modify(_)
+            if depth == 1 && rel.as_os_str() == R10K_DEPLOY_INFO && !renamed_away =>
+        {
+            Signal::Deployed
+        }
+        _ => Signal::Edit,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use notify::event::{CreateKind, DataChange};
+
+    fn env(s: &str) -> EnvName {
+        s.parse().unwrap()
+    }
 
     #[test]
-    fn events_map_to_environments() {
-        let roots = vec![PathBuf::from("/envs")];
-        assert_eq!(
-            env_of(Path::new("/envs/production/modules/a/lib/x.rb"), &roots),
-            Some(Some("production".parse().unwrap()))
+    fn events_map_to_environments_through_real_paths() {
+        let mut roots = Roots {
+            envpaths: vec![PathBuf::from("/envs")],
+            ..Roots::default()
+        };
+        roots.envs.insert(
+            PathBuf::from("/releases/3"),
+            [env("production")].into_iter().collect(),
         );
-        assert_eq!(env_of(Path::new("/envs/not-an-env/x"), &roots), Some(None));
-        assert_eq!(env_of(Path::new("/envs"), &roots), None);
-        assert_eq!(env_of(Path::new("/base/mod/lib/x.rb"), &roots), None);
+        roots.envs.insert(
+            PathBuf::from("/envs/dev"),
+            [env("dev")].into_iter().collect(),
+        );
+        assert_eq!(
+            roots.place(Path::new("/releases/3/modules/a/lib/x.rb")),
+            Place::Env(vec![env("production")], PathBuf::from("modules/a/lib/x.rb"))
+        );
+        // The old target of a flipped link belongs to no environment.
+        assert_eq!(
+            roots.place(Path::new("/releases/2/modules/a")),
+            Place::Unknown
+        );
+        assert_eq!(
+            roots.place(Path::new("/envs/production")),
+            Place::Env(vec![env("production")], PathBuf::new())
+        );
+        assert_eq!(roots.place(Path::new("/envs/not-an-env")), Place::NotAnEnv);
+        assert_eq!(roots.place(Path::new("/envs")), Place::Unknown);
+        assert_eq!(roots.place(Path::new("/base/mod/lib/x.rb")), Place::Unknown);
+    }
+
+    #[test]
+    fn deploy_signals() {
+        let rm_dir = EventKind::Remove(RemoveKind::Folder);
+        let rm_file = EventKind::Remove(RemoveKind::File);
+        let from = EventKind::Modify(ModifyKind::Name(RenameMode::From));
+        let write = EventKind::Modify(ModifyKind::Data(DataChange::Any));
+        let create = EventKind::Create(CreateKind::File);
+        let p = Path::new;
+        // A module directory removed or moved away: a deploy.
+        assert_eq!(signal(&rm_dir, 0, p("modules/stdlib")), Signal::Deploying);
+        assert_eq!(signal(&from, 0, p("modules/stdlib")), Signal::Deploying);
+        assert_eq!(signal(&from, 0, p("modules/stdlib/lib")), Signal::Deploying);
+        // git at work inside the environment: a deploy.
+        assert_eq!(
+            signal(&write, 0, p("modules/a/.git/index")),
+            Signal::Deploying
+        );
+        // r10k's last word.
+        assert_eq!(signal(&create, 0, p(".r10k-deploy.json")), Signal::Deployed);
+        assert_eq!(signal(&write, 0, p(".r10k-deploy.json")), Signal::Deployed);
+        // Ordinary edits, an editor's rename of a file, a flipped link.
+        assert_eq!(signal(&rm_file, 0, p("modules/a/lib/x.rb")), Signal::Edit);
+        assert_eq!(signal(&write, 0, p("modules/a/lib/x.rb")), Signal::Edit);
+        assert_eq!(
+            signal(&from, 0, p("modules/a/lib/facter/x.rb")),
+            Signal::Edit
+        );
+        assert_eq!(signal(&from, 0, p("")), Signal::Edit);
+        assert_eq!(signal(&rm_file, 0, p("")), Signal::Edit);
     }
 }

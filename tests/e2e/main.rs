@@ -7,6 +7,8 @@ mod architecture;
 mod agent_failover;
 // Fault injection: the agent killed with SIGKILL at random points of initial and incremental syncs.
 mod agent_killed;
+// The agent's removal guard: a master that lost most of an environment cannot wipe a node.
+mod agent_guard;
 // Loading synced plugins after a sync: loaders as child processes, failures, versions, the report.
 mod agent_load;
 // The agent's textfile metrics after good and failed runs; `report` as a monitoring check.
@@ -33,6 +35,8 @@ mod haproxy_lb;
 mod logs;
 // Content-addressed blobs by sha256 and batches of them: caching, authentication, authorization.
 mod master_blobs;
+// Deploys: flipped environment links, r10k and scripted redeploys held until they settle, explicit publishing.
+mod master_deploy;
 // ETags across two master processes: equal for one tree, 304 from either, new on change, gzip.
 mod master_etag;
 // environment.conf and a control repository as r10k deploys it; module roots kept in the code tree; quiet logs on deletes.

@@ -39,6 +39,11 @@
 //! - `replicas`: masters that die and come back: [`CutProxy`] (a TCP proxy
 //!   that holds bytes at an exact count, throttles, goes down and comes
 //!   back on its port), [`kill9`], [`Lcg`] (a seeded random sequence).
+//! - `deploy`: deploys for issue 15: [`ControlRepo`] (local git
+//!   repositories deployed by the real `r10k`), [`scripted_redeploy`]
+//!   (module directories deleted and re-created with pauses),
+//!   [`AgentLoop`] (the agent syncing back to back meanwhile),
+//!   [`removals`] (what a run reported removed).
 //! - [`puppet`]: stock Puppet agents and a throwaway Puppet Server.
 //! - `controlrepo`: [`ControlRepo`], a code tree shaped like an
 //!   r10k-deployed control repository (`environment.conf`, site-modules,
@@ -48,6 +53,7 @@ mod agent;
 mod client;
 mod conn;
 mod controlrepo;
+mod deploy;
 mod fake;
 mod faults;
 mod hostile;
@@ -65,6 +71,10 @@ pub use conn::{
     refused, serial_of, tls_config, tls_connect, write_root_crl,
 };
 pub use controlrepo::{ControlRepo, ENVIRONMENT_CONF};
+pub use deploy::{
+    AgentLoop, ControlRepo as R10kControlRepo, FETCH_LATENCY, ModuleRef, git, removals,
+    scripted_redeploy,
+};
 pub use fake::{FakeMaster, Responder, closed_port, http_response};
 pub use faults::{Racer, RunningAgent, on_small_tmpfs};
 pub use hostile::{Listener, gzip_zeros, listing_json, response_with};

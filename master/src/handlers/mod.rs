@@ -7,14 +7,18 @@
 //!   `file_content`, and the code that sends an indexed file.
 //! - [`blobs`]: pluginsync's content by sha256, single and batched.
 //! - [`mod@status`]: the health check.
+//! - [`admin`]: Puppet Server's admin API (`environment-cache`), for deploy
+//!   tools.
 //!
 //! Every file and blob endpoint passes the same authorization step,
 //! [`crate::auth::Gate`], before it looks at an environment.
 
+pub mod admin;
 pub mod blobs;
 pub mod files;
 pub mod status;
 
+pub use admin::environment_cache;
 pub use blobs::{blob, blobs_batch};
 pub use files::{file_content, file_metadata, file_metadatas};
 pub use status::status;

@@ -1,0 +1,69 @@
+//! Puppet Server's admin API, the part deploy tools call:
+//! `DELETE /puppet-admin-api/v1/environment-cache[?environment=NAME]`
+//! (docs/protocol.md §1.10). Puppet Server drops its cached environments; we
+//! re-index the named environment (or every one) and answer once the new
+//! index is served, so r10k's `postrun` hook returns to a published tree.
+//!
+//! Who may call it: the certnames of `[admin] certnames` (exact names; the
+//! list is empty by default, so everyone gets 403, as Puppet Server without
+//! an allowlist entry), and the master's own certificate, which
+//! `pluginsync-master reindex` presents. The identity is the TLS client
+//! certificate's CN, as for every endpoint (docs/protocol.md §5.2).
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum_server::tls::TlsInfo;
+use pluginsync_common::envname::EnvName;
+
+use crate::api_error::ApiError;
+use crate::request::Query;
+use crate::state::AppState;
+
+/// The endpoint's path, as Puppet Server spells it.
+pub const ENVIRONMENT_CACHE: &str = "/puppet-admin-api/v1/environment-cache";
+
+/// `DELETE /puppet-admin-api/v1/environment-cache`: 204 once re-indexed;
+/// 403 for a client not on the allowlist (or without a certificate); 400
+/// for a malformed `environment`. An environment that does not exist is a
+/// 204 too (Puppet Server's answer; its index, if any, is dropped).
+pub async fn environment_cache(State(state): State<AppState>, req: Request) -> Response {
+    let path = req.uri().path().to_owned();
+    let certname = req
+        .extensions()
+        .get::<Arc<TlsInfo>>()
+        .and_then(|info| info.peer_certificates.first())
+        .and_then(|der| crate::auth::certname_of(der).ok());
+    let config = state.store.config();
+    let allowed = certname.as_deref().is_some_and(|name| {
+        config.admin.certnames.iter().any(|c| c == name)
+            || own_certname(config).as_deref() == Some(name)
+    });
+    if !allowed {
+        tracing::warn!(
+            certname = certname.as_deref().unwrap_or("-"),
+            "admin API refused: not in [admin] certnames"
+        );
+        return ApiError::forbidden(&path).into_response();
+    }
+    let query = Query::parse(req.uri().query());
+    let env = match query.get("environment") {
+        None => None,
+        Some(name) => match name.parse::<EnvName>() {
+            Ok(env) => Some(env),
+            Err(e) => return ApiError::bad_request(e.to_string()).into_response(),
+        },
+    };
+    let by = format!("admin API ({})", certname.unwrap_or_default());
+    state.store.reindex(env, &by).await;
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// The CN of the master's own certificate (read at each call, so a
+/// certificate rotated under SIGHUP is followed).
+fn own_certname(config: &crate::config::MasterConfig) -> Option<String> {
+    let certs = pluginsync_common::tls::load_certs("certificate", &config.tls.cert).ok()?;
+    crate::auth::certname_of(certs.first()?).ok()
+}
