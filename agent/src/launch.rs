@@ -69,6 +69,19 @@ fn tail(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// Kills a child's process group when dropped, unless disarmed (`.0 =
+/// None`) once the child was waited for.
+struct GroupGuard(Option<rustix::process::Pid>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(group) = self.0.take() {
+            let _already_gone =
+                rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+    }
+}
+
 /// Runs `argv` in its own process group, in `cwd` if given, with a cleared
 /// environment: the agent's [`inherits`] variables, then `env`; kills the
 /// group at `timeout`. `Ok` only for exit status 0.
@@ -108,10 +121,18 @@ pub async fn run_isolated(
         .spawn()
         .map_err(|e| format!("cannot run '{program}': {e}"))?;
     let pid = child.id();
+    // Dropped before the child was waited for (the run stopped by a signal,
+    // a failure elsewhere): the whole process group is killed, not only the
+    // supervisor (`kill_on_drop` alone orphaned the loader and its children,
+    // and once the supervisor was reaped nothing could find them).
+    let mut group = GroupGuard(pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)));
     let out = tokio::spawn(capture(child.stdout.take().ok_or("no stdout")?));
     let err = tokio::spawn(capture(child.stderr.take().ok_or("no stderr")?));
     let status = match tokio::time::timeout(timeout, child.wait()).await {
-        Ok(status) => status.map_err(|e| format!("waiting for '{program}': {e}"))?,
+        Ok(status) => {
+            group.0 = None;
+            status.map_err(|e| format!("waiting for '{program}': {e}"))?
+        }
         Err(_) => {
             if let Some(pid) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
                 let _already_gone =
