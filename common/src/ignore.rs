@@ -300,7 +300,13 @@ mod tests {
         assert!(set(&["é?"]).is_ignored("éé"));
         assert!(set(&["[à-ÿ]x"]).is_ignored("éx"));
         // Malformed classes never match.
-        for (p, name) in [("a[b", "a[b"), ("[", "["), ("*[", "x["), ("[]x]", "]"), ("[]x]", "x")] {
+        for (p, name) in [
+            ("a[b", "a[b"),
+            ("[", "["),
+            ("*[", "x["),
+            ("[]x]", "]"),
+            ("[]x]", "x"),
+        ] {
             assert!(!set(&[p]).is_ignored(name), "{p} on {name}");
         }
         // `[!]` is any character; a reversed range holds its two ends.
