@@ -1,7 +1,8 @@
 //! The bodies of pluginsync's fuzz targets, written once: the cargo-fuzz
 //! targets in `fuzz/libfuzzer/` call them with libFuzzer's inputs, and the
 //! replay test (`fuzz/tests/replay.rs`, run by `cargo test --workspace`)
-//! calls them with every committed input under `fuzz/corpus/<target>/`.
+//! calls them with every committed input (`fuzz/seeds/<target>/`,
+//! `fuzz/corpus/<target>/`, `fuzz/artifacts/<target>/`).
 //! See `fuzz/README.md` for how to run the fuzzer.
 //!
 //! Each body asserts properties of the code it drives, not only that it
@@ -446,7 +447,8 @@ pub fn listing(data: &[u8]) {
 
 /// The agent's config (agent/src/config.rs through common/src/config.rs):
 /// TOML either fails with a one-line message naming the file, or parses
-/// into a config whose check is deterministic and, when it fails, one line.
+/// into a config whose check is deterministic and, when it fails, one line
+/// without control characters.
 pub fn agent_config(data: &[u8]) {
     config_body::<AgentConfig>(data, "/etc/pluginsync/agent.toml");
 }
@@ -462,11 +464,19 @@ fn config_body<T: pluginsync_common::config::ConfigFile>(data: &[u8], file: &str
         return;
     };
     let path = Path::new(file);
+    // One line, and nothing a terminal would act on: the master prints it
+    // as is.
+    let printable = |msg: &str| {
+        !msg.is_empty()
+            && !msg.chars().any(|c| {
+                c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+            })
+    };
     let config: T = match pluginsync_common::config::parse(text, path) {
         Ok(c) => c,
         Err(e) => {
             let msg = e.to_string();
-            assert!(!msg.contains('\n'), "multi-line error: {msg:?}");
+            assert!(printable(&msg), "unprintable error: {msg:?}");
             assert!(msg.contains(file), "error does not name the file: {msg}");
             return;
         }
@@ -475,6 +485,6 @@ fn config_body<T: pluginsync_common::config::ConfigFile>(data: &[u8], file: &str
     let second = config.check().map_err(|e| e.to_string());
     assert_eq!(first, second, "check is not deterministic");
     if let Err(msg) = first {
-        assert!(!msg.is_empty() && !msg.contains('\n'), "{msg:?}");
+        assert!(printable(&msg), "unprintable error: {msg:?}");
     }
 }

@@ -1,9 +1,11 @@
-//! Replays the committed fuzz corpus (`fuzz/corpus/<target>/*`) and any
-//! kept crash reproducers (`fuzz/artifacts/<target>/*`) through the same
+//! Replays the committed fuzz inputs through the same
 //! target bodies libFuzzer runs (`pluginsync_fuzz::TARGETS`), as an
 //! ordinary test: `cargo test --workspace` (and so `.ci/run`) checks every
-//! input's properties on stable Rust, without the fuzzer. See
-//! fuzz/README.md.
+//! input's properties on stable Rust, without the fuzzer. The inputs: the
+//! hand-picked seeds (`fuzz/seeds/<target>/`), the corpus the fuzzer grew
+//! from them, minimized with `cargo fuzz cmin` (`fuzz/corpus/<target>/`),
+//! and the reproducers of crashes it found, now fixed
+//! (`fuzz/artifacts/<target>/`). See fuzz/README.md.
 
 use std::path::{Path, PathBuf};
 
@@ -25,20 +27,21 @@ fn corpus_replays_clean() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut failures = Vec::new();
     for (name, body) in pluginsync_fuzz::TARGETS {
+        let seeds = inputs(&root.join("seeds").join(name));
         let corpus = inputs(&root.join("corpus").join(name));
-        assert!(
-            !corpus.is_empty(),
-            "fuzz/corpus/{name}/ is empty: every target keeps a corpus"
-        );
+        for (dir, files) in [("seeds", &seeds), ("corpus", &corpus)] {
+            assert!(!files.is_empty(), "fuzz/{dir}/{name}/ is empty");
+        }
         let artifacts = inputs(&root.join("artifacts").join(name));
-        for file in corpus.iter().chain(&artifacts) {
+        for file in seeds.iter().chain(&corpus).chain(&artifacts) {
             let data = std::fs::read(file).expect("read corpus input");
             if std::panic::catch_unwind(|| body(&data)).is_err() {
                 failures.push(file.display().to_string());
             }
         }
         println!(
-            "{name}: {} inputs, {} reproducers",
+            "{name}: {} seeds, {} corpus inputs, {} reproducers",
+            seeds.len(),
             corpus.len(),
             artifacts.len()
         );

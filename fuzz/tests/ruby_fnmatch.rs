@@ -1,7 +1,7 @@
 //! The ignore target's reference ([`pluginsync_fuzz::fnmatch`]) and the
 //! matcher itself (`IgnoreSet`, common/src/ignore.rs) checked against the
 //! real thing: Ruby's `File.fnmatch?` (docs/protocol.md §3.2), on the
-//! ignore corpus and on a few thousand generated glob-heavy pairs. Needs
+//! ignore seeds and on a few thousand generated glob-heavy pairs. Needs
 //! `ruby` on `PATH` (CI installs it with `puppet`); says so and passes
 //! without it.
 
@@ -10,21 +10,26 @@ use std::process::{Command, Stdio};
 
 use pluginsync_common::ignore::IgnoreSet;
 
-/// (pattern, basename) pairs: every pattern and name of the ignore corpus
+/// (pattern, basename) pairs: every pattern and name of the ignore seeds and corpus
 /// crossed, and generated ones over a glob-heavy alphabet.
 fn pairs() -> Vec<(String, String)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/ignore");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("corpus/ignore") {
-        let Ok(text) = std::fs::read_to_string(entry.expect("entry").path()) else {
+    for dir in ["seeds/ignore", "corpus/ignore"] {
+        let Ok(rd) = std::fs::read_dir(root.join(dir)) else {
             continue;
         };
-        let mut lines = text.split('\n');
-        let patterns: Vec<&str> = lines.next().unwrap_or_default().split('\t').collect();
-        let names: Vec<&str> = lines.collect();
-        for p in &patterns {
-            for n in &names {
-                out.push((p.to_string(), n.to_string()));
+        for entry in rd {
+            let Ok(text) = std::fs::read_to_string(entry.expect("entry").path()) else {
+                continue;
+            };
+            let mut lines = text.split('\n');
+            let patterns: Vec<&str> = lines.next().unwrap_or_default().split('\t').collect();
+            let names: Vec<&str> = lines.collect();
+            for p in &patterns {
+                for n in &names {
+                    out.push((p.to_string(), n.to_string()));
+                }
             }
         }
     }
@@ -78,6 +83,7 @@ fn ignore_matches_ruby_file_fnmatch() {
         .map(|l| l == "1")
         .collect();
     assert_eq!(answers.len(), pairs.len());
+    println!("{} (pattern, name) pairs compared with ruby", pairs.len());
     let mut wrong = Vec::new();
     for ((p, n), ruby) in pairs.iter().zip(answers) {
         if pluginsync_fuzz::fnmatch::fnmatch(p, n) != ruby {
