@@ -8,11 +8,14 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 
 /// A config that cannot be used; both binaries exit with their documented
-/// config-error code on these.
+/// config-error code on these. Its message is always one line: control
+/// characters from the file (a key, a path, a glob with a newline) are
+/// shown escaped ([`one_line`]), so the line the binaries print cannot be
+/// split or carry terminal sequences.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config '{}': {source}", path.display())]
+    #[error("cannot read config '{}': {}", one_line(&path.display().to_string()), one_line(&source.to_string()))]
     Read {
         /// The config file.
         path: PathBuf,
@@ -20,7 +23,7 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// TOML syntax, an unknown key, a wrong type.
-    #[error("invalid config '{}': {message}", path.display())]
+    #[error("invalid config '{}': {}", one_line(&path.display().to_string()), one_line(message))]
     Parse {
         /// The config file.
         path: PathBuf,
@@ -28,8 +31,35 @@ pub enum ConfigError {
         message: String,
     },
     /// A value that parsed but cannot work.
-    #[error("invalid config: {0}")]
+    #[error("invalid config: {}", one_line(.0))]
     Invalid(String),
+}
+
+/// `text` with control characters and bidirectional overrides escaped
+/// (`\n`, `\t`, `\r`, `\xNN`, `\u{NNNN}`, as the agent's output does);
+/// unchanged when it has none.
+pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    fn unsafe_char(c: char) -> bool {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    }
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if unsafe_char(c) && (c as u32) < 0x100 => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// A config file type: TOML with unknown keys refused (`deny_unknown_fields`),
@@ -122,5 +152,23 @@ mod tests {
                 PathBuf::from("/var/x")
             )
         );
+    }
+
+    /// Found by the agent_config fuzz target
+    /// (fuzz/artifacts/agent_config/loader-match-newline): a value with a
+    /// newline made a two-line error, which the master prints as is.
+    #[test]
+    fn messages_stay_one_line_whatever_the_file_holds() {
+        let e = ConfigError::Invalid("match 'a\nb\u{1b}[31m'".into());
+        assert_eq!(e.to_string(), "invalid config: match 'a\\nb\\x1b[31m'");
+        let e = ConfigError::Parse {
+            path: PathBuf::from("/etc/x\ny.toml"),
+            message: "bad\rvalue".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "invalid config '/etc/x\\ny.toml': bad\\rvalue"
+        );
+        assert_eq!(one_line("plain 'é'"), "plain 'é'");
     }
 }

@@ -9,161 +9,231 @@
 //!   `.git`, `.*` does;
 //! - `{a,b}` is *not* alternation, the braces are literal;
 //! - `**` is just `*` (a basename has no `/`);
-//! - matching is case-sensitive, `[...]` classes and `\` escapes work.
+//! - matching is case-sensitive, by character (`?` matches `é`), `[...]`
+//!   classes and `\` escapes work;
+//! - a malformed class (an unclosed `[`, or the empty `[]`) never matches,
+//!   so neither does its pattern; `[!]` matches any one character; a
+//!   reversed range `[z-a]` holds only its two ends; a trailing `\` is
+//!   dropped.
 //!
-//! [`IgnoreSet`] compiles the patterns with globset after rewriting them to
-//! those semantics (braces become the classes `[{]`/`[}]`, runs of `*` fold
-//! to one) and enforces the leading-dot rule itself, since globset has no
-//! such option. Master and agent share this type, so what the master leaves
-//! out of a listing is exactly what the agent leaves alone on disk.
+//! [`IgnoreSet`] parses each pattern with the grammar of Ruby's `dir.c`
+//! (`fnmatch_helper`, `bracket`) into tokens that each match one character
+//! or, for `*`, any run, and matches them itself; the fuzz target `ignore`
+//! (fuzz/src/lib.rs) compares it with a line-by-line port of Ruby's
+//! matcher and `fuzz/tests/ruby_fnmatch.rs` with Ruby itself. Master and
+//! agent share this type, so what the master leaves out of a listing is
+//! exactly what the agent leaves alone on disk.
 
-use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
-
-/// A pattern that globset refused (an unclosed class, say).
+/// A pattern Ruby refuses (it raises `ArgumentError` on a NUL byte); every
+/// other string is a pattern, if perhaps one that never matches.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid ignore pattern '{pattern}': {reason}")]
+#[error("invalid ignore pattern {pattern:?}: {reason}")]
 pub struct IgnoreError {
     /// The pattern as given.
     pub pattern: String,
-    /// globset's explanation.
+    /// What is wrong with it.
     pub reason: String,
 }
 
-/// A compiled list of ignore patterns; see the module docs for the semantics.
-#[derive(Debug, Clone)]
-pub struct IgnoreSet {
-    patterns: Vec<String>,
-    /// Every pattern: consulted for names that do not start with `.`.
-    all: GlobSet,
-    /// Only the patterns that start with a literal `.`: for dot names.
-    dot: GlobSet,
+/// One step of a pattern: each matches one character, except `Star`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    /// This character.
+    Literal(char),
+    /// `?`: any character.
+    Any,
+    /// `*` (or a run of them): any run of characters.
+    Star,
+    /// `[...]`: a character in (or, negated, not in) the inclusive ranges.
+    Class {
+        /// `[!...]` or `[^...]`.
+        negated: bool,
+        /// Inclusive ranges, single characters as `(c, c)`.
+        ranges: Vec<(char, char)>,
+    },
 }
 
-impl Default for IgnoreSet {
-    fn default() -> Self {
-        Self::empty()
+impl Token {
+    /// True if this one-character token matches `c`.
+    fn matches_char(&self, c: char) -> bool {
+        match self {
+            Token::Literal(l) => *l == c,
+            Token::Any => true,
+            Token::Star => false,
+            Token::Class { negated, ranges } => {
+                ranges.iter().any(|&(lo, hi)| lo <= c && c <= hi) != *negated
+            }
+        }
     }
+}
+
+/// A parsed pattern; `None` tokens for one that can never match.
+#[derive(Debug, Clone)]
+struct Pattern(Option<Vec<Token>>);
+
+impl Pattern {
+    /// Parses `pattern` as Ruby's `fnmatch_helper` reads it.
+    fn parse(pattern: &str) -> Pattern {
+        let p: Vec<char> = pattern.chars().collect();
+        let mut tokens = Vec::new();
+        let mut i = 0;
+        while i < p.len() {
+            match p[i] {
+                '*' => {
+                    while i < p.len() && p[i] == '*' {
+                        i += 1;
+                    }
+                    tokens.push(Token::Star);
+                    continue;
+                }
+                '?' => tokens.push(Token::Any),
+                '[' => match parse_class(&p, i + 1) {
+                    Some((token, next)) => {
+                        tokens.push(token);
+                        i = next;
+                        continue;
+                    }
+                    None => return Pattern(None),
+                },
+                // A trailing backslash escapes the end: nothing.
+                '\\' => {
+                    if let Some(&c) = p.get(i + 1) {
+                        tokens.push(Token::Literal(c));
+                    }
+                    i += 2;
+                    continue;
+                }
+                c => tokens.push(Token::Literal(c)),
+            }
+            i += 1;
+        }
+        Pattern(Some(tokens))
+    }
+
+    /// True if the pattern matches all of `name`.
+    fn matches(&self, name: &str) -> bool {
+        let Some(tokens) = &self.0 else {
+            return false;
+        };
+        // Only a literal `.` matches a leading `.`.
+        if name.starts_with('.') && tokens.first() != Some(&Token::Literal('.')) {
+            return false;
+        }
+        // Every token but `*` takes exactly one character, so on a mismatch
+        // it is enough to let the last `*` take one more (as Ruby does).
+        let (mut t, mut n) = (0usize, 0usize);
+        let mut star: Option<(usize, usize)> = None;
+        while let Some(c) = name[n..].chars().next() {
+            match tokens.get(t) {
+                Some(Token::Star) => {
+                    t += 1;
+                    star = Some((t, n));
+                    continue;
+                }
+                Some(token) if token.matches_char(c) => {
+                    t += 1;
+                    n += c.len_utf8();
+                    continue;
+                }
+                _ => {}
+            }
+            let Some((after_star, from)) = star else {
+                return false;
+            };
+            // `from` < `n` + 1 <= len: there is a character at `from`.
+            let next = from + name[from..].chars().next().map_or(1, char::len_utf8);
+            t = after_star;
+            n = next;
+            star = Some((after_star, next));
+        }
+        tokens[t..].iter().all(|token| *token == Token::Star)
+    }
+}
+
+/// Reads a class after its `[` (at `i`) as Ruby's `bracket` does: the token
+/// and the index after the closing `]`, or `None` for a malformed class
+/// (unclosed, or `[]`), which Ruby never matches.
+fn parse_class(p: &[char], mut i: usize) -> Option<(Token, usize)> {
+    let at = |i: usize| p.get(i).copied();
+    let mut negated = false;
+    if matches!(at(i), Some('!' | '^')) {
+        negated = true;
+        i += 1;
+    }
+    let mut ranges = Vec::new();
+    while at(i) != Some(']') {
+        let mut t1 = i;
+        if at(t1) == Some('\\') {
+            t1 += 1;
+        }
+        let lo = at(t1)?;
+        i = t1 + 1;
+        at(i)?;
+        if at(i) == Some('-') && at(i + 1) != Some(']') {
+            let mut t2 = i + 1;
+            if at(t2) == Some('\\') {
+                t2 += 1;
+            }
+            let hi = at(t2)?;
+            i = t2 + 1;
+            if lo <= hi {
+                ranges.push((lo, hi));
+            } else {
+                // Ruby compares with both ends first, then the range.
+                ranges.extend([(lo, lo), (hi, hi)]);
+            }
+        } else {
+            ranges.push((lo, lo));
+        }
+    }
+    if ranges.is_empty() && !negated {
+        return None;
+    }
+    Some((Token::Class { negated, ranges }, i + 1))
+}
+
+/// A compiled list of ignore patterns; see the module docs for the semantics.
+#[derive(Debug, Clone, Default)]
+pub struct IgnoreSet {
+    patterns: Vec<String>,
+    parsed: Vec<Pattern>,
 }
 
 impl IgnoreSet {
     /// A set that ignores nothing.
     pub fn empty() -> Self {
-        IgnoreSet {
-            patterns: Vec::new(),
-            all: GlobSet::empty(),
-            dot: GlobSet::empty(),
-        }
+        IgnoreSet::default()
     }
 
-    /// Compiles `patterns`.
+    /// Compiles `patterns`; only a NUL byte is refused, as Ruby does.
     pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, IgnoreError> {
-        let mut all = GlobSetBuilder::new();
-        let mut dot = GlobSetBuilder::new();
+        let mut parsed = Vec::with_capacity(patterns.len());
         for p in patterns {
             let p = p.as_ref();
-            let glob = GlobBuilder::new(&translate(p))
-                .literal_separator(true)
-                .backslash_escape(true)
-                .case_insensitive(false)
-                .build()
-                .map_err(|e| IgnoreError {
+            if p.contains('\0') {
+                return Err(IgnoreError {
                     pattern: p.to_owned(),
-                    reason: e.kind().to_string(),
-                })?;
-            if p.starts_with('.') || p.starts_with("\\.") {
-                dot.add(glob.clone());
+                    reason: "NUL byte".into(),
+                });
             }
-            all.add(glob);
+            parsed.push(Pattern::parse(p));
         }
-        let build = |b: GlobSetBuilder| {
-            b.build().map_err(|e| IgnoreError {
-                pattern: patterns
-                    .iter()
-                    .map(AsRef::as_ref)
-                    .collect::<Vec<_>>()
-                    .join(" "),
-                reason: e.to_string(),
-            })
-        };
         Ok(IgnoreSet {
             patterns: patterns.iter().map(|p| p.as_ref().to_owned()).collect(),
-            all: build(all)?,
-            dot: build(dot)?,
+            parsed,
         })
     }
 
     /// True if an entry with this basename is ignored (and, for a directory,
     /// not descended into).
     pub fn is_ignored(&self, basename: &str) -> bool {
-        if self.patterns.is_empty() {
-            return false;
-        }
-        if basename.starts_with('.') {
-            self.dot.is_match(basename)
-        } else {
-            self.all.is_match(basename)
-        }
+        self.parsed.iter().any(|p| p.matches(basename))
     }
 
     /// The patterns as given.
     pub fn patterns(&self) -> &[String] {
         &self.patterns
     }
-}
-
-/// Rewrites a Ruby fnmatch pattern into a globset pattern with the same
-/// meaning on a basename.
-fn translate(pattern: &str) -> String {
-    let mut out = String::with_capacity(pattern.len() + 8);
-    let mut chars = pattern.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => {
-                out.push('\\');
-                if let Some(n) = chars.next() {
-                    out.push(n);
-                }
-            }
-            '*' => {
-                while chars.peek() == Some(&'*') {
-                    chars.next();
-                }
-                out.push('*');
-            }
-            '{' => out.push_str("[{]"),
-            '}' => out.push_str("[}]"),
-            '[' => {
-                // Copy a class through verbatim; `]` right after `[`, `[!` or
-                // `[^` is a member, not the end.
-                let mut class = String::from("[");
-                if let Some(&n) = chars.peek()
-                    && (n == '!' || n == '^')
-                {
-                    class.push(chars.next().unwrap_or(n));
-                }
-                if chars.peek() == Some(&']') {
-                    class.push(chars.next().unwrap_or(']'));
-                }
-                let mut closed = false;
-                for n in chars.by_ref() {
-                    class.push(n);
-                    if n == ']' {
-                        closed = true;
-                        break;
-                    }
-                }
-                if closed {
-                    out.push_str(&class);
-                } else {
-                    // Ruby treats an unclosed `[` as a literal character.
-                    out.push_str("\\[");
-                    out.push_str(&translate(&class[1..]));
-                }
-            }
-            _ => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -216,10 +286,38 @@ mod tests {
         assert!(set(&["[ab]*"]).is_ignored("bcd"));
         assert!(!set(&["[!ab]*"]).is_ignored("bcd"));
         assert!(set(&["[!ab]*"]).is_ignored("cde"));
-        assert!(set(&["[]x]"]).is_ignored("]"));
-        assert!(set(&["a[b"]).is_ignored("a[b"));
         assert!(set(&["\\*"]).is_ignored("*"));
         assert!(!set(&["\\*"]).is_ignored("a"));
+    }
+
+    /// Ruby 3.1's answers (`ruby -e 'p File.fnmatch?(p, s)'`), which the
+    /// translation to globset got wrong until the ignore fuzz target compared
+    /// it with a port of Ruby's matcher.
+    #[test]
+    fn edge_cases_as_ruby_answers_them() {
+        // By character, not by byte.
+        assert!(set(&["?"]).is_ignored("é"));
+        assert!(set(&["é?"]).is_ignored("éé"));
+        assert!(set(&["[à-ÿ]x"]).is_ignored("éx"));
+        // Malformed classes never match.
+        for (p, name) in [
+            ("a[b", "a[b"),
+            ("[", "["),
+            ("*[", "x["),
+            ("[]x]", "]"),
+            ("[]x]", "x"),
+        ] {
+            assert!(!set(&[p]).is_ignored(name), "{p} on {name}");
+        }
+        // `[!]` is any character; a reversed range holds its two ends.
+        assert!(set(&["[!]"]).is_ignored("x"));
+        assert!(set(&["[z-a]"]).is_ignored("z") && set(&["[z-a]"]).is_ignored("a"));
+        assert!(!set(&["[z-a]"]).is_ignored("m"));
+        // Escapes inside classes; a trailing backslash is dropped.
+        assert!(set(&["[\\]-a]"]).is_ignored("^"));
+        assert!(set(&["a\\"]).is_ignored("a"));
+        assert!(set(&["[a-]"]).is_ignored("-"));
+        assert!(IgnoreSet::new(&["a\0"]).is_err());
     }
 
     #[test]
