@@ -32,12 +32,17 @@ pub fn stderr_line(line: &str) {
 /// priority, so `journalctl -p err` shows a failed sync's cause
 /// (`common::logging`).
 pub fn error(message: &dyn std::fmt::Display) {
-    let line = format!("error: {message}");
+    prioritised_line(3, &format!("error: {message}"));
+}
+
+/// `line`, escaped, on stderr with the syslog `priority` prefix when stderr
+/// is the journal (`common::logging::stderr_prefix`).
+fn prioritised_line(priority: u8, line: &str) {
     let _unread = writeln!(
         std::io::stderr().lock(),
         "{}{}",
-        pluginsync_common::logging::stderr_prefix(3),
-        escape(&line)
+        pluginsync_common::logging::stderr_prefix(priority),
+        escape(line)
     );
 }
 
@@ -117,13 +122,7 @@ pub fn last_report(r: &Report, format: Format) {
 /// One `warning: …` line on stderr (the warning priority under the
 /// journal).
 pub fn warning(message: &str) {
-    let line = format!("warning: {message}");
-    let _unread = writeln!(
-        std::io::stderr().lock(),
-        "{}{}",
-        pluginsync_common::logging::stderr_prefix(4),
-        escape(&line)
-    );
+    prioritised_line(4, &format!("warning: {message}"));
 }
 
 /// `pluginsync-agent plugins`: the registry as a table (name, version,

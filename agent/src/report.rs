@@ -16,35 +16,11 @@ use serde::{Deserialize, Serialize};
 use crate::load::{LoadEntry, LoadStatus};
 use crate::plan::ChangeKind;
 
-/// Text from outside (file names, a master's messages, a loader's output)
-/// made safe for a terminal, a log or a cron mail: every control character
-/// (C0, DEL, C1) and every bidirectional formatting character becomes a
-/// visible escape (`\n`, `\r`, `\t`, `\x1b`, `\u{202e}`), so a name can
-/// neither end a line (and forge a summary after it) nor send escape
-/// sequences to a terminal. The one function every line the agent prints
-/// goes through (`report.rs` for the text report, `output.rs` for the rest).
+/// Text from outside made safe for a terminal, a log or a cron mail
+/// (`common::text::escape`). Every line the agent prints goes through it
+/// (`report.rs` for the text report, `output.rs` for the rest).
 pub fn escape(text: &str) -> Cow<'_, str> {
-    fn unsafe_char(c: char) -> bool {
-        c.is_control()
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    }
-    if !text.chars().any(unsafe_char) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if unsafe_char(c) && (c as u32) < 0x100 => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    Cow::Owned(out)
+    pluginsync_common::text::escape(text)
 }
 
 /// One change.

@@ -36,30 +36,9 @@ pub enum ConfigError {
 }
 
 /// `text` with control characters and bidirectional overrides escaped
-/// (`\n`, `\t`, `\r`, `\xNN`, `\u{NNNN}`, as the agent's output does);
-/// unchanged when it has none.
+/// (`crate::text::escape`): a config error stays one line.
 pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
-    fn unsafe_char(c: char) -> bool {
-        c.is_control()
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    }
-    if !text.chars().any(unsafe_char) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if unsafe_char(c) && (c as u32) < 0x100 => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    std::borrow::Cow::Owned(out)
+    crate::text::escape(text)
 }
 
 /// A config file type: TOML with unknown keys refused (`deny_unknown_fields`),

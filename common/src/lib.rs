@@ -22,6 +22,7 @@ pub mod logging;
 pub mod metadata;
 pub mod protocol;
 pub mod relpath;
+pub mod text;
 pub mod tls;
 pub mod urlpath;
 

@@ -5,41 +5,16 @@
 //! says FAILED and exits 1 after the failed run, and the failed run's
 //! error line carries the err priority under the journal.
 
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::process::{Command, Stdio};
 
-use pluginsync_tests::{AgentHome, EnvTree, Pki, TestMaster, config_toml, parse_config, require};
+use pluginsync_tests::{
+    AgentHome, EnvTree, Pki, TestMaster, config_toml, parse_config, promtool_accepts,
+};
 
 fn value(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
-fn promtool_accepts(text: &str) {
-    let Some(promtool) = require("promtool", "prometheus", "agent_metrics") else {
-        return;
-    };
-    let mut check = Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool");
-    check
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = check.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]
@@ -58,7 +33,7 @@ fn the_textfile_follows_good_and_failed_runs() {
     let good = home.sync(&[]);
     assert_eq!(good.code, 0, "{}", good.stderr);
     let text = std::fs::read_to_string(&textfile).expect("written after a good run");
-    promtool_accepts(&text);
+    promtool_accepts(&text, "agent_metrics");
     assert_eq!(value(&text, "pluginsync_agent_last_run_success"), Some(1.0));
     assert_eq!(
         value(
@@ -102,7 +77,7 @@ fn the_textfile_follows_good_and_failed_runs() {
     assert!(err.starts_with("<3>error: "), "{err:?}");
 
     let text = std::fs::read_to_string(&textfile).expect("written after a failed run");
-    promtool_accepts(&text);
+    promtool_accepts(&text, "agent_metrics");
     assert_eq!(
         value(&text, "pluginsync_agent_last_run_success"),
         Some(0.0),

@@ -4,12 +4,10 @@
 //! reason and logged, and Debian's `promtool check metrics` accepts the
 //! exposition.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use pluginsync_tests::{
-    ChildMaster, EnvTree, Pki, client, config_toml, dated_client_cert, identity, require,
+    ChildMaster, EnvTree, Pki, client, config_toml, dated_client_cert, identity, promtool_accepts,
     tls_config, tls_connect,
 };
 
@@ -172,27 +170,5 @@ async fn metrics_count_the_traffic_and_promtool_accepts_them() {
         master.log()
     );
 
-    let Some(promtool) = require("promtool", "prometheus", "master_metrics") else {
-        return;
-    };
-    let mut check = Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool");
-    check
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = check.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_accepts(&text, "master_metrics");
 }

@@ -80,6 +80,8 @@ pub use faults::{Racer, RunningAgent, on_small_tmpfs};
 pub use hostile::{Listener, gzip_zeros, listing_json, response_with};
 pub use master::{MasterProcess, TestMaster, config_toml, parse_config};
 pub use pki::{AGENTS, Pki};
-pub use process::{Finished, bin_path, repo_root, require, run_logged, skipped, which};
+pub use process::{
+    Finished, bin_path, promtool_accepts, repo_root, require, run_logged, skipped, which,
+};
 pub use replicas::{CutProxy, Lcg, kill9};
 pub use tree::{EnvTree, merged_mount, sha256_hex, tree_snapshot};

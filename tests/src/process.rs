@@ -116,3 +116,32 @@ pub fn run_logged(mut cmd: Command, dir: &Path, limit: Duration) -> Finished {
         output: std::fs::read_to_string(&log).unwrap_or_default(),
     }
 }
+
+/// Asserts that Debian's `promtool check metrics` accepts `text` (a
+/// Prometheus exposition); prints `SKIPPED <test>` when promtool is not
+/// installed (a failure under CI: `.ci/run` installs `prometheus`).
+pub fn promtool_accepts(text: &str, test: &str) {
+    let Some(promtool) = require("promtool", "prometheus", test) else {
+        return;
+    };
+    let mut check = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    check
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = check.wait_with_output().expect("promtool");
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
