@@ -107,8 +107,38 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
         Command::Plugins { config, format } => {
             let config = AgentConfig::load(&config).map_err(config_error)?;
             let registry = Registry::load(&config.vardir);
-            let loaders = Loaders::new(&config.loaders, &config.load, &config.environment);
+            let environment = config
+                .environment
+                .as_deref()
+                .unwrap_or(pluginsync_agent::config::DEFAULT_ENVIRONMENT);
+            let loaders = Loaders::new(&config.loaders, &config.load, environment);
             output::plugins(&registry, &loaders, format);
+            Ok(ExitStatus::Success)
+        }
+        Command::Config {
+            config,
+            environment,
+            servers,
+            format,
+        } => {
+            let config = AgentConfig::load(&config).map_err(config_error)?;
+            let overrides = Overrides {
+                environment,
+                servers,
+                ..Overrides::default()
+            };
+            let settings = Settings::resolve(config, overrides)
+                .map_err(|e| (ExitStatus::Usage, e.to_string()))?;
+            match format {
+                cli::Format::Text => {
+                    for e in &settings.effective {
+                        println!("{} = {}  ({})", e.name, e.value, e.source);
+                    }
+                }
+                cli::Format::Json => {
+                    println!("{}", serde_json::json!({ "settings": settings.effective }))
+                }
+            }
             Ok(ExitStatus::Success)
         }
         Command::Report { config, format } => {
