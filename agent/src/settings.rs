@@ -116,6 +116,9 @@ pub struct Settings {
     pub certname: String,
     /// Where the environment comes from.
     pub environment_source: EnvironmentSource,
+    /// Where the configured environment was set (a command-line
+    /// `--environment` is never replaced by the server's, as in Puppet).
+    pub environment_origin: Source,
     /// Every setting with its source, for `pluginsync-agent config`.
     pub effective: Vec<Effective>,
 }
@@ -213,6 +216,7 @@ impl Settings {
             (config::DEFAULT_ENVIRONMENT.to_owned(), Source::Default)
         };
         let environment = config::environment(&environment)?;
+        let environment_origin = source;
         effective.push(Effective {
             name: "environment",
             value: environment.to_string(),
@@ -336,6 +340,7 @@ impl Settings {
             metrics_textfile: config.metrics.textfile,
             certname,
             environment_source: config.environment_source,
+            environment_origin,
             effective,
         })
     }
