@@ -127,7 +127,7 @@ pub struct AgentConfig {
     #[serde(default)]
     pub puppet_conf: Option<PathBuf>,
     /// Where the environment comes from: this config (`"config"`) or the
-    /// servers' node endpoint (`"server"`, docs/protocol.md §5.2).
+    /// servers' node endpoint (`"server"`, docs/protocol.md §4.10).
     #[serde(default)]
     pub environment_source: EnvironmentSource,
     /// Destination of the `plugins` mount.

@@ -38,6 +38,17 @@ fn main() -> ExitCode {
     .into()
 }
 
+/// A settings error's exit status (64 for a command-line value, 78 for a
+/// file's) and its line.
+fn resolve_error(e: pluginsync_agent::settings::ResolveError) -> (ExitStatus, String) {
+    let status = if e.from_command_line {
+        ExitStatus::Usage
+    } else {
+        ExitStatus::Config
+    };
+    (status, e.to_string())
+}
+
 /// Runs one subcommand; an error is its exit status and its one line.
 fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
     let config_error =
@@ -61,10 +72,10 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
                 load,
             };
             // The file is checked on load (78); what `resolve` refuses
-            // then comes from the command line: a usage error (64).
+            // comes from the command line (a usage error, 64) or from
+            // puppet.conf (78).
             let config = AgentConfig::load(&config).map_err(config_error)?;
-            let settings = Settings::resolve(config, overrides)
-                .map_err(|e| (ExitStatus::Usage, e.to_string()))?;
+            let settings = Settings::resolve(config, overrides).map_err(resolve_error)?;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -127,8 +138,7 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
                 servers,
                 ..Overrides::default()
             };
-            let settings = Settings::resolve(config, overrides)
-                .map_err(|e| (ExitStatus::Usage, e.to_string()))?;
+            let settings = Settings::resolve(config, overrides).map_err(resolve_error)?;
             match format {
                 cli::Format::Text => {
                     for e in &settings.effective {

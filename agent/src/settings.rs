@@ -60,6 +60,35 @@ impl Serialize for Source {
     }
 }
 
+/// Why settings could not be resolved: one line, and whether a
+/// command-line value is at fault (a usage error, 64) or a file (agent.toml
+/// or puppet.conf: a config error, 78).
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct ResolveError {
+    /// A command-line value is at fault.
+    pub from_command_line: bool,
+    /// What is wrong.
+    pub error: ConfigError,
+}
+
+impl From<ConfigError> for ResolveError {
+    fn from(error: ConfigError) -> Self {
+        ResolveError {
+            from_command_line: false,
+            error,
+        }
+    }
+}
+
+/// `result`, blamed on the command line when `source` is it.
+fn blame<T>(result: Result<T, ConfigError>, source: Source) -> Result<T, ResolveError> {
+    result.map_err(|error| ResolveError {
+        from_command_line: source == Source::CommandLine,
+        error,
+    })
+}
+
 /// One effective setting, as `pluginsync-agent config` prints it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Effective {
@@ -145,7 +174,7 @@ impl Settings {
     /// puppet.conf it names (or finds) below, and checks what the run goes
     /// by. A puppet.conf named explicitly must be readable; its lines that
     /// cannot be understood are warnings.
-    pub fn resolve(config: AgentConfig, cli: Overrides) -> Result<Settings, ConfigError> {
+    pub fn resolve(config: AgentConfig, cli: Overrides) -> Result<Settings, ResolveError> {
         let puppet = read_puppet_conf(config.puppet_conf.as_deref())?;
         let mut effective = Vec::new();
         let toml_source = |key: &str| {
@@ -199,7 +228,7 @@ impl Settings {
         } else {
             (vec![config::DEFAULT_SERVER.to_owned()], Source::Default)
         };
-        let servers = config::servers(&servers)?;
+        let servers = blame(config::servers(&servers), source)?;
         effective.push(Effective {
             name: "servers",
             value: servers.join(", "),
@@ -215,7 +244,7 @@ impl Settings {
         } else {
             (config::DEFAULT_ENVIRONMENT.to_owned(), Source::Default)
         };
-        let environment = config::environment(&environment)?;
+        let environment = blame(config::environment(&environment), source)?;
         let environment_origin = source;
         effective.push(Effective {
             name: "environment",
@@ -267,7 +296,8 @@ impl Settings {
                 if certname.is_empty() || certname.contains('/') || certname.starts_with('.') {
                     return Err(ConfigError::Invalid(format!(
                         "certname '{certname}' cannot name a certificate file"
-                    )));
+                    ))
+                    .into());
                 }
                 let (ssldir, source) = if let Some(d) = &config.tls.ssldir {
                     (d.clone(), Source::AgentToml)
@@ -432,5 +462,106 @@ pub fn fqdn() -> String {
             format!("{host}.{}", d.trim_end_matches('.').to_ascii_lowercase())
         }
         _ => host,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(dir: &Path, toml: &str, cli: Overrides) -> Result<Settings, ResolveError> {
+        let config = AgentConfig::parse(toml, &dir.join("agent.toml"))?;
+        config.validate()?;
+        Settings::resolve(config, cli)
+    }
+
+    fn source_of(s: &Settings, name: &str) -> (String, Source) {
+        let e = s.effective.iter().find(|e| e.name == name).unwrap();
+        (e.value.clone(), e.source)
+    }
+
+    #[test]
+    fn puppet_conf_fills_what_agent_toml_leaves_unset() {
+        let d = tempfile::tempdir().unwrap();
+        let conf = d.path().join("puppet.conf");
+        std::fs::write(
+            &conf,
+            "[main]\nserver = Puppet.Example\nmasterport = 8141\nenvironment = main_env\n[agent]\ncertname = node1.example\n",
+        )
+        .unwrap();
+        let toml = format!("puppet_conf = {conf:?}\n");
+        let s = resolve(d.path(), &toml, Overrides::default()).unwrap();
+        assert_eq!(s.servers, ["https://Puppet.Example:8141"]);
+        assert_eq!(
+            source_of(&s, "servers").1,
+            Source::PuppetConf(Section::Main)
+        );
+        assert_eq!(s.environment.to_string(), "main_env");
+        assert_eq!(s.certname, "node1.example");
+        assert_eq!(
+            source_of(&s, "certname").1,
+            Source::PuppetConf(Section::Agent)
+        );
+        // No ssldir anywhere: Puppet's default for a non-Debian path,
+        // `$confdir/ssl`.
+        let ssl = d.path().join("ssl");
+        assert_eq!(
+            source_of(&s, "ssldir"),
+            (ssl.display().to_string(), Source::Default)
+        );
+        assert_eq!(s.tls.cert, ssl.join("certs/node1.example.pem"));
+        assert_eq!(s.tls.key, ssl.join("private_keys/node1.example.pem"));
+        assert_eq!(s.environment_source, EnvironmentSource::Config);
+
+        // agent.toml over puppet.conf, the command line over both.
+        let toml = format!(
+            "puppet_conf = {conf:?}\nenvironment = \"toml_env\"\n[tls]\nssldir = \"/x/ssl\"\n"
+        );
+        let s = resolve(
+            d.path(),
+            &toml,
+            Overrides {
+                servers: vec!["https://cli:1".into()],
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            source_of(&s, "servers"),
+            ("https://cli:1".into(), Source::CommandLine)
+        );
+        assert_eq!(
+            source_of(&s, "environment"),
+            ("toml_env".into(), Source::AgentToml)
+        );
+        assert_eq!(s.tls.ca, PathBuf::from("/x/ssl/certs/ca.pem"));
+        assert_eq!(s.tls.cert, PathBuf::from("/x/ssl/certs/node1.example.pem"));
+    }
+
+    #[test]
+    fn without_puppet_conf_the_defaults_apply() {
+        let d = tempfile::tempdir().unwrap();
+        let s = resolve(d.path(), "puppet_conf = \"\"\n", Overrides::default()).unwrap();
+        assert_eq!(
+            source_of(&s, "servers"),
+            (config::DEFAULT_SERVER.into(), Source::Default)
+        );
+        assert_eq!(source_of(&s, "environment").1, Source::Default);
+        assert_eq!(source_of(&s, "certname"), (fqdn(), Source::Default));
+        assert_eq!(
+            s.tls.ca,
+            PathBuf::from("/etc/puppetlabs/puppet/ssl/certs/ca.pem")
+        );
+        let e = resolve(
+            d.path(),
+            &format!("puppet_conf = {:?}\n", d.path().join("missing.conf")),
+            Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("cannot read puppet.conf") && e.contains("missing.conf"),
+            "{e}"
+        );
     }
 }

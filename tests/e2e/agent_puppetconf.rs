@@ -188,7 +188,7 @@ async fn a_bad_or_missing_puppet_conf_is_one_line_naming_it() {
     )
     .unwrap();
     let run = home.sync(&[]);
-    assert_ne!(run.code, 0);
+    assert_eq!(run.code, 78, "a config error: {run:?}");
     let err = run.stderr.trim();
     assert!(
         err.contains("serverport 'nope' is not a port") && err.contains(&*conf.to_string_lossy()),
@@ -197,12 +197,16 @@ async fn a_bad_or_missing_puppet_conf_is_one_line_naming_it() {
     assert_eq!(err.lines().count(), 1, "{err}");
     std::fs::remove_file(&conf).unwrap();
     let run = home.sync(&[]);
-    assert_ne!(run.code, 0);
+    assert_eq!(run.code, 78, "{run:?}");
     assert!(
         run.stderr.contains("cannot read puppet.conf") && run.stderr.trim().lines().count() == 1,
         "{run:?}"
     );
     assert!(!home.libdir().exists() || std::fs::read_dir(home.libdir()).unwrap().count() == 0);
+    // A bad value on the command line is still a usage error.
+    std::fs::write(&conf, "[main]\nserver = localhost\n").unwrap();
+    let run = home.sync(&["--environment", "bad-name"]);
+    assert_eq!(run.code, 64, "{run:?}");
 }
 
 /// A front for `upstream`: answers `/puppet/v3/node/…` with a node object
@@ -309,4 +313,38 @@ async fn the_server_assigned_environment_is_synced_and_a_pluginsync_master_falls
             && warnings[0].contains("production"),
         "{run:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_or_malformed_node_answer_stops_the_run_before_any_change() {
+    let pki = Pki::new();
+    let huge = format!(
+        "{{\"name\":\"node1\",\"environment\":\"testing\",\"parameters\":{{\"x\":\"{}\"}}}}",
+        "a".repeat(2 << 20)
+    );
+    for (body, expected) in [
+        (huge, "larger than 1024 KiB"),
+        ("{\"name\":\"node1\"}".to_owned(), "not a node object"),
+        ("{\"environment\":\"bad-name\"}".to_owned(), "bad-name"),
+    ] {
+        let fake = FakeMaster::start(
+            &pki,
+            Arc::new(move |_: &str| http_response("200 OK", "application/json", body.as_bytes())),
+        );
+        let (home, _) = puppet_node(
+            &debian_puppet_conf(&pki.ssldir, &fake.url(), ""),
+            "environment_source = \"server\"\n",
+        );
+        std::fs::create_dir_all(home.libdir()).unwrap();
+        std::fs::write(home.libdir().join("keep.rb"), "local\n").unwrap();
+        let run = home.sync(&[]);
+        assert_eq!(run.code, 1, "{run:?}");
+        let err = run.stderr.trim();
+        assert!(err.contains(expected) && err.contains("the node"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(home.libdir().join("keep.rb")).unwrap(),
+            "local\n"
+        );
+    }
 }
