@@ -82,6 +82,23 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// Print every effective setting and where it came from: command
+    /// line, agent.toml, puppet.conf [agent] or [main], or default (README,
+    /// "On a Puppet node").
+    Config {
+        /// The config file.
+        #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// The environment (overrides the config's), as for `sync`.
+        #[arg(long)]
+        environment: Option<String>,
+        /// A master URL (repeatable), as for `sync`.
+        #[arg(long = "server")]
+        servers: Vec<String>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
     /// Print the last run's report.
     Report {
         /// The config file (for vardir).

@@ -511,6 +511,95 @@ impl Client {
         .await
     }
 
+    /// Asks `servers`, in order, which environment the node classifier
+    /// assigns to `certname`: `GET /puppet/v3/node/<certname>` with the
+    /// query and headers of Puppet's agent (docs/protocol.md §4.10).
+    /// `Ok(None)` when the first server that answers says 404 (a pluginsync
+    /// master does not serve the node endpoint); an unreachable server
+    /// fails over to the next. The answer is read up to [`MAX_NODE_BYTES`].
+    pub async fn node_environment(
+        &self,
+        servers: &[String],
+        certname: &str,
+        configured: &str,
+    ) -> Result<Option<(String, String)>, FetchError> {
+        let uuid = transaction_uuid();
+        let what = "the node";
+        let mut last = String::from("no server configured");
+        for server in servers {
+            let url = format!(
+                "{server}/puppet/v3/node/{}?environment={}&configured_environment={}&transaction_uuid={uuid}",
+                pluginsync_common::urlpath::encode_path(certname),
+                pluginsync_common::urlpath::encode_query_value(configured),
+                pluginsync_common::urlpath::encode_query_value(configured),
+            );
+            let attempt = async || {
+                let resp = match self
+                    .http
+                    .get(&url)
+                    .header(ACCEPT, "application/json")
+                    .header(
+                        protocol::HEADER_PUPPET_VERSION,
+                        pluginsync_common::PUPPET_VERSION,
+                    )
+                    .timeout(self.remaining())
+                    .send()
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(e) => return transient(&e),
+                };
+                if resp.status() == StatusCode::NOT_FOUND {
+                    return Attempt::Done(None);
+                }
+                let resp = match self.check_status(server, configured, what, resp).await {
+                    Ok(r) => r,
+                    Err(a) => return a,
+                };
+                let malformed = |detail: String| {
+                    Attempt::Fatal(FetchError::Status {
+                        server: server.clone(),
+                        status: "200 OK".into(),
+                        what: what.into(),
+                        message: detail,
+                    })
+                };
+                match read_capped(resp, MAX_NODE_BYTES).await {
+                    (b, Ok(true)) => match serde_json::from_slice::<NodeAnswer>(&b) {
+                        Ok(n) => Attempt::Done(Some((server.clone(), n.environment))),
+                        Err(e) => malformed(format!("not a node object: {e}")),
+                    },
+                    (_, Ok(false)) => malformed(format!(
+                        "the node object is larger than {} KiB; refused",
+                        MAX_NODE_BYTES >> 10
+                    )),
+                    (_, Err(e)) => transient(&e),
+                }
+            };
+            match self
+                .retrying(server, what, attempt, |detail| FetchError::Unreachable {
+                    servers: server.clone(),
+                    detail,
+                })
+                .await
+            {
+                Ok(answer) => return Ok(answer),
+                Err(FetchError::Unreachable { detail, .. }) => {
+                    tracing::info!(server = %server, error = %detail, "server unavailable for the node request, trying the next one");
+                    last = detail;
+                }
+                Err(e) => return Err(e),
+            }
+            if self.remaining().is_zero() {
+                break;
+            }
+        }
+        Err(FetchError::Unreachable {
+            servers: servers.join(", "),
+            detail: last,
+        })
+    }
+
     /// Parses a listing body: a JSON array of at most
     /// [`MAX_LISTING_ENTRIES`] metadata objects (refused as soon as the one
     /// after the last allowed is read, before it is kept).
@@ -1025,6 +1114,32 @@ async fn read_capped(
             Err(e) => return (Bytes::from(body), Err(e)),
         }
     }
+}
+
+/// The most bytes of a node object read (docs/protocol.md §4.10): a node
+/// with its facts and parameters is a few KiB; more is refused.
+pub const MAX_NODE_BYTES: usize = 1 << 20;
+
+/// What the agent reads of a node object: the assigned environment.
+#[derive(serde::Deserialize)]
+struct NodeAnswer {
+    environment: String,
+}
+
+/// A random (version 4) UUID, as Puppet's agent sends one per run.
+fn transaction_uuid() -> String {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
 }
 
 /// A listing of at most [`MAX_LISTING_ENTRIES`] entries.

@@ -41,6 +41,33 @@ pub struct DestConfig {
     pub source_permissions: SourcePermissions,
 }
 
+/// `environment_source`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvironmentSource {
+    /// The configured environment (command line, agent.toml, puppet.conf).
+    #[default]
+    Config,
+    /// The environment the servers' node classifier assigns, asked with
+    /// `GET /puppet/v3/node/<certname>` as Puppet's agent does; the
+    /// configured one when the node endpoint is not served.
+    Server,
+}
+
+/// The puppet.conf files looked for, in order, when `puppet_conf` is unset:
+/// Puppet's AIO packages, then Debian's.
+pub const DEFAULT_PUPPET_CONFS: [&str; 2] = [
+    "/etc/puppetlabs/puppet/puppet.conf",
+    "/etc/puppet/puppet.conf",
+];
+
+/// The master when neither agent.toml nor puppet.conf names one (Puppet's
+/// `server` default, on `serverport` 8140).
+pub const DEFAULT_SERVER: &str = "https://puppet:8140";
+
+/// The environment when neither agent.toml nor puppet.conf names one.
+pub const DEFAULT_ENVIRONMENT: &str = "production";
+
 /// `[tls]`.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -86,12 +113,23 @@ pub struct TlsFiles {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
-    /// Masters, tried in this order.
-    #[serde(default = "default_servers")]
-    pub servers: Vec<String>,
-    /// The environment to sync.
-    #[serde(default = "default_environment")]
-    pub environment: String,
+    /// Masters, tried in this order; unset: puppet.conf's, else
+    /// [`DEFAULT_SERVER`] (`settings.rs` resolves it).
+    #[serde(default)]
+    pub servers: Option<Vec<String>>,
+    /// The environment to sync; unset: puppet.conf's, else
+    /// [`DEFAULT_ENVIRONMENT`].
+    #[serde(default)]
+    pub environment: Option<String>,
+    /// Puppet's settings file read for what this file leaves unset
+    /// (README, "On a Puppet node"); unset: the first that exists of
+    /// [`DEFAULT_PUPPET_CONFS`]; `""`: none.
+    #[serde(default)]
+    pub puppet_conf: Option<PathBuf>,
+    /// Where the environment comes from: this config (`"config"`) or the
+    /// servers' node endpoint (`"server"`, docs/protocol.md §4.10).
+    #[serde(default)]
+    pub environment_source: EnvironmentSource,
     /// Destination of the `plugins` mount.
     #[serde(default = "default_libdir")]
     pub libdir: PathBuf,
@@ -137,6 +175,10 @@ pub struct AgentConfig {
     /// Metrics for node_exporter's textfile collector.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// The top-level keys the file sets (`pluginsync-agent config` tells
+    /// a value from the file from a default).
+    #[serde(skip)]
+    pub keys: std::collections::BTreeSet<String>,
 }
 
 /// `[metrics]` (README, "Metrics and logs").
@@ -291,12 +333,6 @@ fn default_loader_mount() -> pluginsync_common::protocol::Mount {
     pluginsync_common::protocol::Mount::Plugins
 }
 
-fn default_servers() -> Vec<String> {
-    vec!["https://puppet:8140".into()]
-}
-fn default_environment() -> String {
-    "production".into()
-}
 fn default_libdir() -> PathBuf {
     "/var/lib/pluginsync/lib".into()
 }
@@ -331,12 +367,22 @@ fn default_parallel() -> usize {
 impl AgentConfig {
     /// Reads, parses and validates `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        pluginsync_common::config::load(path)
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let config = Self::parse(&text, path)?;
+        config.validate()?;
+        Ok(config)
     }
 
     /// Parses TOML; relative paths are relative to the config's directory.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        pluginsync_common::config::parse(text, path)
+        let mut config: Self = pluginsync_common::config::parse(text, path)?;
+        config.keys = toml::from_str::<toml::Table>(text)
+            .map(|t| t.keys().cloned().collect())
+            .unwrap_or_default();
+        Ok(config)
     }
 
     /// Checks the file: every value in it, alone and across fields
@@ -344,14 +390,18 @@ impl AgentConfig {
     /// the rules the command line's values go through too, in
     /// `settings.rs`).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        servers(&self.servers)?;
+        if let Some(s) = &self.servers {
+            servers(s)?;
+        }
+        if let Some(e) = &self.environment {
+            environment(e)?;
+        }
         if self.max_removal_percent > 100 {
             return Err(ConfigError::Invalid(format!(
                 "max_removal_percent must be between 0 and 100, not {}",
                 self.max_removal_percent
             )));
         }
-        environment(&self.environment)?;
         pluginsync_common::ignore::IgnoreSet::new(&self.ignore)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if let Some(f) = &self.factsdir {
@@ -421,44 +471,49 @@ impl AgentConfig {
         Ok(())
     }
 
-    /// The TLS files, from explicit paths or from `ssldir` + `certname`.
-    pub fn tls_files(&self) -> Result<TlsFiles, ConfigError> {
+    /// The TLS files when `[tls]` names them explicitly (`ca`/`cert`/`key`
+    /// and maybe `crl`), `None` when it does not (they then come from an
+    /// ssldir and a certname, `settings.rs`: `[tls]`'s, else puppet.conf's,
+    /// else Puppet's defaults).
+    pub fn tls_files(&self) -> Result<Option<TlsFiles>, ConfigError> {
         let t = &self.tls;
-        match (&t.ssldir, &t.certname) {
-            (Some(ssldir), Some(certname)) => {
-                if t.ca.is_some() || t.cert.is_some() || t.key.is_some() || t.crl.is_some() {
-                    return Err(ConfigError::Invalid(
-                        "[tls] takes either ssldir + certname or ca/cert/key/crl, not both".into(),
-                    ));
-                }
-                let p = SslDirPaths::new(ssldir, certname);
-                Ok(TlsFiles {
-                    ca: p.ca,
-                    cert: p.cert,
-                    key: p.key,
-                    crl: p.crl.exists().then_some(p.crl),
-                    cert_expiry_warning: t
-                        .cert_expiry_warning
-                        .unwrap_or(DEFAULT_CERT_EXPIRY_WARNING),
-                })
-            }
-            (Some(_), None) | (None, Some(_)) => Err(ConfigError::Invalid(
-                "[tls] ssldir and certname go together".into(),
+        let explicit = t.ca.is_some() || t.cert.is_some() || t.key.is_some() || t.crl.is_some();
+        if !explicit {
+            return Ok(None);
+        }
+        if t.ssldir.is_some() || t.certname.is_some() {
+            return Err(ConfigError::Invalid(
+                "[tls] takes either ssldir + certname or ca/cert/key/crl, not both".into(),
+            ));
+        }
+        match (&t.ca, &t.cert, &t.key) {
+            (Some(ca), Some(cert), Some(key)) => Ok(Some(TlsFiles {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+                crl: t.crl.clone(),
+                cert_expiry_warning: t.cert_expiry_warning.unwrap_or(DEFAULT_CERT_EXPIRY_WARNING),
+            })),
+            _ => Err(ConfigError::Invalid(
+                "[tls] needs ca, cert and key (or ssldir and certname)".into(),
             )),
-            (None, None) => match (&t.ca, &t.cert, &t.key) {
-                (Some(ca), Some(cert), Some(key)) => Ok(TlsFiles {
-                    ca: ca.clone(),
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    crl: t.crl.clone(),
-                    cert_expiry_warning: t
-                        .cert_expiry_warning
-                        .unwrap_or(DEFAULT_CERT_EXPIRY_WARNING),
-                }),
-                _ => Err(ConfigError::Invalid(
-                    "[tls] needs ca, cert and key (or ssldir and certname)".into(),
-                )),
-            },
+        }
+    }
+
+    /// The TLS files of a Puppet ssldir for `certname` (Puppet's layout:
+    /// `certs/ca.pem`, `certs/<certname>.pem`, `private_keys/<certname>.pem`,
+    /// `crl.pem` when present).
+    pub fn ssldir_files(&self, ssldir: &Path, certname: &str) -> TlsFiles {
+        let p = SslDirPaths::new(ssldir, certname);
+        TlsFiles {
+            ca: p.ca,
+            cert: p.cert,
+            key: p.key,
+            crl: p.crl.exists().then_some(p.crl),
+            cert_expiry_warning: self
+                .tls
+                .cert_expiry_warning
+                .unwrap_or(DEFAULT_CERT_EXPIRY_WARNING),
         }
     }
 }
@@ -509,6 +564,14 @@ impl ConfigFile for AgentConfig {
         }
         if let Some(t) = self.metrics.textfile.as_mut() {
             fix(t);
+        }
+        // `puppet_conf = ""` means none: it stays empty.
+        if let Some(p) = self
+            .puppet_conf
+            .as_mut()
+            .filter(|p| !p.as_os_str().is_empty())
+        {
+            fix(p);
         }
         for p in [
             &mut self.tls.ca,
@@ -570,12 +633,15 @@ mod tests {
     #[test]
     fn defaults() {
         let c = parse(MIN).unwrap();
-        assert_eq!(c.environment, "production");
+        assert_eq!(c.environment, None);
+        assert_eq!(c.environment_source, EnvironmentSource::Config);
+        assert_eq!(c.puppet_conf, None);
         assert_eq!(c.ignore, vec![".svn", "CVS", ".git", ".hg"]);
         assert_eq!(c.plugins.source_permissions, SourcePermissions::Use);
         assert_eq!(c.pluginfacts.source_permissions, SourcePermissions::Use);
         assert!(c.factsdir.is_none());
-        let tls = c.tls_files().unwrap();
+        assert!(c.tls_files().unwrap().is_none());
+        let tls = c.ssldir_files(c.tls.ssldir.as_deref().unwrap(), "node1");
         assert_eq!(
             tls.cert,
             PathBuf::from("/etc/pluginsync/ssl/certs/node1.pem")

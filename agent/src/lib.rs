@@ -26,6 +26,7 @@ pub mod output;
 pub mod plan;
 pub mod plugins;
 pub mod progress;
+pub mod puppetconf;
 pub mod report;
 pub mod scan;
 pub mod settings;

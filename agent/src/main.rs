@@ -38,6 +38,17 @@ fn main() -> ExitCode {
     .into()
 }
 
+/// A settings error's exit status (64 for a command-line value, 78 for a
+/// file's) and its line.
+fn resolve_error(e: pluginsync_agent::settings::ResolveError) -> (ExitStatus, String) {
+    let status = if e.from_command_line {
+        ExitStatus::Usage
+    } else {
+        ExitStatus::Config
+    };
+    (status, e.to_string())
+}
+
 /// Runs one subcommand; an error is its exit status and its one line.
 fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
     let config_error =
@@ -63,10 +74,10 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
                 allow_mass_removal,
             };
             // The file is checked on load (78); what `resolve` refuses
-            // then comes from the command line: a usage error (64).
+            // comes from the command line (a usage error, 64) or from
+            // puppet.conf (78).
             let config = AgentConfig::load(&config).map_err(config_error)?;
-            let settings = Settings::resolve(config, overrides)
-                .map_err(|e| (ExitStatus::Usage, e.to_string()))?;
+            let settings = Settings::resolve(config, overrides).map_err(resolve_error)?;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -109,8 +120,37 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
         Command::Plugins { config, format } => {
             let config = AgentConfig::load(&config).map_err(config_error)?;
             let registry = Registry::load(&config.vardir);
-            let loaders = Loaders::new(&config.loaders, &config.load, &config.environment);
+            let environment = config
+                .environment
+                .as_deref()
+                .unwrap_or(pluginsync_agent::config::DEFAULT_ENVIRONMENT);
+            let loaders = Loaders::new(&config.loaders, &config.load, environment);
             output::plugins(&registry, &loaders, format);
+            Ok(ExitStatus::Success)
+        }
+        Command::Config {
+            config,
+            environment,
+            servers,
+            format,
+        } => {
+            let config = AgentConfig::load(&config).map_err(config_error)?;
+            let overrides = Overrides {
+                environment,
+                servers,
+                ..Overrides::default()
+            };
+            let settings = Settings::resolve(config, overrides).map_err(resolve_error)?;
+            match format {
+                cli::Format::Text => {
+                    for e in &settings.effective {
+                        println!("{} = {}  ({})", e.name, e.value, e.source);
+                    }
+                }
+                cli::Format::Json => {
+                    println!("{}", serde_json::json!({ "settings": settings.effective }))
+                }
+            }
             Ok(ExitStatus::Success)
         }
         Command::Report { config, format } => {

@@ -1,20 +1,104 @@
-//! Settings: the command line over the config file over the defaults,
-//! resolved once; everything after this takes `&Settings`.
+//! Settings: the command line over agent.toml over puppet.conf over the
+//! defaults (README, "On a Puppet node"), resolved once; everything after
+//! this takes `&Settings`, and [`Settings::effective`] says where each
+//! value came from (`pluginsync-agent config`).
+//!
+//! puppet.conf is read with `puppetconf.rs` (`[agent]` over `[main]`):
+//! `server_list`, else `server` + `serverport` (or the older
+//! `masterport`); `certname`; `environment`; `ssldir`. Puppet's defaults
+//! depend on the layout: `/etc/puppet/puppet.conf` is Debian's
+//! (`ssldir = /var/lib/puppet/ssl`), any other is laid out as Puppet's AIO
+//! packages (`ssldir = $confdir/ssl`, `$confdir` being puppet.conf's
+//! directory). The default certname is this host's FQDN ([`fqdn`]).
 //!
 //! The file was checked when it was loaded (`config.rs`). What the command
 //! line can replace, the masters and the environment, is checked here on
 //! the merged values, by the same rules ([`crate::config::servers`],
 //! [`crate::config::environment`]); the TLS files are resolved here.
 
-use std::path::PathBuf;
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pluginsync_common::envname::EnvName;
+use serde::Serialize;
 
 use crate::cli::Format;
 use crate::config::{
-    self, AgentConfig, ConfigError, LoadConfig, LoaderConfig, SourcePermissions, TlsFiles,
+    self, AgentConfig, ConfigError, EnvironmentSource, LoadConfig, LoaderConfig, SourcePermissions,
+    TlsFiles,
 };
+use crate::puppetconf::{self, PuppetConf, Section};
+
+/// Where an effective setting came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A command-line option.
+    CommandLine,
+    /// agent.toml.
+    AgentToml,
+    /// puppet.conf, this section.
+    PuppetConf(Section),
+    /// The built-in default (Puppet's, for Puppet's settings).
+    Default,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::CommandLine => f.write_str("command line"),
+            Source::AgentToml => f.write_str("agent.toml"),
+            Source::PuppetConf(s) => write!(f, "puppet.conf [{s}]"),
+            Source::Default => f.write_str("default"),
+        }
+    }
+}
+
+impl Serialize for Source {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Why settings could not be resolved: one line, and whether a
+/// command-line value is at fault (a usage error, 64) or a file (agent.toml
+/// or puppet.conf: a config error, 78).
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct ResolveError {
+    /// A command-line value is at fault.
+    pub from_command_line: bool,
+    /// What is wrong.
+    pub error: ConfigError,
+}
+
+impl From<ConfigError> for ResolveError {
+    fn from(error: ConfigError) -> Self {
+        ResolveError {
+            from_command_line: false,
+            error,
+        }
+    }
+}
+
+/// `result`, blamed on the command line when `source` is it.
+fn blame<T>(result: Result<T, ConfigError>, source: Source) -> Result<T, ResolveError> {
+    result.map_err(|error| ResolveError {
+        from_command_line: source == Source::CommandLine,
+        error,
+    })
+}
+
+/// One effective setting, as `pluginsync-agent config` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Effective {
+    /// The setting's name (agent.toml's).
+    pub name: &'static str,
+    /// Its value, as text.
+    pub value: String,
+    /// Where it came from.
+    pub source: Source,
+}
 
 /// What a run needs, resolved.
 #[derive(Debug, Clone)]
@@ -60,6 +144,15 @@ pub struct Settings {
     pub loaders: Vec<LoaderConfig>,
     /// `[metrics] textfile`.
     pub metrics_textfile: Option<PathBuf>,
+    /// This node's certname (the node endpoint's `<certname>`).
+    pub certname: String,
+    /// Where the environment comes from.
+    pub environment_source: EnvironmentSource,
+    /// Where the configured environment was set (a command-line
+    /// `--environment` is never replaced by the server's, as in Puppet).
+    pub environment_origin: Source,
+    /// Every setting with its source, for `pluginsync-agent config`.
+    pub effective: Vec<Effective>,
 }
 
 /// Command-line overrides.
@@ -82,20 +175,184 @@ pub struct Overrides {
 }
 
 impl Settings {
-    /// Resolves `config` (loaded, so checked) with `cli` on top, and checks
-    /// what the run goes by.
-    pub fn resolve(config: AgentConfig, cli: Overrides) -> Result<Settings, ConfigError> {
-        let servers = config::servers(if cli.servers.is_empty() {
-            &config.servers
+    /// Resolves `config` (loaded, so checked) with `cli` on top and the
+    /// puppet.conf it names (or finds) below, and checks what the run goes
+    /// by. A puppet.conf named explicitly must be readable; its lines that
+    /// cannot be understood are warnings.
+    pub fn resolve(config: AgentConfig, cli: Overrides) -> Result<Settings, ResolveError> {
+        let puppet = read_puppet_conf(config.puppet_conf.as_deref())?;
+        let mut effective = Vec::new();
+        let toml_source = |key: &str| {
+            if config.keys.contains(key) {
+                Source::AgentToml
+            } else {
+                Source::Default
+            }
+        };
+        let (confdir, debian) = match &puppet {
+            Some((path, _)) => (
+                path.parent().unwrap_or(Path::new("/")).to_owned(),
+                path == Path::new("/etc/puppet/puppet.conf"),
+            ),
+            None => (PathBuf::from("/etc/puppetlabs/puppet"), false),
+        };
+        let confdir_text = confdir.display().to_string();
+        let defaults = |name: &str| -> Option<String> {
+            match name {
+                "confdir" => Some(confdir_text.clone()),
+                "vardir" if debian => Some("/var/lib/puppet".into()),
+                "vardir" => Some("/opt/puppetlabs/puppet/cache".into()),
+                "ssldir" if debian => Some("/var/lib/puppet/ssl".into()),
+                "ssldir" => Some(format!("{confdir_text}/ssl")),
+                _ => None,
+            }
+        };
+        let from_puppet = |key: &str| {
+            puppet
+                .as_ref()
+                .and_then(|(_, c)| c.agent_value(key, &defaults))
+        };
+
+        // servers: --server, servers, server_list, server + serverport.
+        let (servers, source) = if !cli.servers.is_empty() {
+            (cli.servers.clone(), Source::CommandLine)
+        } else if let Some(s) = &config.servers {
+            (s.clone(), Source::AgentToml)
+        } else if let Some((section, list)) =
+            from_puppet("server_list").filter(|(_, l)| !l.trim().is_empty())
+        {
+            (
+                puppetconf::server_urls(&list, puppet_port(&puppet, &from_puppet)?),
+                Source::PuppetConf(section),
+            )
+        } else if let Some((section, host)) = from_puppet("server") {
+            (
+                puppetconf::server_urls(&host, puppet_port(&puppet, &from_puppet)?),
+                Source::PuppetConf(section),
+            )
         } else {
-            &cli.servers
-        })?;
-        let environment = config::environment(
-            cli.environment
-                .as_deref()
-                .unwrap_or(config.environment.as_str()),
-        )?;
-        let tls = config.tls_files()?;
+            (vec![config::DEFAULT_SERVER.to_owned()], Source::Default)
+        };
+        let servers = blame(config::servers(&servers), source)?;
+        effective.push(Effective {
+            name: "servers",
+            value: servers.join(", "),
+            source,
+        });
+
+        let (environment, source) = if let Some(e) = &cli.environment {
+            (e.clone(), Source::CommandLine)
+        } else if let Some(e) = &config.environment {
+            (e.clone(), Source::AgentToml)
+        } else if let Some((section, e)) = from_puppet("environment") {
+            (e, Source::PuppetConf(section))
+        } else {
+            (config::DEFAULT_ENVIRONMENT.to_owned(), Source::Default)
+        };
+        let environment = blame(config::environment(&environment), source)?;
+        let environment_origin = source;
+        effective.push(Effective {
+            name: "environment",
+            value: environment.to_string(),
+            source,
+        });
+        effective.push(Effective {
+            name: "environment_source",
+            value: match config.environment_source {
+                EnvironmentSource::Config => "config",
+                EnvironmentSource::Server => "server",
+            }
+            .into(),
+            source: toml_source("environment_source"),
+        });
+
+        let (certname, source) = if let Some(c) = &config.tls.certname {
+            (c.clone(), Source::AgentToml)
+        } else if let Some((section, c)) = from_puppet("certname") {
+            (c, Source::PuppetConf(section))
+        } else {
+            (fqdn(), Source::Default)
+        };
+        effective.push(Effective {
+            name: "certname",
+            value: certname.clone(),
+            source,
+        });
+
+        let tls = match config.tls_files()? {
+            Some(files) => {
+                for (name, value) in [
+                    ("tls.ca", Some(&files.ca)),
+                    ("tls.cert", Some(&files.cert)),
+                    ("tls.key", Some(&files.key)),
+                    ("tls.crl", files.crl.as_ref()),
+                ] {
+                    if let Some(v) = value {
+                        effective.push(Effective {
+                            name,
+                            value: v.display().to_string(),
+                            source: Source::AgentToml,
+                        });
+                    }
+                }
+                files
+            }
+            None => {
+                if certname.is_empty() || certname.contains('/') || certname.starts_with('.') {
+                    return Err(ConfigError::Invalid(format!(
+                        "certname '{certname}' cannot name a certificate file"
+                    ))
+                    .into());
+                }
+                let (ssldir, source) = if let Some(d) = &config.tls.ssldir {
+                    (d.clone(), Source::AgentToml)
+                } else if let Some((section, d)) = from_puppet("ssldir") {
+                    (PathBuf::from(d), Source::PuppetConf(section))
+                } else {
+                    (
+                        PathBuf::from(defaults("ssldir").unwrap_or_default()),
+                        Source::Default,
+                    )
+                };
+                effective.push(Effective {
+                    name: "ssldir",
+                    value: ssldir.display().to_string(),
+                    source,
+                });
+                config.ssldir_files(&ssldir, &certname)
+            }
+        };
+        effective.push(Effective {
+            name: "puppet_conf",
+            value: puppet
+                .as_ref()
+                .map(|(p, _)| p.display().to_string())
+                .unwrap_or_default(),
+            source: toml_source("puppet_conf"),
+        });
+        let path = |p: &Path| p.display().to_string();
+        for (name, value) in [
+            ("libdir", path(&config.libdir)),
+            (
+                "factsdir",
+                config.factsdir.as_deref().map(path).unwrap_or_default(),
+            ),
+            ("vardir", path(&config.vardir)),
+            ("ignore", config.ignore.join(", ")),
+            (
+                "timeout",
+                humantime_serde::re::humantime::format_duration(config.timeout).to_string(),
+            ),
+            ("retries", config.retries.to_string()),
+            ("parallel_downloads", config.parallel_downloads.to_string()),
+        ] {
+            effective.push(Effective {
+                name,
+                value,
+                source: toml_source(name),
+            });
+        }
+        let noop = cli.noop;
         Ok(Settings {
             servers,
             environment,
@@ -110,13 +367,207 @@ impl Settings {
             tls,
             plugins_permissions: config.plugins.source_permissions,
             pluginfacts_permissions: config.pluginfacts.source_permissions,
-            noop: cli.noop,
+            noop,
             format: cli.format.unwrap_or(Format::Text),
             detailed_exitcodes: cli.detailed_exitcodes,
             load_enabled: config.load.enabled || cli.load,
             load: config.load,
             loaders: config.loaders,
             metrics_textfile: config.metrics.textfile,
+            certname,
+            environment_source: config.environment_source,
+            environment_origin,
+            effective,
         })
+    }
+}
+
+/// `serverport`, else the older `masterport`, else 8140 (Puppet's).
+fn puppet_port(
+    puppet: &Option<(PathBuf, PuppetConf)>,
+    value: &dyn Fn(&str) -> Option<(Section, String)>,
+) -> Result<u16, ConfigError> {
+    let Some((_, text)) = value("serverport").or_else(|| value("masterport")) else {
+        return Ok(8140);
+    };
+    text.trim()
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "puppet.conf '{}': serverport '{text}' is not a port",
+                puppet
+                    .as_ref()
+                    .map(|(p, _)| p.display().to_string())
+                    .unwrap_or_default()
+            ))
+        })
+}
+
+/// Reads puppet.conf: `Some("")` is none; a named file must be readable;
+/// unnamed, the first of [`config::DEFAULT_PUPPET_CONFS`] that exists.
+fn read_puppet_conf(named: Option<&Path>) -> Result<Option<(PathBuf, PuppetConf)>, ConfigError> {
+    let path = match named {
+        Some(p) if p.as_os_str().is_empty() => return Ok(None),
+        Some(p) => p.to_owned(),
+        None => match config::DEFAULT_PUPPET_CONFS
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+        {
+            Some(p) => p,
+            None => return Ok(None),
+        },
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        ConfigError::Invalid(format!("cannot read puppet.conf '{}': {e}", path.display()))
+    })?;
+    let (conf, warnings) = puppetconf::parse(&text);
+    for w in warnings {
+        tracing::warn!(puppet_conf = %path.display(), "{w}, skipped");
+    }
+    Ok(Some((path, conf)))
+}
+
+/// This host's fully qualified name, lowercased: Puppet's default
+/// certname (Facter's `networking.fqdn`). The kernel's hostname when it is
+/// already qualified (`/proc/sys/kernel/hostname`); else what `hostname -f` answers (the resolver's
+/// canonical name, as Facter asks for it) when it extends the hostname;
+/// else the hostname with the `domain` (or first `search`) entry of
+/// `/etc/resolv.conf` (Facter's fallback); else the bare hostname.
+pub fn fqdn() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host = host.trim().to_ascii_lowercase();
+    if host.contains('.') {
+        return host;
+    }
+    if let Ok(out) = std::process::Command::new("hostname")
+        .arg("-f")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+    {
+        let name = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .to_ascii_lowercase();
+        if out.status.success() && name.starts_with(&format!("{host}.")) {
+            return name;
+        }
+    }
+    let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let domain = resolv.lines().find_map(|l| {
+        let mut words = l.split_whitespace();
+        match words.next() {
+            Some("domain" | "search") => words.next().map(str::to_owned),
+            _ => None,
+        }
+    });
+    match domain {
+        Some(d) if !host.is_empty() => {
+            format!("{host}.{}", d.trim_end_matches('.').to_ascii_lowercase())
+        }
+        _ => host,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(dir: &Path, toml: &str, cli: Overrides) -> Result<Settings, ResolveError> {
+        let config = AgentConfig::parse(toml, &dir.join("agent.toml"))?;
+        config.validate()?;
+        Settings::resolve(config, cli)
+    }
+
+    fn source_of(s: &Settings, name: &str) -> (String, Source) {
+        let e = s.effective.iter().find(|e| e.name == name).unwrap();
+        (e.value.clone(), e.source)
+    }
+
+    #[test]
+    fn puppet_conf_fills_what_agent_toml_leaves_unset() {
+        let d = tempfile::tempdir().unwrap();
+        let conf = d.path().join("puppet.conf");
+        std::fs::write(
+            &conf,
+            "[main]\nserver = Puppet.Example\nmasterport = 8141\nenvironment = main_env\n[agent]\ncertname = node1.example\n",
+        )
+        .unwrap();
+        let toml = format!("puppet_conf = {conf:?}\n");
+        let s = resolve(d.path(), &toml, Overrides::default()).unwrap();
+        assert_eq!(s.servers, ["https://Puppet.Example:8141"]);
+        assert_eq!(
+            source_of(&s, "servers").1,
+            Source::PuppetConf(Section::Main)
+        );
+        assert_eq!(s.environment.to_string(), "main_env");
+        assert_eq!(s.certname, "node1.example");
+        assert_eq!(
+            source_of(&s, "certname").1,
+            Source::PuppetConf(Section::Agent)
+        );
+        // No ssldir anywhere: Puppet's default for a non-Debian path,
+        // `$confdir/ssl`.
+        let ssl = d.path().join("ssl");
+        assert_eq!(
+            source_of(&s, "ssldir"),
+            (ssl.display().to_string(), Source::Default)
+        );
+        assert_eq!(s.tls.cert, ssl.join("certs/node1.example.pem"));
+        assert_eq!(s.tls.key, ssl.join("private_keys/node1.example.pem"));
+        assert_eq!(s.environment_source, EnvironmentSource::Config);
+
+        // agent.toml over puppet.conf, the command line over both.
+        let toml = format!(
+            "puppet_conf = {conf:?}\nenvironment = \"toml_env\"\n[tls]\nssldir = \"/x/ssl\"\n"
+        );
+        let s = resolve(
+            d.path(),
+            &toml,
+            Overrides {
+                servers: vec!["https://cli:1".into()],
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            source_of(&s, "servers"),
+            ("https://cli:1".into(), Source::CommandLine)
+        );
+        assert_eq!(
+            source_of(&s, "environment"),
+            ("toml_env".into(), Source::AgentToml)
+        );
+        assert_eq!(s.tls.ca, PathBuf::from("/x/ssl/certs/ca.pem"));
+        assert_eq!(s.tls.cert, PathBuf::from("/x/ssl/certs/node1.example.pem"));
+    }
+
+    #[test]
+    fn without_puppet_conf_the_defaults_apply() {
+        let d = tempfile::tempdir().unwrap();
+        let s = resolve(d.path(), "puppet_conf = \"\"\n", Overrides::default()).unwrap();
+        assert_eq!(
+            source_of(&s, "servers"),
+            (config::DEFAULT_SERVER.into(), Source::Default)
+        );
+        assert_eq!(source_of(&s, "environment").1, Source::Default);
+        assert_eq!(source_of(&s, "certname"), (fqdn(), Source::Default));
+        assert_eq!(
+            s.tls.ca,
+            PathBuf::from("/etc/puppetlabs/puppet/ssl/certs/ca.pem")
+        );
+        let e = resolve(
+            d.path(),
+            &format!("puppet_conf = {:?}\n", d.path().join("missing.conf")),
+            Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("cannot read puppet.conf") && e.contains("missing.conf"),
+            "{e}"
+        );
     }
 }

@@ -46,7 +46,7 @@ use crate::catalog::{self, FileResource};
 use crate::cli::Format;
 use crate::client::{Client, FetchError, ListingAnswer, Origin, SetupError, Source};
 use crate::commit;
-use crate::config::SourcePermissions;
+use crate::config::{EnvironmentSource, SourcePermissions};
 use crate::exit::ExitStatus;
 use crate::listing::{self, ListingError, RemoteTree};
 use crate::load::{LoadStatus, Loaders, PendingLoads};
@@ -207,6 +207,44 @@ pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
     }
 }
 
+/// The environment the run syncs: the configured one, or with
+/// `environment_source = "server"` the one the servers' node endpoint
+/// assigns (docs/protocol.md §4.10), unless `--environment` named it (as
+/// Puppet's agent, which then does not ask). A server without the node
+/// endpoint (404) leaves the configured one, with one warning.
+async fn environment(settings: &Settings, client: &Client) -> Result<String, SyncError> {
+    let configured = settings.environment.to_string();
+    if settings.environment_source != EnvironmentSource::Server
+        || settings.environment_origin == crate::settings::Source::CommandLine
+    {
+        return Ok(configured);
+    }
+    match client
+        .node_environment(&settings.servers, &settings.certname, &configured)
+        .await?
+    {
+        None => {
+            tracing::warn!(
+                environment = %configured,
+                "the servers do not serve the node endpoint; syncing the configured environment"
+            );
+            Ok(configured)
+        }
+        Some((server, assigned)) => {
+            let env = crate::config::environment(&assigned).map_err(|e| FetchError::Status {
+                server,
+                status: "200 OK".into(),
+                what: "the node".into(),
+                message: format!("assigned {e}"),
+            })?;
+            if env.as_str() != configured {
+                tracing::info!(configured = %configured, assigned = %env, "switching to the environment the server assigns");
+            }
+            Ok(env.to_string())
+        }
+    }
+}
+
 /// One resource after the reading phases: its plan and what it was made
 /// from.
 struct Pass {
@@ -261,11 +299,18 @@ impl<'a> Run<'a> {
         }
         let catalog = catalog::build(settings);
         let deadline = Instant::now() + settings.timeout;
+        let client = Client::new(&settings.tls, settings.retries, deadline)?;
+        let env = tokio::select! {
+            biased;
+            signal = interrupts.wait() => return Err(SyncError::Interrupted { signal, committed: false }),
+            env = environment(settings, &client) => env?,
+        };
+        report.environment.clone_from(&env);
         let mut run = Run {
             settings,
             report,
-            client: Client::new(&settings.tls, settings.retries, deadline)?,
-            env: catalog.environment.to_string(),
+            client,
+            env,
             origin: None,
             started: Instant::now(),
         };

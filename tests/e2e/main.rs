@@ -13,6 +13,8 @@ mod agent_guard;
 mod agent_load;
 // The agent's textfile metrics after good and failed runs; `report` as a monitoring check.
 mod agent_metrics;
+// The agent on a Puppet node: settings from puppet.conf and their sources, the server-assigned environment.
+mod agent_puppetconf;
 // Progress on a terminal during a long first sync; none in files.
 mod agent_progress;
 // Describe loaders in the four plugin systems' layouts (Packer, Terraform, Celerity, kustomize): identity, versions, roots, attempts.

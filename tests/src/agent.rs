@@ -69,7 +69,7 @@ impl AgentHome {
     ) -> AgentHome {
         let servers: Vec<String> = servers.iter().map(|s| format!("{s:?}")).collect();
         let toml = format!(
-            "servers = [{}]\nlibdir = \"lib\"\nfactsdir = \"facts.d\"\nvardir = \"var\"\ntimeout = \"60s\"\nretries = 2\n{extra}\n[tls]\nssldir = {ssldir:?}\ncertname = {certname:?}\n",
+            "servers = [{}]\npuppet_conf = \"\"\nlibdir = \"lib\"\nfactsdir = \"facts.d\"\nvardir = \"var\"\ntimeout = \"60s\"\nretries = 2\n{extra}\n[tls]\nssldir = {ssldir:?}\ncertname = {certname:?}\n",
             servers.join(", "),
         );
         std::fs::write(dir.path().join("agent.toml"), toml).expect("write config");

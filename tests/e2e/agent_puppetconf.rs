@@ -1,0 +1,350 @@
+//! The agent on a Puppet node (issue 12, items 3 and 4; README, "On a
+//! Puppet node"): settings from a Debian-style puppet.conf under an
+//! agent.toml that names only its own directories, each value's source in
+//! `pluginsync-agent config`, the command line winning; and
+//! `environment_source = "server"`: the environment the node endpoint
+//! assigns (docs/protocol.md §4.10) synced, through a front that answers
+//! `/puppet/v3/node/…` and passes everything else to a real master, and the
+//! configured one (with one warning) against a pluginsync master alone.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use pluginsync_tests::{
+    AgentHome, EnvTree, FakeMaster, Pki, TestMaster, client, config_toml, http_response,
+    parse_config,
+};
+
+/// `production` and `testing`, each with its own `hello.rb`.
+fn two_environments() -> EnvTree {
+    let tree = EnvTree::new();
+    for env in ["production", "testing"] {
+        tree.file(
+            env,
+            "alpha",
+            "lib/facter/hello.rb",
+            format!("# {env}\n"),
+            0o644,
+        );
+    }
+    tree
+}
+
+fn synced(home: &AgentHome) -> String {
+    std::fs::read_to_string(home.libdir().join("facter/hello.rb")).unwrap_or_default()
+}
+
+/// `name = value  (source)` of `pluginsync-agent config`'s text output.
+fn setting<'a>(out: &'a str, name: &str) -> Option<(&'a str, &'a str)> {
+    out.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix(" = ")?;
+        let (value, source) = rest.rsplit_once("  (")?;
+        Some((value, source.strip_suffix(')')?))
+    })
+}
+
+/// An agent home whose agent.toml holds only `libdir`, `vardir`,
+/// `puppet_conf` and `extra`; puppet.conf is written next to it.
+fn puppet_node(puppet_conf: &str, extra: &str) -> (AgentHome, std::path::PathBuf) {
+    // AgentHome's own agent.toml is replaced below.
+    let home = AgentHome::with_ssldir(Path::new("/nonexistent"), "unused", &[], "");
+    let conf = home.path().join("etc-puppet/puppet.conf");
+    std::fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    std::fs::write(&conf, puppet_conf).unwrap();
+    std::fs::write(
+        home.path().join("agent.toml"),
+        format!("libdir = \"lib\"\nvardir = \"var\"\npuppet_conf = {conf:?}\n{extra}\n"),
+    )
+    .unwrap();
+    (home, conf)
+}
+
+/// A Debian-style puppet.conf: `[main]` with `$vardir` interpolation for
+/// the ssldir, `[agent]` overriding the environment.
+fn debian_puppet_conf(ssldir: &Path, server: &str, agent_env: &str) -> String {
+    let host_port = server.strip_prefix("https://").unwrap();
+    format!(
+        "# written by the test, shaped as Debian's /etc/puppet/puppet.conf\n\
+         [main]\n\
+         vardir = {vardir}\n\
+         ssldir = $vardir/ssl\n\
+         server_list = {host_port}\n\
+         environment = production\n\
+         \n\
+         [server]\n\
+         environment = nope\n\
+         \n\
+         [agent]\n\
+         certname = node1\n\
+         {agent_env}\n",
+        vardir = ssldir.parent().unwrap().display(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_come_from_puppet_conf_under_agent_toml_and_the_command_line() {
+    let pki = Pki::new();
+    let tree = two_environments();
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    assert_eq!(pki.ssldir.file_name().unwrap(), "ssl");
+    let (home, conf) = puppet_node(
+        &debian_puppet_conf(&pki.ssldir, &master.url(), "environment = testing"),
+        "",
+    );
+
+    let config = home.run(&["config"]);
+    assert_eq!(config.code, 0, "{config:?}");
+    let out = config.stdout.as_str();
+    assert_eq!(
+        setting(out, "servers"),
+        Some((master.url().as_str(), "puppet.conf [main]")),
+        "{out}"
+    );
+    assert_eq!(
+        setting(out, "environment"),
+        Some(("testing", "puppet.conf [agent]")),
+        "{out}"
+    );
+    assert_eq!(
+        setting(out, "certname"),
+        Some(("node1", "puppet.conf [agent]")),
+        "{out}"
+    );
+    let ssldir = pki.ssldir.display().to_string();
+    assert_eq!(
+        setting(out, "ssldir"),
+        Some((ssldir.as_str(), "puppet.conf [main]")),
+        "{out}"
+    );
+    let libdir = home.libdir().display().to_string();
+    assert_eq!(
+        setting(out, "libdir"),
+        Some((libdir.as_str(), "agent.toml")),
+        "{out}"
+    );
+    let conf_text = conf.display().to_string();
+    assert_eq!(
+        setting(out, "puppet_conf"),
+        Some((conf_text.as_str(), "agent.toml")),
+        "{out}"
+    );
+    assert_eq!(setting(out, "retries"), Some(("3", "default")), "{out}");
+
+    // JSON says the same.
+    let json = home.run(&["config", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).expect(&json.stdout);
+    let env = v["settings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "environment")
+        .unwrap();
+    assert_eq!(env["value"], "testing");
+    assert_eq!(env["source"], "puppet.conf [agent]");
+
+    // The sync goes by them: puppet.conf's [agent] environment.
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), "# testing\n");
+
+    // The command line wins over puppet.conf.
+    let config = home.run(&["config", "--environment", "production"]);
+    assert_eq!(
+        setting(&config.stdout, "environment"),
+        Some(("production", "command line")),
+        "{config:?}"
+    );
+    let run = home.sync(&["--environment", "production"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), "# production\n");
+
+    // agent.toml wins over puppet.conf.
+    let toml = std::fs::read_to_string(home.path().join("agent.toml")).unwrap();
+    std::fs::write(
+        home.path().join("agent.toml"),
+        format!("environment = \"testing\"\n{toml}"),
+    )
+    .unwrap();
+    let config = home.run(&["config"]);
+    assert_eq!(
+        setting(&config.stdout, "environment"),
+        Some(("testing", "agent.toml")),
+        "{config:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_or_missing_puppet_conf_is_one_line_naming_it() {
+    let pki = Pki::new();
+    let (home, conf) = puppet_node(
+        &debian_puppet_conf(&pki.ssldir, "https://localhost:1", "serverport = nope"),
+        "",
+    );
+    // `serverport` applies to `server`, not to entries of `server_list`
+    // with a port; a server without one takes it.
+    std::fs::write(
+        &conf,
+        "[main]\nserver = localhost\n[agent]\nserverport = nope\n",
+    )
+    .unwrap();
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 78, "a config error: {run:?}");
+    let err = run.stderr.trim();
+    assert!(
+        err.contains("serverport 'nope' is not a port") && err.contains(&*conf.to_string_lossy()),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    std::fs::remove_file(&conf).unwrap();
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 78, "{run:?}");
+    assert!(
+        run.stderr.contains("cannot read puppet.conf") && run.stderr.trim().lines().count() == 1,
+        "{run:?}"
+    );
+    assert!(!home.libdir().exists() || std::fs::read_dir(home.libdir()).unwrap().count() == 0);
+    // A bad value on the command line is still a usage error.
+    std::fs::write(&conf, "[main]\nserver = localhost\n").unwrap();
+    let run = home.sync(&["--environment", "bad-name"]);
+    assert_eq!(run.code, 64, "{run:?}");
+}
+
+/// A front for `upstream`: answers `/puppet/v3/node/…` with a node object
+/// assigning `assigned` (recording each node request's target) and passes
+/// every other request to `upstream` as node1.
+fn front(pki: &Pki, upstream: String, assigned: &str, seen: Arc<Mutex<Vec<String>>>) -> FakeMaster {
+    let http = client(pki, Some("node1"));
+    let node = serde_json::json!({
+        "name": "node1",
+        "environment": assigned,
+        "parameters": {},
+        "facts": {"values": {}},
+    })
+    .to_string();
+    FakeMaster::start(
+        pki,
+        Arc::new(move |target: &str| {
+            if target.starts_with("/puppet/v3/node/") {
+                seen.lock().unwrap().push(target.to_owned());
+                return http_response("200 OK", "application/json", node.as_bytes());
+            }
+            // The responder is synchronous: the request upstream runs on a
+            // thread of its own, with a runtime of its own.
+            let (http, url) = (http.clone(), format!("{upstream}{target}"));
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    let resp = http.get(&url).send().await.unwrap();
+                    let status = resp.status();
+                    let ctype = resp
+                        .headers()
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("application/octet-stream")
+                        .to_owned();
+                    let body = resp.bytes().await.unwrap();
+                    http_response(&status.to_string(), &ctype, &body)
+                })
+            })
+            .join()
+            .unwrap()
+        }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_assigned_environment_is_synced_and_a_pluginsync_master_falls_back() {
+    let pki = Pki::new();
+    let tree = two_environments();
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let front = front(&pki, master.url(), "testing", seen.clone());
+
+    let metrics_extra =
+        "environment_source = \"server\"\n[metrics]\ntextfile = \"var/agent.prom\"\n";
+    let (home, _) = puppet_node(
+        &debian_puppet_conf(&pki.ssldir, &front.url(), ""),
+        metrics_extra,
+    );
+    let run = home.sync(&["-v"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), "# testing\n", "{run:?}");
+    assert!(
+        run.stderr
+            .contains("switching to the environment the server assigns"),
+        "{run:?}"
+    );
+    let targets = seen.lock().unwrap().clone();
+    assert_eq!(targets.len(), 1, "{targets:?}");
+    let rest = targets[0]
+        .strip_prefix("/puppet/v3/node/node1?environment=production&configured_environment=production&transaction_uuid=")
+        .unwrap_or_else(|| panic!("{targets:?}"));
+    assert_eq!(rest.len(), 36, "a UUID: {rest}");
+    // The report and the metrics name the environment synced.
+    let report = home.run(&["report", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&report.stdout).expect(&report.stdout);
+    assert_eq!(v["environment"], "testing");
+    let prom = std::fs::read_to_string(home.vardir().join("agent.prom")).unwrap();
+    assert!(prom.contains("environment=\"testing\""), "{prom}");
+
+    // `--environment` is never replaced, and the node is not asked (as
+    // Puppet's agent).
+    let run = home.sync(&["--environment", "production"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), "# production\n");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+
+    // A pluginsync master alone answers 404 for the node: the configured
+    // environment, with one warning line.
+    let (home, _) = puppet_node(
+        &debian_puppet_conf(&pki.ssldir, &master.url(), ""),
+        metrics_extra,
+    );
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), "# production\n");
+    let warnings: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(warnings.len(), 1, "{run:?}");
+    assert!(
+        warnings[0].contains("do not serve the node endpoint")
+            && warnings[0].contains("production"),
+        "{run:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_or_malformed_node_answer_stops_the_run_before_any_change() {
+    let pki = Pki::new();
+    let huge = format!(
+        "{{\"name\":\"node1\",\"environment\":\"testing\",\"parameters\":{{\"x\":\"{}\"}}}}",
+        "a".repeat(2 << 20)
+    );
+    for (body, expected) in [
+        (huge, "larger than 1024 KiB"),
+        ("{\"name\":\"node1\"}".to_owned(), "not a node object"),
+        ("{\"environment\":\"bad-name\"}".to_owned(), "bad-name"),
+    ] {
+        let fake = FakeMaster::start(
+            &pki,
+            Arc::new(move |_: &str| http_response("200 OK", "application/json", body.as_bytes())),
+        );
+        let (home, _) = puppet_node(
+            &debian_puppet_conf(&pki.ssldir, &fake.url(), ""),
+            "environment_source = \"server\"\n",
+        );
+        std::fs::create_dir_all(home.libdir()).unwrap();
+        std::fs::write(home.libdir().join("keep.rb"), "local\n").unwrap();
+        let run = home.sync(&[]);
+        assert_eq!(run.code, 1, "{run:?}");
+        let err = run.stderr.trim();
+        assert!(err.contains(expected) && err.contains("the node"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(home.libdir().join("keep.rb")).unwrap(),
+            "local\n"
+        );
+    }
+}
