@@ -12,9 +12,20 @@ use crate::Binary;
 /// The exit statuses of an `EXIT_STATUS_HELP` table: its first line is a
 /// heading, then one `  <code>   <meaning>` line per status.
 pub fn exit_statuses(help: &str) -> anyhow::Result<Vec<(u8, String)>> {
-    let mut out = Vec::new();
-    for line in help.lines().skip(1) {
-        let line = line.trim();
+    let mut out: Vec<(u8, String)> = Vec::new();
+    for raw in help.lines().skip(1) {
+        let line = raw.trim();
+        // A row is `  <code>  <meaning>`; a line indented past the code
+        // column continues the meaning above it.
+        let indent = raw.len() - raw.trim_start().len();
+        if indent > 2
+            && !line.starts_with(|c: char| c.is_ascii_digit())
+            && let Some((_, meaning)) = out.last_mut()
+        {
+            meaning.push(' ');
+            meaning.push_str(line);
+            continue;
+        }
         let Some((code, meaning)) = line.split_once(char::is_whitespace) else {
             bail!("exit status line without a meaning: {line:?}");
         };
@@ -127,6 +138,8 @@ mod tests {
             A::ChangesAndFailures,
             A::Usage,
             A::Config,
+            A::Interrupted,
+            A::Terminated,
         ] {
             assert!(codes.contains(&s.code()), "{s:?} missing from {codes:?}");
         }
@@ -136,6 +149,20 @@ mod tests {
         for s in [M::Success, M::Failure, M::Usage, M::Config] {
             assert!(codes.contains(&s.code()), "{s:?} missing from {codes:?}");
         }
+    }
+
+    #[test]
+    fn a_meaning_may_continue_on_indented_lines() {
+        let t = exit_statuses("Exit status:\n  0   fine\n  130 stopped (before:\n      nothing changed)\n  143 as 130")
+            .unwrap();
+        assert_eq!(
+            t,
+            vec![
+                (0, "fine".to_owned()),
+                (130, "stopped (before: nothing changed)".to_owned()),
+                (143, "as 130".to_owned())
+            ]
+        );
     }
 
     #[test]
