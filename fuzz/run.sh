@@ -14,7 +14,7 @@ seconds="${1:-600}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(relpath ignore request_path query frames listing agent_config master_config)
+    targets=(relpath ignore request_path query frames listing agent_config master_config environment_conf puppet_conf)
 fi
 # Stable rustc with the nightly flags cargo-fuzz passes (-Z...):
 export RUSTC_BOOTSTRAP=1

@@ -115,6 +115,12 @@ pub fn parse(text: &str) -> (PuppetConf, Vec<Warning>) {
 /// How deep `$name` references may nest (a loop ends here).
 const MAX_DEPTH: usize = 8;
 
+/// How long an expanded value may grow: references that fan out (`a =
+/// $b$b$b…`, `b = $c$c$c…`) would otherwise grow it exponentially within
+/// [`MAX_DEPTH`] (8 levels of 8 references made a 32 MB `servers` value).
+/// Past this, the rest of the value is kept as written.
+pub const MAX_EXPANDED: usize = 4096;
+
 impl PuppetConf {
     /// The raw value of `key` in `section`, if set there.
     pub fn raw(&self, section: Section, key: &str) -> Option<&str> {
@@ -130,7 +136,8 @@ impl PuppetConf {
         defaults: &dyn Fn(&str) -> Option<String>,
     ) -> Option<(Section, String)> {
         let (section, raw) = self.agent_raw(key)?;
-        Some((section, self.expand(raw, defaults, 0)))
+        let budget = std::cell::Cell::new(MAX_EXPANDED);
+        Some((section, self.expand_within(raw, defaults, 0, &budget)))
     }
 
     fn agent_raw(&self, key: &str) -> Option<(Section, &str)> {
@@ -148,7 +155,20 @@ impl PuppetConf {
         defaults: &dyn Fn(&str) -> Option<String>,
         depth: usize,
     ) -> String {
-        let mut out = String::with_capacity(value.len());
+        let budget = std::cell::Cell::new(MAX_EXPANDED);
+        self.expand_within(value, defaults, depth, &budget)
+    }
+
+    /// [`PuppetConf::expand`] spending `budget` bytes of expansion, shared
+    /// by every nested reference: once spent, references stay as written.
+    fn expand_within(
+        &self,
+        value: &str,
+        defaults: &dyn Fn(&str) -> Option<String>,
+        depth: usize,
+        budget: &std::cell::Cell<usize>,
+    ) -> String {
+        let mut out = String::with_capacity(value.len().min(MAX_EXPANDED));
         let mut rest = value;
         while let Some(at) = rest.find('$') {
             out.push_str(&rest[..at]);
@@ -164,16 +184,17 @@ impl PuppetConf {
                     .unwrap_or(after.len());
                 (&after[..end], &after[end..])
             };
-            let found = if name.is_empty() || depth >= MAX_DEPTH {
+            let found = if name.is_empty() || depth >= MAX_DEPTH || budget.get() == 0 {
                 None
             } else {
                 match self.agent_raw(name) {
-                    Some((_, raw)) => Some(self.expand(raw, defaults, depth + 1)),
+                    Some((_, raw)) => Some(self.expand_within(raw, defaults, depth + 1, budget)),
                     None => defaults(name),
                 }
             };
-            match found {
+            match found.filter(|v| v.len() <= budget.get()) {
                 Some(v) => {
+                    budget.set(budget.get() - v.len());
                     out.push_str(&v);
                     rest = tail;
                 }
@@ -212,6 +233,25 @@ pub fn server_urls(list: &str, port: u16) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn references_that_fan_out_stay_bounded() {
+        let mut text = String::from("[main]\n");
+        for (name, next) in ["a", "b", "c", "d", "e", "f", "g", "h"]
+            .iter()
+            .zip(["b", "c", "d", "e", "f", "g", "h", "i"])
+        {
+            text.push_str(&format!("{name} = {}\n", format!("${next}").repeat(8)));
+        }
+        text.push_str("i = xxxxxxxxxxxxxxxx\n");
+        let (conf, _) = parse(&text);
+        let (_, value) = conf.agent_value("a", &|_| None).unwrap();
+        assert!(
+            value.len() <= 2 * MAX_EXPANDED + 64,
+            "{} bytes",
+            value.len()
+        );
+    }
 
     fn none(_: &str) -> Option<String> {
         None

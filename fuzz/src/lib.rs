@@ -45,6 +45,8 @@ pub const TARGETS: &[Target] = &[
     ("listing", listing),
     ("agent_config", agent_config),
     ("master_config", master_config),
+    ("environment_conf", environment_conf),
+    ("puppet_conf", puppet_conf),
 ];
 
 /// `RelPath::parse` (common/src/relpath.rs) accepts exactly the paths its
@@ -486,5 +488,79 @@ fn config_body<T: pluginsync_common::config::ConfigFile>(data: &[u8], file: &str
     assert_eq!(first, second, "check is not deterministic");
     if let Err(msg) = first {
         assert!(printable(&msg), "unprintable error: {msg:?}");
+    }
+}
+
+/// Puppet's `environment.conf` (master/src/envconf.rs): never fails; every
+/// warning names a line of the file; the `modulepath` value is one line;
+/// its entries, expanded for an environment directory, are absolute paths.
+pub fn environment_conf(data: &[u8]) {
+    use pluginsync_master::envconf;
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let lines = text.lines().count().max(1);
+    let (conf, warnings) = envconf::parse(text);
+    for w in &warnings {
+        assert!(
+            (1..=lines).contains(&w.line),
+            "warning on line {} of {lines}",
+            w.line
+        );
+    }
+    if let Some((value, line)) = &conf.modulepath {
+        assert!((1..=lines).contains(line));
+        assert!(!value.contains('\n'), "{value:?}");
+        let (entries, _) = envconf::modulepath_entries(
+            value,
+            Path::new("/code/environments/production"),
+            "production",
+            &[std::path::PathBuf::from("/code/modules")],
+        );
+        for e in entries {
+            assert!(e.is_absolute(), "{e:?} from {value:?}");
+        }
+    }
+}
+
+/// Puppet's `puppet.conf` as the agent reads it (agent/src/puppetconf.rs):
+/// never fails; every warning names a line; the settings the agent takes
+/// expand in bounded size however their references fan out or loop; the
+/// server list gives `https://` URLs only.
+pub fn puppet_conf(data: &[u8]) {
+    use pluginsync_agent::puppetconf;
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let lines = text.lines().count().max(1);
+    let (conf, warnings) = puppetconf::parse(text);
+    for w in &warnings {
+        assert!(
+            (1..=lines).contains(&w.line),
+            "warning on line {} of {lines}",
+            w.line
+        );
+    }
+    let defaults = |name: &str| (name == "confdir").then(|| "/etc/puppet".to_owned());
+    for key in [
+        "server",
+        "server_list",
+        "serverport",
+        "environment",
+        "certname",
+        "ssldir",
+    ] {
+        if let Some((_, value)) = conf.agent_value(key, &defaults) {
+            assert!(
+                value.len() <= text.len() + puppetconf::MAX_EXPANDED + 16,
+                "{key} expanded to {} bytes",
+                value.len()
+            );
+            if key == "server_list" || key == "server" {
+                for url in puppetconf::server_urls(&value, 8140) {
+                    assert!(url.starts_with("https://"), "{url}");
+                }
+            }
+        }
     }
 }

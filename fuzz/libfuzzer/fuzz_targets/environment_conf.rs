@@ -1,0 +1,5 @@
+//! libFuzzer entry for the `environment_conf` target; the body and its properties are
+//! `pluginsync_fuzz::environment_conf` (fuzz/src/lib.rs).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| pluginsync_fuzz::environment_conf(data));
