@@ -21,6 +21,7 @@ pub mod exit;
 pub mod handlers;
 pub mod index;
 pub mod metrics;
+pub mod proxy;
 pub mod reindex;
 pub mod request;
 pub mod routes;
