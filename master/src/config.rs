@@ -543,6 +543,42 @@ mod tests {
     const MIN: &str = "environmentpath = [\"/srv/envs\"]\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nca = \"/ssl/ca.pem\"\n";
 
     #[test]
+    fn proxy_needs_trusted_cidrs_and_header_names() {
+        let proxy = |tables: &str| parse(&format!("{MIN}[proxy]\n{tables}")).unwrap().proxy;
+        let off = parse(MIN).unwrap().proxy;
+        assert!(off.listen.is_empty() && off.validate().is_ok());
+        assert_eq!(off.verify_header, "X-Client-Verify");
+        assert_eq!(off.dn_header, "X-Client-DN");
+        assert_eq!(off.cert_header, "X-Client-Cert");
+        let ok = proxy(
+            "listen = [\"127.0.0.1:8141\"]\ntrusted = [\"10.0.0.0/8\", \"::1/128\", \"192.0.2.7\"]",
+        );
+        assert!(ok.validate().is_ok());
+        let nets = ok.trusted_nets().unwrap();
+        assert!(nets[0].contains(&"10.1.2.3".parse::<std::net::IpAddr>().unwrap()));
+        assert!(nets[1].contains(&"::1".parse::<std::net::IpAddr>().unwrap()));
+        assert!(nets[2].contains(&"192.0.2.7".parse::<std::net::IpAddr>().unwrap()));
+        for (tables, message) in [
+            (
+                "listen = [\"127.0.0.1:8141\"]",
+                "proxy.trusted must name the proxies' addresses when proxy.listen is set",
+            ),
+            (
+                "listen = [\"127.0.0.1:8141\"]\ntrusted = [\"10.0.0.0/33\"]",
+                "proxy.trusted: '10.0.0.0/33' is not a CIDR (like \"10.0.0.0/8\" or \"::1/128\")",
+            ),
+            (
+                "trusted = [\"::1\"]\ndn_header = \"X Client DN\"",
+                "proxy.dn_header: 'X Client DN' is not an HTTP header name",
+            ),
+        ] {
+            let e = proxy(tables).validate().unwrap_err().to_string();
+            assert!(e.contains(message), "{e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+    }
+
+    #[test]
     fn defaults_and_relative_paths() {
         let c = parse(MIN).unwrap();
         assert_eq!(c.listen, vec!["0.0.0.0:8140"]);
