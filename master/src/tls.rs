@@ -43,7 +43,7 @@ pub fn server_tls(tls: &TlsConfig) -> Result<ServerTls, ServerTlsError> {
     let provider = ptls::provider();
     let certs = ptls::load_certs("server certificate", &tls.cert)?;
     let key = ptls::load_key(&tls.key)?;
-    let builder = ServerConfig::builder_with_provider(provider.clone())
+    let builder = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ServerTlsError::Rustls(e.to_string()))?;
     let mut client_verifier: Option<Arc<dyn ClientCertVerifier>> = None;

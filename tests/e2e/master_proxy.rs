@@ -53,7 +53,9 @@ fn start(pki: &Pki, proxy: &str) -> ProxiedMaster {
          [[authorization]]\ncertname = \"node2\"\nenvironments = [\"dmz\"]\n"
     );
     std::fs::write(&config, config_toml(&tree.envpath(), pki, "", &tables)).expect("config");
-    let mut child = MasterProcess::command(&config).spawn().expect("spawn master");
+    let mut child = MasterProcess::command(&config)
+        .spawn()
+        .expect("spawn master");
     let stderr = child.stderr.take().expect("stderr");
     let log = Arc::new(Mutex::new(String::new()));
     let (tx, rx) = std::sync::mpsc::channel();
@@ -155,8 +157,16 @@ fn verified_dn_headers_are_an_identity_and_authorization_applies() {
     let pki = Pki::new();
     let m = start(&pki, LOOPBACK);
     // Both DN forms: HAProxy's one-line and nginx's RFC 2253.
-    for dn in ["/CN=node1/O=Example", "CN=node1,O=Example", "O=Example,CN=node1"] {
-        assert_eq!(get(m.proxy, PROD_URL, &verified(dn)), (200, PROD.into()), "{dn}");
+    for dn in [
+        "/CN=node1/O=Example",
+        "CN=node1,O=Example",
+        "O=Example,CN=node1",
+    ] {
+        assert_eq!(
+            get(m.proxy, PROD_URL, &verified(dn)),
+            (200, PROD.into()),
+            "{dn}"
+        );
     }
     // [[authorization]] on the header identity: node2 reads dmz only.
     assert_eq!(get(m.proxy, DMZ_URL, &verified("/CN=node2")).0, 200);
@@ -164,7 +174,11 @@ fn verified_dn_headers_are_an_identity_and_authorization_applies() {
     forbidden(get(m.proxy, PROD_URL, &verified("CN=node2,O=Example")));
     // The access log names the header identity.
     let logged = (0..600).any(|_| {
-        let found = m.log.lock().unwrap().contains(" node1 production file_content 200 ");
+        let found = m
+            .log
+            .lock()
+            .unwrap()
+            .contains(" node1 production file_content 200 ");
         if !found {
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -188,7 +202,10 @@ fn unverified_ambiguous_or_forged_dn_headers_are_refused() {
         );
         assert_eq!(answer, none, "X-Client-Verify: {verify:?}");
     }
-    assert_eq!(get(m.proxy, PROD_URL, &[("X-Client-DN", "/CN=node1")]), none);
+    assert_eq!(
+        get(m.proxy, PROD_URL, &[("X-Client-DN", "/CN=node1")]),
+        none
+    );
     for dn in [
         "/CN=node1/CN=admin",
         "CN=node2,CN=node1",
