@@ -3,6 +3,10 @@
 //! bodies refused, a request timeout, panics turned into 500s, and the
 //! outermost one, [`measure`]: each answer counted by endpoint and status,
 //! timed and its body bytes counted for the metrics — README, "Metrics").
+//! Outside them all, each listener's identity layer: [`router`] (the mTLS
+//! listener) sets the request's `PeerIdentity` from the TLS handshake,
+//! [`proxy_router`] (the `[proxy]` listener) from a trusted proxy's headers
+//! (docs/protocol.md §5.2, §5.5).
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -14,6 +14,11 @@
 //! memory clients can hold, and after a SIGHUP the open connections whose
 //! client certificate the new CA/CRL refuses are closed (a revoked node
 //! cannot keep reading over a keep-alive or HTTP/2 connection).
+//!
+//! `[proxy] listen` adds plain-HTTP listeners for a TLS-terminating
+//! balancer (docs/protocol.md §5.5): same routes, state and registry, the
+//! identity from the trusted proxy's headers; SIGHUP reloads the verifier
+//! of their certificate headers with the rest of the TLS files.
 
 mod conns;
 
