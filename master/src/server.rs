@@ -199,7 +199,7 @@ pub async fn serve(
         let bound = listener.local_addr().context("proxy listener address")?;
         let mut server = axum_server::from_tcp(listener)
             .with_context(|| format!("cannot listen on {addr} for [proxy]"))?
-            .acceptor(conns::Admit::new(connections.clone()))
+            .acceptor(conns::AdmitPlain::new(connections.clone()))
             .handle(handle.clone());
         server
             .http_builder()

@@ -304,6 +304,52 @@ fn header_names_are_configurable() {
     assert_eq!(get(m.proxy, PROD_URL, &cert), (200, PROD.into()));
 }
 
+#[test]
+fn proxy_connections_count_in_the_connection_registry() {
+    let pki = Pki::new();
+    let m = start(
+        &pki,
+        &format!("{LOOPBACK}\n[metrics]\nlisten = \"127.0.0.1:0\""),
+    );
+    let metrics: SocketAddr = m
+        .log
+        .lock()
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.split("metrics on http://")
+                .nth(1)?
+                .trim()
+                .strip_suffix("/metrics")?
+                .parse()
+                .ok()
+        })
+        .expect("the master logs its metrics address");
+    // Three keep-alive connections, each after one answered request.
+    let held: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut s = TcpStream::connect(m.proxy).expect("connect");
+            s.write_all(
+                format!("GET {PROD_URL} HTTP/1.1\r\nHost: puppet\r\nX-Client-Verify: SUCCESS\r\nX-Client-DN: /CN=node1\r\n\r\n")
+                    .as_bytes(),
+            )
+            .unwrap();
+            let mut head = [0u8; 12];
+            s.read_exact(&mut head).unwrap();
+            assert_eq!(&head, b"HTTP/1.1 200");
+            s
+        })
+        .collect();
+    let (status, text) = get(metrics, "/metrics", &[]);
+    assert_eq!(status, 200);
+    assert!(
+        text.lines()
+            .any(|l| l == "pluginsync_master_open_connections 3"),
+        "{text}"
+    );
+    drop(held);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mtls_listener_ignores_identity_headers() {
     let pki = Pki::new();
