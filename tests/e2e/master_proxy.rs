@@ -12,7 +12,7 @@ use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pluginsync_tests::{EnvTree, MasterProcess, Pki, client, config_toml};
+use pluginsync_tests::{EnvTree, MasterProcess, Pki, client, config_toml, write_root_crl};
 
 const PROD: &str = "Facter.add(:prod) { setcode { 'production' } }\n";
 const PATH: &str = "/puppet/v3/file_content/plugins/prod.rb";
@@ -258,6 +258,33 @@ fn a_certificate_header_must_chain_to_the_ca_and_then_decides() {
     forbidden(with_cert("not%20a%20certificate", "/CN=node1"));
     // The CA's own certificate is not a client certificate.
     forbidden(with_cert(&escaped_cert(&pki.ca()), "/CN=node1"));
+}
+
+#[test]
+fn sighup_reloads_the_crl_that_certificate_headers_are_checked_against() {
+    let pki = Pki::new();
+    let m = start(&pki, LOOPBACK);
+    let node1 = escaped_cert(&pki.cert("node1"));
+    let headers = [
+        ("X-Client-Verify", "SUCCESS"),
+        ("X-Client-Cert", node1.as_str()),
+    ];
+    assert_eq!(get(m.proxy, PROD_URL, &headers), (200, PROD.into()));
+    write_root_crl(&pki, &["revoked", "node1"]);
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &m.child.id().to_string()])
+        .status()
+        .expect("kill -HUP");
+    assert!(status.success());
+    let reloaded = (0..600).any(|_| {
+        let done = m.log.lock().unwrap().contains("CRL reloaded");
+        if !done {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        done
+    });
+    assert!(reloaded, "{}", m.log.lock().unwrap());
+    forbidden(get(m.proxy, PROD_URL, &headers));
 }
 
 #[test]
