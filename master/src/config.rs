@@ -507,6 +507,15 @@ impl MasterConfig {
         if self.tls.crl.is_none() && self.tls.client_auth != ClientAuth::None {
             w.push("tls.crl is not set: revoked client certificates will be accepted".into());
         }
+        if self
+            .proxy
+            .trusted_nets()
+            .unwrap_or_default()
+            .iter()
+            .any(|n| n.prefix_len() == 0)
+        {
+            w.push("proxy.trusted includes every address: any client can claim any identity on the proxy listener".into());
+        }
         if !self.index.watch && self.index.rescan_interval.is_zero() {
             w.push("index.watch = false and index.rescan_interval = \"0s\": changes are never picked up".into());
         }
@@ -555,6 +564,13 @@ mod tests {
         );
         assert!(ok.validate().is_ok());
         let nets = ok.trusted_nets().unwrap();
+        let mut open = parse(MIN).unwrap();
+        open.proxy.trusted = vec!["0.0.0.0/0".into()];
+        assert!(
+            open.warnings()
+                .iter()
+                .any(|w| w.contains("any client can claim any identity"))
+        );
         assert!(nets[0].contains(&"10.1.2.3".parse::<std::net::IpAddr>().unwrap()));
         assert!(nets[1].contains(&"::1".parse::<std::net::IpAddr>().unwrap()));
         assert!(nets[2].contains(&"192.0.2.7".parse::<std::net::IpAddr>().unwrap()));
