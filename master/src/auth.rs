@@ -2,9 +2,11 @@
 //! the one authorization step every file and blob endpoint goes through.
 //!
 //! The identity is the subject CN of the client certificate, as in Puppet
-//! Server, and it is only ever taken from the TLS handshake (the
-//! `Arc<TlsInfo>` the TLS acceptor puts in each request's extensions), never
-//! from a header (docs/protocol.md §5.1, §5.2). Without rules every
+//! Server. The gate reads it from one place only, the [`PeerIdentity`]
+//! extension each listener's layer puts on each request: the mTLS
+//! listener's from the TLS handshake ([`PeerIdentity::from_tls`], never a
+//! header), the `[proxy]` listener's from the headers of a trusted proxy
+//! (`proxy.rs`; docs/protocol.md §5.1, §5.2, §5.5). Without rules every
 //! authenticated client may read every environment (Puppet's default
 //! `auth.conf` for the file endpoints). With rules, the first rule whose
 //! `certname` glob matches decides, and a client matched by no rule is
@@ -40,6 +42,53 @@ pub struct AuthRule {
     pub certname: String,
     /// Globs on the environment names this client may read.
     pub environments: Vec<String>,
+}
+
+/// Where a request's identity came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The client certificate of the mTLS handshake.
+    Tls,
+    /// The identity headers of a trusted proxy (`[proxy]`).
+    Proxy,
+}
+
+/// The identity of a request's client, put in its extensions by the
+/// listener's layer (`routes.rs`) and read by [`Gate::admit`] and the
+/// access log: the one source of identity (docs/protocol.md §5.2, §5.5).
+#[derive(Debug, Clone)]
+pub struct PeerIdentity {
+    /// The certname, or why there is none (for the refusal log line).
+    pub certname: Result<String, String>,
+    /// Which listener established it.
+    pub via: Via,
+}
+
+impl PeerIdentity {
+    /// The identity the TLS handshake gives: the CN of the client's leaf
+    /// certificate ([`certname_of`]); headers are never looked at.
+    pub fn from_tls(info: Option<&TlsInfo>) -> Self {
+        let certname = match info.and_then(|i| i.peer_certificates.first()) {
+            None => Err("no client certificate".to_owned()),
+            Some(der) => certname_of(der).map_err(|e| {
+                match e {
+                    NoIdentity::NoCommonName => "client certificate without a CN",
+                    NoIdentity::SeveralCommonNames => "client certificate with several CNs",
+                    _ => "client certificate whose CN is not a valid certname",
+                }
+                .to_owned()
+            }),
+        };
+        PeerIdentity {
+            certname,
+            via: Via::Tls,
+        }
+    }
+
+    /// The certname, if there is one.
+    pub fn certname(&self) -> Option<&str> {
+        self.certname.as_deref().ok()
+    }
 }
 
 /// Why a certificate gives no identity.
@@ -170,27 +219,22 @@ impl Gate {
 
     /// The first half of the step: a request without a client certificate
     /// (or with one that has no CN) is a 403, unless the policy is
-    /// [`Policy::Open`]. The identity comes from the TLS handshake only.
+    /// [`Policy::Open`]. The identity comes from the request's
+    /// [`PeerIdentity`] only.
     pub fn admit(&self, req: &Parts) -> Result<Client<'_>, ApiError> {
-        let leaf = req
-            .extensions
-            .get::<Arc<TlsInfo>>()
-            .and_then(|info| info.peer_certificates.first());
-        let certname = match leaf.map(|der| certname_of(der)) {
-            Some(Ok(name)) => Some(name),
+        let identity = req.extensions.get::<PeerIdentity>();
+        let certname = match identity.map(|i| &i.certname) {
+            Some(Ok(name)) => Some(name.clone()),
             refused => {
                 if self.policy == Policy::Certificates {
                     let why = match refused {
-                        Some(Err(NoIdentity::NoCommonName)) => "client certificate without a CN",
-                        Some(Err(NoIdentity::SeveralCommonNames)) => {
-                            "client certificate with several CNs"
-                        }
-                        Some(Err(_)) => "client certificate whose CN is not a valid certname",
+                        Some(Err(why)) => why.as_str(),
                         _ => "no client certificate",
                     };
                     if let Some(n) = self.refusals.note() {
                         tracing::info!(
                             path = req.uri.path(),
+                            via = ?identity.map(|i| i.via),
                             refused_since_last_line = n,
                             "refused: {why}"
                         );

@@ -56,6 +56,98 @@ pub struct MasterConfig {
     #[serde(default)]
     pub admin: AdminConfig,
     // --- end issue 15 B ---
+    /// The plain-HTTP listener behind a TLS-terminating proxy, with the
+    /// client's identity in headers (docs/protocol.md §5.5).
+    #[serde(default)]
+    pub proxy: ProxyConfig,
+}
+
+/// `[proxy]`: a second kind of listener, plain HTTP, for a balancer that
+/// terminates TLS and forwards the client's identity in headers as Puppet
+/// Server's `allow-header-cert-info` reads them (docs/protocol.md §5.5).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Plain-HTTP addresses, e.g. `"127.0.0.1:8141"`; empty (default): no
+    /// proxy listener.
+    #[serde(default)]
+    pub listen: Vec<SocketAddr>,
+    /// CIDRs of the proxies (`"10.0.0.0/8"`, `"::1/128"`; a bare address is
+    /// one host); required with `listen`. Any request from elsewhere is
+    /// answered 403, whatever its headers.
+    #[serde(default)]
+    pub trusted: Vec<String>,
+    /// Says whether the proxy verified a client certificate: `SUCCESS`.
+    #[serde(default = "default_verify_header")]
+    pub verify_header: String,
+    /// The client certificate's subject DN (`/CN=…` or `CN=…,…`).
+    #[serde(default = "default_dn_header")]
+    pub dn_header: String,
+    /// The client certificate, URL-encoded PEM; when present it is
+    /// verified against `[tls] ca` and the CRL and decides alone.
+    #[serde(default = "default_cert_header")]
+    pub cert_header: String,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            listen: Vec::new(),
+            trusted: Vec::new(),
+            verify_header: default_verify_header(),
+            dn_header: default_dn_header(),
+            cert_header: default_cert_header(),
+        }
+    }
+}
+
+fn default_verify_header() -> String {
+    "X-Client-Verify".into()
+}
+fn default_dn_header() -> String {
+    "X-Client-DN".into()
+}
+fn default_cert_header() -> String {
+    "X-Client-Cert".into()
+}
+
+impl ProxyConfig {
+    /// `trusted`, parsed: a CIDR or a bare address (a /32 or /128).
+    pub fn trusted_nets(&self) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+        self.trusted
+            .iter()
+            .map(|t| {
+                t.parse::<ipnet::IpNet>()
+                    .or_else(|_| t.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| {
+                        ConfigError::Invalid(format!(
+                            "proxy.trusted: '{t}' is not a CIDR (like \"10.0.0.0/8\" or \"::1/128\")"
+                        ))
+                    })
+            })
+            .collect()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let nets = self.trusted_nets()?;
+        if !self.listen.is_empty() && nets.is_empty() {
+            return Err(ConfigError::Invalid(
+                "proxy.trusted must name the proxies' addresses when proxy.listen is set".into(),
+            ));
+        }
+        for (key, name) in [
+            ("verify_header", &self.verify_header),
+            ("dn_header", &self.dn_header),
+            ("cert_header", &self.cert_header),
+        ] {
+            if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(ConfigError::Invalid(format!(
+                    "proxy.{key}: '{name}' is not an HTTP header name"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 // --- issue 15 B: `[admin]`, `index.publish` ---
@@ -385,6 +477,7 @@ impl MasterConfig {
             )));
         }
         // --- end issue 15 B ---
+        self.proxy.validate()?;
         Ok(())
     }
 
@@ -413,6 +506,15 @@ impl MasterConfig {
         }
         if self.tls.crl.is_none() && self.tls.client_auth != ClientAuth::None {
             w.push("tls.crl is not set: revoked client certificates will be accepted".into());
+        }
+        if self
+            .proxy
+            .trusted_nets()
+            .unwrap_or_default()
+            .iter()
+            .any(|n| n.prefix_len() == 0)
+        {
+            w.push("proxy.trusted includes every address: any client can claim any identity on the proxy listener".into());
         }
         if !self.index.watch && self.index.rescan_interval.is_zero() {
             w.push("index.watch = false and index.rescan_interval = \"0s\": changes are never picked up".into());
@@ -448,6 +550,49 @@ mod tests {
     }
 
     const MIN: &str = "environmentpath = [\"/srv/envs\"]\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nca = \"/ssl/ca.pem\"\n";
+
+    #[test]
+    fn proxy_needs_trusted_cidrs_and_header_names() {
+        let proxy = |tables: &str| parse(&format!("{MIN}[proxy]\n{tables}")).unwrap().proxy;
+        let off = parse(MIN).unwrap().proxy;
+        assert!(off.listen.is_empty() && off.validate().is_ok());
+        assert_eq!(off.verify_header, "X-Client-Verify");
+        assert_eq!(off.dn_header, "X-Client-DN");
+        assert_eq!(off.cert_header, "X-Client-Cert");
+        let ok = proxy(
+            "listen = [\"127.0.0.1:8141\"]\ntrusted = [\"10.0.0.0/8\", \"::1/128\", \"192.0.2.7\"]",
+        );
+        assert!(ok.validate().is_ok());
+        let nets = ok.trusted_nets().unwrap();
+        let mut open = parse(MIN).unwrap();
+        open.proxy.trusted = vec!["0.0.0.0/0".into()];
+        assert!(
+            open.warnings()
+                .iter()
+                .any(|w| w.contains("any client can claim any identity"))
+        );
+        assert!(nets[0].contains(&"10.1.2.3".parse::<std::net::IpAddr>().unwrap()));
+        assert!(nets[1].contains(&"::1".parse::<std::net::IpAddr>().unwrap()));
+        assert!(nets[2].contains(&"192.0.2.7".parse::<std::net::IpAddr>().unwrap()));
+        for (tables, message) in [
+            (
+                "listen = [\"127.0.0.1:8141\"]",
+                "proxy.trusted must name the proxies' addresses when proxy.listen is set",
+            ),
+            (
+                "listen = [\"127.0.0.1:8141\"]\ntrusted = [\"10.0.0.0/33\"]",
+                "proxy.trusted: '10.0.0.0/33' is not a CIDR (like \"10.0.0.0/8\" or \"::1/128\")",
+            ),
+            (
+                "trusted = [\"::1\"]\ndn_header = \"X Client DN\"",
+                "proxy.dn_header: 'X Client DN' is not an HTTP header name",
+            ),
+        ] {
+            let e = proxy(tables).validate().unwrap_err().to_string();
+            assert!(e.contains(message), "{e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+    }
 
     #[test]
     fn defaults_and_relative_paths() {

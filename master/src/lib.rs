@@ -5,7 +5,8 @@
 //! in [`store`], refreshed by [`watch`]) → [`routes`] → [`handlers`], which
 //! only read the index, each after the one authorization step of [`auth`],
 //! with the [`state`] they share. [`server`] ties listeners, TLS ([`tls`])
-//! and signals together; [`check`], [`devcerts`] and [`reindex`] back the
+//! and signals together, with the `[proxy]` listener's header identity in
+//! [`proxy`]; [`check`], [`devcerts`] and [`reindex`] back the
 //! other subcommands.
 
 pub mod access;
@@ -21,6 +22,7 @@ pub mod exit;
 pub mod handlers;
 pub mod index;
 pub mod metrics;
+pub mod proxy;
 pub mod reindex;
 pub mod request;
 pub mod routes;

@@ -3,6 +3,10 @@
 //! bodies refused, a request timeout, panics turned into 500s, and the
 //! outermost one, [`measure`]: each answer counted by endpoint and status,
 //! timed and its body bytes counted for the metrics — README, "Metrics").
+//! Outside them all, each listener's identity layer: [`router`] (the mTLS
+//! listener) sets the request's `PeerIdentity` from the TLS handshake,
+//! [`proxy_router`] (the `[proxy]` listener) from a trusted proxy's headers
+//! (docs/protocol.md §5.2, §5.5).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,12 +25,64 @@ use pluginsync_common::protocol;
 
 use crate::access::{self, AccessFormat};
 use crate::api_error::ApiError;
+use crate::auth::PeerIdentity;
 use crate::handlers;
+use crate::proxy::Trust;
 use crate::state::AppState;
 use crate::store::Store;
 
-/// Builds the application router.
+/// The mTLS listener's router: each request's [`PeerIdentity`] is taken
+/// from its TLS handshake only (the `Arc<TlsInfo>` the TLS acceptor
+/// inserts); identity headers are never read here (docs/protocol.md §5.2).
 pub fn router(state: AppState, request_timeout: Duration) -> Router {
+    routes(state, request_timeout).layer(middleware::from_fn(tls_identity))
+}
+
+/// The `[proxy]` listener's router: the same routes, with each request's
+/// [`PeerIdentity`] taken from the headers of a trusted proxy; a request
+/// from outside `[proxy] trusted` is answered 403 whatever it asks
+/// (docs/protocol.md §5.5).
+pub fn proxy_router(state: AppState, request_timeout: Duration, trust: Arc<Trust>) -> Router {
+    routes(state, request_timeout).layer(middleware::from_fn(move |req, next| {
+        proxy_identity(trust.clone(), req, next)
+    }))
+}
+
+/// Sets the identity from the TLS handshake, replacing anything there.
+async fn tls_identity(mut req: Request, next: Next) -> Response {
+    let identity = PeerIdentity::from_tls(
+        req.extensions()
+            .get::<Arc<axum_server::tls::TlsInfo>>()
+            .map(Arc::as_ref),
+    );
+    req.extensions_mut().insert(identity);
+    next.run(req).await
+}
+
+/// Refuses peers outside `[proxy] trusted`, then sets the identity from
+/// the proxy's headers.
+async fn proxy_identity(trust: Arc<Trust>, mut req: Request, next: Next) -> Response {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0);
+    if !peer.is_some_and(|p| trust.trusts(p.ip())) {
+        if let Some(n) = trust.untrusted.note() {
+            tracing::warn!(
+                peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
+                refused_since_last_line = n,
+                "proxy listener: refused a request from outside [proxy] trusted"
+            );
+        }
+        return ApiError::forbidden(req.uri().path()).into_response();
+    }
+    let identity = trust.identity(req.headers(), rustls_pki_types::UnixTime::now());
+    req.extensions_mut().insert(identity);
+    next.run(req).await
+}
+
+/// The routes and layers both listeners share.
+fn routes(state: AppState, request_timeout: Duration) -> Router {
     let store = state.store.clone();
     Router::new()
         .route(
@@ -130,9 +186,8 @@ async fn measure(store: Arc<Store>, req: Request, next: Next) -> Response {
 fn access_record(req: &Request, endpoint: &'static str) -> access::Record {
     let certname = req
         .extensions()
-        .get::<Arc<axum_server::tls::TlsInfo>>()
-        .and_then(|info| info.peer_certificates.first())
-        .and_then(|der| crate::auth::certname_of(der).ok());
+        .get::<PeerIdentity>()
+        .and_then(|i| i.certname().map(str::to_owned));
     let environment = crate::request::Query::parse(req.uri().query())
         .get("environment")
         .filter(|e| e.parse::<EnvName>().is_ok())

@@ -14,6 +14,11 @@
 //! memory clients can hold, and after a SIGHUP the open connections whose
 //! client certificate the new CA/CRL refuses are closed (a revoked node
 //! cannot keep reading over a keep-alive or HTTP/2 connection).
+//!
+//! `[proxy] listen` adds plain-HTTP listeners for a TLS-terminating
+//! balancer (docs/protocol.md §5.5): same routes, state and registry, the
+//! identity from the trusted proxy's headers; SIGHUP reloads the verifier
+//! of their certificate headers with the rest of the TLS files.
 
 mod conns;
 
@@ -32,6 +37,7 @@ pub use conns::{ConnStats, Connections, Limits};
 
 use crate::auth::{Authorizer, Gate};
 use crate::config::MasterConfig;
+use crate::proxy::Trust;
 use crate::state::AppState;
 use crate::store::Store;
 
@@ -62,6 +68,9 @@ pub struct Reload {
     /// The indexes: SIGHUP also re-indexes every environment (README,
     /// "Deploys").
     pub store: Arc<Store>,
+    /// The `[proxy]` listener's trust, whose certificate-header verifier
+    /// follows the reloaded CA and CRL.
+    pub proxy: Option<Arc<Trust>>,
 }
 
 impl Reload {
@@ -70,6 +79,9 @@ impl Reload {
     /// (revoked, CA removed, expired) are closed. Returns how many.
     pub async fn reload(&self, config: &MasterConfig) -> Result<usize, crate::tls::ServerTlsError> {
         let server = crate::tls::server_tls(&config.tls)?;
+        if let Some(trust) = &self.proxy {
+            trust.set_verifier(crate::tls::client_verifier_for(&config.tls, false)?);
+        }
         self.config.reload_from_config(Arc::new(server.config));
         Ok(match server.client_verifier {
             Some(verifier) => recheck(self.connections.clone(), verifier).await,
@@ -122,6 +134,15 @@ pub async fn serve(
         Some(addr) => Some(spawn_metrics(addr, &store, &connections, &state.gate).await?),
         None => None,
     };
+    let proxy = if config.proxy.listen.is_empty() {
+        None
+    } else {
+        let verifier = crate::tls::client_verifier_for(&config.tls, false)?;
+        Some(Arc::new(Trust::new(&config.proxy, verifier)?))
+    };
+    let proxy_app = proxy.as_ref().map(|trust| {
+        crate::routes::proxy_router(state.clone(), config.http.request_timeout, trust.clone())
+    });
     let app = crate::routes::router(state, config.http.request_timeout);
     let handle: Handle<SocketAddr> = Handle::new();
     let mut servers = Vec::new();
@@ -165,6 +186,47 @@ pub async fn serve(
         }));
         tracing::info!("listening on {addr}");
     }
+    // The `[proxy]` listeners (docs/protocol.md §5.5): plain HTTP, the same
+    // routes, state and connection registry (so `max_connections` and the
+    // idle and write timeouts count them too), the identity from a trusted
+    // proxy's headers.
+    for addr in config.proxy.listen.iter().filter(|_| proxy_app.is_some()) {
+        let listener = TcpListener::bind(addr)
+            .with_context(|| format!("cannot listen on {addr} for [proxy]"))?;
+        listener
+            .set_nonblocking(true)
+            .with_context(|| format!("proxy listener {addr}"))?;
+        let bound = listener.local_addr().context("proxy listener address")?;
+        let mut server = axum_server::from_tcp(listener)
+            .with_context(|| format!("cannot listen on {addr} for [proxy]"))?
+            .acceptor(conns::AdmitPlain::new(connections.clone()))
+            .handle(handle.clone());
+        server
+            .http_builder()
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(config.http.header_timeout)
+            .keep_alive(true);
+        server
+            .http_builder()
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(config.http.max_concurrent_streams)
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .max_header_list_size(H2_MAX_HEADER_LIST);
+        let service = proxy_app
+            .clone()
+            .expect("filtered on proxy_app")
+            .into_make_service_with_connect_info::<SocketAddr>();
+        servers.push(tokio::spawn(async move {
+            server
+                .serve(service)
+                .await
+                .with_context(|| format!("serving [proxy] on {bound}"))
+        }));
+        tracing::info!("proxy listening on {bound}");
+    }
     tracing::info!(
         max_connections,
         idle_timeout_ms = config.http.idle_timeout.as_millis() as u64,
@@ -177,6 +239,7 @@ pub async fn serve(
             config: tls.clone(),
             connections: connections.clone(),
             store: store.clone(),
+            proxy: proxy.clone(),
         },
     });
     let grace = config.http.shutdown_grace;

@@ -43,31 +43,14 @@ pub fn server_tls(tls: &TlsConfig) -> Result<ServerTls, ServerTlsError> {
     let provider = ptls::provider();
     let certs = ptls::load_certs("server certificate", &tls.cert)?;
     let key = ptls::load_key(&tls.key)?;
-    let builder = ServerConfig::builder_with_provider(provider.clone())
+    let builder = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ServerTlsError::Rustls(e.to_string()))?;
     let mut client_verifier: Option<Arc<dyn ClientCertVerifier>> = None;
     let builder = if tls.client_auth == ClientAuth::None {
         builder.with_no_client_auth()
     } else {
-        let roots = Arc::new(ptls::load_roots(&tls.ca)?);
-        let mut verifier = WebPkiClientVerifier::builder_with_provider(roots, provider);
-        if let Some(crl) = &tls.crl {
-            // Every certificate of the client's chain below the trust anchor
-            // (the leaf and any intermediate CA) is checked against its
-            // issuer's CRL (rustls' default depth, `Chain`), as Puppet's
-            // `certificate_revocation = chain`: an intermediate CA that the
-            // root revoked takes its certificates with it. A CRL bundle that
-            // does not cover an issuer in the chain refuses the client (fail
-            // closed).
-            verifier = verifier.with_crls(ptls::load_crls(crl)?);
-        }
-        if tls.client_auth == ClientAuth::Optional {
-            verifier = verifier.allow_unauthenticated();
-        }
-        let verifier: Arc<dyn ClientCertVerifier> = verifier
-            .build()
-            .map_err(|e| ServerTlsError::Rustls(format!("client verifier: {e}")))?;
+        let verifier = client_verifier_for(tls, tls.client_auth == ClientAuth::Optional)?;
         client_verifier = Some(verifier.clone());
         builder.with_client_cert_verifier(verifier)
     };
@@ -81,6 +64,36 @@ pub fn server_tls(tls: &TlsConfig) -> Result<ServerTls, ServerTlsError> {
         config,
         client_verifier,
     })
+}
+
+/// The client-certificate verifier of `[tls]`: `ca` as the trust anchor,
+/// the CRL when set. The mTLS listener's handshakes use it (with
+/// `allow_unauthenticated` for `client_auth = "optional"`), and the
+/// `[proxy]` listener checks the certificate header with it (strict), so
+/// both accept exactly the same certificates (docs/protocol.md §5.5).
+pub fn client_verifier_for(
+    tls: &TlsConfig,
+    allow_unauthenticated: bool,
+) -> Result<Arc<dyn ClientCertVerifier>, ServerTlsError> {
+    let provider = ptls::provider();
+    let roots = Arc::new(ptls::load_roots(&tls.ca)?);
+    let mut verifier = WebPkiClientVerifier::builder_with_provider(roots, provider);
+    if let Some(crl) = &tls.crl {
+        // Every certificate of the client's chain below the trust anchor
+        // (the leaf and any intermediate CA) is checked against its
+        // issuer's CRL (rustls' default depth, `Chain`), as Puppet's
+        // `certificate_revocation = chain`: an intermediate CA that the
+        // root revoked takes its certificates with it. A CRL bundle that
+        // does not cover an issuer in the chain refuses the client (fail
+        // closed).
+        verifier = verifier.with_crls(ptls::load_crls(crl)?);
+    }
+    if allow_unauthenticated {
+        verifier = verifier.allow_unauthenticated();
+    }
+    verifier
+        .build()
+        .map_err(|e| ServerTlsError::Rustls(format!("client verifier: {e}")))
 }
 
 /// When the first certificate of the PEM file `path` expires (Unix

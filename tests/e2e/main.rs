@@ -53,6 +53,7 @@ mod master_metrics;
 mod master_listing;
 // The master binary as a service manager sees it: SIGTERM, draining, exit status.
 mod master_process;
+mod master_proxy;
 // Exact bytes, Puppet's errors, traversal and symlink escapes, client certificates, authorization.
 mod master_security;
 // The index following the disk: changed files, environments created and removed after start.

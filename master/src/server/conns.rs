@@ -428,6 +428,39 @@ impl<S> Accept<TcpStream, S> for Admit {
     }
 }
 
+/// The `[proxy]` listener's acceptor (docs/protocol.md §5.5): [`Admit`],
+/// then each request counted in flight as on the mTLS listener, so
+/// `idle_timeout`, `write_timeout` and shedding at `max_connections` treat
+/// a busy proxy connection as busy. No TLS, so no certificate is recorded
+/// (a SIGHUP re-check leaves these connections alone).
+#[derive(Debug, Clone)]
+pub struct AdmitPlain(Admit);
+
+impl AdmitPlain {
+    /// Admits plain connections into `registry`.
+    pub fn new(registry: Arc<Connections>) -> Self {
+        AdmitPlain(Admit::new(registry))
+    }
+}
+
+impl<S> Accept<TcpStream, S> for AdmitPlain {
+    type Stream = Tracked<TcpStream>;
+    type Service = Counted<S>;
+    type Future = Ready<io::Result<(Self::Stream, Self::Service)>>;
+
+    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
+        std::future::ready(
+            self.0
+                .accept(stream, service)
+                .into_inner()
+                .map(|(tracked, inner)| {
+                    let conn = tracked.conn.clone();
+                    (tracked, Counted { inner, conn })
+                }),
+        )
+    }
+}
+
 /// A socket in the registry: reads and writes fail once the connection is
 /// condemned; dropping it frees its slot.
 #[derive(Debug)]
