@@ -121,6 +121,10 @@ const MAX_DEPTH: usize = 8;
 /// Past this, the rest of the value is kept as written.
 pub const MAX_EXPANDED: usize = 4096;
 
+/// What one `$reference` lookup costs from the expansion budget: at most
+/// `MAX_EXPANDED / REFERENCE_COST` lookups per value.
+const REFERENCE_COST: usize = 16;
+
 impl PuppetConf {
     /// The raw value of `key` in `section`, if set there.
     pub fn raw(&self, section: Section, key: &str) -> Option<&str> {
@@ -184,9 +188,12 @@ impl PuppetConf {
                     .unwrap_or(after.len());
                 (&after[..end], &after[end..])
             };
-            let found = if name.is_empty() || depth >= MAX_DEPTH || budget.get() == 0 {
+            // Each reference looked up costs from the budget too, so the
+            // work stays bounded even when expansions are thrown away.
+            let found = if name.is_empty() || depth >= MAX_DEPTH || budget.get() < REFERENCE_COST {
                 None
             } else {
+                budget.set(budget.get() - REFERENCE_COST);
                 match self.agent_raw(name) {
                     Some((_, raw)) => Some(self.expand_within(raw, defaults, depth + 1, budget)),
                     None => defaults(name),
