@@ -161,20 +161,7 @@ pub async fn serve(
             .with_context(|| format!("cannot listen on {addr}"))?
             .acceptor(acceptor)
             .handle(handle.clone());
-        server
-            .http_builder()
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(config.http.header_timeout)
-            .keep_alive(true);
-        server
-            .http_builder()
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(config.http.max_concurrent_streams)
-            .initial_stream_window_size(H2_STREAM_WINDOW)
-            .initial_connection_window_size(H2_CONNECTION_WINDOW)
-            .max_header_list_size(H2_MAX_HEADER_LIST);
+        limit_http(server.http_builder(), &config.http);
         let service = app
             .clone()
             .into_make_service_with_connect_info::<SocketAddr>();
@@ -201,20 +188,7 @@ pub async fn serve(
             .with_context(|| format!("cannot listen on {addr} for [proxy]"))?
             .acceptor(conns::AdmitPlain::new(connections.clone()))
             .handle(handle.clone());
-        server
-            .http_builder()
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(config.http.header_timeout)
-            .keep_alive(true);
-        server
-            .http_builder()
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(config.http.max_concurrent_streams)
-            .initial_stream_window_size(H2_STREAM_WINDOW)
-            .initial_connection_window_size(H2_CONNECTION_WINDOW)
-            .max_header_list_size(H2_MAX_HEADER_LIST);
+        limit_http(server.http_builder(), &config.http);
         let service = proxy_app
             .clone()
             .expect("filtered on proxy_app")
@@ -265,6 +239,26 @@ pub async fn serve(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The HTTP limits every listener applies: the header timeout, keep-alive,
+/// and HTTP/2's stream count, windows and header list size.
+fn limit_http(
+    builder: &mut hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
+    http: &crate::config::HttpConfig,
+) {
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(http.header_timeout)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(http.max_concurrent_streams)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_header_list_size(H2_MAX_HEADER_LIST);
 }
 
 /// Checks the server certificate at startup and then daily: an error line
