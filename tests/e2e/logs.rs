@@ -75,9 +75,10 @@ fn under_the_journal_every_line_carries_its_priority() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
+    // SIGTERM without a `kill` binary (a minimal root has none).
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
     let _ = child.wait();
     assert!(
         text.contains("listening"),
@@ -214,9 +215,10 @@ fn json_log_lines_are_json() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
+    // SIGTERM without a `kill` binary (a minimal root has none).
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
     let _ = child.wait();
     assert!(text.contains("listening"), "{text}");
     for line in text.lines() {
