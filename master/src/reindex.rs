@@ -43,9 +43,9 @@ pub async fn run(
     let certs = pluginsync_common::tls::load_certs("certificate", &config.tls.cert)?;
     let key = pluginsync_common::tls::load_key(&config.tls.key)?;
     let roots = pluginsync_common::tls::load_roots(&config.tls.ca)?;
-    let (addr, name) = match server {
+    let (addrs, name) = match server {
         Some(url) => target_of_url(url)?,
-        None => (local_addr(config)?, own_name(&certs[0])?),
+        None => (vec![local_addr(config)?], own_name(&certs[0])?),
     };
     let tls = rustls::ClientConfig::builder_with_provider(pluginsync_common::tls::provider())
         .with_safe_default_protocol_versions()?
@@ -59,9 +59,15 @@ pub async fn run(
         None => ENVIRONMENT_CACHE.to_owned(),
     };
     let call = async {
-        let tcp = tokio::net::TcpStream::connect(addr)
+        // Every address the name resolves to, in turn: `localhost` is
+        // `::1` first on some systems while the master listens on
+        // 127.0.0.1.
+        let tcp = tokio::net::TcpStream::connect(&addrs[..])
             .await
-            .with_context(|| format!("cannot connect to the master at {addr}"))?;
+            .with_context(|| format!("cannot connect to the master at {}", shown(&addrs)))?;
+        let addr = tcp
+            .peer_addr()
+            .map_or_else(|_| shown(&addrs), |a| a.to_string());
         let mut stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
             .connect(server_name, tcp)
             .await
@@ -78,6 +84,7 @@ pub async fn run(
             .await?;
         anyhow::Ok(answer)
     };
+    let addr = shown(&addrs);
     let answer = tokio::time::timeout(DEADLINE, call)
         .await
         .map_err(|_| anyhow!("the master at {addr} did not answer in {DEADLINE:?}"))??;
@@ -118,8 +125,17 @@ fn local_addr(config: &MasterConfig) -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
-/// `https://host:port` → an address to connect to and the name to check.
-fn target_of_url(url: &str) -> anyhow::Result<(SocketAddr, String)> {
+/// Addresses as an error message names them.
+fn shown(addrs: &[SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(SocketAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `https://host:port` → the addresses to try and the name to check.
+fn target_of_url(url: &str) -> anyhow::Result<(Vec<SocketAddr>, String)> {
     let rest = url
         .strip_prefix("https://")
         .ok_or_else(|| anyhow!("--server '{url}' must be https://HOST:PORT"))?
@@ -129,11 +145,13 @@ fn target_of_url(url: &str) -> anyhow::Result<(SocketAddr, String)> {
         .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
         .ok_or_else(|| anyhow!("--server '{url}' must be https://HOST:PORT"))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
         .with_context(|| format!("cannot resolve '{host}'"))?
-        .next()
-        .ok_or_else(|| anyhow!("'{host}' resolves to no address"))?;
-    Ok((addr, host.to_owned()))
+        .collect();
+    if addrs.is_empty() {
+        bail!("'{host}' resolves to no address");
+    }
+    Ok((addrs, host.to_owned()))
 }
 
 /// The name the master's certificate is for: its first DNS name, else its
@@ -158,8 +176,8 @@ mod tests {
 
     #[test]
     fn server_urls() {
-        let (addr, name) = target_of_url("https://127.0.0.1:8140/").unwrap();
-        assert_eq!((addr.port(), name.as_str()), (8140, "127.0.0.1"));
+        let (addrs, name) = target_of_url("https://127.0.0.1:8140/").unwrap();
+        assert_eq!((addrs[0].port(), name.as_str()), (8140, "127.0.0.1"));
         assert!(target_of_url("http://localhost:8140").is_err());
         assert!(target_of_url("https://localhost").is_err());
     }
