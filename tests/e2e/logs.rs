@@ -25,6 +25,25 @@ fn master(args: &[&str], log: &Path, stream: &str) -> std::process::Child {
         .expect("spawn the master")
 }
 
+/// Waits (at most 10 s) for the master's "listening" line in `log`, stops
+/// it with SIGTERM (through rustix: a minimal root has no `kill` binary)
+/// and returns what it logged.
+fn stop_once_listening(child: &mut std::process::Child, log: &Path) -> String {
+    let mut text = String::new();
+    for _ in 0..200 {
+        text = std::fs::read_to_string(log).unwrap();
+        if text.contains("listening") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    let _ = child.wait();
+    text
+}
+
 /// `<device>:<inode>` of `path`, as systemd writes `JOURNAL_STREAM`.
 fn stream_of(path: &Path) -> String {
     let m = std::fs::metadata(path).expect("stat");
@@ -67,19 +86,7 @@ fn under_the_journal_every_line_carries_its_priority() {
         &log,
         &stream_of(&log),
     );
-    let mut text = String::new();
-    for _ in 0..200 {
-        text = std::fs::read_to_string(&log).unwrap();
-        if text.contains("listening") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // SIGTERM without a `kill` binary (a minimal root has none).
-    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    }
-    let _ = child.wait();
+    let text = stop_once_listening(&mut child, &log);
     assert!(
         text.contains("listening"),
         "the master logged its start: {text:?}"
@@ -207,19 +214,7 @@ fn json_log_lines_are_json() {
         &log,
         "0:0",
     );
-    let mut text = String::new();
-    for _ in 0..200 {
-        text = std::fs::read_to_string(&log).unwrap();
-        if text.contains("listening") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // SIGTERM without a `kill` binary (a minimal root has none).
-    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    }
-    let _ = child.wait();
+    let text = stop_once_listening(&mut child, &log);
     assert!(text.contains("listening"), "{text}");
     for line in text.lines() {
         let v: serde_json::Value =
