@@ -6,7 +6,9 @@
 //! Only the configured CA is trusted (no system roots), the node presents
 //! its certificate, and plain HTTP is refused. Requests are exactly a stock
 //! agent's (docs/protocol.md §1.6, §4.2), built with `pluginsync_common::protocol`, so
-//! a stock Puppet Server serves them too.
+//! a stock Puppet Server serves them too; a listing the agent holds is
+//! revalidated with `If-None-Match` plus `X-Pluginsync-Delta`, and a delta
+//! answer is handed back marked as one (§7.5).
 //!
 //! Failures that may pass (connection refused or reset, timeouts, 5xx, 429
 //! and 503, a body cut mid-transfer) are retried with capped exponential

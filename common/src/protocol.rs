@@ -525,7 +525,7 @@ pub fn parse_delta(body: &[u8]) -> Result<Delta<'_>, DeltaFormatError> {
         if l == b"end" {
             // Nothing may follow but the final newline.
             return match (lines.next(), lines.next()) {
-                (Some((_, rest)), None) if rest.is_empty() => Ok(Delta {
+                (Some((_, [])), None) => Ok(Delta {
                     base,
                     etag,
                     entries,

@@ -1,6 +1,8 @@
 //! Puppet's three file endpoints, `file_metadatas`, `file_metadata` and
 //! `file_content` (docs/protocol.md §1.2–§1.4), and `send_file`, the
 //! code that sends an indexed file's bytes (here and for blobs).
+//! `file_metadatas` answers pluginsync's agent with a delta listing when
+//! it asks and the environment remembers its base (§7.5, `delta_for`).
 //!
 //! Order of checks follows Puppet Server (docs/protocol.md §1.7): a missing
 //! `environment` is a 400 before anything else; then the authorization step
