@@ -68,17 +68,41 @@ async fn full(c: &reqwest::Client, base: &str) -> (Vec<u8>, String) {
     (a.body, tag)
 }
 
-/// Waits until `base` serves a listing whose ETag is not `old`.
-async fn changed(c: &reqwest::Client, base: &str, old: &str) -> (Vec<u8>, String) {
-    wait_for(Duration::from_secs(20), || {
-        let (c, base, old) = (c.clone(), base.to_owned(), old.to_owned());
+/// What a change must show in the listing once the master has indexed
+/// all of it: texts the listing must hold and texts it must not.
+struct Expect {
+    want: Vec<String>,
+    gone: Vec<String>,
+}
+
+/// Waits until `base` serves a listing showing all of `change` (a
+/// re-index may catch a change half-written; the test goes on only from
+/// the complete one).
+async fn changed(c: &reqwest::Client, base: &str, change: &Expect) -> (Vec<u8>, String) {
+    wait_for(Duration::from_secs(30), || {
+        let (c, base) = (c.clone(), base.to_owned());
         async move {
             let (body, tag) = full(&c, &base).await;
-            (tag != old).then_some((body, tag))
+            let text = String::from_utf8_lossy(&body);
+            (change.want.iter().all(|w| text.contains(w.as_str()))
+                && !change.gone.iter().any(|g| text.contains(g.as_str())))
+            .then_some((body, tag))
         }
     })
     .await
-    .expect("the master re-indexed the change")
+    .expect("the master re-indexed the whole change")
+}
+
+/// `path` relative to its module's `lib/`, as listed.
+fn rel(path: &std::path::Path) -> String {
+    let p = path.to_str().unwrap();
+    p.split_once("/lib/").unwrap().1.to_owned()
+}
+
+/// Rewrites `path` with `content`; what the listing shows for it then.
+fn rewrite(path: &std::path::Path, content: &str) -> String {
+    std::fs::write(path, content).unwrap();
+    sha256_hex(content.as_bytes())
 }
 
 /// A generated tree of 300 lib files; returns them.
@@ -89,9 +113,12 @@ fn tree() -> (EnvTree, Vec<std::path::PathBuf>) {
 }
 
 /// A 1 % change: two files rewritten, one added, one removed.
-fn change(tree: &EnvTree, files: &[std::path::PathBuf]) {
-    std::fs::write(&files[10], "# changed ten\n").unwrap();
-    std::fs::write(&files[200], "# changed two hundred\n").unwrap();
+fn change(tree: &EnvTree, files: &[std::path::PathBuf]) -> Expect {
+    let want = vec![
+        rewrite(&files[10], "# changed ten\n"),
+        rewrite(&files[200], "# changed two hundred\n"),
+        "\"facter/added_by_delta_test.rb\"".to_owned(),
+    ];
     std::fs::remove_file(&files[150]).unwrap();
     tree.file(
         "production",
@@ -100,6 +127,10 @@ fn change(tree: &EnvTree, files: &[std::path::PathBuf]) {
         "# new\n",
         0o644,
     );
+    Expect {
+        want,
+        gone: vec![format!("\"{}\"", rel(&files[150]))],
+    }
 }
 
 fn start(tree: &EnvTree, pki: &Pki) -> TestMaster {
@@ -114,8 +145,8 @@ async fn a_delta_rebuilds_exactly_the_full_listing() {
     let master = start(&tree, &pki);
     let c = client(&pki, Some("node1"));
     let (old, old_tag) = full(&c, &master.url()).await;
-    change(&tree, &files);
-    let (new, new_tag) = changed(&c, &master.url(), &old_tag).await;
+    let change = change(&tree, &files);
+    let (new, new_tag) = changed(&c, &master.url(), &change).await;
     assert_eq!(new_tag, listing_etag(&new), "the ETag is the body's hash");
     let stats = &master.store.stats;
     let before = stats.listings_delta.load(Ordering::Relaxed);
@@ -242,9 +273,9 @@ async fn two_masters_answer_deltas_for_a_base_either_produced() {
     let c = client(&pki, Some("node1"));
     // Each node fetched its listing from one replica only.
     let (from_a, tag_a) = full(&c, &a.url()).await;
-    change(&tree, &files);
-    let (new_a, new_tag) = changed(&c, &a.url(), &tag_a).await;
-    let (new_b, new_tag_b) = changed(&c, &b.url(), &tag_a).await;
+    let change = change(&tree, &files);
+    let (new_a, new_tag) = changed(&c, &a.url(), &change).await;
+    let (new_b, new_tag_b) = changed(&c, &b.url(), &change).await;
     assert_eq!(
         (&new_a, &new_tag),
         (&new_b, &new_tag_b),
@@ -264,9 +295,12 @@ async fn two_masters_answer_deltas_for_a_base_either_produced() {
     }
     // And the other way round: a base fetched from b, a delta from a,
     // after a second change.
-    std::fs::write(&files[20], "# a second change\n").unwrap();
-    let (newer, newer_tag) = changed(&c, &a.url(), &new_tag).await;
-    assert_eq!(changed(&c, &b.url(), &new_tag).await.1, newer_tag);
+    let second = Expect {
+        want: vec![rewrite(&files[20], "# a second change\n")],
+        gone: Vec::new(),
+    };
+    let (newer, newer_tag) = changed(&c, &a.url(), &second).await;
+    assert_eq!(changed(&c, &b.url(), &second).await.1, newer_tag);
     let d = get(&c, &a.url(), &q(), &[("If-None-Match", &new_tag), DELTA]).await;
     assert_eq!(d.status, protocol::DELTA_STATUS);
     assert_eq!(
@@ -292,9 +326,8 @@ async fn the_agent_syncs_a_change_through_a_delta_and_converges() {
         0,
         "nothing to apply a delta to"
     );
-    let (_, old_tag) = full(&c, &master.url()).await;
-    change(&tree, &files);
-    let (new, _) = changed(&c, &master.url(), &old_tag).await;
+    let change = change(&tree, &files);
+    let (new, _) = changed(&c, &master.url(), &change).await;
 
     let sent = stats.listings_sent.load(Ordering::Relaxed);
     let second = home.sync(&["--detailed-exitcodes"]);
@@ -477,9 +510,8 @@ async fn a_stock_puppet_plugin_download_never_receives_a_delta() {
     };
     let (code, out) = run().await.unwrap();
     assert_eq!(code, 0, "{out}");
-    let (_, old_tag) = full(&c, &master.url()).await;
-    change(&tree, &files);
-    changed(&c, &master.url(), &old_tag).await;
+    let change = change(&tree, &files);
+    changed(&c, &master.url(), &change).await;
     let sent = master.store.stats.listings_sent.load(Ordering::Relaxed);
     let (code, out) = run().await.unwrap();
     assert_eq!(code, 0, "{out}");
@@ -495,9 +527,8 @@ async fn a_stock_puppet_plugin_download_never_receives_a_delta() {
         want.difference(&lib).collect::<Vec<_>>()
     );
     assert!(lib.contains("facter/added_by_delta_test.rb"));
-    let changed_rel = files[10].to_str().unwrap().split("/lib/").nth(1).unwrap();
     assert_eq!(
-        std::fs::read(agent.libdir().join(changed_rel)).unwrap(),
+        std::fs::read(agent.libdir().join(rel(&files[10]))).unwrap(),
         b"# changed ten\n"
     );
 }
