@@ -377,8 +377,40 @@ fn entry(rel: &str, file: Option<&str>) -> String {
     }
 }
 
+/// Bad deltas a master could send: (what is wrong, the body from the
+/// base's tag and the new listing's tag).
+type BadDelta = (&'static str, fn(&str, &str) -> String);
+
+const BAD_DELTAS: [BadDelta; 3] = [
+    ("other bytes than its ETag names", |base, tag| {
+        // Parses and names the right tags, but b.rb's checksum is wrong.
+        format!(
+            "pluginsync-listing-delta 1\nbase {base}\netag {tag}\nentries 3\nc 0 1\na {}\na {}\nend\n",
+            entry("a.rb", Some("two\n")),
+            entry("b.rb", Some("not bee\n")),
+        )
+    }),
+    ("a base the agent does not hold", |_, tag| {
+        format!(
+            "pluginsync-listing-delta 1\nbase \"{}\"\netag {tag}\nentries 1\nc 0 1\nend\n",
+            "0".repeat(40)
+        )
+    }),
+    ("not a delta at all", |_, _| {
+        "<html>proxy error</html>".to_owned()
+    }),
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupted_delta_costs_one_full_listing_and_the_run_succeeds() {
+    for (what, bad) in BAD_DELTAS {
+        falls_back_from(what, bad);
+    }
+}
+
+/// Two runs against a fake master: the first gets listing v1, the second
+/// the bad delta `bad` from v1 to v2, then (its one refetch) v2 whole.
+fn falls_back_from(what: &str, bad: fn(&str, &str) -> String) {
     let pki = Pki::new();
     let v1 = format!("[{},{}]", entry(".", None), entry("a.rb", Some("one\n")));
     let v2 = format!(
@@ -414,14 +446,7 @@ async fn a_corrupted_delta_costs_one_full_listing_and_the_run_succeeds() {
                 let tag = listing_etag(listing.as_bytes());
                 let lower = head.to_ascii_lowercase();
                 if lower.contains("x-pluginsync-delta: 1") && lower.contains("if-none-match") {
-                    // A delta that parses, names the right tags, but makes
-                    // other bytes: b.rb's checksum is wrong.
-                    let wrong = entry("b.rb", Some("not bee\n"));
-                    let delta = format!(
-                        "pluginsync-listing-delta 1\nbase {}\netag {tag}\nentries 3\nc 0 1\na {}\na {wrong}\nend\n",
-                        listing_etag(v1.as_bytes()),
-                        entry("a.rb", Some("two\n")),
-                    );
+                    let delta = bad(&listing_etag(v1.as_bytes()), &tag);
                     return json(
                         "226 IM Used",
                         protocol::DELTA_MEDIA_TYPE,
@@ -461,26 +486,37 @@ async fn a_corrupted_delta_costs_one_full_listing_and_the_run_succeeds() {
     version.store(2, Ordering::SeqCst);
     heads.lock().unwrap().clear();
 
-    let second = home.sync(&["--detailed-exitcodes"]);
-    assert_eq!(second.code, 2, "{second:?}");
+    let second = home.sync(&["--detailed-exitcodes", "-v"]);
+    assert_eq!(second.code, 2, "{what}: {second:?}");
     assert_eq!(std::fs::read(home.libdir().join("a.rb")).unwrap(), b"two\n");
     assert_eq!(std::fs::read(home.libdir().join("b.rb")).unwrap(), b"bee\n");
+    let said: Vec<&str> = second
+        .stderr
+        .lines()
+        .filter(|l| l.contains("delta listing not used"))
+        .collect();
+    assert_eq!(
+        said.len(),
+        1,
+        "{what}: one line says why: {}",
+        second.stderr
+    );
     let heads = heads.lock().unwrap().clone();
     assert_eq!(
         heads.len(),
         2,
-        "the delta, then one full listing: {heads:?}"
+        "{what}: the delta, then one full listing: {heads:?}"
     );
     assert!(heads[0].contains("if-none-match") && heads[0].contains("x-pluginsync-delta: 1"));
     assert!(
         !heads[1].contains("if-none-match") && !heads[1].contains("x-pluginsync-delta"),
-        "the refetch is unconditional: {}",
+        "{what}: the refetch is unconditional: {}",
         heads[1]
     );
     assert_eq!(
         std::fs::read(home.vardir().join("cache/plugins.listing.json")).unwrap(),
         v2.as_bytes(),
-        "the full listing is what is cached"
+        "{what}: the full listing is what is cached"
     );
 }
 
