@@ -1,7 +1,9 @@
 //! What the agent remembers between runs, per mount, in `<vardir>/cache/`:
 //!
 //! - the last listing's body and `ETag`, with the key it was fetched with
-//!   (server, environment, parameters), for `If-None-Match`;
+//!   (server, environment, parameters), for `If-None-Match`; the body is
+//!   also the base a delta listing is applied to (docs/protocol.md §7.5,
+//!   `delta.rs`), used only when this record describes it;
 //! - a stat cache: relative path → (size, mtime, ctime, inode, device,
 //!   sha256), so a file is hashed again only when its stat changed;
 //! - the digest of the destination's stat scan right after the last sync.

@@ -6,7 +6,9 @@
 //! Only the configured CA is trusted (no system roots), the node presents
 //! its certificate, and plain HTTP is refused. Requests are exactly a stock
 //! agent's (docs/protocol.md §1.6, §4.2), built with `pluginsync_common::protocol`, so
-//! a stock Puppet Server serves them too.
+//! a stock Puppet Server serves them too; a listing the agent holds is
+//! revalidated with `If-None-Match` plus `X-Pluginsync-Delta`, and a delta
+//! answer is handed back marked as one (§7.5).
 //!
 //! Failures that may pass (connection refused or reset, timeouts, 5xx, 429
 //! and 503, a body cut mid-transfer) are retried with capped exponential
@@ -216,8 +218,11 @@ pub struct Source<'a> {
 pub struct ListingAnswer {
     /// The body, or `None` for `304 Not Modified`.
     pub body: Option<Bytes>,
-    /// The `ETag`, if any.
+    /// The `ETag`, if any (of the whole listing, also for a delta).
     pub etag: Option<String>,
+    /// The body is a delta from the listing `If-None-Match` named
+    /// (docs/protocol.md §7.5), not a listing: `crate::delta` rebuilds it.
+    pub delta: bool,
 }
 
 /// The body of a 2xx answer, read chunk by chunk as it arrives.
@@ -415,7 +420,8 @@ impl Client {
     }
 
     /// Fetches one listing from the run's `origin`; sends `If-None-Match`
-    /// when given and returns `body: None` on a 304.
+    /// when given (with `X-Pluginsync-Delta`: a delta may come back,
+    /// docs/protocol.md §7.5) and returns `body: None` on a 304.
     pub async fn listing(
         &self,
         origin: &Origin,
@@ -456,7 +462,11 @@ impl Client {
                 )
                 .timeout(self.remaining());
             if let Some(tag) = if_none_match {
-                req = req.header("If-None-Match", tag);
+                // Only with a cached listing to apply it to: a delta names
+                // its base by this very tag (docs/protocol.md §7.5.1).
+                req = req
+                    .header("If-None-Match", tag)
+                    .header(protocol::HEADER_DELTA, protocol::DELTA_VERSION);
             }
             let resp = match req.send().await {
                 Ok(r) => r,
@@ -477,8 +487,21 @@ impl Client {
             };
             let etag = header(&resp, "etag");
             if resp.status() == StatusCode::NOT_MODIFIED && if_none_match.is_some() {
-                return Attempt::Done((origin, ListingAnswer { body: None, etag }));
+                return Attempt::Done((
+                    origin,
+                    ListingAnswer {
+                        body: None,
+                        etag,
+                        delta: false,
+                    },
+                ));
             }
+            // A delta only counts as one when it was asked for; anything
+            // else in a 2xx is read as a listing (and refused if it is not).
+            let delta = if_none_match.is_some()
+                && resp.status().as_u16() == protocol::DELTA_STATUS
+                && header(&resp, "content-type")
+                    .is_some_and(|t| t.starts_with(protocol::DELTA_MEDIA_TYPE));
             let resp = match self
                 .check_status(server, query.environment, &what, resp)
                 .await
@@ -492,6 +515,7 @@ impl Client {
                     ListingAnswer {
                         body: Some(b),
                         etag,
+                        delta,
                     },
                 )),
                 (_, Ok(false)) => Attempt::Fatal(FetchError::Malformed {

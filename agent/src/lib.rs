@@ -15,6 +15,7 @@ pub mod cli;
 pub mod client;
 pub mod commit;
 pub mod config;
+pub mod delta;
 pub mod exit;
 pub mod launch;
 pub mod layouts;

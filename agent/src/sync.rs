@@ -47,6 +47,7 @@ use crate::cli::Format;
 use crate::client::{Client, FetchError, ListingAnswer, Origin, SetupError, Source};
 use crate::commit;
 use crate::config::{EnvironmentSource, SourcePermissions};
+use crate::delta;
 use crate::exit::ExitStatus;
 use crate::listing::{self, ListingError, RemoteTree};
 use crate::load::{LoadStatus, Loaders, PendingLoads};
@@ -403,6 +404,30 @@ impl<'a> Run<'a> {
         self.phase("listing answered");
         let mut etag = answer.etag;
         let (body, fresh) = match answer.body {
+            Some(d) if answer.delta => {
+                let rebuilt = MountCache::load_listing(vardir, mount)
+                    .filter(|cached| cache.describes(cached))
+                    .ok_or_else(|| "the cached listing is gone".to_owned())
+                    .and_then(|cached| {
+                        delta::rebuild(&cached, &d, etag.as_deref()).map_err(|e| e.to_string())
+                    });
+                match rebuilt {
+                    Ok(b) => {
+                        tracing::debug!(mount = %mount, delta = d.len(), listing = b.len(), "listing rebuilt from a delta");
+                        let b = Bytes::from(b);
+                        (b.clone(), Some(b))
+                    }
+                    Err(e) => {
+                        // Once, unconditionally: no If-None-Match, so no
+                        // delta (docs/protocol.md §7.5.4).
+                        tracing::info!(server = %server, mount = %mount, error = %e, "delta listing not used; fetching the whole listing");
+                        let again = self.listing(mount, &query, &|_| None).await?;
+                        etag = again.etag;
+                        let b = again.body.unwrap_or_default();
+                        (b.clone(), Some(b))
+                    }
+                }
+            }
             Some(b) => (b.clone(), Some(b)),
             None => match cache.not_modified(vardir, mount, &digest) {
                 NotModified::Unchanged => {

@@ -31,6 +31,8 @@ pub struct Stats {
     pub listings_sent: AtomicU64,
     /// Listings answered `304 Not Modified`.
     pub listings_not_modified: AtomicU64,
+    /// Listings answered with a delta (226, docs/protocol.md §7.5).
+    pub listings_delta: AtomicU64,
     /// File bodies sent (`file_content` and blobs).
     pub contents_sent: AtomicU64,
     /// Listing requests answered from the listing cache (200 and 304).

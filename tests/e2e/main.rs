@@ -41,6 +41,8 @@ mod master_blobs;
 mod master_deploy;
 // ETags across two master processes: equal for one tree, 304 from either, new on change, gzip.
 mod master_etag;
+// Delta listings: rebuilt byte for byte, fallbacks, replicas, the agent through a delta, stock agents never.
+mod master_delta;
 // environment.conf and a control repository as r10k deploys it; module roots kept in the code tree; quiet logs on deletes.
 mod master_envconf;
 // Hostile requests and trees: odd listing parameters, files swapped for symlinks or fifos, batch amplification, blob caching.

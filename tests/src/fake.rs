@@ -22,9 +22,20 @@ pub struct FakeMaster {
 /// The responder of a [`FakeMaster`].
 pub type Responder = Arc<dyn Fn(&str) -> Vec<u8> + Send + Sync>;
 
+/// A responder that also sees the request's head: `(target, head)`, the
+/// head being the request line and header lines as received (for answers
+/// that depend on a request header, such as a delta listing).
+pub type HeadResponder = Arc<dyn Fn(&str, &str) -> Vec<u8> + Send + Sync>;
+
 impl FakeMaster {
     /// Serves with `pki`'s `localhost` certificate.
     pub fn start(pki: &Pki, respond: Responder) -> FakeMaster {
+        FakeMaster::start_with_head(pki, Arc::new(move |target: &str, _: &str| respond(target)))
+    }
+
+    /// Like [`FakeMaster::start`], with a responder that sees the
+    /// request's headers too.
+    pub fn start_with_head(pki: &Pki, respond: HeadResponder) -> FakeMaster {
         use pluginsync_common::tls as ptls;
         let config = rustls::ServerConfig::builder_with_provider(ptls::provider())
             .with_safe_default_protocol_versions()
@@ -66,9 +77,9 @@ impl FakeMaster {
                                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
                             }
                         }
-                        let head = String::from_utf8_lossy(&buf);
+                        let head = String::from_utf8_lossy(&buf).into_owned();
                         let target = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
-                        let _ = tls.write_all(&respond(&target)).await;
+                        let _ = tls.write_all(&respond(&target, &head)).await;
                         let _ = tls.shutdown().await;
                     });
                 }

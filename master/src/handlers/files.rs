@@ -1,6 +1,8 @@
 //! Puppet's three file endpoints, `file_metadatas`, `file_metadata` and
 //! `file_content` (docs/protocol.md §1.2–§1.4), and `send_file`, the
 //! code that sends an indexed file's bytes (here and for blobs).
+//! `file_metadatas` answers pluginsync's agent with a delta listing when
+//! it asks and the environment remembers its base (§7.5, `delta_for`).
 //!
 //! Order of checks follows Puppet Server (docs/protocol.md §1.7): a missing
 //! `environment` is a 400 before anything else; then the authorization step
@@ -22,7 +24,9 @@ use pluginsync_common::metadata::FileType;
 use pluginsync_common::protocol;
 
 use crate::api_error::ApiError;
-use crate::index::{EnvIndex, ListingError, Root, SearchParams, Served};
+use crate::index::{
+    CachedListing, DeltaListing, EnvIndex, ListingError, Root, SearchParams, Served,
+};
 use crate::request::{self, MountPath, PathError, Query};
 use crate::state::AppState;
 use crate::walk::Node;
@@ -93,7 +97,7 @@ pub async fn file_metadatas(
     let (params, max_files) = request::search_params(&a.query)?;
     let mount = a.target.mount;
     let index = a.index.clone();
-    let p: SearchParams = params;
+    let p: SearchParams = params.clone();
     let listing = tokio::task::spawn_blocking(move || index.listing(mount, &p))
         .await
         .map_err(|e| {
@@ -128,7 +132,9 @@ pub async fn file_metadatas(
     };
     let mut headers = HeaderMap::new();
     headers.insert(header::ETAG, header_value(&etag));
-    headers.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    // A shared cache must never hand a delta (asked for with our header)
+    // to a stock agent (docs/protocol.md §7.5.3).
+    headers.insert(header::VARY, HeaderValue::from_static(LISTING_VARY));
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Tells pluginsync agents they may fetch content by checksum here.
     headers.insert(
@@ -146,6 +152,26 @@ pub async fn file_metadatas(
             .listings_not_modified
             .fetch_add(1, Ordering::Relaxed);
         return Ok((StatusCode::NOT_MODIFIED, headers).into_response());
+    }
+    if let Some(delta) = delta_for(req, &a.index, mount, &params, &listing).await {
+        stats.listings_delta.fetch_add(1, Ordering::Relaxed);
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(protocol::DELTA_MEDIA_TYPE),
+        );
+        // It answers this request's If-None-Match only.
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        let body = if request::accepts_gzip(&req.headers) && delta.len() >= GZIP_MIN {
+            headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            tokio::task::spawn_blocking(move || delta.gzip())
+                .await
+                .map_err(|_| ApiError::internal())?
+        } else {
+            delta.plain()
+        };
+        let status =
+            StatusCode::from_u16(protocol::DELTA_STATUS).map_err(|_| ApiError::internal())?;
+        return Ok((status, headers, body).into_response());
     }
     state
         .store
@@ -166,6 +192,57 @@ pub async fn file_metadatas(
             .map_err(|_| ApiError::internal())?
     };
     Ok((StatusCode::OK, headers, body).into_response())
+}
+
+/// `Vary` of every listing answer: the body depends on gzip and, for
+/// pluginsync's agent, on whether it asked for a delta (docs/protocol.md
+/// §7.5.3).
+const LISTING_VARY: &str = "Accept-Encoding, X-Pluginsync-Delta";
+
+/// At most this many tags of `If-None-Match` are looked up as delta bases.
+const MAX_DELTA_BASES: usize = 4;
+
+/// The delta answering this request, if it may have one
+/// (docs/protocol.md §7.5.1): it asked with `X-Pluginsync-Delta` in the
+/// version this master speaks, its `If-None-Match` names a listing the
+/// environment remembers for these parameters (only the standard ones
+/// are remembered), and the delta is smaller than `listing`.
+async fn delta_for(
+    req: &Parts,
+    index: &Arc<EnvIndex>,
+    mount: protocol::Mount,
+    params: &SearchParams,
+    listing: &Arc<CachedListing>,
+) -> Option<Arc<DeltaListing>> {
+    let asked = req
+        .headers
+        .get(protocol::HEADER_DELTA)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim() == protocol::DELTA_VERSION);
+    if !asked {
+        return None;
+    }
+    let bases: Vec<String> = req
+        .headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| protocol::etag_core(t).to_owned())
+        .filter(|t| !t.is_empty() && t != "*")
+        .take(MAX_DELTA_BASES)
+        .collect();
+    if bases.is_empty() {
+        return None;
+    }
+    let (index, params, listing) = (index.clone(), params.clone(), listing.clone());
+    tokio::task::spawn_blocking(move || {
+        let bases: Vec<&str> = bases.iter().map(String::as_str).collect();
+        index.delta(mount, &params, &listing, &bases)
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// The answer for a listing or entry that could not be made.

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use pluginsync_common::metadata::FileMetadata;
-use pluginsync_common::protocol::Mount;
+use pluginsync_common::protocol::{Mount, listing_etag};
 
 use super::entry::{ListingError, SearchParams};
 
@@ -46,10 +46,10 @@ pub struct CachedListing {
 const KEEP_GZIPPED: usize = 4 << 20;
 
 impl CachedListing {
-    /// Wraps a body, deriving its ETag.
+    /// Wraps a body, deriving its ETag ([`listing_etag`], the function
+    /// agents check a rebuilt delta listing with: docs/protocol.md §7.5).
     pub fn new(body: Vec<u8>, count: usize) -> Self {
-        let digest = pluginsync_common::checksum::sha256_bytes(&body);
-        let etag = format!("\"{}\"", pluginsync_common::digest::hex(&digest[..20]));
+        let etag = listing_etag(&body);
         let len = body.len();
         if len >= KEEP_GZIPPED {
             let gz = OnceLock::new();
@@ -381,6 +381,11 @@ mod tests {
             }
             let streamed = sink.finish(7);
             assert_eq!(streamed.etag, whole.etag, "same ETag, size {size}");
+            assert_eq!(
+                streamed.etag,
+                listing_etag(&body),
+                "the ETag agents verify deltas with (docs/protocol.md §7.5.4)"
+            );
             assert_eq!((streamed.len, streamed.count), (size, 7));
             assert_eq!(streamed.plain(), Bytes::from(body.clone()));
             assert_eq!(streamed.plain.is_some(), size < KEEP_GZIPPED);

@@ -19,6 +19,7 @@
 //! | `mount.rs` | What a mount index is, and how first-wins merge works: [`MountIndex`], [`Root`], [`Loc`], [`Collision`]. |
 //! | `entry.rs` | What one listing entry is: [`SearchParams`], [`Identity`], a node's metadata and its checksum of any type. |
 //! | `listing.rs` | How a listing is serialised and cached: [`CachedListing`], the streaming writer (ETag, gzip), the cache (standard listings pinned, the rest LRU-bounded). |
+//! | `history.rs` | Delta listings (docs/protocol.md §7.5): the last few standard listings by ETag, across rebuilds ([`History`]), and the deltas from them ([`DeltaListing`]). |
 //!
 //! # How data flows
 //!
@@ -33,9 +34,10 @@
 //! ```
 //!
 //! Children never import this file; `entry` uses `mount`, `listing` uses
-//! `entry`.
+//! `entry`, `history` uses `listing` and `entry`.
 
 mod entry;
+mod history;
 mod listing;
 mod mount;
 
@@ -53,6 +55,7 @@ use crate::environments::{self, Module};
 use crate::walk::{Digests, Node, View};
 
 pub use self::entry::{DIRECTORY_CTIME, Identity, ListingError, SearchParams};
+pub use self::history::{DeltaListing, History};
 pub use self::listing::{CachedListing, gzip};
 pub use self::mount::{Collision, Loc, MountIndex, Root};
 pub use crate::walk::Hashing;
@@ -93,6 +96,9 @@ pub struct EnvIndex {
     blobs: HashMap<[u8; 32], (usize, Loc)>,
     /// Non-sha256 digests computed on demand.
     other_checksums: OtherChecksums,
+    /// The standard listings this environment served before, by ETag,
+    /// for delta listings; handed from each index to the next.
+    history: Arc<History>,
 }
 
 impl EnvIndex {
@@ -134,6 +140,7 @@ impl EnvIndex {
                 config.index.cache_mib.saturating_mul(1 << 20),
             ),
             other_checksums: OtherChecksums::default(),
+            history: previous.map(|p| p.history.clone()).unwrap_or_default(),
         }
     }
 
@@ -203,12 +210,15 @@ impl EnvIndex {
     /// Serialises and gzips, before the index is published, the standard
     /// listings ([`EnvIndex::standard_params`]), so the first agent after a
     /// change does not wait for them, and pins them in the cache for the
-    /// index's lifetime: no other parameter set can evict them.
+    /// index's lifetime: no other parameter set can evict them. Each is
+    /// recorded in the environment's [`History`], so later indexes can
+    /// answer deltas from it (docs/protocol.md §7.5).
     pub fn warm(&self) {
         for (mount, params) in Self::standard_params() {
             match self.serialise(mount, &params) {
                 Ok(l) => {
                     l.gzip();
+                    self.history.record((mount, params.clone()), l.clone());
                     self.responses.pin((mount, params), l);
                 }
                 Err(e) => {
@@ -233,6 +243,26 @@ impl EnvIndex {
         let listing = self.serialise(mount, params)?;
         let evicted = self.responses.insert(key, listing.clone());
         Ok((listing, Served::Serialised { evicted }))
+    }
+
+    /// A delta from the first of `bases` (`ETag` cores) this environment
+    /// remembers to `listing` (this index's listing for `mount` and
+    /// `params`), if smaller than the listing (docs/protocol.md §7.5).
+    /// Only the standard listings are remembered. Blocking: the first
+    /// request for a pair diffs the listing.
+    pub fn delta(
+        &self,
+        mount: Mount,
+        params: &SearchParams,
+        listing: &CachedListing,
+        bases: &[&str],
+    ) -> Option<Arc<DeltaListing>> {
+        self.history.delta(&(mount, params.clone()), listing, bases)
+    }
+
+    /// The environment's listing history (for tests and introspection).
+    pub fn history(&self) -> &History {
+        &self.history
     }
 
     /// Serialises the listing for `params`, bypassing the cache.
