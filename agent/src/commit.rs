@@ -411,7 +411,10 @@ fn apply(
             }
             dirs.staging()?;
             let staging = dirs.staging.as_ref().ok_or("no staging")?.as_fd();
-            if let Err(e) = dirs.durable.add(staging, Need::All, tmp.parent().unwrap_or(tmp)) {
+            if let Err(e) = dirs
+                .durable
+                .add(staging, Need::All, tmp.parent().unwrap_or(tmp))
+            {
                 tracing::warn!(dir = %tmp.display(), error = %e, "cannot keep a directory to sync");
             }
             // renameat(2) replaces a file or a symlink itself, never a

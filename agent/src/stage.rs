@@ -142,7 +142,11 @@ impl Staging {
     /// planned mode, masked with [`MODE_MASK`]) and adds it to `durable`.
     /// Every file is opened from the staging directory without following
     /// a link (as the commit does, ARCHITECTURE.md, Agent, commit).
-    fn seal_into(&self, modes: &HashMap<&Path, u32>, durable: &mut Durable) -> Result<(), StageError> {
+    fn seal_into(
+        &self,
+        modes: &HashMap<&Path, u32>,
+        durable: &mut Durable,
+    ) -> Result<(), StageError> {
         use rustix::fs::{Mode, OFlags};
         let fail = |path: &Path| {
             let path = path.to_owned();
@@ -302,7 +306,11 @@ pub async fn seal(stagings: &[(&Staging, HashMap<&Path, u32>)]) -> Result<(), St
             let (path, source) = failures.swap_remove(0);
             StageError::Sync { path, source }
         })?;
-    tracing::debug!(each = synced.each, syncfs = synced.syncfs, "staged files durable");
+    tracing::debug!(
+        each = synced.each,
+        syncfs = synced.syncfs,
+        "staged files durable"
+    );
     Ok(())
 }
 
