@@ -57,7 +57,7 @@
 //! and the change is large anyway (an initial sync). The busy-node figures
 //! of whole runs are in BENCHMARKS.md (the bench's busy-node scenario).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
@@ -255,19 +255,15 @@ impl Durable {
         let mut failures = Vec::new();
         let mut done = Synced::default();
         let mut each = Vec::new();
-        let mut whole: HashMap<u64, bool> = HashMap::new();
+        let mut whole = HashSet::new();
         for item in self.items {
-            if plan.get(&item.dev) == Some(&Strategy::Syncfs) {
-                if !whole.contains_key(&item.dev) {
-                    let result = rustix::fs::syncfs(&item.fd);
-                    whole.insert(item.dev, result.is_ok());
-                    done.syncfs += 1;
-                    if let Err(e) = result {
-                        failures.push((item.path, e.into()));
-                    }
-                }
-            } else {
+            if plan.get(&item.dev) != Some(&Strategy::Syncfs) {
                 each.push(item);
+            } else if whole.insert(item.dev) {
+                done.syncfs += 1;
+                if let Err(e) = rustix::fs::syncfs(&item.fd) {
+                    failures.push((item.path, e.into()));
+                }
             }
         }
         done.each = each.len();
