@@ -11,9 +11,10 @@
 //! so before the cache and the report claim the commit — every directory
 //! whose entries it changed and every entry whose mode it changed is on
 //! disk, at the cost of those alone: the directories renamed into, the
-//! staging directory renamed out of, the directories made (and their
-//! parents, up past the destination's own ancestors a first sync made),
-//! the directories purged from, the entries `chmod`ed. One `fsync` each,
+//! staging directory renamed out of, the directories made and their
+//! parents (on a first sync, the destination and each ancestor that its
+//! staging or `CreateRoot` made), the directories purged from, the
+//! entries `chmod`ed. One `fsync` each,
 //! deduplicated, or one `syncfs(2)` per filesystem when there are more
 //! than `SYNCFS_ABOVE` (`pluginsync_common::fsutil`, which has the
 //! measurement); a destination with a mount point below it counts per
