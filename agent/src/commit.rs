@@ -1,11 +1,25 @@
 //! Commit: put verified downloads in place and purge, in the plan's order.
 //!
-//! Runs only after every download of the run has been verified. Directories
-//! are made parents-first, staged files are renamed over their targets
-//! (atomic: a reader sees the old file or the new one, never half of
-//! either), modes are fixed, then purges run. Each step that fails is
-//! recorded and the others still run. Finally the touched filesystems are
-//! made durable: one `syncfs(2)` each.
+//! Runs only after every download of the run has been verified and made
+//! durable with its mode (`stage::seal`). Directories are made
+//! parents-first, staged files are renamed over their targets (atomic: a
+//! reader sees the old file or the new one, never half of either), modes
+//! are fixed, then purges run. Each step that fails is recorded and the
+//! others still run.
+//!
+//! **Durability** (issue 14, "A busy node"): before [`commit`] returns —
+//! so before the cache and the report claim the commit — every directory
+//! whose entries it changed and every entry whose mode it changed is on
+//! disk, at the cost of those alone: the directories renamed into, the
+//! staging directory renamed out of, the directories made and their
+//! parents (on a first sync, the destination and each ancestor that its
+//! staging or `CreateRoot` made), the directories purged from, the
+//! entries `chmod`ed. One `fsync` each,
+//! deduplicated, or one `syncfs(2)` per filesystem when there are more
+//! than `SYNCFS_ABOVE` (`pluginsync_common::fsutil`, which has the
+//! measurement); a destination with a mount point below it counts per
+//! filesystem. An empty plan (a run that changes nothing) syncs nothing.
+//! A failed sync is a warning: the changes are made and cannot be undone.
 //!
 //! **No path is ever resolved through a link** (issue 17, A-2): a local
 //! user who can rename inside the libdir must not be able to redirect a
@@ -24,11 +38,12 @@
 //! filesystem has the inodes and blocks the commit needs, so a full disk
 //! refuses the whole commit instead of applying part of it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
+use pluginsync_common::fsutil::{Durable, Need};
 use pluginsync_common::relpath::RelPath;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
@@ -50,7 +65,7 @@ pub struct Committed {
 }
 
 /// How every directory of the commit is opened: read-only (a descriptor
-/// that `syncfs` and `fchmod` accept), never through a symlink.
+/// that `fsync` and `fchmod` accept), never through a symlink.
 const DIR_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::DIRECTORY)
     .union(OFlags::NOFOLLOW)
@@ -82,9 +97,10 @@ struct Dirs<'a> {
     chain: Vec<(std::ffi::OsString, OwnedFd)>,
     /// `<dest>/.pluginsync-staging`, once open.
     staging: Option<OwnedFd>,
-    /// The root's device, and one directory per other filesystem met
-    /// below it (a mount point inside the destination), for `syncfs`.
-    devices: BTreeMap<u64, Option<OwnedFd>>,
+    /// What the commit changed, to make durable at its end (module docs).
+    durable: Durable,
+    /// The destination and those of its ancestors that `CreateRoot` made.
+    created: Vec<PathBuf>,
 }
 
 /// The names of `rel`'s components; only plain names (a listing path).
@@ -104,7 +120,8 @@ impl<'a> Dirs<'a> {
             root: None,
             chain: Vec::new(),
             staging: None,
-            devices: BTreeMap::new(),
+            durable: Durable::new(),
+            created: Vec::new(),
         }
     }
 
@@ -124,9 +141,6 @@ impl<'a> Dirs<'a> {
                     std::io::Error::from(e)
                 )
             })?;
-            if let Ok(st) = rustix::fs::fstat(&fd) {
-                self.devices.entry(st.st_dev).or_insert(None);
-            }
             self.root = Some(fd);
         }
         Ok(self.root.as_ref().map(AsFd::as_fd).ok_or("no root")?)
@@ -154,12 +168,6 @@ impl<'a> Dirs<'a> {
                     return Err(not_a_dir(parent, name, &path, e));
                 }
             };
-            if let Ok(st) = rustix::fs::fstat(&fd)
-                && !self.devices.contains_key(&st.st_dev)
-            {
-                let dup = fd.try_clone().ok();
-                self.devices.insert(st.st_dev, dup);
-            }
             self.chain.push(((*name).to_owned(), fd));
         }
         Ok(names.len())
@@ -175,6 +183,30 @@ impl<'a> Dirs<'a> {
                 .as_ref()
                 .expect("the root is opened by Dirs::open before any depth")
                 .as_fd(),
+        }
+    }
+
+    /// Marks the open directory at `depth` (`rel_dir`, for messages) as
+    /// changed: it is made durable at the end of the commit.
+    fn changed(&mut self, depth: usize, rel_dir: &Path) {
+        let fd = match depth.checked_sub(1).and_then(|i| self.chain.get(i)) {
+            Some((_, fd)) => fd.as_fd(),
+            None => match &self.root {
+                Some(root) => root.as_fd(),
+                None => return,
+            },
+        };
+        let path = self.dest.join(rel_dir);
+        if let Err(e) = self.durable.add(fd, Need::All, &path) {
+            tracing::warn!(dir = %path.display(), error = %e, "cannot keep a directory to sync");
+        }
+    }
+
+    /// Marks the open entry `fd` (`rel`) as changed.
+    fn changed_entry(&mut self, fd: BorrowedFd<'_>, rel: &Path) {
+        let path = self.dest.join(rel);
+        if let Err(e) = self.durable.add(fd, Need::All, &path) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot keep an entry to sync");
         }
     }
 
@@ -283,10 +315,11 @@ fn empty_dir(dir: &OwnedFd) -> std::io::Result<()> {
 }
 
 /// Opens the entry `name` of `parent` (never through a symlink) and sets
-/// its mode to `mode & MODE_MASK`.
-fn chmod_entry(parent: BorrowedFd<'_>, name: &OsStr, mode: u32) -> Result<(), Errno> {
+/// its mode to `mode & MODE_MASK`; returns it, open.
+fn chmod_entry(parent: BorrowedFd<'_>, name: &OsStr, mode: u32) -> Result<OwnedFd, Errno> {
     let fd = rustix::fs::openat(parent, name, ENTRY_FLAGS, Mode::empty())?;
-    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK))
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK))?;
+    Ok(fd)
 }
 
 /// One step; the error is its one line.
@@ -303,19 +336,30 @@ fn apply(
     };
     match action {
         Action::CreateRoot { mode } => {
+            let mut p = dest;
+            while !p.exists() {
+                dirs.created.push(p.to_owned());
+                match p.parent() {
+                    Some(parent) => p = parent,
+                    None => break,
+                }
+            }
             std::fs::create_dir_all(dest)
                 .map_err(|e| format!("cannot create '{}': {e}", dest.display()))?;
-            let root = dirs.root()?;
-            rustix::fs::fchmod(root, Mode::from_raw_mode(mode & MODE_MASK))
+            dirs.root()?;
+            dirs.changed(0, Path::new(""));
+            rustix::fs::fchmod(dirs.root()?, Mode::from_raw_mode(mode & MODE_MASK))
                 .map_err(io("chmod", Path::new("")))
         }
         Action::ChmodRoot { mode } => {
-            let root = dirs.root()?;
-            rustix::fs::fchmod(root, Mode::from_raw_mode(mode & MODE_MASK))
+            dirs.root()?;
+            dirs.changed(0, Path::new(""));
+            rustix::fs::fchmod(dirs.root()?, Mode::from_raw_mode(mode & MODE_MASK))
                 .map_err(io("chmod", Path::new("")))
         }
         Action::Mkdir { rel, mode, replace } => {
             let (depth, name) = dirs.parent_of(rel)?;
+            dirs.changed(depth, rel.parent().unwrap_or(Path::new("")));
             if *replace {
                 if !resource.force {
                     return Err(format!(
@@ -336,16 +380,15 @@ fn apply(
                 .map_err(io("open", rel))?;
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK))
                 .map_err(io("chmod", rel))?;
+            dirs.changed_entry(fd.as_fd(), rel);
             if dirs.chain.len() == depth {
                 dirs.chain.push((name.to_owned(), fd));
             }
             Ok(())
         }
+        // The staged file has its mode already (stage::seal).
         Action::Write {
-            rel,
-            mode,
-            replace_dir,
-            ..
+            rel, replace_dir, ..
         } => {
             let tmp = staged.get(rel).ok_or_else(|| {
                 format!("no verified download for '{}'", dest.join(rel).display())
@@ -355,6 +398,7 @@ fn apply(
                 _ => return Err(format!("'{}' is not a staged file", tmp.display())),
             };
             let (depth, name) = dirs.parent_of(rel)?;
+            dirs.changed(depth, rel.parent().unwrap_or(Path::new("")));
             if *replace_dir {
                 if !resource.force {
                     return Err(format!(
@@ -368,13 +412,12 @@ fn apply(
             }
             dirs.staging()?;
             let staging = dirs.staging.as_ref().ok_or("no staging")?.as_fd();
-            chmod_entry(staging, tmp_name, *mode).map_err(|e| {
-                format!(
-                    "cannot chmod '{}': {}",
-                    tmp.display(),
-                    std::io::Error::from(e)
-                )
-            })?;
+            if let Err(e) = dirs
+                .durable
+                .add(staging, Need::All, tmp.parent().unwrap_or(tmp))
+            {
+                tracing::warn!(dir = %tmp.display(), error = %e, "cannot keep a directory to sync");
+            }
             // renameat(2) replaces a file or a symlink itself, never a
             // link's target.
             rustix::fs::renameat(staging, tmp_name, dirs.fd(depth), name)
@@ -382,7 +425,7 @@ fn apply(
         }
         Action::Chmod { rel, mode } => {
             let (depth, name) = dirs.parent_of(rel)?;
-            chmod_entry(dirs.fd(depth), name, *mode).map_err(|e| {
+            let fd = chmod_entry(dirs.fd(depth), name, *mode).map_err(|e| {
                 if e == Errno::LOOP {
                     format!(
                         "'{}' became a symlink; not changing its mode",
@@ -391,13 +434,16 @@ fn apply(
                 } else {
                     io("chmod", rel)(e)
                 }
-            })
+            })?;
+            dirs.changed_entry(fd.as_fd(), rel);
+            Ok(())
         }
         Action::Remove { rel, .. } => {
             if !resource.purge {
                 return Ok(());
             }
             let (depth, name) = dirs.parent_of(rel)?;
+            dirs.changed(depth, rel.parent().unwrap_or(Path::new("")));
             dirs.forget(rel);
             remove_entry(dirs.fd(depth), name)
                 .map_err(|e| format!("cannot remove '{}': {e}", dest.join(rel).display()))
@@ -405,11 +451,15 @@ fn apply(
     }
 }
 
-/// Applies `plan` to `dest`; see the module docs.
+/// Applies `plan` to `dest` and makes it durable; see the module docs.
+/// `staged`: relative path → staged file, durable with its mode already;
+/// `created`: the destination directories its staging made (deepest
+/// first), whose entries are made durable too.
 pub fn commit(
     dest: &Path,
     plan: &Plan,
     staged: &HashMap<PathBuf, PathBuf>,
+    created: &[PathBuf],
     resource: &FileResource,
 ) -> Committed {
     let mut out = Committed::default();
@@ -445,40 +495,34 @@ pub fn commit(
             }
         }
     }
-    sync_filesystems(dest, dirs);
+    make_durable(dirs, created);
     out
 }
 
-/// Makes the commit durable: one `syncfs(2)` per filesystem it touched
-/// (the destination's, any mounted below it, and its parent's, which
-/// holds the destination's own entry when it was just made) instead of one
-/// `fsync(2)` per directory (on a journal-less ext4 each directory fsync
-/// is a synchronous write: 490 of them cost ~70 ms of a 3,000-file initial
-/// sync, one syncfs a few).
-fn sync_filesystems(dest: &Path, dirs: Dirs<'_>) {
-    let warn = |dir: &Path, e: std::io::Error| {
-        tracing::warn!(dir = %dir.display(), error = %e, "cannot sync directory");
-    };
-    if let Some(root) = &dirs.root
-        && let Err(e) = rustix::fs::syncfs(root)
-    {
-        warn(dest, e.into());
-    }
-    for fd in dirs.devices.values().flatten() {
-        if let Err(e) = rustix::fs::syncfs(fd) {
-            warn(dest, e.into());
+/// Makes what the commit changed durable (module docs): the directories
+/// and entries marked while it ran, plus each directory made for the
+/// destination and the parent that holds its entry (trusted paths: the
+/// destination and its ancestors are configuration).
+fn make_durable(dirs: Dirs<'_>, created: &[PathBuf]) {
+    let mut durable = dirs.durable;
+    for dir in created.iter().chain(&dirs.created) {
+        for p in [Some(dir.as_path()), dir.parent()].into_iter().flatten() {
+            if let Err(e) = durable.add_path(p, Need::All) {
+                tracing::warn!(dir = %p.display(), error = %e, "cannot open a directory to sync");
+            }
         }
     }
-    if let Some(parent) = dest.parent() {
-        use std::os::unix::fs::MetadataExt;
-        let result = std::fs::metadata(parent).and_then(|md| {
-            if !dirs.devices.contains_key(&md.dev()) {
-                rustix::fs::syncfs(std::fs::File::open(parent)?)?;
+    if durable.is_empty() {
+        return;
+    }
+    match durable.sync() {
+        Ok(synced) => {
+            tracing::debug!(each = synced.each, syncfs = synced.syncfs, "commit durable");
+        }
+        Err(failures) => {
+            for (path, e) in failures {
+                tracing::warn!(path = %path.display(), error = %e, "cannot sync");
             }
-            Ok(())
-        });
-        if let Err(e) = result {
-            warn(parent, e);
         }
     }
 }
@@ -664,7 +708,7 @@ mod tests {
             ],
             unchanged: 0,
         };
-        let done = commit(&dest, &plan, &files, &resource(&dest));
+        let done = commit(&dest, &plan, &files, &[], &resource(&dest));
         assert_eq!(
             done.changes,
             vec![(PathBuf::from("a/one.rb"), ChangeKind::Created)]
@@ -716,7 +760,7 @@ mod tests {
             ],
             unchanged: 0,
         };
-        let done = commit(&dest, &plan, &files, &resource(&dest));
+        let done = commit(&dest, &plan, &files, &[], &resource(&dest));
         assert_eq!(done.failures.len(), 1, "{:?}", done.failures);
         assert_eq!(done.failures[0].0, PathBuf::from("d/y.rb"));
         assert!(
@@ -751,7 +795,7 @@ mod tests {
             ],
             unchanged: 0,
         };
-        let done = commit(&dest, &plan, &HashMap::new(), &resource(&dest));
+        let done = commit(&dest, &plan, &HashMap::new(), &[], &resource(&dest));
         assert_eq!(done.failures.len(), 1, "{:?}", done.failures);
         assert!(
             done.failures[0].1.contains("became a symlink"),

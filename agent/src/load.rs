@@ -616,7 +616,13 @@ pub struct PendingLoads {
 impl PendingLoads {
     const FILE: &'static str = "pending_loads.json";
 
-    /// Records `files` (durably: it must survive the agent being killed).
+    /// Records `files` durably (`write_atomic`, with `fsync`), before the
+    /// commit: a kill needs no `fsync` (the page cache outlives the
+    /// process), but a crash after the commit is durable must still find
+    /// the record, or those files would never be loaded. Written only when
+    /// the run writes files and loaders are configured, never by a run that
+    /// changes nothing; [`PendingLoads::clear`] removes it without a sync
+    /// (a removal lost in a crash loads those files once more).
     pub fn record(vardir: &Path, files: &[(Mount, RelPath)]) -> std::io::Result<()> {
         let pending = PendingLoads {
             files: files

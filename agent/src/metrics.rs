@@ -13,7 +13,7 @@ use std::path::Path;
 
 use metrics::{Key, Label, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::PrometheusBuilder;
-use pluginsync_common::fsutil::write_atomic;
+use pluginsync_common::fsutil::replace_atomic;
 
 use crate::load::LoadStatus;
 use crate::plan::ChangeKind;
@@ -193,11 +193,16 @@ pub fn render(report: &Report, facts: RunFacts, previous: Option<&str>) -> Strin
 }
 
 /// Writes the textfile for `report` at `path`, atomically; the previous
-/// file, if any, gives the last success of a failed run.
+/// file, if any, gives the last success of a failed run. Without `fsync`
+/// (`replace_atomic`): it is rewritten after every run, a no-op included,
+/// which must make no sync call (issue 14, "A busy node"). A crash can
+/// lose it, never tear it (`pluginsync_common::fsutil`'s module docs):
+/// node_exporter then shows the previous run, or no series, until the
+/// next run replaces it — the last-run timestamp shows how old it is.
 pub fn write_textfile(path: &Path, report: &Report, facts: RunFacts) -> std::io::Result<()> {
     let previous = std::fs::read_to_string(path).ok();
     let text = render(report, facts, previous.as_deref());
-    write_atomic(path, text.as_bytes(), 0o644)
+    replace_atomic(path, text.as_bytes(), 0o644)
 }
 
 #[cfg(test)]

@@ -253,7 +253,12 @@ impl Registry {
         }
     }
 
-    /// Writes the registry atomically.
+    /// Writes the registry atomically and durably (`write_atomic`, with
+    /// `fsync`): it records plugin versions accepted after their describe
+    /// handshake, and a registry lost in a crash would leave a committed
+    /// plugin unregistered until its file changes again. Written only when
+    /// it changed (a load, or a plugin file gone), never by a run that
+    /// changes nothing.
     pub fn save(&self, vardir: &Path) -> std::io::Result<()> {
         std::fs::create_dir_all(vardir)?;
         pluginsync_common::fsutil::write_atomic(

@@ -10,7 +10,7 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use pluginsync_common::fsutil::write_atomic;
+use pluginsync_common::fsutil::replace_atomic;
 use serde::{Deserialize, Serialize};
 
 use crate::load::{LoadEntry, LoadStatus};
@@ -120,14 +120,22 @@ impl Report {
         out
     }
 
-    /// Writes `<vardir>/last_run_report.json` atomically.
+    /// Writes `<vardir>/last_run_report.json` atomically, without `fsync`
+    /// (`replace_atomic`): every run writes it, a run that changes nothing
+    /// included, and such a run makes no sync call (issue 14, "A busy
+    /// node"). After a crash it can be lost but never torn (the argument
+    /// is in `pluginsync_common::fsutil`'s module docs): the name holds
+    /// this report or the previous one — or, on some filesystems, an empty
+    /// or short file that [`Report::load`] refuses as not a report — and the
+    /// next run writes a new one. What it claims is durable before it is
+    /// written: the commit syncs before `sync.rs` saves it.
     pub fn save(&self, vardir: &Path) -> std::io::Result<()> {
         std::fs::create_dir_all(vardir)?;
         // Serialised in memory first: straight into the file, serde_json
         // would make one write(2) per token.
         let mut json = serde_json::to_vec_pretty(self)?;
         json.push(b'\n');
-        write_atomic(&vardir.join("last_run_report.json"), &json, 0o600)
+        replace_atomic(&vardir.join("last_run_report.json"), &json, 0o600)
     }
 
     /// Reads the last report.

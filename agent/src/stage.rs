@@ -4,8 +4,13 @@
 //! destination changes. Every file the agent writes before the commit is
 //! written here: the client only hands over bodies.
 //!
-//! Staged files are written through a buffer and made durable together by
-//! one `syncfs` of the destination's filesystem, before any rename.
+//! Staged files are written through a buffer. Once every download of the
+//! run is verified, [`seal`] gives each staged file its planned mode and
+//! makes it durable — content and mode, before any rename makes it
+//! visible — at the cost of those files only: one `fsync` each, or one
+//! `syncfs` per filesystem above [`SYNCFS_ABOVE`] files
+//! ([`pluginsync_common::fsutil`] has the measurement). A run that
+//! downloads nothing seals nothing and makes no sync call.
 //!
 //! The staging directory is `<dest>/.pluginsync-staging` (0700), never
 //! synced or purged. A [`Staging`] is a transaction: dropped before
@@ -16,6 +21,7 @@
 //! removed by the next one.
 
 use std::collections::HashMap;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -24,10 +30,13 @@ use tokio::io::{AsyncSeekExt, AsyncWriteExt, BufWriter};
 
 use pluginsync_common::checksum::Sha256Stream;
 use pluginsync_common::digest::Sha256;
+#[cfg(doc)]
+use pluginsync_common::fsutil::SYNCFS_ABOVE;
+use pluginsync_common::fsutil::{Durable, Need};
 use pluginsync_common::protocol::{FrameDecoder, FrameEvent, MAX_BATCH};
 
 use crate::client::{Body, BodyError, Client, FetchError, Source};
-use crate::listing::STAGING_DIR;
+use crate::listing::{MODE_MASK, STAGING_DIR};
 use crate::progress::Progress;
 
 /// Batch requests in flight.
@@ -44,16 +53,16 @@ pub enum StageError {
     /// content.
     #[error("cannot copy a staged file: {0}")]
     Copy(#[source] std::io::Error),
-    /// The staged files could not be made durable.
-    #[error("cannot sync the staged files in '{}': {source}", dir.display())]
+    /// A staged file could not be given its mode or made durable.
+    #[error("cannot sync the staged file '{}': {source}", path.display())]
     Sync {
-        /// The staging directory.
-        dir: PathBuf,
+        /// The staged file (or the staging directory).
+        path: PathBuf,
         /// The error.
         source: std::io::Error,
     },
-    /// The task running the `syncfs` died.
-    #[error("syncfs task: {0}")]
+    /// The task making the staged files durable died.
+    #[error("sync task: {0}")]
     SyncTask(#[source] tokio::task::JoinError),
 }
 
@@ -123,6 +132,59 @@ impl Staging {
         self.created.clear();
     }
 
+    /// The destination directories [`Staging::prepare`] created, deepest
+    /// first: the commit makes their entries durable.
+    pub fn created(&self) -> &[PathBuf] {
+        &self.created
+    }
+
+    /// Gives every staged file its mode from `modes` (relative path →
+    /// planned mode, masked with [`MODE_MASK`]) and adds it to `durable`.
+    /// Every file is opened from the staging directory without following
+    /// a link (as the commit does, ARCHITECTURE.md, Agent, commit).
+    fn seal_into(
+        &self,
+        modes: &HashMap<&Path, u32>,
+        durable: &mut Durable,
+    ) -> Result<(), StageError> {
+        use rustix::fs::{Mode, OFlags};
+        let fail = |path: &Path| {
+            let path = path.to_owned();
+            move |e: rustix::io::Errno| StageError::Sync {
+                path,
+                source: e.into(),
+            }
+        };
+        let dir = rustix::fs::open(
+            &self.dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(fail(&self.dir))?;
+        for (rel, tmp) in &self.files {
+            let name = tmp.file_name().unwrap_or_default();
+            let fd = rustix::fs::openat(
+                &dir,
+                name,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(fail(tmp))?;
+            if let Some(mode) = modes.get(rel.as_path()) {
+                rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK))
+                    .map_err(fail(tmp))?;
+            }
+            // fsync, not fdatasync: the mode must be on disk too.
+            durable
+                .add(fd.as_fd(), Need::All, tmp)
+                .map_err(|source| StageError::Sync {
+                    path: tmp.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
     /// Fetches the distinct checksums of `writes` through the master's
     /// batch endpoint, [`MAX_BATCH`] per request, [`BATCHES_IN_FLIGHT`] at a
     /// time; each frame is written straight to its staged file (plain
@@ -183,8 +245,8 @@ impl Staging {
     }
 
     /// Downloads `writes` (relative path, sha256 hex) with `parallel` in
-    /// flight, then makes them durable with one `syncfs`; the first failure
-    /// stops the rest and is returned.
+    /// flight; the first failure stops the rest and is returned. Nothing is
+    /// durable yet: see [`seal`].
     pub async fn download_all(
         &mut self,
         client: &Client,
@@ -221,22 +283,35 @@ impl Staging {
             self.files.insert(rel, tmp);
             progress.file_done();
         }
-        drop(stream);
-        // One syncfs for every staged file instead of one fsync each: the
-        // data is durable before any rename makes it visible.
-        let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            let d = std::fs::File::open(&dir)?;
-            rustix::fs::syncfs(&d)?;
-            Ok(())
-        })
+        Ok(())
+    }
+}
+
+/// Makes every staged file of the run durable before any rename (module
+/// docs): each [`Staging`] with the planned modes of its files (relative
+/// path → mode), all in one [`Durable`] set, so destinations on one
+/// filesystem share its count. Nothing staged, no call.
+pub async fn seal(stagings: &[(&Staging, HashMap<&Path, u32>)]) -> Result<(), StageError> {
+    let mut durable = Durable::new();
+    for (staging, modes) in stagings {
+        staging.seal_into(modes, &mut durable)?;
+    }
+    if durable.is_empty() {
+        return Ok(());
+    }
+    let synced = tokio::task::spawn_blocking(move || durable.sync())
         .await
         .map_err(StageError::SyncTask)?
-        .map_err(|source| StageError::Sync {
-            dir: self.dir.clone(),
-            source,
-        })
-    }
+        .map_err(|mut failures| {
+            let (path, source) = failures.swap_remove(0);
+            StageError::Sync { path, source }
+        })?;
+    tracing::debug!(
+        each = synced.each,
+        syncfs = synced.syncfs,
+        "staged files durable"
+    );
+    Ok(())
 }
 
 impl Drop for Staging {

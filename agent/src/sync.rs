@@ -589,6 +589,14 @@ impl<'a> Run<'a> {
                 .map_err(SyncError::Download)?;
             stagings.push(Some(staging));
         }
+        // Every staged file durable with its mode before any rename
+        // (stage.rs, module docs).
+        let sealing: Vec<_> = passes
+            .iter()
+            .zip(&stagings)
+            .filter_map(|(p, s)| Some((s.as_ref()?, write_modes(&p.plan))))
+            .collect();
+        stage::seal(&sealing).await.map_err(SyncError::Download)?;
         Ok(stagings)
     }
 
@@ -608,7 +616,10 @@ impl<'a> Run<'a> {
             let (dest, mount) = (&p.resource.path, p.resource.mount);
             let empty = HashMap::new();
             let staged = staging.as_ref().map_or(&empty, |s| &s.files);
-            let done = commit::commit(dest, &p.plan, staged, &p.resource);
+            let created = staging.as_ref().map_or(&[][..], |s| s.created());
+            // Durable before it returns, so before the cache and the
+            // report below claim it.
+            let done = commit::commit(dest, &p.plan, staged, created, &p.resource);
             for (rel, kind) in done.changes {
                 self.report.changes.push(change(&p.resource, &rel, kind));
             }
@@ -735,6 +746,17 @@ fn guard(settings: &Settings, passes: &[Pass]) -> Result<(), SyncError> {
         }
     }
     Ok(())
+}
+
+/// Relative path → planned mode, for every file `plan` writes.
+fn write_modes(plan: &Plan) -> HashMap<&Path, u32> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match a {
+            plan::Action::Write { rel, mode, .. } => Some((rel.as_path(), *mode)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// `3093` as `3,093`.

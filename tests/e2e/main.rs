@@ -7,6 +7,8 @@ mod architecture;
 mod agent_failover;
 // Fault injection: the agent killed with SIGKILL at random points of initial and incremental syncs.
 mod agent_killed;
+// What the agent makes durable, traced with strace: nothing for a no-op run, its own files for a small change, syncfs above the threshold.
+mod agent_durable;
 // The agent's removal guard: a master that lost most of an environment cannot wipe a node.
 mod agent_guard;
 // Loading synced plugins after a sync: loaders as child processes, failures, versions, the report.
