@@ -58,7 +58,11 @@ fn populate(envpath: &Path) {
         0o644,
     );
     put(&format!("{prod}/fleet/{VERSION_RB}"), "# v1\n", 0o644);
-    put(&format!("{prod}/fleet/facts.d/fleet.txt"), "fleet_fact=one\n", 0o644);
+    put(
+        &format!("{prod}/fleet/facts.d/fleet.txt"),
+        "fleet_fact=one\n",
+        0o644,
+    );
     put(
         &format!("{prod}/tools/lib/puppet/functions/tools/hello.rb"),
         "Puppet::Functions.create_function(:'tools::hello') { def hello; 'hi'; end }\n",
@@ -69,7 +73,11 @@ fn populate(envpath: &Path) {
         "#!/bin/sh\necho tools_fact=two\n",
         0o755,
     );
-    put("assigned/modules/fleet/lib/assigned.rb", "# assigned\n", 0o644);
+    put(
+        "assigned/modules/fleet/lib/assigned.rb",
+        "# assigned\n",
+        0o644,
+    );
 }
 
 /// A snapshot without modes: `dir`, `file <sha256>`.
@@ -104,13 +112,17 @@ fn node_ssldir(server: &PuppetServer, work: &Path, certname: &str) -> PathBuf {
 }
 
 /// The masters' access-log entries from `skip[i]` on, for the plugin
-/// mounts: (certname, method, target, status).
+/// mounts: (certname, target, status).
 fn plugin_requests(masters: &[ProxyBackend], skip: &[usize]) -> Vec<(String, String, u64)> {
     masters
         .iter()
         .zip(skip)
         .flat_map(|(m, &n)| m.access_log().into_iter().skip(n))
-        .filter(|v| v["target"].as_str().is_some_and(|t| t.starts_with("/puppet/v3/file_")))
+        .filter(|v| {
+            v["target"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("/puppet/v3/file_"))
+        })
         .map(|v| {
             (
                 v["certname"].as_str().unwrap_or("-").to_owned(),
@@ -167,6 +179,34 @@ fn wait_served(masters: &[ProxyBackend], rel: &str, text: &str) {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// Status of a GET of `target` through the balancer without a client
+/// certificate but with forged identity headers naming `node1`.
+fn forged_get(lb: &Balancer, ca: &Path, target: &str) -> u16 {
+    pluginsync_common::tls::install_default_provider();
+    let ca = std::fs::read(ca).expect("ca");
+    let client = reqwest::Client::builder()
+        .tls_certs_only(reqwest::Certificate::from_pem_bundle(&ca).expect("ca pem"))
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        client
+            .get(format!("https://localhost:{}{target}", lb.port))
+            .header("X-Client-Verify", "SUCCESS")
+            .header("X-Client-DN", "CN=node1")
+            .header("X-Client-Cert", "forged")
+            .send()
+            .await
+            .expect("request through the balancer")
+            .status()
+            .as_u16()
+    })
 }
 
 /// One balancer's part: the stock agent's full run, what answered its
@@ -257,6 +297,24 @@ fn full_run_through(
         "{name}: Puppet Server did not compile node1's catalog:\n{new}"
     );
 
+    // The balancer replaces a client's own identity headers: without a
+    // certificate, forged ones count for neither backend.
+    let ca = server.ssldir().join("certs/ca.pem");
+    assert_eq!(
+        forged_get(
+            lb,
+            &ca,
+            "/puppet/v3/file_content/plugins/facter/fleet_target.rb?environment=production"
+        ),
+        403,
+        "{name}: a pluginsync master took forged identity headers"
+    );
+    assert_eq!(
+        forged_get(lb, &ca, "/puppet/v3/node/node1?environment=production"),
+        403,
+        "{name}: Puppet Server took forged identity headers"
+    );
+
     // A changed plugin on the code tree reaches the node on the next run.
     let changed = format!("# changed for the run through {name}\n");
     std::fs::write(env_dir.join("modules/fleet").join(VERSION_RB), &changed).unwrap();
@@ -304,7 +362,12 @@ fn enc_through(name: &str, lb: &Balancer, server: &PuppetServer, masters: &[Prox
     let extra = "environment = \"production\"\nenvironment_source = \"server\"";
     let server_before = server.access_log().lines().count();
     let skip: Vec<usize> = masters.iter().map(|m| m.access_log().len()).collect();
-    let home = AgentHome::with_ssldir(&server.ssldir(), "enc-node", &[url.clone()], extra);
+    let home = AgentHome::with_ssldir(
+        &server.ssldir(),
+        "enc-node",
+        std::slice::from_ref(&url),
+        extra,
+    );
     let run = home.sync(&["-v"]);
     assert_eq!(run.code, 0, "{name}: {run:?}");
     assert!(
@@ -320,18 +383,19 @@ fn enc_through(name: &str, lb: &Balancer, server: &PuppetServer, masters: &[Prox
     let log = server.access_log();
     let new: Vec<&str> = log.lines().skip(server_before).collect();
     assert!(
-        new.iter()
-            .any(|l| l.contains("\"GET /puppet/v3/node/enc-node?environment=production")
-                && l.contains("HTTP/1.1\" 200")),
+        new.iter().any(
+            |l| l.contains("\"GET /puppet/v3/node/enc-node?environment=production")
+                && l.contains("HTTP/1.1\" 200")
+        ),
         "{name}: Puppet Server did not answer the node request:\n{}",
         new.join("\n")
     );
     let served = plugin_requests(masters, &skip);
     assert!(
         !served.is_empty()
-            && served
-                .iter()
-                .all(|(c, t, s)| c == "enc-node" && t.contains("environment=assigned") && *s == 200),
+            && served.iter().all(|(c, t, s)| c == "enc-node"
+                && t.contains("environment=assigned")
+                && *s == 200),
         "{name}: {served:#?}"
     );
 
@@ -392,10 +456,10 @@ fn stock_agents_run_through_the_split_and_the_enc_assigns_the_environment() {
         .map(|_| ProxyBackend::spawn(&server.envpath(), &base, [&cert, &key, &ca, &crl]))
         .collect();
     let backends = Backends {
-        cert: cert.clone(),
-        key: key.clone(),
-        ca: ca.clone(),
-        crl: crl.clone(),
+        cert,
+        key,
+        ca,
+        crl,
         puppetserver: format!("127.0.0.1:{http_port}"),
         pluginsync: masters.iter().map(|m| m.proxy.clone()).collect(),
     };

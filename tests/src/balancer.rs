@@ -101,7 +101,10 @@ impl Balancer {
         );
         write(
             "puppet-fleet/puppetserver.conf",
-            format!("server {} max_fails=2 fail_timeout=10s;\n", backends.puppetserver),
+            format!(
+                "server {} max_fails=2 fail_timeout=10s;\n",
+                backends.puppetserver
+            ),
         );
         write(
             "puppet-fleet/pluginsync.conf",
