@@ -33,7 +33,7 @@ pub struct Backends {
     pub pluginsync: Vec<String>,
 }
 
-/// A balancer child process; killed on drop. Its own files (logs, the
+/// A balancer child process; stopped on drop. Its own files (logs, the
 /// generated includes) live in a tempdir.
 pub struct Balancer {
     child: Child,
@@ -174,7 +174,20 @@ impl Balancer {
 }
 
 impl Drop for Balancer {
+    /// SIGTERM first: nginx's master then stops its workers (a SIGKILLed
+    /// master leaves them orphaned, still listening); SIGKILL after 10 s.
     fn drop(&mut self) {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        );
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
