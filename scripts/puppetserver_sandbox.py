@@ -15,6 +15,19 @@ logback files, CA, ssldir, code and var directories; it binds 127.0.0.1 only; it
                                    files land in DIR/ssl (Puppet's ssldir layout)
   start    --dir DIR --port PORT   setup + serve in the background + wait; prints the PID
 
+Options of setup (and start) for a server behind a TLS-terminating balancer (README, "Running
+in a Puppet fleet"; tests/e2e/puppet_fleet.rs):
+  --http-port P       also listen on 127.0.0.1:P in plain HTTP (webserver `host`/`port`), the
+                      balancer's backend; the HTTPS port stays
+  --header-identity   `allow-header-cert-info: true` in auth.conf: the client's identity comes
+                      from X-Client-Verify / X-Client-DN / X-Client-Cert only, on every port
+                      (so certificates must be generated before the server runs: --certs)
+  --certs A,B         certificates signed offline by the CA right after it is created
+  --enc CERT=ENV      an ENC (`node_terminus = exec`, DIR/enc.sh) assigning ENV to CERT;
+                      repeatable; other nodes get no environment from it
+  --manifest ENV      code/environments/ENV/manifests/site.pp: one `file` resource at the path
+                      in the agent's fact `fleet_target` (a plugin the test syncs provides it)
+
 Code goes under DIR/code/environments/<env>/... (Puppet's environmentpath; an environment may
 have its own environment.conf); basemodulepath is DIR/code/modules alone (not the packaged
 default's second entry), so a pluginsync master given the same two directories serves the same.
@@ -42,7 +55,7 @@ def puppet_conf(d):
     return os.path.join(d, "conf", "puppet.conf")
 
 
-def setup(d, port):
+def setup(d, port, http_port=None, header_identity=False, certs=(), enc=(), manifests=()):
     """Writes every configuration file and creates the CA. Idempotent for the CA."""
     d = os.path.abspath(d)
     for sub in ("conf", "code/environments", "code/modules", "var", "server-var", "log", "run", "ssl", "jruby-gems"):
@@ -59,14 +72,23 @@ logdir = {d}/log
 rundir = {d}/run
 [server]
 cadir = {d}/ca
-""")
+""" + (f"node_terminus = exec\nexternal_nodes = {d}/enc.sh\n" if enc else ""))
+    if enc:
+        write_enc(d, enc)
+    for env in manifests:
+        write(os.path.join(d, "code", "environments", env, "manifests", "site.pp"), SITE_PP)
     confd = os.path.join(d, "conf.d")
     os.makedirs(confd, exist_ok=True)
     # auth.conf, routes and metrics exactly as packaged: the default rules are part of what
     # a stock server is.
     for name in ("auth.conf", "web-routes.conf", "metrics.conf"):
         with open(os.path.join(PACKAGED_CONFD, name)) as f:
-            write(os.path.join(confd, name), f.read())
+            text = f.read()
+        if name == "auth.conf" and header_identity:
+            # Puppet Server's external SSL termination: identity from the balancer's headers.
+            text = text.replace("version: 1", "version: 1\n    allow-header-cert-info: true", 1)
+            assert "allow-header-cert-info: true" in text, "auth.conf has no `version: 1`"
+        write(os.path.join(confd, name), text)
     # The master's certificate for pluginsync is requested with subject alt names.
     write(os.path.join(confd, "ca.conf"), "certificate-authority: {\n    allow-subject-alt-names: true\n}\n")
     write(os.path.join(confd, "global.conf"), f"global: {{\n    logging-config: {d}/logback.xml\n}}\n")
@@ -75,8 +97,7 @@ cadir = {d}/ca
     client-auth: want
     ssl-host: 127.0.0.1
     ssl-port: {port}
-}}
-""")
+""" + (f"    host: 127.0.0.1\n    port: {http_port}\n" if http_port else "") + "}\n")
     write(os.path.join(confd, "puppetserver.conf"), f"""jruby-puppet: {{
     ruby-load-path: [/usr/lib/puppetserver/ruby/vendor_ruby]
     gem-home: {d}/jruby-gems
@@ -111,6 +132,36 @@ profiler: {{}}
         subprocess.run(["puppetserver", "ca", "setup", "--config", puppet_conf(d),
                         "--certname", "localhost", "--subject-alt-names", "localhost,127.0.0.1"],
                        check=True, stdout=subprocess.DEVNULL)
+    missing = [c for c in certs if not os.path.isfile(os.path.join(d, "ssl", "certs", f"{c}.pem"))]
+    if missing:
+        # The server is not running: the CA tool signs offline only with --ca-client, which
+        # also marks the certificates as CA clients (pp_cli_auth). A sandbox's agents may
+        # carry that; with --header-identity the server never sees the certificates anyway.
+        r = subprocess.run(["puppetserver", "ca", "generate", "--config", puppet_conf(d),
+                            "--certname", ",".join(missing), "--ca-client"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"error: the CA did not sign {','.join(missing)} offline "
+                             f"(exit {r.returncode}): {(r.stderr or r.stdout).strip()}")
+
+
+# The catalog of --manifest: one file, at a path the agent's own fact names (so the agent's
+# synced plugin is loaded in the very run that needs it).
+SITE_PP = """node default {
+  file { $facts['fleet_target']:
+    ensure  => file,
+    content => "applied from environment ${server_facts['environment']}\\n",
+  }
+}
+"""
+
+
+def write_enc(d, enc):
+    """DIR/enc.sh: Puppet's exec node terminus; YAML naming the environment of listed nodes."""
+    cases = "".join(f"  '{cert}') echo 'environment: {env}' ;;\n" for cert, env in enc)
+    path = os.path.join(d, "enc.sh")
+    write(path, f"#!/bin/sh\necho '---'\necho 'classes: {{}}'\ncase \"$1\" in\n{cases}esac\n")
+    os.chmod(path, 0o755)
 
 
 def java_cmd(d):
@@ -166,9 +217,9 @@ def generate(d, certname, sans=None):
                          f"{(r.stderr or r.stdout).strip()}; see {d}/log/puppetserver.log")
 
 
-def start(d, port, timeout=300):
+def start(d, port, timeout=300, **options):
     """setup + the JVM in the background + wait; returns the Popen (its own process group)."""
-    setup(d, port)
+    setup(d, port, **options)
     with open(restart_file(d), "w") as f:
         f.write("0")
     out = open(os.path.join(os.path.abspath(d), "log", "stdout.log"), "w")
@@ -190,13 +241,26 @@ def main():
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--certname")
     ap.add_argument("--san")
+    ap.add_argument("--http-port", type=int)
+    ap.add_argument("--header-identity", action="store_true")
+    ap.add_argument("--certs", default="")
+    ap.add_argument("--enc", action="append", default=[])
+    ap.add_argument("--manifest", action="append", default=[])
     a = ap.parse_args()
+    enc = []
+    for item in a.enc:
+        cert, sep, env = item.partition("=")
+        if not sep or not cert or not env:
+            raise SystemExit(f"error: --enc wants CERTNAME=ENVIRONMENT, not {item!r}")
+        enc.append((cert, env))
+    options = dict(http_port=a.http_port, header_identity=a.header_identity,
+                   certs=[c for c in a.certs.split(",") if c], enc=enc, manifests=a.manifest)
     if not installed():
         raise SystemExit("error: puppetserver is not installed (apt-get install puppetserver)")
     if a.action in ("setup", "start") and not a.port:
         raise SystemExit(f"error: {a.action} needs --port")
     if a.action == "setup":
-        setup(a.dir, a.port)
+        setup(a.dir, a.port, **options)
     elif a.action == "serve":
         serve(a.dir)
     elif a.action == "wait":
@@ -206,7 +270,7 @@ def main():
             raise SystemExit("error: generate needs --certname")
         generate(a.dir, a.certname, a.san)
     elif a.action == "start":
-        print(start(a.dir, a.port, a.timeout).pid, flush=True)
+        print(start(a.dir, a.port, a.timeout, **options).pid, flush=True)
 
 
 if __name__ == "__main__":

@@ -64,5 +64,7 @@ mod master_security;
 mod master_watch;
 // A stock `puppet plugin download` syncing from our master (needs `puppet`).
 mod puppet_compat;
+// A Puppet fleet behind HAProxy and nginx from packaging/: stock agents' runs split between Puppet Server and pluginsync masters, the ENC's environment (needs puppet, puppetserver, a balancer).
+mod puppet_fleet;
 // Puppet Server as our agent's source and a stock Puppet agent as our master's client (needs both).
 mod puppet_server;

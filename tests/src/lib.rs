@@ -45,11 +45,14 @@
 //!   [`AgentLoop`] (the agent syncing back to back meanwhile),
 //!   [`removals`] (what a run reported removed).
 //! - [`puppet`]: stock Puppet agents and a throwaway Puppet Server.
+//! - [`balancer`]: HAProxy and nginx from `packaging/` in front of Puppet
+//!   Server and pluginsync masters' `[proxy]` listeners.
 //! - `controlrepo`: [`ControlRepo`], a code tree shaped like an
 //!   r10k-deployed control repository (`environment.conf`, site-modules,
 //!   a glob, `$basemodulepath`) and what each mount must serve from it.
 
 mod agent;
+pub mod balancer;
 mod client;
 mod conn;
 mod controlrepo;

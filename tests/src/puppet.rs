@@ -122,9 +122,19 @@ impl PuppetServer {
     /// environmentpath, then starts the JVM and waits (at most 300 s) until
     /// it is ready.
     pub fn start(populate: impl FnOnce(&Path)) -> PuppetServer {
+        PuppetServer::start_with(&[], populate)
+    }
+
+    /// [`Self::start`] with more options of the sandbox's `setup`
+    /// (`--http-port`, `--header-identity`, `--certs`, `--enc`,
+    /// `--manifest`: scripts/puppetserver_sandbox.py).
+    pub fn start_with(setup: &[&str], populate: impl FnOnce(&Path)) -> PuppetServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = crate::closed_port();
-        sandbox(dir.path(), "setup", &["--port", &port.to_string()]);
+        let port_arg = port.to_string();
+        let mut args = vec!["--port", port_arg.as_str()];
+        args.extend_from_slice(setup);
+        sandbox(dir.path(), "setup", &args);
         populate(&dir.path().join("code/environments"));
         let out = std::fs::File::create(dir.path().join("log/stdout.log")).expect("log");
         let child = Command::new("python3")

@@ -1,0 +1,279 @@
+//! Layer-7 balancers in front of a Puppet fleet (README, "Running in a
+//! Puppet fleet"): HAProxy with `packaging/haproxy-puppet.cfg` and nginx
+//! with `packaging/nginx-puppet.conf`, each run from the repository's file
+//! as written, as a child process killed on drop; and the pluginsync
+//! masters behind them, [`ProxyBackend`]: the master binary with a
+//! `[proxy]` listener (docs/protocol.md §5.5) and its JSON access log kept
+//! in a file.
+//!
+//! A test gets the balancer programs with [`crate::require`] first, so a
+//! missing one is a visible `SKIPPED` line (a failure under CI).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{bin_path, repo_root};
+
+/// What sits behind a balancer and the TLS files it ends TLS with.
+pub struct Backends {
+    /// Certificate the balancer presents (issued by the Puppet CA for
+    /// `localhost`).
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// The Puppet CA bundle client certificates must chain to.
+    pub ca: PathBuf,
+    /// The Puppet CRL bundle.
+    pub crl: PathBuf,
+    /// Puppet Server's plain-HTTP address (`127.0.0.1:port`).
+    pub puppetserver: String,
+    /// The pluginsync masters' `[proxy]` addresses (exactly two for
+    /// HAProxy's file).
+    pub pluginsync: Vec<String>,
+}
+
+/// A balancer child process; stopped on drop. Its own files (logs, the
+/// generated includes) live in a tempdir.
+pub struct Balancer {
+    child: Child,
+    /// The port agents connect to on 127.0.0.1 (TLS, certificate for
+    /// `localhost`).
+    pub port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Balancer {
+    /// HAProxy in the foreground (`-db`) with `packaging/haproxy-puppet.cfg`
+    /// unmodified: every address and path given in the environment
+    /// variables the file names.
+    pub fn haproxy(haproxy: &Path, backends: &Backends) -> Balancer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = crate::closed_port();
+        // HAProxy wants the certificate and its key in one PEM.
+        let combined = dir.path().join("balancer.pem");
+        let mut pem = std::fs::read(&backends.cert).expect("balancer cert");
+        pem.extend(std::fs::read(&backends.key).expect("balancer key"));
+        std::fs::write(&combined, pem).expect("write combined PEM");
+        assert_eq!(backends.pluginsync.len(), 2, "the file names two masters");
+        let log = std::fs::File::create(dir.path().join("haproxy.log")).expect("log");
+        let child = Command::new(haproxy)
+            .args(["-db", "-f"])
+            .arg(repo_root().join("packaging/haproxy-puppet.cfg"))
+            .env("PUPPET_BIND", format!("127.0.0.1:{port}"))
+            .env("PUPPET_CERT", &combined)
+            .env("PUPPET_CA", &backends.ca)
+            .env("PUPPET_CRL", &backends.crl)
+            .env("PUPPETSERVER", &backends.puppetserver)
+            .env("PLUGINSYNC_PROXY1", &backends.pluginsync[0])
+            .env("PLUGINSYNC_PROXY2", &backends.pluginsync[1])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup"))
+            .stderr(log)
+            .spawn()
+            .expect("start haproxy");
+        Balancer::ready(child, port, dir, "haproxy.log")
+    }
+
+    /// nginx in the foreground (`daemon off`), non-root: a main
+    /// `nginx.conf` in a tempdir with its pid, logs and temp paths there,
+    /// whose `http` block includes `packaging/nginx-puppet.conf` unmodified;
+    /// the three `puppet-fleet/*.conf` files that file includes (addresses
+    /// and TLS files, as its comments describe) are written next to it.
+    pub fn nginx(nginx: &Path, backends: &Backends) -> Balancer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = crate::closed_port();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("puppet-fleet")).expect("mkdir");
+        let write = |name: &str, text: String| {
+            std::fs::write(d.join(name), text).expect("write nginx include");
+        };
+        write(
+            "puppet-fleet/tls.conf",
+            format!(
+                "listen 127.0.0.1:{port} ssl;\nssl_certificate {};\nssl_certificate_key {};\n\
+                 ssl_client_certificate {};\nssl_crl {};\n",
+                backends.cert.display(),
+                backends.key.display(),
+                backends.ca.display(),
+                backends.crl.display()
+            ),
+        );
+        write(
+            "puppet-fleet/puppetserver.conf",
+            format!(
+                "server {} max_fails=2 fail_timeout=10s;\n",
+                backends.puppetserver
+            ),
+        );
+        write(
+            "puppet-fleet/pluginsync.conf",
+            backends
+                .pluginsync
+                .iter()
+                .map(|a| format!("server {a} max_fails=1 fail_timeout=5s;\n"))
+                .collect(),
+        );
+        let temp: String = ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"]
+            .iter()
+            .map(|t| format!("    {t}_temp_path {};\n", d.join(t).display()))
+            .collect();
+        write(
+            "nginx.conf",
+            format!(
+                "worker_processes 1;\nevents {{ worker_connections 512; }}\nhttp {{\n    \
+                 access_log {};\n{temp}    include {};\n}}\n",
+                d.join("access.log").display(),
+                repo_root().join("packaging/nginx-puppet.conf").display()
+            ),
+        );
+        let log = std::fs::File::create(d.join("nginx.out")).expect("log");
+        let child = Command::new(nginx)
+            .arg("-p")
+            .arg(d)
+            .arg("-c")
+            .arg(d.join("nginx.conf"))
+            .arg("-e")
+            .arg(d.join("error.log"))
+            .arg("-g")
+            .arg(format!(
+                "daemon off; master_process on; pid {};",
+                d.join("nginx.pid").display()
+            ))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup"))
+            .stderr(log)
+            .spawn()
+            .expect("start nginx");
+        Balancer::ready(child, port, dir, "error.log")
+    }
+
+    /// Waits (bounded) until the front port accepts; panics with the
+    /// balancer's log if it exits first.
+    fn ready(mut child: Child, port: u16, dir: tempfile::TempDir, log: &str) -> Balancer {
+        let end = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            let text = || std::fs::read_to_string(dir.path().join(log)).unwrap_or_default();
+            if let Some(status) = child.try_wait().expect("wait") {
+                panic!("balancer exited ({status}) while starting:\n{}", text());
+            }
+            assert!(
+                Instant::now() < end,
+                "balancer not listening on 127.0.0.1:{port} after 30 s:\n{}",
+                text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Balancer { child, port, dir }
+    }
+
+    /// Its directory (logs; nginx's generated files).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Balancer {
+    /// SIGTERM first: nginx's master then stops its workers (a SIGKILLed
+    /// master leaves them orphaned, still listening); SIGKILL after 10 s.
+    fn drop(&mut self) {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        );
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `pluginsync-master serve` child with a `[proxy]` listener on
+/// 127.0.0.1 trusting loopback and `[log] access = "json"`, its stderr in
+/// a file; killed on drop.
+pub struct ProxyBackend {
+    child: Child,
+    /// The `[proxy]` listener's address (`127.0.0.1:port`).
+    pub proxy: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ProxyBackend {
+    /// A master serving `envpath` (with `basemodulepath`), its mTLS
+    /// listener on an ephemeral port with `cert`/`key` and the CA and CRL
+    /// of `ca`/`crl` (which also verify `X-Client-Cert`); waits (at most
+    /// 60 s) for its `proxy listening on` line.
+    pub fn spawn(
+        envpath: &Path,
+        basemodulepath: &Path,
+        [cert, key, ca, crl]: [&Path; 4],
+    ) -> ProxyBackend {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = crate::closed_port();
+        let config = dir.path().join("master.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = [\"127.0.0.1:0\"]\nenvironmentpath = [{envpath:?}]\n\
+                 basemodulepath = [{basemodulepath:?}]\n\
+                 [tls]\ncert = {cert:?}\nkey = {key:?}\nca = {ca:?}\ncrl = {crl:?}\n\
+                 [http]\nshutdown_grace = \"0s\"\n\
+                 [proxy]\nlisten = [\"127.0.0.1:{port}\"]\ntrusted = [\"127.0.0.0/8\"]\n\
+                 [log]\naccess = \"json\"\n"
+            ),
+        )
+        .expect("write master.toml");
+        let log = dir.path().join("master.log");
+        let file = std::fs::File::create(&log).expect("log");
+        let mut child = Command::new(bin_path("pluginsync-master"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn pluginsync-master");
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("proxy listening on ") {
+                break;
+            }
+            if let Some(status) = child.try_wait().expect("wait") {
+                panic!("pluginsync-master exited ({status}):\n{text}");
+            }
+            assert!(Instant::now() < end, "master did not start:\n{text}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        ProxyBackend {
+            child,
+            proxy: format!("127.0.0.1:{port}"),
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// Its access log so far: one JSON object per request.
+    pub fn access_log(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v.get("target").is_some())
+            .collect()
+    }
+}
+
+impl Drop for ProxyBackend {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
