@@ -1,6 +1,8 @@
 //! The master's rustls server config: ring only, client certificates per
 //! `tls.client_auth`, CRLs when configured (checked for the whole chain),
-//! ALPN h2 + http/1.1.
+//! ALPN h2 + http/1.1, and session resumption (README, "TLS"): TLS 1.3
+//! tickets sealed with ring's rotating in-memory keys, never written to
+//! disk, and a bounded session cache for TLS 1.2.
 
 use std::sync::Arc;
 
@@ -21,6 +23,12 @@ pub enum ServerTlsError {
     #[error("TLS setup: {0}")]
     Rustls(String),
 }
+
+/// TLS 1.2 sessions the master remembers for resumption by session ID (an
+/// entry is a few hundred bytes; the oldest goes first). TLS 1.3 needs no
+/// server state: its tickets carry the session, sealed with the ticketer's
+/// key.
+const TLS12_SESSION_CACHE: usize = 4096;
 
 /// A server config and the client verifier inside it.
 #[derive(Debug)]
@@ -60,10 +68,27 @@ pub fn server_tls(tls: &TlsConfig) -> Result<ServerTls, ServerTlsError> {
         ))
     })?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    resumption(&mut config)?;
     Ok(ServerTls {
         config,
         client_verifier,
     })
+}
+
+/// Session resumption (README, "TLS"): a resumed handshake skips the
+/// master's certificate signature, the expensive part of a full one with a
+/// Puppet CA's RSA keys. The ticket keys are ring's `Ticketer`: random,
+/// rotated every 6 hours, in memory only — never on disk, so a restart (and
+/// every reload: each builds a new config with new keys) makes every ticket
+/// issued before it useless, and the client does a full handshake. A
+/// resumed session keeps the client certificate chain of its full
+/// handshake (rustls restores it), which `server/conns.rs` records as for
+/// any connection; the metrics count full and resumed handshakes apart.
+fn resumption(config: &mut ServerConfig) -> Result<(), ServerTlsError> {
+    config.ticketer = rustls::crypto::ring::Ticketer::new()
+        .map_err(|e| ServerTlsError::Rustls(format!("TLS ticket keys: {e}")))?;
+    config.session_storage = rustls::server::ServerSessionMemoryCache::new(TLS12_SESSION_CACHE);
+    Ok(())
 }
 
 /// The client-certificate verifier of `[tls]`: `ca` as the trust anchor,
