@@ -76,8 +76,8 @@ pub fn generate(opts: &CsrOptions) -> anyhow::Result<Csr> {
             key_path.display()
         );
     }
-    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-        .context("generating a P-256 key")?;
+    let key =
+        KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).context("generating a P-256 key")?;
     let mut params = CertificateParams::default();
     params.distinguished_name = rcgen::DistinguishedName::new();
     params.distinguished_name.push(DnType::CommonName, name);
@@ -168,10 +168,11 @@ mod tests {
         let info = &req.certification_request_info;
         assert_eq!(info.subject.to_string(), "CN=pluginsync.example.com");
         assert_eq!(
-            info.subject_pki.algorithm.parameters.as_ref().map(|p| p
-                .as_oid()
-                .unwrap()
-                .to_id_string()),
+            info.subject_pki
+                .algorithm
+                .parameters
+                .as_ref()
+                .map(|p| p.as_oid().unwrap().to_id_string()),
             Some("1.2.840.10045.3.1.7".to_owned()),
             "the key is P-256"
         );

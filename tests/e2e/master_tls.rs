@@ -34,16 +34,23 @@ use rustls::HandshakeKind;
 /// The master's `[metrics]` address, from its log (bounded wait).
 fn metrics_addr(master: &ChildMaster) -> SocketAddr {
     for _ in 0..400 {
-        if let Some(a) = master
-            .log()
-            .lines()
-            .find_map(|l| l.split("metrics on http://").nth(1)?.trim().split('/').next()?.parse().ok())
-        {
+        if let Some(a) = master.log().lines().find_map(|l| {
+            l.split("metrics on http://")
+                .nth(1)?
+                .trim()
+                .split('/')
+                .next()?
+                .parse()
+                .ok()
+        }) {
             return a;
         }
         std::thread::sleep(Duration::from_millis(25));
     }
-    panic!("the master never logged its metrics address:\n{}", master.log());
+    panic!(
+        "the master never logged its metrics address:\n{}",
+        master.log()
+    );
 }
 
 /// `pluginsync_master_tls_handshakes_total{kind="<kind>"}` now (0 when the
@@ -130,7 +137,10 @@ async fn a_second_connection_resumes_and_a_reload_or_a_restart_forgets_every_tic
     master.sighup();
     let mut reloaded = false;
     for _ in 0..400 {
-        if master.log().contains("SIGHUP: TLS certificate, key, CA and CRL reloaded") {
+        if master
+            .log()
+            .contains("SIGHUP: TLS certificate, key, CA and CRL reloaded")
+        {
             reloaded = true;
             break;
         }
@@ -213,7 +223,14 @@ fn an_agent_reconnecting_within_its_run_resumes_its_session() {
 /// `pluginsync-master csr` for `name` into `ssldir`.
 fn master_csr(ssldir: &Path, name: &str) {
     let out = Command::new(bin_path("pluginsync-master"))
-        .args(["csr", "--certname", name, "--dns-alt-names", "localhost,127.0.0.1", "--out"])
+        .args([
+            "csr",
+            "--certname",
+            name,
+            "--dns-alt-names",
+            "localhost,127.0.0.1",
+            "--out",
+        ])
         .arg(ssldir)
         .output()
         .expect("run pluginsync-master csr");

@@ -591,7 +591,9 @@ where
                 }
             };
             let (tracked, session) = tls.get_ref();
-            store.metrics.handshake(handshake_kind(session.handshake_kind()));
+            store
+                .metrics
+                .handshake(handshake_kind(session.handshake_kind()));
             let conn = tracked.conn.clone();
             let chain = session
                 .peer_certificates()
