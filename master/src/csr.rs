@@ -29,7 +29,7 @@ use rcgen::{CertificateParams, DnType, KeyPair, SanType};
 #[derive(Debug, Clone, clap::Args)]
 pub struct CsrOptions {
     /// The master's certname: the CSR's CN, and the file names.
-    #[arg(long)]
+    #[arg(long, value_parser = certname)]
     pub certname: String,
     /// The ssldir to write into (Puppet's layout; created if missing).
     #[arg(long)]
@@ -52,19 +52,8 @@ pub struct Csr {
 
 /// Makes the key and the CSR of `opts`.
 pub fn generate(opts: &CsrOptions) -> anyhow::Result<Csr> {
-    let name = opts.certname.as_str();
-    // Puppet's certname rule (lowercase letters, digits, `-`, `.`, `_`):
-    // the name becomes a file name and the CA's key.
-    if name.is_empty()
-        || name.starts_with('.')
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b))
-    {
-        bail!(
-            "certname '{name}' is not a Puppet certname (lowercase letters, digits, '-', '.', '_')"
-        );
-    }
+    let name = certname(&opts.certname).map_err(anyhow::Error::msg)?;
+    let name = name.as_str();
     let key_path = opts.out.join("private_keys").join(format!("{name}.pem"));
     let csr_path = opts
         .out
@@ -113,6 +102,23 @@ pub fn generate(opts: &CsrOptions) -> anyhow::Result<Csr> {
         key: key_path,
         request: csr_path,
     })
+}
+
+/// `name` when it is a Puppet certname (lowercase letters, digits, `-`,
+/// `.`, `_`; not starting with a dot): it becomes a file name and the CA's
+/// key. A bad one is a usage error on the command line.
+pub fn certname(name: &str) -> Result<String, String> {
+    if name.is_empty()
+        || name.starts_with('.')
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b))
+    {
+        return Err(format!(
+            "certname '{name}' is not a Puppet certname (lowercase letters, digits, '-', '.', '_')"
+        ));
+    }
+    Ok(name.to_owned())
 }
 
 /// Writes `contents` to `path` with `mode`: a temporary file beside it,
