@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::builder::TypedValueParser;
 use clap::{Parser, Subcommand};
 
+use crate::csr::CsrOptions;
 use crate::devcerts::DevCertsOptions;
 use pluginsync_common::logging::LogFormat;
 
@@ -48,6 +49,10 @@ pub enum Command {
     /// Make a throwaway development CA, server and agent certificates in a
     /// Puppet-style ssldir (never for production).
     DevCerts(DevCertsOptions),
+    /// Make the master a P-256 key and a certificate signing request for
+    /// the fleet's Puppet CA, in Puppet's ssldir layout (README, "TLS":
+    /// cheaper handshakes than an RSA key, same CA for the agents).
+    Csr(CsrOptions),
     /// Ask the running master to re-index ENVIRONMENT (every environment
     /// without one) now, and wait until it is served: Puppet Server's admin
     /// API over the master's port with the master's own certificate

@@ -6,8 +6,8 @@
 //! only read the index, each after the one authorization step of [`auth`],
 //! with the [`state`] they share. [`server`] ties listeners, TLS ([`tls`])
 //! and signals together, with the `[proxy]` listener's header identity in
-//! [`proxy`]; [`check`], [`devcerts`] and [`reindex`] back the
-//! other subcommands.
+//! [`proxy`]; [`check`], [`devcerts`], [`csr`] and [`reindex`] back
+//! the other subcommands.
 
 pub mod access;
 pub mod api_error;
@@ -15,6 +15,7 @@ pub mod auth;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod csr;
 pub mod devcerts;
 pub mod envconf;
 pub mod environments;

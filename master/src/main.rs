@@ -9,7 +9,7 @@ use std::sync::Arc;
 use pluginsync_master::cli::{self, Command};
 use pluginsync_master::config::MasterConfig;
 use pluginsync_master::exit::{ExitStatus, Failure};
-use pluginsync_master::{check, devcerts, reindex, server};
+use pluginsync_master::{check, csr, devcerts, reindex, server};
 
 fn main() -> ExitCode {
     let cli = match cli::parse() {
@@ -19,7 +19,10 @@ fn main() -> ExitCode {
     // `check` and `dev-certs` print their findings themselves.
     let quiet = matches!(
         cli.command,
-        Command::Check { .. } | Command::DevCerts { .. } | Command::Reindex { .. }
+        Command::Check { .. }
+            | Command::DevCerts { .. }
+            | Command::Csr { .. }
+            | Command::Reindex { .. }
     );
     pluginsync_common::logging::init_with(cli.log_level(quiet), cli.log_format);
     let result = match cli.command {
@@ -27,6 +30,16 @@ fn main() -> ExitCode {
             .and_then(|c| check::run(&c, &mut std::io::stdout()).map_err(Failure::config)),
         Command::DevCerts(opts) => devcerts::generate(&opts)
             .map(|c| println!("development ssldir written to {}", c.ssldir.display()))
+            .map_err(Failure::runtime),
+        Command::Csr(opts) => csr::generate(&opts)
+            .map(|c| {
+                println!("key written to {}", c.key.display());
+                println!(
+                    "certificate request written to {} (submit it to the Puppet CA, sign it, \
+                     and put the certificate in certs/; README, \"TLS\")",
+                    c.request.display()
+                );
+            })
             .map_err(Failure::runtime),
         Command::Reindex {
             config,

@@ -5,8 +5,9 @@
 //! One [`Metrics`] per master, not a process-global recorder: tests run
 //! several masters in one process. Two kinds of series:
 //! - **recorded as they happen**, with labels: requests by endpoint and
-//!   status, response bytes, the latency histogram, TLS handshake failures
-//!   by reason, index builds per environment ([`Metrics::request`],
+//!   status, response bytes, the latency histogram, TLS handshakes by kind
+//!   (full or resumed) and failures by reason, index builds per
+//!   environment ([`Metrics::request`], [`Metrics::handshake`],
 //!   [`Metrics::handshake_failure`], [`Metrics::index_built`]);
 //! - **read at scrape time** from counters the master keeps anyway
 //!   (`store::Stats`, the connection registry, the TLS files): the caller
@@ -37,6 +38,7 @@ static METADATA: Metadata<'static> =
 const REQUESTS: &str = "pluginsync_master_http_requests_total";
 const RESPONSE_BYTES: &str = "pluginsync_master_http_response_bytes_total";
 const DURATION: &str = "pluginsync_master_http_request_duration_seconds";
+const HANDSHAKES: &str = "pluginsync_master_tls_handshakes_total";
 const HANDSHAKE_FAILURES: &str = "pluginsync_master_tls_handshake_failures_total";
 const BUILDS: &str = "pluginsync_master_index_builds_total";
 const BUILD_DURATION: &str = "pluginsync_master_index_build_duration_seconds";
@@ -123,6 +125,11 @@ impl Metrics {
             "Response body bytes sent, by endpoint.",
         );
         counter(
+            HANDSHAKES,
+            None,
+            "TLS handshakes completed, by kind: full, or resumed (a session ticket, no certificate signature).",
+        );
+        counter(
             HANDSHAKE_FAILURES,
             None,
             "TLS handshakes that failed, by reason.",
@@ -195,6 +202,16 @@ impl Metrics {
                 &METADATA,
             )
             .increment(bytes);
+    }
+
+    /// Records a completed TLS handshake of `kind` (`full` or `resumed`).
+    pub fn handshake(&self, kind: &'static str) {
+        self.recorder
+            .register_counter(
+                &Self::key(HANDSHAKES, &[("kind", kind.to_owned())]),
+                &METADATA,
+            )
+            .increment(1);
     }
 
     /// Records a failed TLS handshake.
@@ -337,6 +354,9 @@ mod tests {
         m.request("file_content", 404, Duration::from_millis(1));
         m.response_bytes("file_content", 1234);
         m.handshake_failure("unknown_ca");
+        m.handshake("full");
+        m.handshake("resumed");
+        m.handshake("resumed");
         m.index_built(
             "production",
             Duration::from_millis(20),
@@ -353,6 +373,8 @@ mod tests {
             "pluginsync_master_http_requests_total{endpoint=\"file_content\",code=\"404\"} 1",
             "pluginsync_master_http_response_bytes_total{endpoint=\"file_content\"} 1234",
             "pluginsync_master_tls_handshake_failures_total{reason=\"unknown_ca\"} 1",
+            "pluginsync_master_tls_handshakes_total{kind=\"full\"} 1",
+            "pluginsync_master_tls_handshakes_total{kind=\"resumed\"} 2",
             "pluginsync_master_index_builds_total{environment=\"production\"} 1",
             "pluginsync_master_index_files{environment=\"production\",mount=\"plugins\"} 7",
             "pluginsync_master_open_connections 2",

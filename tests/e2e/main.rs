@@ -53,6 +53,8 @@ mod master_hostile;
 mod master_limits;
 // Prometheus metrics of the real master: counters follow the traffic, promtool accepts them.
 mod master_metrics;
+// TLS sessions: a second connection resumes, a reload or restart forgets the tickets; a P-256 master key from the Puppet CA.
+mod master_tls;
 // What a listing says: checksums, order, first-wins collisions, ignores, links, modes.
 mod master_listing;
 // The master binary as a service manager sees it: SIGTERM, draining, exit status.

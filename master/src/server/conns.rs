@@ -591,6 +591,9 @@ where
                 }
             };
             let (tracked, session) = tls.get_ref();
+            store
+                .metrics
+                .handshake(handshake_kind(session.handshake_kind()));
             let conn = tracked.conn.clone();
             let chain = session
                 .peer_certificates()
@@ -605,6 +608,15 @@ where
                 },
             ))
         })
+    }
+}
+
+/// The metrics' label for a completed handshake: `resumed` when the client
+/// resumed a session (README, "TLS"), else `full`.
+pub fn handshake_kind(kind: Option<rustls::HandshakeKind>) -> &'static str {
+    match kind {
+        Some(rustls::HandshakeKind::Resumed) => "resumed",
+        _ => "full",
     }
 }
 
