@@ -62,6 +62,8 @@ pub struct Snapshot {
     pub listing_cache_evictions: u64,
     /// Listings answered `304 Not Modified`.
     pub listings_not_modified: u64,
+    /// Listings answered `226 IM Used` with a delta (docs/protocol.md §7.5).
+    pub listings_delta: u64,
     /// Files read and hashed by index builds.
     pub files_hashed: u64,
     /// Filesystem events the watcher received.
@@ -259,6 +261,7 @@ impl Metrics {
             s.listing_cache_misses,
             s.listing_cache_evictions,
             s.listings_not_modified,
+            s.listings_delta,
             s.files_hashed,
             s.watch_events,
             s.authorization_refusals,
@@ -275,8 +278,8 @@ impl Metrics {
             }
         }
         for (name, value) in [
-            (SNAPSHOT_SERIES[10].0, snapshot.server_certificate_expiry),
-            (SNAPSHOT_SERIES[11].0, snapshot.crl_next_update),
+            (SNAPSHOT_SERIES[11].0, snapshot.server_certificate_expiry),
+            (SNAPSHOT_SERIES[12].0, snapshot.crl_next_update),
         ] {
             if let Some(v) = value {
                 self.recorder
@@ -290,7 +293,7 @@ impl Metrics {
 
 /// The series read at scrape time, with their help texts, in
 /// [`Metrics::render`]'s order.
-const SNAPSHOT_SERIES: [(&str, &str); 12] = [
+const SNAPSHOT_SERIES: [(&str, &str); 13] = [
     (
         "pluginsync_master_open_connections",
         "Client connections open now.",
@@ -318,6 +321,10 @@ const SNAPSHOT_SERIES: [(&str, &str); 12] = [
     (
         "pluginsync_master_listings_not_modified_total",
         "Listings answered 304 Not Modified.",
+    ),
+    (
+        "pluginsync_master_listings_delta_total",
+        "Listings answered 226 IM Used with a delta from a remembered listing.",
     ),
     (
         "pluginsync_master_files_hashed_total",

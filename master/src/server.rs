@@ -336,6 +336,7 @@ fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::met
         listing_cache_misses: load(&s.listings_serialised),
         listing_cache_evictions: load(&s.listing_cache_evictions),
         listings_not_modified: load(&s.listings_not_modified),
+        listings_delta: load(&s.listings_delta),
         files_hashed: load(&s.files_hashed),
         watch_events: load(&s.watch_events),
         authorization_refusals: gate.refusals(),
