@@ -38,7 +38,8 @@ pub fn parse_config(text: &str) -> MasterConfig {
     c
 }
 
-/// The master running in-process.
+/// The master running in-process; [`TestMaster::start`] returns once the
+/// warmer has indexed what `index.warm` names.
 pub struct TestMaster {
     /// The bound address.
     pub addr: SocketAddr,
@@ -75,9 +76,19 @@ impl TestMaster {
                 eprintln!("test master failed: {e:#}");
             }
         });
-        let store = ready_rx
+        let store: Arc<Store> = ready_rx
             .recv_timeout(Duration::from_secs(60))
             .expect("master became ready");
+        // Environments are indexed in the background (README, "Many
+        // environments"): wait until the warmer is done, so a test starts
+        // from every environment indexed, as a master did before serving.
+        for _ in 0..6000 {
+            if store.is_warmed() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(store.is_warmed(), "the master indexed its environments");
         TestMaster {
             addr,
             store,
