@@ -103,6 +103,9 @@ pub struct Store {
     ready: AtomicBool,
     /// True once the warmer is done (every `index.warm` target tried).
     warmed: AtomicBool,
+    /// True once the watcher's initial watches are in place (or there is
+    /// no watcher).
+    watching: AtomicBool,
     /// Counters.
     pub stats: Stats,
     /// The labelled metrics (README, "Metrics").
@@ -149,6 +152,7 @@ impl Store {
             epoch: Instant::now(),
             ready: AtomicBool::new(false),
             warmed: AtomicBool::new(false),
+            watching: AtomicBool::new(false),
             stats: Stats::default(),
             metrics: Metrics::new(),
             draining: AtomicBool::new(false),
@@ -169,6 +173,18 @@ impl Store {
     /// True once the warmer has tried every `index.warm` target.
     pub fn is_warmed(&self) -> bool {
         self.warmed.load(Ordering::Acquire)
+    }
+
+    /// True once the watcher watches every environment (set up in the
+    /// background: a watch per directory takes a while on many
+    /// environments), or there is no watcher.
+    pub fn is_watching(&self) -> bool {
+        self.watching.load(Ordering::Acquire)
+    }
+
+    /// Marks the watcher's initial watches as in place.
+    pub fn set_watching(&self) {
+        self.watching.store(true, Ordering::Release);
     }
 
     fn now_ms(&self) -> u64 {
@@ -282,7 +298,18 @@ impl Store {
         let indexed = self.indexed();
         let targets: Vec<EnvName> = match names {
             Some(n) => n.into_iter().filter(|n| indexed.contains(n)).collect(),
-            None => indexed,
+            None => {
+                // The kept digests of dropped environments gone from disk.
+                let on_disk: BTreeSet<EnvName> = environments::list_environments(&self.config)
+                    .into_iter()
+                    .map(|(n, _)| n)
+                    .collect();
+                self.kept
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|n, _| on_disk.contains(n));
+                indexed
+            }
         };
         for name in targets {
             self.build(&name, true).await;
@@ -354,6 +381,7 @@ impl Store {
         }
         let cutoff = self.now_ms().saturating_sub(idle.as_millis() as u64);
         let held = self.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let dropped: Vec<(EnvName, Arc<EnvIndex>)> = {
             let mut envs = self.write();
             let idle: Vec<EnvName> = envs
@@ -362,7 +390,15 @@ impl Store {
                 .map(|(n, _)| n.clone())
                 .collect();
             idle.into_iter()
-                .filter_map(|n| envs.remove(&n).map(|s| (n, s.index)))
+                .filter_map(|n| {
+                    // Not while it is being rebuilt: that build would put
+                    // it back, and the digests kept here would linger.
+                    let _building = match locks.get(&n) {
+                        Some(l) => Some(l.try_lock().ok()?),
+                        None => None,
+                    };
+                    envs.remove(&n).map(|s| (n, s.index))
+                })
                 .collect()
         };
         for (name, index) in &dropped {

@@ -39,6 +39,8 @@ mod logs;
 mod master_blobs;
 // Deploys: flipped environment links, r10k and scripted redeploys held until they settle, explicit publishing.
 mod master_deploy;
+// A hundred environments: indexed on demand and in the background, one build per environment, dropped when idle.
+mod master_envs;
 // ETags across two master processes: equal for one tree, 304 from either, new on change, gzip.
 mod master_etag;
 // environment.conf and a control repository as r10k deploys it; module roots kept in the code tree; quiet logs on deletes.

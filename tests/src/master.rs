@@ -79,16 +79,18 @@ impl TestMaster {
         let store: Arc<Store> = ready_rx
             .recv_timeout(Duration::from_secs(60))
             .expect("master became ready");
-        // Environments are indexed in the background (README, "Many
-        // environments"): wait until the warmer is done, so a test starts
-        // from every environment indexed, as a master did before serving.
+        // Environments are indexed and watched in the background (README,
+        // "Many environments"): wait until the warmer and the watcher's
+        // setup are done, so a test starts from every environment indexed
+        // and watched, as a master did before serving.
+        let settled = || store.is_warmed() && store.is_watching();
         for _ in 0..6000 {
-            if store.is_warmed() {
+            if settled() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert!(store.is_warmed(), "the master indexed its environments");
+        assert!(settled(), "the master indexed and watched its environments");
         TestMaster {
             addr,
             store,
