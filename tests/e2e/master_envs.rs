@@ -117,7 +117,7 @@ async fn a_hundred_environments_are_indexed_on_demand_shared_and_dropped_when_id
     .await;
     assert!(ready.is_some(), "the health check never answered ready");
     let text = scrape().await;
-    assert_eq!(builds_of(&text, "env000"), 1.0, "{text}");
+    assert!(builds_of(&text, "env000") >= 1.0, "{text}");
     assert_eq!(
         environments_built(&text),
         1,
@@ -132,6 +132,23 @@ async fn a_hundred_environments_are_indexed_on_demand_shared_and_dropped_when_id
     let env50 = tree.envpath().join(env(50));
     assert_eq!(as_tree(&entries), merged_mount(&env50, "lib"));
     assert!(as_tree(&entries).contains_key("facter/env050.rb"));
+
+    // The watcher is set up in the background, then refreshes what was
+    // indexed meanwhile: once a change in env000 is served, that is done
+    // and no build but the ones asked for below happens.
+    tree.file(&env(0), "own", "lib/facter/probe.rb", "# probe\n", 0o644);
+    let q0 = pluginsync_query("use", "follow", &env(0));
+    let probed = wait_for(Duration::from_secs(20), || {
+        let (c, url, q) = (c.clone(), url.clone(), q0.clone());
+        async move {
+            let (_, _, now) = listing(&c, &url, "plugins", &q).await;
+            now.iter()
+                .any(|e| e.relative_path.as_deref() == Some("facter/probe.rb"))
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(probed.is_some(), "a change in env000 was never served");
 
     // Concurrent first requests for one environment: one build.
     let q77 = pluginsync_query("use", "follow", &env(77));
