@@ -342,6 +342,19 @@ pub struct IndexConfig {
     /// `"watch"` or `"explicit"`.
     pub publish: Publish,
     // --- end issue 15 B ---
+    // --- issue 14, item 5: many environments ---
+    /// Environments indexed in the background after startup, one at a
+    /// time, in this order; `"*"` stands for every other one (by name).
+    /// The health check answers `starting` until the named ones are
+    /// indexed; any other environment is indexed on its first request
+    /// (README, "Many environments").
+    pub warm: Vec<String>,
+    /// An index not asked for in this long is dropped (its file digests
+    /// kept) and rebuilt on its next request; `"0s"`: never. Ignored under
+    /// `publish = "explicit"`.
+    #[serde(with = "humantime_serde")]
+    pub idle_drop: Duration,
+    // --- end issue 14, item 5 ---
 }
 
 impl Default for IndexConfig {
@@ -358,6 +371,8 @@ impl Default for IndexConfig {
             settle_max: DEFAULT_SETTLE_MAX,
             publish: Publish::Watch,
             // --- end issue 15 B ---
+            warm: vec!["production".into(), "*".into()],
+            idle_drop: DEFAULT_IDLE_DROP,
         }
     }
 }
@@ -393,6 +408,10 @@ impl IndexConfig {
 /// `.r10k-deploy.json`, written when an environment's deploy is done, ends
 /// the wait at once.
 pub const DEFAULT_SETTLE: Duration = Duration::from_secs(5);
+/// Default of `index.idle_drop`: two agent runs at Puppet's default
+/// 30-minute interval; an environment no node asked for in that long is
+/// rebuilt (walk and stat, no unchanged file read) when one does.
+pub const DEFAULT_IDLE_DROP: Duration = Duration::from_secs(3600);
 /// Default of `index.settle_max`.
 pub const DEFAULT_SETTLE_MAX: Duration = Duration::from_secs(60);
 // --- end issue 15 B ---
@@ -459,6 +478,13 @@ impl MasterConfig {
         }
         auth::Authorizer::new(&self.authorization)?;
         self.index.external_roots()?; // index.allow_external_roots (issue 15)
+        for w in self.index.warm.iter().filter(|w| *w != "*") {
+            if w.parse::<pluginsync_common::envname::EnvName>().is_err() {
+                return Err(ConfigError::Invalid(format!(
+                    "index.warm: '{w}' is not an environment name (nor \"*\")"
+                )));
+            }
+        }
         // --- issue 15 B ---
         if self.index.settle.is_zero() || self.index.settle_max < self.index.settle {
             return Err(ConfigError::Invalid(
@@ -657,5 +683,26 @@ mod tests {
         // The documented connection limits are the defaults.
         assert_eq!(all_http(&all.http), all_http(&d));
         assert!(all.tls.crl.is_some());
+    }
+
+    #[test]
+    fn index_warm_names_environments_and_idle_drop_has_a_default() {
+        let d = parse(MIN).unwrap();
+        assert_eq!(d.index.warm, ["production", "*"]);
+        assert_eq!(d.index.idle_drop, DEFAULT_IDLE_DROP);
+        let c = parse(&format!(
+            "{MIN}[index]\nwarm = [\"main\"]\nidle_drop = \"10m\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.index.warm, ["main"]);
+        assert_eq!(c.index.idle_drop, Duration::from_secs(600));
+        let envs = tempfile::tempdir().unwrap();
+        let mut bad = parse(MIN).unwrap();
+        bad.environmentpath = vec![envs.path().to_owned()];
+        assert!(bad.validate().is_ok());
+        bad.index.warm = vec!["*".into(), "no such!".into()];
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("index.warm: 'no such!'"), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
     }
 }

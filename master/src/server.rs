@@ -96,8 +96,9 @@ async fn recheck(connections: Arc<Connections>, verifier: Arc<dyn ClientCertVeri
         .unwrap_or(0)
 }
 
-/// Builds the indexes, then serves on `listeners` until `shutdown`
-/// resolves. `ready` is called once every listener accepts connections.
+/// Serves on `listeners` until `shutdown` resolves, indexing environments
+/// in the background and on demand. `ready` is called once every listener
+/// accepts connections (the health check may still answer `starting`).
 pub async fn serve(
     config: Arc<MasterConfig>,
     listeners: Vec<TcpListener>,
@@ -124,7 +125,13 @@ pub async fn serve(
     let expiry_watch = tokio::spawn(watch_certificate(config.clone()));
     let authorizer = Authorizer::new(&config.authorization)?;
     let store = Store::new(config.clone());
-    store.rebuild(None).await;
+    // Nothing is indexed before listening (README, "Many environments"):
+    // the warmer indexes in the background, requests index on demand.
+    let warmer = tokio::spawn(store.clone().warm());
+    let dropper = tokio::spawn(Store::idle_dropper(
+        Arc::downgrade(&store),
+        config.index.idle_drop,
+    ));
     let _watcher = crate::watch::spawn(store.clone())?;
     let state = AppState {
         store: store.clone(),
@@ -234,6 +241,8 @@ pub async fn serve(
     }
     reaper.abort();
     expiry_watch.abort();
+    warmer.abort();
+    dropper.abort();
     if let Some(m) = metrics_server {
         m.abort();
     }

@@ -1,24 +1,44 @@
 //! The set of environment indexes and how they are (re)built.
 //!
 //! Handlers call [`Store::get`], which returns the current `Arc<EnvIndex>`
-//! of an environment without blocking on I/O in the common case. Builds run
-//! on the blocking pool: at startup for every environment, from the watcher
-//! when files change, and once on first request for an environment created
-//! since the last build. Builds are serialised by one async mutex so two
-//! rebuilds of the same tree never race, and an index is replaced whole, so
-//! a request sees either the old tree or the new one, never a mix.
+//! of an environment without blocking on I/O in the common case.
+//!
+//! **Lazily** (issue 14, item 5; README, "Many environments"): startup
+//! builds nothing before listening. An environment is indexed the first
+//! time it is asked for (that request waits for that environment only,
+//! and concurrent first requests share one build: one lock per
+//! environment), and in the background by the warmer ([`Store::warm`]),
+//! one environment at a time, those named in `index.warm` first. The
+//! health check answers `starting` until the environments *named* in
+//! `index.warm` are indexed (an unindexed environment is served correctly,
+//! only later; a named one is what the operator asked to have hot).
+//!
+//! **Rebuilds** run on the blocking pool, at most one per core at once,
+//! from the watcher when files change and on explicit re-indexes; they
+//! touch only environments that are indexed ([`Store::refresh`]): one that
+//! is not is read whole, as it is then, on its next request anyway. An
+//! index is replaced whole, so a request sees either the old tree or the
+//! new one, never a mix.
+//!
+//! **Idle drop**: an index not asked for in `index.idle_drop` is dropped
+//! ([`Store::drop_idle`]) and its file digests kept (a few dozen bytes a
+//! file, keyed by the file's [`FileSig`](crate::walk::FileSig)), so its
+//! next request walks and stats the tree again but reads no unchanged file.
+//! Never under `index.publish = "explicit"` (a rebuild would publish what
+//! the operator has not), never while the watcher holds a deploy.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use pluginsync_common::envname::EnvName;
 
-use crate::config::MasterConfig;
+use crate::config::{MasterConfig, Publish};
 use crate::environments;
 use crate::index::{EnvIndex, Hashing, Mount};
 use crate::metrics::Metrics;
+use crate::walk::KeptDigests;
 
 /// Counters, exposed for tests and `/metrics`-style introspection.
 #[derive(Debug, Default)]
@@ -27,6 +47,10 @@ pub struct Stats {
     pub files_hashed: AtomicU64,
     /// Environment index builds completed.
     pub index_builds: AtomicU64,
+    /// Environments indexed now (held in memory).
+    pub environments_indexed: AtomicU64,
+    /// Indexes dropped for being idle (`index.idle_drop`).
+    pub idle_drops: AtomicU64,
     /// Listings answered with a body (200).
     pub listings_sent: AtomicU64,
     /// Listings answered `304 Not Modified`.
@@ -53,12 +77,37 @@ pub struct Stats {
     pub reindexes: AtomicU64,
 }
 
+/// One indexed environment and when it was last asked for.
+#[derive(Debug)]
+struct Slot {
+    index: Arc<EnvIndex>,
+    /// Milliseconds since [`Store::epoch`] of the last [`Store::get`].
+    used: AtomicU64,
+}
+
 /// Every environment's index.
 #[derive(Debug)]
 pub struct Store {
     config: Arc<MasterConfig>,
-    envs: RwLock<HashMap<EnvName, Arc<EnvIndex>>>,
-    build_lock: tokio::sync::Mutex<()>,
+    envs: RwLock<HashMap<EnvName, Slot>>,
+    /// One build lock per environment: concurrent first requests, the
+    /// warmer and the watcher never build the same environment twice at
+    /// once, and never wait for another environment's build.
+    locks: Mutex<HashMap<EnvName, Arc<tokio::sync::Mutex<()>>>>,
+    /// Builds running at once, at most one per core.
+    builders: tokio::sync::Semaphore,
+    /// Digests of the indexes dropped for being idle, for their next build.
+    kept: Mutex<HashMap<EnvName, Arc<KeptDigests>>>,
+    /// Environments whose deploy the watcher holds: never dropped.
+    held: Mutex<BTreeSet<EnvName>>,
+    epoch: Instant,
+    /// True once the environments named in `index.warm` are indexed.
+    ready: AtomicBool,
+    /// True once the warmer is done (every `index.warm` target tried).
+    warmed: AtomicBool,
+    /// True once the watcher's initial watches are in place (or there is
+    /// no watcher).
+    watching: AtomicBool,
     /// Counters.
     pub stats: Stats,
     /// The labelled metrics (README, "Metrics").
@@ -67,13 +116,45 @@ pub struct Store {
     pub draining: AtomicBool,
 }
 
+/// What [`Store::warm`] indexes, in order: the names listed in
+/// `index.warm` that exist, then, if the list holds `"*"`, every other
+/// environment by name. The first part is what readiness waits for.
+fn warm_targets(warm: &[String], on_disk: &[EnvName]) -> (Vec<EnvName>, Vec<EnvName>) {
+    let mut named: Vec<EnvName> = Vec::new();
+    for w in warm.iter().filter(|w| *w != "*") {
+        if let Some(n) = on_disk.iter().find(|n| n.as_str() == w)
+            && !named.contains(n)
+        {
+            named.push(n.clone());
+        }
+    }
+    let rest = if warm.iter().any(|w| w == "*") {
+        on_disk
+            .iter()
+            .filter(|n| !named.contains(n))
+            .cloned()
+            .collect()
+    } else {
+        Vec::new()
+    };
+    (named, rest)
+}
+
 impl Store {
     /// An empty store.
     pub fn new(config: Arc<MasterConfig>) -> Arc<Self> {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         Arc::new(Store {
             config,
             envs: RwLock::new(HashMap::new()),
-            build_lock: tokio::sync::Mutex::new(()),
+            locks: Mutex::new(HashMap::new()),
+            builders: tokio::sync::Semaphore::new(cores),
+            kept: Mutex::new(HashMap::new()),
+            held: Mutex::new(BTreeSet::new()),
+            epoch: Instant::now(),
+            ready: AtomicBool::new(false),
+            warmed: AtomicBool::new(false),
+            watching: AtomicBool::new(false),
             stats: Stats::default(),
             metrics: Metrics::new(),
             draining: AtomicBool::new(false),
@@ -85,43 +166,163 @@ impl Store {
         &self.config
     }
 
-    /// The current index of `name`, building it if the environment exists
-    /// on disk but has no index yet; `None` if there is no such environment.
-    pub async fn get(self: &Arc<Self>, name: &EnvName) -> Option<Arc<EnvIndex>> {
-        if let Some(idx) = self.read().get(name) {
-            return Some(idx.clone());
-        }
-        environments::find_environment(&self.config, name)?;
-        self.rebuild(Some(vec![name.clone()])).await;
-        self.read().get(name).cloned()
+    /// True once the environments named in `index.warm` are indexed: what
+    /// the health check reports (README, "Many environments").
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<EnvName, Arc<EnvIndex>>> {
+    /// True once the warmer has tried every `index.warm` target.
+    pub fn is_warmed(&self) -> bool {
+        self.warmed.load(Ordering::Acquire)
+    }
+
+    /// True once the watcher watches every environment (set up in the
+    /// background: a watch per directory takes a while on many
+    /// environments), or there is no watcher.
+    pub fn is_watching(&self) -> bool {
+        self.watching.load(Ordering::Acquire)
+    }
+
+    /// Marks the watcher's initial watches as in place.
+    pub fn set_watching(&self) {
+        self.watching.store(true, Ordering::Release);
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// The current index of `name`, building it if the environment exists
+    /// on disk but has no index yet (this call then waits for that build
+    /// only, shared with any concurrent caller); `None` if there is no
+    /// such environment.
+    pub async fn get(self: &Arc<Self>, name: &EnvName) -> Option<Arc<EnvIndex>> {
+        if let Some(idx) = self.current(name) {
+            return Some(idx);
+        }
+        environments::find_environment(&self.config, name)?;
+        self.build(name, false).await;
+        self.current(name)
+    }
+
+    /// The index of `name` if it is indexed, marked as used now.
+    fn current(&self, name: &EnvName) -> Option<Arc<EnvIndex>> {
+        let envs = self.read();
+        let slot = envs.get(name)?;
+        slot.used.store(self.now_ms(), Ordering::Relaxed);
+        Some(slot.index.clone())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<EnvName, Slot>> {
         self.envs.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<EnvName, Slot>> {
+        self.envs.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Snapshot of every current index.
     pub fn all(&self) -> Vec<Arc<EnvIndex>> {
-        let mut v: Vec<_> = self.read().values().cloned().collect();
+        let mut v: Vec<_> = self.read().values().map(|s| s.index.clone()).collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
     }
 
-    /// Rebuilds the named environments, or every environment (including
-    /// new ones, and dropping removed ones) for `None`.
-    pub async fn rebuild(self: &Arc<Self>, names: Option<Vec<EnvName>>) {
-        let _guard = self.build_lock.lock().await;
+    /// The names of the environments indexed now.
+    pub fn indexed(&self) -> Vec<EnvName> {
+        let mut v: Vec<_> = self.read().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Builds (or, with `again`, rebuilds) one environment, under its own
+    /// lock. Without `again` an indexed environment is left as it is, so
+    /// concurrent first requests wait for the first one's build and share
+    /// it; with `again` it is always built anew (the caller saw a change
+    /// that a build already running may have missed).
+    async fn build(self: &Arc<Self>, name: &EnvName, again: bool) {
+        let lock = {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(name.clone()).or_default().clone()
+        };
+        let _guard = lock.lock().await;
+        if !again && self.read().contains_key(name) {
+            // Built by the caller this one waited for: one build shared.
+            return;
+        }
+        let Ok(_permit) = self.builders.acquire().await else {
+            return;
+        };
         let this = self.clone();
-        let result = tokio::task::spawn_blocking(move || this.rebuild_blocking(names)).await;
+        let name = name.clone();
+        let result = tokio::task::spawn_blocking(move || this.build_blocking(name)).await;
         if let Err(e) = result {
             tracing::error!(error = %e, "index build panicked");
         }
     }
 
+    /// Rebuilds the named environments, or every environment on disk (and
+    /// drops the indexes of those gone), indexing those not indexed yet
+    /// too; with `None` the store is then ready and warmed. Tests use it;
+    /// serving uses [`Store::refresh`], lazy builds and the warmer instead.
+    pub async fn rebuild(self: &Arc<Self>, names: Option<Vec<EnvName>>) {
+        let everything = names.is_none();
+        let targets = match names {
+            Some(n) => n,
+            None => {
+                let mut all: Vec<EnvName> = environments::list_environments(&self.config)
+                    .into_iter()
+                    .map(|(n, _)| n)
+                    .collect();
+                for n in self.indexed() {
+                    if !all.contains(&n) {
+                        all.push(n);
+                    }
+                }
+                all
+            }
+        };
+        for name in targets {
+            self.build(&name, true).await;
+        }
+        if everything {
+            self.ready.store(true, Ordering::Release);
+            self.warmed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Rebuilds the named environments, or every one, among those indexed
+    /// now (an unindexed one is read as it is on its next request), and
+    /// drops the indexes of environments gone from disk. What the watcher
+    /// and explicit re-indexes call.
+    pub async fn refresh(self: &Arc<Self>, names: Option<Vec<EnvName>>) {
+        let indexed = self.indexed();
+        let targets: Vec<EnvName> = match names {
+            Some(n) => n.into_iter().filter(|n| indexed.contains(n)).collect(),
+            None => {
+                // The kept digests of dropped environments gone from disk.
+                let on_disk: BTreeSet<EnvName> = environments::list_environments(&self.config)
+                    .into_iter()
+                    .map(|(n, _)| n)
+                    .collect();
+                self.kept
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|n, _| on_disk.contains(n));
+                indexed
+            }
+        };
+        for name in targets {
+            self.build(&name, true).await;
+        }
+    }
+
     /// An explicit re-index (the admin API, `pluginsync-master reindex`,
-    /// SIGHUP): `env`, or every environment; returns once the new indexes
-    /// are served. Under `index.publish = "explicit"` this is the only way
-    /// a changed tree is published.
+    /// SIGHUP): `env`, or every indexed environment; returns once the new
+    /// indexes are served. Under `index.publish = "explicit"` this is the
+    /// only way a changed tree is published (an environment not indexed
+    /// yet is read as it is then, on its first request).
     pub async fn reindex(self: &Arc<Self>, env: Option<EnvName>, by: &str) {
         self.stats.reindexes.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
@@ -129,71 +330,200 @@ impl Store {
             by,
             "re-indexing on request"
         );
-        self.rebuild(env.map(|e| vec![e])).await;
+        self.refresh(env.map(|e| vec![e])).await;
     }
 
-    fn rebuild_blocking(&self, names: Option<Vec<EnvName>>) {
-        let targets: Vec<EnvName> = match names {
-            Some(n) => n,
-            None => {
-                let mut all: Vec<EnvName> = environments::list_environments(&self.config)
-                    .into_iter()
-                    .map(|(n, _)| n)
-                    .collect();
-                for existing in self.read().keys() {
-                    if !all.contains(existing) {
-                        all.push(existing.clone());
-                    }
-                }
-                all
-            }
-        };
-        for name in targets {
-            let Some(dir) = environments::find_environment(&self.config, &name) else {
-                if self
-                    .envs
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&name)
-                    .is_some()
-                {
-                    tracing::info!(env = %name, "environment removed");
-                }
-                continue;
-            };
-            let started = Instant::now();
-            let previous = self.read().get(&name).cloned();
-            let before = self.stats.files_hashed.load(Ordering::Relaxed);
-            let idx = EnvIndex::build(
-                &self.config,
-                name.clone(),
-                dir,
-                previous.as_deref(),
-                Hashing::Hash {
-                    files_hashed: &self.stats.files_hashed,
-                },
-            );
-            let hashed = self.stats.files_hashed.load(Ordering::Relaxed) - before;
-            idx.warm();
-            let mounts = Mount::ALL.map(|m| {
-                let (files, bytes) = idx.served(m);
-                (m.as_str(), files, bytes)
-            });
-            self.metrics
-                .index_built(name.as_str(), started.elapsed(), &mounts);
-            tracing::info!(
-                env = %name,
-                plugins = idx.file_count(Mount::Plugins),
-                pluginfacts = idx.file_count(Mount::Pluginfacts),
-                hashed,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "index built"
-            );
-            self.envs
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(name, Arc::new(idx));
-            self.stats.index_builds.fetch_add(1, Ordering::Relaxed);
+    /// The background warmer: indexes the `index.warm` targets one at a
+    /// time ([`warm_targets`]), then marks the store ready and warmed.
+    /// Requests for other environments are not delayed by it beyond one
+    /// build slot.
+    pub async fn warm(self: Arc<Self>) {
+        let on_disk: Vec<EnvName> = environments::list_environments(&self.config)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let (named, rest) = warm_targets(&self.config.index.warm, &on_disk);
+        tracing::info!(
+            named = named.len(),
+            others = rest.len(),
+            environments = on_disk.len(),
+            "indexing in the background"
+        );
+        for name in &named {
+            self.build(name, false).await;
         }
+        self.ready.store(true, Ordering::Release);
+        tracing::info!(indexed = named.len(), "ready");
+        for name in &rest {
+            self.build(name, false).await;
+        }
+        self.warmed.store(true, Ordering::Release);
+        tracing::info!(
+            indexed = self.stats.environments_indexed.load(Ordering::Relaxed),
+            "background indexing done"
+        );
+    }
+
+    /// Marks `env` as held (or no longer held) by the watcher during a
+    /// deploy: a held environment is never dropped for idleness.
+    pub fn hold(&self, env: &EnvName, held: bool) {
+        let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held {
+            h.insert(env.clone());
+        } else {
+            h.remove(env);
+        }
+    }
+
+    /// Drops the indexes not asked for in `idle` (keeping their digests);
+    /// returns how many. Nothing under `index.publish = "explicit"`.
+    pub fn drop_idle(&self, idle: Duration) -> usize {
+        if self.config.index.publish == Publish::Explicit || idle.is_zero() {
+            return 0;
+        }
+        let cutoff = self.now_ms().saturating_sub(idle.as_millis() as u64);
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let dropped: Vec<(EnvName, Arc<EnvIndex>)> = {
+            let mut envs = self.write();
+            let idle: Vec<EnvName> = envs
+                .iter()
+                .filter(|(n, s)| s.used.load(Ordering::Relaxed) < cutoff && !held.contains(*n))
+                .map(|(n, _)| n.clone())
+                .collect();
+            idle.into_iter()
+                .filter_map(|n| {
+                    // Not while it is being rebuilt: that build would put
+                    // it back, and the digests kept here would linger.
+                    let _building = match locks.get(&n) {
+                        Some(l) => Some(l.try_lock().ok()?),
+                        None => None,
+                    };
+                    envs.remove(&n).map(|s| (n, s.index))
+                })
+                .collect()
+        };
+        for (name, index) in &dropped {
+            let digests = crate::walk::kept_digests(
+                index
+                    .mounts
+                    .iter()
+                    .flat_map(|m| m.roots.iter().flat_map(|r| r.nodes.iter())),
+            );
+            tracing::info!(env = %name, files = digests.len(), "idle: index dropped, digests kept");
+            self.kept
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(name.clone(), Arc::new(digests));
+        }
+        let n = dropped.len() as u64;
+        self.stats.idle_drops.fetch_add(n, Ordering::Relaxed);
+        self.stats
+            .environments_indexed
+            .fetch_sub(n, Ordering::Relaxed);
+        n as usize
+    }
+
+    /// Drops idle indexes every `index.idle_drop / 4` (at least each
+    /// second), for as long as the store lives; nothing when it is off.
+    pub async fn idle_dropper(store: std::sync::Weak<Self>, idle: Duration) {
+        if idle.is_zero() {
+            return;
+        }
+        let period = (idle / 4).max(Duration::from_secs(1));
+        loop {
+            tokio::time::sleep(period).await;
+            let Some(store) = store.upgrade() else { return };
+            store.drop_idle(idle);
+        }
+    }
+
+    fn build_blocking(&self, name: EnvName) {
+        let Some(dir) = environments::find_environment(&self.config, &name) else {
+            if self.write().remove(&name).is_some() {
+                self.stats
+                    .environments_indexed
+                    .fetch_sub(1, Ordering::Relaxed);
+                tracing::info!(env = %name, "environment removed");
+            }
+            self.kept
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&name);
+            return;
+        };
+        let started = Instant::now();
+        let previous = self.read().get(&name).map(|s| s.index.clone());
+        let kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&name);
+        let before = self.stats.files_hashed.load(Ordering::Relaxed);
+        let idx = EnvIndex::build(
+            &self.config,
+            name.clone(),
+            dir,
+            previous.as_deref(),
+            Hashing::Hash {
+                files_hashed: &self.stats.files_hashed,
+                kept: kept.as_deref(),
+            },
+        );
+        let hashed = self.stats.files_hashed.load(Ordering::Relaxed) - before;
+        idx.warm();
+        let mounts = Mount::ALL.map(|m| {
+            let (files, bytes) = idx.served(m);
+            (m.as_str(), files, bytes)
+        });
+        self.metrics
+            .index_built(name.as_str(), started.elapsed(), &mounts);
+        tracing::info!(
+            env = %name,
+            plugins = idx.file_count(Mount::Plugins),
+            pluginfacts = idx.file_count(Mount::Pluginfacts),
+            hashed,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "index built"
+        );
+        self.stats.index_builds.fetch_add(1, Ordering::Relaxed);
+        let slot = Slot {
+            index: Arc::new(idx),
+            used: AtomicU64::new(self.now_ms()),
+        };
+        if self.write().insert(name, slot).is_none() {
+            self.stats
+                .environments_indexed
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<EnvName> {
+        v.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn warm_targets_put_the_named_first_and_star_takes_the_rest() {
+        let disk = names(&["dev", "production", "staging", "test"]);
+        let warm = |w: &[&str]| {
+            let w: Vec<String> = w.iter().map(|s| s.to_string()).collect();
+            warm_targets(&w, &disk)
+        };
+        assert_eq!(
+            warm(&["production", "*"]),
+            (names(&["production"]), names(&["dev", "staging", "test"]))
+        );
+        assert_eq!(
+            warm(&["staging", "missing", "production", "staging"]),
+            (names(&["staging", "production"]), vec![]),
+            "a name not on disk is skipped, a repeated one warmed once"
+        );
+        assert_eq!(warm(&[]), (vec![], vec![]));
+        assert_eq!(warm(&["*"]), (vec![], disk.clone()));
     }
 }

@@ -290,6 +290,19 @@ fn on_chain(nodes: &[Node], mut idx: u32, target: &Path, canon_root: &Path) -> b
 /// sha256). A file whose signature is unchanged is not read again.
 pub type Digests = HashMap<PathBuf, (FileSig, [u8; 32])>;
 
+/// The digests of an index dropped for being idle (README, "Many
+/// environments"): signature → sha256, with no path (72 bytes a file, not
+/// a path each). A signature holds the device and inode, so a hit is the
+/// very file that was hashed, unchanged, wherever it is walked from now.
+pub type KeptDigests = HashMap<FileSig, [u8; 32]>;
+
+/// The digests of `nodes`, to keep when their index is dropped.
+pub fn kept_digests<'a>(nodes: impl Iterator<Item = &'a Node>) -> KeptDigests {
+    let mut kept: KeptDigests = nodes.filter_map(|n| Some((n.sig?, n.sha256?))).collect();
+    kept.shrink_to_fit();
+    kept
+}
+
 /// Whether a build reads file contents after walking.
 #[derive(Debug, Clone, Copy)]
 pub enum Hashing<'a> {
@@ -301,11 +314,15 @@ pub enum Hashing<'a> {
     Hash {
         /// Counts the files read (digest reuse does not count).
         files_hashed: &'a AtomicU64,
+        /// Digests kept from an index dropped for being idle, reused like
+        /// those of the previous index.
+        kept: Option<&'a KeptDigests>,
     },
 }
 
 /// Fills `sha256` for every node with content, reusing digests from
-/// `previous` when the signature is unchanged. Each file actually read
+/// `previous` (by path) or `kept` (by signature) when the signature is
+/// unchanged. Each file actually read
 /// bumps `hashed`. A file is read only through [`open_regular`] (no
 /// symlink anywhere in its real path, never a fifo or device), and its
 /// signature becomes that of the descriptor actually read, so the digest
@@ -316,6 +333,7 @@ pub fn hash_nodes(
     nodes: &mut [Node],
     canon_root: &Path,
     previous: &Digests,
+    kept: Option<&KeptDigests>,
     hashed: &AtomicU64,
     label: &str,
 ) {
@@ -325,6 +343,10 @@ pub fn hash_nodes(
         if let Some((old_sig, digest)) = previous.get(&real)
             && *old_sig == sig
         {
+            node.sha256 = Some(*digest);
+            continue;
+        }
+        if let Some(digest) = kept.and_then(|k| k.get(&sig)) {
             node.sha256 = Some(*digest);
             continue;
         }
@@ -491,7 +513,7 @@ mod tests {
         std::fs::write(t.path().join("b.rb"), "b").unwrap();
         let counter = AtomicU64::new(0);
         let (canon, mut first) = walk_root(t.path(), "m").unwrap();
-        hash_nodes(&mut first, &canon, &HashMap::new(), &counter, "m");
+        hash_nodes(&mut first, &canon, &HashMap::new(), None, &counter, "m");
         assert_eq!(counter.load(Ordering::Relaxed), 2);
         let previous: HashMap<_, _> = first
             .iter()
@@ -499,11 +521,54 @@ mod tests {
             .collect();
         std::fs::write(t.path().join("b.rb"), "bb").unwrap();
         let (_, mut second) = walk_root(t.path(), "m").unwrap();
-        hash_nodes(&mut second, &canon, &previous, &counter, "m");
+        hash_nodes(&mut second, &canon, &previous, None, &counter, "m");
         assert_eq!(
             counter.load(Ordering::Relaxed),
             3,
             "only b.rb was read again"
+        );
+    }
+
+    #[test]
+    fn kept_digests_are_reused_by_signature_and_only_for_the_same_file() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("a.rb"), "a").unwrap();
+        std::fs::write(t.path().join("b.rb"), "b").unwrap();
+        let counter = AtomicU64::new(0);
+        let (canon, mut first) = walk_root(t.path(), "m").unwrap();
+        hash_nodes(&mut first, &canon, &HashMap::new(), None, &counter, "m");
+        let kept = kept_digests(first.iter());
+        assert_eq!(kept.len(), 2);
+        drop(first);
+        // A copy elsewhere has the same bytes but another inode: read.
+        let copy = tempfile::tempdir().unwrap();
+        std::fs::copy(t.path().join("a.rb"), copy.path().join("a.rb")).unwrap();
+        let (ccanon, mut other) = walk_root(copy.path(), "m").unwrap();
+        hash_nodes(
+            &mut other,
+            &ccanon,
+            &HashMap::new(),
+            Some(&kept),
+            &counter,
+            "m",
+        );
+        assert_eq!(counter.load(Ordering::Relaxed), 3, "another inode is read");
+        // The dropped index's own tree, one file rewritten: only it is read.
+        std::fs::write(t.path().join("b.rb"), "bb").unwrap();
+        let (_, mut again) = walk_root(t.path(), "m").unwrap();
+        hash_nodes(
+            &mut again,
+            &canon,
+            &HashMap::new(),
+            Some(&kept),
+            &counter,
+            "m",
+        );
+        assert_eq!(counter.load(Ordering::Relaxed), 4, "only b.rb was read");
+        let b = again.iter().find(|n| n.rel.as_str() == "b.rb").unwrap();
+        assert_eq!(
+            b.sha256,
+            Some(pluginsync_common::checksum::sha256_bytes(b"bb"))
         );
     }
 
@@ -519,7 +584,14 @@ mod tests {
         swap(&canon.join("a.rb"));
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            hash_nodes(&mut nodes, &canon, &HashMap::new(), &AtomicU64::new(0), "m");
+            hash_nodes(
+                &mut nodes,
+                &canon,
+                &HashMap::new(),
+                None,
+                &AtomicU64::new(0),
+                "m",
+            );
             let _ = tx.send(nodes);
             drop(t);
         });

@@ -19,7 +19,10 @@
 //! reads produce them, and reacting to them would rebuild forever. After the
 //! last event of a burst and a quiet `debounce` (at most 10 × `debounce`),
 //! the touched environments are rebuilt; unchanged files keep their
-//! digests, so only what changed is read again.
+//! digests, so only what changed is read again. Only *indexed* environments
+//! are rebuilt (`Store::refresh`; README, "Many environments"): one not
+//! indexed yet, or dropped for being idle, is read as it is on its next
+//! request, so a rescan never indexes every environment.
 //!
 //! **Deploys** (issue 15, item 3). r10k and Code Manager redeploy modules in
 //! place, deleting and re-creating their directories over tens of seconds;
@@ -32,7 +35,10 @@
 //! served until it has been quiet for `index.settle`, or `index.settle_max`
 //! has passed since the deploy was noticed, or r10k wrote the environment's
 //! `.r10k-deploy.json` (r10k's last act for an environment). Ordinary edits
-//! are none of these, and are served after `debounce` as before.
+//! are none of these, and are served after `debounce` as before. A held
+//! environment is never dropped for being idle (`Store::hold`); one that
+//! is not indexed when its deploy starts has no complete index to keep,
+//! and a request for it during the deploy reads the tree as it is.
 //!
 //! With `index.publish = "explicit"` nothing here runs: only the admin API,
 //! `pluginsync-master reindex` and SIGHUP re-index.
@@ -84,7 +90,7 @@ struct Deploy {
 
 /// Where events come from: environments' real directories (the watched
 /// paths) and the environmentpath entries.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Roots {
     /// Real directory → the environments it is (usually one).
     envs: BTreeMap<PathBuf, BTreeSet<EnvName>>,
@@ -147,6 +153,7 @@ pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
         tracing::info!(
             "index.publish = \"explicit\": re-indexing only on the admin API, `reindex` or SIGHUP"
         );
+        store.set_watching();
         return Ok(None);
     }
     let (tx, rx) = mpsc::unbounded_channel::<Stamped>();
@@ -160,8 +167,15 @@ pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
     };
     let watcher = if config.index.watch {
         let counted = store.clone();
-        let mut w = notify::recommended_watcher(move |ev| {
+        let mut w = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
             counted.stats.watch_events.fetch_add(1, Ordering::Relaxed);
+            // The master's own reads (every file of every environment it
+            // indexes) are access events: dropped here, not queued for
+            // `classify` to drop (issue 14: hundreds of thousands of them
+            // queued while environments were indexed).
+            if matches!(&ev, Ok(e) if matches!(e.kind, EventKind::Access(_))) {
+                return;
+            }
             let _receiver_gone = tx.send((Instant::now(), ev));
         })?;
         let cannot = |dir: &Path, e: notify::Error| {
@@ -178,12 +192,41 @@ pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
             w.watch(dir, RecursiveMode::Recursive)
                 .map_err(|e| cannot(dir, e))?;
         }
-        resync(&store, &mut w, &mut roots);
         Some(w)
     } else {
         None
     };
-    let task = tokio::spawn(run(store, watcher, roots, rx));
+    let task = tokio::spawn(async move {
+        // Watching every environment recursively adds a watch per
+        // directory: 20 s for 100 environments of 1,300 directories each
+        // (issue 14). Done off the startup path; then every environment
+        // indexed meanwhile is refreshed (stat only), so a change made
+        // before its watch existed is not missed.
+        let watcher = match watcher {
+            Some(mut w) => {
+                let (s, mut r) = (store.clone(), roots.clone());
+                match tokio::task::spawn_blocking(move || {
+                    resync(&s, &mut w, &mut r);
+                    (w, r)
+                })
+                .await
+                {
+                    Ok((w, r)) => {
+                        roots = r;
+                        store.refresh(None).await;
+                        Some(w)
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot watch the environments: only the periodic rescan picks up changes");
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        store.set_watching();
+        run(store, watcher, roots, rx).await
+    });
     Ok(Some(WatchGuard {
         task: task.abort_handle(),
     }))
@@ -253,19 +296,21 @@ async fn run(
         let now = Instant::now();
         let mut ready = hold(&mut deploys, &pending, now, &store);
         release(&mut deploys, now, settle, settle_max, &mut ready);
+        for env in &ready {
+            store.hold(env, false);
+        }
         if let Some(w) = watcher.as_mut() {
             resync(&store, w, &mut roots);
         }
+        // Only indexed environments are rebuilt (Store::refresh): one not
+        // indexed is read as it is on its next request.
         let targets: Option<Vec<EnvName>> = if pending.all && deploys.is_empty() {
             None
         } else if pending.all {
-            let mut all: BTreeSet<EnvName> = environments::list_environments(store.config())
-                .into_iter()
-                .map(|(n, _)| n)
-                .collect();
-            all.extend(store.all().iter().map(|i| i.name.clone()));
             Some(
-                all.into_iter()
+                store
+                    .indexed()
+                    .into_iter()
                     .filter(|n| !deploys.contains_key(n))
                     .collect(),
             )
@@ -280,8 +325,8 @@ async fn run(
             Some(ready.into_iter().collect())
         };
         match targets {
-            None => store.rebuild(None).await,
-            Some(names) if !names.is_empty() => store.rebuild(Some(names)).await,
+            None => store.refresh(None).await,
+            Some(names) if !names.is_empty() => store.refresh(Some(names)).await,
             Some(_) => {}
         }
     }
@@ -300,6 +345,7 @@ fn hold(
         let started = pending.deploying.contains(env) && !deploys.contains_key(env);
         if started {
             store.stats.deploys_held.fetch_add(1, Ordering::Relaxed);
+            store.hold(env, true);
             tracing::info!(env = %env, "deploy in progress: serving the last complete index until it settles");
             deploys.insert(
                 env.clone(),

@@ -41,6 +41,8 @@ mod logs;
 mod master_blobs;
 // Deploys: flipped environment links, r10k and scripted redeploys held until they settle, explicit publishing.
 mod master_deploy;
+// A hundred environments: indexed on demand and in the background, one build per environment, dropped when idle.
+mod master_envs;
 // ETags across two master processes: equal for one tree, 304 from either, new on change, gzip.
 mod master_etag;
 // Delta listings: rebuilt byte for byte, fallbacks, replicas, the agent through a delta, stock agents never.

@@ -38,7 +38,8 @@ pub fn parse_config(text: &str) -> MasterConfig {
     c
 }
 
-/// The master running in-process.
+/// The master running in-process; [`TestMaster::start`] returns once the
+/// warmer has indexed what `index.warm` names.
 pub struct TestMaster {
     /// The bound address.
     pub addr: SocketAddr,
@@ -75,9 +76,21 @@ impl TestMaster {
                 eprintln!("test master failed: {e:#}");
             }
         });
-        let store = ready_rx
+        let store: Arc<Store> = ready_rx
             .recv_timeout(Duration::from_secs(60))
             .expect("master became ready");
+        // Environments are indexed and watched in the background (README,
+        // "Many environments"): wait until the warmer and the watcher's
+        // setup are done, so a test starts from every environment indexed
+        // and watched, as a master did before serving.
+        let settled = || store.is_warmed() && store.is_watching();
+        for _ in 0..6000 {
+            if settled() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(settled(), "the master indexed and watched its environments");
         TestMaster {
             addr,
             store,

@@ -8,22 +8,19 @@ use axum::response::{IntoResponse, Response};
 
 use crate::state::AppState;
 
-/// `GET /status/v1/simple`: `running`, or 503 `stopping` while draining.
-/// No client certificate needed: it is the load balancer's health check.
+/// `GET /status/v1/simple`: `running`; 503 `starting` until the
+/// environments named in `index.warm` are indexed (README, "Many
+/// environments": every other environment is served correctly before it is
+/// indexed, its first request waits for its build); 503 `stopping` while
+/// draining. No client certificate needed: it is the load balancer's
+/// health check.
 pub async fn status(State(state): State<AppState>) -> Response {
-    if state.store.draining.load(Ordering::Relaxed) {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::CONTENT_TYPE, "text/plain")],
-            "stopping",
-        )
-            .into_response()
+    let (code, body) = if state.store.draining.load(Ordering::Relaxed) {
+        (StatusCode::SERVICE_UNAVAILABLE, "stopping")
+    } else if !state.store.is_ready() {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting")
     } else {
-        (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain")],
-            "running",
-        )
-            .into_response()
-    }
+        (StatusCode::OK, "running")
+    };
+    (code, [(header::CONTENT_TYPE, "text/plain")], body).into_response()
 }

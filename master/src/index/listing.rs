@@ -25,8 +25,9 @@ use super::entry::{ListingError, SearchParams};
 /// A serialised listing, ready to send.
 ///
 /// Built by streaming the entries through a hasher (the ETag) and a gzip
-/// encoder. Large listings (4 MiB or more) are kept only gzipped (a
-/// 50,000-file listing is 17 MB of JSON and ~5.7 MB gzipped; both
+/// encoder. Listings of 64 KiB or more are kept only gzipped (a 3,000-file
+/// listing is 1.1 MB of JSON and 160 KB gzipped, times two `source_permissions`
+/// and a hundred environments (issue 14); both
 /// pluginsync's and Puppet's agents ask for gzip), and inflated for the rare
 /// client that does not take it. Small ones are kept both ways.
 #[derive(Debug)]
@@ -43,7 +44,7 @@ pub struct CachedListing {
 
 /// Listings at least this large are kept only gzipped (inflating one per
 /// identity request is then cheaper than holding it twice).
-const KEEP_GZIPPED: usize = 4 << 20;
+const KEEP_GZIPPED: usize = 64 << 10;
 
 impl CachedListing {
     /// Wraps a body, deriving its ETag ([`listing_etag`], the function

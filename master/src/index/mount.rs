@@ -136,8 +136,8 @@ impl MountIndex {
                     outside.push(o);
                 }
                 Ok((canon, mut nodes)) => {
-                    if let Hashing::Hash { files_hashed } = hashing {
-                        walk::hash_nodes(&mut nodes, &canon, previous, files_hashed, &m.name);
+                    if let Hashing::Hash { files_hashed, kept } = hashing {
+                        walk::hash_nodes(&mut nodes, &canon, previous, kept, files_hashed, &m.name);
                     }
                     roots.push(Root {
                         module: m.name.clone(),
