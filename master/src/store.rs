@@ -85,6 +85,18 @@ struct Slot {
     used: AtomicU64,
 }
 
+/// What [`Store::get`] found for an environment name.
+#[derive(Debug)]
+pub enum Lookup {
+    /// Its current index.
+    Found(Arc<EnvIndex>),
+    /// No such environment on disk.
+    Unknown,
+    /// Not indexed, and a deploy of it is in progress (held by the
+    /// watcher): ask again later.
+    Deploying,
+}
+
 /// Every environment's index.
 #[derive(Debug)]
 pub struct Store {
@@ -195,15 +207,37 @@ impl Store {
 
     /// The current index of `name`, building it if the environment exists
     /// on disk but has no index yet (this call then waits for that build
-    /// only, shared with any concurrent caller); `None` if there is no
-    /// such environment.
-    pub async fn get(self: &Arc<Self>, name: &EnvName) -> Option<Arc<EnvIndex>> {
+    /// only, shared with any concurrent caller).
+    ///
+    /// An environment with no index whose deploy the watcher holds is
+    /// [`Lookup::Deploying`], never built: there is no complete index to
+    /// hold, and a listing read from a half-written tree would make agents
+    /// purge what the deploy has not written yet (docs/protocol.md §4.7;
+    /// the handler answers 503 with `Retry-After`).
+    pub async fn get(self: &Arc<Self>, name: &EnvName) -> Lookup {
         if let Some(idx) = self.current(name) {
-            return Some(idx);
+            return Lookup::Found(idx);
         }
-        environments::find_environment(&self.config, name)?;
+        if environments::find_environment(&self.config, name).is_none() {
+            return Lookup::Unknown;
+        }
+        if self.is_held(name) {
+            return Lookup::Deploying;
+        }
         self.build(name, false).await;
-        self.current(name)
+        match self.current(name) {
+            Some(idx) => Lookup::Found(idx),
+            None if self.is_held(name) => Lookup::Deploying,
+            None => Lookup::Unknown,
+        }
+    }
+
+    /// Whether the watcher holds a deploy of `name` now.
+    fn is_held(&self, name: &EnvName) -> bool {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(name)
     }
 
     /// The index of `name` if it is indexed, marked as used now.
@@ -249,6 +283,12 @@ impl Store {
         let _guard = lock.lock().await;
         if !again && self.read().contains_key(name) {
             // Built by the caller this one waited for: one build shared.
+            return;
+        }
+        if !again && self.is_held(name) {
+            // A first build (a request or the warmer) during a deploy the
+            // watcher holds would index a half-written tree: the deploy's
+            // release builds it (`refresh` after `hold(env, false)`).
             return;
         }
         let Ok(_permit) = self.builders.acquire().await else {

@@ -400,3 +400,58 @@ async fn sighup_publishes_an_explicit_master_issue_15() {
     .await;
     assert!(seen.is_some(), "SIGHUP did not publish the edit");
 }
+
+/// Issue 14 item 5 with issue 15: an environment with no index yet (not in
+/// `index.warm`, never asked for) that is being deployed is not read
+/// half-written on its first request: while the watcher holds the deploy
+/// the master answers 503 with `Retry-After` (no agent purges on that),
+/// and once it settles it serves the whole tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unindexed_environment_is_not_read_while_it_is_being_deployed() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 2, 5, 3);
+    tree.generate("other", 6, 15, 11);
+    let env = tree.envpath().join("other");
+    let m = master(&tree.envpath(), &pki, "warm = [\"production\"]", "");
+    assert!(
+        !m.store.indexed().iter().any(|n| n.as_str() == "other"),
+        "'other' was indexed before anyone asked for it"
+    );
+    let (c, url) = (client(&pki, Some("node1")), m.url());
+    let q = Q.replace("environment=production", "environment=other");
+    let modules = env.join("modules");
+    let deploy =
+        tokio::task::spawn_blocking(move || scripted_redeploy(&modules, Duration::from_secs(1)));
+    let held = wait_for(PATIENCE, || {
+        let n = m.store.stats.deploys_held.load(Ordering::SeqCst);
+        async move { (n >= 1).then_some(()) }
+    })
+    .await;
+    assert!(held.is_some(), "the watcher never held the deploy");
+    let (status, headers, _) = listing(&c, &url, "plugins", &q).await;
+    assert_eq!(status, 503, "a held, unindexed environment was read");
+    assert!(headers.contains_key("retry-after"));
+    deploy.await.unwrap();
+    let want = on_disk(&env);
+    let got = wait_for(PATIENCE, || {
+        let (c, url, q) = (c.clone(), url.clone(), q.clone());
+        async move {
+            let (status, _, entries) = listing(&c, &url, "plugins", &q).await;
+            (status == 200).then_some(entries)
+        }
+    })
+    .await
+    .expect("never served after the deploy settled");
+    let served: BTreeMap<String, String> = got
+        .into_iter()
+        .filter(|e| e.kind == pluginsync_common::metadata::FileType::File)
+        .filter_map(|e| {
+            let sum = e.checksum?.value;
+            Some((
+                e.relative_path?,
+                sum.trim_start_matches("{sha256}").to_owned(),
+            ))
+        })
+        .collect();
+    assert_eq!(served, want);
+}

@@ -29,6 +29,7 @@ use crate::index::{
 };
 use crate::request::{self, MountPath, PathError, Query};
 use crate::state::AppState;
+use crate::store::Lookup;
 use crate::walk::Node;
 
 /// Files up to this size are read whole; larger ones are streamed.
@@ -68,11 +69,16 @@ async fn accept(
         PathError::UnknownMount(m) => ApiError::not_found("mount", &format!("'{m}'")),
     })?;
     request::check_accept(&req.headers, produces)?;
-    let index = state
-        .store
-        .get(&env)
-        .await
-        .ok_or_else(|| ApiError::unknown_environment(env.as_str()))?;
+    let index = match state.store.get(&env).await {
+        Lookup::Found(index) => index,
+        Lookup::Unknown => return Err(ApiError::unknown_environment(env.as_str())),
+        Lookup::Deploying => {
+            return Err(ApiError::unavailable(
+                format!("environment '{env}' is being deployed; try again shortly"),
+                5,
+            ));
+        }
+    };
     Ok(Accepted {
         index,
         target,
