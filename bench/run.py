@@ -192,7 +192,10 @@ def main():
     params = {k: v for k, v in vars(a).items()}
     results = {"machine": machine(), "params": params, "commit": commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     t0 = time.monotonic()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    def on_term(*_):
+        raise KeyboardInterrupt  # not SystemExit: a scenario's failure is caught, a stop is not
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         bench(ctx, results)
     finally:
@@ -260,22 +263,27 @@ def bench(ctx, results):
         w["rnode"] = os.path.join(ctx.work, "rnode")
         w["rsync"] = ["rsync", "-a", "--delete", f"rsync://127.0.0.1:{rport}/plugins/", w["rnode"] + "/"]
         w["rsyncd"] = rsyncd
-    if "speed" in sel:
-        speed(ctx, results, w)
-    if "load" in sel:
-        load(ctx, results, w)
-    if "busy" in sel:
-        busy.run(ctx, results, timed, w["agent"], w["rsync"], w["node"], w["rnode"])
+    def guarded(name, fn, *args):
+        """One scenario; its failure is recorded and the run goes on with the next one."""
+        if name not in sel:
+            return
+        try:
+            fn(*args)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 -- any failure, reported with the scenario's name
+            msg = str(e) or type(e).__name__
+            log(f"error: scenario {name} failed: {msg}")
+            results.setdefault("errors", {})[name] = msg
+
+    guarded("speed", speed, ctx, results, w)
+    guarded("load", load, ctx, results, w)
+    guarded("busy", busy.run, ctx, results, timed, w.get("agent"), w.get("rsync"), w.get("node"), w.get("rnode"))
     if w:
         results.setdefault("memory", {})["master, bench environment, at the end of speed/load/busy"] = rss(w["master"].pid)
         stop(w["master"])
         stop(w["rsyncd"])
-    if "fleet" in sel:
-        fleet.run(ctx, results)
-    if "big" in sel:
-        big(ctx, results)
-    if "envs" in sel:
-        envs.run(ctx, results)
+    guarded("fleet", fleet.run, ctx, results)
+    guarded("big", big, ctx, results)
+    guarded("envs", envs.run, ctx, results)
 
 
 def speed(ctx, results, w):
@@ -412,7 +420,7 @@ def big(ctx, results):
     big_envs = os.path.join(work, "bigenvs")
     log(f"generating the {a.big_files:,}-file environment")
     run([sys.executable, ctx.gen, "--out", os.path.join(big_envs, "production"), "--files", str(a.big_files),
-         "--modules", "300", "--seed", str(a.seed), "--target-mb", str(max(1, a.big_files * 200 // 50000))],
+         "--modules", str(min(300, a.big_files // 3)), "--seed", str(a.seed), "--target-mb", str(max(1, a.big_files * 200 // 50000))],
         stdout=subprocess.DEVNULL)
     bconf = os.path.join(work, "big-master.toml")
     master_config(bconf, big_envs, ctx.ssl)
@@ -558,6 +566,8 @@ def print_summary(r):
     print("|---|---|---|")
     for name, value, verdict in rows:
         print(f"| {name} | {value} | {verdict} |")
+    for name, msg in r.get("errors", {}).items():
+        print(f"\nscenario {name} FAILED: {msg}")
 
 
 if __name__ == "__main__":
