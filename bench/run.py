@@ -387,7 +387,11 @@ def speed(ctx, results, w):
                                           "cpu_s": statistics.median(cost["cpu_s"])}
     if ps is not None:
         if "fleet" in a.selected:
-            fleet.puppet_server_column(results, ps, lambda p: puppet_cmd(pnode_ps, p, pssl), psport, a.puppet_runs)
+            try:
+                fleet.puppet_server_column(results, ps, lambda p: puppet_cmd(pnode_ps, p, pssl), psport, a.puppet_runs)
+            except (Exception, SystemExit) as e:  # noqa: BLE001 -- the speed figures stay
+                log(f"error: Puppet Server's fleet column failed: {e}")
+                results.setdefault("errors", {})["fleet (Puppet Server column)"] = str(e)
         results.setdefault("memory", {})["Puppet Server (JVM), after the Puppet runs"] = rss(ps.pid)
         stop(ps, 30)
         ctx.ps_env = None
