@@ -25,7 +25,7 @@ Imported by bench/run.py, which also adds the Puppet Server column (`puppet_serv
 import os, statistics, urllib.request
 
 import certs
-from common import (LISTING_QUERY, agent_config, cpu_between, free_port, https_conn, https_get,
+from common import (LISTING_QUERY, agent_config, cpu_between, cpu_seconds, free_port, https_conn, https_get,
                     log, master_config, reindex, start_master, stop, thread_cpu, timed_rusage, tls_context,
                     wait_idle)
 from relay import CountingRelay
@@ -107,7 +107,10 @@ def measure(ctx, kind, ssl_dir):
         out["initial"] = summarise([measured_run(cmd, master.pid, relay)])
         timed_rusage(cmd)  # warm-up no-op, untimed
         log(f"fleet [{kind}]: {a.fleet_runs} no-op runs")
+        t0 = cpu_seconds(master.pid)
         out["noop"] = summarise([measured_run(cmd, master.pid, relay) for _ in range(a.fleet_runs)])
+        # The same from /proc/<pid>/stat's ticks over all the runs (idle waits included), as a check.
+        out["noop"]["master_cpu_s_from_ticks"] = (cpu_seconds(master.pid) - t0) / a.fleet_runs
         log(f"fleet [{kind}]: {a.fleet_change_runs} runs after a 1 % change")
         runs, per_change, content = [], [], []
         for _ in range(a.fleet_change_runs):
@@ -177,6 +180,7 @@ def print_table(r):
 
     ms = lambda x: f"{x*1000:.2f} ms"
     row("master CPU per no-op run (mean)", lambda f: ms(f["noop"]["master_cpu_s"]))
+    row("… the same from /proc/<pid>/stat ticks over all no-op runs", lambda f: ms(f["noop"]["master_cpu_s_from_ticks"]))
     row("master CPU per run after a 1 % change (mean)", lambda f: ms(f["1%"]["master_cpu_s"]))
     row("master CPU per change, shared by all nodes (re-index + first listings)",
         lambda f: ms(f["per_change_master_cpu_s"]))
@@ -195,7 +199,7 @@ def print_table(r):
         lambda f: f"{f['noop']['wall_s']*1000:.0f} / {f['1%']['wall_s']*1000:.0f} ms")
     row("agent CPU, no-op / 1 % (median)",
         lambda f: f"{f['noop']['agent_cpu_s']*1000:.0f} / {f['1%']['agent_cpu_s']*1000:.0f} ms")
-    counters = {c: fleet[c].get("tls_counters") for c in cols if fleet[c].get("tls_counters")}
+    counters = {c: fleet[c]["tls_counters"] for c in cols if "tls_counters" in fleet[c]}
     for c, v in counters.items():
         shown = ", ".join(f"{k} {val:g}" for k, val in v.items()) or "none exported"
         print(f"\nmaster TLS counters after the runs [{c}]: {shown}")
