@@ -57,7 +57,7 @@
 //! and the change is large anyway (an initial sync). The busy-node figures
 //! of whole runs are in BENCHMARKS.md (the bench's busy-node scenario).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
@@ -167,7 +167,6 @@ pub enum Need {
 #[derive(Debug)]
 struct Item {
     fd: OwnedFd,
-    dev: u64,
     need: Need,
     /// For messages.
     path: PathBuf,
@@ -175,11 +174,30 @@ struct Item {
 
 /// A set of open files and directories to make durable together, each
 /// once (by device and inode); see the module docs for how.
+///
+/// It holds at most [`SYNCFS_ABOVE`] descriptors per filesystem: once a
+/// filesystem has more members than that it will be synced whole, so only
+/// one of its descriptors is kept (for `syncfs`) and the others are
+/// counted, not held — a first sync of 50,000 files must not run out of
+/// descriptors making them durable.
 #[derive(Debug, Default)]
 pub struct Durable {
+    devices: HashMap<u64, Device>,
+}
+
+/// One filesystem's share of a [`Durable`] set.
+#[derive(Debug, Default)]
+struct Device {
+    /// Members kept open to sync one by one (empty once `whole` is set).
     items: Vec<Item>,
-    /// (device, inode) → index in `items`.
-    seen: HashMap<(u64, u64), usize>,
+    /// Inode → index in `items` (kept while `whole` is `None`), for
+    /// counting each member once and keeping its largest [`Need`].
+    seen: HashMap<u64, usize>,
+    /// Distinct members counted.
+    count: usize,
+    /// Set above [`SYNCFS_ABOVE`] members: the one descriptor kept, for
+    /// `syncfs`.
+    whole: Option<Item>,
 }
 
 /// What [`Durable::sync`] did, for the debug log.
@@ -201,19 +219,27 @@ impl Durable {
     /// messages); one already in the set keeps the larger [`Need`].
     pub fn add(&mut self, fd: BorrowedFd<'_>, need: Need, path: &Path) -> std::io::Result<()> {
         let st = rustix::fs::fstat(fd)?;
-        let key = (st.st_dev, st.st_ino);
-        if let Some(&i) = self.seen.get(&key) {
-            let item = &mut self.items[i];
-            item.need = item.need.max(need);
+        let dev = self.devices.entry(st.st_dev).or_default();
+        if let Some(&i) = dev.seen.get(&st.st_ino) {
+            if let Some(item) = dev.items.get_mut(i) {
+                item.need = item.need.max(need);
+            }
             return Ok(());
         }
-        self.seen.insert(key, self.items.len());
-        self.items.push(Item {
+        dev.seen.insert(st.st_ino, dev.items.len());
+        dev.count += 1;
+        if dev.whole.is_some() {
+            return Ok(());
+        }
+        dev.items.push(Item {
             fd: fd.try_clone_to_owned()?,
-            dev: st.st_dev,
             need,
             path: path.to_owned(),
         });
+        if Strategy::for_items(dev.count) == Strategy::Syncfs {
+            // Synced whole from now on: one descriptor is enough.
+            dev.whole = dev.items.drain(..).next();
+        }
         Ok(())
     }
 
@@ -226,24 +252,20 @@ impl Durable {
 
     /// Distinct files and directories in the set.
     pub fn len(&self) -> usize {
-        self.items.len()
+        self.devices.values().map(|d| d.count).sum()
     }
 
     /// Whether the set is empty.
     pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.len() == 0
     }
 
     /// The strategy of each filesystem in the set (by device), from how
     /// many of its members the set holds.
     pub fn plan(&self) -> HashMap<u64, Strategy> {
-        let mut counts: HashMap<u64, usize> = HashMap::new();
-        for item in &self.items {
-            *counts.entry(item.dev).or_default() += 1;
-        }
-        counts
-            .into_iter()
-            .map(|(dev, n)| (dev, Strategy::for_items(n)))
+        self.devices
+            .iter()
+            .map(|(&dev, d)| (dev, Strategy::for_items(d.count)))
             .collect()
     }
 
@@ -251,19 +273,18 @@ impl Durable {
     /// it did, or every failure (path, error) when any failed. An empty set
     /// makes no call.
     pub fn sync(self) -> Result<Synced, Vec<(PathBuf, std::io::Error)>> {
-        let plan = self.plan();
         let mut failures = Vec::new();
         let mut done = Synced::default();
         let mut each = Vec::new();
-        let mut whole = HashSet::new();
-        for item in self.items {
-            if plan.get(&item.dev) != Some(&Strategy::Syncfs) {
-                each.push(item);
-            } else if whole.insert(item.dev) {
-                done.syncfs += 1;
-                if let Err(e) = rustix::fs::syncfs(&item.fd) {
-                    failures.push((item.path, e.into()));
+        for (_, dev) in self.devices {
+            match dev.whole {
+                Some(item) => {
+                    done.syncfs += 1;
+                    if let Err(e) = rustix::fs::syncfs(&item.fd) {
+                        failures.push((item.path, e.into()));
+                    }
                 }
+                None => each.extend(dev.items),
             }
         }
         done.each = each.len();
@@ -273,6 +294,15 @@ impl Durable {
         } else {
             Err(failures)
         }
+    }
+
+    /// Descriptors the set holds open now (tests: bounded by
+    /// [`SYNCFS_ABOVE`] per filesystem).
+    pub fn open_descriptors(&self) -> usize {
+        self.devices
+            .values()
+            .map(|d| d.items.len() + usize::from(d.whole.is_some()))
+            .sum()
     }
 }
 
@@ -311,6 +341,7 @@ fn sync_each(items: &[Item]) -> Vec<(PathBuf, std::io::Error)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn syncfs_only_above_the_threshold() {
@@ -337,8 +368,8 @@ mod tests {
         set.add_path(&f, Need::Data).unwrap();
         set.add_path(&f, Need::All).unwrap();
         assert_eq!(set.len(), 2);
-        assert_eq!(set.items[1].need, Need::All);
-        let dev = set.items[0].dev;
+        let dev = std::fs::metadata(disk.path()).unwrap().dev();
+        assert_eq!(set.devices[&dev].items[1].need, Need::All);
         assert_eq!(set.plan(), HashMap::from([(dev, Strategy::Each)]));
         assert_eq!(set.sync().unwrap(), Synced { each: 2, syncfs: 0 });
         assert_eq!(Durable::new().sync().unwrap(), Synced::default());
@@ -353,14 +384,14 @@ mod tests {
             std::fs::write(&f, b"x").unwrap();
             set.add_path(&f, Need::All).unwrap();
         }
-        let dev = set.items[0].dev;
+        let dev = std::fs::metadata(disk.path()).unwrap().dev();
         let mut want = HashMap::from([(dev, Strategy::Syncfs)]);
         // Another filesystem, where the machine has one: its one member
         // is synced by itself.
         let shm = tempfile::tempdir_in("/dev/shm").ok();
         if let Some(shm) = &shm {
             set.add_path(shm.path(), Need::All).unwrap();
-            let other = set.items.last().unwrap().dev;
+            let other = std::fs::metadata(shm.path()).unwrap().dev();
             if other != dev {
                 want.insert(other, Strategy::Each);
             }
@@ -369,6 +400,28 @@ mod tests {
         let synced = set.sync().unwrap();
         assert_eq!(synced.syncfs, 1);
         assert_eq!(synced.each, want.len() - 1);
+    }
+
+    #[test]
+    fn a_large_set_holds_one_descriptor_per_filesystem_synced_whole() {
+        // 50,000 staged files of a first sync ran the agent out of
+        // descriptors (EMFILE) when the set held one per file.
+        let disk = tempfile::tempdir().unwrap();
+        let mut set = Durable::new();
+        let n = SYNCFS_ABOVE * 8;
+        for i in 0..n {
+            let f = disk.path().join(i.to_string());
+            std::fs::write(&f, b"x").unwrap();
+            set.add_path(&f, Need::Data).unwrap();
+            assert!(set.open_descriptors() <= SYNCFS_ABOVE);
+        }
+        assert_eq!(set.open_descriptors(), 1);
+        assert_eq!(set.len(), n);
+        // Adding a member again counts it once.
+        set.add_path(&disk.path().join("0"), Need::All).unwrap();
+        assert_eq!(set.len(), n);
+        let synced = set.sync().unwrap();
+        assert_eq!((synced.syncfs, synced.each), (1, 0));
     }
 
     #[test]
