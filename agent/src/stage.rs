@@ -30,9 +30,7 @@ use tokio::io::{AsyncSeekExt, AsyncWriteExt, BufWriter};
 
 use pluginsync_common::checksum::Sha256Stream;
 use pluginsync_common::digest::Sha256;
-#[cfg(doc)]
-use pluginsync_common::fsutil::SYNCFS_ABOVE;
-use pluginsync_common::fsutil::{Durable, Need};
+use pluginsync_common::fsutil::{Durable, Need, SYNCFS_ABOVE};
 use pluginsync_common::protocol::{FrameDecoder, FrameEvent, MAX_BATCH};
 
 use crate::client::{Body, BodyError, Client, FetchError, Source};
@@ -161,6 +159,33 @@ impl Staging {
             Mode::empty(),
         )
         .map_err(fail(&self.dir))?;
+        // Synced whole (one `syncfs`), so no file needs a descriptor of its
+        // own: its mode is set by name, relative to the staging directory's
+        // descriptor — only when that directory is still the one this agent
+        // made (its owner, mode 0700: nobody else can have put a link in
+        // it), else file by file below, each opened without following one.
+        let st = rustix::fs::fstat(&dir).map_err(fail(&self.dir))?;
+        let ours = st.st_uid == rustix::process::geteuid().as_raw() && st.st_mode & 0o077 == 0;
+        if ours && self.files.len() > SYNCFS_ABOVE {
+            for (rel, tmp) in &self.files {
+                if let Some(mode) = modes.get(rel.as_path()) {
+                    let name = tmp.file_name().unwrap_or_default();
+                    rustix::fs::chmodat(
+                        &dir,
+                        name,
+                        Mode::from_raw_mode(mode & MODE_MASK),
+                        rustix::fs::AtFlags::empty(),
+                    )
+                    .map_err(fail(tmp))?;
+                }
+            }
+            return durable
+                .add_whole(dir.as_fd(), self.files.len(), &self.dir)
+                .map_err(|source| StageError::Sync {
+                    path: self.dir.clone(),
+                    source,
+                });
+        }
         for (rel, tmp) in &self.files {
             let name = tmp.file_name().unwrap_or_default();
             let fd = rustix::fs::openat(

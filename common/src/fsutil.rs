@@ -243,6 +243,32 @@ impl Durable {
         Ok(())
     }
 
+    /// Adds `count` members of the filesystem `fd` is on without opening
+    /// each: for a caller that knows it has more than [`SYNCFS_ABOVE`] of
+    /// them, so that filesystem is synced whole through `fd` (`path` names
+    /// it in messages). Members are not told apart, so a member also added
+    /// one by one is counted twice: harmless, the filesystem is synced
+    /// whole either way.
+    pub fn add_whole(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        count: usize,
+        path: &Path,
+    ) -> std::io::Result<()> {
+        let st = rustix::fs::fstat(fd)?;
+        let dev = self.devices.entry(st.st_dev).or_default();
+        dev.count += count.max(SYNCFS_ABOVE + 1);
+        if dev.whole.is_none() {
+            dev.items.clear();
+            dev.whole = Some(Item {
+                fd: fd.try_clone_to_owned()?,
+                need: Need::All,
+                path: path.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
     /// Opens `path` (a file or a directory, read-only, following links:
     /// only for trusted paths) and adds it.
     pub fn add_path(&mut self, path: &Path, need: Need) -> std::io::Result<()> {

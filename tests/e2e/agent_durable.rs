@@ -223,7 +223,7 @@ fn a_change_above_the_threshold_syncs_its_filesystem_once() {
             "m",
             &format!("lib/many/f{i}.rb"),
             format!("# {i}\n"),
-            0o644,
+            if i % 2 == 0 { 0o755 } else { 0o644 },
         );
     }
     let (_master, home) = synced_node(&tree, &pki);
@@ -236,7 +236,17 @@ fn a_change_above_the_threshold_syncs_its_filesystem_once() {
             .count(),
         SYNCFS_ABOVE + 1
     );
-    // One syncfs for the staged files (on the libdir's filesystem), none of
+    // Their modes were set by name in the staging directory (no descriptor
+    // per file on this path): still each file's own.
+    for i in 0..=SYNCFS_ABOVE {
+        use std::os::unix::fs::PermissionsExt;
+        let path = home.libdir().join(format!("many/f{i}.rb"));
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        let want = if i % 2 == 0 { 0o755 } else { 0o644 };
+        assert_eq!(mode, want, "{}", path.display());
+    }
+    // One syncfs for the staged files (on the libdir's filesystem, through
+    // the staging directory: no staged file is opened for it), none of
     // them synced by itself; then the directories the commit changed, each.
     assert_eq!(
         picture(&calls, &home.libdir()),
@@ -244,7 +254,7 @@ fn a_change_above_the_threshold_syncs_its_filesystem_once() {
             "fsync .",
             "fsync .pluginsync-staging",
             "fsync many",
-            "syncfs <staged>",
+            "syncfs .pluginsync-staging",
         ],
         "{calls:#?}"
     );
