@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use pluginsync_tests::balancer::{Backends, Balancer, ProxyBackend};
 use pluginsync_tests::puppet::{PuppetAgent, PuppetServer};
-use pluginsync_tests::{AgentHome, closed_port, merged_mount, require, skipped, tree_snapshot};
+use pluginsync_tests::{AgentHome, closed_port, merged_mount, require, tree_snapshot};
 
 const TEST: &str = "puppet_fleet";
 
@@ -414,15 +414,7 @@ fn stock_agents_run_through_the_split_and_the_enc_assigns_the_environment() {
     let Some(puppet) = require("puppet", "puppet", TEST) else {
         return;
     };
-    if !PuppetServer::installed() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "puppetserver is not installed but CI is set: .ci/run must install it"
-        );
-        skipped(
-            TEST,
-            "`puppetserver` not installed (apt-get install puppetserver)",
-        );
+    if !PuppetServer::required(TEST) {
         return;
     }
     let haproxy = require("haproxy", "haproxy", TEST);

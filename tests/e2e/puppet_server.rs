@@ -29,7 +29,7 @@ use std::path::Path;
 
 use pluginsync_tests::puppet::{PuppetAgent, PuppetServer, gen_tree, requests};
 use pluginsync_tests::{
-    AgentHome, ControlRepo, TestMaster, merged_mount, parse_config, require, skipped, tree_snapshot,
+    AgentHome, ControlRepo, TestMaster, merged_mount, parse_config, require, tree_snapshot,
 };
 
 const TEST: &str = "puppet_server";
@@ -99,15 +99,7 @@ fn puppet_server_as_source_and_stock_agent_as_client() {
     let Some(puppet) = require("puppet", "puppet", TEST) else {
         return;
     };
-    if !PuppetServer::installed() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "puppetserver is not installed but CI is set: .ci/run must install it"
-        );
-        skipped(
-            TEST,
-            "`puppetserver` not installed (apt-get install puppetserver)",
-        );
+    if !PuppetServer::required(TEST) {
         return;
     }
     let server = PuppetServer::start(|envpath| {

@@ -114,6 +114,24 @@ impl PuppetServer {
         Path::new("/usr/share/puppetserver/puppetserver.jar").is_file() && which("java").is_some()
     }
 
+    /// Whether `test` can run a Puppet Server: true when it is installed;
+    /// otherwise a visible `SKIPPED` line for `test` and false — or, under
+    /// `CI`, a failure (`.ci/run` must install it).
+    pub fn required(test: &str) -> bool {
+        if PuppetServer::installed() {
+            return true;
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "puppetserver is not installed but CI is set: .ci/run must install it"
+        );
+        crate::skipped(
+            test,
+            "`puppetserver` not installed (apt-get install puppetserver)",
+        );
+        false
+    }
+
     fn sandbox(&self, action: &str, extra: &[&str]) {
         sandbox(self.dir.path(), action, extra);
     }
