@@ -20,6 +20,7 @@
 //! the code tree: whoever can push a branch writes that file. A root
 //! outside is skipped with one warning per build ([`Modulepath::contains`]).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use pluginsync_common::envname::EnvName;
@@ -141,12 +142,24 @@ pub fn list_environments(config: &MasterConfig) -> Vec<(EnvName, PathBuf)> {
 }
 
 /// The effective modulepath of the environment at `env_dir` (its name is
-/// the directory's name), with `environment.conf`'s warnings logged (once
-/// per call: once per index build).
+/// the directory's name), with its warnings (`environment.conf`, entries)
+/// logged when they differ from the last ones logged for it: a rebuild
+/// that finds the same problems (a refresh, a change elsewhere, an idle
+/// environment built again) does not repeat them; a new or changed one is
+/// logged, and a fixed one forgotten.
 pub fn modulepath(config: &MasterConfig, env_dir: &Path) -> Modulepath {
+    static WARNED: std::sync::Mutex<BTreeMap<PathBuf, Vec<String>>> =
+        std::sync::Mutex::new(BTreeMap::new());
     let mp = resolve(config, env_dir);
-    for w in &mp.warnings {
-        tracing::warn!(environment = %env_dir.display(), "{w}");
+    let now: Vec<String> = mp.warnings.iter().map(|w| w.to_string()).collect();
+    let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+    if now.is_empty() {
+        warned.remove(env_dir);
+    } else if warned.get(env_dir) != Some(&now) {
+        for w in &now {
+            tracing::warn!(environment = %env_dir.display(), "{w}");
+        }
+        warned.insert(env_dir.to_owned(), now);
     }
     mp
 }

@@ -19,6 +19,7 @@ use pluginsync_common::protocol::{self, FrameDecoder, FrameEvent};
 use pluginsync_master::handlers::blobs::BATCH_MAX_BYTES;
 use pluginsync_tests::{
     EnvTree, MasterProcess, Pki, TestMaster, client, config_toml, parse_config, sha256_hex,
+    wait_ready,
 };
 
 use crate::common::{listing, pluginsync_query};
@@ -197,6 +198,10 @@ async fn checksums_of_a_file_swapped_for_a_fifo_answer_and_sigterm_still_stops()
     let cfg = dir.path().join("master.toml");
     std::fs::write(&cfg, config_toml(&tree.envpath(), &pki, "", FROZEN_INDEX)).unwrap();
     let (mut master, addr) = spawn(&cfg);
+    // Swapped once the file is indexed (the master listens first, then
+    // indexes `production`), so the index holds the regular file.
+    let c = client(&pki, Some("node1"));
+    wait_ready(&c, &format!("https://localhost:{}", addr.port())).await;
     std::fs::remove_file(&swapped).unwrap();
     rustix::fs::mknodat(
         rustix::fs::CWD,
@@ -206,7 +211,6 @@ async fn checksums_of_a_file_swapped_for_a_fifo_answer_and_sigterm_still_stops()
         0,
     )
     .expect("mkfifo");
-    let c = client(&pki, Some("node1"));
     let base = format!("https://localhost:{}/puppet/v3", addr.port());
     for url in [
         format!(

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, ChildStderr, ExitStatus};
 use std::time::{Duration, Instant};
 
-use pluginsync_tests::{EnvTree, MasterProcess, Pki, client, config_toml, wait_for};
+use pluginsync_tests::{EnvTree, MasterProcess, Pki, client, config_toml, wait_ready};
 
 /// Starts the master binary; returns it, its address and its log, read up
 /// to the "listening on" line.
@@ -62,18 +62,6 @@ async fn health(c: &reqwest::Client, addr: SocketAddr) -> Option<u16> {
     c.get(url).send().await.ok().map(|r| r.status().as_u16())
 }
 
-/// Waits (bounded) until the health check answers 200: a master listens
-/// before the environments of `index.warm` are indexed and answers 503
-/// `starting` until then (README, "Many environments").
-async fn ready(c: &reqwest::Client, addr: SocketAddr) {
-    let up = wait_for(Duration::from_secs(60), || {
-        let c = c.clone();
-        async move { (health(&c, addr).await == Some(200)).then_some(()) }
-    })
-    .await;
-    assert!(up.is_some(), "the master never answered ready");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_then_exits_even_with_nobody_reading_the_log() {
     let pki = Pki::new();
@@ -98,7 +86,7 @@ async fn sigterm_drains_then_exits_even_with_nobody_reading_the_log() {
             .collect::<Vec<_>>()
             .join("\n")
     });
-    ready(&c, addr).await;
+    wait_ready(&c, &format!("https://localhost:{}", addr.port())).await;
     terminate(&master);
     let mut seen = Vec::new();
     for _ in 0..20 {
@@ -124,7 +112,7 @@ async fn sigterm_drains_then_exits_even_with_nobody_reading_the_log() {
     // Nobody reads the log any more: SIGTERM must still stop it.
     let (mut master, addr, log) = spawn(&cfg);
     drop(log);
-    ready(&c, addr).await;
+    wait_ready(&c, &format!("https://localhost:{}", addr.port())).await;
     terminate(&master);
     let status = wait_exit(&mut master, Duration::from_secs(20));
     assert!(

@@ -302,12 +302,20 @@ fn headers_from_outside_trusted_are_not_accepted() {
     }
     // Not even the health check answers there.
     assert_eq!(get(m.proxy, "/status/v1/simple", &[]).0, 403);
-    assert!(
-        m.log
+    // The refusal is logged by the master's own thread: wait (bounded) for
+    // the log reader to have it.
+    let logged = (0..200).any(|_| {
+        let seen = m
+            .log
             .lock()
             .unwrap()
-            .contains("refused a request from outside [proxy] trusted")
-    );
+            .contains("refused a request from outside [proxy] trusted");
+        if !seen {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        seen
+    });
+    assert!(logged, "{}", m.log.lock().unwrap());
 }
 
 #[test]

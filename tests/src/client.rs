@@ -98,6 +98,23 @@ pub async fn raw_get(
     })
 }
 
+/// Waits (at most 60 s) until the master at `base` (`https://host:port`)
+/// answers its health check `200`: a master listens before the
+/// environments of `index.warm` are indexed and answers `503 starting`
+/// until then (README, "Many environments"). Panics if it never does.
+pub async fn wait_ready(c: &reqwest::Client, base: &str) {
+    let url = format!("{base}/status/v1/simple");
+    let up = wait_for(Duration::from_secs(60), || {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let status = c.get(&url).send().await.ok()?.status();
+            (status == reqwest::StatusCode::OK).then_some(())
+        }
+    })
+    .await;
+    assert!(up.is_some(), "{base} never answered ready");
+}
+
 /// Polls `f` every 25 ms until it returns `Some`, for at most `limit`.
 pub async fn wait_for<T, F, Fut>(limit: Duration, mut f: F) -> Option<T>
 where

@@ -39,7 +39,7 @@ pub struct ChildMaster {
 impl ChildMaster {
     /// Runs `pluginsync-master serve --config <config>` (through
     /// `sh -c 'ulimit -n N; exec …'` when `nofile` is given) and waits up
-    /// to 60 s for its "listening on" line.
+    /// to 60 s for its "listening on" and "ready" lines.
     pub fn spawn(config: &Path, nofile: Option<u64>) -> ChildMaster {
         let master = bin_path("pluginsync-master");
         let mut cmd = match nofile {
@@ -64,9 +64,10 @@ impl ChildMaster {
         let (tx, rx) = std::sync::mpsc::channel();
         let sink = log.clone();
         std::thread::spawn(move || {
+            let mut started = crate::master::StartLines::default();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(addr) = line.split("listening on ").nth(1) {
-                    let _ = tx.send(addr.trim().parse::<SocketAddr>().ok());
+                if let Some(addr) = started.see(&line) {
+                    let _ = tx.send(addr);
                 }
                 let mut l = sink.lock().unwrap_or_else(|p| p.into_inner());
                 l.push_str(&line);

@@ -140,7 +140,9 @@ impl MasterProcess {
     }
 
     /// Runs `pluginsync-master serve --config <config>` and waits (up to
-    /// 60 s) for its "listening on" line.
+    /// 60 s) for its "listening on" and its "ready" lines (it listens before
+    /// `index.warm` is indexed: README, "Many environments"), in either
+    /// order.
     pub fn spawn(config: &Path) -> MasterProcess {
         let mut child = MasterProcess::command(config)
             .spawn()
@@ -149,11 +151,12 @@ impl MasterProcess {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut log = String::new();
+            let mut started = StartLines::default();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 log.push_str(&line);
                 log.push('\n');
-                if let Some(addr) = line.split("listening on ").nth(1) {
-                    let _ = tx.send((addr.trim().parse::<SocketAddr>().ok(), log.clone()));
+                if let Some(addr) = started.see(&line) {
+                    let _ = tx.send((addr, log.clone()));
                 }
             }
             let _ = tx.send((None, log));
@@ -175,5 +178,34 @@ impl Drop for MasterProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Follows a master's log until it has both listened and become ready
+/// (the two lines come in either order).
+#[derive(Default)]
+pub(crate) struct StartLines {
+    addr: Option<Option<SocketAddr>>,
+    ready: bool,
+    done: bool,
+}
+
+impl StartLines {
+    /// Takes one log line; the listening address (or `None` if it did not
+    /// parse) once, when both lines have been seen.
+    pub(crate) fn see(&mut self, line: &str) -> Option<Option<SocketAddr>> {
+        if let Some(addr) = line.split("listening on ").nth(1) {
+            self.addr = Some(addr.trim().parse::<SocketAddr>().ok());
+        }
+        if line.contains("pluginsync_master::store: ready") {
+            self.ready = true;
+        }
+        match self.addr {
+            Some(addr) if self.ready && !self.done => {
+                self.done = true;
+                Some(addr)
+            }
+            _ => None,
+        }
     }
 }
