@@ -34,6 +34,11 @@ const PATIENCE: Duration = Duration::from_secs(60);
 async fn served(c: &reqwest::Client, url: &str) -> BTreeMap<String, String> {
     let (status, _, entries) = listing(c, url, "plugins", Q).await;
     assert_eq!(status, 200);
+    files(entries)
+}
+
+/// A listing's files: relative path → sha256 hex.
+fn files(entries: Vec<pluginsync_common::metadata::FileMetadata>) -> BTreeMap<String, String> {
     entries
         .into_iter()
         .filter(|e| e.kind == pluginsync_common::metadata::FileType::File)
@@ -442,16 +447,5 @@ async fn an_unindexed_environment_is_not_read_while_it_is_being_deployed() {
     })
     .await
     .expect("never served after the deploy settled");
-    let served: BTreeMap<String, String> = got
-        .into_iter()
-        .filter(|e| e.kind == pluginsync_common::metadata::FileType::File)
-        .filter_map(|e| {
-            let sum = e.checksum?.value;
-            Some((
-                e.relative_path?,
-                sum.trim_start_matches("{sha256}").to_owned(),
-            ))
-        })
-        .collect();
-    assert_eq!(served, want);
+    assert_eq!(files(got), want);
 }

@@ -22,14 +22,15 @@
 //! are missing (one balancer missing skips its part), except under CI. One
 //! JVM for the whole module: it takes a minute or more to start.
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use pluginsync_tests::balancer::{Backends, Balancer, ProxyBackend};
 use pluginsync_tests::puppet::{PuppetAgent, PuppetServer};
-use pluginsync_tests::{AgentHome, closed_port, merged_mount, require, tree_snapshot};
+use pluginsync_tests::{
+    AgentHome, closed_port, merged_mount, require, tree_snapshot, without_modes,
+};
 
 const TEST: &str = "puppet_fleet";
 
@@ -78,21 +79,6 @@ fn populate(envpath: &Path) {
         "# assigned\n",
         0o644,
     );
-}
-
-/// A snapshot without modes: `dir`, `file <sha256>`.
-fn contents(snapshot: BTreeMap<String, String>) -> BTreeMap<String, String> {
-    snapshot
-        .into_iter()
-        .map(|(k, v)| {
-            let parts: Vec<&str> = v.split(' ').collect();
-            let v = match parts[0] {
-                "file" => format!("file {}", parts[2]),
-                other => other.to_owned(),
-            };
-            (k, v)
-        })
-        .collect()
 }
 
 /// An ssldir of the agent's own holding only what a node has: the CA
@@ -240,13 +226,13 @@ fn full_run_through(
         run.output
     );
     assert_eq!(
-        contents(tree_snapshot(&agent.libdir())),
-        contents(merged_mount(&env_dir, "lib")),
+        without_modes(tree_snapshot(&agent.libdir())),
+        without_modes(merged_mount(&env_dir, "lib")),
         "{name}: libdir is not the environment's plugins"
     );
     assert_eq!(
-        contents(tree_snapshot(&agent.factsdir())),
-        contents(merged_mount(&env_dir, "facts.d")),
+        without_modes(tree_snapshot(&agent.factsdir())),
+        without_modes(merged_mount(&env_dir, "facts.d")),
         "{name}: pluginfactdest is not the environment's external facts"
     );
 
@@ -376,8 +362,8 @@ fn enc_through(name: &str, lb: &Balancer, server: &PuppetServer, masters: &[Prox
         "{name}: {run:?}"
     );
     assert_eq!(
-        contents(tree_snapshot(&home.libdir())),
-        contents(merged_mount(&server.envpath().join("assigned"), "lib")),
+        without_modes(tree_snapshot(&home.libdir())),
+        without_modes(merged_mount(&server.envpath().join("assigned"), "lib")),
         "{name}: enc-node did not get the assigned environment's plugins: {run:?}"
     );
     let log = server.access_log();
@@ -403,8 +389,8 @@ fn enc_through(name: &str, lb: &Balancer, server: &PuppetServer, masters: &[Prox
     let run = home.sync(&[]);
     assert_eq!(run.code, 0, "{name}: {run:?}");
     assert_eq!(
-        contents(tree_snapshot(&home.libdir())),
-        contents(merged_mount(&server.envpath().join("production"), "lib")),
+        without_modes(tree_snapshot(&home.libdir())),
+        without_modes(merged_mount(&server.envpath().join("production"), "lib")),
         "{name}: node1 left its configured environment: {run:?}"
     );
 }

@@ -30,24 +30,10 @@ use std::path::Path;
 use pluginsync_tests::puppet::{PuppetAgent, PuppetServer, gen_tree, requests};
 use pluginsync_tests::{
     AgentHome, ControlRepo, TestMaster, merged_mount, parse_config, require, tree_snapshot,
+    without_modes,
 };
 
 const TEST: &str = "puppet_server";
-
-/// A snapshot without modes: `dir`, `file <sha256>`.
-fn without_modes(snapshot: BTreeMap<String, String>) -> BTreeMap<String, String> {
-    snapshot
-        .into_iter()
-        .map(|(k, v)| {
-            let parts: Vec<&str> = v.split(' ').collect();
-            let v = match parts[0] {
-                "file" => format!("file {}", parts[2]),
-                other => other.to_owned(),
-            };
-            (k, v)
-        })
-        .collect()
-}
 
 /// Asserts two trees are equal; on failure names only the paths that
 /// differ (the trees hold hundreds of files).

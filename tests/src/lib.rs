@@ -87,4 +87,4 @@ pub use process::{
     Finished, bin_path, promtool_accepts, repo_root, require, run_logged, skipped, which,
 };
 pub use replicas::{CutProxy, Lcg, kill9};
-pub use tree::{EnvTree, merged_mount, sha256_hex, tree_snapshot};
+pub use tree::{EnvTree, merged_mount, sha256_hex, tree_snapshot, without_modes};

@@ -141,6 +141,23 @@ pub fn sha256_hex(data: &[u8]) -> String {
     pluginsync_common::digest::Sha256::of(data).to_hex()
 }
 
+/// A [`tree_snapshot`] (or [`merged_mount`]) without modes: `dir`,
+/// `file <sha256>`, `link <target>` (stock Puppet and pluginsync set modes
+/// differently; contents are what must agree).
+pub fn without_modes(snapshot: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    snapshot
+        .into_iter()
+        .map(|(k, v)| {
+            let parts: Vec<&str> = v.split(' ').collect();
+            let v = match parts[0] {
+                "file" => format!("file {}", parts[2]),
+                other => other.to_owned(),
+            };
+            (k, v)
+        })
+        .collect()
+}
+
 /// A comparable picture of a tree: relative path → `dir <mode>`,
 /// `file <mode> <sha256>` or `link <target>`. Symlinks are not followed.
 pub fn tree_snapshot(root: &Path) -> BTreeMap<String, String> {
