@@ -102,16 +102,23 @@ pub async fn file_metadatas(
     .await?;
     let (params, max_files) = request::search_params(&a.query)?;
     let mount = a.target.mount;
-    let index = a.index.clone();
-    let p: SearchParams = params.clone();
-    let listing = tokio::task::spawn_blocking(move || index.listing(mount, &p))
-        .await
-        .map_err(|e| {
-            tracing::error!(error = %e, "listing task failed");
-            ApiError::internal()
-        })?
-        .map_err(listing_error)?;
-    let (listing, served) = listing;
+    // The fleet's listings are cached (pinned by `warm`): answered here,
+    // on the connection's own thread; only a listing to serialise goes to
+    // the blocking pool.
+    let (listing, served) = match a.index.cached_listing(mount, &params) {
+        Some(hit) => (hit, Served::Cached),
+        None => {
+            let index = a.index.clone();
+            let p: SearchParams = params.clone();
+            tokio::task::spawn_blocking(move || index.listing(mount, &p))
+                .await
+                .map_err(|e| {
+                    tracing::error!(error = %e, "listing task failed");
+                    ApiError::internal()
+                })?
+                .map_err(listing_error)?
+        }
+    };
     let stats = &state.store.stats;
     match served {
         Served::Cached => stats.listing_cache_hits.fetch_add(1, Ordering::Relaxed),
@@ -187,10 +194,15 @@ pub async fn file_metadatas(
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
     let body = if gzip {
         headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        let l = listing.clone();
-        tokio::task::spawn_blocking(move || l.gzip())
-            .await
-            .map_err(|_| ApiError::internal())?
+        match listing.gzip_ready() {
+            Some(body) => body,
+            None => {
+                let l = listing.clone();
+                tokio::task::spawn_blocking(move || l.gzip())
+                    .await
+                    .map_err(|_| ApiError::internal())?
+            }
+        }
     } else {
         let l = listing.clone();
         tokio::task::spawn_blocking(move || l.plain())

@@ -87,6 +87,12 @@ impl CachedListing {
         }
     }
 
+    /// The gzipped body if it is compressed already (every standard
+    /// listing is: [`super::EnvIndex::warm`]), without blocking.
+    pub fn gzip_ready(&self) -> Option<Bytes> {
+        self.gzip.get().cloned()
+    }
+
     /// The gzipped body, compressed on first use.
     pub fn gzip(&self) -> Bytes {
         self.gzip

@@ -228,6 +228,19 @@ impl EnvIndex {
         }
     }
 
+    /// The cached listing for `params`, if there is one: never blocks
+    /// (two uncontended lock lookups), so the request path asks this first
+    /// and leaves the blocking pool to [`EnvIndex::listing`] for a listing
+    /// that must be serialised. A 304 or a cached listing then costs no
+    /// hand-off to another thread.
+    pub fn cached_listing(
+        &self,
+        mount: Mount,
+        params: &SearchParams,
+    ) -> Option<Arc<CachedListing>> {
+        self.responses.get(&(mount, params.clone()))
+    }
+
     /// The serialised listing for `params`, from the cache or built now
     /// (and then cached), and which of the two it was.
     /// Blocking: may hash files for non-sha256 checksum types.
