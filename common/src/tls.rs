@@ -38,15 +38,47 @@ pub enum TlsError {
     },
 }
 
-/// The one crypto provider pluginsync uses: ring.
+/// The one crypto provider pluginsync uses: ring, its cipher suites with
+/// AES-128-GCM/SHA-256 first ([`cheap_first`]).
 pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(cheap_first(rustls::crypto::ring::default_provider()))
 }
 
-/// Installs ring as the process default (needed by reqwest's
+/// Installs [`provider`] as the process default (needed by reqwest's
 /// `rustls-no-provider`). Safe to call more than once.
 pub fn install_default_provider() {
-    let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    let _already_installed =
+        cheap_first(rustls::crypto::ring::default_provider()).install_default();
+}
+
+/// Orders `provider`'s cipher suites so that those hashing with SHA-256
+/// come first: ring's default offers `TLS13_AES_256_GCM_SHA384` first, and
+/// a TLS 1.3 handshake runs its whole key schedule and transcript through
+/// the suite's hash — SHA-384 in software, where SHA-256 runs on the CPU's
+/// SHA extensions. With it first, every handshake between our agent and our
+/// master (the client's order decides; the master keeps rustls' default
+/// of honouring it, so a stock agent gets the suite it prefers) costs the
+/// master less CPU per run (issue 14; BENCHMARKS.md, fleet figures). The
+/// set of suites is unchanged: AES-128-GCM is one of TLS 1.3's mandatory
+/// suites, and every suite of ring's default stays on offer.
+fn cheap_first(mut provider: CryptoProvider) -> CryptoProvider {
+    use rustls::CipherSuite::{
+        TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        TLS13_AES_128_GCM_SHA256,
+    };
+    let cheap = |s: &rustls::SupportedCipherSuite| {
+        matches!(
+            s.suite(),
+            TLS13_AES_128_GCM_SHA256
+                | TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+                | TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256
+        )
+    };
+    // Stable: otherwise ring's order (TLS 1.3 suites before TLS 1.2 ones).
+    provider
+        .cipher_suites
+        .sort_by_key(|s| (s.version() != &rustls::version::TLS13, !cheap(s)));
+    provider
 }
 
 /// Reads a PEM file whole, for a TLS stack that parses it itself (the
@@ -159,6 +191,35 @@ impl SslDirPaths {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sha256_suites_are_offered_first_and_none_is_dropped() {
+        let ring = rustls::crypto::ring::default_provider();
+        let ours = provider();
+        let names = |p: &CryptoProvider| {
+            let mut v: Vec<_> = p.cipher_suites.iter().map(|s| s.suite()).collect();
+            v.sort_by_key(|s| u16::from(*s));
+            v
+        };
+        assert_eq!(names(&ring), names(&ours));
+        let order: Vec<_> = ours.cipher_suites.iter().map(|s| s.suite()).collect();
+        assert_eq!(order[0], rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+        // TLS 1.3 suites still come before every TLS 1.2 one.
+        let last13 = ours
+            .cipher_suites
+            .iter()
+            .rposition(|s| s.version() == &rustls::version::TLS13)
+            .unwrap();
+        assert!(
+            ours.cipher_suites[..=last13]
+                .iter()
+                .all(|s| s.version() == &rustls::version::TLS13)
+        );
+        assert_eq!(
+            order[last13 + 1],
+            rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+        );
+    }
 
     #[test]
     fn errors_name_the_file() {
