@@ -511,6 +511,7 @@ impl Store {
             },
         );
         let hashed = self.stats.files_hashed.load(Ordering::Relaxed) - before;
+        let walked = started.elapsed();
         idx.warm();
         let mounts = Mount::ALL.map(|m| {
             let (files, bytes) = idx.served(m);
@@ -524,6 +525,7 @@ impl Store {
             pluginfacts = idx.file_count(Mount::Pluginfacts),
             hashed,
             elapsed_ms = started.elapsed().as_millis() as u64,
+            walk_ms = walked.as_millis() as u64,
             "index built"
         );
         self.stats.index_builds.fetch_add(1, Ordering::Relaxed);
