@@ -92,11 +92,17 @@ struct Dirs<'a> {
     dest: &'a Path,
     /// The destination itself, once open.
     root: Option<OwnedFd>,
-    /// Below the root: (name, descriptor) per component of the last
-    /// directory looked up.
-    chain: Vec<(std::ffi::OsString, OwnedFd)>,
-    /// `<dest>/.pluginsync-staging`, once open.
+    /// Below the root: (name, descriptor, marked changed) per component
+    /// of the last directory looked up.
+    chain: Vec<(std::ffi::OsString, OwnedFd, bool)>,
+    /// Whether the root is marked changed.
+    root_marked: bool,
+    /// `<dest>/.pluginsync-staging`, once open, and whether it is marked
+    /// changed. A directory is marked (an `fstat` into [`Durable`]) once
+    /// per descriptor, not once per file renamed into or out of it: a
+    /// first sync renames thousands of files.
     staging: Option<OwnedFd>,
+    staging_marked: bool,
     /// What the commit changed, to make durable at its end (module docs).
     durable: Durable,
     /// The destination and those of its ancestors that `CreateRoot` made.
@@ -119,7 +125,9 @@ impl<'a> Dirs<'a> {
             dest,
             root: None,
             chain: Vec::new(),
+            root_marked: false,
             staging: None,
+            staging_marked: false,
             durable: Durable::new(),
             created: Vec::new(),
         }
@@ -156,7 +164,7 @@ impl<'a> Dirs<'a> {
             .chain
             .iter()
             .zip(&names)
-            .take_while(|((have, _), want)| have.as_os_str() == **want)
+            .take_while(|((have, _, _), want)| have.as_os_str() == **want)
             .count();
         self.chain.truncate(keep);
         for (i, name) in names.iter().enumerate().skip(keep) {
@@ -168,7 +176,7 @@ impl<'a> Dirs<'a> {
                     return Err(not_a_dir(parent, name, &path, e));
                 }
             };
-            self.chain.push(((*name).to_owned(), fd));
+            self.chain.push(((*name).to_owned(), fd, false));
         }
         Ok(names.len())
     }
@@ -177,7 +185,7 @@ impl<'a> Dirs<'a> {
     /// [`Dirs::open`] returned at least that depth.
     fn fd(&self, depth: usize) -> BorrowedFd<'_> {
         match depth.checked_sub(1).and_then(|i| self.chain.get(i)) {
-            Some((_, fd)) => fd.as_fd(),
+            Some((_, fd, _)) => fd.as_fd(),
             None => self
                 .root
                 .as_ref()
@@ -189,13 +197,16 @@ impl<'a> Dirs<'a> {
     /// Marks the open directory at `depth` (`rel_dir`, for messages) as
     /// changed: it is made durable at the end of the commit.
     fn changed(&mut self, depth: usize, rel_dir: &Path) {
-        let fd = match depth.checked_sub(1).and_then(|i| self.chain.get(i)) {
-            Some((_, fd)) => fd.as_fd(),
+        let (fd, marked) = match depth.checked_sub(1).and_then(|i| self.chain.get_mut(i)) {
+            Some(entry) => (entry.1.as_fd(), &mut entry.2),
             None => match &self.root {
-                Some(root) => root.as_fd(),
+                Some(root) => (root.as_fd(), &mut self.root_marked),
                 None => return,
             },
         };
+        if std::mem::replace(marked, true) {
+            return;
+        }
         let path = self.dest.join(rel_dir);
         if let Err(e) = self.durable.add(fd, Need::All, &path) {
             tracing::warn!(dir = %path.display(), error = %e, "cannot keep a directory to sync");
@@ -228,7 +239,7 @@ impl<'a> Dirs<'a> {
             .chain
             .iter()
             .zip(&names)
-            .take_while(|((have, _), want)| have.as_os_str() == **want)
+            .take_while(|((have, _, _), want)| have.as_os_str() == **want)
             .count();
         if common == names.len() {
             self.chain.truncate(common.saturating_sub(1));
@@ -382,7 +393,7 @@ fn apply(
                 .map_err(io("chmod", rel))?;
             dirs.changed_entry(fd.as_fd(), rel);
             if dirs.chain.len() == depth {
-                dirs.chain.push((name.to_owned(), fd));
+                dirs.chain.push((name.to_owned(), fd, true));
             }
             Ok(())
         }
@@ -412,9 +423,10 @@ fn apply(
             }
             dirs.staging()?;
             let staging = dirs.staging.as_ref().ok_or("no staging")?.as_fd();
-            if let Err(e) = dirs
-                .durable
-                .add(staging, Need::All, tmp.parent().unwrap_or(tmp))
+            if !std::mem::replace(&mut dirs.staging_marked, true)
+                && let Err(e) = dirs
+                    .durable
+                    .add(staging, Need::All, tmp.parent().unwrap_or(tmp))
             {
                 tracing::warn!(dir = %tmp.display(), error = %e, "cannot keep a directory to sync");
             }
