@@ -344,7 +344,10 @@ impl Client {
             .user_agent(concat!("pluginsync-agent/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(8)
+            // Every connection of a run's widest phase stays for the next
+            // (HTTP/1.1: one request in flight per connection), so none is
+            // closed and handshaken again.
+            .pool_max_idle_per_host(crate::config::DEFAULT_PARALLEL_DOWNLOADS)
             // HTTP/1.1 keep-alive, as Puppet's agent speaks, not HTTP/2:
             // a timer run is mostly two conditional listings on one
             // connection, and an HTTP/2 connection's setup (settings,

@@ -360,8 +360,12 @@ fn default_max_removal_percent() -> u8 {
     DEFAULT_MAX_REMOVAL_PERCENT
 }
 
+/// `parallel_downloads` when the config names none; also the agent's idle
+/// connections kept per server.
+pub const DEFAULT_PARALLEL_DOWNLOADS: usize = 16;
+
 fn default_parallel() -> usize {
-    16
+    DEFAULT_PARALLEL_DOWNLOADS
 }
 
 impl AgentConfig {

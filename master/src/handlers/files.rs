@@ -102,9 +102,9 @@ pub async fn file_metadatas(
     .await?;
     let (params, max_files) = request::search_params(&a.query)?;
     let mount = a.target.mount;
-    // The fleet's listings are cached (pinned by `warm`): answered here,
-    // on the connection's own thread; only a listing to serialise goes to
-    // the blocking pool.
+    // The fleet's listings are cached (pinned by `warm`): looked up here,
+    // on the connection's own thread; only a listing to serialise, gzip or
+    // inflate goes to the blocking pool.
     let (listing, served) = match a.index.cached_listing(mount, &params) {
         Some(hit) => (hit, Served::Cached),
         None => {
@@ -204,10 +204,16 @@ pub async fn file_metadatas(
             }
         }
     } else {
-        let l = listing.clone();
-        tokio::task::spawn_blocking(move || l.plain())
-            .await
-            .map_err(|_| ApiError::internal())?
+        match listing.plain_ready() {
+            Some(body) => body,
+            // Kept gzipped only: inflated off the connection's thread.
+            None => {
+                let l = listing.clone();
+                tokio::task::spawn_blocking(move || l.plain())
+                    .await
+                    .map_err(|_| ApiError::internal())?
+            }
+        }
     };
     Ok((StatusCode::OK, headers, body).into_response())
 }

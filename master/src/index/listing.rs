@@ -87,6 +87,12 @@ impl CachedListing {
         }
     }
 
+    /// The uncompressed body if it is held as such (listings under
+    /// 64 KiB), without blocking.
+    pub fn plain_ready(&self) -> Option<Bytes> {
+        self.plain.clone()
+    }
+
     /// The gzipped body if it is compressed already (every standard
     /// listing is: [`super::EnvIndex::warm`]), without blocking.
     pub fn gzip_ready(&self) -> Option<Bytes> {

@@ -228,8 +228,10 @@ impl EnvIndex {
         }
     }
 
-    /// The cached listing for `params`, if there is one: never blocks
-    /// (two uncontended lock lookups), so the request path asks this first
+    /// The cached listing for `params`, if there is one: a read lock on the
+    /// pinned listings, then (for other parameter sets) the recent ones'
+    /// mutex, held for a lookup only; no serialising and no file access,
+    /// so the request path asks this first
     /// and leaves the blocking pool to [`EnvIndex::listing`] for a listing
     /// that must be serialised. A 304 or a cached listing then costs no
     /// hand-off to another thread.
