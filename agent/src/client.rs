@@ -344,19 +344,15 @@ impl Client {
             .user_agent(concat!("pluginsync-agent/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(Duration::from_secs(60))
-            // Every connection of a run's widest phase stays for the next
-            // (HTTP/1.1: one request in flight per connection), so none is
-            // closed and handshaken again.
+            // HTTP/2 where the master offers it (ALPN): a run's parallel
+            // downloads are streams of one connection, one handshake. An
+            // HTTP/1.1-only agent was measured (issue 14) and not kept: no
+            // difference in the master's CPU per no-op run beyond the
+            // bench's noise (A/B, 60 runs each: 1.07/1.42 ms HTTP/2 against
+            // 1.15/1.32 ms), and more connections, so more full
+            // handshakes, on runs that download. Up to 16 idle connections
+            // per server (HTTP/1.1 masters: one per download in flight).
             .pool_max_idle_per_host(crate::config::DEFAULT_PARALLEL_DOWNLOADS)
-            // HTTP/1.1 keep-alive, as Puppet's agent speaks, not HTTP/2:
-            // a timer run is mostly two conditional listings on one
-            // connection, and an HTTP/2 connection's setup (settings,
-            // windows, HPACK, a task per stream) cost the master 0.27 ms
-            // more CPU per no-op run (0.93 against 1.20 ms, BENCHMARKS.md
-            // fleet figures) — a fifth of a no-op run. Downloads in flight
-            // at once each take a connection of the pool instead of a
-            // stream of one (`parallel_downloads`, batches).
-            .http1_only()
             // A 3xx is an answer, never a hop: the node's certificate and
             // its requests go to the configured server only
             // (docs/protocol.md §4.4).

@@ -149,7 +149,7 @@ pub struct AgentConfig {
     /// Attempts per server before failing over to the next one.
     #[serde(default = "default_retries")]
     pub retries: u32,
-    /// Downloads in flight at once (each on its own HTTP/1.1 connection).
+    /// Downloads in flight at once.
     #[serde(default = "default_parallel")]
     pub parallel_downloads: usize,
     /// The removal guard (README, "The removal guard"): a run that would
