@@ -192,30 +192,29 @@ pub async fn file_metadatas(
         .listings_sent
         .fetch_add(1, Ordering::Relaxed);
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
-    let body = if gzip {
+    if gzip {
         headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        match listing.gzip_ready() {
-            Some(body) => body,
-            None => {
-                let l = listing.clone();
-                tokio::task::spawn_blocking(move || l.gzip())
-                    .await
-                    .map_err(|_| ApiError::internal())?
-            }
-        }
-    } else {
-        match listing.plain_ready() {
-            Some(body) => body,
-            // Kept gzipped only: inflated off the connection's thread.
-            None => {
-                let l = listing.clone();
-                tokio::task::spawn_blocking(move || l.plain())
-                    .await
-                    .map_err(|_| ApiError::internal())?
-            }
-        }
-    };
+    }
+    let body = listing_body(&listing, gzip).await?;
     Ok((StatusCode::OK, headers, body).into_response())
+}
+
+/// The body of `listing`, gzipped or not: the form the listing holds is
+/// answered on the connection's thread; the other (gzipping, or inflating
+/// a listing kept gzipped only) is made on the blocking pool.
+async fn listing_body(listing: &Arc<CachedListing>, gzip: bool) -> Result<Bytes, ApiError> {
+    let ready = if gzip {
+        listing.gzip_ready()
+    } else {
+        listing.plain_ready()
+    };
+    if let Some(body) = ready {
+        return Ok(body);
+    }
+    let l = listing.clone();
+    tokio::task::spawn_blocking(move || if gzip { l.gzip() } else { l.plain() })
+        .await
+        .map_err(|_| ApiError::internal())
 }
 
 /// `Vary` of every listing answer: the body depends on gzip and, for
