@@ -506,14 +506,21 @@ mod tests {
         assert_eq!(get("alias/x.rb").real_path(&canon), canon.join("impl/x.rb"));
     }
 
-    #[test]
-    fn unchanged_files_are_not_hashed_again() {
+    /// A root with `a.rb` and `b.rb`, walked and hashed once: (the root,
+    /// its canonical path, the nodes, the files-hashed counter).
+    fn two_files_hashed() -> (tempfile::TempDir, PathBuf, Vec<Node>, AtomicU64) {
         let t = tempfile::tempdir().unwrap();
         std::fs::write(t.path().join("a.rb"), "a").unwrap();
         std::fs::write(t.path().join("b.rb"), "b").unwrap();
         let counter = AtomicU64::new(0);
         let (canon, mut first) = walk_root(t.path(), "m").unwrap();
         hash_nodes(&mut first, &canon, &HashMap::new(), None, &counter, "m");
+        (t, canon, first, counter)
+    }
+
+    #[test]
+    fn unchanged_files_are_not_hashed_again() {
+        let (t, canon, first, counter) = two_files_hashed();
         assert_eq!(counter.load(Ordering::Relaxed), 2);
         let previous: HashMap<_, _> = first
             .iter()
@@ -531,39 +538,23 @@ mod tests {
 
     #[test]
     fn kept_digests_are_reused_by_signature_and_only_for_the_same_file() {
-        let t = tempfile::tempdir().unwrap();
-        std::fs::write(t.path().join("a.rb"), "a").unwrap();
-        std::fs::write(t.path().join("b.rb"), "b").unwrap();
-        let counter = AtomicU64::new(0);
-        let (canon, mut first) = walk_root(t.path(), "m").unwrap();
-        hash_nodes(&mut first, &canon, &HashMap::new(), None, &counter, "m");
+        let (t, canon, first, counter) = two_files_hashed();
         let kept = kept_digests(first.iter());
         assert_eq!(kept.len(), 2);
         drop(first);
         // A copy elsewhere has the same bytes but another inode: read.
         let copy = tempfile::tempdir().unwrap();
         std::fs::copy(t.path().join("a.rb"), copy.path().join("a.rb")).unwrap();
+        let with_kept = |nodes: &mut Vec<Node>, canon: &Path| {
+            hash_nodes(nodes, canon, &HashMap::new(), Some(&kept), &counter, "m")
+        };
         let (ccanon, mut other) = walk_root(copy.path(), "m").unwrap();
-        hash_nodes(
-            &mut other,
-            &ccanon,
-            &HashMap::new(),
-            Some(&kept),
-            &counter,
-            "m",
-        );
+        with_kept(&mut other, &ccanon);
         assert_eq!(counter.load(Ordering::Relaxed), 3, "another inode is read");
         // The dropped index's own tree, one file rewritten: only it is read.
         std::fs::write(t.path().join("b.rb"), "bb").unwrap();
         let (_, mut again) = walk_root(t.path(), "m").unwrap();
-        hash_nodes(
-            &mut again,
-            &canon,
-            &HashMap::new(),
-            Some(&kept),
-            &counter,
-            "m",
-        );
+        with_kept(&mut again, &canon);
         assert_eq!(counter.load(Ordering::Relaxed), 4, "only b.rb was read");
         let b = again.iter().find(|n| n.rel.as_str() == "b.rb").unwrap();
         assert_eq!(

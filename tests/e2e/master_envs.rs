@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use pluginsync_common::metadata::{FileMetadata, FileType};
 use pluginsync_tests::{
-    EnvTree, MasterProcess, Pki, client, config_toml, merged_mount, sha256_hex, wait_for,
+    EnvTree, MasterProcess, Pki, client, config_file, config_toml, merged_mount, sha256_hex,
+    wait_for,
 };
 
 use crate::common::{listing, pluginsync_query};
@@ -80,19 +81,13 @@ async fn a_hundred_environments_are_indexed_on_demand_shared_and_dropped_when_id
             0o644,
         );
     }
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("master.toml");
-    std::fs::write(
-        &cfg,
-        config_toml(
-            &tree.envpath(),
-            &pki,
-            "",
-            "[index]\nwarm = [\"env000\"]\nidle_drop = \"2s\"\ndebounce = \"50ms\"\n\
+    let (_dir, cfg) = config_file(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        "[index]\nwarm = [\"env000\"]\nidle_drop = \"2s\"\ndebounce = \"50ms\"\n\
              [metrics]\nlisten = \"127.0.0.1:0\"\n",
-        ),
-    )
-    .unwrap();
+    ));
     let master = MasterProcess::spawn(&cfg);
     let metrics_url = master
         .log

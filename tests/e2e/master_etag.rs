@@ -5,7 +5,7 @@
 use std::io::Read;
 use std::time::Duration;
 
-use pluginsync_tests::{EnvTree, MasterProcess, Pki, client, config_toml, wait_for};
+use pluginsync_tests::{EnvTree, MasterProcess, Pki, client, config_file, config_toml, wait_for};
 
 /// The agent's own listing query, with Puppet's default ignores.
 fn q() -> String {
@@ -50,9 +50,7 @@ async fn get(
 async fn replicas_agree_on_etags_and_revalidate_each_others() {
     let (tree, pki) = (EnvTree::new(), Pki::new());
     let files = tree.generate("production", 6, 25, 9);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("master.toml");
-    std::fs::write(&cfg, config_toml(&tree.envpath(), &pki, "", "")).unwrap();
+    let (_dir, cfg) = config_file(&config_toml(&tree.envpath(), &pki, "", ""));
     let (a, b) = (MasterProcess::spawn(&cfg), MasterProcess::spawn(&cfg));
     assert_ne!(a.addr, b.addr);
     let c = client(&pki, Some("node1"));

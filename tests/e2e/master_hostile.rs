@@ -18,8 +18,8 @@ use pluginsync_common::digest::Sha256;
 use pluginsync_common::protocol::{self, FrameDecoder, FrameEvent};
 use pluginsync_master::handlers::blobs::BATCH_MAX_BYTES;
 use pluginsync_tests::{
-    EnvTree, MasterProcess, Pki, TestMaster, client, config_toml, parse_config, sha256_hex,
-    wait_ready,
+    EnvTree, MasterProcess, Pki, TestMaster, client, config_file, config_toml, parse_config,
+    sha256_hex, wait_ready,
 };
 
 use crate::common::{listing, pluginsync_query};
@@ -194,9 +194,7 @@ fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
 async fn checksums_of_a_file_swapped_for_a_fifo_answer_and_sigterm_still_stops() {
     let (tree, pki) = (EnvTree::new(), Pki::new());
     let swapped = tree.file("production", "m", "lib/facter/a.rb", "alpha\n", 0o644);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("master.toml");
-    std::fs::write(&cfg, config_toml(&tree.envpath(), &pki, "", FROZEN_INDEX)).unwrap();
+    let (_dir, cfg) = config_file(&config_toml(&tree.envpath(), &pki, "", FROZEN_INDEX));
     let (mut master, addr) = spawn(&cfg);
     // Swapped once the file is indexed (the master listens first, then
     // indexes `production`), so the index holds the regular file.

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use pluginsync_tests::{
     AgentHome, ChainedClient, ChildMaster, EnvTree, H2, Pki, TestMaster, client, closed_within,
-    config_toml, h1_get, identity, parse_config, refused, tls_config, tls_connect, write_root_crl,
+    config_file, config_toml, h1_get, identity, parse_config, refused, tls_config, tls_connect,
+    write_root_crl,
 };
 
 use crate::common::pluginsync_query;
@@ -29,14 +30,6 @@ fn small_tree() -> EnvTree {
     tree.file("production", "m", "lib/facter/a.rb", b"a = 1\n", 0o644);
     tree.file("production", "m", "lib/puppet/type/b.rb", b"b = 2\n", 0o644);
     tree
-}
-
-/// Writes `text` as a config file in a new tempdir.
-fn config_file(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("master.toml");
-    std::fs::write(&path, text).expect("write config");
-    (dir, path)
 }
 
 async fn health(c: &reqwest::Client, url: &str) -> Option<u16> {

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use pluginsync_tests::{
-    ChildMaster, EnvTree, Pki, client, config_toml, dated_client_cert, identity, promtool_accepts,
-    tls_config, tls_connect,
+    ChildMaster, EnvTree, Pki, client, config_file, config_toml, dated_client_cert, identity,
+    promtool_accepts, tls_config, tls_connect,
 };
 
 fn metric(text: &str, series: &str) -> Option<f64> {
@@ -22,18 +22,12 @@ async fn metrics_count_the_traffic_and_promtool_accepts_them() {
     let content = b"Facter.add(:x) { setcode { 1 } }\n";
     tree.file("production", "m", "lib/facter/x.rb", content, 0o644);
     tree.file("production", "m", "facts.d/y.txt", b"y=1\n", 0o644);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("master.toml");
-    std::fs::write(
-        &cfg,
-        config_toml(
-            &tree.envpath(),
-            &pki,
-            "",
-            "[metrics]\nlisten = \"127.0.0.1:0\"\n",
-        ),
-    )
-    .unwrap();
+    let (dir, cfg) = config_file(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        "[metrics]\nlisten = \"127.0.0.1:0\"\n",
+    ));
     let master = ChildMaster::spawn(&cfg, None);
     let mut metrics_url = None;
     for _ in 0..200 {

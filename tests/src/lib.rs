@@ -9,7 +9,7 @@
 //! - `tree`: [`EnvTree`], an environmentpath in a tempdir, built file by
 //!   file; [`tree_snapshot`] and [`merged_mount`] to compare trees;
 //!   [`sha256_hex`].
-//! - `master`: [`config_toml`] and [`parse_config`]; [`TestMaster`], the
+//! - `master`: [`config_toml`], [`config_file`] and [`parse_config`]; [`TestMaster`], the
 //!   master in-process (its own thread and runtime) on port 0, with its
 //!   index counters reachable, stopped on drop; [`MasterProcess`], the
 //!   `pluginsync-master` binary as a child process, its port read from its
@@ -81,7 +81,7 @@ pub use deploy::{
 pub use fake::{FakeMaster, Responder, closed_port, http_response};
 pub use faults::{Racer, RunningAgent, on_small_tmpfs};
 pub use hostile::{Listener, gzip_zeros, listing_json, response_with};
-pub use master::{MasterProcess, TestMaster, config_toml, parse_config};
+pub use master::{MasterProcess, TestMaster, config_file, config_toml, parse_config};
 pub use pki::{AGENTS, Pki};
 pub use process::{
     Finished, bin_path, promtool_accepts, repo_root, require, run_logged, skipped, which,

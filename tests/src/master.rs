@@ -16,6 +16,15 @@ use pluginsync_master::store::Store;
 use crate::pki::Pki;
 use crate::process::bin_path;
 
+/// Writes `text` as `master.toml` in a new temporary directory; returns
+/// the directory (keep it alive) and the file's path.
+pub fn config_file(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("master.toml");
+    std::fs::write(&path, text).expect("write config");
+    (dir, path)
+}
+
 /// A master config for tests: 127.0.0.1 port 0, the PKI's files, a CRL,
 /// no shutdown grace, plus `extra` TOML (top-level keys first, then
 /// tables).
