@@ -13,7 +13,8 @@
 use std::io::Write;
 
 use crate::cli::Format;
-use crate::load::{LoadStatus, Loaders};
+use crate::load::LoadStatus;
+use crate::loaders::LoaderTable;
 use crate::plugins::Registry;
 use crate::report::{Report, escape};
 
@@ -127,7 +128,7 @@ pub fn warning(message: &str) {
 
 /// `pluginsync-agent plugins`: the registry as a table (name, version,
 /// api, status, path) or as JSON.
-pub fn plugins(registry: &Registry, loaders: &Loaders, format: Format) {
+pub fn plugins(registry: &Registry, loaders: &LoaderTable, format: Format) {
     if format == Format::Json {
         stdout(&format!(
             "{}\n",
