@@ -11,7 +11,8 @@
 //! [`ALLOWED_ENV`] (plus `LC_*`) is passed on, then the variables the agent
 //! sets (`PLUGINSYNC_*`) and the loader's own `env`. An agent run from a
 //! shell holding credentials (`AWS_*`, tokens, `SSH_AUTH_SOCK`) does not
-//! hand them to every plugin (issue 17, Info).
+//! hand them to every plugin (the test
+//! `agent_load::loader_arguments_and_environment_are_what_the_loader_asked_for`).
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;

@@ -227,7 +227,8 @@ fn identity(g: &Gauges, report: &Report, facts: RunFacts) {
 /// Writes the textfile for `report` at `path`, atomically; the previous
 /// file, if any, gives the last success of a failed run. Without `fsync`
 /// (`replace_atomic`): it is rewritten after every run, a no-op included,
-/// which must make no sync call (issue 14, "A busy node"). A crash can
+/// which must make no sync call (the test
+/// `agent_durable::a_run_that_changes_nothing_makes_no_sync_call`). A crash can
 /// lose it, never tear it (`pluginsync_common::fsutil`'s module docs):
 /// node_exporter then shows the previous run, or no series, until the
 /// next run replaces it — the last-run timestamp shows how old it is.
