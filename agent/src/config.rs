@@ -5,6 +5,13 @@
 //! TLS material comes either as explicit `ca`/`cert`/`key`/`crl` paths or as
 //! a Puppet ssldir plus certname (Puppet's layout, so a node that already
 //! runs Puppet can reuse its certificate).
+//!
+//! Parse, then resolve: [`AgentConfig`] is the file as written;
+//! [`AgentConfig::load`] checks it once and keeps every value in working
+//! form ([`AgentFile`]: the ignore globs and the loader table compiled, the
+//! constraints parsed, the servers and the environment checked), which
+//! `settings.rs` resolves with the command line and puppet.conf and nothing
+//! downstream parses again. `[load]` and `[[loader]]` are `loaders.rs`'s.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -117,7 +117,7 @@ const MAX_DEPTH: usize = 8;
 
 /// How long an expanded value may grow: references that fan out (`a =
 /// $b$b$b…`, `b = $c$c$c…`) would otherwise grow it exponentially within
-/// [`MAX_DEPTH`] (8 levels of 8 references made a 32 MB `servers` value).
+/// `MAX_DEPTH` (8 levels of 8 references made a 32 MB `servers` value).
 /// Past this, the rest of the value is kept as written.
 pub const MAX_EXPANDED: usize = 4096;
 
