@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 use pluginsync_common::envname::EnvName;
+use pluginsync_common::ignore::IgnoreSet;
 use pluginsync_common::metadata::Links;
 use pluginsync_common::protocol::Mount;
 
@@ -16,7 +17,7 @@ use crate::config::SourcePermissions;
 use crate::settings::Settings;
 
 /// A `file` resource with `ensure => directory, recurse => true`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct FileResource {
     /// The destination directory (`path`).
     pub path: PathBuf,
@@ -30,14 +31,15 @@ pub struct FileResource {
     pub backup: bool,
     /// How the source is read: `follow` (links arrive as files).
     pub links: Links,
-    /// Basename globs neither synced nor purged.
-    pub ignore: Vec<String>,
+    /// Basename globs neither synced nor purged, compiled once with the
+    /// config (`config.rs`).
+    pub ignore: IgnoreSet,
     /// Whether modes come from the source.
     pub source_permissions: SourcePermissions,
 }
 
 /// The catalog of one run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Catalog {
     /// The environment the resources are fetched from.
     pub environment: EnvName,

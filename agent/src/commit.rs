@@ -671,7 +671,7 @@ mod tests {
             force: true,
             backup: false,
             links: Links::Follow,
-            ignore: Vec::new(),
+            ignore: pluginsync_common::ignore::IgnoreSet::empty(),
             source_permissions: SourcePermissions::Use,
         }
     }

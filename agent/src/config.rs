@@ -5,14 +5,25 @@
 //! TLS material comes either as explicit `ca`/`cert`/`key`/`crl` paths or as
 //! a Puppet ssldir plus certname (Puppet's layout, so a node that already
 //! runs Puppet can reuse its certificate).
+//!
+//! Parse, then resolve: [`AgentConfig`] is the file as written;
+//! [`AgentConfig::load`] checks it once and keeps every value in working
+//! form ([`AgentFile`]: the ignore globs and the loader table compiled, the
+//! constraints parsed, the servers and the environment checked), which
+//! `settings.rs` resolves with the command line and puppet.conf and nothing
+//! downstream parses again. `[load]` and `[[loader]]` are `loaders.rs`'s.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pluginsync_common::config::{ConfigFile, RelativeTo};
 use pluginsync_common::envname::EnvName;
+use pluginsync_common::ignore::IgnoreSet;
 use pluginsync_common::tls::SslDirPaths;
 use serde::Deserialize;
+
+use crate::loaders::{LoadConfig, LoaderConfig, LoaderTable};
 
 /// The default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/agent.toml";
@@ -178,7 +189,7 @@ pub struct AgentConfig {
     /// The top-level keys the file sets (`pluginsync-agent config` tells
     /// a value from the file from a default).
     #[serde(skip)]
-    pub keys: std::collections::BTreeSet<String>,
+    pub keys: BTreeSet<String>,
 }
 
 /// `[metrics]` (README, "Metrics and logs").
@@ -189,148 +200,6 @@ pub struct MetricsConfig {
     /// `/var/lib/prometheus/node-exporter/pluginsync.prom`; unset: off.
     #[serde(default)]
     pub textfile: Option<PathBuf>,
-}
-
-/// `[load]`: nothing is executed unless `enabled` (or `--load`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LoadConfig {
-    /// Run loaders at all (kustomize's stance: an explicit opt-in before
-    /// any plugin code runs).
-    pub enabled: bool,
-    /// Load failures set the 4 bit of `--detailed-exitcodes`.
-    pub failures_are_errors: bool,
-    /// Run once per sync when at least one file loaded, e.g.
-    /// `["systemctl", "reload", "myservice"]`.
-    pub after_load: Vec<String>,
-    /// Deadline of `after_load` (its process group is killed then).
-    #[serde(with = "humantime_serde")]
-    pub after_load_timeout: Duration,
-    /// Name prefix of describe plugins: `<prefix>-<name>_v<version>_x<api>_<os>_<arch>`.
-    pub plugin_prefix: String,
-    /// Version constraints per plugin name, e.g. `hello = ">=1.0, <2"`.
-    pub constraints: std::collections::BTreeMap<String, String>,
-}
-
-impl Default for LoadConfig {
-    fn default() -> Self {
-        LoadConfig {
-            enabled: false,
-            failures_are_errors: false,
-            after_load: Vec::new(),
-            after_load_timeout: Duration::from_secs(10),
-            plugin_prefix: "pluginsync-plugin".into(),
-            constraints: Default::default(),
-        }
-    }
-}
-
-/// How a loader loads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LoaderKind {
-    /// Run `command` with the file's path.
-    Command,
-    /// Packer-style: check the name, the `_SHA256SUM` sidecar and the
-    /// `describe` handshake, then register the plugin.
-    Describe,
-}
-
-/// One `[[loader]]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LoaderConfig {
-    /// A name for reports; defaults to the `match` glob.
-    #[serde(default)]
-    pub name: Option<String>,
-    /// Glob on the changed file's path relative to the libdir
-    /// (`*` stays within a directory, `**` crosses them).
-    #[serde(rename = "match")]
-    pub pattern: String,
-    /// `command` or `describe`.
-    pub kind: LoaderKind,
-    /// The destination whose files this loader matches: `plugins` (the
-    /// libdir, the default) or `pluginfacts` (the factsdir).
-    #[serde(default = "default_loader_mount")]
-    pub mount: pluginsync_common::protocol::Mount,
-    /// For `command`: argv, with `{path}` (absolute), `{relpath}` and
-    /// `{environment}` replaced.
-    #[serde(default)]
-    pub command: Vec<String>,
-    /// Deadline of one launch; the child and its process group are killed.
-    #[serde(default = "default_loader_timeout", with = "humantime_serde")]
-    pub timeout: Duration,
-    /// Launches tried before the load counts as failed; unset: 5 for
-    /// `layout = "celerity"` (Celerity's launch attempt limit), else 1
-    /// ([`LoaderConfig::attempts`]).
-    #[serde(default)]
-    pub attempts: Option<u32>,
-    /// For `describe`: run the `describe` handshake; unset: on for every
-    /// layout but `kustomize`, whose exec plugins only take their
-    /// configuration file ([`LoaderConfig::handshake`]).
-    #[serde(default)]
-    pub handshake: Option<bool>,
-    /// Extra environment variables.
-    #[serde(default)]
-    pub env: std::collections::BTreeMap<String, String>,
-    /// For `describe`: the plugin system whose file layout gives each
-    /// plugin's identity and version (README, "Plugin layouts").
-    #[serde(default)]
-    pub layout: Layout,
-    /// For `describe`: directories relative to the libdir, searched in
-    /// order; a file outside them is not loaded, and an identity held by an
-    /// earlier root shadows the same identity in a later one. Empty: the
-    /// whole libdir, one root.
-    #[serde(default)]
-    pub roots: Vec<String>,
-    /// For `layout = "terraform"`: the directory (relative to the libdir)
-    /// of the host program; an unversioned `terraform-provider-<name>`
-    /// there is a local build, preferred over installed releases.
-    #[serde(default)]
-    pub host_dir: Option<String>,
-}
-
-/// How `describe` plugins are laid out and named.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Layout {
-    /// `<prefix>-<name>_v<version>_x<api>_<os>_<arch>`.
-    #[default]
-    Packer,
-    /// `terraform-provider-<name>_v<X.Y.Z>[_x<api>]` releases, in an
-    /// optional `<os>_<arch>` directory, and unversioned local builds in
-    /// `host_dir`.
-    Terraform,
-    /// Celerity's Deploy Engine:
-    /// `{providers,transformers}/[<host>/]<namespace>/<name>/<version>/plugin`.
-    Celerity,
-    /// kustomize's exec plugins: `<apiVersion>/<lowercase kind>/<Kind>`.
-    Kustomize,
-}
-
-impl LoaderConfig {
-    /// Launch attempts per load: `attempts`, or the layout's default (5
-    /// for Celerity, whose Deploy Engine relaunches a plugin that did not
-    /// register up to 4 times; 1 otherwise).
-    pub fn attempts(&self) -> u32 {
-        self.attempts.unwrap_or(match self.layout {
-            Layout::Celerity if self.kind == LoaderKind::Describe => 5,
-            _ => 1,
-        })
-    }
-
-    /// Whether a `describe` load runs the handshake: `handshake`, or on
-    /// for every layout but kustomize.
-    pub fn handshake(&self) -> bool {
-        self.handshake.unwrap_or(self.layout != Layout::Kustomize)
-    }
-}
-
-fn default_loader_timeout() -> Duration {
-    Duration::from_secs(10)
-}
-fn default_loader_mount() -> pluginsync_common::protocol::Mount {
-    pluginsync_common::protocol::Mount::Plugins
 }
 
 fn default_libdir() -> PathBuf {
@@ -368,16 +237,79 @@ fn default_parallel() -> usize {
     DEFAULT_PARALLEL_DOWNLOADS
 }
 
+/// agent.toml in working form: every value checked once, when the file is
+/// loaded, and kept as the run uses it (ripgrep's low-level arguments
+/// turned into high-level ones): the servers checked, the environment an
+/// [`EnvName`], the ignore globs and the loaders compiled, the constraints
+/// parsed, the TLS files resolved when `[tls]` names them. `settings.rs`
+/// lays the command line over it and puppet.conf under it.
+#[derive(Debug, Clone)]
+pub struct AgentFile {
+    /// `servers`, each `https://host[:port]` without a trailing slash.
+    pub servers: Option<Vec<String>>,
+    /// `environment`.
+    pub environment: Option<EnvName>,
+    /// `environment_source`.
+    pub environment_source: EnvironmentSource,
+    /// `puppet_conf` (`""`: none).
+    pub puppet_conf: Option<PathBuf>,
+    /// `libdir`.
+    pub libdir: PathBuf,
+    /// `factsdir`: neither inside `libdir` nor around it.
+    pub factsdir: Option<PathBuf>,
+    /// `vardir`.
+    pub vardir: PathBuf,
+    /// `ignore`, compiled.
+    pub ignore: IgnoreSet,
+    /// `timeout`.
+    pub timeout: Duration,
+    /// `retries`.
+    pub retries: u32,
+    /// `parallel_downloads`, at least 1.
+    pub parallel_downloads: usize,
+    /// `max_removal_percent`, at most 100.
+    pub max_removal_percent: u8,
+    /// `[tls]`.
+    pub tls: TlsSource,
+    /// `[plugins] source_permissions`.
+    pub plugins_permissions: SourcePermissions,
+    /// `[pluginfacts] source_permissions`.
+    pub pluginfacts_permissions: SourcePermissions,
+    /// `[load]` (its constraints are parsed into `loaders`).
+    pub load: LoadConfig,
+    /// `[[loader]]` and `[load.constraints]`, compiled.
+    pub loaders: LoaderTable,
+    /// `[metrics] textfile`.
+    pub metrics_textfile: Option<PathBuf>,
+    /// The top-level keys the file sets.
+    pub keys: BTreeSet<String>,
+}
+
+/// Where the TLS files come from, as `[tls]` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsSource {
+    /// `ca`, `cert`, `key` and maybe `crl`, named.
+    Files(TlsFiles),
+    /// A Puppet ssldir and a certname: `[tls]`'s when set, else
+    /// puppet.conf's, else Puppet's defaults (`settings.rs`).
+    SslDir {
+        /// `[tls] ssldir`.
+        ssldir: Option<PathBuf>,
+        /// `[tls] certname`.
+        certname: Option<String>,
+        /// `[tls] cert_expiry_warning`, or its default.
+        cert_expiry_warning: Duration,
+    },
+}
+
 impl AgentConfig {
-    /// Reads, parses and validates `path`.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+    /// Reads, parses and checks `path`, into working values.
+    pub fn load(path: &Path) -> Result<AgentFile, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
-        let config = Self::parse(&text, path)?;
-        config.validate()?;
-        Ok(config)
+        Self::parse(&text, path)?.compile()
     }
 
     /// Parses TOML; relative paths are relative to the config's directory.
@@ -389,101 +321,68 @@ impl AgentConfig {
         Ok(config)
     }
 
-    /// Checks the file: every value in it, alone and across fields
-    /// ([`servers`], [`environment`] and [`AgentConfig::tls_files`] are
+    /// Checks every value of the file, alone and across fields, and keeps
+    /// each in the form the run uses ([`servers`] and [`environment`] are
     /// the rules the command line's values go through too, in
-    /// `settings.rs`).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(s) = &self.servers {
-            servers(s)?;
-        }
-        if let Some(e) = &self.environment {
-            environment(e)?;
-        }
+    /// `settings.rs`). The first problem, in the file's order, is the error.
+    pub fn compile(&self) -> Result<AgentFile, ConfigError> {
+        let servers = self.servers.as_deref().map(servers).transpose()?;
+        let environment = self.environment.as_deref().map(environment).transpose()?;
         if self.max_removal_percent > 100 {
             return Err(ConfigError::Invalid(format!(
                 "max_removal_percent must be between 0 and 100, not {}",
                 self.max_removal_percent
             )));
         }
-        pluginsync_common::ignore::IgnoreSet::new(&self.ignore)
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let ignore =
+            IgnoreSet::new(&self.ignore).map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if let Some(f) = &self.factsdir {
-            // Compared as the filesystem resolves them: `..` and symlinks
-            // must not hide one destination inside the other (each purge
-            // would delete the other's files).
-            let (facts, lib) = (real_path(f), real_path(&self.libdir));
-            if facts == lib {
-                return Err(ConfigError::Invalid(
-                    "libdir and factsdir must differ".into(),
-                ));
-            }
-            if facts.starts_with(&lib) || lib.starts_with(&facts) {
-                return Err(ConfigError::Invalid(format!(
-                    "libdir and factsdir must not contain each other ('{}' and '{}' resolve to '{}' and '{}')",
-                    self.libdir.display(),
-                    f.display(),
-                    lib.display(),
-                    facts.display()
-                )));
-            }
+            destinations_apart(&self.libdir, f)?;
         }
-        for (i, l) in self.loaders.iter().enumerate() {
-            globset::GlobBuilder::new(&l.pattern)
-                .literal_separator(true)
-                .build()
-                .map_err(|e| {
-                    ConfigError::Invalid(format!(
-                        "[[loader]] {} match '{}': {}",
-                        i + 1,
-                        l.pattern,
-                        e.kind()
-                    ))
-                })?;
-            for r in l.roots.iter().chain(&l.host_dir) {
-                if pluginsync_common::relpath::RelPath::parse(r.trim_end_matches('/')).is_err() {
-                    return Err(ConfigError::Invalid(format!(
-                        "[[loader]] {}: root '{r}' must be a relative path inside the destination",
-                        i + 1
-                    )));
-                }
-            }
-            if l.kind == LoaderKind::Command && l.command.is_empty() {
-                return Err(ConfigError::Invalid(format!(
-                    "[[loader]] {} (kind = \"command\") needs a command",
-                    i + 1
-                )));
-            }
-            if l.attempts == Some(0) {
-                return Err(ConfigError::Invalid(format!(
-                    "[[loader]] {}: attempts must be at least 1",
-                    i + 1
-                )));
-            }
-        }
-        for (name, c) in &self.load.constraints {
-            crate::plugins::Constraint::parse(c).map_err(|e| {
-                ConfigError::Invalid(format!("[load.constraints] {name} = '{c}': {e}"))
-            })?;
-        }
+        let loaders = LoaderTable::compile(&self.loaders, &self.load.constraints)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.parallel_downloads == 0 {
             return Err(ConfigError::Invalid(
                 "parallel_downloads must be at least 1".into(),
             ));
         }
-        self.tls_files()?;
-        Ok(())
+        let tls = self.tls_source()?;
+        Ok(AgentFile {
+            servers,
+            environment,
+            environment_source: self.environment_source,
+            puppet_conf: self.puppet_conf.clone(),
+            libdir: self.libdir.clone(),
+            factsdir: self.factsdir.clone(),
+            vardir: self.vardir.clone(),
+            ignore,
+            timeout: self.timeout,
+            retries: self.retries,
+            parallel_downloads: self.parallel_downloads,
+            max_removal_percent: self.max_removal_percent,
+            tls,
+            plugins_permissions: self.plugins.source_permissions,
+            pluginfacts_permissions: self.pluginfacts.source_permissions,
+            load: self.load.clone(),
+            loaders,
+            metrics_textfile: self.metrics.textfile.clone(),
+            keys: self.keys.clone(),
+        })
     }
 
-    /// The TLS files when `[tls]` names them explicitly (`ca`/`cert`/`key`
-    /// and maybe `crl`), `None` when it does not (they then come from an
-    /// ssldir and a certname, `settings.rs`: `[tls]`'s, else puppet.conf's,
-    /// else Puppet's defaults).
-    pub fn tls_files(&self) -> Result<Option<TlsFiles>, ConfigError> {
+    /// `[tls]`: the files when it names them explicitly (`ca`/`cert`/`key`
+    /// and maybe `crl`), else an ssldir and a certname, maybe unset
+    /// (`settings.rs`: then puppet.conf's, else Puppet's defaults).
+    fn tls_source(&self) -> Result<TlsSource, ConfigError> {
         let t = &self.tls;
+        let cert_expiry_warning = t.cert_expiry_warning.unwrap_or(DEFAULT_CERT_EXPIRY_WARNING);
         let explicit = t.ca.is_some() || t.cert.is_some() || t.key.is_some() || t.crl.is_some();
         if !explicit {
-            return Ok(None);
+            return Ok(TlsSource::SslDir {
+                ssldir: t.ssldir.clone(),
+                certname: t.certname.clone(),
+                cert_expiry_warning,
+            });
         }
         if t.ssldir.is_some() || t.certname.is_some() {
             return Err(ConfigError::Invalid(
@@ -491,35 +390,66 @@ impl AgentConfig {
             ));
         }
         match (&t.ca, &t.cert, &t.key) {
-            (Some(ca), Some(cert), Some(key)) => Ok(Some(TlsFiles {
+            (Some(ca), Some(cert), Some(key)) => Ok(TlsSource::Files(TlsFiles {
                 ca: ca.clone(),
                 cert: cert.clone(),
                 key: key.clone(),
                 crl: t.crl.clone(),
-                cert_expiry_warning: t.cert_expiry_warning.unwrap_or(DEFAULT_CERT_EXPIRY_WARNING),
+                cert_expiry_warning,
             })),
             _ => Err(ConfigError::Invalid(
                 "[tls] needs ca, cert and key (or ssldir and certname)".into(),
             )),
         }
     }
+}
 
-    /// The TLS files of a Puppet ssldir for `certname` (Puppet's layout:
-    /// `certs/ca.pem`, `certs/<certname>.pem`, `private_keys/<certname>.pem`,
-    /// `crl.pem` when present).
-    pub fn ssldir_files(&self, ssldir: &Path, certname: &str) -> TlsFiles {
-        let p = SslDirPaths::new(ssldir, certname);
-        TlsFiles {
-            ca: p.ca,
-            cert: p.cert,
-            key: p.key,
-            crl: p.crl.exists().then_some(p.crl),
-            cert_expiry_warning: self
-                .tls
-                .cert_expiry_warning
-                .unwrap_or(DEFAULT_CERT_EXPIRY_WARNING),
-        }
+/// Refuses a `factsdir` that is `libdir` or inside it or around it,
+/// compared as the filesystem resolves them: `..` and symlinks must not
+/// hide one destination inside the other (each purge would delete the
+/// other's files).
+fn destinations_apart(libdir: &Path, factsdir: &Path) -> Result<(), ConfigError> {
+    let (facts, lib) = (real_path(factsdir), real_path(libdir));
+    if facts == lib {
+        return Err(ConfigError::Invalid(
+            "libdir and factsdir must differ".into(),
+        ));
     }
+    if facts.starts_with(&lib) || lib.starts_with(&facts) {
+        return Err(ConfigError::Invalid(format!(
+            "libdir and factsdir must not contain each other ('{}' and '{}' resolve to '{}' and '{}')",
+            libdir.display(),
+            factsdir.display(),
+            lib.display(),
+            facts.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The TLS files of a Puppet ssldir for `certname` (Puppet's layout:
+/// `certs/ca.pem`, `certs/<certname>.pem`, `private_keys/<certname>.pem`,
+/// `crl.pem` when present).
+pub fn ssldir_files(ssldir: &Path, certname: &str, cert_expiry_warning: Duration) -> TlsFiles {
+    let p = SslDirPaths::new(ssldir, certname);
+    TlsFiles {
+        ca: p.ca,
+        cert: p.cert,
+        key: p.key,
+        crl: p.crl.exists().then_some(p.crl),
+        cert_expiry_warning,
+    }
+}
+
+/// Why a server URL is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServerError {
+    /// Not `https://`.
+    #[error("server '{0}' must start with https://")]
+    NotHttps(String),
+    /// A path, a query, user info, or no host.
+    #[error("server '{0}' must be https://host[:port] with no path")]
+    NotHostPort(String),
 }
 
 /// The masters of a run: at least one, each `https://host[:port]`
@@ -532,7 +462,7 @@ pub fn servers(list: &[String]) -> Result<Vec<String>, ConfigError> {
     }
     list.iter()
         .map(|s| {
-            validate_server(s).map_err(ConfigError::Invalid)?;
+            validate_server(s).map_err(|e| ConfigError::Invalid(e.to_string()))?;
             Ok(s.trim_end_matches('/').to_owned())
         })
         .collect()
@@ -545,15 +475,13 @@ pub fn environment(name: &str) -> Result<EnvName, ConfigError> {
 }
 
 /// A server URL must be `https://host[:port]`, with no path.
-pub fn validate_server(s: &str) -> Result<(), String> {
+pub fn validate_server(s: &str) -> Result<(), ServerError> {
     let rest = s
         .strip_prefix("https://")
-        .ok_or_else(|| format!("server '{s}' must start with https://"))?;
+        .ok_or_else(|| ServerError::NotHttps(s.to_owned()))?;
     let rest = rest.trim_end_matches('/');
     if rest.is_empty() || rest.contains('/') || rest.contains('?') || rest.contains('@') {
-        return Err(format!(
-            "server '{s}' must be https://host[:port] with no path"
-        ));
+        return Err(ServerError::NotHostPort(s.to_owned()));
     }
     Ok(())
 }
@@ -592,7 +520,7 @@ impl ConfigFile for AgentConfig {
     }
 
     fn check(&self) -> Result<(), ConfigError> {
-        self.validate()
+        self.compile().map(drop)
     }
 }
 
@@ -644,8 +572,15 @@ mod tests {
         assert_eq!(c.plugins.source_permissions, SourcePermissions::Use);
         assert_eq!(c.pluginfacts.source_permissions, SourcePermissions::Use);
         assert!(c.factsdir.is_none());
-        assert!(c.tls_files().unwrap().is_none());
-        let tls = c.ssldir_files(c.tls.ssldir.as_deref().unwrap(), "node1");
+        assert!(matches!(
+            c.compile().unwrap().tls,
+            TlsSource::SslDir { certname: Some(ref n), .. } if n == "node1"
+        ));
+        let tls = ssldir_files(
+            c.tls.ssldir.as_deref().unwrap(),
+            "node1",
+            DEFAULT_CERT_EXPIRY_WARNING,
+        );
         assert_eq!(
             tls.cert,
             PathBuf::from("/etc/pluginsync/ssl/certs/node1.pem")
@@ -664,26 +599,40 @@ mod tests {
         assert!(e.contains("libdirr") && !e.contains('\n'), "{e}");
         let c = parse(&MIN.replace("https://puppet.example.org:8140", "http://x")).unwrap();
         assert!(
-            c.validate()
+            c.compile()
                 .unwrap_err()
                 .to_string()
                 .contains("must start with https://")
         );
         let c = parse(&format!("environment = \"bad-name\"\n{MIN}")).unwrap();
-        assert!(c.validate().unwrap_err().to_string().contains("bad-name"));
+        assert!(c.compile().unwrap_err().to_string().contains("bad-name"));
         let c = parse("[tls]\nca = \"/ca.pem\"\n").unwrap();
         assert!(
-            c.validate()
+            c.compile()
                 .unwrap_err()
                 .to_string()
                 .contains("needs ca, cert and key")
         );
         let c = parse(&format!("libdir = \"/a\"\nfactsdir = \"/a/facts\"\n{MIN}")).unwrap();
         assert!(
-            c.validate()
+            c.compile()
                 .unwrap_err()
                 .to_string()
                 .contains("contain each other")
+        );
+    }
+
+    #[test]
+    fn a_bad_constraint_is_a_config_error_naming_its_key() {
+        let c = parse(&format!(
+            "{MIN}[load.constraints]\nhello = \">= 1.0\"\nworld = \"=> 1\"\n"
+        ))
+        .unwrap();
+        let e = c.compile().unwrap_err();
+        assert!(matches!(e, ConfigError::Invalid(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "invalid config: [load.constraints] world = '=> 1': unknown operator '=>'"
         );
     }
 
@@ -719,7 +668,7 @@ mod tests {
             let mut c = parse(MIN).unwrap();
             c.libdir = root.join("lib");
             c.factsdir = Some(facts.to_owned());
-            c.validate()
+            c.compile()
         };
         for inside in [
             root.join("other/../lib/facts.d"),

@@ -11,7 +11,8 @@
 //! [`ALLOWED_ENV`] (plus `LC_*`) is passed on, then the variables the agent
 //! sets (`PLUGINSYNC_*`) and the loader's own `env`. An agent run from a
 //! shell holding credentials (`AWS_*`, tokens, `SSH_AUTH_SOCK`) does not
-//! hand them to every plugin (issue 17, Info).
+//! hand them to every plugin (the test
+//! `agent_load::loader_arguments_and_environment_are_what_the_loader_asked_for`).
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -69,6 +70,59 @@ fn tail(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// Why a launch failed: the line a failed load reports.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// An empty argv.
+    #[error("empty command")]
+    EmptyCommand,
+    /// The program could not be started.
+    #[error("cannot run '{program}': {source}")]
+    Spawn {
+        /// `argv[0]`.
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A pipe of the child was not there to read.
+    #[error("no {0}")]
+    NoPipe(&'static str),
+    /// Waiting for the child failed.
+    #[error("waiting for '{program}': {source}")]
+    Wait {
+        /// `argv[0]`.
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The deadline passed; the group was killed.
+    #[error("timed out after {} (killed with its process group)", humantime(*.0))]
+    TimedOut(Duration),
+    /// The child ended other than with status 0; the last line of its
+    /// stderr, if any, follows.
+    #[error("{ended}{}", if .stderr.is_empty() { String::new() } else { format!(": {}", .stderr) })]
+    Failed {
+        /// How it ended.
+        ended: Ended,
+        /// The last non-empty line of its stderr (at most 300 characters).
+        stderr: String,
+    },
+}
+
+/// How a failed child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Ended {
+    /// With a non-zero status.
+    #[error("exited with status {0}")]
+    Status(i32),
+    /// By a signal.
+    #[error("killed by signal {0}")]
+    Signal(i32),
+    /// Neither (a stopped child).
+    #[error("failed")]
+    Other,
+}
+
 /// Kills a child's process group when dropped, unless disarmed (`.0 =
 /// None`) once the child was waited for.
 struct GroupGuard(Option<rustix::process::Pid>);
@@ -90,8 +144,8 @@ pub async fn run_isolated(
     env: &BTreeMap<String, String>,
     cwd: Option<&Path>,
     timeout: Duration,
-) -> Result<ChildOutput, String> {
-    let (program, args) = argv.split_first().ok_or("empty command")?;
+) -> Result<ChildOutput, LaunchError> {
+    let (program, args) = argv.split_first().ok_or(LaunchError::EmptyCommand)?;
     let mut cmd = match SUPERVISOR.get() {
         // The agent binary in its supervisor mode, which execs nothing
         // itself but runs `argv` and dies with its process group when the
@@ -117,21 +171,29 @@ pub async fn run_isolated(
     if let Some(dir) = cwd {
         cmd.current_dir(dir);
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot run '{program}': {e}"))?;
+    let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+        program: program.clone(),
+        source,
+    })?;
     let pid = child.id();
     // Dropped before the child was waited for (the run stopped by a signal,
     // a failure elsewhere): the whole process group is killed, not only the
     // supervisor (`kill_on_drop` alone orphaned the loader and its children,
     // and once the supervisor was reaped nothing could find them).
     let mut group = GroupGuard(pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)));
-    let out = tokio::spawn(capture(child.stdout.take().ok_or("no stdout")?));
-    let err = tokio::spawn(capture(child.stderr.take().ok_or("no stderr")?));
+    let out = tokio::spawn(capture(
+        child.stdout.take().ok_or(LaunchError::NoPipe("stdout"))?,
+    ));
+    let err = tokio::spawn(capture(
+        child.stderr.take().ok_or(LaunchError::NoPipe("stderr"))?,
+    ));
     let status = match tokio::time::timeout(timeout, child.wait()).await {
         Ok(status) => {
             group.0 = None;
-            status.map_err(|e| format!("waiting for '{program}': {e}"))?
+            status.map_err(|source| LaunchError::Wait {
+                program: program.clone(),
+                source,
+            })?
         }
         Err(_) => {
             if let Some(pid) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
@@ -139,10 +201,7 @@ pub async fn run_isolated(
                     rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
             }
             let _ = child.wait().await;
-            return Err(format!(
-                "timed out after {} (killed with its process group)",
-                humantime(timeout)
-            ));
+            return Err(LaunchError::TimedOut(timeout));
         }
     };
     // Output readers end when the pipes close; a grandchild that escaped the
@@ -161,17 +220,52 @@ pub async fn run_isolated(
     if status.success() {
         return Ok(ChildOutput { stdout, stderr });
     }
-    let why = match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exited with status {code}"),
-        (None, Some(sig)) => format!("killed by signal {sig}"),
-        _ => "failed".to_owned(),
+    let ended = match (status.code(), status.signal()) {
+        (Some(code), _) => Ended::Status(code),
+        (None, Some(sig)) => Ended::Signal(sig),
+        _ => Ended::Other,
     };
-    let detail = tail(&stderr);
-    Err(if detail.is_empty() {
-        why
-    } else {
-        format!("{why}: {detail}")
+    Err(LaunchError::Failed {
+        ended,
+        stderr: tail(&stderr),
     })
+}
+
+/// The last of `attempts` failed launches; the count is named when there
+/// was more than one.
+#[derive(Debug, thiserror::Error)]
+#[error("{last}{}", if *.attempts > 1 { format!(" (attempt {0} of {0})", .attempts) } else { String::new() })]
+pub struct AttemptsError {
+    /// Why the last launch failed.
+    pub last: LaunchError,
+    /// How many launches were tried.
+    pub attempts: u32,
+}
+
+/// Launches `argv` up to `attempts` times (at least once), each with its
+/// `timeout` (Celerity's registration deadline: a launch that does not
+/// answer in time is killed with its process group and tried again).
+pub async fn run_attempts(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    cwd: Option<&Path>,
+    timeout: Duration,
+    attempts: u32,
+) -> Result<ChildOutput, AttemptsError> {
+    let attempts = attempts.max(1);
+    let mut attempt = 1;
+    loop {
+        match run_isolated(argv, env, cwd, timeout).await {
+            Ok(o) => {
+                if attempt > 1 {
+                    tracing::info!(program = %argv[0], attempt, "answered after failed launches");
+                }
+                return Ok(o);
+            }
+            Err(last) if attempt == attempts => return Err(AttemptsError { last, attempts }),
+            Err(_) => attempt += 1,
+        }
+    }
 }
 
 fn humantime(d: Duration) -> String {

@@ -13,8 +13,8 @@
 
 use semver::Version;
 
-use crate::config::Layout;
-use crate::plugins::{self, host_arch, host_os};
+use crate::loaders::Layout;
+use crate::plugins::{self, NameError, host_arch, host_os};
 
 /// Go's operating system names, to tell an `<os>_<arch>` directory.
 const GO_OSES: &[&str] = &[
@@ -52,6 +52,43 @@ impl Identified {
     }
 }
 
+/// Why a layout refuses a file its system would look at.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// An empty path.
+    #[error("no file name")]
+    NoFileName,
+    /// The file name or version breaks the layout's naming rules.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// Terraform: an unversioned provider outside `host_dir`.
+    #[error("an unversioned provider is a local build and belongs in host_dir")]
+    LocalOutsideHostDir,
+    /// Celerity: a type directory other than `providers`/`transformers`.
+    #[error("plugin type directory '{0}' is neither 'providers' nor 'transformers'")]
+    CelerityType(String),
+    /// Celerity: a registry host without a `.`.
+    #[error(
+        "'{0}' is not a registry host (a host name contains a '.'; without one the ID is <namespace>/<name>)"
+    )]
+    RegistryHost(String),
+    /// Celerity: a namespace or name with other characters.
+    #[error("'{0}' is not a namespace or plugin name (letters, digits, '-', '_')")]
+    CelerityName(String),
+    /// Celerity: a `v`-prefixed version directory.
+    #[error("version directory '{0}' is not canonical (MAJOR.MINOR.PATCH, no 'v')")]
+    VersionDir(String),
+    /// kustomize: not a Kubernetes API version.
+    #[error("'{0}' is not a Kubernetes API version (v1, v2beta1, v1alpha2)")]
+    ApiVersion(String),
+    /// kustomize: not an API group.
+    #[error("'{0}' is not an API group (a lowercase DNS name such as someteam.example.com)")]
+    ApiGroup(String),
+    /// kustomize: not a kind.
+    #[error("'{0}' is not a kind (letters and digits)")]
+    Kind(String),
+}
+
 /// What the layout makes of a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {
@@ -69,9 +106,9 @@ pub fn identify(
     within: &[&str],
     prefix: &str,
     host_dir_holds: bool,
-) -> Result<Found, String> {
+) -> Result<Found, LayoutError> {
     let Some((file_name, dirs)) = within.split_last() else {
-        return Err("no file name".into());
+        return Err(LayoutError::NoFileName);
     };
     match layout {
         Layout::Packer => packer(file_name, prefix),
@@ -84,7 +121,7 @@ pub fn identify(
 /// Packer lists only files whose name ends in this host's `_<os>_<arch>`
 /// (the seed's "Plugin binary naming convention"), so a plugin for another
 /// host is skipped, and a malformed name is refused.
-fn packer(file_name: &str, prefix: &str) -> Result<Found, String> {
+fn packer(file_name: &str, prefix: &str) -> Result<Found, LayoutError> {
     let name = plugins::parse_name(file_name, prefix)?;
     if name.os != host_os() || name.arch != host_arch() {
         return Ok(Found::Skip(format!(
@@ -104,7 +141,7 @@ fn packer(file_name: &str, prefix: &str) -> Result<Found, String> {
 
 /// Terraform looks only in its own `<os>_<arch>` directory; an unversioned
 /// provider is a local build and belongs beside the host program.
-fn terraform(file_name: &str, dirs: &[&str], host_dir_holds: bool) -> Result<Found, String> {
+fn terraform(file_name: &str, dirs: &[&str], host_dir_holds: bool) -> Result<Found, LayoutError> {
     let name = plugins::parse_terraform(file_name)?;
     if let Some((os, arch)) = dirs
         .last()
@@ -120,7 +157,7 @@ fn terraform(file_name: &str, dirs: &[&str], host_dir_holds: bool) -> Result<Fou
     }
     let local = name.version.is_none();
     if local && !host_dir_holds {
-        return Err("an unversioned provider is a local build and belongs in host_dir".into());
+        return Err(LayoutError::LocalOutsideHostDir);
     }
     let mut id = Identified::new(name.name, name.version, name.api);
     id.local = local;
@@ -135,7 +172,7 @@ fn terraform(file_name: &str, dirs: &[&str], host_dir_holds: bool) -> Result<Fou
 /// documentation states: the type is `providers` or `transformers`, a
 /// registry host is a host name (it contains a `.`), and the version
 /// directory is a canonical semver version.
-fn celerity(file_name: &str, dirs: &[&str]) -> Result<Found, String> {
+fn celerity(file_name: &str, dirs: &[&str]) -> Result<Found, LayoutError> {
     if *file_name != *"plugin" {
         return Ok(Found::Skip(
             "not a Celerity plugin executable (those are named 'plugin')".into(),
@@ -152,18 +189,11 @@ fn celerity(file_name: &str, dirs: &[&str]) -> Result<Found, String> {
     let celerity_type = match kind {
         "providers" => "providers",
         "transformers" => "transformers",
-        other => {
-            return Err(format!(
-                "plugin type directory '{other}' is neither 'providers' nor 'transformers'"
-            ));
-        }
+        other => return Err(LayoutError::CelerityType(other.to_owned())),
     };
     let (id_parts, version) = parts.split_at(parts.len() - 1);
     if id_parts.len() == 3 && !id_parts[0].contains('.') {
-        return Err(format!(
-            "'{}' is not a registry host (a host name contains a '.'; without one the ID is <namespace>/<name>)",
-            id_parts[0]
-        ));
+        return Err(LayoutError::RegistryHost(id_parts[0].to_owned()));
     }
     let (ns, name) = (id_parts[id_parts.len() - 2], id_parts[id_parts.len() - 1]);
     for part in [ns, name] {
@@ -171,16 +201,12 @@ fn celerity(file_name: &str, dirs: &[&str]) -> Result<Found, String> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         {
-            return Err(format!(
-                "'{part}' is not a namespace or plugin name (letters, digits, '-', '_')"
-            ));
+            return Err(LayoutError::CelerityName(part.to_owned()));
         }
     }
     let version = version[0];
     if version.starts_with('v') {
-        return Err(format!(
-            "version directory '{version}' is not canonical (MAJOR.MINOR.PATCH, no 'v')"
-        ));
+        return Err(LayoutError::VersionDir(version.to_owned()));
     }
     let mut id = Identified::new(
         id_parts.join("/"),
@@ -198,7 +224,7 @@ fn celerity(file_name: &str, dirs: &[&str]) -> Result<Found, String> {
 /// identity is `<apiVersion>/<Kind>` and carries no version of its own.
 /// Other files in a plugin's directory (its source, tests, data, a Go
 /// `.so`) are not exec plugins.
-fn kustomize(file_name: &str, dirs: &[&str]) -> Result<Found, String> {
+fn kustomize(file_name: &str, dirs: &[&str]) -> Result<Found, LayoutError> {
     let Some((kind_dir, api_dirs)) = dirs.split_last() else {
         return Ok(Found::Skip(
             "not at <apiVersion>/<lowercase kind>/<Kind>".into(),
@@ -219,9 +245,7 @@ fn kustomize(file_name: &str, dirs: &[&str]) -> Result<Found, String> {
         }
     };
     if !is_api_version(version) {
-        return Err(format!(
-            "'{version}' is not a Kubernetes API version (v1, v2beta1, v1alpha2)"
-        ));
+        return Err(LayoutError::ApiVersion(version.to_owned()));
     }
     if let Some(g) = group
         && (g.is_empty()
@@ -230,14 +254,12 @@ fn kustomize(file_name: &str, dirs: &[&str]) -> Result<Found, String> {
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-'))
     {
-        return Err(format!(
-            "'{g}' is not an API group (a lowercase DNS name such as someteam.example.com)"
-        ));
+        return Err(LayoutError::ApiGroup(g.to_owned()));
     }
     if !file_name.starts_with(|c: char| c.is_ascii_alphabetic())
         || !file_name.bytes().all(|b| b.is_ascii_alphanumeric())
     {
-        return Err(format!("'{file_name}' is not a kind (letters and digits)"));
+        return Err(LayoutError::Kind(file_name.to_owned()));
     }
     let api_version = match group {
         Some(g) => format!("{g}/{version}"),
@@ -270,7 +292,7 @@ fn is_api_version(s: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn id(layout: Layout, path: &str) -> Result<Found, String> {
+    fn id(layout: Layout, path: &str) -> Result<Found, LayoutError> {
         let parts: Vec<&str> = path.split('/').collect();
         identify(layout, &parts, "pluginsync-plugin", false)
     }

@@ -11,29 +11,22 @@
 //! kustomize fail the run).
 //!
 //! `kind = "describe"` registers executable plugins in one of four layouts
-//! (Packer, Terraform, Celerity, kustomize; README, "Plugin layouts"): the
-//! layout names the plugin from its path ([`crate::layouts::identify`]),
-//! the file must be executable, a Packer or Terraform `<file>_SHA256SUM`
-//! must match its sha256, and `<file> describe` (the one handshake of every
-//! layout, up to `attempts` launches each with its deadline) must print JSON
-//! whose `version`, `api_version` and `id` agree with the path. Accepted
-//! plugins go to the registry. Launching children is `launch.rs`'s.
+//! (Packer, Terraform, Celerity, kustomize; README, "Plugin layouts"):
+//! `describe.rs`. Which loader a file goes to is the compiled table of
+//! `loaders.rs`; launching children is `launch.rs`'s.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::time::Instant;
 
-use globset::{GlobBuilder, GlobMatcher};
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
-use semver::Version;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Layout, LoadConfig, LoaderConfig, LoaderKind};
-use crate::launch::{ChildOutput, run_isolated};
-use crate::layouts::{self, Found, Identified};
-use crate::plugins::{self, Constraint, Registered, Registry};
+use crate::describe::{Candidate, DescribeError, describe};
+use crate::launch::{AttemptsError, run_attempts, run_isolated};
+use crate::loaders::{LoadConfig, LoaderConfig, LoaderKind, LoaderTable};
+use crate::plugins::Registry;
 
 pub use crate::launch::{SUPERVISE, supervised, use_supervisor};
 
@@ -64,43 +57,40 @@ pub struct LoadEntry {
     pub duration_ms: u64,
 }
 
-/// The configured loaders, compiled.
-pub struct Loaders {
-    loaders: Vec<(GlobMatcher, LoaderConfig)>,
-    config: LoadConfig,
-    constraints: BTreeMap<String, Constraint>,
-    environment: String,
+/// Why a load failed: the line its entry reports.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A `command` loader failed (every attempt).
+    #[error(transparent)]
+    Command(#[from] AttemptsError),
+    /// A `describe` load refused the file.
+    #[error(transparent)]
+    Describe(#[from] DescribeError),
 }
 
-impl Loaders {
-    /// Compiles the loaders (the config was validated already).
-    pub fn new(loaders: &[LoaderConfig], config: &LoadConfig, environment: &str) -> Loaders {
+/// The loaders of one run: the compiled table, `[load]`, and the
+/// environment the children are told.
+pub struct Loaders<'a> {
+    table: &'a LoaderTable,
+    config: &'a LoadConfig,
+    environment: &'a str,
+}
+
+impl<'a> Loaders<'a> {
+    /// The loaders of `table` with `[load]`'s `config`, for a run of
+    /// `environment`.
+    pub fn new(table: &'a LoaderTable, config: &'a LoadConfig, environment: &'a str) -> Self {
         Loaders {
-            loaders: loaders
-                .iter()
-                .filter_map(|l| {
-                    let g = GlobBuilder::new(&l.pattern)
-                        .literal_separator(true)
-                        .build()
-                        .ok()?;
-                    Some((g.compile_matcher(), l.clone()))
-                })
-                .collect(),
-            config: config.clone(),
-            constraints: config
-                .constraints
-                .iter()
-                .filter_map(|(n, c)| Some((n.clone(), Constraint::parse(c).ok()?)))
-                .collect(),
-            environment: environment.to_owned(),
+            table,
+            config,
+            environment,
         }
     }
 
-    /// True if a file of `mount` goes to the loaders: always for
-    /// `plugins`; for `pluginfacts` when a loader has `mount =
-    /// "pluginfacts"`.
+    /// True if a file of `mount` goes to the loaders
+    /// ([`LoaderTable::serves`]).
     pub fn serves(&self, mount: Mount) -> bool {
-        mount == Mount::Plugins || self.loaders.iter().any(|(_, l)| l.mount == mount)
+        self.table.serves(mount)
     }
 
     /// Loads the files in `changed` (the files a commit wrote) of the
@@ -129,99 +119,123 @@ impl Loaders {
                     None => continue,
                 },
             };
-            let path = format!("{mount}/{rel}");
-            let abs = rel.to_path(root);
-            let started = Instant::now();
-            let Some((_, loader)) = self
-                .loaders
-                .iter()
-                .find(|(g, l)| l.mount == *mount && g.is_match(rel.as_str()))
-            else {
-                out.push(skipped(path, None, "not loaded (no loader)"));
-                continue;
-            };
-            let name = loader
-                .name
-                .clone()
-                .unwrap_or_else(|| loader.pattern.clone());
-            if !enabled {
-                out.push(skipped(path, Some(name), "not loaded (loading disabled)"));
-                continue;
-            }
-            let result = match loader.kind {
-                LoaderKind::Command => self.command(loader, *mount, root, rel, &abs).await,
-                LoaderKind::Describe => {
-                    if rel.as_str().ends_with("_SHA256SUM") {
-                        out.push(skipped(
-                            path,
-                            Some(name),
-                            "checksum sidecar, checked with its plugin",
-                        ));
-                        continue;
-                    }
-                    let mut evicted = Vec::new();
-                    let result = self
-                        .describe(loader, *mount, root, rel, &abs, registry, &mut evicted)
-                        .await;
-                    for gone in evicted {
-                        evict(&mut out, *mount, root, &gone, &name);
-                    }
-                    match result {
-                        Ok(Some(why)) => {
-                            out.push(skipped(path, Some(name), &why));
-                            continue;
-                        }
-                        Ok(None) => Ok(()),
-                        Err(e) => Err(e),
-                    }
-                }
-            };
-            let duration_ms = started.elapsed().as_millis() as u64;
-            match &result {
-                Ok(()) => tracing::info!(file = %path, loader = %name, "loaded"),
-                Err(e) => tracing::debug!(file = %path, loader = %name, error = %e, "load failed"),
-            }
-            out.push(LoadEntry {
-                path,
-                loader: Some(name),
-                status: if result.is_ok() {
-                    LoadStatus::Ok
-                } else {
-                    LoadStatus::Failed
-                },
-                error: result.err(),
-                duration_ms,
-            });
+            self.load_one(*mount, root, rel, enabled, registry, &mut out)
+                .await;
         }
         if enabled
             && !self.config.after_load.is_empty()
             && out.iter().any(|e| e.status == LoadStatus::Ok)
         {
-            let started = Instant::now();
-            let env = BTreeMap::from([(
-                "PLUGINSYNC_ENVIRONMENT".to_owned(),
-                self.environment.clone(),
-            )]);
-            let result = run_isolated(
-                &self.config.after_load,
-                &env,
-                None,
-                self.config.after_load_timeout,
-            )
-            .await;
-            out.push(LoadEntry {
-                path: "after_load".into(),
-                loader: None,
-                status: if result.is_ok() {
-                    LoadStatus::Ok
-                } else {
-                    LoadStatus::Failed
-                },
-                error: result.err(),
-                duration_ms: started.elapsed().as_millis() as u64,
-            });
+            out.push(self.after_load().await);
         }
         out
+    }
+
+    /// Loads `rel` of `mount` (under `root`) with the first loader that
+    /// matches it, and adds its entry to `out` (and those of the plugins a
+    /// Celerity ID clash took out).
+    async fn load_one(
+        &self,
+        mount: Mount,
+        root: &Path,
+        rel: &RelPath,
+        enabled: bool,
+        registry: &mut Registry,
+        out: &mut Vec<LoadEntry>,
+    ) {
+        let path = format!("{mount}/{rel}");
+        let abs = rel.to_path(root);
+        let started = Instant::now();
+        let Some(loader) = self.table.find(mount, rel) else {
+            out.push(skipped(path, None, "not loaded (no loader)"));
+            return;
+        };
+        let name = loader
+            .name
+            .clone()
+            .unwrap_or_else(|| loader.pattern.clone());
+        if !enabled {
+            out.push(skipped(path, Some(name), "not loaded (loading disabled)"));
+            return;
+        }
+        let env = self.child_env(loader, mount, rel, &abs);
+        let result = match loader.kind {
+            LoaderKind::Command => self.command(loader, root, rel, &abs, &env).await,
+            LoaderKind::Describe => {
+                if rel.as_str().ends_with("_SHA256SUM") {
+                    out.push(skipped(
+                        path,
+                        Some(name),
+                        "checksum sidecar, checked with its plugin",
+                    ));
+                    return;
+                }
+                let file = Candidate {
+                    loader,
+                    root,
+                    rel,
+                    abs: &abs,
+                    prefix: &self.config.plugin_prefix,
+                    env: &env,
+                };
+                let mut evicted = Vec::new();
+                let result = describe(&file, self.table, registry, &mut evicted).await;
+                for gone in evicted {
+                    evict(out, mount, root, &gone, &name);
+                }
+                match result {
+                    Ok(Some(why)) => {
+                        out.push(skipped(path, Some(name), &why));
+                        return;
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(LoadError::from(e)),
+                }
+            }
+        };
+        let duration_ms = started.elapsed().as_millis() as u64;
+        match &result {
+            Ok(()) => tracing::info!(file = %path, loader = %name, "loaded"),
+            Err(e) => tracing::debug!(file = %path, loader = %name, error = %e, "load failed"),
+        }
+        out.push(LoadEntry {
+            path,
+            loader: Some(name),
+            status: if result.is_ok() {
+                LoadStatus::Ok
+            } else {
+                LoadStatus::Failed
+            },
+            error: result.err().map(|e| e.to_string()),
+            duration_ms,
+        });
+    }
+
+    /// `after_load`, once, with its deadline.
+    async fn after_load(&self) -> LoadEntry {
+        let started = Instant::now();
+        let env = BTreeMap::from([(
+            "PLUGINSYNC_ENVIRONMENT".to_owned(),
+            self.environment.to_owned(),
+        )]);
+        let result = run_isolated(
+            &self.config.after_load,
+            &env,
+            None,
+            self.config.after_load_timeout,
+        )
+        .await;
+        LoadEntry {
+            path: "after_load".into(),
+            loader: None,
+            status: if result.is_ok() {
+                LoadStatus::Ok
+            } else {
+                LoadStatus::Failed
+            },
+            error: result.err().map(|e| e.to_string()),
+            duration_ms: started.elapsed().as_millis() as u64,
+        }
     }
 
     /// The variables the agent sets for a child loading `rel` of `mount`
@@ -235,7 +249,7 @@ impl Loaders {
         abs: &Path,
     ) -> BTreeMap<String, String> {
         let mut env = loader.env.clone();
-        env.insert("PLUGINSYNC_ENVIRONMENT".into(), self.environment.clone());
+        env.insert("PLUGINSYNC_ENVIRONMENT".into(), self.environment.to_owned());
         env.insert("PLUGINSYNC_MOUNT".into(), mount.to_string());
         env.insert("PLUGINSYNC_PATH".into(), abs.to_string_lossy().into_owned());
         env.insert("PLUGINSYNC_RELPATH".into(), rel.as_str().to_owned());
@@ -248,11 +262,11 @@ impl Loaders {
     async fn command(
         &self,
         loader: &LoaderConfig,
-        mount: Mount,
         root: &Path,
         rel: &RelPath,
         abs: &Path,
-    ) -> Result<(), String> {
+        env: &BTreeMap<String, String>,
+    ) -> Result<(), LoadError> {
         // A relative path that begins with '-' would be read as an option
         // by most programs; `./-x` names the same file (the loader runs in
         // the destination directory) and cannot be.
@@ -265,167 +279,15 @@ impl Loaders {
         let values = [
             ("path", path.as_ref()),
             ("relpath", relpath.as_str()),
-            ("environment", self.environment.as_str()),
+            ("environment", self.environment),
         ];
         let argv: Vec<String> = loader
             .command
             .iter()
             .map(|a| substitute(a, &values))
             .collect();
-        let env = self.child_env(loader, mount, rel, abs);
-        launch_attempts(loader, &argv, &env, Some(root))
-            .await
-            .map(|_| ())
-    }
-
-    /// A `describe` load: the layout gives the identity, version and
-    /// target from the path ([`layouts::identify`]); then the roots, the
-    /// Celerity ID's uniqueness, the exec bit, the `_SHA256SUM` sidecar
-    /// (Packer, Terraform) and the `describe` handshake (unless
-    /// `handshake = false`). `Ok(Some(why))`: skipped (outside the roots,
-    /// shadowed, not a plugin as the layout's system sees it). Registry
-    /// entries a Celerity ID clash takes out are pushed to `evicted`.
-    #[allow(clippy::too_many_arguments)]
-    async fn describe(
-        &self,
-        loader: &LoaderConfig,
-        mount: Mount,
-        root: &Path,
-        rel: &RelPath,
-        abs: &Path,
-        registry: &mut Registry,
-        evicted: &mut Vec<String>,
-    ) -> Result<Option<String>, String> {
-        let file_name = abs
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or("file name is not UTF-8")?;
-        let roots: Vec<PathBuf> = loader.roots.iter().map(|r| root.join(r)).collect();
-        let root_of = |p: &Path| roots.iter().position(|r| p.starts_with(r));
-        let (my_root, base) = if roots.is_empty() {
-            (0, root.to_path_buf())
-        } else {
-            match root_of(abs) {
-                Some(i) => (i, roots[i].clone()),
-                None => return Ok(Some("outside the loader's roots".into())),
-            }
-        };
-        let within: Vec<&str> = abs
-            .strip_prefix(&base)
-            .map_err(|_| "not under its root")?
-            .iter()
-            .map(|c| c.to_str().ok_or("path is not UTF-8"))
-            .collect::<Result<_, _>>()?;
-        let parent = rel.parent().unwrap_or_else(RelPath::root);
-        let host_dir_holds =
-            loader.host_dir.as_deref().map(|d| d.trim_end_matches('/')) == Some(parent.as_str());
-        let ident = match layouts::identify(
-            loader.layout,
-            &within,
-            &self.config.plugin_prefix,
-            host_dir_holds,
-        )? {
-            Found::Skip(why) => return Ok(Some(why)),
-            Found::Plugin(p) => p,
-        };
-        let id = ident.id.clone();
-        if !roots.is_empty()
-            && let Some(earlier) = registry
-                .plugins
-                .get(&id)
-                .into_iter()
-                .flatten()
-                .filter_map(|r| root_of(Path::new(&r.path)))
-                .find(|&i| i < my_root)
-        {
-            return Ok(Some(format!(
-                "'{id}' is in an earlier root ({}), which wins",
-                loader.roots[earlier]
-            )));
-        }
-        if let Some(mine) = ident.celerity_type {
-            // Celerity: "a transformer plugin and a provider plugin must not
-            // have the same ID". Checked on disk, so it holds whichever of
-            // the two arrived first: both are failed, neither is active.
-            let other = if mine == "providers" {
-                "transformers"
-            } else {
-                "providers"
-            };
-            let other_dir = base.join(other).join(&id);
-            if other_dir.is_dir() {
-                if let Some(versions) = registry.plugins.get_mut(&id) {
-                    versions.retain(|r| {
-                        let clashes = Path::new(&r.path).starts_with(&other_dir);
-                        if clashes {
-                            evicted.push(r.path.clone());
-                        }
-                        !clashes
-                    });
-                }
-                registry.plugins.retain(|_, v| !v.is_empty());
-                return Err(format!(
-                    "plugin ID '{id}' is both a provider and a transformer (IDs are unique across both)"
-                ));
-            }
-        }
-        let md = std::fs::metadata(abs).map_err(|e| format!("cannot stat: {e}"))?;
-        if md.permissions().mode() & 0o111 == 0 {
-            return Err("not executable (is source_permissions = \"ignore\"?)".into());
-        }
-        let sha256 = sha256_of(abs)?;
-        if matches!(loader.layout, Layout::Packer | Layout::Terraform) {
-            check_sidecar(abs, file_name, &sha256)?;
-        }
-        let (version, api) = if loader.handshake() {
-            let argv = vec![abs.to_string_lossy().into_owned(), "describe".to_owned()];
-            let env = self.child_env(loader, mount, rel, abs);
-            let output = launch_attempts(loader, &argv, &env, None)
-                .await
-                .map_err(|e| format!("describe: {e}"))?;
-            let (v, a) = handshake(&ident, &output.stdout)?;
-            (v.to_string(), a)
-        } else {
-            (
-                ident
-                    .version
-                    .as_ref()
-                    .map(Version::to_string)
-                    .or(ident.fallback_version.clone())
-                    .unwrap_or_default(),
-                ident.api.clone().unwrap_or_default(),
-            )
-        };
-        if !roots.is_empty()
-            && let Some(versions) = registry.plugins.get_mut(&id)
-        {
-            // This root wins over the later ones that held the identity.
-            versions.retain(|r| root_of(Path::new(&r.path)).is_none_or(|i| i <= my_root));
-        }
-        registry.add(
-            &id,
-            Registered {
-                version: version.clone(),
-                api_version: api,
-                path: abs.to_string_lossy().into_owned(),
-                sha256,
-                loaded_at: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0),
-                local: ident.local,
-            },
-        );
-        let active = registry
-            .active(&id, self.constraints.get(&id))
-            .map(|r| r.version.clone());
-        tracing::info!(plugin = %id, version = %version, active = ?active, "plugin registered");
-        Ok(None)
-    }
-
-    /// The constraint of a plugin name, if configured.
-    pub fn constraint(&self, name: &str) -> Option<&Constraint> {
-        self.constraints.get(name)
+        run_attempts(&argv, env, Some(root), loader.timeout, loader.attempts()).await?;
+        Ok(())
     }
 }
 
@@ -480,117 +342,6 @@ pub fn substitute(template: &str, values: &[(&str, &str)]) -> String {
     }
     out.push_str(rest);
     out
-}
-
-/// Launches `argv` up to the loader's `attempts` times, each with its
-/// `timeout` (Celerity's registration deadline: a launch that does not
-/// answer in time is killed with its process group and tried again).
-async fn launch_attempts(
-    loader: &LoaderConfig,
-    argv: &[String],
-    env: &BTreeMap<String, String>,
-    cwd: Option<&Path>,
-) -> Result<ChildOutput, String> {
-    let attempts = loader.attempts();
-    let mut last = String::new();
-    for attempt in 1..=attempts {
-        match run_isolated(argv, env, cwd, loader.timeout).await {
-            Ok(o) => {
-                if attempt > 1 {
-                    tracing::info!(program = %argv[0], attempt, "answered after failed launches");
-                }
-                return Ok(o);
-            }
-            Err(e) => last = e,
-        }
-    }
-    Err(if attempts > 1 {
-        format!("{last} (attempt {attempts} of {attempts})")
-    } else {
-        last
-    })
-}
-
-/// The sha256 of a file, streamed.
-fn sha256_of(abs: &Path) -> Result<String, String> {
-    let file = std::fs::File::open(abs).map_err(|e| format!("cannot read: {e}"))?;
-    let digest = pluginsync_common::checksum::ChecksumType::Sha256
-        .digest_reader(std::io::BufReader::new(file))
-        .map_err(|e| format!("cannot read: {e}"))?;
-    Ok(digest["{sha256}".len()..].to_owned())
-}
-
-/// Packer's `<file>_SHA256SUM`: if present, its first word must be the
-/// file's sha256.
-fn check_sidecar(abs: &Path, file_name: &str, sha256: &str) -> Result<(), String> {
-    let sidecar = abs.with_file_name(format!("{file_name}_SHA256SUM"));
-    match std::fs::read_to_string(&sidecar) {
-        Ok(text) => {
-            let want = text
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_ascii_lowercase();
-            if want != sha256 {
-                return Err(format!(
-                    "sha256 {sha256} does not match {file_name}_SHA256SUM ({want})"
-                ));
-            }
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(format!("cannot read {file_name}_SHA256SUM: {e}")),
-    }
-}
-
-/// The `describe` answer against what the path says: `version` (required)
-/// must equal the path's version if it has one, `api_version` the path's
-/// API version if it has one, and `id`, if given, the path's identity.
-/// Returns the version and API version to register.
-fn handshake(ident: &Identified, stdout: &[u8]) -> Result<(Version, String), String> {
-    #[derive(Deserialize)]
-    struct Described {
-        version: String,
-        #[serde(default)]
-        api_version: Option<String>,
-        #[serde(default)]
-        id: Option<String>,
-    }
-    let d: Described = serde_json::from_slice(stdout)
-        .map_err(|e| format!("describe did not print the expected JSON: {e}"))?;
-    if let Some(said) = &d.id
-        && *said != ident.id
-    {
-        return Err(format!(
-            "describe says id '{said}' but the path says '{}'",
-            ident.id
-        ));
-    }
-    let described = plugins::parse_version(&d.version).map_err(|e| format!("describe: {e}"))?;
-    let version = match &ident.version {
-        Some(named) if *named != described => {
-            return Err(format!(
-                "describe says version {} but the name says {named}",
-                d.version
-            ));
-        }
-        Some(named) => named.clone(),
-        None => described,
-    };
-    let said = d
-        .api_version
-        .as_deref()
-        .map(|a| a.strip_prefix('x').unwrap_or(a).to_owned());
-    let api = match (&ident.api, said) {
-        (Some(named), Some(said)) if said != *named => {
-            return Err(format!(
-                "describe says api_version x{said} but the name says x{named}"
-            ));
-        }
-        (Some(named), _) => named.clone(),
-        (None, said) => said.unwrap_or_default(),
-    };
-    Ok((version, api))
 }
 
 fn skipped(path: String, loader: Option<String>, why: &str) -> LoadEntry {

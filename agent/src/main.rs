@@ -2,12 +2,12 @@
 //! subcommand, print through [`pluginsync_agent::output`], and exit with
 //! the documented status ([`pluginsync_agent::exit`]).
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use pluginsync_agent::cli::{self, Command};
-use pluginsync_agent::config::AgentConfig;
+use pluginsync_agent::config::{AgentConfig, AgentFile};
 use pluginsync_agent::exit::ExitStatus;
-use pluginsync_agent::load::Loaders;
 use pluginsync_agent::output;
 use pluginsync_agent::plugins::Registry;
 use pluginsync_agent::report::Report;
@@ -49,10 +49,17 @@ fn resolve_error(e: pluginsync_agent::settings::ResolveError) -> (ExitStatus, St
     (status, e.to_string())
 }
 
-/// Runs one subcommand; an error is its exit status and its one line.
-fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
-    let config_error =
-        |e: pluginsync_agent::config::ConfigError| (ExitStatus::Config, e.to_string());
+/// What a subcommand ends with: its exit status, or an error's status and
+/// its one line.
+type Ended = Result<ExitStatus, (ExitStatus, String)>;
+
+/// Loads agent.toml: a config error (78) is its one line.
+fn load_config(path: &Path) -> Result<AgentFile, (ExitStatus, String)> {
+    AgentConfig::load(path).map_err(|e| (ExitStatus::Config, e.to_string()))
+}
+
+/// Runs one subcommand.
+fn run(command: Command) -> Ended {
     match command {
         Command::Sync {
             environment,
@@ -63,8 +70,9 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
             detailed_exitcodes,
             load,
             allow_mass_removal,
-        } => {
-            let overrides = Overrides {
+        } => sync(
+            &config,
+            Overrides {
                 environment,
                 servers,
                 noop,
@@ -72,60 +80,12 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
                 detailed_exitcodes,
                 load,
                 allow_mass_removal,
-            };
-            // The file is checked on load (78); what `resolve` refuses
-            // comes from the command line (a usage error, 64) or from
-            // puppet.conf (78).
-            let config = AgentConfig::load(&config).map_err(config_error)?;
-            let settings = Settings::resolve(config, overrides).map_err(resolve_error)?;
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| {
-                    (
-                        ExitStatus::Failure,
-                        format!("cannot start the runtime: {e}"),
-                    )
-                })?;
-            // SIGTERM/SIGINT from here on stop the run cleanly (README,
-            // "Signals"); if they cannot be taken over they keep killing.
-            let interrupts = Interrupts::listen().unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "cannot handle SIGTERM and SIGINT");
-                Interrupts::none()
-            });
-            let outcome = runtime.block_on(pluginsync_agent::sync::run(&settings, &interrupts));
-            output::report(&outcome.report, settings.format);
-            output::commit_failures(&outcome.report);
-            output::load_failures(&outcome.report);
-            if let Some(e) = &outcome.error {
-                output::error(e);
-            }
-            let status = outcome.exit_status(settings.detailed_exitcodes);
-            if let Some(path) = settings.metrics_textfile.as_deref()
-                && !settings.noop
-            {
-                let facts = metrics::RunFacts {
-                    exit_code: status.code(),
-                    cert_expiry: certs::validity(&settings.tls.cert).map(|(_, until)| until),
-                };
-                if let Err(e) = metrics::write_textfile(path, &outcome.report, facts) {
-                    output::warning(&format!(
-                        "cannot write the metrics textfile '{}': {e}",
-                        path.display()
-                    ));
-                }
-            }
-            Ok(status)
-        }
+            },
+        ),
         Command::Plugins { config, format } => {
-            let config = AgentConfig::load(&config).map_err(config_error)?;
-            let registry = Registry::load(&config.vardir);
-            let environment = config
-                .environment
-                .as_deref()
-                .unwrap_or(pluginsync_agent::config::DEFAULT_ENVIRONMENT);
-            let loaders = Loaders::new(&config.loaders, &config.load, environment);
-            output::plugins(&registry, &loaders, format);
+            let file = load_config(&config)?;
+            let registry = Registry::load(&file.vardir);
+            output::plugins(&registry, &file.loaders, format);
             Ok(ExitStatus::Success)
         }
         Command::Config {
@@ -133,29 +93,18 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
             environment,
             servers,
             format,
-        } => {
-            let config = AgentConfig::load(&config).map_err(config_error)?;
-            let overrides = Overrides {
+        } => show_config(
+            &config,
+            Overrides {
                 environment,
                 servers,
                 ..Overrides::default()
-            };
-            let settings = Settings::resolve(config, overrides).map_err(resolve_error)?;
-            match format {
-                cli::Format::Text => {
-                    for e in &settings.effective {
-                        println!("{} = {}  ({})", e.name, e.value, e.source);
-                    }
-                }
-                cli::Format::Json => {
-                    println!("{}", serde_json::json!({ "settings": settings.effective }))
-                }
-            }
-            Ok(ExitStatus::Success)
-        }
+            },
+            format,
+        ),
         Command::Report { config, format } => {
-            let vardir = AgentConfig::load(&config).map_err(config_error)?.vardir;
-            let report = Report::load(&vardir).map_err(|e| (ExitStatus::Failure, e))?;
+            let vardir = load_config(&config)?.vardir;
+            let report = Report::load(&vardir).map_err(|e| (ExitStatus::Failure, e.to_string()))?;
             output::last_report(&report, format);
             // A monitoring check can run `pluginsync-agent report`.
             Ok(if metrics::succeeded(&report) {
@@ -165,4 +114,67 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
             })
         }
     }
+}
+
+/// `pluginsync-agent sync`: one run, its report, its metrics.
+fn sync(config: &Path, overrides: Overrides) -> Ended {
+    // The file is checked on load (78); what `resolve` refuses comes from
+    // the command line (a usage error, 64) or from puppet.conf (78).
+    let file = load_config(config)?;
+    let settings = Settings::resolve(file, overrides).map_err(resolve_error)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            (
+                ExitStatus::Failure,
+                format!("cannot start the runtime: {e}"),
+            )
+        })?;
+    // SIGTERM/SIGINT from here on stop the run cleanly (README,
+    // "Signals"); if they cannot be taken over they keep killing.
+    let interrupts = Interrupts::listen().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot handle SIGTERM and SIGINT");
+        Interrupts::none()
+    });
+    let outcome = runtime.block_on(pluginsync_agent::sync::run(&settings, &interrupts));
+    output::report(&outcome.report, settings.format);
+    output::commit_failures(&outcome.report);
+    output::load_failures(&outcome.report);
+    if let Some(e) = &outcome.error {
+        output::error(e);
+    }
+    let status = outcome.exit_status(settings.detailed_exitcodes);
+    if let Some(path) = settings.metrics_textfile.as_deref()
+        && !settings.noop
+    {
+        let facts = metrics::RunFacts {
+            exit_code: status.code(),
+            cert_expiry: certs::validity(&settings.tls.cert).map(|(_, until)| until),
+        };
+        if let Err(e) = metrics::write_textfile(path, &outcome.report, facts) {
+            output::warning(&format!(
+                "cannot write the metrics textfile '{}': {e}",
+                path.display()
+            ));
+        }
+    }
+    Ok(status)
+}
+
+/// `pluginsync-agent config`: every effective setting and its source.
+fn show_config(config: &Path, overrides: Overrides, format: cli::Format) -> Ended {
+    let file = load_config(config)?;
+    let settings = Settings::resolve(file, overrides).map_err(resolve_error)?;
+    match format {
+        cli::Format::Text => {
+            for e in &settings.effective {
+                println!("{} = {}  ({})", e.name, e.value, e.source);
+            }
+        }
+        cli::Format::Json => {
+            println!("{}", serde_json::json!({ "settings": settings.effective }))
+        }
+    }
+    Ok(ExitStatus::Success)
 }

@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use metrics::{Key, Label, Metadata, Recorder, SharedString, Unit};
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use pluginsync_common::fsutil::replace_atomic;
 
 use crate::load::LoadStatus;
@@ -42,28 +42,48 @@ pub fn succeeded(report: &Report) -> bool {
 /// The textfile for `report`; `previous` is the file the last run wrote
 /// (its last-success time is kept when this run failed).
 pub fn render(report: &Report, facts: RunFacts, previous: Option<&str>) -> String {
-    let recorder = PrometheusBuilder::new().build_recorder();
-    let gauge = |name: &'static str, labels: Vec<Label>, value: f64| {
-        recorder
+    let g = Gauges(PrometheusBuilder::new().build_recorder());
+    last_run(&g, report, facts, previous);
+    changes(&g, report);
+    failures_and_loads(&g, report);
+    identity(&g, report, facts);
+    g.0.handle().render()
+}
+
+/// One textfile's gauges, on a recorder of its own.
+struct Gauges(PrometheusRecorder);
+
+impl Gauges {
+    /// `name`'s unit and help line.
+    fn describe(&self, name: &'static str, unit: Option<Unit>, help: &'static str) {
+        self.0
+            .describe_gauge(name.into(), unit, SharedString::const_str(help));
+    }
+
+    /// Sets `name{labels}` to `value`.
+    fn set(&self, name: &'static str, labels: Vec<Label>, value: f64) {
+        self.0
             .register_gauge(&Key::from_parts(name, labels), &METADATA)
             .set(value);
-    };
-    let describe = |name: &'static str, unit: Option<Unit>, help: &'static str| {
-        recorder.describe_gauge(name.into(), unit, SharedString::const_str(help));
-    };
+    }
+}
+
+/// When the last run started and succeeded, whether it did, how long it
+/// took, its exit code.
+fn last_run(g: &Gauges, report: &Report, facts: RunFacts, previous: Option<&str>) {
     let ok = succeeded(report);
     let started = report.started_at as f64;
-    describe(
+    g.describe(
         "pluginsync_agent_last_run_timestamp_seconds",
         Some(Unit::Seconds),
         "When the last run started (Unix time).",
     );
-    gauge(
+    g.set(
         "pluginsync_agent_last_run_timestamp_seconds",
         vec![],
         started,
     );
-    describe(
+    g.describe(
         LAST_SUCCESS,
         Some(Unit::Seconds),
         "When the last run without any failure started (Unix time).",
@@ -77,39 +97,43 @@ pub fn render(report: &Report, facts: RunFacts, previous: Option<&str>) -> Strin
         })
     };
     if let Some(t) = last_success {
-        gauge(LAST_SUCCESS, vec![], t);
+        g.set(LAST_SUCCESS, vec![], t);
     }
-    describe(
+    g.describe(
         "pluginsync_agent_last_run_success",
         None,
         "1 if the last run applied without any failure, else 0.",
     );
-    gauge(
+    g.set(
         "pluginsync_agent_last_run_success",
         vec![],
         if ok { 1.0 } else { 0.0 },
     );
-    describe(
+    g.describe(
         "pluginsync_agent_last_run_duration_seconds",
         Some(Unit::Seconds),
         "Wall time of the last run.",
     );
-    gauge(
+    g.set(
         "pluginsync_agent_last_run_duration_seconds",
         vec![],
         report.duration_ms as f64 / 1000.0,
     );
-    describe(
+    g.describe(
         "pluginsync_agent_last_run_exit_code",
         None,
         "Exit code of the last run.",
     );
-    gauge(
+    g.set(
         "pluginsync_agent_last_run_exit_code",
         vec![],
         f64::from(facts.exit_code),
     );
-    describe(
+}
+
+/// The last run's changes, by action and mount.
+fn changes(g: &Gauges, report: &Report) {
+    g.describe(
         "pluginsync_agent_last_run_changes",
         None,
         "Changes the last run applied, by action and mount.",
@@ -126,7 +150,7 @@ pub fn render(report: &Report, facts: RunFacts, previous: Option<&str>) -> Strin
                 .iter()
                 .filter(|c| c.action == kind && c.path.split('/').next() == Some(mount))
                 .count();
-            gauge(
+            g.set(
                 "pluginsync_agent_last_run_changes",
                 vec![
                     Label::new("action", kind.as_str()),
@@ -136,18 +160,22 @@ pub fn render(report: &Report, facts: RunFacts, previous: Option<&str>) -> Strin
             );
         }
     }
-    describe(
+}
+
+/// The last run's failures, and its loads by status.
+fn failures_and_loads(g: &Gauges, report: &Report) {
+    g.describe(
         "pluginsync_agent_last_run_failures",
         None,
         "Failures of the last run (a run that stopped counts 1).",
     );
     let failures = report.failures.len() + usize::from(report.error.is_some());
-    gauge(
+    g.set(
         "pluginsync_agent_last_run_failures",
         vec![],
         failures as f64,
     );
-    describe(
+    g.describe(
         "pluginsync_agent_last_run_loads",
         None,
         "Loads of the last run's changed files, by status.",
@@ -158,18 +186,23 @@ pub fn render(report: &Report, facts: RunFacts, previous: Option<&str>) -> Strin
         (LoadStatus::Skipped, "skipped"),
     ] {
         let n = report.loads.iter().filter(|l| l.status == status).count();
-        gauge(
+        g.set(
             "pluginsync_agent_last_run_loads",
             vec![Label::new("status", name)],
             n as f64,
         );
     }
-    describe(
+}
+
+/// The agent's version and environment, and when its certificate
+/// expires.
+fn identity(g: &Gauges, report: &Report, facts: RunFacts) {
+    g.describe(
         "pluginsync_agent_info",
         None,
         "The agent's version and the environment of its last run.",
     );
-    gauge(
+    g.set(
         "pluginsync_agent_info",
         vec![
             Label::new("version", report.agent_version.clone()),
@@ -178,24 +211,24 @@ pub fn render(report: &Report, facts: RunFacts, previous: Option<&str>) -> Strin
         1.0,
     );
     if let Some(expiry) = facts.cert_expiry {
-        describe(
+        g.describe(
             "pluginsync_agent_client_certificate_expiry_timestamp_seconds",
             Some(Unit::Seconds),
             "When the agent's client certificate expires (Unix time).",
         );
-        gauge(
+        g.set(
             "pluginsync_agent_client_certificate_expiry_timestamp_seconds",
             vec![],
             expiry as f64,
         );
     }
-    recorder.handle().render()
 }
 
 /// Writes the textfile for `report` at `path`, atomically; the previous
 /// file, if any, gives the last success of a failed run. Without `fsync`
 /// (`replace_atomic`): it is rewritten after every run, a no-op included,
-/// which must make no sync call (issue 14, "A busy node"). A crash can
+/// which must make no sync call (the test
+/// `agent_durable::a_run_that_changes_nothing_makes_no_sync_call`). A crash can
 /// lose it, never tear it (`pluginsync_common::fsutil`'s module docs):
 /// node_exporter then shows the previous run, or no series, until the
 /// next run replaces it — the last-run timestamp shows how old it is.

@@ -13,7 +13,8 @@
 use std::io::Write;
 
 use crate::cli::Format;
-use crate::load::{LoadStatus, Loaders};
+use crate::load::LoadStatus;
+use crate::loaders::LoaderTable;
 use crate::plugins::Registry;
 use crate::report::{Report, escape};
 
@@ -58,7 +59,7 @@ pub fn report(report: &Report, format: Format) {
 }
 
 /// Prints ONE stderr line for the run's failed changes, however many
-/// (issue 17: a full disk once made 2,655 lines): their count and the
+/// (a full disk once made 2,655 lines): their count and the
 /// first; every one of them is in the report (stdout and
 /// `<vardir>/last_run_report.json`).
 pub fn commit_failures(report: &Report) {
@@ -127,7 +128,7 @@ pub fn warning(message: &str) {
 
 /// `pluginsync-agent plugins`: the registry as a table (name, version,
 /// api, status, path) or as JSON.
-pub fn plugins(registry: &Registry, loaders: &Loaders, format: Format) {
+pub fn plugins(registry: &Registry, loaders: &LoaderTable, format: Format) {
     if format == Format::Json {
         stdout(&format!(
             "{}\n",

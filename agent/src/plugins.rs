@@ -35,6 +35,69 @@ pub struct PluginName {
     pub arch: String,
 }
 
+/// Why a plugin file name or version is refused (the line a failed load
+/// reports).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// Not `MAJOR.MINOR.PATCH`.
+    #[error("version '{0}' is not canonical semver (MAJOR.MINOR.PATCH)")]
+    NotCanonical(String),
+    /// `+build` metadata.
+    #[error("version '{0}' has build metadata")]
+    BuildMetadata(String),
+    /// A pre-release other than `-dev`.
+    #[error("version '{0}' has a pre-release other than -dev")]
+    PreRelease(String),
+    /// A Terraform release with a pre-release.
+    #[error("version '{0}' is not a release")]
+    NotRelease(String),
+    /// The name lacks the prefix (`<prefix>-`, `terraform-provider-`).
+    #[error("'{file}' does not start with '{prefix}'")]
+    Prefix {
+        /// The file name.
+        file: String,
+        /// The prefix it should start with, dash included.
+        prefix: String,
+    },
+    /// Not `<prefix>-<name>_v<version>_x<api>_<os>_<arch>`.
+    #[error("'{0}' is not <prefix>-<name>_v<version>_x<api>_<os>_<arch>")]
+    Shape(String),
+    /// No `_v<version>`.
+    #[error("'{0}' has no _v<version>")]
+    NoVersion(String),
+    /// An empty name or one with other characters.
+    #[error("'{0}' has no usable plugin name")]
+    NoPluginName(String),
+    /// An empty provider name or one with other characters.
+    #[error("'{0}' has no usable provider name")]
+    NoProviderName(String),
+    /// Packer's `_x<major>.<minor>` missing or malformed.
+    #[error("'{0}' has no valid _x<major>.<minor> API version")]
+    NoApi(String),
+    /// Terraform's `_x<api>` malformed.
+    #[error("'{0}' has no valid _x<api>")]
+    NoTerraformApi(String),
+}
+
+/// Why a `[load.constraints]` value is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConstraintError {
+    /// A comparison without a version.
+    #[error("'{0}' has no version")]
+    NoVersion(String),
+    /// An operator other than `=`, `!=`, `>`, `>=`, `<`, `<=`, `~>`.
+    #[error("unknown operator '{0}'")]
+    Operator(String),
+    /// A version semver cannot read.
+    #[error("'{version}': {source}")]
+    Version {
+        /// The version as written (without `v`).
+        version: String,
+        /// semver's reason.
+        source: semver::Error,
+    },
+}
+
 /// This host's OS in Go's naming.
 pub fn host_os() -> &'static str {
     match std::env::consts::OS {
@@ -55,42 +118,42 @@ pub fn host_arch() -> &'static str {
 }
 
 /// Parses a canonical `MAJOR.MINOR.PATCH[-dev]` (a leading `v` allowed).
-pub fn parse_version(v: &str) -> Result<Version, String> {
+pub fn parse_version(v: &str) -> Result<Version, NameError> {
     let bare = v.strip_prefix('v').unwrap_or(v);
-    let parsed = Version::parse(bare)
-        .map_err(|_| format!("version '{v}' is not canonical semver (MAJOR.MINOR.PATCH)"))?;
+    let parsed = Version::parse(bare).map_err(|_| NameError::NotCanonical(v.to_owned()))?;
     if !parsed.build.is_empty() {
-        return Err(format!("version '{v}' has build metadata"));
+        return Err(NameError::BuildMetadata(v.to_owned()));
     }
     if !parsed.pre.is_empty() && parsed.pre.as_str() != "dev" {
-        return Err(format!("version '{v}' has a pre-release other than -dev"));
+        return Err(NameError::PreRelease(v.to_owned()));
     }
     Ok(parsed)
 }
 
 /// Parses `<prefix>-<name>_v<version>_x<api>_<os>_<arch>`.
-pub fn parse_name(file_name: &str, prefix: &str) -> Result<PluginName, String> {
+pub fn parse_name(file_name: &str, prefix: &str) -> Result<PluginName, NameError> {
     let rest = file_name
         .strip_prefix(prefix)
         .and_then(|r| r.strip_prefix('-'))
-        .ok_or_else(|| format!("'{file_name}' does not start with '{prefix}-'"))?;
+        .ok_or_else(|| NameError::Prefix {
+            file: file_name.to_owned(),
+            prefix: format!("{prefix}-"),
+        })?;
     let mut parts = rest.rsplitn(4, '_');
     let (Some(arch), Some(os), Some(api), Some(head)) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return Err(format!(
-            "'{file_name}' is not <prefix>-<name>_v<version>_x<api>_<os>_<arch>"
-        ));
+        return Err(NameError::Shape(file_name.to_owned()));
     };
     let (name, version) = head
         .rsplit_once("_v")
-        .ok_or_else(|| format!("'{file_name}' has no _v<version>"))?;
+        .ok_or_else(|| NameError::NoVersion(file_name.to_owned()))?;
     if name.is_empty()
         || !name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
-        return Err(format!("'{file_name}' has no usable plugin name"));
+        return Err(NameError::NoPluginName(file_name.to_owned()));
     }
     let api = api
         .strip_prefix('x')
@@ -98,7 +161,7 @@ pub fn parse_name(file_name: &str, prefix: &str) -> Result<PluginName, String> {
             let mut it = a.split('.');
             matches!((it.next(), it.next(), it.next()), (Some(x), Some(y), None) if !x.is_empty() && !y.is_empty() && x.bytes().chain(y.bytes()).all(|b| b.is_ascii_digit()))
         })
-        .ok_or_else(|| format!("'{file_name}' has no valid _x<major>.<minor> API version"))?;
+        .ok_or_else(|| NameError::NoApi(file_name.to_owned()))?;
     Ok(PluginName {
         name: name.to_owned(),
         version: parse_version(version)?,
@@ -122,16 +185,19 @@ pub struct TerraformName {
 }
 
 /// Parses a Terraform provider file name.
-pub fn parse_terraform(file_name: &str) -> Result<TerraformName, String> {
+pub fn parse_terraform(file_name: &str) -> Result<TerraformName, NameError> {
     let rest = file_name
         .strip_prefix("terraform-provider-")
-        .ok_or_else(|| format!("'{file_name}' does not start with 'terraform-provider-'"))?;
+        .ok_or_else(|| NameError::Prefix {
+            file: file_name.to_owned(),
+            prefix: "terraform-provider-".into(),
+        })?;
     let (name, tail) = match rest.split_once("_v") {
         Some((n, t)) => (n, Some(t)),
         None => (rest, None),
     };
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-        return Err(format!("'{file_name}' has no usable provider name"));
+        return Err(NameError::NoProviderName(file_name.to_owned()));
     }
     let (version, api) = match tail {
         None => (None, None),
@@ -140,12 +206,12 @@ pub fn parse_terraform(file_name: &str) -> Result<TerraformName, String> {
                 Some((v, a)) if !a.is_empty() && a.bytes().all(|b| b.is_ascii_digit()) => {
                     (v, Some(a.to_owned()))
                 }
-                Some(_) => return Err(format!("'{file_name}' has no valid _x<api>")),
+                Some(_) => return Err(NameError::NoTerraformApi(file_name.to_owned())),
                 None => (t, None),
             };
             let parsed = parse_version(v)?;
             if !parsed.pre.is_empty() {
-                return Err(format!("version '{v}' is not a release"));
+                return Err(NameError::NotRelease(v.to_owned()));
             }
             (Some(parsed), api)
         }
@@ -166,16 +232,16 @@ pub struct Constraint(Vec<(String, Version, usize)>);
 
 impl Constraint {
     /// Parses a constraint.
-    pub fn parse(s: &str) -> Result<Constraint, String> {
+    pub fn parse(s: &str) -> Result<Constraint, ConstraintError> {
         let mut out = Vec::new();
         for part in s.split(',').map(str::trim) {
             let op_len = part
                 .find(|c: char| c.is_ascii_digit() || c == 'v')
-                .ok_or_else(|| format!("'{part}' has no version"))?;
+                .ok_or_else(|| ConstraintError::NoVersion(part.to_owned()))?;
             let (op, v) = (part[..op_len].trim(), part[op_len..].trim());
             let op = if op.is_empty() { "=" } else { op };
             if !["=", "!=", ">", ">=", "<", "<=", "~>"].contains(&op) {
-                return Err(format!("unknown operator '{op}'"));
+                return Err(ConstraintError::Operator(op.to_owned()));
             }
             let v = v.strip_prefix('v').unwrap_or(v);
             let parts = v.split('.').count();
@@ -184,7 +250,10 @@ impl Constraint {
                 2 => format!("{v}.0"),
                 _ => v.to_owned(),
             };
-            let version = Version::parse(&padded).map_err(|e| format!("'{v}': {e}"))?;
+            let version = Version::parse(&padded).map_err(|source| ConstraintError::Version {
+                version: v.to_owned(),
+                source,
+            })?;
             out.push((op.to_owned(), version, parts));
         }
         Ok(Constraint(out))

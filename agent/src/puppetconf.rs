@@ -117,7 +117,7 @@ const MAX_DEPTH: usize = 8;
 
 /// How long an expanded value may grow: references that fan out (`a =
 /// $b$b$b…`, `b = $c$c$c…`) would otherwise grow it exponentially within
-/// [`MAX_DEPTH`] (8 levels of 8 references made a 32 MB `servers` value).
+/// `MAX_DEPTH` (8 levels of 8 references made a 32 MB `servers` value).
 /// Past this, the rest of the value is kept as written.
 pub const MAX_EXPANDED: usize = 4096;
 
@@ -132,7 +132,7 @@ impl PuppetConf {
     }
 
     /// `key` as the agent sees it: from `[agent]`, else `[main]`, with its
-    /// `$name` references expanded ([`PuppetConf::expand`]); the section it
+    /// `$name` references expanded (at most [`MAX_EXPANDED`] bytes); the section it
     /// came from too.
     pub fn agent_value(
         &self,
@@ -152,19 +152,9 @@ impl PuppetConf {
 
     /// Replaces each `$name` and `${name}` in `value` by that setting as
     /// the agent sees it, or by `defaults(name)` when puppet.conf does not
-    /// set it; an unknown name is left as written.
-    pub fn expand(
-        &self,
-        value: &str,
-        defaults: &dyn Fn(&str) -> Option<String>,
-        depth: usize,
-    ) -> String {
-        let budget = std::cell::Cell::new(MAX_EXPANDED);
-        self.expand_within(value, defaults, depth, &budget)
-    }
-
-    /// [`PuppetConf::expand`] spending `budget` bytes of expansion, shared
-    /// by every nested reference: once spent, references stay as written.
+    /// set it; an unknown name is left as written. Expansion spends
+    /// `budget` bytes, shared by every nested reference: once spent,
+    /// references stay as written.
     fn expand_within(
         &self,
         value: &str,

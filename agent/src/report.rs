@@ -23,6 +23,27 @@ pub fn escape(text: &str) -> Cow<'_, str> {
     pluginsync_common::text::escape(text)
 }
 
+/// Why the last report cannot be read (`pluginsync-agent report`).
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// The file cannot be read.
+    #[error("cannot read '{}': {source}", .path.display())]
+    Read {
+        /// `<vardir>/last_run_report.json`.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a report.
+    #[error("'{}' is not a report: {source}", .path.display())]
+    NotReport {
+        /// `<vardir>/last_run_report.json`.
+        path: std::path::PathBuf,
+        /// serde_json's reason.
+        source: serde_json::Error,
+    },
+}
+
 /// One change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Change {
@@ -122,8 +143,9 @@ impl Report {
 
     /// Writes `<vardir>/last_run_report.json` atomically, without `fsync`
     /// (`replace_atomic`): every run writes it, a run that changes nothing
-    /// included, and such a run makes no sync call (issue 14, "A busy
-    /// node"). After a crash it can be lost but never torn (the argument
+    /// included, and such a run makes no sync call (the test
+    /// `agent_durable::a_run_that_changes_nothing_makes_no_sync_call`).
+    /// After a crash it can be lost but never torn (the argument
     /// is in `pluginsync_common::fsutil`'s module docs): the name holds
     /// this report or the previous one — or, on some filesystems, an empty
     /// or short file that [`Report::load`] refuses as not a report — and the
@@ -139,12 +161,13 @@ impl Report {
     }
 
     /// Reads the last report.
-    pub fn load(vardir: &Path) -> Result<Report, String> {
+    pub fn load(vardir: &Path) -> Result<Report, ReportError> {
         let path = vardir.join("last_run_report.json");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
-        serde_json::from_str(&text)
-            .map_err(|e| format!("'{}' is not a report: {e}", path.display()))
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(source) => return Err(ReportError::Read { path, source }),
+        };
+        serde_json::from_str(&text).map_err(|source| ReportError::NotReport { path, source })
     }
 }
 

@@ -11,10 +11,12 @@
 //! packages (`ssldir = $confdir/ssl`, `$confdir` being puppet.conf's
 //! directory). The default certname is this host's FQDN ([`fqdn`]).
 //!
-//! The file was checked when it was loaded (`config.rs`). What the command
-//! line can replace, the masters and the environment, is checked here on
-//! the merged values, by the same rules ([`crate::config::servers`],
-//! [`crate::config::environment`]); the TLS files are resolved here.
+//! The file was checked and compiled once, when it was loaded
+//! ([`crate::config::AgentFile`]): its values arrive here in working form
+//! and are not checked again. What the command line and puppet.conf bring,
+//! the masters and the environment, is checked here by the same rules
+//! ([`crate::config::servers`], [`crate::config::environment`]); the TLS
+//! files of an ssldir are resolved here.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -24,10 +26,12 @@ use pluginsync_common::envname::EnvName;
 use serde::Serialize;
 
 use crate::cli::Format;
+use pluginsync_common::ignore::IgnoreSet;
+
 use crate::config::{
-    self, AgentConfig, ConfigError, EnvironmentSource, LoadConfig, LoaderConfig, SourcePermissions,
-    TlsFiles,
+    self, AgentFile, ConfigError, EnvironmentSource, SourcePermissions, TlsFiles, TlsSource,
 };
+use crate::loaders::{LoadConfig, LoaderTable};
 use crate::puppetconf::{self, PuppetConf, Section};
 
 /// Where an effective setting came from.
@@ -113,8 +117,8 @@ pub struct Settings {
     pub factsdir: Option<PathBuf>,
     /// State directory.
     pub vardir: PathBuf,
-    /// Ignore globs.
-    pub ignore: Vec<String>,
+    /// Ignore globs, compiled.
+    pub ignore: IgnoreSet,
     /// Whole-run deadline.
     pub timeout: Duration,
     /// Attempts per server.
@@ -140,8 +144,8 @@ pub struct Settings {
     pub load_enabled: bool,
     /// `[load]`.
     pub load: LoadConfig,
-    /// `[[loader]]`.
-    pub loaders: Vec<LoaderConfig>,
+    /// `[[loader]]` and `[load.constraints]`, compiled.
+    pub loaders: LoaderTable,
     /// `[metrics] textfile`.
     pub metrics_textfile: Option<PathBuf>,
     /// This node's certname (the node endpoint's `<certname>`).
@@ -175,234 +179,318 @@ pub struct Overrides {
 }
 
 impl Settings {
-    /// Resolves `config` (loaded, so checked) with `cli` on top and the
-    /// puppet.conf it names (or finds) below, and checks what the run goes
-    /// by. A puppet.conf named explicitly must be readable; its lines that
-    /// cannot be understood are warnings.
-    pub fn resolve(config: AgentConfig, cli: Overrides) -> Result<Settings, ResolveError> {
-        let puppet = read_puppet_conf(config.puppet_conf.as_deref())?;
+    /// Resolves `file` (loaded, so checked and compiled) with `cli` on top
+    /// and the puppet.conf it names (or finds) below, and checks what the
+    /// command line and puppet.conf bring. A puppet.conf named explicitly
+    /// must be readable; its lines that cannot be understood are warnings.
+    pub fn resolve(file: AgentFile, cli: Overrides) -> Result<Settings, ResolveError> {
+        let puppet = Puppet::read(file.puppet_conf.as_deref())?;
         let mut effective = Vec::new();
-        let toml_source = |key: &str| {
-            if config.keys.contains(key) {
-                Source::AgentToml
-            } else {
-                Source::Default
-            }
-        };
-        let (confdir, debian) = match &puppet {
-            Some((path, _)) => (
-                path.parent().unwrap_or(Path::new("/")).to_owned(),
-                path == Path::new("/etc/puppet/puppet.conf"),
-            ),
-            None => (PathBuf::from("/etc/puppetlabs/puppet"), false),
-        };
-        let confdir_text = confdir.display().to_string();
-        let defaults = |name: &str| -> Option<String> {
-            match name {
-                "confdir" => Some(confdir_text.clone()),
-                "vardir" if debian => Some("/var/lib/puppet".into()),
-                "vardir" => Some("/opt/puppetlabs/puppet/cache".into()),
-                "ssldir" if debian => Some("/var/lib/puppet/ssl".into()),
-                "ssldir" => Some(format!("{confdir_text}/ssl")),
-                _ => None,
-            }
-        };
-        let from_puppet = |key: &str| {
-            puppet
-                .as_ref()
-                .and_then(|(_, c)| c.agent_value(key, &defaults))
-        };
-
-        // servers: --server, servers, server_list, server + serverport.
-        let (servers, source) = if !cli.servers.is_empty() {
-            (cli.servers.clone(), Source::CommandLine)
-        } else if let Some(s) = &config.servers {
-            (s.clone(), Source::AgentToml)
-        } else if let Some((section, list)) =
-            from_puppet("server_list").filter(|(_, l)| !l.trim().is_empty())
-        {
-            (
-                puppetconf::server_urls(&list, puppet_port(&puppet, &from_puppet)?),
-                Source::PuppetConf(section),
-            )
-        } else if let Some((section, host)) = from_puppet("server") {
-            (
-                puppetconf::server_urls(&host, puppet_port(&puppet, &from_puppet)?),
-                Source::PuppetConf(section),
-            )
-        } else {
-            (vec![config::DEFAULT_SERVER.to_owned()], Source::Default)
-        };
-        let servers = blame(config::servers(&servers), source)?;
-        effective.push(Effective {
-            name: "servers",
-            value: servers.join(", "),
-            source,
-        });
-
-        let (environment, source) = if let Some(e) = &cli.environment {
-            (e.clone(), Source::CommandLine)
-        } else if let Some(e) = &config.environment {
-            (e.clone(), Source::AgentToml)
-        } else if let Some((section, e)) = from_puppet("environment") {
-            (e, Source::PuppetConf(section))
-        } else {
-            (config::DEFAULT_ENVIRONMENT.to_owned(), Source::Default)
-        };
-        let environment = blame(config::environment(&environment), source)?;
-        let environment_origin = source;
-        effective.push(Effective {
-            name: "environment",
-            value: environment.to_string(),
-            source,
-        });
+        let servers = servers(&file, &cli, &puppet, &mut effective)?;
+        let (environment, environment_origin) = environment(&file, &cli, &puppet, &mut effective)?;
         effective.push(Effective {
             name: "environment_source",
-            value: match config.environment_source {
+            value: match file.environment_source {
                 EnvironmentSource::Config => "config",
                 EnvironmentSource::Server => "server",
             }
             .into(),
-            source: toml_source("environment_source"),
+            source: toml_source(&file, "environment_source"),
         });
-
-        let (certname, source) = if let Some(c) = &config.tls.certname {
-            (c.clone(), Source::AgentToml)
-        } else if let Some((section, c)) = from_puppet("certname") {
-            (c, Source::PuppetConf(section))
-        } else {
-            (fqdn(), Source::Default)
-        };
-        effective.push(Effective {
-            name: "certname",
-            value: certname.clone(),
-            source,
-        });
-
-        let tls = match config.tls_files()? {
-            Some(files) => {
-                for (name, value) in [
-                    ("tls.ca", Some(&files.ca)),
-                    ("tls.cert", Some(&files.cert)),
-                    ("tls.key", Some(&files.key)),
-                    ("tls.crl", files.crl.as_ref()),
-                ] {
-                    if let Some(v) = value {
-                        effective.push(Effective {
-                            name,
-                            value: v.display().to_string(),
-                            source: Source::AgentToml,
-                        });
-                    }
-                }
-                files
-            }
-            None => {
-                if certname.is_empty() || certname.contains('/') || certname.starts_with('.') {
-                    return Err(ConfigError::Invalid(format!(
-                        "certname '{certname}' cannot name a certificate file"
-                    ))
-                    .into());
-                }
-                let (ssldir, source) = if let Some(d) = &config.tls.ssldir {
-                    (d.clone(), Source::AgentToml)
-                } else if let Some((section, d)) = from_puppet("ssldir") {
-                    (PathBuf::from(d), Source::PuppetConf(section))
-                } else {
-                    (
-                        PathBuf::from(defaults("ssldir").unwrap_or_default()),
-                        Source::Default,
-                    )
-                };
-                effective.push(Effective {
-                    name: "ssldir",
-                    value: ssldir.display().to_string(),
-                    source,
-                });
-                config.ssldir_files(&ssldir, &certname)
-            }
-        };
+        let certname = certname(&file, &puppet, &mut effective);
+        let tls = tls(&file, &certname, &puppet, &mut effective)?;
         effective.push(Effective {
             name: "puppet_conf",
             value: puppet
+                .conf
                 .as_ref()
                 .map(|(p, _)| p.display().to_string())
                 .unwrap_or_default(),
-            source: toml_source("puppet_conf"),
+            source: toml_source(&file, "puppet_conf"),
         });
-        let path = |p: &Path| p.display().to_string();
-        for (name, value) in [
-            ("libdir", path(&config.libdir)),
-            (
-                "factsdir",
-                config.factsdir.as_deref().map(path).unwrap_or_default(),
-            ),
-            ("vardir", path(&config.vardir)),
-            ("ignore", config.ignore.join(", ")),
-            (
-                "timeout",
-                humantime_serde::re::humantime::format_duration(config.timeout).to_string(),
-            ),
-            ("retries", config.retries.to_string()),
-            ("parallel_downloads", config.parallel_downloads.to_string()),
-        ] {
-            effective.push(Effective {
-                name,
-                value,
-                source: toml_source(name),
-            });
-        }
-        let noop = cli.noop;
+        file_values(&file, &mut effective);
         Ok(Settings {
             servers,
             environment,
-            libdir: config.libdir,
-            factsdir: config.factsdir,
-            vardir: config.vardir,
-            ignore: config.ignore,
-            timeout: config.timeout,
-            retries: config.retries,
-            parallel_downloads: config.parallel_downloads,
-            max_removal_percent: (!cli.allow_mass_removal).then_some(config.max_removal_percent),
+            libdir: file.libdir,
+            factsdir: file.factsdir,
+            vardir: file.vardir,
+            ignore: file.ignore,
+            timeout: file.timeout,
+            retries: file.retries,
+            parallel_downloads: file.parallel_downloads,
+            max_removal_percent: (!cli.allow_mass_removal).then_some(file.max_removal_percent),
             tls,
-            plugins_permissions: config.plugins.source_permissions,
-            pluginfacts_permissions: config.pluginfacts.source_permissions,
-            noop,
+            plugins_permissions: file.plugins_permissions,
+            pluginfacts_permissions: file.pluginfacts_permissions,
+            noop: cli.noop,
             format: cli.format.unwrap_or(Format::Text),
             detailed_exitcodes: cli.detailed_exitcodes,
-            load_enabled: config.load.enabled || cli.load,
-            load: config.load,
-            loaders: config.loaders,
-            metrics_textfile: config.metrics.textfile,
+            load_enabled: file.load.enabled || cli.load,
+            load: file.load,
+            loaders: file.loaders,
+            metrics_textfile: file.metrics_textfile,
             certname,
-            environment_source: config.environment_source,
+            environment_source: file.environment_source,
             environment_origin,
             effective,
         })
     }
 }
 
-/// `serverport`, else the older `masterport`, else 8140 (Puppet's).
-fn puppet_port(
-    puppet: &Option<(PathBuf, PuppetConf)>,
-    value: &dyn Fn(&str) -> Option<(Section, String)>,
-) -> Result<u16, ConfigError> {
-    let Some((_, text)) = value("serverport").or_else(|| value("masterport")) else {
-        return Ok(8140);
+/// agent.toml when it sets `key`, else the default.
+fn toml_source(file: &AgentFile, key: &str) -> Source {
+    if file.keys.contains(key) {
+        Source::AgentToml
+    } else {
+        Source::Default
+    }
+}
+
+/// The masters: `--server`, else `servers`, else puppet.conf's
+/// `server_list`, else its `server` + `serverport`, else Puppet's default.
+/// The file's were checked when it was loaded; the others are checked
+/// here by the same rules.
+fn servers(
+    file: &AgentFile,
+    cli: &Overrides,
+    puppet: &Puppet,
+    effective: &mut Vec<Effective>,
+) -> Result<Vec<String>, ResolveError> {
+    let (servers, source) = if !cli.servers.is_empty() {
+        let source = Source::CommandLine;
+        (blame(config::servers(&cli.servers), source)?, source)
+    } else if let Some(s) = &file.servers {
+        (s.clone(), Source::AgentToml)
+    } else if let Some((section, list)) = puppet
+        .value("server_list")
+        .filter(|(_, l)| !l.trim().is_empty())
+        .or_else(|| puppet.value("server"))
+    {
+        let source = Source::PuppetConf(section);
+        let urls = puppetconf::server_urls(&list, puppet.port()?);
+        (blame(config::servers(&urls), source)?, source)
+    } else {
+        (vec![config::DEFAULT_SERVER.to_owned()], Source::Default)
     };
-    text.trim()
-        .parse::<u16>()
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| {
-            ConfigError::Invalid(format!(
-                "puppet.conf '{}': serverport '{text}' is not a port",
-                puppet
-                    .as_ref()
-                    .map(|(p, _)| p.display().to_string())
-                    .unwrap_or_default()
-            ))
+    effective.push(Effective {
+        name: "servers",
+        value: servers.join(", "),
+        source,
+    });
+    Ok(servers)
+}
+
+/// The environment and where it was set: `--environment`, else
+/// `environment`, else puppet.conf's, else Puppet's default.
+fn environment(
+    file: &AgentFile,
+    cli: &Overrides,
+    puppet: &Puppet,
+    effective: &mut Vec<Effective>,
+) -> Result<(EnvName, Source), ResolveError> {
+    let (environment, source) = if let Some(e) = &cli.environment {
+        let source = Source::CommandLine;
+        (blame(config::environment(e), source)?, source)
+    } else if let Some(e) = &file.environment {
+        (e.clone(), Source::AgentToml)
+    } else if let Some((section, e)) = puppet.value("environment") {
+        let source = Source::PuppetConf(section);
+        (blame(config::environment(&e), source)?, source)
+    } else {
+        let source = Source::Default;
+        (
+            blame(config::environment(config::DEFAULT_ENVIRONMENT), source)?,
+            source,
+        )
+    };
+    effective.push(Effective {
+        name: "environment",
+        value: environment.to_string(),
+        source,
+    });
+    Ok((environment, source))
+}
+
+/// This node's certname: `[tls] certname`, else puppet.conf's, else this
+/// host's FQDN.
+fn certname(file: &AgentFile, puppet: &Puppet, effective: &mut Vec<Effective>) -> String {
+    let named = match &file.tls {
+        TlsSource::SslDir { certname, .. } => certname.clone(),
+        TlsSource::Files(_) => None,
+    };
+    let (certname, source) = if let Some(c) = named {
+        (c, Source::AgentToml)
+    } else if let Some((section, c)) = puppet.value("certname") {
+        (c, Source::PuppetConf(section))
+    } else {
+        (fqdn(), Source::Default)
+    };
+    effective.push(Effective {
+        name: "certname",
+        value: certname.clone(),
+        source,
+    });
+    certname
+}
+
+/// The TLS files: `[tls]`'s when it names them, else the ssldir's
+/// (`[tls] ssldir`, else puppet.conf's, else Puppet's default) for
+/// `certname`.
+fn tls(
+    file: &AgentFile,
+    certname: &str,
+    puppet: &Puppet,
+    effective: &mut Vec<Effective>,
+) -> Result<TlsFiles, ResolveError> {
+    let (ssldir, cert_expiry_warning) = match &file.tls {
+        TlsSource::Files(files) => {
+            for (name, value) in [
+                ("tls.ca", Some(&files.ca)),
+                ("tls.cert", Some(&files.cert)),
+                ("tls.key", Some(&files.key)),
+                ("tls.crl", files.crl.as_ref()),
+            ] {
+                if let Some(v) = value {
+                    effective.push(Effective {
+                        name,
+                        value: v.display().to_string(),
+                        source: Source::AgentToml,
+                    });
+                }
+            }
+            return Ok(files.clone());
+        }
+        TlsSource::SslDir {
+            ssldir,
+            cert_expiry_warning,
+            ..
+        } => (ssldir, *cert_expiry_warning),
+    };
+    if certname.is_empty() || certname.contains('/') || certname.starts_with('.') {
+        return Err(ConfigError::Invalid(format!(
+            "certname '{certname}' cannot name a certificate file"
+        ))
+        .into());
+    }
+    let (ssldir, source) = if let Some(d) = ssldir {
+        (d.clone(), Source::AgentToml)
+    } else if let Some((section, d)) = puppet.value("ssldir") {
+        (PathBuf::from(d), Source::PuppetConf(section))
+    } else {
+        (
+            PathBuf::from(puppet.default("ssldir").unwrap_or_default()),
+            Source::Default,
+        )
+    };
+    effective.push(Effective {
+        name: "ssldir",
+        value: ssldir.display().to_string(),
+        source,
+    });
+    Ok(config::ssldir_files(&ssldir, certname, cert_expiry_warning))
+}
+
+/// The values only agent.toml sets, as `pluginsync-agent config` shows them.
+fn file_values(file: &AgentFile, effective: &mut Vec<Effective>) {
+    let path = |p: &Path| p.display().to_string();
+    for (name, value) in [
+        ("libdir", path(&file.libdir)),
+        (
+            "factsdir",
+            file.factsdir.as_deref().map(path).unwrap_or_default(),
+        ),
+        ("vardir", path(&file.vardir)),
+        ("ignore", file.ignore.patterns().join(", ")),
+        (
+            "timeout",
+            humantime_serde::re::humantime::format_duration(file.timeout).to_string(),
+        ),
+        ("retries", file.retries.to_string()),
+        ("parallel_downloads", file.parallel_downloads.to_string()),
+    ] {
+        effective.push(Effective {
+            name,
+            value,
+            source: toml_source(file, name),
+        });
+    }
+}
+
+/// puppet.conf, if any, with Puppet's defaults for its layout:
+/// `/etc/puppet/puppet.conf` is Debian's, any other is laid out as
+/// Puppet's AIO packages.
+struct Puppet {
+    /// The file read and what it says.
+    conf: Option<(PathBuf, PuppetConf)>,
+    /// `$confdir`: puppet.conf's directory.
+    confdir: String,
+    /// Debian's layout.
+    debian: bool,
+}
+
+impl Puppet {
+    /// Reads puppet.conf: `Some("")` is none; a named file must be
+    /// readable; unnamed, the first of [`config::DEFAULT_PUPPET_CONFS`]
+    /// that exists.
+    fn read(named: Option<&Path>) -> Result<Puppet, ConfigError> {
+        let conf = read_puppet_conf(named)?;
+        let (confdir, debian) = match &conf {
+            Some((path, _)) => (
+                path.parent().unwrap_or(Path::new("/")).to_owned(),
+                path == Path::new("/etc/puppet/puppet.conf"),
+            ),
+            None => (PathBuf::from("/etc/puppetlabs/puppet"), false),
+        };
+        Ok(Puppet {
+            conf,
+            confdir: confdir.display().to_string(),
+            debian,
         })
+    }
+
+    /// Puppet's default of `name` for this layout, if it has one the
+    /// agent uses.
+    fn default(&self, name: &str) -> Option<String> {
+        match name {
+            "confdir" => Some(self.confdir.clone()),
+            "vardir" if self.debian => Some("/var/lib/puppet".into()),
+            "vardir" => Some("/opt/puppetlabs/puppet/cache".into()),
+            "ssldir" if self.debian => Some("/var/lib/puppet/ssl".into()),
+            "ssldir" => Some(format!("{}/ssl", self.confdir)),
+            _ => None,
+        }
+    }
+
+    /// `key` as the agent sees it (`[agent]` over `[main]`, references
+    /// expanded) and the section it came from.
+    fn value(&self, key: &str) -> Option<(Section, String)> {
+        let (_, conf) = self.conf.as_ref()?;
+        conf.agent_value(key, &|name| self.default(name))
+    }
+
+    /// `serverport`, else the older `masterport`, else 8140 (Puppet's).
+    fn port(&self) -> Result<u16, ConfigError> {
+        let Some((_, text)) = self
+            .value("serverport")
+            .or_else(|| self.value("masterport"))
+        else {
+            return Ok(8140);
+        };
+        text.trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "puppet.conf '{}': serverport '{text}' is not a port",
+                    self.conf
+                        .as_ref()
+                        .map(|(p, _)| p.display().to_string())
+                        .unwrap_or_default()
+                ))
+            })
+    }
 }
 
 /// Reads puppet.conf: `Some("")` is none; a named file must be readable;
@@ -474,11 +562,11 @@ pub fn fqdn() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::AgentConfig;
 
     fn resolve(dir: &Path, toml: &str, cli: Overrides) -> Result<Settings, ResolveError> {
-        let config = AgentConfig::parse(toml, &dir.join("agent.toml"))?;
-        config.validate()?;
-        Settings::resolve(config, cli)
+        let file = AgentConfig::parse(toml, &dir.join("agent.toml"))?.compile()?;
+        Settings::resolve(file, cli)
     }
 
     fn source_of(s: &Settings, name: &str) -> (String, Source) {

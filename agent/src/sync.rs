@@ -37,7 +37,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::fsutil::remove_leftovers;
-use pluginsync_common::ignore::{IgnoreError, IgnoreSet};
+use pluginsync_common::ignore::IgnoreError;
 use pluginsync_common::protocol::{ListingQuery, Mount};
 use pluginsync_common::relpath::RelPath;
 
@@ -379,10 +379,10 @@ impl<'a> Run<'a> {
     async fn plan(&mut self, resource: FileResource) -> Result<Pass, SyncError> {
         let settings = self.settings;
         let (vardir, mount) = (&settings.vardir, resource.mount);
-        let ignore = IgnoreSet::new(&resource.ignore)?;
+        let ignore = &resource.ignore;
         let mut cache = MountCache::load(vardir, mount);
         self.phase("cache loaded");
-        let mut local = scan::scan(&resource.path, &ignore)?;
+        let mut local = scan::scan(&resource.path, ignore)?;
         let digest = local.digest();
         self.phase("scanned");
         let env = self.env.clone();
@@ -392,7 +392,7 @@ impl<'a> Run<'a> {
                 SourcePermissions::Use => "use",
                 SourcePermissions::Ignore => "ignore",
             },
-            ignore: &resource.ignore,
+            ignore: resource.ignore.patterns(),
         };
         let query_string = query.to_query();
         let key_for = |server: &str| MountCache::key(server, mount, &query_string);
@@ -458,7 +458,7 @@ impl<'a> Run<'a> {
             },
         };
         let entries = Client::parse_listing(&server, &body)?;
-        let remote = listing::validate(entries, &ignore).map_err(|source| SyncError::Listing {
+        let remote = listing::validate(entries, ignore).map_err(|source| SyncError::Listing {
             server,
             mount,
             source,
