@@ -86,7 +86,7 @@ pub struct TlsConfig {
     /// The certname of this node in `ssldir`.
     pub certname: Option<String>,
     /// Warn this long before this node's certificate expires (default 30
-    /// days; README, "Certificates").
+    /// days; docs/tls.md#certificate-checks).
     #[serde(default, with = "humantime_serde")]
     pub cert_expiry_warning: Option<Duration>,
 }
@@ -122,7 +122,7 @@ pub struct AgentConfig {
     #[serde(default)]
     pub environment: Option<String>,
     /// Puppet's settings file read for what this file leaves unset
-    /// (README, "On a Puppet node"); unset: the first that exists of
+    /// (docs/agent.md#on-a-puppet-node); unset: the first that exists of
     /// [`DEFAULT_PUPPET_CONFS`]; `""`: none.
     #[serde(default)]
     pub puppet_conf: Option<PathBuf>,
@@ -152,7 +152,7 @@ pub struct AgentConfig {
     /// Downloads in flight at once.
     #[serde(default = "default_parallel")]
     pub parallel_downloads: usize,
-    /// The removal guard (README, "The removal guard"): a run that would
+    /// The removal guard (docs/agent.md#the-removal-guard): a run that would
     /// remove more than this percentage of a destination's files refuses
     /// and changes nothing, unless `--allow-mass-removal`; 100 turns it off.
     #[serde(default = "default_max_removal_percent")]
@@ -181,7 +181,7 @@ pub struct AgentConfig {
     pub keys: std::collections::BTreeSet<String>,
 }
 
-/// `[metrics]` (README, "Metrics and logs").
+/// `[metrics]` (docs/operating.md#agent-metrics).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
@@ -274,7 +274,7 @@ pub struct LoaderConfig {
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
     /// For `describe`: the plugin system whose file layout gives each
-    /// plugin's identity and version (README, "Plugin layouts").
+    /// plugin's identity and version (docs/loading.md#plugin-layouts).
     #[serde(default)]
     pub layout: Layout,
     /// For `describe`: directories relative to the libdir, searched in

@@ -1,5 +1,5 @@
-//! Launching loader children, each in isolation (docs: README "Loading
-//! changed plugins"; ARCHITECTURE.md, Agent, load).
+//! Launching loader children, each in isolation (docs/loading.md;
+//! docs/internals.md#load-launch-layouts-and-plugins).
 //!
 //! Every child (a `command` loader, a `describe` handshake, `after_load`)
 //! runs in its own process group with a deadline: at the deadline the whole
@@ -11,7 +11,7 @@
 //! [`ALLOWED_ENV`] (plus `LC_*`) is passed on, then the variables the agent
 //! sets (`PLUGINSYNC_*`) and the loader's own `env`. An agent run from a
 //! shell holding credentials (`AWS_*`, tokens, `SSH_AUTH_SOCK`) does not
-//! hand them to every plugin (issue 17, Info).
+//! hand them to every plugin (docs/loading.md#what-a-loader-child-gets).
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;

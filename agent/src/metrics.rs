@@ -1,5 +1,5 @@
 //! Agent metrics for node_exporter's textfile collector (`[metrics]
-//! textfile`, README "Metrics and logs"): after every run, failed ones
+//! textfile`, docs/operating.md#agent-metrics): after every run, failed ones
 //! included, the file is replaced atomically (`common::fsutil`), so the
 //! collector never reads half of it and an operator can alert on "no
 //! successful sync in 2 hours".
@@ -195,7 +195,7 @@ pub fn render(report: &Report, facts: RunFacts, previous: Option<&str>) -> Strin
 /// Writes the textfile for `report` at `path`, atomically; the previous
 /// file, if any, gives the last success of a failed run. Without `fsync`
 /// (`replace_atomic`): it is rewritten after every run, a no-op included,
-/// which must make no sync call (issue 14, "A busy node"). A crash can
+/// which must make no sync call (`agent_durable`). A crash can
 /// lose it, never tear it (`pluginsync_common::fsutil`'s module docs):
 /// node_exporter then shows the previous run, or no series, until the
 /// next run replaces it — the last-run timestamp shows how old it is.

@@ -58,7 +58,7 @@ pub fn report(report: &Report, format: Format) {
 }
 
 /// Prints ONE stderr line for the run's failed changes, however many
-/// (issue 17: a full disk once made 2,655 lines): their count and the
+/// (a full disk once made 2,655 lines): their count and the
 /// first; every one of them is in the report (stdout and
 /// `<vardir>/last_run_report.json`).
 pub fn commit_failures(report: &Report) {

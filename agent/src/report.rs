@@ -122,8 +122,8 @@ impl Report {
 
     /// Writes `<vardir>/last_run_report.json` atomically, without `fsync`
     /// (`replace_atomic`): every run writes it, a run that changes nothing
-    /// included, and such a run makes no sync call (issue 14, "A busy
-    /// node"). After a crash it can be lost but never torn (the argument
+    /// included, and such a run makes no sync call (`agent_durable`).
+    /// After a crash it can be lost but never torn (the argument
     /// is in `pluginsync_common::fsutil`'s module docs): the name holds
     /// this report or the previous one — or, on some filesystems, an empty
     /// or short file that [`Report::load`] refuses as not a report — and the

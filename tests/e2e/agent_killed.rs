@@ -1,5 +1,5 @@
 //! Fault injection: the agent killed with SIGKILL at random points of a
-//! sync (issue 17, "fault injection"; docs/protocol.md §4.8). For initial
+//! sync (`scripts/fault-inject.sh` for hundreds; docs/protocol.md §4.8). For initial
 //! syncs (empty destinations) and incremental ones (the old tree to the
 //! new: changed, added, removed files and a changed mode), straight from a
 //! master and through a throttled [`CutProxy`] (so kills land in the

@@ -551,7 +551,7 @@ timeout = "200s"
     );
 }
 
-/// Issue 17 (Info): loader placeholders are substituted in one pass (a file
+/// Loader placeholders are substituted in one pass (a file
 /// named `x{environment}.rb` is loaded as itself, not as `xproduction.rb`);
 /// a `{relpath}` beginning with `-` reaches the loader as `./-…`, so `cat`
 /// reads it instead of refusing an unknown option (the loader runs in the

@@ -1,5 +1,4 @@
-//! The agent on a Puppet node (issue 12, items 3 and 4; README, "On a
-//! Puppet node"): settings from a Debian-style puppet.conf under an
+//! The agent on a Puppet node (docs/agent.md#on-a-puppet-node): settings from a Debian-style puppet.conf under an
 //! agent.toml that names only its own directories, each value's source in
 //! `pluginsync-agent config`, the command line winning; and
 //! `environment_source = "server"`: the environment the node endpoint

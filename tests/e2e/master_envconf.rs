@@ -1,4 +1,5 @@
-//! Real code trees (issue 15, part A): `environment.conf` and a control
+//! Real code trees (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them):
+//! `environment.conf` and a control
 //! repository as r10k deploys it, module roots kept inside the code tree,
 //! and quiet logs when module directories go away.
 //!

@@ -4,7 +4,7 @@
 //! merged mounts (content, and modes for facts.d), computed here
 //! independently of the master's code.
 //!
-//! The same stock agent against the control-repository fixture (issue 15:
+//! The same stock agent against the control-repository fixture (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them:
 //! `environment.conf`, site-modules before modules, a glob, a missing
 //! entry, `$basemodulepath`): libdir and facts.d end as the fixture says,
 //! the site module's fact and executable external fact included.

@@ -14,7 +14,7 @@
 //!    environment probe and pluginsyncs (its catalog request fails: only
 //!    what pluginsync did is asserted).
 //!
-//! 3. The control-repository fixture (issue 15; environment `control`:
+//! 3. The control-repository fixture (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them; environment `control`:
 //!    `environment.conf` with site-modules before modules, a glob, a
 //!    missing entry and `$basemodulepath`, which is `code/modules` on both
 //!    servers): Puppet Server serves what the fixture says, and the stock

@@ -1,5 +1,4 @@
-//! Layer-7 balancers in front of a Puppet fleet (README, "Running in a
-//! Puppet fleet"): HAProxy with `packaging/haproxy-puppet.cfg` and nginx
+//! Layer-7 balancers in front of a Puppet fleet (docs/puppet-fleet.md#running-in-a-puppet-fleet): HAProxy with `packaging/haproxy-puppet.cfg` and nginx
 //! with `packaging/nginx-puppet.conf`, each run from the repository's file
 //! as written, as a child process killed on drop; and the pluginsync
 //! masters behind them, [`ProxyBackend`]: the master binary with a

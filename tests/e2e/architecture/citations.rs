@@ -4,7 +4,9 @@
 //! `docs/protocol.md §N.N` (a numbered heading of the protocol), and every
 //! relative link of a Markdown document (`[text](page.md#anchor)`, resolved
 //! from the document's folder), so README's documentation list and the
-//! pages' tables of contents cannot point nowhere.
+//! pages' tables of contents cannot point nowhere. Nothing cites a README
+//! or ARCHITECTURE.md section by its title, nor the issue tracker, which is
+//! not in the repository ([`stale`]).
 //!
 //! Anchors are GitHub's: the heading's text lowercased, everything but
 //! letters, digits, `-`, `_` and spaces dropped, spaces made `-`; a
@@ -249,18 +251,71 @@ fn scanned(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Citations that cannot be followed: a README or ARCHITECTURE.md section
+/// by its title (`README, "Signals"`) instead of `docs/<page>.md#anchor`,
+/// and the issue tracker (`issue 15`, `…_issue_15`), which is not in the
+/// repository. Each as `line: text`.
+pub fn stale(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let lower = line.to_lowercase();
+        let by_title = [
+            "readme, \"",
+            "readme \"",
+            "architecture.md, ",
+            "architecture.md \"",
+        ]
+        .iter()
+        .any(|p| lower.contains(p));
+        let tracker = lower.match_indices("issue").any(|(i, _)| {
+            let rest = lower[i + 5..].trim_start_matches([' ', '_', '-']);
+            rest.starts_with(|c: char| c.is_ascii_digit())
+        });
+        if by_title || tracker {
+            out.push(format!("{}: {}", n + 1, line.trim()));
+        }
+    }
+    out
+}
+
+/// Every file whose citations count, relative to the repository.
+fn cited_files(root: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = NAMED.iter().map(PathBuf::from).collect();
+    scanned(root, &root.join("docs"), &mut files);
+    for dir in SCANNED {
+        scanned(root, &root.join(dir), &mut files);
+    }
+    // This file's own tests cite what does not exist, on purpose.
+    let me = Path::new("tests/e2e/architecture/citations.rs");
+    files.retain(|f| f.as_path() != me);
+    files
+}
+
+#[test]
+fn nothing_cites_a_section_by_title_or_the_issue_tracker() {
+    let root = repo_root();
+    let mut found = Vec::new();
+    for f in cited_files(&root) {
+        let Ok(text) = std::fs::read_to_string(root.join(&f)) else {
+            continue;
+        };
+        found.extend(
+            stale(&text)
+                .into_iter()
+                .map(|l| format!("{}:{l}", f.display())),
+        );
+    }
+    assert!(
+        found.is_empty(),
+        "cite docs/<page>.md#anchor or a test name instead: {found:#?}"
+    );
+}
+
 #[test]
 fn every_cited_document_and_heading_exists() {
     let root = repo_root();
-    let mut files: Vec<PathBuf> = NAMED.iter().map(PathBuf::from).collect();
-    scanned(&root, &root.join("docs"), &mut files);
-    for dir in SCANNED {
-        scanned(&root, &root.join(dir), &mut files);
-    }
     let mut broken = Vec::new();
-    // This file's own tests cite pages that do not exist, on purpose.
-    let me = Path::new("tests/e2e/architecture/citations.rs");
-    for f in files.iter().filter(|f| f.as_path() != me) {
+    for f in &cited_files(&root) {
         let Ok(text) = std::fs::read_to_string(root.join(f)) else {
             continue;
         };
@@ -356,4 +411,22 @@ fn the_checker_finds_a_missing_page_or_heading() {
         .filter_map(|t| check_link(dir.path(), &link_citation(doc, t)))
         .collect();
     assert_eq!(errors, vec!["docs/tls.md#gone: no such heading"]);
+}
+
+#[test]
+fn the_checker_finds_a_citation_by_title_or_of_the_tracker() {
+    let text = "// fine: docs/operating.md#signals, `issue_kind`, rustls issues #2287\n\
+        // (README, \"Signals\")\n\
+        // measured in issue 15, item 2\n\
+        fn r10k_redeploys_issue_15() {}\n\
+        // ARCHITECTURE.md, Agent, cache\n";
+    assert_eq!(
+        stale(text),
+        vec![
+            "2: // (README, \"Signals\")",
+            "3: // measured in issue 15, item 2",
+            "4: fn r10k_redeploys_issue_15() {}",
+            "5: // ARCHITECTURE.md, Agent, cache",
+        ]
+    );
 }
