@@ -47,19 +47,26 @@ pub fn anchor(heading: &str) -> String {
         .collect()
 }
 
+/// The lines of a Markdown document outside its fenced code blocks.
+fn prose_lines(md: &str) -> impl Iterator<Item = &str> {
+    let mut fence = false;
+    md.lines().filter(move |line| {
+        let marker = line.trim_start().starts_with("```");
+        if marker {
+            fence = !fence;
+        }
+        !marker && !fence
+    })
+}
+
 /// The headings of a Markdown document (outside fenced blocks): their
 /// anchors, with GitHub's `-N` suffixes for repeats, and their texts.
 pub fn headings(md: &str) -> Vec<(String, String)> {
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut out = Vec::new();
-    let mut fence = false;
-    for line in md.lines() {
-        if line.trim_start().starts_with("```") {
-            fence = !fence;
-            continue;
-        }
+    for line in prose_lines(md) {
         let hashes = line.chars().take_while(|c| *c == '#').count();
-        if fence || hashes == 0 || hashes > 6 || !line[hashes..].starts_with(' ') {
+        if hashes == 0 || hashes > 6 || !line[hashes..].starts_with(' ') {
             continue;
         }
         let text = line[hashes..].trim().to_owned();
@@ -142,15 +149,7 @@ pub fn citations(text: &str) -> Vec<Citation> {
 /// URLs and in-page anchors of other forms than `#anchor`.
 pub fn links(md: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let mut fence = false;
-    for line in md.lines() {
-        if line.trim_start().starts_with("```") {
-            fence = !fence;
-            continue;
-        }
-        if fence {
-            continue;
-        }
+    for line in prose_lines(md) {
         for (i, _) in line.match_indices("](") {
             let t = &line[i + 2..];
             let end = t.find(')').unwrap_or(t.len());
