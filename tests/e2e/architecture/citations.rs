@@ -370,6 +370,57 @@ fn readme_has_a_documentation_list_and_the_two_commands_first() {
     }
 }
 
+/// What is wrong with a door of the repository: `text` (named `name`) over
+/// `max_bytes`, or a line of it over `max_line` characters.
+fn too_big(name: &str, text: &str, max_bytes: usize, max_line: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    if text.len() > max_bytes {
+        out.push(format!(
+            "{name}: {} bytes (at most {max_bytes})",
+            text.len()
+        ));
+    }
+    for (n, line) in text.lines().enumerate() {
+        let chars = line.chars().count();
+        if chars > max_line {
+            out.push(format!(
+                "{name}:{}: {chars} characters (at most {max_line})",
+                n + 1
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn readme_and_architecture_md_stay_short() {
+    let read = |name: &str| std::fs::read_to_string(repo_root().join(name)).unwrap();
+    let mut over = too_big("README.md", &read("README.md"), 16_000, usize::MAX);
+    over.extend(too_big(
+        "ARCHITECTURE.md",
+        &read("ARCHITECTURE.md"),
+        12_000,
+        200,
+    ));
+    assert!(
+        over.is_empty(),
+        "README.md is a landing page and ARCHITECTURE.md one page; move depth to docs/: {over:#?}"
+    );
+}
+
+#[test]
+fn the_checker_finds_a_long_document_or_line() {
+    let text = format!("short\n{}\n", "x".repeat(201));
+    assert_eq!(
+        too_big("A.md", &text, 100, 200),
+        vec![
+            "A.md: 208 bytes (at most 100)",
+            "A.md:2: 201 characters (at most 200)"
+        ]
+    );
+    assert!(too_big("A.md", "short\n", 100, 200).is_empty());
+}
+
 #[test]
 fn the_checker_finds_a_missing_page_or_heading() {
     let dir = tempfile::tempdir().unwrap();
