@@ -6,7 +6,8 @@
 //! from the document's folder), so README's documentation list and the
 //! pages' tables of contents cannot point nowhere. Nothing cites a README
 //! or ARCHITECTURE.md section by its title, nor the issue tracker, which is
-//! not in the repository ([`stale`]).
+//! not in the repository ([`stale`]). And the two doors stay short:
+//! README.md a landing page, ARCHITECTURE.md one page ([`too_big`]).
 //!
 //! Anchors are GitHub's: the heading's text lowercased, everything but
 //! letters, digits, `-`, `_` and spaces dropped, spaces made `-`; a
