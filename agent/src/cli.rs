@@ -82,7 +82,8 @@ pub enum Command {
         format: Format,
     },
     /// Print every effective setting and where it came from: command
-    /// line, agent.toml, puppet.conf [agent] or [main], or default (docs/agent.md#on-a-puppet-node).
+    /// line, agent.toml, puppet.conf [agent] or [main], or default
+    /// (docs/agent.md#on-a-puppet-node).
     Config {
         /// The config file.
         #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]

@@ -7,7 +7,8 @@
 //! are fixed, then purges run. Each step that fails is recorded and the
 //! others still run.
 //!
-//! **Durability** (`agent_durable`; BENCHMARKS.md#busy-node-busy-benchbusypy): before [`commit`] returns —
+//! **Durability** (`agent_durable`; BENCHMARKS.md#busy-node-busy-benchbusypy):
+//! before [`commit`] returns —
 //! so before the cache and the report claim the commit — every directory
 //! whose entries it changed and every entry whose mode it changed is on
 //! disk, at the cost of those alone: the directories renamed into, the

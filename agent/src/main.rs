@@ -87,7 +87,9 @@ fn run(command: Command) -> Result<ExitStatus, (ExitStatus, String)> {
                         format!("cannot start the runtime: {e}"),
                     )
                 })?;
-            // SIGTERM/SIGINT from here on stop the run cleanly (docs/operating.md#signals); if they cannot be taken over they keep killing.
+            // SIGTERM/SIGINT from here on stop the run cleanly
+            // (docs/operating.md#signals); if they cannot be taken over they
+            // keep killing.
             let interrupts = Interrupts::listen().unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "cannot handle SIGTERM and SIGINT");
                 Interrupts::none()

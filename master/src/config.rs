@@ -323,7 +323,8 @@ pub struct IndexConfig {
     /// Memory those listings may take per environment, in MiB (bodies plus
     /// their gzipped copies); the oldest are dropped first.
     pub cache_mib: usize,
-    // ---- index.allow_external_roots (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them) ----
+    // ---- index.allow_external_roots
+    // (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them) ----
     /// Absolute path globs: a module directory, `lib/` or `facts.d/` whose
     /// real path (or one of its ancestors) matches one is served even though
     /// it is outside the code tree (the environment directory and the
@@ -377,7 +378,8 @@ impl Default for IndexConfig {
     }
 }
 
-// ---- index.allow_external_roots (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them) ----
+// ---- index.allow_external_roots
+// (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them) ----
 impl IndexConfig {
     /// `allow_external_roots`, compiled: `*` and `?` stay within one path
     /// component; every pattern must be absolute.

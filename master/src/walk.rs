@@ -290,7 +290,9 @@ fn on_chain(nodes: &[Node], mut idx: u32, target: &Path, canon_root: &Path) -> b
 /// sha256). A file whose signature is unchanged is not read again.
 pub type Digests = HashMap<PathBuf, (FileSig, [u8; 32])>;
 
-/// The digests of an index dropped for being idle (docs/master.md#many-environments): signature → sha256, with no path (72 bytes a file, not
+/// The digests of an index dropped for being idle
+/// (docs/master.md#many-environments): signature → sha256, with no path (72
+/// bytes a file, not
 /// a path each). A signature holds the device and inode, so a hit is the
 /// very file that was hashed, unchanged, wherever it is walked from now.
 pub type KeptDigests = HashMap<FileSig, [u8; 32]>;

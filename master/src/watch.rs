@@ -9,7 +9,8 @@
 //! releases/3` stays on `releases/3` after the link is flipped; the
 //! environments' real paths are therefore resolved again after every burst
 //! of events, and a changed one is unwatched and its new target watched
-//! (`a_flipped_environment_link_is_watched_at_its_new_target`). Events carry real paths, mapped back to environment
+//! (`a_flipped_environment_link_is_watched_at_its_new_target`). Events carry
+//! real paths, mapped back to environment
 //! names through that table.
 //!
 //! **Events.** Mapped to the environments they touch (a path in an

@@ -1,8 +1,8 @@
 //! The agent's commit under faults: a local user swapping the
 //! libdir's directories for symlinks while runs commit, a
 //! destination whose inodes run out at the commit, and SIGTERM/SIGINT
-//! before and during the commit (docs/operating.md#signals). Every run is the real
-//! `pluginsync-agent` binary against a real master or a scripted
+//! before and during the commit (docs/operating.md#signals). Every run is the
+//! real `pluginsync-agent` binary against a real master or a scripted
 //! [`FakeMaster`].
 
 use std::sync::Arc;

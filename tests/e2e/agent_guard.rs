@@ -1,6 +1,7 @@
-//! The agent's removal guard (docs/agent.md#the-removal-guard): a master whose environment lost most of its files must not wipe
-//! a node. The run refuses with one line naming the count, changes nothing
-//! and exits 1; `--allow-mass-removal` proceeds.
+//! The agent's removal guard (docs/agent.md#the-removal-guard): a master whose
+//! environment lost most of its files must not wipe a node. The run refuses
+//! with one line naming the count, changes nothing and exits 1;
+//! `--allow-mass-removal` proceeds.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! Loading changed plugins with real child processes (issue "Loaders"): a
+//! Loading changed plugins with real child processes (docs/loading.md): a
 //! loader that exits 1, one that hangs (killed at its deadline with its
 //! children), one killed by a signal, a describe plugin whose name and
 //! answer disagree, a bad `_SHA256SUM`, several versions of one plugin

@@ -88,9 +88,10 @@ impl TestMaster {
         let store: Arc<Store> = ready_rx
             .recv_timeout(Duration::from_secs(60))
             .expect("master became ready");
-        // Environments are indexed and watched in the background (docs/master.md#many-environments): wait until the warmer and the watcher's
-        // setup are done, so a test starts from every environment indexed
-        // and watched, as a master did before serving.
+        // Environments are indexed and watched in the background
+        // (docs/master.md#many-environments): wait until the warmer and the
+        // watcher's setup are done, so a test starts from every environment
+        // indexed and watched, as a master did before serving.
         let settled = || store.is_warmed() && store.is_watching();
         for _ in 0..6000 {
             if settled() {

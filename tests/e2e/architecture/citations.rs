@@ -253,8 +253,8 @@ fn scanned(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// Citations that cannot be followed: a README or ARCHITECTURE.md section
 /// by its title (`README, "Signals"`) instead of `docs/<page>.md#anchor`,
-/// and the issue tracker (`issue 15`, `…_issue_15`), which is not in the
-/// repository. Each as `line: text`.
+/// and the issue tracker (`issue 15`, `…_issue_15`, `issue "Master"`), which
+/// is not in the repository. Each as `line: text`.
 pub fn stale(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -264,6 +264,7 @@ pub fn stale(text: &str) -> Vec<String> {
             "readme \"",
             "architecture.md, ",
             "architecture.md \"",
+            "issue \"",
         ]
         .iter()
         .any(|p| lower.contains(p));
@@ -470,7 +471,8 @@ fn the_checker_finds_a_citation_by_title_or_of_the_tracker() {
         // (README, \"Signals\")\n\
         // measured in issue 15, item 2\n\
         fn r10k_redeploys_issue_15() {}\n\
-        // ARCHITECTURE.md, Agent, cache\n";
+        // ARCHITECTURE.md, Agent, cache\n\
+        // (issue \"Master\", must-show 2)\n";
     assert_eq!(
         stale(text),
         vec![
@@ -478,6 +480,7 @@ fn the_checker_finds_a_citation_by_title_or_of_the_tracker() {
             "3: // measured in issue 15, item 2",
             "4: fn r10k_redeploys_issue_15() {}",
             "5: // ARCHITECTURE.md, Agent, cache",
+            "6: // (issue \"Master\", must-show 2)",
         ]
     );
 }
