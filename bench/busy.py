@@ -1,4 +1,4 @@
-"""Busy node (issue 14, item 4): pluginsync beside another process that keeps ~1 GB unwritten.
+"""Busy node (BENCHMARKS.md#busy-node-busy-benchbusypy): pluginsync beside another process that keeps ~1 GB unwritten.
 
 A writer process (this file run as `busy.py writer FILE MIB`) keeps about MIB MiB of dirty page
 cache on the filesystem of the agent's libdir: it writes FILE once without fsync, then, whenever

@@ -1,4 +1,4 @@
-"""Hundreds of environments (issue 14, item 5): one master, --envs environments that differ by 1 %.
+"""Hundreds of environments (BENCHMARKS.md#hundreds-of-environments-envs-benchenvspy): one master, --envs environments that differ by 1 %.
 
 The environments are what r10k makes of one repository's branches: full copies of the default tree
 (bench/vendor/gen_tree.py, the bench's --files/--modules/--seed), environment i changed by 1 % with

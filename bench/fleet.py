@@ -1,4 +1,4 @@
-"""Fleet figures (issue 14, item 1): what one agent run costs the master, and the wire, per node.
+"""Fleet figures (BENCHMARKS.md#fleet-figures-fleet-benchfleetpy): what one agent run costs the master, and the wire, per node.
 
 For each kind of certificate -- the throwaway ECDSA ones (`pluginsync-master dev-certs`), Puppet-style
 RSA 4,096 (bench/certs.py) and an RSA CA with a P-256 master key -- a master of its own serves the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""pluginsync bench: every figure of BENCHMARKS.md and of issue 14's targets, in one run.
+"""pluginsync bench: every figure of BENCHMARKS.md and its fleet-scale targets, in one run.
 
 Generates the team's seeded Puppet environment (bench/vendor/gen_tree.py, or --shared DIR's copy;
 default 60 modules, 3,000 plugin files, 25 MB, seed 1) and throwaway certificates, then runs the
@@ -136,7 +136,7 @@ def main():
     ap.add_argument("--scenarios", default=",".join(SCENARIOS),
                     help=f"comma-separated, from {','.join(SCENARIOS)} (default: all)")
     ap.add_argument("--skip", default="", help="comma-separated scenarios to leave out")
-    ap.add_argument("--fleet", action="store_true", help="issue 14's scenarios only: fleet,busy,envs")
+    ap.add_argument("--fleet", action="store_true", help="the fleet-scale scenarios only: fleet,busy,envs")
     ap.add_argument("--quick", action="store_true", help="small counts everywhere: a smoke run")
     ap.add_argument("--runs", type=int, help=f"runs of each speed scenario (default {FULL['runs']})")
     ap.add_argument("--puppet-runs", type=int,
@@ -489,7 +489,7 @@ def print_tables(r):
 
 
 def targets(r):
-    """[(target, measured, verdict)] for every target of BENCHMARKS.md and issue 14."""
+    """[(target, measured, verdict)] for every target of BENCHMARKS.md."""
     out = []
 
     def add(name, fn):

@@ -8,15 +8,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Release binaries when they were built (faster, what a fleet runs), else
-# debug ones; either way cargo rebuilds what changed, and says so first.
+# debug ones; either way cargo rebuilds what changed, and shows its progress
+# (a first build compiles a few hundred crates: minutes, not a hang).
 if [ -x target/release/pluginsync-master ] && [ -x target/release/pluginsync-agent ]; then
     profile=release
-    echo "== cargo build --release (release binaries are present; rebuilding what changed)"
-    cargo build --quiet --release --bins
+    echo "== cargo build --release --bins (release binaries are present; rebuilding what changed)"
+    cargo build --release --bins
 else
     profile=debug
-    echo "== cargo build (the first build takes a few minutes)"
-    cargo build --quiet --bins
+    echo "== cargo build --bins (the first build takes a few minutes; cargo shows its progress)"
+    cargo build --bins
 fi
 bin="$PWD/target/$profile"
 work="$(mktemp -d)"
@@ -26,6 +27,35 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
+
+# "1 file", "2 files".
+plural() {
+    if [ "$1" -eq 1 ]; then echo "$1 $2"; else echo "$1 $3"; fi
+}
+
+# One agent run, its output as the agent prints it; then, when it created
+# anything, the same count as a person reads it: the agent's summary counts
+# every created entry, directories included.
+sync_run() {
+    "$bin/pluginsync-agent" sync --config "$work/agent.toml" | tee "$work/run.out"
+    local files=0 dirs=0 path
+    while read -r action entry; do
+        [ "$action" = created ] || continue
+        case "$entry" in
+            plugins/*) path="$work/node/lib/${entry#plugins/}" ;;
+            pluginfacts/*) path="$work/node/facts.d/${entry#pluginfacts/}" ;;
+            *) continue ;;
+        esac
+        if [ -d "$path" ]; then dirs=$((dirs + 1)); else files=$((files + 1)); fi
+    done < "$work/run.out"
+    if [ "$files" -gt 0 ] && [ "$dirs" -gt 0 ]; then
+        echo "   (created: $(plural "$files" file files) and $(plural "$dirs" directory directories))"
+    elif [ "$files" -gt 0 ]; then
+        echo "   (created: $(plural "$files" file files))"
+    elif [ "$dirs" -gt 0 ]; then
+        echo "   (created: $(plural "$dirs" directory directories))"
+    fi
+}
 
 # A copy of the example environment, so the demo can change a file in it.
 cp -r etc/environments "$work/environments"
@@ -70,11 +100,11 @@ TOML
 
 echo
 echo "== pluginsync-agent sync (first run: everything is new)"
-"$bin/pluginsync-agent" sync --config "$work/agent.toml"
+sync_run
 
 echo
 echo "== pluginsync-agent sync (second run: in sync, prints nothing)"
-"$bin/pluginsync-agent" sync --config "$work/agent.toml"
+sync_run
 
 echo
 echo "== on the master: change a fact, add a function, remove a provider"
@@ -87,7 +117,7 @@ sleep 1   # the master re-indexes within its 200 ms debounce
 
 echo
 echo "== pluginsync-agent sync (third run: exactly those changes)"
-"$bin/pluginsync-agent" sync --config "$work/agent.toml"
+sync_run
 
 echo
 echo "== pluginsync-agent report --format json (the last run, as saved in the vardir)"

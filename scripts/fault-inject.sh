@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fault injection at scale (issue 17): the agent killed with SIGKILL at
+# Fault injection at scale: the agent killed with SIGKILL at
 # random points of initial and incremental syncs, direct and through a
 # throttled proxy (tests/e2e/agent_killed.rs), and masters killed
 # mid-download with a replica or restarted 2 s later

@@ -15,8 +15,8 @@ logback files, CA, ssldir, code and var directories; it binds 127.0.0.1 only; it
                                    files land in DIR/ssl (Puppet's ssldir layout)
   start    --dir DIR --port PORT   setup + serve in the background + wait; prints the PID
 
-Options of setup (and start) for a server behind a TLS-terminating balancer (README, "Running
-in a Puppet fleet"; tests/e2e/puppet_fleet.rs):
+Options of setup (and start) for a server behind a TLS-terminating balancer
+(docs/puppet-fleet.md#running-in-a-puppet-fleet; tests/e2e/puppet_fleet.rs):
   --http-port P       also listen on 127.0.0.1:P in plain HTTP (webserver `host`/`port`), the
                       balancer's backend; the HTTPS port stays
   --header-identity   `allow-header-cert-info: true` in auth.conf: the client's identity comes

@@ -1,5 +1,6 @@
-//! Certificate problems in words an operator acts on (README,
-//! "Certificates"): this node's certificate is checked before any
+//! Certificate problems in words an operator acts on
+//! (docs/tls.md#certificate-checks): this node's certificate is checked before
+//! any
 //! connection (expired, not yet valid, expiring within `[tls]
 //! cert_expiry_warning`), and a failed TLS handshake is turned into one
 //! line naming its cause — the master refused this node's certificate

@@ -20,8 +20,7 @@ pub struct Cli {
     /// More log output on stderr (-v info, -vv debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
-    /// Log lines as text or as one JSON object per line (README, "Metrics
-    /// and logs").
+    /// Log lines as text or as one JSON object per line (docs/operating.md#logs).
     #[arg(long, global = true, default_value = "text", value_parser = clap::builder::PossibleValuesParser::new(["text", "json"]).map(|s| s.parse::<LogFormat>().unwrap_or_default()))]
     pub log_format: LogFormat,
     /// What to do.
@@ -68,7 +67,7 @@ pub enum Command {
         load: bool,
         /// Proceed even when the run would remove more than
         /// `max_removal_percent` of a destination's files (the removal
-        /// guard, README "The removal guard").
+        /// guard, docs/agent.md#the-removal-guard).
         #[arg(long)]
         allow_mass_removal: bool,
     },
@@ -83,8 +82,8 @@ pub enum Command {
         format: Format,
     },
     /// Print every effective setting and where it came from: command
-    /// line, agent.toml, puppet.conf [agent] or [main], or default (README,
-    /// "On a Puppet node").
+    /// line, agent.toml, puppet.conf [agent] or [main], or default
+    /// (docs/agent.md#on-a-puppet-node).
     Config {
         /// The config file.
         #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]

@@ -314,7 +314,7 @@ impl Client {
         use pluginsync_common::tls::{install_default_provider, read_identity_pem, read_pem};
         install_default_provider();
         // This node's certificate, before any connection: a master would
-        // only answer "connection closed" (README, "Certificates").
+        // only answer "connection closed" (docs/tls.md#certificate-checks).
         match crate::certs::check_own(
             &tls.cert,
             std::time::SystemTime::now(),
@@ -346,7 +346,7 @@ impl Client {
             .read_timeout(Duration::from_secs(60))
             // HTTP/2 where the master offers it (ALPN): a run's parallel
             // downloads are streams of one connection, one handshake. An
-            // HTTP/1.1-only agent was measured (issue 14) and not kept: no
+            // HTTP/1.1-only agent was measured and not kept: no
             // difference in the master's CPU per no-op run beyond the
             // bench's noise (A/B, 60 runs each: 1.07/1.42 ms HTTP/2 against
             // 1.15/1.32 ms), and more connections, so more full

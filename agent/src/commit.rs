@@ -7,7 +7,8 @@
 //! are fixed, then purges run. Each step that fails is recorded and the
 //! others still run.
 //!
-//! **Durability** (issue 14, "A busy node"): before [`commit`] returns —
+//! **Durability** (`agent_durable`; BENCHMARKS.md#busy-node-busy-benchbusypy):
+//! before [`commit`] returns —
 //! so before the cache and the report claim the commit — every directory
 //! whose entries it changed and every entry whose mode it changed is on
 //! disk, at the cost of those alone: the directories renamed into, the
@@ -21,7 +22,8 @@
 //! filesystem. An empty plan (a run that changes nothing) syncs nothing.
 //! A failed sync is a warning: the changes are made and cannot be undone.
 //!
-//! **No path is ever resolved through a link** (issue 17, A-2): a local
+//! **No path is ever resolved through a link**
+//! (`a_racing_user_never_redirects_the_commit`): a local
 //! user who can rename inside the libdir must not be able to redirect a
 //! write or a removal of this (root) process. Every step acts on a name
 //! relative to a directory descriptor, and every descriptor is opened from
@@ -570,8 +572,8 @@ struct Needs {
 }
 
 /// Checks, before anything changes, that each destination's filesystem
-/// has the inodes and blocks its commit needs (issue 17, "a disk that
-/// fills at the commit"). What the commit allocates:
+/// has the inodes and blocks its commit needs
+/// (`a_destination_out_of_inodes_is_refused_before_the_commit`). What the commit allocates:
 /// - staged files are already allocated (same filesystem): their rename
 ///   needs nothing, and one over an old file frees the old;
 /// - a new directory needs an inode and a block (`f_bsize`);

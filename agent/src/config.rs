@@ -97,7 +97,7 @@ pub struct TlsConfig {
     /// The certname of this node in `ssldir`.
     pub certname: Option<String>,
     /// Warn this long before this node's certificate expires (default 30
-    /// days; README, "Certificates").
+    /// days; docs/tls.md#certificate-checks).
     #[serde(default, with = "humantime_serde")]
     pub cert_expiry_warning: Option<Duration>,
 }
@@ -133,7 +133,7 @@ pub struct AgentConfig {
     #[serde(default)]
     pub environment: Option<String>,
     /// Puppet's settings file read for what this file leaves unset
-    /// (README, "On a Puppet node"); unset: the first that exists of
+    /// (docs/agent.md#on-a-puppet-node); unset: the first that exists of
     /// [`DEFAULT_PUPPET_CONFS`]; `""`: none.
     #[serde(default)]
     pub puppet_conf: Option<PathBuf>,
@@ -163,7 +163,7 @@ pub struct AgentConfig {
     /// Downloads in flight at once.
     #[serde(default = "default_parallel")]
     pub parallel_downloads: usize,
-    /// The removal guard (README, "The removal guard"): a run that would
+    /// The removal guard (docs/agent.md#the-removal-guard): a run that would
     /// remove more than this percentage of a destination's files refuses
     /// and changes nothing, unless `--allow-mass-removal`; 100 turns it off.
     #[serde(default = "default_max_removal_percent")]
@@ -192,7 +192,7 @@ pub struct AgentConfig {
     pub keys: BTreeSet<String>,
 }
 
-/// `[metrics]` (README, "Metrics and logs").
+/// `[metrics]` (docs/operating.md#agent-metrics).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {

@@ -1,5 +1,5 @@
-//! A `kind = "describe"` load: is this file a plugin, and which (README,
-//! "Plugin layouts")? The layout names it from its path
+//! A `kind = "describe"` load: is this file a plugin, and which 
+//! (docs/loading.md#plugin-layouts)? The layout names it from its path
 //! ([`layouts::identify`]) under the loader's roots (an earlier root
 //! shadows the same identity in a later one); a Celerity ID must not be
 //! both a provider and a transformer; the file must be executable; a

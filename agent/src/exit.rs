@@ -30,7 +30,7 @@ pub enum ExitStatus {
     Config = 78,
     /// SIGINT stopped the run (128 + 2, as a shell reports it): before the
     /// commit nothing was changed; after its start the commit finished and
-    /// the loads were left to the next run (README, "Signals").
+    /// the loads were left to the next run (docs/operating.md#signals).
     Interrupted = 130,
     /// SIGTERM stopped the run (128 + 15); as [`ExitStatus::Interrupted`].
     Terminated = 143,

@@ -1,5 +1,5 @@
-//! Launching loader children, each in isolation (docs: README "Loading
-//! changed plugins"; ARCHITECTURE.md, Agent, load).
+//! Launching loader children, each in isolation (docs/loading.md;
+//! docs/internals.md#load-launch-layouts-and-plugins).
 //!
 //! Every child (a `command` loader, a `describe` handshake, `after_load`)
 //! runs in its own process group with a deadline: at the deadline the whole

@@ -1,5 +1,5 @@
 //! What a `describe` plugin is, from where it lies: each layout of the four
-//! plugin systems pluginsync learned from (README, "Plugin layouts") turns a
+//! plugin systems pluginsync learned from (docs/loading.md#plugin-layouts) turns a
 //! file's path under its loader root into an identity, maybe a version and
 //! API version, and the checks that system makes on names.
 //!

@@ -11,7 +11,7 @@
 //! kustomize fail the run).
 //!
 //! `kind = "describe"` registers executable plugins in one of four layouts
-//! (Packer, Terraform, Celerity, kustomize; README, "Plugin layouts"):
+//! (Packer, Terraform, Celerity, kustomize; docs/loading.md#plugin-layouts):
 //! `describe.rs`. Which loader a file goes to is the compiled table of
 //! `loaders.rs`; launching children is `launch.rs`'s.
 
@@ -356,8 +356,8 @@ fn skipped(path: String, loader: Option<String>, why: &str) -> LoadEntry {
 
 /// The files a run is about to commit and will have to load
 /// (`<vardir>/pending_loads.json`): written before the commit, removed
-/// once the loads ran. A run that finds it loads them (ARCHITECTURE.md,
-/// Agent: a run killed between its commit and its loads).
+/// once the loads ran. A run that finds it loads them (docs/loading.md#a-killed-run-still-loads:
+/// a run killed between its commit and its loads).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingLoads {
     /// `(mount, relative path)` of each file, in commit order.

@@ -1,7 +1,7 @@
 //! `[load]` and `[[loader]]` of agent.toml, and the loader table compiled
-//! from them once, when the file is loaded (README, "Loading changed
-//! plugins"): each loader's `match` glob built into a matcher, its roots
-//! checked, and `[load.constraints]` parsed. Which loader a changed file
+//! from them once, when the file is loaded
+//! (docs/loading.md#loading-changed-plugins-and-plugin-layouts): each
+//! loader's `match` glob built into a matcher, its roots checked, and `[load.constraints]` parsed. Which loader a changed file
 //! goes to ([`LoaderTable::find`]) and which version of a plugin is active
 //! ([`LoaderTable::constraint`]) are answered here; running the loaders is
 //! `load.rs`'s.
@@ -99,7 +99,7 @@ pub struct LoaderConfig {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// For `describe`: the plugin system whose file layout gives each
-    /// plugin's identity and version (README, "Plugin layouts").
+    /// plugin's identity and version (docs/loading.md#plugin-layouts).
     #[serde(default)]
     pub layout: Layout,
     /// For `describe`: directories relative to the libdir, searched in

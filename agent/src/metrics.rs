@@ -1,5 +1,5 @@
 //! Agent metrics for node_exporter's textfile collector (`[metrics]
-//! textfile`, README "Metrics and logs"): after every run, failed ones
+//! textfile`, docs/operating.md#agent-metrics): after every run, failed ones
 //! included, the file is replaced atomically (`common::fsutil`), so the
 //! collector never reads half of it and an operator can alert on "no
 //! successful sync in 2 hours".

@@ -279,8 +279,9 @@ pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Pl
 /// percentage of a handful says nothing about the master's tree).
 pub const GUARD_MIN_FILES: usize = 10;
 
-/// How many of a destination's files a plan takes away (README, "The
-/// removal guard"). Files are the local non-directories (regular files,
+/// How many of a destination's files a plan takes away
+/// (docs/agent.md#the-removal-guard). Files are the local non-directories
+/// (regular files,
 /// symlinks, others); one is taken away when the listing has no file at
 /// its path: purged itself, purged with a directory above it, or replaced
 /// by a directory.

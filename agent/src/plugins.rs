@@ -12,7 +12,7 @@
 //! Terraform's layout ([`parse_terraform`]) names providers
 //! `terraform-provider-<name>_v<X.Y.Z>[_x<api>]`; an unversioned
 //! `terraform-provider-<name>` beside the host program is a local build,
-//! active over every release (README, "Plugin layouts").
+//! active over every release (docs/loading.md#plugin-layouts).
 
 use std::collections::BTreeMap;
 use std::path::Path;

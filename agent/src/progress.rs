@@ -1,4 +1,4 @@
-//! Progress on a terminal while a run downloads (README, "The agent"):
+//! Progress on a terminal while a run downloads (docs/agent.md#progress-on-a-terminal):
 //! `pluginsync: downloading 1,234/20,000 files` rewritten in place on
 //! stderr every [`TICK`], only when stderr is a terminal and the report is
 //! text — never under cron, a pipe, a file or `--format json`, where it

@@ -1,5 +1,5 @@
-//! Puppet's `puppet.conf`, read as Puppet's agent reads it (README, "On a
-//! Puppet node"; docs/protocol.md §5.3 for the ssldir layout): pure, no I/O.
+//! Puppet's `puppet.conf`, read as Puppet's agent reads it (docs/agent.md#on-a-puppet-node;
+//! docs/protocol.md §5.3 for the ssldir layout): pure, no I/O.
 //!
 //! The format is Puppet's ini-ish one: `[main]`, `[agent]`, `[server]` (its
 //! older name `[master]`) and `[user]` sections, `key = value` lines, `#`

@@ -1,5 +1,5 @@
 //! Settings: the command line over agent.toml over puppet.conf over the
-//! defaults (README, "On a Puppet node"), resolved once; everything after
+//! defaults (docs/agent.md#on-a-puppet-node), resolved once; everything after
 //! this takes `&Settings`, and [`Settings::effective`] says where each
 //! value came from (`pluginsync-agent config`).
 //!

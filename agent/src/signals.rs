@@ -1,4 +1,4 @@
-//! SIGTERM and SIGINT during a run (README, "Signals"; issue 17: a
+//! SIGTERM and SIGINT during a run (docs/operating.md#signals; without it a
 //! `systemctl stop` in the middle of a commit used to leave a tree half old,
 //! half new).
 //!
@@ -19,7 +19,7 @@
 //!
 //! On the signal that thread also kills every loader's process group: each
 //! loader runs under a supervisor that leads a process group of its own
-//! (ARCHITECTURE.md, Agent: load), a direct child of the agent; those
+//! (docs/internals.md#load-launch-layouts-and-plugins), a direct child of the agent; those
 //! groups get SIGKILL, so a loader never outlives the run it belongs to.
 
 use std::sync::mpsc;

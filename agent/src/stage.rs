@@ -139,7 +139,7 @@ impl Staging {
     /// Gives every staged file its mode from `modes` (relative path →
     /// planned mode, masked with [`MODE_MASK`]) and adds it to `durable`.
     /// Every file is opened from the staging directory without following
-    /// a link (as the commit does, ARCHITECTURE.md, Agent, commit).
+    /// a link (as the commit does, docs/internals.md#commit).
     fn seal_into(
         &self,
         modes: &HashMap<&Path, u32>,

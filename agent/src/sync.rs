@@ -1,4 +1,4 @@
-//! One sync run, read as its diagram (ARCHITECTURE.md, Agent):
+//! One sync run, read as its diagram (ARCHITECTURE.md#pipelines):
 //!
 //! ```text
 //! catalog → listing (HTTP) + local scan → plan (pure) → stage + verify → commit → report → load
@@ -24,7 +24,7 @@
 //! every destination as it was: the staged files are removed when their
 //! [`Staging`] is dropped, and nothing is ever purged because of an error.
 //!
-//! SIGTERM and SIGINT ([`Interrupts`], README "Signals") race phases 1 and
+//! SIGTERM and SIGINT ([`Interrupts`], docs/operating.md#signals) race phases 1 and
 //! 2 and stop the run the same way; once the commit has started they are
 //! only noted: the commit finishes, is reported and remembered, and the
 //! run ends without its loads (kept in the pending-loads record).
@@ -104,7 +104,7 @@ pub enum SyncError {
     /// A destination's filesystem cannot hold what the commit creates.
     #[error(transparent)]
     Space(#[from] commit::SpaceError),
-    /// The removal guard (README, "The removal guard"): the plan of `mount`
+    /// The removal guard (docs/agent.md#the-removal-guard): the plan of `mount`
     /// takes away more than `max_removal_percent` of its destination's
     /// files; nothing was changed.
     #[error(
@@ -544,7 +544,7 @@ impl<'a> Run<'a> {
         let origin = self.origin.clone().unwrap_or_default();
         let mut stagings = Vec::with_capacity(passes.len());
         // On a terminal, a text run shows its downloads as they go
-        // (README, "The agent").
+        // (docs/agent.md#progress-on-a-terminal).
         let progress = Arc::new(Progress::default());
         progress.add_total(passes.iter().map(|p| p.plan.writes().count() as u64).sum());
         let _display = progress::Display::start(

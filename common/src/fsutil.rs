@@ -11,7 +11,7 @@
 //! - [`replace_atomic`] does not wait for the disk, for what every run
 //!   rewrites and only reports or hints: the report, the metrics textfile,
 //!   the cache. A run that changes nothing writes only these, so it makes
-//!   no sync call at all (issue 14, "A busy node").
+//!   no sync call at all (`agent_durable`).
 //!
 //! A file replaced without `fsync` can be **lost but never torn**. The
 //! old and the new version are two inodes: the new one is written whole
@@ -27,7 +27,7 @@
 //! `auto_da_alloc`), the new inode is empty or cut short: the report's
 //! reader refuses it as not JSON and the next run replaces it, the
 //! textfile's series go missing until then, and the cache checks every
-//! record against its own digest (ARCHITECTURE.md, Agent, cache).
+//! record against its own digest (docs/internals.md#cache).
 //!
 //! **Durable sets** ([`Durable`]): the files and directories one step
 //! changed, made durable together. Up to [`SYNCFS_ABOVE`] of them per

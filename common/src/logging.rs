@@ -2,7 +2,7 @@
 //! from `-v` unless `RUST_LOG` says otherwise, colour only on a terminal,
 //! and log lines nobody reads any more dropped instead of panicking.
 //!
-//! Two things make the lines usable under systemd (README, "Logs"):
+//! Two things make the lines usable under systemd (docs/operating.md#logs):
 //! - when stderr is the journal (`JOURNAL_STREAM` names stderr's device and
 //!   inode, as systemd sets it for a unit's output), each line starts with
 //!   its syslog priority, `<3>` for errors, `<4>` warnings, `<6>` info and

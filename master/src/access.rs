@@ -1,5 +1,5 @@
-//! The access log (`[log] access = "off" | "text" | "json"`, README
-//! "Metrics and logs"): one line per answered request, written to stderr
+//! The access log (`[log] access = "off" | "text" | "json"`,
+//! docs/operating.md#logs): one line per answered request, written to stderr
 //! when its response body ends (or the client goes away), with the time,
 //! the peer, the certname, the environment, the endpoint, the status, the
 //! body bytes sent and the duration.

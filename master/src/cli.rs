@@ -21,8 +21,7 @@ pub struct Cli {
     /// More log output (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
-    /// Log lines as text or as one JSON object per line (README, "Metrics
-    /// and logs").
+    /// Log lines as text or as one JSON object per line (docs/operating.md#logs).
     #[arg(long, global = true, default_value = "text", value_parser = clap::builder::PossibleValuesParser::new(["text", "json"]).map(|s| s.parse::<LogFormat>().unwrap_or_default()))]
     pub log_format: LogFormat,
     /// What to do.
@@ -50,13 +49,13 @@ pub enum Command {
     /// Puppet-style ssldir (never for production).
     DevCerts(DevCertsOptions),
     /// Make the master a P-256 key and a certificate signing request for
-    /// the fleet's Puppet CA, in Puppet's ssldir layout (README, "TLS":
+    /// the fleet's Puppet CA, in Puppet's ssldir layout (docs/tls.md#a-p-256-key-for-the-master:
     /// cheaper handshakes than an RSA key, same CA for the agents).
     Csr(CsrOptions),
     /// Ask the running master to re-index ENVIRONMENT (every environment
     /// without one) now, and wait until it is served: Puppet Server's admin
     /// API over the master's port with the master's own certificate
-    /// (README, "Deploys"; for `index.publish = "explicit"` and r10k's
+    /// (docs/deploys.md; for `index.publish = "explicit"` and r10k's
     /// postrun hook).
     Reindex {
         /// The config file of the running master.

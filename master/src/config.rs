@@ -51,11 +51,11 @@ pub struct MasterConfig {
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
-    // --- issue 15 B: the admin API ---
+    // --- the admin API (docs/deploys.md#the-explicit-signal) ---
     /// Puppet Server's admin API (`DELETE /puppet-admin-api/v1/environment-cache`).
     #[serde(default)]
     pub admin: AdminConfig,
-    // --- end issue 15 B ---
+    // --- end the admin API ---
     /// The plain-HTTP listener behind a TLS-terminating proxy, with the
     /// client's identity in headers (docs/protocol.md §5.5).
     #[serde(default)]
@@ -150,7 +150,7 @@ impl ProxyConfig {
     }
 }
 
-// --- issue 15 B: `[admin]`, `index.publish` ---
+// --- deploys: `[admin]`, `index.publish` (docs/deploys.md) ---
 /// `[admin]`: who may call the admin API (docs/protocol.md §1.10).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -163,7 +163,7 @@ pub struct AdminConfig {
     pub certnames: Vec<String>,
 }
 
-/// `index.publish`: what makes a changed tree served (README, "Deploys").
+/// `index.publish`: what makes a changed tree served (docs/deploys.md#explicit-publishing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Publish {
@@ -174,7 +174,7 @@ pub enum Publish {
     /// the watcher never does (the periodic rescan neither).
     Explicit,
 }
-// --- end issue 15 B ---
+// --- end deploys ---
 
 /// `[log]`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -185,7 +185,7 @@ pub struct LogConfig {
     pub access: crate::access::AccessFormat,
 }
 
-/// `[metrics]` (README, "Metrics").
+/// `[metrics]` (docs/operating.md#master-metrics).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
@@ -323,17 +323,18 @@ pub struct IndexConfig {
     /// Memory those listings may take per environment, in MiB (bodies plus
     /// their gzipped copies); the oldest are dropped first.
     pub cache_mib: usize,
-    // ---- index.allow_external_roots (issue 15, item 5) ----
+    // ---- index.allow_external_roots
+    // (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them) ----
     /// Absolute path globs: a module directory, `lib/` or `facts.d/` whose
     /// real path (or one of its ancestors) matches one is served even though
     /// it is outside the code tree (the environment directory and the
     /// `basemodulepath` entries, real paths). Empty: none is.
     pub allow_external_roots: Vec<String>,
     // ---- end index.allow_external_roots ----
-    // --- issue 15 B: deploys ---
+    // --- deploys (docs/deploys.md) ---
     /// During a deploy (a directory of the environment removed, git at
     /// work, or changes that never pause), the last complete index is kept
-    /// until the environment has been quiet this long (README, "Deploys").
+    /// until the environment has been quiet this long (docs/deploys.md).
     #[serde(with = "humantime_serde")]
     pub settle: Duration,
     /// A deploy that never settles is published after this long anyway.
@@ -341,20 +342,20 @@ pub struct IndexConfig {
     pub settle_max: Duration,
     /// `"watch"` or `"explicit"`.
     pub publish: Publish,
-    // --- end issue 15 B ---
-    // --- issue 14, item 5: many environments ---
+    // --- end deploys ---
+    // --- many environments (docs/master.md#many-environments) ---
     /// Environments indexed in the background after startup, one at a
     /// time, in this order; `"*"` stands for every other one (by name).
     /// The health check answers `starting` until the named ones are
     /// indexed; any other environment is indexed on its first request
-    /// (README, "Many environments").
+    /// (docs/master.md#many-environments).
     pub warm: Vec<String>,
     /// An index not asked for in this long is dropped (its file digests
     /// kept) and rebuilt on its next request; `"0s"`: never. Ignored under
     /// `publish = "explicit"`.
     #[serde(with = "humantime_serde")]
     pub idle_drop: Duration,
-    // --- end issue 14, item 5 ---
+    // --- end many environments ---
 }
 
 impl Default for IndexConfig {
@@ -366,18 +367,19 @@ impl Default for IndexConfig {
             cached_responses: 64,
             cache_mib: 64,
             allow_external_roots: Vec::new(),
-            // --- issue 15 B ---
+            // --- deploys ---
             settle: DEFAULT_SETTLE,
             settle_max: DEFAULT_SETTLE_MAX,
             publish: Publish::Watch,
-            // --- end issue 15 B ---
+            // --- end deploys ---
             warm: vec!["production".into(), "*".into()],
             idle_drop: DEFAULT_IDLE_DROP,
         }
     }
 }
 
-// ---- index.allow_external_roots (issue 15, item 5) ----
+// ---- index.allow_external_roots
+// (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them) ----
 impl IndexConfig {
     /// `allow_external_roots`, compiled: `*` and `?` stay within one path
     /// component; every pattern must be absolute.
@@ -400,10 +402,10 @@ impl IndexConfig {
     }
 }
 // ---- end index.allow_external_roots ----
-// --- issue 15 B ---
+// --- deploys ---
 /// Default of `index.settle`: longer than the pauses of a real r10k
 /// redeploy, where git or the Forge is fetching the next module and the
-/// tree is briefly silent (about 1–2 s per module measured in issue 15), and
+/// tree is briefly silent (about 1–2 s per module, measured), and
 /// short enough that a deploy is served seconds after it ends. r10k's
 /// `.r10k-deploy.json`, written when an environment's deploy is done, ends
 /// the wait at once.
@@ -414,7 +416,7 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_secs(5);
 pub const DEFAULT_IDLE_DROP: Duration = Duration::from_secs(3600);
 /// Default of `index.settle_max`.
 pub const DEFAULT_SETTLE_MAX: Duration = Duration::from_secs(60);
-// --- end issue 15 B ---
+// --- end deploys ---
 
 fn default_listen() -> Vec<String> {
     vec!["0.0.0.0:8140".to_owned()]
@@ -477,7 +479,7 @@ impl MasterConfig {
             }
         }
         auth::Authorizer::new(&self.authorization)?;
-        self.index.external_roots()?; // index.allow_external_roots (issue 15)
+        self.index.external_roots()?; // index.allow_external_roots
         for w in self.index.warm.iter().filter(|w| *w != "*") {
             if w.parse::<pluginsync_common::envname::EnvName>().is_err() {
                 return Err(ConfigError::Invalid(format!(
@@ -485,7 +487,7 @@ impl MasterConfig {
                 )));
             }
         }
-        // --- issue 15 B ---
+        // --- deploys ---
         if self.index.settle.is_zero() || self.index.settle_max < self.index.settle {
             return Err(ConfigError::Invalid(
                 "index.settle must be longer than 0s and index.settle_max at least index.settle"
@@ -502,7 +504,7 @@ impl MasterConfig {
                 "admin.certnames: '{bad}' is not a certname"
             )));
         }
-        // --- end issue 15 B ---
+        // --- end deploys ---
         self.proxy.validate()?;
         Ok(())
     }

@@ -1,12 +1,12 @@
 //! `pluginsync-master csr`: a new ECDSA P-256 key for the master and a
 //! certificate signing request for it, in Puppet's ssldir layout, for the
-//! fleet's Puppet CA to sign (README, "TLS").
+//! fleet's Puppet CA to sign (docs/tls.md#a-p-256-key-for-the-master).
 //!
 //! Why a key of its own: with a Puppet CA's default RSA 4,096-bit keys the
 //! master's signature in every full TLS handshake (CertificateVerify) is
 //! most of its CPU per agent run; a P-256 signature costs a small fraction
 //! of it, and the agents, whose certificates stay RSA, trust the master's
-//! certificate as long as their CA issued it (README, "TLS", has the
+//! certificate as long as their CA issued it (docs/tls.md#a-p-256-key-for-the-master has the
 //! figures). Nothing else changes for the fleet.
 //!
 //! ```text

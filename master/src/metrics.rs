@@ -1,4 +1,4 @@
-//! Prometheus metrics of the master (README, "Metrics"), served in the
+//! Prometheus metrics of the master (docs/operating.md#master-metrics), served in the
 //! Prometheus text format on `[metrics] listen`, a plain-HTTP port apart
 //! from the mTLS one (off when unset).
 //!

@@ -1,5 +1,5 @@
 //! `pluginsync-master reindex [ENV]`: asks the running master to re-index
-//! now (README, "Deploys"), for `index.publish = "explicit"` and for
+//! now (docs/deploys.md#the-explicit-signal), for `index.publish = "explicit"` and for
 //! r10k's `postrun` hook.
 //!
 //! It speaks the admin API the master already serves (`DELETE

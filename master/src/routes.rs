@@ -2,7 +2,7 @@
 //! the layers every response goes through (`X-Puppet-Version`, request
 //! bodies refused, a request timeout, panics turned into 500s, and the
 //! outermost one, [`measure`]: each answer counted by endpoint and status,
-//! timed and its body bytes counted for the metrics — README, "Metrics").
+//! timed and its body bytes counted for the metrics — docs/operating.md#master-metrics).
 //! Outside them all, each listener's identity layer: [`router`] (the mTLS
 //! listener) sets the request's `PeerIdentity` from the TLS handshake,
 //! [`proxy_router`] (the `[proxy]` listener) from a trusted proxy's headers

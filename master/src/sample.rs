@@ -1,6 +1,6 @@
 //! Log sampling for events a client can cause at will: requests refused
 //! for their identity or by `[[authorization]]`, failed TLS handshakes.
-//! Each event is counted (the metrics show them all, README "Metrics"), but
+//! Each event is counted (the metrics show them all, docs/operating.md#master-metrics), but
 //! logged as a sample: one unauthenticated client once wrote 20,257 log
 //! lines in 30 s, one per request, past journald's rate limit.
 

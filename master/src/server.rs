@@ -3,8 +3,8 @@
 //! [`serve`] takes already-bound listeners (tests bind `127.0.0.1:0`, the
 //! binary binds `listen`) and a shutdown future. SIGHUP reloads the TLS
 //! files (certificate rotation, a new CRL) without dropping connections,
-//! and re-indexes every environment (the explicit publish, README
-//! "Deploys");
+//! and re-indexes every environment (the explicit publish,
+//! docs/deploys.md#the-explicit-signal);
 //! SIGTERM/SIGINT make the health check answer 503 for `shutdown_grace`, so
 //! load balancers drain this replica, then stop accepting and give open
 //! requests `shutdown_grace` to finish.
@@ -65,8 +65,7 @@ pub struct Reload {
     pub config: RustlsConfig,
     /// Every open connection, with its client certificate.
     pub connections: Arc<Connections>,
-    /// The indexes: SIGHUP also re-indexes every environment (README,
-    /// "Deploys").
+    /// The indexes: SIGHUP also re-indexes every environment (docs/deploys.md).
     pub store: Arc<Store>,
     /// The `[proxy]` listener's trust, whose certificate-header verifier
     /// follows the reloaded CA and CRL.
@@ -125,7 +124,7 @@ pub async fn serve(
     let expiry_watch = tokio::spawn(watch_certificate(config.clone()));
     let authorizer = Authorizer::new(&config.authorization)?;
     let store = Store::new(config.clone());
-    // Nothing is indexed before listening (README, "Many environments"):
+    // Nothing is indexed before listening (docs/master.md#many-environments):
     // the warmer indexes in the background, requests index on demand.
     let warmer = tokio::spawn(store.clone().warm());
     let dropper = tokio::spawn(Store::idle_dropper(
@@ -272,7 +271,7 @@ fn limit_http(
 
 /// Checks the server certificate at startup and then daily: an error line
 /// when agents would refuse it, a warning within `[tls]
-/// cert_expiry_warning` of its expiry (README, "Certificates"). A SIGHUP
+/// cert_expiry_warning` of its expiry (docs/tls.md#certificate-checks). A SIGHUP
 /// that installs a new certificate is picked up by the next check.
 async fn watch_certificate(config: Arc<MasterConfig>) {
     let mut daily = tokio::time::interval(std::time::Duration::from_secs(24 * 3600));
@@ -291,7 +290,7 @@ async fn watch_certificate(config: Arc<MasterConfig>) {
 }
 
 /// Serves `GET /metrics` in the Prometheus text format on `addr`, plain
-/// HTTP (README, "Metrics").
+/// HTTP (docs/operating.md#master-metrics).
 async fn spawn_metrics(
     addr: SocketAddr,
     store: &Arc<Store>,

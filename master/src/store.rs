@@ -3,7 +3,7 @@
 //! Handlers call [`Store::get`], which returns the current `Arc<EnvIndex>`
 //! of an environment without blocking on I/O in the common case.
 //!
-//! **Lazily** (issue 14, item 5; README, "Many environments"): startup
+//! **Lazily** (docs/master.md#many-environments): startup
 //! builds nothing before listening. An environment is indexed the first
 //! time it is asked for (that request waits for that environment only,
 //! and concurrent first requests share one build: one lock per
@@ -69,7 +69,7 @@ pub struct Stats {
     /// Filesystem events the watcher received.
     pub watch_events: AtomicU64,
     /// Deploys the watcher noticed and held back until they settled
-    /// (README, "Deploys").
+    /// (docs/deploys.md).
     pub deploys_held: AtomicU64,
     /// Environment directories the watcher watches now (real paths).
     pub watched_environments: AtomicU64,
@@ -122,7 +122,7 @@ pub struct Store {
     watching: AtomicBool,
     /// Counters.
     pub stats: Stats,
-    /// The labelled metrics (README, "Metrics").
+    /// The labelled metrics (docs/operating.md#master-metrics).
     pub metrics: Metrics,
     /// True once SIGTERM/SIGINT arrived: the health check answers 503.
     pub draining: AtomicBool,
@@ -179,7 +179,7 @@ impl Store {
     }
 
     /// True once the environments named in `index.warm` are indexed: what
-    /// the health check reports (README, "Many environments").
+    /// the health check reports (docs/master.md#many-environments).
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }

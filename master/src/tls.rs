@@ -1,6 +1,6 @@
 //! The master's rustls server config: ring only, client certificates per
 //! `tls.client_auth`, CRLs when configured (checked for the whole chain),
-//! ALPN h2 + http/1.1, and session resumption (README, "TLS") from a
+//! ALPN h2 + http/1.1, and session resumption (docs/tls.md#session-resumption) from a
 //! bounded in-memory session cache: nothing of it is ever on disk.
 
 use std::sync::Arc;
@@ -89,9 +89,9 @@ pub fn server_tls(tls: &TlsConfig) -> Result<ServerTls, ServerTlsError> {
     })
 }
 
-/// Session resumption (README, "TLS"): a resumed handshake skips the
+/// Session resumption (docs/tls.md#session-resumption): a resumed handshake skips the
 /// master's certificate signature, the expensive part of a full one with a
-/// Puppet CA's RSA keys (README, "TLS", has the figures). The sessions are
+/// Puppet CA's RSA keys (docs/tls.md#a-p-256-key-for-the-master has the figures). The sessions are
 /// kept in the master's memory ([`SESSION_CACHE`], [`SESSION_MAX_AGE`] each
 /// at most) and a ticket only names
 /// one, so a restart — and every reload: each builds a new config with an
@@ -223,7 +223,7 @@ pub fn crl_next_update(path: &std::path::Path) -> Option<i64> {
 /// outage), `Ok(Some(warning))` when it expires within `warn_within`.
 /// `pluginsync-master check` fails on the first and prints the second;
 /// `serve` refuses to start on the first and logs the second daily
-/// (README, "Certificates").
+/// (docs/tls.md#certificate-checks).
 pub fn server_certificate_check(
     tls: &TlsConfig,
     now: std::time::SystemTime,

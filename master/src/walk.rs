@@ -290,8 +290,9 @@ fn on_chain(nodes: &[Node], mut idx: u32, target: &Path, canon_root: &Path) -> b
 /// sha256). A file whose signature is unchanged is not read again.
 pub type Digests = HashMap<PathBuf, (FileSig, [u8; 32])>;
 
-/// The digests of an index dropped for being idle (README, "Many
-/// environments"): signature → sha256, with no path (72 bytes a file, not
+/// The digests of an index dropped for being idle
+/// (docs/master.md#many-environments): signature → sha256, with no path (72
+/// bytes a file, not
 /// a path each). A signature holds the device and inode, so a hit is the
 /// very file that was hashed, unchanged, wherever it is walked from now.
 pub type KeptDigests = HashMap<FileSig, [u8; 32]>;
@@ -372,7 +373,7 @@ static OPENAT2: AtomicBool = AtomicBool::new(true);
 
 /// Opens a path the index recorded, for reading, the one way the master
 /// ever reads a served file (index build, other checksum types, content,
-/// blobs): docs/protocol.md §1.4, ARCHITECTURE.md "handlers".
+/// blobs): docs/protocol.md §1.4, docs/internals.md#handlers.
 ///
 /// - No symlink is followed, in any component: a recorded real path is
 ///   canonical (a followed link inside the module root is stored as its

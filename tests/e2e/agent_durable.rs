@@ -1,6 +1,6 @@
-//! What the agent makes durable, and how (issue 14, "A busy node";
-//! `agent/src/stage.rs`, `agent/src/commit.rs`,
-//! `common/src/fsutil.rs`): the real agent binary under
+//! What the agent makes durable, and how
+//! (BENCHMARKS.md#busy-node-busy-benchbusypy; `agent/src/stage.rs`,
+//! `agent/src/commit.rs`, `common/src/fsutil.rs`): the real agent binary under
 //! `strace -f -y -e trace=syncfs,fsync,fdatasync` against a real master,
 //! each sync call read back with the path of its descriptor.
 //!

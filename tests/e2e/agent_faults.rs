@@ -1,8 +1,8 @@
-//! The agent's commit under faults (issue 17): a local user swapping the
-//! libdir's directories for symlinks while runs commit, a
+//! The agent's commit under faults: a local user swapping the
+//! libdir's directories for symlinks while runs commit, a
 //! destination whose inodes run out at the commit, and SIGTERM/SIGINT
-//! before and during the commit (README, "Signals"). Every run is the real
-//! `pluginsync-agent` binary against a real master or a scripted
+//! before and during the commit (docs/operating.md#signals). Every run is the
+//! real `pluginsync-agent` binary against a real master or a scripted
 //! [`FakeMaster`].
 
 use std::sync::Arc;
@@ -51,7 +51,7 @@ fn nested(tree: &EnvTree, env: &str, subs: std::ops::Range<usize>) {
 /// directory outside it. Nothing outside the libdir is written or removed,
 /// and a quiet run afterwards converges.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_racing_user_never_redirects_the_commit_issue_17_a2() {
+async fn a_racing_user_never_redirects_the_commit() {
     let (tree, pki) = (EnvTree::new(), Pki::new());
     nested(&tree, "alpha", 0..3);
     nested(&tree, "beta", 1..4);
@@ -102,7 +102,7 @@ async fn a_racing_user_never_redirects_the_commit_issue_17_a2() {
     assert_eq!((again.code, again.stdout.as_str()), (0, ""), "{again:?}");
 }
 
-/// Issue 17, "a disk that fills at the commit": the staged files fit, the
+/// A disk that fills at the commit: the staged files fit, the
 /// 61 new directories do not (a tmpfs of 24 inodes). The run is refused
 /// before its first step with one line naming the destination and what is
 /// short; nothing changed, no staging left. With enough inodes the same

@@ -1,7 +1,7 @@
-//! The agent's removal guard (issue 15, item 4; README "The removal
-//! guard"): a master whose environment lost most of its files must not wipe
-//! a node. The run refuses with one line naming the count, changes nothing
-//! and exits 1; `--allow-mass-removal` proceeds.
+//! The agent's removal guard (docs/agent.md#the-removal-guard): a master whose
+//! environment lost most of its files must not wipe a node. The run refuses
+//! with one line naming the count, changes nothing and exits 1;
+//! `--allow-mass-removal` proceeds.
 
 use std::time::Duration;
 
@@ -9,9 +9,9 @@ use pluginsync_tests::{
     AgentHome, EnvTree, Pki, TestMaster, config_toml, merged_mount, parse_config, tree_snapshot,
 };
 
-/// Issue 15, item 4: 18 of 20 files gone on the master (90 %).
+/// 18 of 20 files gone on the master (90 %).
 #[test]
-fn a_master_that_lost_most_files_cannot_wipe_the_node_issue_15() {
+fn a_master_that_lost_most_files_cannot_wipe_the_node() {
     let (tree, pki) = (EnvTree::new(), Pki::new());
     let files: Vec<_> = (0..20)
         .map(|i| {
@@ -71,7 +71,7 @@ fn a_master_that_lost_most_files_cannot_wipe_the_node_issue_15() {
 /// The limit is the agent's `max_removal_percent`; a destination with
 /// fewer than 10 files is never guarded.
 #[test]
-fn the_limit_is_configurable_and_small_destinations_are_not_guarded_issue_15() {
+fn the_limit_is_configurable_and_small_destinations_are_not_guarded() {
     let (tree, pki) = (EnvTree::new(), Pki::new());
     let mut files = Vec::new();
     for (env, n) in [("production", 12), ("tiny", 5)] {

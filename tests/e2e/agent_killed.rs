@@ -1,6 +1,6 @@
 //! Fault injection: the agent killed with SIGKILL at random points of a
-//! sync (issue 17, "fault injection"; docs/protocol.md §4.8). For initial
-//! syncs (empty destinations) and incremental ones (the old tree to the
+//! sync (`scripts/fault-inject.sh` for hundreds; docs/protocol.md §4.8). For
+//! initial syncs (empty destinations) and incremental ones (the old tree to the
 //! new: changed, added, removed files and a changed mode), straight from a
 //! master and through a throttled [`CutProxy`] (so kills land in the
 //! staging too), three runs are measured, then runs are killed at uniform

@@ -1,7 +1,7 @@
-//! `describe` loaders in the four plugin systems' layouts (issue 13; README,
-//! "Plugin layouts"), with real child processes. For each of Packer,
-//! Terraform, Celerity and kustomize: several versions of one plugin (the
-//! highest within the constraint active; Packer's `-dev` loses to its
+//! `describe` loaders in the four plugin systems' layouts
+//! (docs/loading.md#plugin-layouts), with real child processes. For each of
+//! Packer, Terraform, Celerity and kustomize: several versions of one plugin
+//! (the highest within the constraint active; Packer's `-dev` loses to its
 //! release), a plugin whose path and `describe` answer disagree, a
 //! non-executable one, one built for another os/arch (skipped where the
 //! name says so and the system never looks there; failed at its launch

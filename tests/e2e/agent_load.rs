@@ -1,4 +1,4 @@
-//! Loading changed plugins with real child processes (issue "Loaders"): a
+//! Loading changed plugins with real child processes (docs/loading.md): a
 //! loader that exits 1, one that hangs (killed at its deadline with its
 //! children), one killed by a signal, a describe plugin whose name and
 //! answer disagree, a bad `_SHA256SUM`, several versions of one plugin
@@ -551,7 +551,7 @@ timeout = "200s"
     );
 }
 
-/// Issue 17 (Info): loader placeholders are substituted in one pass (a file
+/// Loader placeholders are substituted in one pass (a file
 /// named `x{environment}.rb` is loaded as itself, not as `xproduction.rb`);
 /// a `{relpath}` beginning with `-` reaches the loader as `./-…`, so `cat`
 /// reads it instead of refusing an unknown option (the loader runs in the

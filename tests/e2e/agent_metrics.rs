@@ -1,5 +1,5 @@
 //! The agent's textfile metrics and its last-run report as a monitoring
-//! check (`agent/src/metrics.rs`, README "Metrics and logs"): after a good
+//! check (`agent/src/metrics.rs`, docs/operating.md#agent-metrics): after a good
 //! and after a failed run the textfile is valid for Debian's `promtool`,
 //! the failed run keeps the last success time, `pluginsync-agent report`
 //! says FAILED and exits 1 after the failed run, and the failed run's

@@ -1,11 +1,10 @@
-//! The agent on a Puppet node (issue 12, items 3 and 4; README, "On a
-//! Puppet node"): settings from a Debian-style puppet.conf under an
-//! agent.toml that names only its own directories, each value's source in
-//! `pluginsync-agent config`, the command line winning; and
-//! `environment_source = "server"`: the environment the node endpoint
-//! assigns (docs/protocol.md §4.10) synced, through a front that answers
-//! `/puppet/v3/node/…` and passes everything else to a real master, and the
-//! configured one (with one warning) against a pluginsync master alone.
+//! The agent on a Puppet node (docs/agent.md#on-a-puppet-node): settings from a
+//! Debian-style puppet.conf under an agent.toml that names only its own
+//! directories, each value's source in `pluginsync-agent config`, the command
+//! line winning; and `environment_source = "server"`: the environment the node
+//! endpoint assigns (docs/protocol.md §4.10) synced, through a front that
+//! answers `/puppet/v3/node/…` and passes everything else to a real master, and
+//! the configured one (with one warning) against a pluginsync master alone.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -1,4 +1,4 @@
-//! The agent against a real master over TLS (issue "Agent", must-show 1-8):
+//! The agent against a real master over TLS (docs/agent.md#what-a-run-does):
 //! mirroring with modes, silence when in sync, exact change reports, purge
 //! with ignores, no change at all on any error, cut downloads, hostile
 //! listings, noop, the run lock and failover. Every run is the real

@@ -1,8 +1,9 @@
-//! Certificate failures in words (`agent/src/certs.rs`, README
-//! "Certificates"): the agent names the cause of a failed handshake in one
-//! line — its own certificate expired or not yet valid (checked before
-//! connecting), the master does not trust its CA, the master's certificate
-//! is not from `[tls] ca` — and warns before its certificate expires.
+//! Certificate failures in words (`agent/src/certs.rs`,
+//! docs/tls.md#certificate-checks): the agent names the cause of a failed
+//! handshake in one line — its own certificate expired or not yet valid
+//! (checked before connecting), the master does not trust its CA, the master's
+//! certificate is not from `[tls] ca` — and warns before its certificate
+//! expires.
 
 use std::path::Path;
 

@@ -1,10 +1,10 @@
-//! Two masters behind HAProxy in TCP passthrough (issue "Real peers",
-//! must-show 3): 100 agent syncs through `packaging/haproxy.cfg` while one
-//! master is killed and later restarted, with a change on the tree in
-//! between: no sync fails, and every sync ends with the same tree. Then the
-//! ETag: both replicas give the one the balancer gave, and a conditional
-//! request through the balancer still gets its 304 after the backend that
-//! served the first request has died.
+//! Two masters behind HAProxy in TCP passthrough
+//! (docs/puppet-fleet.md#running-behind-a-load-balancer): 100 agent syncs
+//! through `packaging/haproxy.cfg` while one master is killed and later
+//! restarted, with a change on the tree in between: no sync fails, and every
+//! sync ends with the same tree. Then the ETag: both replicas give the one the
+//! balancer gave, and a conditional request through the balancer still gets its
+//! 304 after the backend that served the first request has died.
 //!
 //! Skipped with a message when `haproxy` is not installed, except under CI
 //! (`CI` set), where `.ci/run` installs it.

@@ -1,5 +1,5 @@
 //! Log lines an operator can use under systemd (`common/src/logging.rs`,
-//! README "Logs"): when stderr is the journal's stream (`JOURNAL_STREAM`
+//! docs/operating.md#logs): when stderr is the journal's stream (`JOURNAL_STREAM`
 //! names its device and inode), every line the master writes starts with
 //! its syslog priority and carries no timestamp of its own, so `journalctl
 //! -p err` shows a failure's cause; on any other stderr nothing changes.

@@ -1,7 +1,7 @@
 //! End-to-end tests: a real master over real TLS on 127.0.0.1, real trees on
 //! disk, real child processes (the binaries and, where installed, Puppet).
 
-// ARCHITECTURE.md against the code: every module named, every arrow an import, no import cycles.
+// ARCHITECTURE.md against the code (every module named, every arrow an import, every import drawn, no import cycles), the cited docs and headings, the size of functions and files.
 mod architecture;
 // Downloads failing over across replicas with equal listing ETags, and outlasting a master restart.
 mod agent_failover;
@@ -27,9 +27,9 @@ mod agent_faults;
 mod agent_hostile;
 // The agent binary syncing from a master: mirroring, reports, purge, errors, noop, lock, failover.
 mod agent_sync;
-// Exit statuses of both binaries: usage errors (64), config errors (78), --help.
 // Certificate failures named in one line by the agent; expiry warnings.
 mod certs;
+// Exit statuses of both binaries: usage errors (64), config errors (78), --help.
 mod cli_exit;
 // No tests: helpers the modules share (Puppet's pluginsync query, GETting and reading listings).
 mod common;
@@ -61,6 +61,7 @@ mod master_tls;
 mod master_listing;
 // The master binary as a service manager sees it: SIGTERM, draining, exit status.
 mod master_process;
+// The `[proxy]` listener's trust model: identity headers only from trusted addresses, never on the mTLS port.
 mod master_proxy;
 // Exact bytes, Puppet's errors, traversal and symlink escapes, client certificates, authorization.
 mod master_security;

@@ -1,4 +1,4 @@
-//! Delta listings (issue 14, item 3; docs/protocol.md §7.5) against real
+//! Delta listings (docs/protocol.md §7.5) against real
 //! masters over real TLS: a delta answer rebuilds exactly the full listing
 //! (same bytes, same ETag) with the agent's own code; an unknown base, a
 //! request without our header (what a stock agent sends) and a

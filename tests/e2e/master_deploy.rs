@@ -1,4 +1,4 @@
-//! Deploys (issue 15, items 2 and 3; README "Deploys"): a flipped
+//! Deploys (docs/deploys.md): a flipped
 //! environment link is watched at its new target; redeploys by the real
 //! `r10k` and by a slow script never make an agent remove a file that
 //! exists before and after the deploy; `index.publish = "explicit"` serves
@@ -87,11 +87,11 @@ fn master(tree_envpath: &Path, pki: &Pki, index: &str, tables: &str) -> TestMast
     )))
 }
 
-/// Issue 15, item 2: after `production -> releases/1` is flipped to
+/// After `production -> releases/1` is flipped to
 /// `releases/2`, an edit inside `releases/2` is served, and the old
 /// target's watches are gone (writes there reach the watcher no more).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flipped_environment_link_is_watched_at_its_new_target_issue_15() {
+async fn a_flipped_environment_link_is_watched_at_its_new_target() {
     let (tree, pki) = (EnvTree::new(), Pki::new());
     let releases = tree.outside().join("releases");
     let fact = |n: &str| releases.join(n).join("modules/app/lib/facter/app.rb");
@@ -143,14 +143,14 @@ fn agent(pki: &Pki, m: &TestMaster) -> Arc<AgentHome> {
     Arc::new(AgentHome::new(pki, &[m.url()], ""))
 }
 
-/// Issue 15, item 3: the real r10k redeploys `production` in place (a
+/// The real r10k redeploys `production` in place (a
 /// version bumped, then back; a module's remote switched, so r10k deletes
 /// and re-clones it) while an agent syncs back to back: no run removes a
 /// file that exists before and after a deploy, and the final tree equals
 /// the mount.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r10k_redeploys_never_make_an_agent_remove_a_file_that_stays_issue_15() {
-    const TEST: &str = "r10k_redeploys_never_make_an_agent_remove_a_file_that_stays_issue_15";
+async fn r10k_redeploys_never_make_an_agent_remove_a_file_that_stays() {
+    const TEST: &str = "r10k_redeploys_never_make_an_agent_remove_a_file_that_stays";
     let Some(r10k) = require("r10k", "r10k", TEST) else {
         return;
     };
@@ -210,12 +210,12 @@ async fn r10k_redeploys_never_make_an_agent_remove_a_file_that_stays_issue_15() 
     assert_eq!(tree_snapshot(&home.libdir()), merged_mount(&env, "lib"));
 }
 
-/// Issue 15, item 3: a slower deploy by script, every module directory
+/// A slower deploy by script, every module directory
 /// deleted and re-created with pauses (shorter than `settle`) between
 /// modules; an agent syncing back to back meanwhile removes nothing, and
 /// the watcher held the environment back at least once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_scripted_redeploy_with_pauses_makes_no_agent_remove_anything_issue_15() {
+async fn a_scripted_redeploy_with_pauses_makes_no_agent_remove_anything() {
     let (tree, pki) = (EnvTree::new(), Pki::new());
     tree.generate("production", 6, 15, 11);
     let env = tree.envpath().join("production");
@@ -239,12 +239,12 @@ async fn a_scripted_redeploy_with_pauses_makes_no_agent_remove_anything_issue_15
     assert_eq!(tree_snapshot(&home.libdir()), merged_mount(&env, "lib"));
 }
 
-/// Issue 15, item 3: with `index.publish = "explicit"` an edit is not
+/// With `index.publish = "explicit"` an edit is not
 /// served (a watching master on the same tree serves it) until the admin
 /// call of an allowed certname; another certname gets 403 and changes
 /// nothing; `pluginsync-master reindex` publishes too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn explicit_publish_waits_for_the_admin_call_issue_15() {
+async fn explicit_publish_waits_for_the_admin_call() {
     let (tree, pki) = (EnvTree::new(), Pki::new());
     let file = tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
     let env = tree.envpath().join("production");
@@ -312,12 +312,12 @@ async fn explicit_publish_waits_for_the_admin_call_issue_15() {
     );
 }
 
-/// Issue 15, item 3: an explicit master behind r10k with `postrun` set to
+/// An explicit master behind r10k with `postrun` set to
 /// `pluginsync-master reindex production`: the deploy is served when r10k
 /// returns, and not before it ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r10k_postrun_publishes_an_explicit_master_issue_15() {
-    const TEST: &str = "r10k_postrun_publishes_an_explicit_master_issue_15";
+async fn r10k_postrun_publishes_an_explicit_master() {
+    const TEST: &str = "r10k_postrun_publishes_an_explicit_master";
     let Some(r10k) = require("r10k", "r10k", TEST) else {
         return;
     };
@@ -372,10 +372,10 @@ async fn r10k_postrun_publishes_an_explicit_master_issue_15() {
     assert_eq!(served(&c, &url).await, v1);
 }
 
-/// Issue 15, item 3: under `index.publish = "explicit"`, SIGHUP re-indexes
+/// Under `index.publish = "explicit"`, SIGHUP re-indexes
 /// every environment of the master binary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sighup_publishes_an_explicit_master_issue_15() {
+async fn sighup_publishes_an_explicit_master() {
     let (tree, pki) = (EnvTree::new(), Pki::new());
     let file = tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
     let cfg = tree.outside().join("master.toml");
@@ -406,7 +406,7 @@ async fn sighup_publishes_an_explicit_master_issue_15() {
     assert!(seen.is_some(), "SIGHUP did not publish the edit");
 }
 
-/// Issue 14 item 5 with issue 15: an environment with no index yet (not in
+/// Many environments during a deploy: an environment with no index yet (not in
 /// `index.warm`, never asked for) that is being deployed is not read
 /// half-written on its first request: while the watcher holds the deploy
 /// the master answers 503 with `Retry-After` (no agent purges on that),

@@ -1,6 +1,7 @@
-//! Real code trees (issue 15, part A): `environment.conf` and a control
-//! repository as r10k deploys it, module roots kept inside the code tree,
-//! and quiet logs when module directories go away.
+//! Real code trees
+//! (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them):
+//! `environment.conf` and a control repository as r10k deploys it, module roots
+//! kept inside the code tree, and quiet logs when module directories go away.
 //!
 //! - The control-repository fixture (`pluginsync_tests::ControlRepo`) is
 //!   served as the first-wins union over its effective modulepath

@@ -1,10 +1,10 @@
-//! A master with 100 environments (issue 14, item 5; README, "Many
-//! environments"), the real binary as a child process, its index counters
-//! read from its Prometheus metrics: it answers its health check as ready
-//! before every environment is indexed; the first request for an unindexed
-//! environment gets the right listing, and concurrent first requests share
-//! one build; a change re-reads only the changed file; an index dropped for
-//! being idle comes back with the same ETag without reading a file again.
+//! A master with 100 environments (docs/master.md#many-environments), the real
+//! binary as a child process, its index counters read from its Prometheus
+//! metrics: it answers its health check as ready before every environment is
+//! indexed; the first request for an unindexed environment gets the right
+//! listing, and concurrent first requests share one build; a change re-reads
+//! only the changed file; an index dropped for being idle comes back with the
+//! same ETag without reading a file again.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

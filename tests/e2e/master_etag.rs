@@ -1,4 +1,4 @@
-//! ETags across replicas (issue "Master", must-show 4): two master
+//! ETags across replicas (docs/protocol.md §6.1): two master
 //! processes on the same tree give the same ETag, `If-None-Match` gives a
 //! 304 from either, a changed tree gives a new ETag; gzip when asked.
 

@@ -1,4 +1,4 @@
-//! What clients can hold on the master (issue 17): idle TLS connections
+//! What clients can hold on the master: idle TLS connections
 //! without a certificate must not lock agents out when descriptors run
 //! short, idle connections of every kind are closed after `idle_timeout`, a
 //! client that stops reading is closed after `write_timeout` and the memory

@@ -1,6 +1,5 @@
 //! Listing semantics against a real master: checksums, order, intermediate
-//! directories, first-wins collisions, ignore edge cases, links and modes
-//! (issue "Master", must-show 1).
+//! directories, first-wins collisions, ignore edge cases, links and modes.
 
 use std::path::Path;
 

@@ -1,8 +1,8 @@
-//! The master's Prometheus metrics (`master/src/metrics.rs`, README
-//! "Metrics") against the real binary: the counters move as the traffic
-//! says (N requests made, N read), failed TLS handshakes are counted by
-//! reason and logged, and Debian's `promtool check metrics` accepts the
-//! exposition.
+//! The master's Prometheus metrics (`master/src/metrics.rs`,
+//! docs/operating.md#master-metrics) against the real binary: the counters move
+//! as the traffic says (N requests made, N read), failed TLS handshakes are
+//! counted by reason and logged, and Debian's `promtool check metrics` accepts
+//! the exposition.
 
 use std::time::Duration;
 

@@ -1,10 +1,10 @@
-//! The `[proxy]` listener's trust model (issue 12 item 1, docs/protocol.md
-//! §5.5), against the real `pluginsync-master` binary: identity headers are
-//! taken only from `[proxy] trusted` addresses and only on the proxy
-//! listener; `X-Client-Verify` must be `SUCCESS`; the DN's one CN (both
-//! OpenSSL's and RFC 2253's forms) or a certificate header that verifies
-//! against the CA and CRL is the identity, and `[[authorization]]` applies
-//! to it; the mTLS listener ignores the headers entirely.
+//! The `[proxy]` listener's trust model (docs/protocol.md §5.5), against the
+//! real `pluginsync-master` binary: identity headers are taken only from
+//! `[proxy] trusted` addresses and only on the proxy listener;
+//! `X-Client-Verify` must be `SUCCESS`; the DN's one CN (both OpenSSL's and RFC
+//! 2253's forms) or a certificate header that verifies against the CA and CRL
+//! is the identity, and `[[authorization]]` applies to it; the mTLS listener
+//! ignores the headers entirely.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

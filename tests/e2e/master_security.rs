@@ -1,6 +1,6 @@
-//! Content, errors and security against a real master (issue "Master",
-//! must-show 2): exact bytes, Puppet's error answers, traversal attempts,
-//! symlink escapes, missing and revoked client certificates, authorization.
+//! Content, errors and security against a real master: exact bytes, Puppet's
+//! error answers, traversal attempts, symlink escapes, missing and revoked
+//! client certificates, authorization.
 
 use pluginsync_common::urlpath::encode_path;
 use pluginsync_tests::{

@@ -1,4 +1,4 @@
-//! The master's TLS sessions (README, "TLS"; issue 14, item 2) against the
+//! The master's TLS sessions (docs/tls.md#session-resumption) against the
 //! real binary:
 //!
 //! 1. a client that connects again with the same client config resumes its

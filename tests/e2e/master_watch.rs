@@ -1,4 +1,4 @@
-//! The index follows the disk (issue "Master", must-show 3): a change is
+//! The index follows the disk (docs/protocol.md §3.5): a change is
 //! served with its new checksum within 2 s, and only the changed file is
 //! read again (asserted with the index's hash counter, not with timing).
 

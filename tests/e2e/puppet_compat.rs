@@ -1,13 +1,14 @@
-//! Puppet compatibility by a real client (issue "Master", must-show 5): a
+//! Puppet compatibility by a real client: a
 //! stock `puppet plugin download` (Debian's `puppet` 7.x) pluginsyncs from
 //! our master; its libdir and facts.d end identical to the environment's
 //! merged mounts (content, and modes for facts.d), computed here
 //! independently of the master's code.
 //!
-//! The same stock agent against the control-repository fixture (issue 15:
-//! `environment.conf`, site-modules before modules, a glob, a missing
-//! entry, `$basemodulepath`): libdir and facts.d end as the fixture says,
-//! the site module's fact and executable external fact included.
+//! The same stock agent against the control-repository fixture
+//! (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them:
+//! `environment.conf`, site-modules before modules, a glob, a missing entry,
+//! `$basemodulepath`): libdir and facts.d end as the fixture says, the site
+//! module's fact and executable external fact included.
 //!
 //! Skipped with a message when `puppet` is not installed, except under CI
 //! (`CI` set), where `.ci/run` installs it and a missing agent is a failure.

@@ -1,6 +1,6 @@
-//! A live Puppet fleet split by a layer-7 balancer (issue 12 item 2 and
-//! its must-shows "A full Puppet run through the split" and
-//! "Server-assigned environment"; README, "Running in a Puppet fleet"):
+//! A live Puppet fleet split by a layer-7 balancer (a full Puppet run
+//! through the split, and the server-assigned environment;
+//! docs/puppet-fleet.md#running-in-a-puppet-fleet):
 //! one throwaway Puppet Server 7 in header-identity mode
 //! (`allow-header-cert-info`, plain HTTP behind the balancer, an ENC),
 //! two pluginsync masters serving the same code tree from their `[proxy]`

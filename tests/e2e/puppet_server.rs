@@ -1,6 +1,6 @@
-//! Real Puppet peers on both sides (issue "Real peers", must-shows 1 and 2),
-//! with one throwaway Puppet Server 7 (Debian's `puppetserver`) on
-//! 127.0.0.1 serving the bench's generated environment:
+//! Real Puppet peers on both sides, with one throwaway Puppet Server 7
+//! (Debian's `puppetserver`) on 127.0.0.1 serving the bench's generated
+//! environment:
 //!
 //! 1. Puppet Server as the source: its CA signs `node1`; pluginsync's agent
 //!    syncs with that Puppet ssldir (`[tls] ssldir, certname`) and gets
@@ -14,12 +14,14 @@
 //!    environment probe and pluginsyncs (its catalog request fails: only
 //!    what pluginsync did is asserted).
 //!
-//! 3. The control-repository fixture (issue 15; environment `control`:
-//!    `environment.conf` with site-modules before modules, a glob, a
-//!    missing entry and `$basemodulepath`, which is `code/modules` on both
-//!    servers): Puppet Server serves what the fixture says, and the stock
-//!    agent and ours get identical trees (content, and facts.d modes) from
-//!    Puppet Server and from pluginsync's master.
+//! 3. The control-repository fixture
+//!    (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them;
+//!    environment `control`: `environment.conf` with site-modules before
+//!    modules, a glob, a missing entry and `$basemodulepath`, which is
+//!    `code/modules` on both servers): Puppet Server serves what the
+//!    fixture says, and the stock agent and ours get identical trees
+//!    (content, and facts.d modes) from Puppet Server and from pluginsync's
+//!    master.
 //!
 //! Skipped with a message where `puppet` or `puppetserver` is missing,
 //! except under CI. One JVM for both parts: it takes ~20 s to start.

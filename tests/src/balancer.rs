@@ -1,10 +1,10 @@
-//! Layer-7 balancers in front of a Puppet fleet (README, "Running in a
-//! Puppet fleet"): HAProxy with `packaging/haproxy-puppet.cfg` and nginx
-//! with `packaging/nginx-puppet.conf`, each run from the repository's file
-//! as written, as a child process killed on drop; and the pluginsync
-//! masters behind them, [`ProxyBackend`]: the master binary with a
-//! `[proxy]` listener (docs/protocol.md §5.5) and its JSON access log kept
-//! in a file.
+//! Layer-7 balancers in front of a Puppet fleet
+//! (docs/puppet-fleet.md#running-in-a-puppet-fleet): HAProxy with
+//! `packaging/haproxy-puppet.cfg` and nginx with `packaging/nginx-puppet.conf`,
+//! each run from the repository's file as written, as a child process killed on
+//! drop; and the pluginsync masters behind them, [`ProxyBackend`]: the master
+//! binary with a `[proxy]` listener (docs/protocol.md §5.5) and its JSON access
+//! log kept in a file.
 //!
 //! A test gets the balancer programs with [`crate::require`] first, so a
 //! missing one is a visible `SKIPPED` line (a failure under CI).

@@ -101,7 +101,7 @@ pub async fn raw_get(
 /// Waits (at most 60 s) until the master at `base` (`https://host:port`)
 /// answers its health check `200`: a master listens before the
 /// environments of `index.warm` are indexed and answers `503 starting`
-/// until then (README, "Many environments"). Panics if it never does.
+/// until then (docs/master.md#many-environments). Panics if it never does.
 pub async fn wait_ready(c: &reqwest::Client, base: &str) {
     let url = format!("{base}/status/v1/simple");
     let up = wait_for(Duration::from_secs(60), || {

@@ -1,5 +1,5 @@
 //! A code tree shaped like an r10k-deployed control repository (Puppet's
-//! `control-repo` template; issue 15): [`ControlRepo::write`] lays out one
+//! `control-repo` template; docs/deploys.md): [`ControlRepo::write`] lays out one
 //! environment and a basemodulepath directory, and [`ControlRepo::expected`]
 //! says what each mount must serve, written down by hand from the layout
 //! below (not computed by any code of the master's), in

@@ -1,4 +1,4 @@
-//! Deploys for the master's deploy tests (issue 15): [`ControlRepo`], a
+//! Deploys for the master's deploy tests (docs/deploys.md): [`ControlRepo`], a
 //! local git control repository whose Puppetfile names modules in local git
 //! repositories, deployed by the real `r10k`; [`scripted_redeploy`], a
 //! deploy that deletes and re-creates every module directory with pauses;

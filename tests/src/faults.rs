@@ -1,4 +1,4 @@
-//! Faults for the agent's commit (issue 17): [`RunningAgent`], an agent run
+//! Faults for the agent's commit (`agent_faults`): [`RunningAgent`], an agent run
 //! whose stderr a test reads as it comes and which it can signal;
 //! [`Racer`], a local user swapping the libdir's directories for symlinks
 //! while runs commit; [`on_small_tmpfs`], a run whose libdir is a tmpfs

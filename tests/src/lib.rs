@@ -39,7 +39,7 @@
 //! - `replicas`: masters that die and come back: [`CutProxy`] (a TCP proxy
 //!   that holds bytes at an exact count, throttles, goes down and comes
 //!   back on its port), [`kill9`], [`Lcg`] (a seeded random sequence).
-//! - `deploy`: deploys for issue 15: [`ControlRepo`] (local git
+//! - `deploy`: deploys (docs/deploys.md): [`ControlRepo`] (local git
 //!   repositories deployed by the real `r10k`), [`scripted_redeploy`]
 //!   (module directories deleted and re-created with pauses),
 //!   [`AgentLoop`] (the agent syncing back to back meanwhile),

@@ -88,10 +88,10 @@ impl TestMaster {
         let store: Arc<Store> = ready_rx
             .recv_timeout(Duration::from_secs(60))
             .expect("master became ready");
-        // Environments are indexed and watched in the background (README,
-        // "Many environments"): wait until the warmer and the watcher's
-        // setup are done, so a test starts from every environment indexed
-        // and watched, as a master did before serving.
+        // Environments are indexed and watched in the background
+        // (docs/master.md#many-environments): wait until the warmer and the
+        // watcher's setup are done, so a test starts from every environment
+        // indexed and watched, as a master did before serving.
         let settled = || store.is_warmed() && store.is_watching();
         for _ in 0..6000 {
             if settled() {
@@ -150,7 +150,7 @@ impl MasterProcess {
 
     /// Runs `pluginsync-master serve --config <config>` and waits (up to
     /// 60 s) for its "listening on" and its "ready" lines (it listens before
-    /// `index.warm` is indexed: README, "Many environments"), in either
+    /// `index.warm` is indexed: docs/master.md#many-environments), in either
     /// order.
     pub fn spawn(config: &Path) -> MasterProcess {
         let mut child = MasterProcess::command(config)

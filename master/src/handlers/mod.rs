@@ -1,5 +1,6 @@
-//! The HTTP handlers, one module per kind of endpoint (ARCHITECTURE.md,
-//! Master). They only read the index: no walking, no hashing of sha256 on
+//! The HTTP handlers, one module per kind of endpoint
+//! (docs/internals.md#handlers). They only read the index: no walking, no
+//! hashing of sha256 on
 //! the request path (other checksum types are computed once, on demand,
 //! then cached by the index).
 //!

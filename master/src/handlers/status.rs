@@ -9,8 +9,8 @@ use axum::response::{IntoResponse, Response};
 use crate::state::AppState;
 
 /// `GET /status/v1/simple`: `running`; 503 `starting` until the
-/// environments named in `index.warm` are indexed (README, "Many
-/// environments": every other environment is served correctly before it is
+/// environments named in `index.warm` are indexed (docs/master.md#many-environments:
+/// every other environment is served correctly before it is
 /// indexed, its first request waits for its build); 503 `stopping` while
 /// draining. No client certificate needed: it is the load balancer's
 /// health check.

@@ -4,7 +4,7 @@
 //! entries are written one at a time ([`Serialiser`]) into a
 //! [`ListingWriter`], which feeds the ETag hasher, the gzip encoder and,
 //! while the body stays small, a plain copy, so the whole JSON document and
-//! the entry vector never exist at once (ARCHITECTURE.md, "index"). The
+//! the entry vector never exist at once (docs/internals.md#index). The
 //! result, a [`CachedListing`], is kept in a [`ListingCache`]: the
 //! standard listings pinned for the index's lifetime, every other parameter
 //! set in a least-recently-used tier bounded by count and by bytes.
@@ -27,7 +27,7 @@ use super::entry::{ListingError, SearchParams};
 /// Built by streaming the entries through a hasher (the ETag) and a gzip
 /// encoder. Listings of 64 KiB or more are kept only gzipped (a 3,000-file
 /// listing is 1.1 MB of JSON and 160 KB gzipped, times two `source_permissions`
-/// and a hundred environments (issue 14); both
+/// and a hundred environments; both
 /// pluginsync's and Puppet's agents ask for gzip), and inflated for the rare
 /// client that does not take it. Small ones are kept both ways.
 #[derive(Debug)]

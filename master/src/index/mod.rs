@@ -9,7 +9,7 @@
 //! of parameters is serialised once, kept with its content-derived ETag and
 //! gzipped at most once; the standard listings agents ask for are pinned
 //! for the index's lifetime, any other parameter set lives in a small
-//! least-recently-used cache (ARCHITECTURE.md, "index").
+//! least-recently-used cache (docs/internals.md#index).
 //!
 //! # Map of this folder
 //!

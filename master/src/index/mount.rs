@@ -7,12 +7,12 @@
 //! indices into them.
 //!
 //! [`MountIndex::merge`] is Puppet's first-wins union of the roots
-//! (ARCHITECTURE.md, "index"). [`MountIndex::build`] runs it once with
+//! (docs/internals.md#index). [`MountIndex::build`] runs it once with
 //! nothing ignored and keeps the result, sorted by path, as the content
 //! lookup, so `file_content` always serves the module that won the listing.
 //!
-//! A root whose real path is outside the code tree (ARCHITECTURE.md,
-//! "environments"; issue 15) is not walked at all, so nothing outside is
+//! A root whose real path is outside the code tree
+//! (docs/internals.md#environments) is not walked at all, so nothing outside is
 //! ever read, listed or served; it is warned about and kept in
 //! [`MountIndex::outside`] for `check`.
 

@@ -2,7 +2,7 @@
 //! registry ([`Connections`]) from its TCP accept until its socket closes.
 //!
 //! The registry is what lets the master bound what clients can hold
-//! (ARCHITECTURE.md, server; `[http]` in `etc/master.toml`):
+//! (docs/internals.md#server; `[http]` in `etc/master.toml`):
 //!
 //! - **How many** (`max_connections`, capped below the descriptor limit):
 //!   at the limit, a new connection sheds the oldest connection that has no
@@ -612,7 +612,7 @@ where
 }
 
 /// The metrics' label for a completed handshake: `resumed` when the client
-/// resumed a session (README, "TLS"), else `full`.
+/// resumed a session (docs/tls.md#session-resumption), else `full`.
 pub fn handshake_kind(kind: Option<rustls::HandshakeKind>) -> &'static str {
     match kind {
         Some(rustls::HandshakeKind::Resumed) => "resumed",
