@@ -443,4 +443,33 @@ mod tests {
             0o700
         );
     }
+
+    #[test]
+    fn a_stray_is_removed_by_its_own_name() {
+        use std::os::unix::ffi::OsStrExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("lib");
+        let odd = std::ffi::OsStr::from_bytes(b"caf\xe9");
+        std::fs::create_dir_all(dest.join("a").join(odd).join("deep")).unwrap();
+        std::fs::write(dest.join("a/caf"), "a sibling").unwrap();
+        let stray = Stray {
+            parent: rp("a"),
+            rest: odd.into(),
+        };
+        let plan = Plan {
+            actions: vec![Action::RemoveStray {
+                stray: stray.clone(),
+                dir: true,
+            }],
+            unchanged: 0,
+        };
+        let done = commit(&dest, &plan, &HashMap::new(), &[], &resource(&dest));
+        assert!(done.failures.is_empty(), "{:?}", done.failures);
+        assert_eq!(
+            done.changes,
+            vec![(LocalName::Stray(stray), ChangeKind::Removed)]
+        );
+        assert!(!dest.join("a").join(odd).exists());
+        assert!(dest.join("a/caf").exists());
+    }
 }

@@ -681,4 +681,52 @@ mod tests {
             .refused(Some(0))
         );
     }
+
+    /// Local names no listing can hold are purged (the topmost only, and
+    /// not below a directory purged already) and counted by the guard.
+    #[test]
+    fn strays_are_purged_like_any_extra() {
+        let mut l = local(&[
+            ("keep", LocalKind::Dir, None, 0o755),
+            ("junk", LocalKind::Dir, None, 0o755),
+        ]);
+        let entry = |kind| LocalEntry {
+            kind,
+            ..l.entries[&rp("keep")].clone()
+        };
+        for (parent, rest, kind) in [
+            ("keep", "a\\b", LocalKind::Dir),
+            ("keep", "a\\b/x", LocalKind::File),
+            ("junk", "c\\d", LocalKind::File),
+            (".", "e\\f", LocalKind::File),
+        ] {
+            let stray = Stray {
+                parent: rp(parent),
+                rest: rest.into(),
+            };
+            l.strays.insert(stray, entry(kind));
+        }
+        let r = remote(&[("keep", None, 0o755)]);
+        let p = plan(&r, &l, true);
+        assert_eq!(
+            changes(&p),
+            vec![
+                ("keep/a\\b".into(), "removed"),
+                ("e\\f".into(), "removed"),
+                ("junk".into(), "removed")
+            ]
+        );
+        assert!(p.actions.iter().any(|a| matches!(
+            a,
+            Action::RemoveStray { stray, dir: true } if stray.parent == rp("keep")
+        )));
+        assert_eq!(
+            Removal::count(&r, &l, true),
+            Removal {
+                removed: 3,
+                total: 3
+            }
+        );
+        assert_eq!(Removal::count(&r, &l, false).removed, 0);
+    }
 }

@@ -567,4 +567,48 @@ mod tests {
         assert_eq!(updated.digest(), rescan.digest());
         assert_ne!(before.digest(), rescan.digest());
     }
+
+    #[test]
+    fn names_no_listing_can_hold_are_strays() {
+        use std::os::unix::ffi::OsStrExt;
+        let t = tempfile::tempdir().unwrap();
+        let dest = t.path().join("lib");
+        let odd = OsStr::from_bytes(b"caf\xe9");
+        std::fs::create_dir_all(dest.join("sub").join(odd)).unwrap();
+        std::fs::write(dest.join("sub").join(odd).join("x.rb"), "x").unwrap();
+        std::fs::write(dest.join("back\\slash.rb"), "b").unwrap();
+        std::fs::write(dest.join("sub/ok.rb"), "o").unwrap();
+        let ignore = IgnoreSet::new(&crate::config::default_ignore()).unwrap();
+        let before = scan(&dest, &ignore).unwrap();
+        let names: Vec<String> = before.entries.keys().map(ToString::to_string).collect();
+        assert_eq!(names, ["sub", "sub/ok.rb"]);
+        let strays: Vec<(String, bool)> = before
+            .strays
+            .keys()
+            .map(|s| (s.to_string(), s.is_topmost()))
+            .collect();
+        assert_eq!(
+            strays,
+            [
+                ("back\\slash.rb".to_owned(), true),
+                ("sub/caf\u{fffd}".to_owned(), true),
+                ("sub/caf\u{fffd}/x.rb".to_owned(), false),
+            ]
+        );
+        // Removed, as a purge would: the update drops what was below too.
+        let top: Vec<LocalName> = before
+            .strays
+            .keys()
+            .filter(|s| s.is_topmost())
+            .map(|s| LocalName::Stray(s.clone()))
+            .collect();
+        std::fs::remove_dir_all(dest.join("sub").join(odd)).unwrap();
+        std::fs::remove_file(dest.join("back\\slash.rb")).unwrap();
+        let updated = before.updated(&dest, &top);
+        let rescan = scan(&dest, &ignore).unwrap();
+        assert!(rescan.strays.is_empty());
+        assert_eq!(updated, rescan);
+        assert_eq!(updated.digest(), rescan.digest());
+        assert_ne!(before.digest(), rescan.digest());
+    }
 }
