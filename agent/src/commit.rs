@@ -16,7 +16,7 @@
 //! write or a removal of this (root) process. Every step acts on a name
 //! relative to a directory descriptor, and every descriptor is opened from
 //! the destination's root down one component at a time with `O_NOFOLLOW`
-//! (`dirs.rs`, [`Dirs`]): `openat` (a component that is a symlink or not a directory
+//! (`dirs.rs`, `Dirs`): `openat` (a component that is a symlink or not a directory
 //! fails that step with ELOOP/ENOTDIR), `mkdirat`, `renameat` (staged file
 //! in `<dest>/.pluginsync-staging` → its target, same filesystem),
 //! `unlinkat`, and `fchmod` on an entry opened `O_NOFOLLOW`. A purged

@@ -7,6 +7,11 @@
 //! walk only stats; [`hash_files`] then hashes just the files the listing
 //! also has as files, and only those whose stat changed since the stat
 //! cache saw them (everything else is decided without reading it).
+//!
+//! Entries are keyed by [`RelPath`], as the listing's are, so the plan
+//! compares the two trees without converting a path. A name no listing
+//! can hold (not UTF-8, or with a backslash) is kept apart as a [`Stray`]:
+//! never managed, only purged.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ffi::OsStr;
@@ -106,6 +111,11 @@ impl LocalName {
     /// file system spells it): each component is checked as a
     /// [`RelPath`] segment, the first one that is not makes a [`Stray`].
     pub fn of(rel: &Path) -> LocalName {
+        // Names read from the file system are text from outside: checked
+        // whole, once, in the common case.
+        if let Some(Ok(rel)) = rel.to_str().map(RelPath::parse) {
+            return LocalName::Rel(rel);
+        }
         let mut at = RelPath::root();
         let mut components = rel.components();
         while let Some(c) = components.next() {

@@ -25,7 +25,7 @@
 //! or mismatching download, a destination without room for the commit:
 //! [`commit::check_space`]) stops the run with one [`SyncError`] and leaves
 //! every destination as it was: the staged files are removed when their
-//! [`Staging`] is dropped, and nothing is ever purged because of an error.
+//! [`Staging`](crate::stage::Staging) is dropped, and nothing is ever purged because of an error.
 //!
 //! SIGTERM and SIGINT ([`Interrupts`], README "Signals") race phases 1 and
 //! 2 and stop the run the same way; once the commit has started they are
