@@ -34,6 +34,7 @@ mod error;
 mod space;
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
@@ -86,12 +87,7 @@ fn apply(
         Action::Chmod { rel, mode } => chmod(dirs, rel, *mode),
         Action::Remove { rel, .. } if resource.purge => {
             let (depth, name) = dirs.parent_changed(rel)?;
-            dirs.forget(rel);
-            remove_entry(dirs.fd(depth), name).map_err(|source| CommitError::Io {
-                what: "remove",
-                path: rel.to_path(dirs.dest),
-                source,
-            })
+            clear(dirs, depth, rel, name)
         }
         Action::RemoveStray { stray, .. } if resource.purge => remove_stray(dirs, stray),
         Action::Remove { .. } | Action::RemoveStray { .. } => Ok(()),
@@ -140,12 +136,7 @@ fn mkdir(
         if !force {
             return Err(CommitError::InTheWay(rel.to_path(dest)));
         }
-        dirs.forget(rel);
-        remove_entry(dirs.fd(depth), name).map_err(|source| CommitError::Io {
-            what: "remove",
-            path: rel.to_path(dest),
-            source,
-        })?;
+        clear(dirs, depth, rel, name)?;
     }
     let parent = dirs.fd(depth);
     let io = |what| CommitError::io(what, rel.to_path(dest));
@@ -159,6 +150,22 @@ fn mkdir(
     let name = rel.file_name().unwrap_or_default();
     dirs.made(depth, name, fd);
     Ok(())
+}
+
+/// Removes what stands at `rel`, the entry `name` of the open directory
+/// at `depth`, never through a symlink.
+fn clear(
+    dirs: &mut Dirs<'_>,
+    depth: usize,
+    rel: &RelPath,
+    name: &OsStr,
+) -> Result<(), CommitError> {
+    dirs.forget(rel);
+    remove_entry(dirs.fd(depth), name).map_err(|source| CommitError::Io {
+        what: "remove",
+        path: rel.to_path(dirs.dest),
+        source,
+    })
 }
 
 /// Renames the staged file `tmp` over `rel`, after removing a directory
@@ -180,12 +187,7 @@ fn write(
         if !force {
             return Err(CommitError::DirectoryInTheWay(rel.to_path(dest)));
         }
-        dirs.forget(rel);
-        remove_entry(dirs.fd(depth), name).map_err(|source| CommitError::Io {
-            what: "remove",
-            path: rel.to_path(dest),
-            source,
-        })?;
+        clear(dirs, depth, rel, name)?;
     }
     dirs.staging(tmp)?;
     // renameat(2) replaces a file or a symlink itself, never a link's

@@ -14,6 +14,7 @@ use crate::listing::ListingError;
 use crate::load::LoadStatus;
 use crate::lock::LockError;
 use crate::plan;
+use crate::progress::thousands;
 use crate::report::Report;
 use crate::scan::ScanError;
 use crate::signals::Interrupt;
@@ -67,8 +68,8 @@ pub enum SyncError {
     /// files; nothing was changed.
     #[error(
         "refusing to remove {} of {} files in {mount}: the master's environment looks incomplete; --allow-mass-removal to proceed",
-        thousands(removal.removed),
-        thousands(removal.total)
+        thousands(removal.removed as u64),
+        thousands(removal.total as u64)
     )]
     MassRemoval {
         /// The mount whose destination it is.
@@ -127,19 +128,6 @@ impl Outcome {
             (true, true, true) => ExitStatus::ChangesAndFailures,
         }
     }
-}
-
-/// `3093` as `3,093`.
-fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 #[cfg(test)]
