@@ -331,4 +331,32 @@ mod tests {
             NotModified::Cached(b"[]".to_vec())
         );
     }
+
+    /// The files keep their format: digests as bare hex strings, as the
+    /// agent wrote them when it held them as text.
+    #[test]
+    fn digests_are_hex_on_disk() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (Sha256::of(b"a"), Sha256::of(b"b"));
+        std::fs::create_dir_all(d.path().join("cache")).unwrap();
+        let record = format!(
+            r#"{{"key":"k","etag":null,"scan_digest":"{}","entries":1,"listing_sha256":"{}"}}"#,
+            a.to_hex(),
+            b.to_hex()
+        );
+        std::fs::write(d.path().join("cache/plugins.json"), &record).unwrap();
+        let stat = r#"{"x":[{"size":1,"mtime_ns":2,"ctime_ns":3,"ino":4,"dev":5},"HEX"]}"#;
+        std::fs::write(
+            d.path().join("cache/plugins.stat.json"),
+            stat.replace("HEX", &a.to_hex()),
+        )
+        .unwrap();
+        let mut c = MountCache::load(d.path(), Mount::Plugins);
+        assert_eq!((c.scan_digest, c.listing_sha256), (Some(a), Some(b)));
+        c.load_files(d.path(), Mount::Plugins);
+        assert_eq!(c.files["x"].1, a);
+        c.save(d.path(), Mount::Plugins, None).unwrap();
+        let again = std::fs::read_to_string(d.path().join("cache/plugins.json")).unwrap();
+        assert_eq!(again, record);
+    }
 }
