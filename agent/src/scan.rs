@@ -107,27 +107,23 @@ pub enum LocalName {
 }
 
 impl LocalName {
-    /// The name of the entry at `rel` (relative to the destination, as the
-    /// file system spells it): each component is checked as a
-    /// [`RelPath`] segment, the first one that is not makes a [`Stray`].
-    pub fn of(rel: &Path) -> LocalName {
-        // Names read from the file system are text from outside: checked
-        // whole, once, in the common case.
-        if let Some(Ok(rel)) = rel.to_str().map(RelPath::parse) {
-            return LocalName::Rel(rel);
+    /// The entry `name` of this directory: a [`RelPath`] while every name
+    /// on the way is one a listing can hold (each checked alone, as the
+    /// walk finds it), else a [`Stray`].
+    pub fn child(&self, name: &OsStr) -> LocalName {
+        match self {
+            LocalName::Rel(dir) => match name.to_str().map(|s| dir.join(s)) {
+                Some(Ok(rel)) => LocalName::Rel(rel),
+                _ => LocalName::Stray(Stray {
+                    parent: dir.clone(),
+                    rest: name.into(),
+                }),
+            },
+            LocalName::Stray(stray) => LocalName::Stray(Stray {
+                parent: stray.parent.clone(),
+                rest: stray.rest.join(name),
+            }),
         }
-        let mut at = RelPath::root();
-        let mut components = rel.components();
-        while let Some(c) = components.next() {
-            match c.as_os_str().to_str().map(|seg| at.join(seg)) {
-                Some(Ok(next)) => at = next,
-                _ => {
-                    let rest = std::iter::once(c).chain(components).collect();
-                    return LocalName::Stray(Stray { parent: at, rest });
-                }
-            }
-        }
-        LocalName::Rel(at)
     }
 
     /// `base` joined with it.
@@ -244,7 +240,7 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(entry) = top.get(i) else { break };
-                    let result = walk_one(dest, &entry.path(), ignore);
+                    let result = walk_one(&entry.path(), ignore);
                     if let Ok(mut slot) = subtrees[i].lock() {
                         *slot = Some(result);
                     }
@@ -270,8 +266,11 @@ type Subtree = Result<Vec<(LocalName, LocalEntry)>, ScanError>;
 
 /// One top-level entry of `dest` and, for a real directory, everything
 /// below it, in walk order.
-fn walk_one(dest: &Path, top: &Path, ignore: &IgnoreSet) -> Subtree {
+fn walk_one(top: &Path, ignore: &IgnoreSet) -> Subtree {
     let mut out = Vec::new();
+    // The names of the directories above the entry at hand, by depth.
+    let root = LocalName::Rel(RelPath::root());
+    let mut dirs: Vec<LocalName> = Vec::new();
     let walker = walkdir::WalkDir::new(top)
         .follow_links(false)
         // Each top-level entry is a walk root here, and walkdir follows a
@@ -299,8 +298,17 @@ fn walk_one(dest: &Path, top: &Path, ignore: &IgnoreSet) -> Subtree {
                 .into_io_error()
                 .unwrap_or_else(|| std::io::Error::other("stat error")),
         })?;
-        let rel = entry.path().strip_prefix(dest).unwrap_or(Path::new(""));
-        out.push((LocalName::of(rel), entry_of(&md)));
+        let depth = entry.depth();
+        let parent = depth
+            .checked_sub(1)
+            .and_then(|d| dirs.get(d))
+            .unwrap_or(&root);
+        let name = parent.child(entry.file_name());
+        if md.is_dir() {
+            dirs.truncate(depth);
+            dirs.push(name.clone());
+        }
+        out.push((name, entry_of(&md)));
     }
     Ok(out)
 }
