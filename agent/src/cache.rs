@@ -28,11 +28,12 @@ use bytes::Bytes;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::fsutil::replace_atomic;
 use pluginsync_common::protocol::Mount;
+use pluginsync_common::relpath::RelPath;
 use serde::{Deserialize, Serialize};
 
 use crate::listing::{RemoteKind, RemoteTree};
 use crate::plan::Plan;
-use crate::scan::{LocalEntry, LocalTree};
+use crate::scan::LocalTree;
 
 pub use pluginsync_common::filesig::FileSig;
 
@@ -59,8 +60,8 @@ pub struct ListingStamp {
     /// A newly fetched body, to cache; `None` when the cached one is
     /// current.
     pub fresh: Option<Bytes>,
-    /// The sha256 (hex) of the listing body the pass planned against.
-    pub listing_sha256: Option<String>,
+    /// The sha256 of the listing body the pass planned against.
+    pub listing_sha256: Option<Sha256>,
 }
 
 /// The cache of one mount.
@@ -70,11 +71,12 @@ pub struct MountCache {
     pub key: String,
     /// Its `ETag`, if the server sent one.
     pub etag: Option<String>,
-    /// Digest of the destination's stat scan after the last sync.
-    pub scan_digest: Option<String>,
+    /// Digest of the destination's stat scan after the last sync (hex on
+    /// disk, as every digest here).
+    pub scan_digest: Option<Sha256>,
     /// Entries below `"."` in the cached listing.
     pub entries: usize,
-    /// The sha256 (hex) of the listing body this record describes. The
+    /// The sha256 of the listing body this record describes. The
     /// three cache files are replaced one after the other, so a run killed
     /// in between can leave a new listing beside an old record (old `ETag`):
     /// a cached body is used only when its digest is this one, so such a
@@ -82,12 +84,12 @@ pub struct MountCache {
     /// wrong tree forever (a master rolled back answers 304 to the old
     /// `ETag`). `None` only in records written before this field existed.
     #[serde(default)]
-    pub listing_sha256: Option<String>,
-    /// Stat cache: relative path → (stat, sha256 hex). Kept in its own
+    pub listing_sha256: Option<Sha256>,
+    /// Stat cache: relative path → (stat, sha256). Kept in its own
     /// file and read only when a pass needs hashing ([`MountCache::load_files`]),
     /// so a no-op run does not parse it.
     #[serde(skip)]
-    pub files: HashMap<String, (FileSig, String)>,
+    pub files: HashMap<String, (FileSig, Sha256)>,
 }
 
 impl MountCache {
@@ -138,8 +140,8 @@ impl MountCache {
     }
 
     /// What a 304 for `mount` means, given the digest of this run's scan.
-    pub fn not_modified(&self, vardir: &Path, mount: Mount, scan_digest: &str) -> NotModified {
-        if self.scan_digest.as_deref() == Some(scan_digest) {
+    pub fn not_modified(&self, vardir: &Path, mount: Mount, scan_digest: &Sha256) -> NotModified {
+        if self.scan_digest.as_ref() == Some(scan_digest) {
             return NotModified::Unchanged;
         }
         match Self::load_listing(vardir, mount) {
@@ -151,8 +153,7 @@ impl MountCache {
     /// Whether `body` is the listing this record was written for.
     pub fn describes(&self, body: &[u8]) -> bool {
         self.listing_sha256
-            .as_deref()
-            .is_none_or(|want| Sha256::of(body).to_hex() == want)
+            .is_none_or(|want| Sha256::of(body) == want)
     }
 
     /// Writes the cache (and the listing body, when given), each file
@@ -180,11 +181,11 @@ impl MountCache {
     }
 
     /// The cached sha256 of `rel`, if its stat is still `stat`.
-    pub fn sha256(&self, rel: &str, stat: &FileSig) -> Option<&str> {
+    pub fn sha256(&self, rel: &RelPath, stat: &FileSig) -> Option<Sha256> {
         self.files
-            .get(rel)
+            .get(rel.as_str())
             .filter(|(s, _)| s == stat)
-            .map(|(_, sha)| sha.as_str())
+            .map(|(_, sha)| *sha)
     }
 }
 
@@ -202,41 +203,30 @@ pub fn remember(
     plan: &Plan,
     before: &LocalTree,
 ) {
-    let touched: Vec<PathBuf> = plan
+    let touched: Vec<_> = plan
         .actions
         .iter()
-        .filter_map(|a| a.change().map(|(rel, _)| rel.to_owned()))
-        .chain(std::iter::once(PathBuf::new()))
+        .filter_map(|a| a.change().map(|(name, _)| name))
         .collect();
     let after = before.updated(dest, &touched);
-    let written: HashSet<&Path> = plan.writes().map(|(r, _)| r).collect();
-    let now_by: HashMap<&Path, &LocalEntry> = after
-        .entries
-        .iter()
-        .map(|(k, v)| (k.as_path(), v))
-        .collect();
-    let before_by: HashMap<&Path, &LocalEntry> = before
-        .entries
-        .iter()
-        .map(|(k, v)| (k.as_path(), v))
-        .collect();
+    let written: HashSet<&RelPath> = plan.writes().map(|(r, _)| r).collect();
     let mut files = HashMap::new();
     for (rel, entry) in remote.entries.iter() {
-        let RemoteKind::File { sha256 } = &entry.kind else {
+        let RemoteKind::File { digest } = &entry.kind else {
             continue;
         };
-        let path = Path::new(rel.as_str());
-        let Some(now) = now_by.get(path) else {
+        let Some(now) = after.entries.get(rel) else {
             continue;
         };
         // A file we did not write must still be the one we hashed (or
         // found in the cache); otherwise it changed under us: not cached.
-        let unchanged = written.contains(path)
-            || before_by
-                .get(path)
+        let unchanged = written.contains(rel)
+            || before
+                .entries
+                .get(rel)
                 .is_some_and(|before| before.stat == now.stat);
         if unchanged {
-            files.insert(rel.as_str().to_owned(), (now.stat, sha256.clone()));
+            files.insert(rel.as_str().to_owned(), (now.stat, *digest));
         }
     }
     let cache = MountCache {
@@ -244,7 +234,7 @@ pub fn remember(
         etag: stamp.etag.clone(),
         scan_digest: Some(after.digest()),
         entries: remote.entries.len(),
-        listing_sha256: stamp.listing_sha256.clone(),
+        listing_sha256: stamp.listing_sha256,
         files,
     };
     if let Err(e) = cache.save(vardir, mount, stamp.fresh.as_deref()) {
@@ -267,16 +257,17 @@ mod tests {
             etag: Some("\"e\"".into()),
             ..Default::default()
         };
-        c.files.insert("x".into(), (stat, "abc".into()));
+        let x = RelPath::parse("x").unwrap();
+        c.files.insert("x".into(), (stat, Sha256::of(b"abc")));
         c.save(d.path(), Mount::Plugins, Some(b"[]")).unwrap();
         let mut back = MountCache::load(d.path(), Mount::Plugins);
         assert!(back.files.is_empty(), "the stat cache is read on demand");
         back.load_files(d.path(), Mount::Plugins);
         assert_eq!(back, c);
-        assert_eq!(back.sha256("x", &stat), Some("abc"));
+        assert_eq!(back.sha256(&x, &stat), Some(Sha256::of(b"abc")));
         std::fs::write(&f, "bb").unwrap();
         let changed = FileSig::of(&std::fs::symlink_metadata(&f).unwrap());
-        assert_eq!(back.sha256("x", &changed), None, "a changed stat is a miss");
+        assert_eq!(back.sha256(&x, &changed), None, "a changed stat is a miss");
         assert_eq!(
             MountCache::load_listing(d.path(), Mount::Plugins).unwrap(),
             b"[]"
@@ -299,13 +290,13 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let old = MountCache {
             etag: Some("\"old\"".into()),
-            scan_digest: Some("s".into()),
-            listing_sha256: Some(Sha256::of(b"[old]").to_hex()),
+            scan_digest: Some(Sha256::of(b"s")),
+            listing_sha256: Some(Sha256::of(b"[old]")),
             ..Default::default()
         };
         old.save(d.path(), Mount::Plugins, Some(b"[old]")).unwrap();
         assert_eq!(
-            old.not_modified(d.path(), Mount::Plugins, "t"),
+            old.not_modified(d.path(), Mount::Plugins, &Sha256::of(b"t")),
             NotModified::Cached(b"[old]".to_vec())
         );
         // Killed after the new listing was written, before its record: the
@@ -314,7 +305,7 @@ mod tests {
         let back = MountCache::load(d.path(), Mount::Plugins);
         assert_eq!(back, old);
         assert_eq!(
-            back.not_modified(d.path(), Mount::Plugins, "t"),
+            back.not_modified(d.path(), Mount::Plugins, &Sha256::of(b"t")),
             NotModified::Refetch
         );
     }
@@ -323,21 +314,49 @@ mod tests {
     fn a_304_ends_the_pass_only_when_the_scan_is_unchanged_too() {
         let d = tempfile::tempdir().unwrap();
         let c = MountCache {
-            scan_digest: Some("s".into()),
+            scan_digest: Some(Sha256::of(b"s")),
             ..Default::default()
         };
         assert_eq!(
-            c.not_modified(d.path(), Mount::Plugins, "s"),
+            c.not_modified(d.path(), Mount::Plugins, &Sha256::of(b"s")),
             NotModified::Unchanged
         );
         assert_eq!(
-            c.not_modified(d.path(), Mount::Plugins, "t"),
+            c.not_modified(d.path(), Mount::Plugins, &Sha256::of(b"t")),
             NotModified::Refetch
         );
         c.save(d.path(), Mount::Plugins, Some(b"[]")).unwrap();
         assert_eq!(
-            c.not_modified(d.path(), Mount::Plugins, "t"),
+            c.not_modified(d.path(), Mount::Plugins, &Sha256::of(b"t")),
             NotModified::Cached(b"[]".to_vec())
         );
+    }
+
+    /// The files keep their format: digests as bare hex strings, as the
+    /// agent wrote them when it held them as text.
+    #[test]
+    fn digests_are_hex_on_disk() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (Sha256::of(b"a"), Sha256::of(b"b"));
+        std::fs::create_dir_all(d.path().join("cache")).unwrap();
+        let record = format!(
+            r#"{{"key":"k","etag":null,"scan_digest":"{}","entries":1,"listing_sha256":"{}"}}"#,
+            a.to_hex(),
+            b.to_hex()
+        );
+        std::fs::write(d.path().join("cache/plugins.json"), &record).unwrap();
+        let stat = r#"{"x":[{"size":1,"mtime_ns":2,"ctime_ns":3,"ino":4,"dev":5},"HEX"]}"#;
+        std::fs::write(
+            d.path().join("cache/plugins.stat.json"),
+            stat.replace("HEX", &a.to_hex()),
+        )
+        .unwrap();
+        let mut c = MountCache::load(d.path(), Mount::Plugins);
+        assert_eq!((c.scan_digest, c.listing_sha256), (Some(a), Some(b)));
+        c.load_files(d.path(), Mount::Plugins);
+        assert_eq!(c.files["x"].1, a);
+        c.save(d.path(), Mount::Plugins, None).unwrap();
+        let again = std::fs::read_to_string(d.path().join("cache/plugins.json")).unwrap();
+        assert_eq!(again, record);
     }
 }

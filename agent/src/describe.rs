@@ -1,4 +1,4 @@
-//! A `kind = "describe"` load: is this file a plugin, and which 
+//! A `kind = "describe"` load: is this file a plugin, and which
 //! (docs/loading.md#plugin-layouts)? The layout names it from its path
 //! ([`layouts::identify`]) under the loader's roots (an earlier root
 //! shadows the same identity in a later one); a Celerity ID must not be

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::ignore::IgnoreSet;
 use pluginsync_common::metadata::{FileMetadata, FileType};
 use pluginsync_common::relpath::RelPath;
@@ -30,10 +31,10 @@ pub const STAGING_DIR: &str = ".pluginsync-staging";
 pub enum RemoteKind {
     /// A directory.
     Dir,
-    /// A file with this lowercase sha256 hex.
+    /// A file with this content.
     File {
-        /// Lowercase hex digest.
-        sha256: String,
+        /// Its sha256, parsed from the listing's `{sha256}` checksum.
+        digest: Sha256,
     },
 }
 
@@ -115,21 +116,13 @@ pub fn validate(
             FileType::Directory => RemoteKind::Dir,
             FileType::File | FileType::Link => {
                 let value = m.checksum.map(|c| c.value).unwrap_or_default();
-                let hex = value
-                    .strip_prefix("{sha256}")
-                    .filter(|h| {
-                        h.len() == 64
-                            && h.bytes()
-                                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-                    })
-                    .ok_or_else(|| {
-                        ListingError::Malformed(format!(
-                            "'{raw}' has no sha256 checksum (got {value:?})"
-                        ))
-                    })?;
-                RemoteKind::File {
-                    sha256: hex.to_owned(),
-                }
+                // Parsed once, here: from now on the digest is a value.
+                let digest = Sha256::from_checksum(&value).map_err(|_| {
+                    ListingError::Malformed(format!(
+                        "'{raw}' has no sha256 checksum (got {value:?})"
+                    ))
+                })?;
+                RemoteKind::File { digest }
             }
             FileType::Other => {
                 tracing::warn!(path = %raw, "listing has a special file, skipped");

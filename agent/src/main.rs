@@ -131,7 +131,7 @@ fn sync(config: &Path, overrides: Overrides) -> Ended {
                 format!("cannot start the runtime: {e}"),
             )
         })?;
-    // SIGTERM/SIGINT from here on stop the run cleanly 
+    // SIGTERM/SIGINT from here on stop the run cleanly
     // (docs/operating.md#signals); if they cannot be taken over they keep killing.
     let interrupts = Interrupts::listen().unwrap_or_else(|e| {
         tracing::warn!(error = %e, "cannot handle SIGTERM and SIGINT");

@@ -16,17 +16,18 @@
 //!   world-writable) is applied to new and existing entries; with `ignore`, new files get
 //!   0644 and new directories 0755, and existing modes stay.
 //! - Local entries the listing lacks are removed, the topmost only (a
-//!   directory's removal takes its subtree). Ignored names never reach here.
+//!   directory's removal takes its subtree); so are local names no listing
+//!   can hold ([`Stray`]). Ignored names never reach here.
 //! - Order: directories parents-first, then writes, then mode fixes, then
 //!   removals deepest-first.
 
-use std::collections::{BTreeSet, HashSet};
-use std::path::{Path, PathBuf};
+use std::collections::HashSet;
 
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::relpath::RelPath;
 
 use crate::listing::{RemoteKind, RemoteTree};
-use crate::scan::{LocalKind, LocalTree};
+use crate::scan::{LocalKind, LocalName, LocalTree, Stray};
 
 #[cfg(test)]
 thread_local! {
@@ -83,7 +84,7 @@ pub enum Action {
     /// Create a directory (after removing a non-directory in the way).
     Mkdir {
         /// Relative path.
-        rel: PathBuf,
+        rel: RelPath,
         /// Its mode.
         mode: u32,
         /// A local non-directory stands there and goes first.
@@ -92,9 +93,9 @@ pub enum Action {
     /// Put a downloaded file in place.
     Write {
         /// Relative path (also the listing's relative path).
-        rel: PathBuf,
-        /// Expected sha256 hex.
-        sha256: String,
+        rel: RelPath,
+        /// The content's digest, as listed.
+        digest: Sha256,
         /// Mode to give it.
         mode: u32,
         /// Created or Updated.
@@ -105,14 +106,21 @@ pub enum Action {
     /// Fix permission bits.
     Chmod {
         /// Relative path.
-        rel: PathBuf,
+        rel: RelPath,
         /// The mode.
         mode: u32,
     },
     /// Purge (a directory with its subtree; a symlink itself).
     Remove {
         /// Relative path.
-        rel: PathBuf,
+        rel: RelPath,
+        /// It is a real directory.
+        dir: bool,
+    },
+    /// Purge a local name no listing can hold, as [`Action::Remove`].
+    RemoveStray {
+        /// The name (topmost: [`Stray::is_topmost`]).
+        stray: Stray,
         /// It is a real directory.
         dir: bool,
     },
@@ -121,13 +129,17 @@ pub enum Action {
 impl Action {
     /// The reported change, if this action is one (the root's own creation
     /// is not reported).
-    pub fn change(&self) -> Option<(&Path, ChangeKind)> {
+    pub fn change(&self) -> Option<(LocalName, ChangeKind)> {
+        let rel = |rel: &RelPath| LocalName::Rel(rel.clone());
         match self {
             Action::CreateRoot { .. } | Action::ChmodRoot { .. } => None,
-            Action::Mkdir { rel, .. } => Some((rel, ChangeKind::Created)),
-            Action::Write { rel, change, .. } => Some((rel, *change)),
-            Action::Chmod { rel, .. } => Some((rel, ChangeKind::Mode)),
-            Action::Remove { rel, .. } => Some((rel, ChangeKind::Removed)),
+            Action::Mkdir { rel: r, .. } => Some((rel(r), ChangeKind::Created)),
+            Action::Write { rel: r, change, .. } => Some((rel(r), *change)),
+            Action::Chmod { rel: r, .. } => Some((rel(r), ChangeKind::Mode)),
+            Action::Remove { rel: r, .. } => Some((rel(r), ChangeKind::Removed)),
+            Action::RemoveStray { stray, .. } => {
+                Some((LocalName::Stray(stray.clone()), ChangeKind::Removed))
+            }
         }
     }
 }
@@ -143,12 +155,19 @@ pub struct Plan {
 
 impl Plan {
     /// The writes, which need downloads.
-    pub fn writes(&self) -> impl Iterator<Item = (&Path, &str)> {
+    pub fn writes(&self) -> impl Iterator<Item = (&RelPath, &Sha256)> {
         self.actions.iter().filter_map(|a| match a {
-            Action::Write { rel, sha256, .. } => Some((rel.as_path(), sha256.as_str())),
+            Action::Write { rel, digest, .. } => Some((rel, digest)),
             _ => None,
         })
     }
+}
+
+/// The directories above `rel`, deepest first, as text (the root is not
+/// one): `a/b` and `a` for `a/b/c`.
+fn ancestors(rel: &RelPath) -> impl Iterator<Item = &str> {
+    let s = rel.as_str();
+    s.rmatch_indices('/').map(move |(i, _)| &s[..i])
 }
 
 /// Computes the plan; see the module docs for the rules.
@@ -171,13 +190,12 @@ pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Pl
     }
     // Local paths that go away wholesale (replaced by a remote entry of
     // another type): nothing below them needs its own removal.
-    let mut replaced: BTreeSet<PathBuf> = BTreeSet::new();
+    let mut replaced: Vec<&RelPath> = Vec::new();
     for (rel, r) in &remote.entries {
-        let path = PathBuf::from(rel.as_str());
-        let l = local.entries.get(&path);
+        let l = local.entries.get(rel);
         match (&r.kind, l.map(|l| l.kind)) {
             (RemoteKind::Dir, None) => mkdirs.push(Action::Mkdir {
-                rel: path,
+                rel: rel.clone(),
                 mode: if use_permissions { r.mode } else { 0o755 },
                 replace: false,
             }),
@@ -185,7 +203,7 @@ pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Pl
                 let lmode = l.map(|l| l.mode).unwrap_or_default();
                 if use_permissions && lmode != r.mode {
                     chmods.push(Action::Chmod {
-                        rel: path,
+                        rel: rel.clone(),
                         mode: r.mode,
                     });
                 } else {
@@ -193,24 +211,24 @@ pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Pl
                 }
             }
             (RemoteKind::Dir, Some(_)) => mkdirs.push(Action::Mkdir {
-                rel: path,
+                rel: rel.clone(),
                 mode: if use_permissions { r.mode } else { 0o755 },
                 replace: true,
             }),
-            (RemoteKind::File { sha256 }, None) => writes.push(Action::Write {
-                rel: path,
-                sha256: sha256.clone(),
+            (RemoteKind::File { digest }, None) => writes.push(Action::Write {
+                rel: rel.clone(),
+                digest: *digest,
                 mode: if use_permissions { r.mode } else { 0o644 },
                 change: ChangeKind::Created,
                 replace_dir: false,
             }),
-            (RemoteKind::File { sha256 }, Some(kind)) => {
+            (RemoteKind::File { digest }, Some(kind)) => {
                 let l = l.expect("matched Some");
-                let same = kind == LocalKind::File && l.sha256.as_deref() == Some(sha256.as_str());
+                let same = kind == LocalKind::File && l.sha256 == Some(*digest);
                 if same {
                     if use_permissions && l.mode != r.mode {
                         chmods.push(Action::Chmod {
-                            rel: path,
+                            rel: rel.clone(),
                             mode: r.mode,
                         });
                     } else {
@@ -223,11 +241,11 @@ pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Pl
                         (false, _) => 0o644,
                     };
                     if kind == LocalKind::Dir {
-                        replaced.insert(path.clone());
+                        replaced.push(rel);
                     }
                     writes.push(Action::Write {
-                        rel: path,
-                        sha256: sha256.clone(),
+                        rel: rel.clone(),
+                        digest: *digest,
                         mode,
                         change: ChangeKind::Updated,
                         replace_dir: kind == LocalKind::Dir,
@@ -236,22 +254,18 @@ pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Pl
             }
         }
     }
-    let remote_paths: HashSet<&Path> = remote
-        .entries
-        .keys()
-        .map(|r| Path::new(r.as_str()))
-        .collect();
     // Local paths that go with their whole subtree: the replaced ones and
     // the removals planned so far. One set lookup per ancestor keeps
     // planning linear in the entries (a scan of the removals planned so
-    // far made 8,000 sibling purges cost seconds).
-    let mut gone: HashSet<&Path> = replaced.iter().map(PathBuf::as_path).collect();
-    for (path, l) in &local.entries {
+    // far made 8,000 sibling purges cost seconds). Parents sort before
+    // their children, so a directory is decided before what is below it.
+    let mut gone: HashSet<&str> = replaced.iter().map(|r| r.as_str()).collect();
+    for (rel, l) in &local.entries {
         probe();
-        if remote_paths.contains(path.as_path()) {
+        if remote.entries.contains_key(rel) {
             continue;
         }
-        let covered = path.ancestors().skip(1).any(|a| {
+        let covered = ancestors(rel).any(|a| {
             probe();
             gone.contains(a)
         });
@@ -260,11 +274,21 @@ pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Pl
         if covered {
             continue;
         }
-        gone.insert(path);
+        gone.insert(rel.as_str());
         removes.push(Action::Remove {
-            rel: path.clone(),
+            rel: rel.clone(),
             dir: l.kind == LocalKind::Dir,
         });
+    }
+    for (stray, l) in local.strays.iter().filter(|(s, _)| s.is_topmost()) {
+        let parent = &stray.parent;
+        let covered = gone.contains(parent.as_str()) || ancestors(parent).any(|a| gone.contains(a));
+        if !covered {
+            removes.push(Action::RemoveStray {
+                stray: stray.clone(),
+                dir: l.kind == LocalKind::Dir,
+            });
+        }
     }
     removes.reverse();
     p.actions.extend(mkdirs);
@@ -301,21 +325,24 @@ impl Removal {
             removed: 0,
             total: 0,
         };
-        for (path, l) in &local.entries {
+        for (rel, l) in &local.entries {
             if l.kind == LocalKind::Dir {
                 continue;
             }
             r.total += 1;
-            let kept = match path.to_str().and_then(|p| RelPath::parse(p).ok()) {
-                Some(rel) => match remote.entries.get(&rel) {
-                    Some(e) => matches!(e.kind, RemoteKind::File { .. }),
-                    None => !purge,
-                },
-                // A name the listing cannot hold is purged like any extra.
+            let kept = match remote.entries.get(rel) {
+                Some(e) => matches!(e.kind, RemoteKind::File { .. }),
                 None => !purge,
             };
             if !kept {
                 r.removed += 1;
+            }
+        }
+        // A name the listing cannot hold is purged like any extra.
+        for l in local.strays.values() {
+            if l.kind != LocalKind::Dir {
+                r.total += 1;
+                r.removed += usize::from(purge);
             }
         }
         r
@@ -346,7 +373,7 @@ mod tests {
                 .map(|(p, sha, mode)| {
                     let kind = match sha {
                         Some(s) => RemoteKind::File {
-                            sha256: s.to_string(),
+                            digest: Sha256::of(s.as_bytes()),
                         },
                         None => RemoteKind::Dir,
                     };
@@ -367,11 +394,11 @@ mod tests {
                 .iter()
                 .map(|(p, kind, sha, mode)| {
                     (
-                        PathBuf::from(p),
+                        rp(p),
                         LocalEntry {
                             kind: *kind,
                             mode: *mode,
-                            sha256: sha.map(str::to_owned),
+                            sha256: sha.map(|s| Sha256::of(s.as_bytes())),
                             stat: pluginsync_common::filesig::FileSig {
                                 size: 0,
                                 mtime_ns: 0,
@@ -383,14 +410,19 @@ mod tests {
                     )
                 })
                 .collect(),
+            strays: Default::default(),
         }
+    }
+
+    fn rp(p: &str) -> RelPath {
+        RelPath::parse(p).unwrap()
     }
 
     fn changes(p: &Plan) -> Vec<(String, &'static str)> {
         p.actions
             .iter()
             .filter_map(|a| a.change())
-            .map(|(path, c)| (path.display().to_string(), c.as_str()))
+            .map(|(path, c)| (path.to_string(), c.as_str()))
             .collect()
     }
 
@@ -412,7 +444,7 @@ mod tests {
             ]
         );
         assert!(p.actions.contains(&Action::Mkdir {
-            rel: "a".into(),
+            rel: rp("a"),
             mode: 0o750,
             replace: false
         }));
@@ -471,7 +503,7 @@ mod tests {
             ]
         );
         assert!(p.actions.contains(&Action::Remove {
-            rel: "link".into(),
+            rel: rp("link"),
             dir: false
         }));
     }
@@ -499,12 +531,12 @@ mod tests {
             ]
         );
         assert!(p.actions.contains(&Action::Mkdir {
-            rel: "d".into(),
+            rel: rp("d"),
             mode: 0o755,
             replace: true
         }));
         assert!(p.actions.iter().any(
-            |a| matches!(a, Action::Write { rel, replace_dir: true, .. } if rel == Path::new("f"))
+            |a| matches!(a, Action::Write { rel, replace_dir: true, .. } if rel.as_str() == "f")
         ));
         assert!(
             !p.actions.iter().any(|a| matches!(a, Action::Remove { .. })),
@@ -529,14 +561,12 @@ mod tests {
                 .next()
                 .unwrap();
             for i in 0..n {
-                l.entries
-                    .insert(PathBuf::from(format!("junk{i}")), entry.clone());
-                l.entries
-                    .insert(PathBuf::from(format!("gone/sub{i}")), entry.clone());
+                l.entries.insert(rp(&format!("junk{i}")), entry.clone());
+                l.entries.insert(rp(&format!("gone/sub{i}")), entry.clone());
             }
             let mut dir = entry;
             dir.kind = LocalKind::Dir;
-            l.entries.insert(PathBuf::from("gone"), dir);
+            l.entries.insert(rp("gone"), dir);
             PROBES.with(|p| p.set(0));
             let p = plan(&remote(&[]), &l, true);
             assert_eq!(p.actions.len(), n + 1, "junk{{i}} and gone, not gone/*");
@@ -556,7 +586,7 @@ mod tests {
         let r = remote(&[("d", None, 0o700), ("d/x", Some("1"), 0o700)]);
         let p = plan(&r, &LocalTree::default(), false);
         assert!(p.actions.contains(&Action::Mkdir {
-            rel: "d".into(),
+            rel: rp("d"),
             mode: 0o755,
             replace: false
         }));
@@ -651,5 +681,53 @@ mod tests {
             }
             .refused(Some(0))
         );
+    }
+
+    /// Local names no listing can hold are purged (the topmost only, and
+    /// not below a directory purged already) and counted by the guard.
+    #[test]
+    fn strays_are_purged_like_any_extra() {
+        let mut l = local(&[
+            ("keep", LocalKind::Dir, None, 0o755),
+            ("junk", LocalKind::Dir, None, 0o755),
+        ]);
+        let entry = |kind| LocalEntry {
+            kind,
+            ..l.entries[&rp("keep")].clone()
+        };
+        for (parent, rest, kind) in [
+            ("keep", "a\\b", LocalKind::Dir),
+            ("keep", "a\\b/x", LocalKind::File),
+            ("junk", "c\\d", LocalKind::File),
+            (".", "e\\f", LocalKind::File),
+        ] {
+            let stray = Stray {
+                parent: rp(parent),
+                rest: rest.into(),
+            };
+            l.strays.insert(stray, entry(kind));
+        }
+        let r = remote(&[("keep", None, 0o755)]);
+        let p = plan(&r, &l, true);
+        assert_eq!(
+            changes(&p),
+            vec![
+                ("keep/a\\b".into(), "removed"),
+                ("e\\f".into(), "removed"),
+                ("junk".into(), "removed")
+            ]
+        );
+        assert!(p.actions.iter().any(|a| matches!(
+            a,
+            Action::RemoveStray { stray, dir: true } if stray.parent == rp("keep")
+        )));
+        assert_eq!(
+            Removal::count(&r, &l, true),
+            Removal {
+                removed: 3,
+                total: 3
+            }
+        );
+        assert_eq!(Removal::count(&r, &l, false).removed, 0);
     }
 }

@@ -7,14 +7,23 @@
 //! walk only stats; [`hash_files`] then hashes just the files the listing
 //! also has as files, and only those whose stat changed since the stat
 //! cache saw them (everything else is decided without reading it).
+//!
+//! Entries are keyed by [`RelPath`], as the listing's are, so the plan
+//! compares the two trees without converting a path. A name no listing
+//! can hold (not UTF-8, or with a backslash) is kept apart as a [`Stray`]:
+//! never managed, only purged.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::ffi::OsStr;
+use std::fmt;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
-use pluginsync_common::checksum::ChecksumType;
+use pluginsync_common::checksum::sha256_reader;
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::filesig::FileSig;
 use pluginsync_common::ignore::IgnoreSet;
+use pluginsync_common::relpath::RelPath;
 
 use crate::listing::{RemoteKind, RemoteTree, STAGING_DIR};
 
@@ -38,11 +47,101 @@ pub struct LocalEntry {
     pub kind: LocalKind,
     /// Permission bits, `& 0o777`.
     pub mode: u32,
-    /// Lowercase sha256 hex, for files the listing also has as files
+    /// The content's digest, for files the listing also has as files
     /// (filled by [`hash_files`]).
-    pub sha256: Option<String>,
+    pub sha256: Option<Sha256>,
     /// The entry's stat (not following symlinks).
     pub stat: FileSig,
+}
+
+/// A local name no listing can hold (not UTF-8, or with a backslash: the
+/// rules of [`RelPath`]), or something below one. Never managed: purged
+/// like any entry the listing lacks.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Stray {
+    /// The deepest directory above it whose path is a [`RelPath`].
+    pub parent: RelPath,
+    /// Below `parent`: first the name no listing can hold, then whatever
+    /// the walk found below it.
+    pub rest: PathBuf,
+}
+
+impl Stray {
+    /// True for the name itself, false for what is below it.
+    pub fn is_topmost(&self) -> bool {
+        self.rest.components().nth(1).is_none()
+    }
+
+    /// Its first name below [`Stray::parent`].
+    pub fn name(&self) -> &OsStr {
+        self.rest
+            .components()
+            .next()
+            .map_or(OsStr::new(""), Component::as_os_str)
+    }
+
+    /// `base` joined with it.
+    pub fn to_path(&self, base: &Path) -> PathBuf {
+        self.parent.to_path(base).join(&self.rest)
+    }
+}
+
+impl fmt::Display for Stray {
+    /// `parent/rest`, lossily (for reports and logs only).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.parent.is_root() {
+            write!(f, "{}/", self.parent)?;
+        }
+        write!(f, "{}", self.rest.display())
+    }
+}
+
+/// The name of a local entry, relative to its destination: a path a
+/// listing can hold, or a [`Stray`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LocalName {
+    /// A path a listing can hold.
+    Rel(RelPath),
+    /// A name no listing can hold.
+    Stray(Stray),
+}
+
+impl LocalName {
+    /// The entry `name` of this directory: a [`RelPath`] while every name
+    /// on the way is one a listing can hold (each checked alone, as the
+    /// walk finds it), else a [`Stray`].
+    pub fn child(&self, name: &OsStr) -> LocalName {
+        match self {
+            LocalName::Rel(dir) => match name.to_str().map(|s| dir.join(s)) {
+                Some(Ok(rel)) => LocalName::Rel(rel),
+                _ => LocalName::Stray(Stray {
+                    parent: dir.clone(),
+                    rest: name.into(),
+                }),
+            },
+            LocalName::Stray(stray) => LocalName::Stray(Stray {
+                parent: stray.parent.clone(),
+                rest: stray.rest.join(name),
+            }),
+        }
+    }
+
+    /// `base` joined with it.
+    pub fn to_path(&self, base: &Path) -> PathBuf {
+        match self {
+            LocalName::Rel(rel) => rel.to_path(base),
+            LocalName::Stray(stray) => stray.to_path(base),
+        }
+    }
+}
+
+impl fmt::Display for LocalName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LocalName::Rel(rel) => rel.fmt(f),
+            LocalName::Stray(stray) => stray.fmt(f),
+        }
+    }
 }
 
 /// A destination as found.
@@ -52,8 +151,10 @@ pub struct LocalTree {
     pub exists: bool,
     /// Its permission bits.
     pub root_mode: u32,
-    /// Everything below it, relative, sorted.
-    pub entries: BTreeMap<PathBuf, LocalEntry>,
+    /// Everything below it a listing could name, sorted.
+    pub entries: BTreeMap<RelPath, LocalEntry>,
+    /// Everything below it no listing can name, sorted.
+    pub strays: BTreeMap<Stray, LocalEntry>,
 }
 
 /// The destination could not be read; nothing is changed.
@@ -75,23 +176,26 @@ pub enum ScanError {
 impl LocalTree {
     /// A digest of everything the scan saw (paths, kinds, modes, stats):
     /// equal digests mean nothing in the destination changed.
-    pub fn digest(&self) -> String {
+    pub fn digest(&self) -> Sha256 {
         let mut text = format!("root {:o} {}\n", self.root_mode, self.exists);
-        for (p, e) in &self.entries {
+        let named = self.entries.iter().map(|(p, e)| (p.to_string(), e));
+        let strays = self.strays.iter().map(|(p, e)| (p.to_string(), e));
+        for (p, e) in named.chain(strays) {
             let s = &e.stat;
             text.push_str(&format!(
-                "{}\0{:?} {:o} {} {} {} {} {}\n",
-                p.display(),
-                e.kind,
-                e.mode,
-                s.size,
-                s.mtime_ns,
-                s.ctime_ns,
-                s.ino,
-                s.dev
+                "{p}\0{:?} {:o} {} {} {} {} {}\n",
+                e.kind, e.mode, s.size, s.mtime_ns, s.ctime_ns, s.ino, s.dev
             ));
         }
-        pluginsync_common::digest::Sha256::of(text.as_bytes()).to_hex()
+        Sha256::of(text.as_bytes())
+    }
+
+    /// Adds (or replaces) one entry.
+    fn insert(&mut self, name: LocalName, entry: LocalEntry) {
+        match name {
+            LocalName::Rel(rel) => self.entries.insert(rel, entry),
+            LocalName::Stray(stray) => self.strays.insert(stray, entry),
+        };
     }
 }
 
@@ -112,11 +216,10 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
     let mut tree = LocalTree {
         exists: true,
         root_mode: md.permissions().mode() & 0o777,
-        entries: BTreeMap::new(),
+        ..LocalTree::default()
     };
     // Top-level entries here; each top-level directory's subtree is walked
-    // by one of a few threads. A sorted depth-first walk yields paths in
-    // `Path` order already, so the map is bulk-built from the concatenation.
+    // by one of a few threads.
     let mut top: Vec<std::fs::DirEntry> = std::fs::read_dir(dest)
         .map_err(io(dest))?
         .collect::<Result<_, _>>()
@@ -137,7 +240,7 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(entry) = top.get(i) else { break };
-                    let result = walk_one(dest, &entry.path(), ignore);
+                    let result = walk_one(&entry.path(), ignore);
                     if let Ok(mut slot) = subtrees[i].lock() {
                         *slot = Some(result);
                     }
@@ -145,30 +248,29 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
             });
         }
     });
-    let mut all = Vec::new();
     for slot in subtrees {
         let result = slot
             .into_inner()
             .ok()
             .flatten()
             .unwrap_or_else(|| Ok(Vec::new()));
-        all.extend(result?);
+        for (name, entry) in result? {
+            tree.insert(name, entry);
+        }
     }
-    tree.entries = all.into_iter().collect();
     Ok(tree)
 }
 
 /// What walking one top-level entry produced.
-type Subtree = Result<Vec<(PathBuf, LocalEntry)>, ScanError>;
+type Subtree = Result<Vec<(LocalName, LocalEntry)>, ScanError>;
 
 /// One top-level entry of `dest` and, for a real directory, everything
-/// below it, in walk (= `Path`) order.
-fn walk_one(
-    dest: &Path,
-    top: &Path,
-    ignore: &IgnoreSet,
-) -> Result<Vec<(PathBuf, LocalEntry)>, ScanError> {
+/// below it, in walk order.
+fn walk_one(top: &Path, ignore: &IgnoreSet) -> Subtree {
     let mut out = Vec::new();
+    // The names of the directories above the entry at hand, by depth.
+    let root = LocalName::Rel(RelPath::root());
+    let mut dirs: Vec<LocalName> = Vec::new();
     let walker = walkdir::WalkDir::new(top)
         .follow_links(false)
         // Each top-level entry is a walk root here, and walkdir follows a
@@ -196,12 +298,17 @@ fn walk_one(
                 .into_io_error()
                 .unwrap_or_else(|| std::io::Error::other("stat error")),
         })?;
-        let rel = entry
-            .path()
-            .strip_prefix(dest)
-            .map(Path::to_owned)
-            .unwrap_or_default();
-        out.push((rel, entry_of(&md)));
+        let depth = entry.depth();
+        let parent = depth
+            .checked_sub(1)
+            .and_then(|d| dirs.get(d))
+            .unwrap_or(&root);
+        let name = parent.child(entry.file_name());
+        if md.is_dir() {
+            dirs.truncate(depth);
+            dirs.push(name.clone());
+        }
+        out.push((name, entry_of(&md)));
     }
     Ok(out)
 }
@@ -227,57 +334,57 @@ pub fn entry_of(md: &std::fs::Metadata) -> LocalEntry {
 }
 
 impl LocalTree {
-    /// The tree after `touched` paths changed: each is stat'ed again (or
-    /// dropped with its subtree if gone), as is each parent directory
-    /// (its mtime moved). Cheaper than a rescan; a concurrent change this
-    /// misses only makes the next run's digest differ, never match.
-    pub fn updated(&self, dest: &Path, touched: &[PathBuf]) -> LocalTree {
+    /// The tree after `touched` entries changed: each is stat'ed again (or
+    /// dropped with its subtree if gone), as is each parent directory (its
+    /// mtime moved) and the destination itself. Cheaper than a rescan; a
+    /// concurrent change this misses only makes the next run's digest
+    /// differ, never match.
+    pub fn updated(&self, dest: &Path, touched: &[LocalName]) -> LocalTree {
         let mut t = self.clone();
-        if touched.is_empty() {
-            return t;
-        }
+        let touched: Vec<&LocalName> = touched
+            .iter()
+            .filter(|n| !matches!(n, LocalName::Rel(r) if r.is_root()))
+            .collect();
         // Everything is stat'ed after the commit, so a touched directory's
         // stat is already its final one: not stat'ed again as a parent.
-        let is_touched: std::collections::HashSet<&Path> =
-            touched.iter().map(PathBuf::as_path).collect();
-        let mut parents = std::collections::BTreeSet::new();
-        for rel in touched {
-            let mut p = rel.parent();
-            while let Some(dir) = p {
-                if !dir.as_os_str().is_empty() && !is_touched.contains(dir) {
+        let is_touched: HashSet<&RelPath> = touched
+            .iter()
+            .filter_map(|n| match n {
+                LocalName::Rel(rel) => Some(rel),
+                LocalName::Stray(_) => None,
+            })
+            .collect();
+        let mut parents = BTreeSet::new();
+        for name in &touched {
+            let mut p = match name {
+                LocalName::Rel(rel) => rel.parent(),
+                LocalName::Stray(stray) => Some(stray.parent.clone()),
+            };
+            while let Some(dir) = p.filter(|d| !d.is_root()) {
+                p = dir.parent();
+                if !is_touched.contains(&dir) {
                     parents.insert(dir);
                 }
-                p = dir.parent();
             }
         }
-        let rels: Vec<&Path> = touched
+        let paths: Vec<PathBuf> = touched
             .iter()
-            .map(PathBuf::as_path)
-            .filter(|r| !r.as_os_str().is_empty())
-            .chain(parents.iter().copied())
+            .map(|n| n.to_path(dest))
+            .chain(parents.iter().map(|d| d.to_path(dest)))
             .collect();
-        let (touched_rels, parent_rels) = rels.split_at(rels.len() - parents.len());
-        let mut stats = stat_all(dest, &rels).into_iter();
+        let mut stats = stat_all(&paths).into_iter();
         // In plan order: a path's stale subtree goes before its new stat.
-        for rel in touched_rels {
-            let stale: Vec<PathBuf> = t
-                .entries
-                .range(rel.to_path_buf()..)
-                .take_while(|(k, _)| k.starts_with(rel))
-                .map(|(k, _)| k.clone())
-                .collect();
-            for k in stale {
-                t.entries.remove(&k);
-            }
+        for name in touched {
+            t.forget(name);
             // A created or replaced directory's contents are touched paths
             // of their own, later in the plan.
             if let Some(entry) = stats.next().flatten() {
-                t.entries.insert(rel.to_path_buf(), entry);
+                t.insert(name.clone(), entry);
             }
         }
-        for dir in parent_rels {
+        for dir in parents {
             if let Some(entry) = stats.next().flatten() {
-                t.entries.insert(dir.to_path_buf(), entry);
+                t.entries.insert(dir, entry);
             }
         }
         if let Ok(md) = std::fs::metadata(dest) {
@@ -285,6 +392,32 @@ impl LocalTree {
             t.root_mode = md.permissions().mode() & 0o777;
         }
         t
+    }
+
+    /// Drops `name` and everything below it.
+    fn forget(&mut self, name: &LocalName) {
+        match name {
+            LocalName::Rel(rel) => {
+                // Below `a` in string order: from `a` on, among the names
+                // that start with the text `a` (`a.rb` sorts before `a/x`).
+                let stale: Vec<RelPath> = self
+                    .entries
+                    .range(rel.clone()..)
+                    .take_while(|(k, _)| k.as_str().starts_with(rel.as_str()))
+                    .filter(|(k, _)| k.starts_with(rel))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in stale {
+                    self.entries.remove(&k);
+                }
+                if !self.strays.is_empty() {
+                    self.strays.retain(|s, _| !s.parent.starts_with(rel));
+                }
+            }
+            LocalName::Stray(stray) => self
+                .strays
+                .retain(|s, _| !(s.parent == stray.parent && s.rest.starts_with(&stray.rest))),
+        }
     }
 }
 
@@ -298,22 +431,18 @@ fn stat_threads() -> usize {
 /// Below this many paths one thread stats them all.
 const PARALLEL_STAT_MIN: usize = 256;
 
-/// `lstat`s `dest/rel` for each of `rels` (in order; `None` where gone),
-/// on a few threads when there are many: after a 3,000-file initial sync
-/// this is ~4,000 path walks.
-fn stat_all(dest: &Path, rels: &[&Path]) -> Vec<Option<LocalEntry>> {
-    let stat = |rel: &&Path| {
-        std::fs::symlink_metadata(dest.join(rel))
-            .ok()
-            .map(|md| entry_of(&md))
-    };
+/// `lstat`s each of `paths` (in order; `None` where gone), on a few
+/// threads when there are many: after a 3,000-file initial sync this is
+/// ~4,000 path walks.
+fn stat_all(paths: &[PathBuf]) -> Vec<Option<LocalEntry>> {
+    let stat = |path: &PathBuf| std::fs::symlink_metadata(path).ok().map(|md| entry_of(&md));
     let workers = stat_threads();
-    if rels.len() < PARALLEL_STAT_MIN || workers == 1 {
-        return rels.iter().map(stat).collect();
+    if paths.len() < PARALLEL_STAT_MIN || workers == 1 {
+        return paths.iter().map(stat).collect();
     }
-    let chunk = rels.len().div_ceil(workers);
+    let chunk = paths.len().div_ceil(workers);
     std::thread::scope(|scope| {
-        let handles: Vec<_> = rels
+        let handles: Vec<_> = paths
             .chunks(chunk)
             .map(|part| {
                 (
@@ -334,42 +463,38 @@ fn stat_all(dest: &Path, rels: &[&Path]) -> Vec<Option<LocalEntry>> {
 }
 
 /// Fills `sha256` of the local files that the listing has as files, from
-/// `known` (the stat cache: the sha256 of a relative path if its stat is
+/// `known` (the stat cache: the digest of a relative path if its stat is
 /// still the given one) where it knows, else by reading them. Returns how
 /// many files were read.
 pub fn hash_files(
     dest: &Path,
     local: &mut LocalTree,
     remote: &RemoteTree,
-    known: impl Fn(&str, &FileSig) -> Option<String>,
+    known: impl Fn(&RelPath, &FileSig) -> Option<Sha256>,
 ) -> Result<usize, ScanError> {
     let mut read = 0;
     for (rel, entry) in local.entries.iter_mut() {
         if entry.kind != LocalKind::File {
             continue;
         }
-        let Some(rel_str) = rel.to_str() else {
-            continue;
-        };
-        let wanted = pluginsync_common::relpath::RelPath::parse(rel_str)
-            .ok()
-            .and_then(|r| remote.entries.get(&r))
+        let wanted = remote
+            .entries
+            .get(rel)
             .is_some_and(|e| matches!(e.kind, RemoteKind::File { .. }));
         if !wanted {
             continue;
         }
-        if let Some(sha) = known(rel_str, &entry.stat) {
+        if let Some(sha) = known(rel, &entry.stat) {
             entry.sha256 = Some(sha);
             continue;
         }
-        let path = dest.join(rel);
+        let path = rel.to_path(dest);
         let io = |source| ScanError::Io {
             path: path.clone(),
             source,
         };
         let f = std::fs::File::open(&path).map_err(io)?;
-        let v = ChecksumType::Sha256.digest_reader(f).map_err(io)?;
-        entry.sha256 = Some(v["{sha256}".len()..].to_owned());
+        entry.sha256 = Some(sha256_reader(f).map_err(io)?);
         read += 1;
     }
     Ok(read)
@@ -395,7 +520,7 @@ mod tests {
         let kinds: Vec<(String, LocalKind)> = tree
             .entries
             .iter()
-            .map(|(p, e)| (p.display().to_string(), e.kind))
+            .map(|(p, e)| (p.to_string(), e.kind))
             .collect();
         assert_eq!(
             kinds,
@@ -433,32 +558,73 @@ mod tests {
         // What a commit might do, in plan order: directories, writes (one
         // replacing a directory), a chmod, a purge. Enough files that the
         // stats are spread over threads.
-        let mut touched = vec![
-            PathBuf::new(),
-            PathBuf::from("new"),
-            PathBuf::from("new/sub"),
-        ];
+        let name = |p: &str| LocalName::Rel(RelPath::parse(p).unwrap());
+        let mut touched = vec![name("new"), name("new/sub")];
         std::fs::create_dir_all(dest.join("new/sub")).unwrap();
         for i in 0..PARALLEL_STAT_MIN + 50 {
-            let rel = PathBuf::from(format!("new/sub/f{i:03}.rb"));
+            let rel = format!("new/sub/f{i:03}.rb");
             std::fs::write(dest.join(&rel), "f").unwrap();
-            touched.push(rel);
+            touched.push(name(&rel));
         }
         // A file added to a directory that is not itself touched: its
         // mtime moved all the same.
         std::fs::write(dest.join("stays/added.rb"), "a").unwrap();
-        touched.push(PathBuf::from("stays/added.rb"));
+        touched.push(name("stays/added.rb"));
         std::fs::remove_dir_all(dest.join("old")).unwrap();
         std::fs::write(dest.join("old"), "now a file").unwrap();
-        touched.push(PathBuf::from("old"));
+        touched.push(name("old"));
         std::fs::set_permissions(dest.join("mode.rb"), std::fs::Permissions::from_mode(0o600))
             .unwrap();
-        touched.push(PathBuf::from("mode.rb"));
+        touched.push(name("mode.rb"));
         std::fs::remove_file(dest.join("gone.rb")).unwrap();
-        touched.push(PathBuf::from("gone.rb"));
+        touched.push(name("gone.rb"));
 
         let updated = before.updated(&dest, &touched);
         let rescan = scan(&dest, &ignore).unwrap();
+        assert_eq!(updated, rescan);
+        assert_eq!(updated.digest(), rescan.digest());
+        assert_ne!(before.digest(), rescan.digest());
+    }
+
+    #[test]
+    fn names_no_listing_can_hold_are_strays() {
+        use std::os::unix::ffi::OsStrExt;
+        let t = tempfile::tempdir().unwrap();
+        let dest = t.path().join("lib");
+        let odd = OsStr::from_bytes(b"caf\xe9");
+        std::fs::create_dir_all(dest.join("sub").join(odd)).unwrap();
+        std::fs::write(dest.join("sub").join(odd).join("x.rb"), "x").unwrap();
+        std::fs::write(dest.join("back\\slash.rb"), "b").unwrap();
+        std::fs::write(dest.join("sub/ok.rb"), "o").unwrap();
+        let ignore = IgnoreSet::new(&crate::config::default_ignore()).unwrap();
+        let before = scan(&dest, &ignore).unwrap();
+        let names: Vec<String> = before.entries.keys().map(ToString::to_string).collect();
+        assert_eq!(names, ["sub", "sub/ok.rb"]);
+        let strays: Vec<(String, bool)> = before
+            .strays
+            .keys()
+            .map(|s| (s.to_string(), s.is_topmost()))
+            .collect();
+        assert_eq!(
+            strays,
+            [
+                ("back\\slash.rb".to_owned(), true),
+                ("sub/caf\u{fffd}".to_owned(), true),
+                ("sub/caf\u{fffd}/x.rb".to_owned(), false),
+            ]
+        );
+        // Removed, as a purge would: the update drops what was below too.
+        let top: Vec<LocalName> = before
+            .strays
+            .keys()
+            .filter(|s| s.is_topmost())
+            .map(|s| LocalName::Stray(s.clone()))
+            .collect();
+        std::fs::remove_dir_all(dest.join("sub").join(odd)).unwrap();
+        std::fs::remove_file(dest.join("back\\slash.rb")).unwrap();
+        let updated = before.updated(&dest, &top);
+        let rescan = scan(&dest, &ignore).unwrap();
+        assert!(rescan.strays.is_empty());
         assert_eq!(updated, rescan);
         assert_eq!(updated.digest(), rescan.digest());
         assert_ne!(before.digest(), rescan.digest());

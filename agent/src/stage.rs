@@ -32,6 +32,7 @@ use pluginsync_common::checksum::Sha256Stream;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::fsutil::{Durable, Need, SYNCFS_ABOVE};
 use pluginsync_common::protocol::{FrameDecoder, FrameEvent, MAX_BATCH};
+use pluginsync_common::relpath::RelPath;
 
 use crate::client::{Body, BodyError, Client, FetchError, Source};
 use crate::listing::{MODE_MASK, STAGING_DIR};
@@ -94,7 +95,7 @@ pub struct Staging {
     /// [`Staging::finish`], removed (if still empty) by a drop before it.
     created: Vec<PathBuf>,
     /// Relative path → staged file, for every verified download.
-    pub files: HashMap<PathBuf, PathBuf>,
+    pub files: HashMap<RelPath, PathBuf>,
 }
 
 impl Staging {
@@ -142,7 +143,7 @@ impl Staging {
     /// a link (as the commit does, docs/internals.md#commit).
     fn seal_into(
         &self,
-        modes: &HashMap<&Path, u32>,
+        modes: &HashMap<&RelPath, u32>,
         durable: &mut Durable,
     ) -> Result<(), StageError> {
         use rustix::fs::{Mode, OFlags};
@@ -168,7 +169,7 @@ impl Staging {
         let ours = st.st_uid == rustix::process::geteuid().as_raw() && st.st_mode & 0o077 == 0;
         if ours && self.files.len() > SYNCFS_ABOVE {
             for (rel, tmp) in &self.files {
-                if let Some(mode) = modes.get(rel.as_path()) {
+                if let Some(mode) = modes.get(rel) {
                     let name = tmp.file_name().unwrap_or_default();
                     rustix::fs::chmodat(
                         &dir,
@@ -195,7 +196,7 @@ impl Staging {
                 Mode::empty(),
             )
             .map_err(fail(tmp))?;
-            if let Some(mode) = modes.get(rel.as_path()) {
+            if let Some(mode) = modes.get(rel) {
                 rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK))
                     .map_err(fail(tmp))?;
             }
@@ -220,16 +221,13 @@ impl Staging {
         &mut self,
         client: &Client,
         src: &Source<'_>,
-        writes: Vec<(PathBuf, String)>,
+        writes: Vec<(RelPath, Sha256)>,
         progress: &Progress,
-    ) -> Result<Vec<(PathBuf, String)>, StageError> {
-        let mut by_sha: HashMap<Sha256, Vec<PathBuf>> = HashMap::new();
+    ) -> Result<Vec<(RelPath, Sha256)>, StageError> {
+        let mut by_sha: HashMap<Sha256, Vec<RelPath>> = HashMap::new();
         let mut rest = Vec::new();
-        for (rel, sha) in writes {
-            match Sha256::from_hex(&sha) {
-                Ok(digest) => by_sha.entry(digest).or_default().push(rel),
-                Err(_) => rest.push((rel, sha)),
-            }
+        for (rel, digest) in writes {
+            by_sha.entry(digest).or_default().push(rel);
         }
         let shas: Vec<Sha256> = by_sha.keys().copied().collect();
         let dir = &self.dir;
@@ -262,21 +260,21 @@ impl Staging {
                             progress.file_done();
                         }
                     }
-                    None => rest.extend(rels.into_iter().map(|r| (r, sha.to_hex()))),
+                    None => rest.extend(rels.into_iter().map(|r| (r, *sha))),
                 }
             }
         }
         Ok(rest)
     }
 
-    /// Downloads `writes` (relative path, sha256 hex) with `parallel` in
+    /// Downloads `writes` (relative path, digest) with `parallel` in
     /// flight; the first failure stops the rest and is returned. Nothing is
     /// durable yet: see [`seal`].
     pub async fn download_all(
         &mut self,
         client: &Client,
         src: &Source<'_>,
-        writes: Vec<(PathBuf, String)>,
+        writes: Vec<(RelPath, Sha256)>,
         parallel: usize,
         progress: &Progress,
     ) -> Result<(), StageError> {
@@ -289,16 +287,16 @@ impl Staging {
         };
         let base = self.files.len();
         let dir = &self.dir;
-        let jobs = writes.into_iter().enumerate().map(|(i, (rel, sha256))| {
+        let jobs = writes.into_iter().enumerate().map(|(i, (rel, digest))| {
             let mut staged = StagedFile {
                 path: dir.join((base + i).to_string()),
                 file: None,
             };
             async move {
-                let rel_str = rel.to_str().unwrap_or_default();
-                let want = Sha256::from_hex(&sha256).ok();
-                let mut take = async |body: Body| staged.take(body, &sha256, want).await;
-                client.download(src, rel_str, &sha256, &mut take).await?;
+                let mut take = async |body: Body| staged.take(body, digest).await;
+                // The client takes &Sha256 after the client split.
+                let hex = digest.to_hex();
+                client.download(src, rel.as_str(), &hex, &mut take).await?;
                 Ok::<_, FetchError>((rel, staged.path))
             }
         });
@@ -316,7 +314,7 @@ impl Staging {
 /// docs): each [`Staging`] with the planned modes of its files (relative
 /// path → mode), all in one [`Durable`] set, so destinations on one
 /// filesystem share its count. Nothing staged, no call.
-pub async fn seal(stagings: &[(&Staging, HashMap<&Path, u32>)]) -> Result<(), StageError> {
+pub async fn seal(stagings: &[(&Staging, HashMap<&RelPath, u32>)]) -> Result<(), StageError> {
     let mut durable = Durable::new();
     for (staging, modes) in stagings {
         staging.seal_into(modes, &mut durable)?;
@@ -367,14 +365,8 @@ struct StagedFile {
 
 impl StagedFile {
     /// Writes `body` into the staged file from its start, hashing as it
-    /// goes; succeeds only when the bytes hash to `want` (`sha256` is its
-    /// hex, for the message; `None` when it is not a digest at all).
-    async fn take(
-        &mut self,
-        mut body: Body,
-        sha256: &str,
-        want: Option<Sha256>,
-    ) -> Result<u64, BodyError> {
+    /// goes; succeeds only when the bytes hash to `want`.
+    async fn take(&mut self, mut body: Body, want: Sha256) -> Result<u64, BodyError> {
         let refused = |what: &str, e: std::io::Error| BodyError::Refused(format!("{what}: {e}"));
         let file = match self.file.take() {
             Some(mut file) => {
@@ -413,10 +405,10 @@ impl StagedFile {
                 .map_err(|e| refused("cannot write the staged file", e))?;
         }
         let got = hasher.digest();
-        if want != Some(got) {
+        if want != got {
             return Err(BodyError::Refused(format!(
-                "content does not match its listed checksum (expected {}{sha256}, got {})",
-                Sha256::PREFIX,
+                "content does not match its listed checksum (expected {}, got {})",
+                want.to_checksum(),
                 got.to_checksum()
             )));
         }
@@ -530,7 +522,7 @@ mod tests {
         for (i, rel) in ["a.rb", "facter/b.rb", "c.sh"].into_iter().enumerate() {
             let path = staging.dir.join(i.to_string());
             std::io::Write::write_all(&mut create(&path).unwrap(), rel.as_bytes()).unwrap();
-            staging.files.insert(PathBuf::from(rel), path);
+            staging.files.insert(RelPath::parse(rel).unwrap(), path);
         }
         assert_eq!(tree(tmp.path()).len(), 6, "{:?}", tree(tmp.path()));
         // Dropped mid-way, as on a failed download.

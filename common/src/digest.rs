@@ -97,6 +97,22 @@ impl FromStr for Sha256 {
     }
 }
 
+/// Serialized as its bare lowercase hex, the form the agent's cache files
+/// have always held (`agent/src/cache.rs`).
+impl serde::Serialize for Sha256 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+/// Read from bare lowercase hex ([`Sha256::from_hex`]).
+impl<'de> serde::Deserialize<'de> for Sha256 {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Sha256, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Sha256::from_hex(&text).map_err(serde::de::Error::custom)
+    }
+}
+
 impl From<[u8; 32]> for Sha256 {
     fn from(b: [u8; 32]) -> Sha256 {
         Sha256(b)
@@ -124,5 +140,14 @@ mod tests {
         assert!(Sha256::from_hex(&"ab".repeat(33)).is_err());
         assert!(Sha256::from_checksum(&format!("{{md5}}{}", d.to_hex())).is_err());
         assert_eq!(hex(&[0, 0x0f, 0xa0, 0xff]), "000fa0ff");
+    }
+
+    #[test]
+    fn serde_is_bare_hex() {
+        let d = Sha256::of(b"hello\n");
+        let json = serde_json::to_string(&d).unwrap();
+        assert_eq!(json, format!("\"{}\"", d.to_hex()));
+        assert_eq!(serde_json::from_str::<Sha256>(&json).unwrap(), d);
+        assert!(serde_json::from_str::<Sha256>("\"ab\"").is_err());
     }
 }

@@ -127,6 +127,13 @@ impl RelPath {
         if segment.contains('/') {
             return Err(RelPathError::EmptySegment(joined));
         }
+        // `self` is valid already: only the new segment needs a look (a
+        // scan joins one per directory entry); a refused one is named by
+        // the whole path, as `parse` names it.
+        let plain = !matches!(segment, "" | "." | "..") && !segment.contains(['\\', '\0']);
+        if plain {
+            return Ok(RelPath(joined));
+        }
         RelPath::parse(&joined)
     }
 

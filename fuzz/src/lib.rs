@@ -403,12 +403,11 @@ pub fn listing(data: &[u8]) {
         let kind = match m.kind {
             FileType::Directory => RemoteKind::Dir,
             _ => RemoteKind::File {
-                sha256: m
+                digest: m
                     .checksum
                     .as_ref()
-                    .and_then(|c| c.value.strip_prefix("{sha256}"))
-                    .expect("accepted files have a sha256")
-                    .to_owned(),
+                    .and_then(|c| pluginsync_common::digest::Sha256::from_checksum(&c.value).ok())
+                    .expect("accepted files have a sha256"),
             },
         };
         assert!(kept.insert(rel, kind).is_none(), "{raw:?} accepted twice");
@@ -428,7 +427,8 @@ pub fn listing(data: &[u8]) {
         );
         assert_eq!(entry.mode & !MODE_MASK, 0, "{rel:?} mode {:o}", entry.mode);
         assert_eq!(Some(&entry.kind), kept.get(rel));
-        if let RemoteKind::File { sha256 } = &entry.kind {
+        if let RemoteKind::File { digest } = &entry.kind {
+            let sha256 = digest.to_hex();
             assert!(
                 sha256.len() == 64
                     && sha256

@@ -1,0 +1,168 @@
+//! Phases 2 and 3 of a run: every download of every pass staged and
+//! verified (`stage.rs`), then, only once all are, each pass committed
+//! (`commit.rs`), reported and remembered in the cache. `--noop` reports
+//! the plans instead.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pluginsync_common::digest::Sha256;
+use pluginsync_common::protocol::Mount;
+use pluginsync_common::relpath::RelPath;
+
+use super::pass::Pass;
+use super::{Run, SyncError};
+use crate::cache::{self, MountCache};
+use crate::catalog::FileResource;
+use crate::cli::Format;
+use crate::client::Source;
+use crate::commit;
+use crate::plan::{Action, ChangeKind, Plan};
+use crate::progress::{self, Progress};
+use crate::report::{Change, Failure};
+use crate::scan::LocalName;
+use crate::stage::{self, Staging};
+
+impl Run<'_> {
+    /// `--noop`: the plans, reported as changes.
+    pub(super) fn report_plans(&mut self, passes: &[Pass]) {
+        for p in passes {
+            for (name, kind) in p.plan.actions.iter().filter_map(|a| a.change()) {
+                self.report.changes.push(change(&p.resource, &name, kind));
+            }
+        }
+    }
+
+    /// stage + verify: every download of every resource, before anything
+    /// changes. On an error the stagings so far are dropped, which removes
+    /// them.
+    pub(super) async fn stage_all(
+        &self,
+        passes: &[Pass],
+    ) -> Result<Vec<Option<Staging>>, SyncError> {
+        // Every pass with downloads had a listing answered, so the origin
+        // is known here.
+        let origin = self.origin.clone().unwrap_or_default();
+        let mut stagings = Vec::with_capacity(passes.len());
+        // On a terminal, a text run shows its downloads as they go
+        // (docs/agent.md#progress-on-a-terminal).
+        let progress = Arc::new(Progress::default());
+        progress.add_total(passes.iter().map(|p| p.plan.writes().count() as u64).sum());
+        let _display = progress::Display::start(
+            progress.clone(),
+            progress::wanted(self.settings.format == Format::Text),
+        );
+        for p in passes {
+            let dest = &p.resource.path;
+            let writes: Vec<(RelPath, Sha256)> =
+                p.plan.writes().map(|(r, d)| (r.clone(), *d)).collect();
+            if writes.is_empty() {
+                if let Err(e) = stage::clean_stale(dest) {
+                    tracing::warn!(dest = %dest.display(), error = %e, "cannot remove a stale staging directory");
+                }
+                stagings.push(None);
+                continue;
+            }
+            let mut staging = Staging::prepare(dest).map_err(|source| SyncError::Staging {
+                dest: dest.clone(),
+                source,
+            })?;
+            let src = Source {
+                origin: &origin,
+                mount: p.resource.mount,
+                env: self.env.as_str(),
+                servers: &self.settings.servers,
+                query: &p.query,
+                etag: p.stamp.etag.as_deref(),
+            };
+            staging
+                .download_all(
+                    &self.client,
+                    &src,
+                    writes,
+                    self.settings.parallel_downloads,
+                    &progress,
+                )
+                .await
+                .map_err(SyncError::Download)?;
+            stagings.push(Some(staging));
+        }
+        // Every staged file durable with its mode before any rename
+        // (stage.rs, module docs).
+        let sealing: Vec<_> = passes
+            .iter()
+            .zip(&stagings)
+            .filter_map(|(p, s)| Some((s.as_ref()?, write_modes(&p.plan))))
+            .collect();
+        stage::seal(&sealing).await.map_err(SyncError::Download)?;
+        Ok(stagings)
+    }
+
+    /// commit → report: each resource in catalog order, its changes and
+    /// failures reported; the cache remembers a clean commit and forgets a
+    /// failed one. Returns the files written, for the loaders.
+    pub(super) fn commit_all(
+        &mut self,
+        passes: &[Pass],
+        stagings: Vec<Option<Staging>>,
+    ) -> Vec<(Mount, RelPath)> {
+        let settings = self.settings;
+        let vardir = &settings.vardir;
+        self.report.applied = true;
+        let mut written = Vec::new();
+        for (p, staging) in passes.iter().zip(stagings) {
+            let (dest, mount) = (&p.resource.path, p.resource.mount);
+            let empty = HashMap::new();
+            let staged = staging.as_ref().map_or(&empty, |s| &s.files);
+            let created = staging.as_ref().map_or(&[][..], |s| s.created());
+            // Durable before it returns, so before the cache and the
+            // report below claim it.
+            let done = commit::commit(dest, &p.plan, staged, created, &p.resource);
+            for (name, kind) in done.changes {
+                self.report.changes.push(change(&p.resource, &name, kind));
+            }
+            self.phase("renamed");
+            if done.failures.is_empty() {
+                if let Some(remote) = &p.remote {
+                    cache::remember(vardir, mount, dest, &p.stamp, remote, &p.plan, &p.local);
+                }
+                self.phase("remembered");
+            } else {
+                MountCache::clear(vardir, mount);
+            }
+            for (name, error) in done.failures {
+                // The destination itself is `<mount>/`.
+                let rel = name.map(|n| n.to_string()).unwrap_or_default();
+                self.report.failures.push(Failure {
+                    path: format!("{mount}/{rel}"),
+                    error: error.to_string(),
+                });
+            }
+            if let Some(s) = staging {
+                s.finish();
+            }
+            written.extend(done.written.into_iter().map(|rel| (mount, rel)));
+        }
+        written
+    }
+}
+
+/// Relative path → planned mode, for every file `plan` writes.
+fn write_modes(plan: &Plan) -> HashMap<&RelPath, u32> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Write { rel, mode, .. } => Some((rel, *mode)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The report's line for a change of `name` in `resource`.
+fn change(resource: &FileResource, name: &LocalName, action: ChangeKind) -> Change {
+    Change {
+        path: format!("{}/{name}", resource.mount),
+        action,
+        file: name.to_path(&resource.path).display().to_string(),
+    }
+}

@@ -1,0 +1,96 @@
+//! Phase 4 of a run, and what makes it survive a kill: the files the
+//! commit wrote go to the loaders (`load.rs`); the pending-loads record
+//! written before the commit hands them to the next run if this one dies
+//! in between.
+
+use pluginsync_common::protocol::Mount;
+use pluginsync_common::relpath::RelPath;
+
+use super::Run;
+use super::pass::Pass;
+use crate::load::{Loaders, PendingLoads};
+use crate::plugins::Registry;
+
+impl Run<'_> {
+    /// load: the files this run wrote under the libdir go to the loaders,
+    /// each isolated; the plugin registry drops plugins whose file is gone.
+    pub(super) async fn load_changed(&mut self, written: &[(Mount, RelPath)]) {
+        let settings = self.settings;
+        let mut registry = Registry::load(&settings.vardir);
+        let before = registry.clone();
+        for (name, version) in registry.prune_missing() {
+            tracing::info!(plugin = %name, version = %version, "plugin file gone, unregistered");
+        }
+        if !settings.loaders.is_empty() {
+            let loaders = Loaders::new(&settings.loaders, &settings.load, self.env.as_str());
+            if written.iter().any(|(m, _)| loaders.serves(*m)) {
+                let loads = loaders
+                    .load(
+                        &settings.libdir,
+                        settings.factsdir.as_deref(),
+                        written,
+                        settings.load_enabled,
+                        &mut registry,
+                    )
+                    .await;
+                self.report.loads.extend(loads);
+            }
+        }
+        if registry != before
+            && let Err(e) = registry.save(&settings.vardir)
+        {
+            tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the plugin registry");
+        }
+    }
+
+    /// Before the commit: records the files it is about to write, so that
+    /// a run killed between its commit and its loads leaves them to the
+    /// next run ([`Run::recover_loads`]). Only with loaders configured.
+    pub(super) fn record_loads(&self, passes: &[Pass]) {
+        let settings = self.settings;
+        if settings.loaders.is_empty() {
+            return;
+        }
+        let files: Vec<(Mount, RelPath)> = passes
+            .iter()
+            .flat_map(|p| {
+                p.plan
+                    .writes()
+                    .map(|(rel, _)| (p.resource.mount, rel.clone()))
+            })
+            .collect();
+        if files.is_empty() {
+            return;
+        }
+        if let Err(e) = PendingLoads::record(&settings.vardir, &files) {
+            tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot record the pending loads");
+        }
+    }
+
+    /// At the start of a run: a previous run that died between its commit
+    /// and its loads left its record; its files that are still there are
+    /// loaded now, once, with the current loaders, and the record cleared.
+    pub(super) async fn recover_loads(&mut self) {
+        let vardir = &self.settings.vardir;
+        let Some(files) = PendingLoads::take(vardir) else {
+            return;
+        };
+        let settings = self.settings;
+        let present: Vec<(Mount, RelPath)> = files
+            .into_iter()
+            .filter(|(m, rel)| {
+                let root = match m {
+                    Mount::Plugins => Some(settings.libdir.as_path()),
+                    Mount::Pluginfacts => settings.factsdir.as_deref(),
+                };
+                root.is_some_and(|r| rel.to_path(r).is_file())
+            })
+            .collect();
+        tracing::info!(
+            files = present.len(),
+            "loading the files a killed run committed"
+        );
+        self.load_changed(&present).await;
+        PendingLoads::clear(vardir);
+    }
+}
