@@ -33,9 +33,10 @@ use pluginsync_common::digest::Sha256;
 use pluginsync_common::fsutil::{Durable, Need, SYNCFS_ABOVE};
 use pluginsync_common::protocol::{FrameDecoder, FrameEvent, MAX_BATCH};
 
-use crate::client::{Body, BodyError, Client, FetchError, Source};
+use crate::client::{Body, BodyError, FetchError, Undelivered};
 use crate::listing::{MODE_MASK, STAGING_DIR};
 use crate::progress::Progress;
+use crate::servers::{Servers, Source};
 
 /// Batch requests in flight.
 pub const BATCHES_IN_FLIGHT: usize = 4;
@@ -218,7 +219,7 @@ impl Staging {
     /// fetch singly.
     async fn download_batched(
         &mut self,
-        client: &Client,
+        client: &Servers,
         src: &Source<'_>,
         writes: Vec<(PathBuf, String)>,
         progress: &Progress,
@@ -274,7 +275,7 @@ impl Staging {
     /// durable yet: see [`seal`].
     pub async fn download_all(
         &mut self,
-        client: &Client,
+        client: &Servers,
         src: &Source<'_>,
         writes: Vec<(PathBuf, String)>,
         parallel: usize,
@@ -296,9 +297,13 @@ impl Staging {
             };
             async move {
                 let rel_str = rel.to_str().unwrap_or_default();
-                let want = Sha256::from_hex(&sha256).ok();
-                let mut take = async |body: Body| staged.take(body, &sha256, want).await;
-                client.download(src, rel_str, &sha256, &mut take).await?;
+                let want = Sha256::from_hex(&sha256).map_err(|_| FetchError::Download {
+                    server: src.origin.server.clone(),
+                    what: format!("{}/{rel_str}", src.mount),
+                    detail: Undelivered::Rejected(format!("{sha256:?} is not a sha256 digest")),
+                })?;
+                let mut take = async |body: Body| staged.take(body, &sha256, Some(want)).await;
+                client.download(src, rel_str, &want, &mut take).await?;
                 Ok::<_, FetchError>((rel, staged.path))
             }
         });
@@ -433,7 +438,7 @@ impl StagedFile {
 /// early with what it has, and the partial file is removed. The frames are
 /// decoded by the common [`FrameDecoder`] (docs/protocol.md §7.2).
 async fn fetch_batch(
-    client: &Client,
+    client: &Servers,
     src: &Source<'_>,
     hashes: &[Sha256],
     prefix: &Path,
@@ -452,7 +457,7 @@ async fn fetch_batch(
     let fail = |detail: String| FetchError::Download {
         server: src.origin.server.clone(),
         what: format!("a {} batch", src.mount),
-        detail,
+        detail: Undelivered::Rejected(detail),
     };
     loop {
         while let Some(event) = decoder.next_event().map_err(|e| fail(e.to_string()))? {

@@ -36,6 +36,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use pluginsync_common::digest::Sha256;
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::etag::ETag;
 use pluginsync_common::fsutil::remove_leftovers;
 use pluginsync_common::ignore::{IgnoreError, IgnoreSet};
 use pluginsync_common::protocol::{ListingQuery, Mount};
@@ -44,7 +46,7 @@ use pluginsync_common::relpath::RelPath;
 use crate::cache::{self, ListingStamp, MountCache, NotModified};
 use crate::catalog::{self, FileResource};
 use crate::cli::Format;
-use crate::client::{Client, FetchError, ListingAnswer, Origin, SetupError, Source};
+use crate::client::{Client, FetchError, ListingAnswer, SetupError};
 use crate::commit;
 use crate::config::{EnvironmentSource, SourcePermissions};
 use crate::delta;
@@ -57,6 +59,7 @@ use crate::plugins::Registry;
 use crate::progress::{self, Progress};
 use crate::report::{Change, Failure, Report};
 use crate::scan::{self, LocalTree, ScanError};
+use crate::servers::{Origin, Servers, Source};
 use crate::settings::Settings;
 use crate::signals::{Interrupt, Interrupts};
 use crate::stage::{self, StageError, Staging};
@@ -213,15 +216,15 @@ pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
 /// assigns (docs/protocol.md §4.10), unless `--environment` named it (as
 /// Puppet's agent, which then does not ask). A server without the node
 /// endpoint (404) leaves the configured one, with one warning.
-async fn environment(settings: &Settings, client: &Client) -> Result<String, SyncError> {
-    let configured = settings.environment.to_string();
+async fn environment(settings: &Settings, servers: &Servers) -> Result<EnvName, SyncError> {
+    let configured = &settings.environment;
     if settings.environment_source != EnvironmentSource::Server
         || settings.environment_origin == crate::settings::Source::CommandLine
     {
-        return Ok(configured);
+        return Ok(configured.clone());
     }
-    match client
-        .node_environment(&settings.servers, &settings.certname, &configured)
+    match servers
+        .node_environment(&settings.certname, configured)
         .await?
     {
         None => {
@@ -229,19 +232,13 @@ async fn environment(settings: &Settings, client: &Client) -> Result<String, Syn
                 environment = %configured,
                 "the servers do not serve the node endpoint; syncing the configured environment"
             );
-            Ok(configured)
+            Ok(configured.clone())
         }
-        Some((server, assigned)) => {
-            let env = crate::config::environment(&assigned).map_err(|e| FetchError::Status {
-                server,
-                status: "200 OK".into(),
-                what: "the node".into(),
-                message: format!("assigned {e}"),
-            })?;
-            if env.as_str() != configured {
+        Some(env) => {
+            if env != *configured {
                 tracing::info!(configured = %configured, assigned = %env, "switching to the environment the server assigns");
             }
-            Ok(env.to_string())
+            Ok(env)
         }
     }
 }
@@ -262,17 +259,18 @@ struct Pass {
     /// ETag before it may serve this pass's content (docs/protocol.md
     /// §4.7).
     query: String,
+    /// The master the listing came from.
+    origin: Origin,
 }
 
 /// The state of one run.
 struct Run<'a> {
     settings: &'a Settings,
     report: &'a mut Report,
-    client: Client,
+    /// The servers, and the one serving the run once it answered.
+    servers: Servers,
     /// The environment, as sent.
-    env: String,
-    /// The master serving the run, once one answered the first listing.
-    origin: Option<Origin>,
+    env: EnvName,
     /// For the phase timings in the debug log.
     started: Instant,
 }
@@ -301,18 +299,18 @@ impl<'a> Run<'a> {
         let catalog = catalog::build(settings);
         let deadline = Instant::now() + settings.timeout;
         let client = Client::new(&settings.tls, settings.retries, deadline)?;
+        let servers = Servers::new(client, settings.servers.clone());
         let env = tokio::select! {
             biased;
             signal = interrupts.wait() => return Err(SyncError::Interrupted { signal, committed: false }),
-            env = environment(settings, &client) => env?,
+            env = environment(settings, &servers) => env?,
         };
-        report.environment.clone_from(&env);
+        report.environment = env.to_string();
         let mut run = Run {
             settings,
             report,
-            client,
+            servers,
             env,
-            origin: None,
             started: Instant::now(),
         };
         let interrupted = |signal, committed| SyncError::Interrupted { signal, committed };
@@ -387,7 +385,7 @@ impl<'a> Run<'a> {
         self.phase("scanned");
         let env = self.env.clone();
         let query = ListingQuery {
-            environment: &env,
+            environment: env.as_str(),
             source_permissions: match resource.source_permissions {
                 SourcePermissions::Use => "use",
                 SourcePermissions::Ignore => "ignore",
@@ -396,20 +394,20 @@ impl<'a> Run<'a> {
         };
         let query_string = query.to_query();
         let key_for = |server: &str| MountCache::key(server, mount, &query_string);
-        let answer = self
+        let (origin, answer) = self
             .listing(mount, &query, &|s| cache.if_none_match(&key_for(s)))
             .await?;
-        let server = self.server().to_owned();
+        let server = origin.server.clone();
         let key = key_for(&server);
         self.phase("listing answered");
-        let mut etag = answer.etag;
-        let (body, fresh) = match answer.body {
-            Some(d) if answer.delta => {
+        let mut etag = answer.etag().cloned();
+        let (body, fresh) = match answer {
+            ListingAnswer::Delta { body: d, .. } => {
                 let rebuilt = MountCache::load_listing(vardir, mount)
                     .filter(|cached| cache.describes(cached))
                     .ok_or_else(|| "the cached listing is gone".to_owned())
                     .and_then(|cached| {
-                        delta::rebuild(&cached, &d, etag.as_deref()).map_err(|e| e.to_string())
+                        delta::rebuild(&cached, &d, etag.as_ref()).map_err(|e| e.to_string())
                     });
                 match rebuilt {
                     Ok(b) => {
@@ -421,15 +419,14 @@ impl<'a> Run<'a> {
                         // Once, unconditionally: no If-None-Match, so no
                         // delta (docs/protocol.md §7.5.4).
                         tracing::info!(server = %server, mount = %mount, error = %e, "delta listing not used; fetching the whole listing");
-                        let again = self.listing(mount, &query, &|_| None).await?;
-                        etag = again.etag;
-                        let b = again.body.unwrap_or_default();
+                        let (b, tag) = self.full_listing(mount, &query).await?;
+                        etag = tag;
                         (b.clone(), Some(b))
                     }
                 }
             }
-            Some(b) => (b.clone(), Some(b)),
-            None => match cache.not_modified(vardir, mount, &digest) {
+            ListingAnswer::Full { body: b, .. } => (b.clone(), Some(b)),
+            ListingAnswer::NotModified { .. } => match cache.not_modified(vardir, mount, &digest) {
                 NotModified::Unchanged => {
                     self.report.unchanged += cache.entries;
                     return Ok(Pass {
@@ -444,15 +441,15 @@ impl<'a> Run<'a> {
                             listing_sha256: cache.listing_sha256.clone(),
                         },
                         query: query_string,
+                        origin,
                     });
                 }
                 NotModified::Cached(b) => (Bytes::from(b), None),
                 NotModified::Refetch => {
-                    let again = self.listing(mount, &query, &|_| None).await?;
                     // The tag of the body refetched, not of the 304 (the
                     // tree may have changed in between).
-                    etag = again.etag;
-                    let b = again.body.unwrap_or_default();
+                    let (b, tag) = self.full_listing(mount, &query).await?;
+                    etag = tag;
                     (b.clone(), Some(b))
                 }
             },
@@ -493,6 +490,7 @@ impl<'a> Run<'a> {
                 listing_sha256,
             },
             query: query_string,
+            origin,
         })
     }
 
@@ -503,27 +501,24 @@ impl<'a> Run<'a> {
         &mut self,
         mount: Mount,
         query: &ListingQuery<'_>,
-        if_none_match: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<ListingAnswer, FetchError> {
-        if let Some(origin) = &self.origin {
-            let inm = if_none_match(&origin.server);
-            return self
-                .client
-                .listing(origin, mount, query, inm.as_deref())
-                .await;
-        }
-        let (origin, answer) = self
-            .client
-            .first_listing(&self.settings.servers, mount, query, if_none_match)
-            .await?;
-        self.report.server = Some(origin.server.clone());
-        self.origin = Some(origin);
-        Ok(answer)
+        if_none_match: &dyn Fn(&str) -> Option<ETag>,
+    ) -> Result<(Origin, ListingAnswer), FetchError> {
+        let (origin, answer) = self.servers.listing(mount, query, if_none_match).await?;
+        self.report
+            .server
+            .get_or_insert_with(|| origin.server.clone());
+        Ok((origin, answer))
     }
 
-    /// The run's master (empty before one answered).
-    fn server(&self) -> &str {
-        self.origin.as_ref().map_or("", |o| o.server.as_str())
+    /// The whole listing of `mount`, unconditionally (no `If-None-Match`,
+    /// so no delta): its body and `ETag`.
+    async fn full_listing(
+        &mut self,
+        mount: Mount,
+        query: &ListingQuery<'_>,
+    ) -> Result<(Bytes, Option<ETag>), FetchError> {
+        let (_, answer) = self.listing(mount, query, &|_| None).await?;
+        Ok(answer.into_full())
     }
 
     /// `--noop`: the plans, reported as changes.
@@ -539,9 +534,6 @@ impl<'a> Run<'a> {
     /// changes. On an error the stagings so far are dropped, which removes
     /// them.
     async fn stage_all(&self, passes: &[Pass]) -> Result<Vec<Option<Staging>>, SyncError> {
-        // Every pass with downloads had a listing answered, so the origin
-        // is known here.
-        let origin = self.origin.clone().unwrap_or_default();
         let mut stagings = Vec::with_capacity(passes.len());
         // On a terminal, a text run shows its downloads as they go
         // (README, "The agent").
@@ -570,16 +562,15 @@ impl<'a> Run<'a> {
                 source,
             })?;
             let src = Source {
-                origin: &origin,
+                origin: &p.origin,
                 mount: p.resource.mount,
                 env: &self.env,
-                servers: &self.settings.servers,
                 query: &p.query,
-                etag: p.stamp.etag.as_deref(),
+                etag: p.stamp.etag.as_ref(),
             };
             staging
                 .download_all(
-                    &self.client,
+                    &self.servers,
                     &src,
                     writes,
                     self.settings.parallel_downloads,
@@ -656,7 +647,7 @@ impl<'a> Run<'a> {
             tracing::info!(plugin = %name, version = %version, "plugin file gone, unregistered");
         }
         if !settings.loaders.is_empty() {
-            let loaders = Loaders::new(&settings.loaders, &settings.load, &self.env);
+            let loaders = Loaders::new(&settings.loaders, &settings.load, self.env.as_str());
             if written.iter().any(|(m, _)| loaders.serves(*m)) {
                 let loads = loaders
                     .load(
