@@ -4,13 +4,13 @@
 //! where it goes.
 //!
 //! - The first listing (and the node request) goes to each server of
-//!   `servers` in order until one answers ([`Servers::each`]); the one
+//!   `servers` in order until one answers (`Servers::each`); the one
 //!   that answers the first listing is the run's [`Origin`] and answers
 //!   every listing of the run.
 //! - Downloads fail over: content is addressed by sha256 and verified as
 //!   it streams, so any replica serving the *same listing* may serve it —
 //!   a replica is used only once it answered `304 Not Modified` to the
-//!   listing's own `ETag` (asked once per server and mount, [`Replicas`]),
+//!   listing's own `ETag` (asked once per server and mount, `Replicas`),
 //!   and a master that refuses connections (restarting) is waited for
 //!   until the deadline ([`Servers::download`]).
 
@@ -240,7 +240,7 @@ impl Servers {
     /// Each attempt goes to one replica (`Client::content`): first the one
     /// that delivered last for this mount (the origin to begin with), after
     /// a failure the next one in `servers` order that serves the same
-    /// listing (checked once per replica, [`Servers::verdict`]), wrapping
+    /// listing (checked once per replica, `Servers::verdict`), wrapping
     /// around. A transient failure waits the one backoff before the next
     /// attempt. A replica that answered and failed `retries` times is not
     /// asked again; one that refuses connections (a master restarting) is

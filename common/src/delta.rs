@@ -99,7 +99,7 @@ pub struct Delta<'a> {
 /// A body that is not a delta listing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeltaFormatError {
-    /// The first line is not [`DELTA_MAGIC`] (another version or not a
+    /// The first line is not `DELTA_MAGIC` (another version or not a
     /// delta).
     #[error("not a version 1 delta listing")]
     Magic,

@@ -31,17 +31,8 @@ pub enum FetchError {
         server: String,
     },
     /// A non-2xx answer that retrying will not fix.
-    #[error("{server} answered {status} for {what}: {message}")]
-    Status {
-        /// The server.
-        server: String,
-        /// The status.
-        status: StatusCode,
-        /// What was asked.
-        what: String,
-        /// The server's message.
-        message: String,
-    },
+    #[error(transparent)]
+    Status(Answered),
     /// A 2xx answer that is not a listing.
     #[error("malformed listing from {server}: {detail}")]
     Malformed {
@@ -84,6 +75,20 @@ pub enum FetchError {
         /// What happened.
         detail: Undelivered,
     },
+}
+
+/// A master's answer that is not a success.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{server} answered {status} for {what}: {message}")]
+pub struct Answered {
+    /// The server.
+    pub server: String,
+    /// The status.
+    pub status: StatusCode,
+    /// What was asked.
+    pub what: String,
+    /// The server's message.
+    pub message: String,
 }
 
 /// Why a node object was not used.
@@ -173,17 +178,8 @@ pub enum Transient {
     #[error("{0}")]
     Other(String),
     /// A `5xx` or `429` answer.
-    #[error("{server} answered {status} for {what}: {message}")]
-    Status {
-        /// The server.
-        server: String,
-        /// The status.
-        status: StatusCode,
-        /// What was asked.
-        what: String,
-        /// The server's message.
-        message: String,
-    },
+    #[error(transparent)]
+    Status(Answered),
     /// The body broke off.
     #[error("transfer cut after {received} bytes: {cause}")]
     Cut {

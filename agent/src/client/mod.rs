@@ -16,6 +16,7 @@
 
 mod body;
 mod error;
+mod offers;
 mod retry;
 mod tls;
 
@@ -28,93 +29,17 @@ use pluginsync_common::etag::ETag;
 use pluginsync_common::metadata::{ApiErrorBody, FileMetadata};
 use pluginsync_common::protocol::{self, ListingQuery, Mount};
 use reqwest::StatusCode;
-use reqwest::header::{ACCEPT, HeaderMap};
+use reqwest::header::ACCEPT;
 
 pub use body::{
     Body, BodyError, MAX_ERROR_BODY, MAX_LISTING_BYTES, MAX_LISTING_ENTRIES, MAX_NODE_BYTES,
 };
 use body::{Capped, error_body, read_capped};
-pub use error::{FetchError, NodeProblem, SetupError, Transient, Undelivered, Unreached};
+pub use error::{Answered, FetchError, NodeProblem, SetupError, Transient, Undelivered, Unreached};
+pub use offers::{ContentBy, Offers, OriginPath, same_origin_path};
 pub use retry::{Attempt, Retry};
 
 use crate::config::TlsFiles;
-
-/// A path on the master itself, as an `X-Pluginsync-Blobs` or
-/// `X-Pluginsync-Blob-Batch` header offered it: checked by
-/// [`same_origin_path`], so the agent's requests (and its client
-/// certificate) never go to a host a listing names (docs/protocol.md §7.3).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OriginPath(String);
-
-impl OriginPath {
-    /// The path.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-/// How a master serves a file's content.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ContentBy {
-    /// Puppet's `file_content` only.
-    FileContent,
-    /// By checksum under this prefix (docs/protocol.md §7.1), cacheable by
-    /// any HTTP cache in front of it; `file_content` when a blob is not
-    /// found.
-    Checksum(OriginPath),
-}
-
-/// What a master's listing answer offers beyond Puppet's API
-/// (docs/protocol.md §7).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Offers {
-    /// How it serves content.
-    pub content: ContentBy,
-    /// Where it serves many blobs at once, if it does.
-    pub batch: Option<OriginPath>,
-}
-
-impl Offers {
-    /// What `server`'s answer headers offer; a header that is not a path
-    /// on `server` is ignored (with a warning when `warn`).
-    fn of(server: &str, headers: &HeaderMap, warn: bool) -> Offers {
-        let offered = |name: &str| {
-            let value = headers.get(name)?.to_str().ok()?;
-            let path = same_origin_path(server, value);
-            if path.is_none() && warn {
-                tracing::warn!(server = %server, header = %name, value = %value.escape_debug(), "not a path on this server, ignored");
-            }
-            path
-        };
-        Offers {
-            content: offered(protocol::HEADER_BLOBS)
-                .map_or(ContentBy::FileContent, ContentBy::Checksum),
-            batch: offered(protocol::HEADER_BLOB_BATCH),
-        }
-    }
-}
-
-/// `value` (an `X-Pluginsync-Blobs` or `X-Pluginsync-Blob-Batch` header)
-/// if it is an absolute path on `server` itself, else `None`: it starts
-/// with one `/`, has no `..` segment, no `@`, `\\`, `?`, `#`, scheme,
-/// space or control character, and `server` followed by it parses as a URL
-/// of the same origin with exactly that path (docs/protocol.md §7.3).
-pub fn same_origin_path(server: &str, value: &str) -> Option<OriginPath> {
-    let plain = value.starts_with('/')
-        && !value.starts_with("//")
-        && !value.contains("://")
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && !matches!(b, b'@' | b'\\' | b'?' | b'#'))
-        && !value.split('/').any(|seg| seg == ".." || seg == ".");
-    if !plain {
-        return None;
-    }
-    let base = reqwest::Url::parse(server).ok()?;
-    let url = reqwest::Url::parse(&format!("{}{value}", server.trim_end_matches('/'))).ok()?;
-    (url.origin() == base.origin() && url.path() == value && url.username().is_empty())
-        .then(|| OriginPath(value.to_owned()))
-}
 
 /// A listing answer.
 #[derive(Debug, Clone)]
@@ -270,12 +195,7 @@ impl Client {
                 Err(e) => Attempt::transient(&e),
             }
         };
-        self.retry
-            .retrying(server, &what, attempt, |detail| FetchError::Unreachable {
-                servers: server.to_owned(),
-                detail,
-            })
-            .await
+        self.retry.retrying(server, &what, attempt).await
     }
 
     /// What one listing response says.
@@ -403,12 +323,7 @@ impl Client {
                 Err(e) => Attempt::transient(&e),
             }
         };
-        self.retry
-            .retrying(server, what, attempt, |detail| FetchError::Unreachable {
-                servers: server.to_owned(),
-                detail,
-            })
-            .await
+        self.retry.retrying(server, what, attempt).await
     }
 
     /// Asks `server`'s batch endpoint at `path` for `hashes`; returns the
@@ -442,12 +357,7 @@ impl Client {
                 Err(e) => Attempt::transient(&e),
             }
         };
-        self.retry
-            .retrying(server, what, attempt, |detail| FetchError::Unreachable {
-                servers: server.to_owned(),
-                detail,
-            })
-            .await
+        self.retry.retrying(server, what, attempt).await
     }
 
     /// One attempt at `<mount>/<rel>` (content `digest`) from `server`:
@@ -470,9 +380,7 @@ impl Client {
         if let ContentBy::Checksum(prefix) = &offers.content {
             let url = format!("{base}{}{}", prefix.as_str(), digest.to_hex());
             match self.fetch_into(server, env, &url, &what, take).await {
-                Attempt::Fatal(FetchError::Status { status, .. })
-                    if status == StatusCode::NOT_FOUND =>
-                {
+                Attempt::Fatal(FetchError::Status(a)) if a.status == StatusCode::NOT_FOUND => {
                     tracing::info!(file = %rel, "blob not found, falling back to file_content");
                 }
                 other => return other,
@@ -533,14 +441,13 @@ impl Client {
             .get(reqwest::header::LOCATION)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         let body = error_body(resp).await;
-        let fatal = |message: String| {
-            Err(Attempt::Fatal(FetchError::Status {
-                server: server.to_owned(),
-                status,
-                what: what.to_owned(),
-                message,
-            }))
+        let answered = |message: String| Answered {
+            server: server.to_owned(),
+            status,
+            what: what.to_owned(),
+            message,
         };
+        let fatal = |message: String| Err(Attempt::Fatal(FetchError::Status(answered(message))));
         if status.is_redirection() {
             return fatal(format!(
                 "redirect to {} not followed",
@@ -566,12 +473,7 @@ impl Client {
         }
         if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
             return Err(Attempt::Retry {
-                error: Transient::Status {
-                    server: server.to_owned(),
-                    status,
-                    what: what.to_owned(),
-                    message,
-                },
+                error: Transient::Status(answered(message)),
                 after: retry_after,
             });
         }
@@ -610,40 +512,6 @@ pub fn transaction_uuid() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn blob_locations_are_paths_on_the_server_itself() {
-        let s = "https://puppet:8140";
-        for ok in [
-            "/pluginsync/v1/blobs",
-            "/pluginsync/v1/blobs/sha256/",
-            "/a%20b/",
-        ] {
-            assert_eq!(
-                same_origin_path(s, ok).as_ref().map(OriginPath::as_str),
-                Some(ok),
-                "{ok}"
-            );
-        }
-        for bad in [
-            "@127.0.0.1:9/x",
-            "/@127.0.0.1:9/x",
-            "//evil:443/x",
-            "https://evil/x",
-            "/x/../../y",
-            "/./x",
-            "x/y",
-            "",
-            "/a b",
-            "/a\\b",
-            "/a?b",
-            "/a#b",
-            "/a\u{1b}b",
-            "/a:b@evil/",
-        ] {
-            assert_eq!(same_origin_path(s, bad), None, "{bad:?}");
-        }
-    }
 
     #[tokio::test]
     async fn a_refused_connection_is_told_from_a_server_that_answered_badly() {

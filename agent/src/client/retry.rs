@@ -63,14 +63,18 @@ impl Retry {
 
     /// Up to `retries` attempts at `server`, waiting in between
     /// ([`Retry::backoff`]), never past the run's deadline. When the
-    /// attempts or the time run out, `give_up` turns why into the error.
+    /// attempts or the time run out, the server is
+    /// [`FetchError::Unreachable`], with why.
     pub async fn retrying<T>(
         &self,
         server: &str,
         what: &str,
         mut attempt: impl AsyncFnMut() -> Attempt<T>,
-        give_up: impl FnOnce(Unreached) -> FetchError,
     ) -> Result<T, FetchError> {
+        let give_up = |detail| FetchError::Unreachable {
+            servers: server.to_owned(),
+            detail,
+        };
         let mut last = None;
         for n in 0..self.retries {
             if self.remaining().is_zero() {
