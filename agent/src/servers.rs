@@ -22,8 +22,8 @@ use pluginsync_common::etag::ETag;
 use pluginsync_common::protocol::{ListingQuery, Mount};
 
 use crate::client::{
-    self, Attempt, Body, BodyError, Client, FetchError, ListingAnswer, Offers, Revalidated,
-    Transient, Undelivered, Unreached,
+    self, Attempt, Body, BodyError, Client, FetchError, FileWanted, ListingAnswer, Offers,
+    Revalidated, Transient, Undelivered, Unreached,
 };
 
 /// A master and what it offers beyond Puppet's API (docs/protocol.md §7).
@@ -254,6 +254,12 @@ impl Servers {
         take: &mut impl AsyncFnMut(Body) -> Result<T, BodyError>,
     ) -> Result<T, FetchError> {
         let retry = self.client.retry();
+        let file = FileWanted {
+            mount: src.mount,
+            env: src.env,
+            rel,
+            digest,
+        };
         let what = format!("{}/{rel}", src.mount);
         let mut failures: HashMap<String, u32> = HashMap::new();
         let mut exhausted: HashSet<String> = HashSet::new();
@@ -288,15 +294,7 @@ impl Servers {
             };
             let attempt = self
                 .client
-                .content(
-                    &replica.server,
-                    &replica.offers,
-                    src.mount,
-                    src.env,
-                    rel,
-                    digest,
-                    take,
-                )
+                .content(&replica.server, &replica.offers, &file, take)
                 .await;
             match attempt {
                 Attempt::Done(v) => {

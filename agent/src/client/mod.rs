@@ -88,6 +88,19 @@ impl ListingAnswer {
     }
 }
 
+/// One file a download asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct FileWanted<'a> {
+    /// `plugins` or `pluginfacts`.
+    pub mount: Mount,
+    /// The environment.
+    pub env: &'a EnvName,
+    /// Its path in the mount.
+    pub rel: &'a str,
+    /// Its content's digest.
+    pub digest: &'a Sha256,
+}
+
 /// Whether a server serves the listing an `ETag` names
 /// ([`Client::revalidate`]).
 #[derive(Debug, Clone)]
@@ -360,21 +373,22 @@ impl Client {
         self.retry.retrying(server, what, attempt).await
     }
 
-    /// One attempt at `<mount>/<rel>` (content `digest`) from `server`:
-    /// by checksum where it offers blobs, else from Puppet's
-    /// `file_content`, which is also the fallback when a blob is not
-    /// found. Each 2xx body goes to `take`.
-    #[allow(clippy::too_many_arguments)]
+    /// One attempt at `file` from `server`: by checksum where it offers
+    /// blobs, else from Puppet's `file_content`, which is also the fallback
+    /// when a blob is not found. Each 2xx body goes to `take`.
     pub async fn content<T>(
         &self,
         server: &str,
         offers: &Offers,
-        mount: Mount,
-        env: &EnvName,
-        rel: &str,
-        digest: &Sha256,
+        file: &FileWanted<'_>,
         take: &mut impl AsyncFnMut(Body) -> Result<T, BodyError>,
     ) -> Attempt<T> {
+        let FileWanted {
+            mount,
+            env,
+            rel,
+            digest,
+        } = *file;
         let what = format!("{mount}/{rel}");
         let base = server.trim_end_matches('/');
         if let ContentBy::Checksum(prefix) = &offers.content {
