@@ -106,24 +106,6 @@ impl From<&str> for ETag {
     }
 }
 
-impl PartialEq<str> for ETag {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
-impl PartialEq<&str> for ETag {
-    fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
-    }
-}
-
-impl PartialEq<ETag> for String {
-    fn eq(&self, other: &ETag) -> bool {
-        *self == other.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -279,3 +279,92 @@ pub enum SetupError {
     #[error(transparent)]
     Certificate(#[from] crate::certs::Unusable),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_reads_as_the_line_the_report_has_always_had() {
+        let s = || "https://m:8140".to_owned();
+        let cases: [(Box<dyn std::error::Error>, &str); 8] = [
+            (
+                Box::new(FetchError::ListingTooLarge {
+                    server: s(),
+                    mount: Mount::Plugins,
+                    limit: 256 << 20,
+                }),
+                "malformed listing from https://m:8140: the plugins listing is larger than 256 MiB (inflated); refused",
+            ),
+            (
+                Box::new(FetchError::Node {
+                    server: s(),
+                    problem: NodeProblem::TooLarge(1 << 20),
+                }),
+                "https://m:8140 answered 200 OK for the node: the node object is larger than 1024 KiB; refused",
+            ),
+            (
+                Box::new(FetchError::Status(Answered {
+                    server: s(),
+                    status: StatusCode::NOT_FOUND,
+                    what: "plugins/a.rb".into(),
+                    message: "gone".into(),
+                })),
+                "https://m:8140 answered 404 Not Found for plugins/a.rb: gone",
+            ),
+            (
+                Box::new(FetchError::Unreachable {
+                    servers: s(),
+                    detail: Unreached::Deadline(None),
+                }),
+                "cannot reach https://m:8140: run deadline reached ()",
+            ),
+            (
+                Box::new(Unreached::Deadline(Some(Transient::Timeout))),
+                "run deadline reached (timed out)",
+            ),
+            (
+                Box::new(FetchError::Download {
+                    server: s(),
+                    what: "plugins/a.rb".into(),
+                    detail: Undelivered::Deadline(Box::new(Undelivered::NoReplica)),
+                }),
+                "download of plugins/a.rb from https://m:8140 failed: run deadline reached: no replica left",
+            ),
+            (
+                Box::new(Transient::Cut {
+                    received: 5,
+                    cause: Box::new(Transient::Refused(
+                        "Connection refused (os error 111)".into(),
+                    )),
+                }),
+                "transfer cut after 5 bytes: connection failed: Connection refused (os error 111)",
+            ),
+            (Box::new(Unreached::NoServer), "no server configured"),
+        ];
+        for (e, line) in cases {
+            assert_eq!(e.to_string(), line);
+        }
+    }
+
+    #[test]
+    fn a_probe_is_only_for_a_server_that_was_there() {
+        let refused = Transient::Refused("Connection refused (os error 111)".into());
+        assert!(!refused.reached());
+        assert!(Transient::Timeout.reached());
+        for quiet in [
+            Unreached::Failed(refused.clone()),
+            Unreached::Failed(Transient::Timeout),
+            Unreached::Deadline(Some(refused)),
+        ] {
+            assert!(quiet.refused_or_timed_out(), "{quiet}");
+        }
+        for closed in [
+            Unreached::Failed(Transient::Other("connection closed".into())),
+            Unreached::Deadline(Some(Transient::Timeout)),
+            Unreached::Deadline(None),
+        ] {
+            assert!(!closed.refused_or_timed_out(), "{closed}");
+        }
+    }
+}
