@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use pluginsync_common::digest::Sha256;
+use pluginsync_common::etag::ETag;
 use pluginsync_common::fsutil::replace_atomic;
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
@@ -56,7 +57,7 @@ pub struct ListingStamp {
     /// Cache key ([`MountCache::key`]) of the listing.
     pub key: String,
     /// Its `ETag`.
-    pub etag: Option<String>,
+    pub etag: Option<ETag>,
     /// A newly fetched body, to cache; `None` when the cached one is
     /// current.
     pub fresh: Option<Bytes>,
@@ -70,7 +71,7 @@ pub struct MountCache {
     /// `server|environment|parameters` of the cached listing.
     pub key: String,
     /// Its `ETag`, if the server sent one.
-    pub etag: Option<String>,
+    pub etag: Option<ETag>,
     /// Digest of the destination's stat scan after the last sync (hex on
     /// disk, as every digest here).
     pub scan_digest: Option<Sha256>,
@@ -131,7 +132,7 @@ impl MountCache {
 
     /// The `If-None-Match` for a listing with `key`: the cached `ETag`, only
     /// if the cached listing was fetched with the same key.
-    pub fn if_none_match(&self, key: &str) -> Option<String> {
+    pub fn if_none_match(&self, key: &str) -> Option<ETag> {
         if self.key == key {
             self.etag.clone()
         } else {
@@ -273,7 +274,7 @@ mod tests {
             b"[]"
         );
         assert_eq!(
-            back.if_none_match("k").as_deref(),
+            back.if_none_match("k").as_ref().map(ETag::as_str),
             Some("\"e\""),
             "same key: the ETag is sent"
         );

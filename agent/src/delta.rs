@@ -10,10 +10,10 @@
 //! docs/protocol.md §6.1), and it then goes through the same checks as any
 //! listing (`listing.rs`).
 
-use pluginsync_common::protocol::{
-    DeltaApplyError, DeltaFormatError, apply_ops, etag_core, join_listing, listing_etag,
-    parse_delta, split_listing,
+use pluginsync_common::delta::{
+    DeltaApplyError, DeltaFormatError, apply_ops, join_listing, parse_delta, split_listing,
 };
+use pluginsync_common::etag::ETag;
 
 use crate::client::{MAX_LISTING_BYTES, MAX_LISTING_ENTRIES};
 
@@ -27,17 +27,17 @@ pub enum DeltaError {
     #[error("the answer's ETag {header} is not the delta's {delta}")]
     HeaderMismatch {
         /// The `ETag` header.
-        header: String,
+        header: ETag,
         /// The delta's `etag` line.
-        delta: String,
+        delta: ETag,
     },
     /// The delta applies to another listing than the cached one.
     #[error("the delta applies to {delta}, the cached listing is {cached}")]
     WrongBase {
         /// The delta's `base` line.
-        delta: String,
+        delta: ETag,
         /// The cached listing's tag.
-        cached: String,
+        cached: ETag,
     },
     /// The cached listing is not a compact JSON array.
     #[error("the cached listing cannot be split into entries")]
@@ -60,29 +60,29 @@ pub enum DeltaError {
     #[error("the rebuilt listing is {got}, not {want}")]
     Mismatch {
         /// The delta's `etag`.
-        want: String,
+        want: ETag,
         /// The rebuilt listing's tag.
-        got: String,
+        got: ETag,
     },
 }
 
 /// The listing `delta` makes from `base` (the cached listing body),
 /// checked against the delta's own `etag` line and the answer's `ETag`
 /// header `etag` (in any form: `"…"`, `"…-gzip"`).
-pub fn rebuild(base: &[u8], delta: &[u8], etag: Option<&str>) -> Result<Vec<u8>, DeltaError> {
+pub fn rebuild(base: &[u8], delta: &[u8], etag: Option<&ETag>) -> Result<Vec<u8>, DeltaError> {
     let d = parse_delta(delta)?;
     if let Some(header) = etag
-        && etag_core(header) != etag_core(d.etag)
+        && !header.same_content(&d.etag)
     {
         return Err(DeltaError::HeaderMismatch {
-            header: header.to_owned(),
-            delta: d.etag.to_owned(),
+            header: header.clone(),
+            delta: d.etag,
         });
     }
-    let cached = listing_etag(base);
-    if etag_core(&cached) != etag_core(d.base) {
+    let cached = ETag::of_listing(base);
+    if !cached.same_content(&d.base) {
         return Err(DeltaError::WrongBase {
-            delta: d.base.to_owned(),
+            delta: d.base,
             cached,
         });
     }
@@ -100,12 +100,9 @@ pub fn rebuild(base: &[u8], delta: &[u8], etag: Option<&str>) -> Result<Vec<u8>,
         return Err(DeltaError::TooLarge);
     }
     let body = join_listing(made);
-    let got = listing_etag(&body);
-    if etag_core(&got) != etag_core(d.etag) {
-        return Err(DeltaError::Mismatch {
-            want: d.etag.to_owned(),
-            got,
-        });
+    let got = ETag::of_listing(&body);
+    if !got.same_content(&d.etag) {
+        return Err(DeltaError::Mismatch { want: d.etag, got });
     }
     Ok(body)
 }
@@ -113,7 +110,7 @@ pub fn rebuild(base: &[u8], delta: &[u8], etag: Option<&str>) -> Result<Vec<u8>,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pluginsync_common::protocol::{Delta, DeltaOp};
+    use pluginsync_common::delta::{Delta, DeltaOp};
     use proptest::prelude::*;
 
     fn entry(path: &str) -> Vec<u8> {
@@ -135,8 +132,8 @@ mod tests {
             })
             .collect();
         Delta {
-            base: &listing_etag(&body(base)),
-            etag: &listing_etag(&body(new)),
+            base: ETag::of_listing(&body(base)),
+            etag: ETag::of_listing(&body(new)),
             entries: new.len(),
             ops,
         }
@@ -155,9 +152,9 @@ mod tests {
     fn a_delta_rebuilds_the_new_listing_byte_for_byte() {
         let (base, new) = (body(&v1()), body(&v2()));
         let d = delta(&v1(), &v2());
-        let tag = listing_etag(&new);
+        let tag = ETag::of_listing(&new);
         assert_eq!(rebuild(&base, &d, Some(&tag)).unwrap(), new);
-        let gz = format!("{}-gzip\"", tag.trim_end_matches('"'));
+        let gz = ETag::new(format!("{}-gzip\"", tag.as_str().trim_end_matches('"')));
         assert_eq!(rebuild(&base, &d, Some(&gz)).unwrap(), new, "gzip form");
         assert_eq!(rebuild(&base, &d, None).unwrap(), new);
     }
@@ -166,7 +163,7 @@ mod tests {
     fn every_wrong_delta_is_refused() {
         let (base, new) = (body(&v1()), body(&v2()));
         let good = delta(&v1(), &v2());
-        let tag = listing_etag(&new);
+        let tag = ETag::of_listing(&new);
         let text = String::from_utf8(good.clone()).unwrap();
         // Another base.
         let other = body(&v2());
@@ -176,7 +173,7 @@ mod tests {
         ));
         // Another result announced in the header.
         assert!(matches!(
-            rebuild(&base, &good, Some(&listing_etag(b"[]"))),
+            rebuild(&base, &good, Some(&ETag::of_listing(b"[]"))),
             Err(DeltaError::HeaderMismatch { .. })
         ));
         // One byte of an added entry changed: the ETag check fails.
@@ -222,7 +219,7 @@ mod tests {
             };
             let (b, n) = (mk(&base), mk(&new));
             let d = delta(&b, &n);
-            prop_assert_eq!(rebuild(&body(&b), &d, Some(&listing_etag(&body(&n)))).unwrap(), body(&n));
+            prop_assert_eq!(rebuild(&body(&b), &d, Some(&ETag::of_listing(&body(&n)))).unwrap(), body(&n));
         }
     }
 }

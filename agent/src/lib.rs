@@ -1,7 +1,8 @@
 //! The pluginsync agent.
 //!
 //! `CLI (cli) → settings (config, settings) → catalog (catalog: one file
-//! resource per destination) → listing (client: HTTP; listing: validation)
+//! resource per destination) → listing (servers: which master; client: HTTP;
+//! listing: validation)
 //! and local scan (scan, with the hints of cache) → plan (plan, pure) →
 //! stage and verify (stage: every file write) → commit (commit) → report
 //! (report) → load changed files (load, launch, layouts, plugins)`, driven by
@@ -32,6 +33,7 @@ pub mod progress;
 pub mod puppetconf;
 pub mod report;
 pub mod scan;
+pub mod servers;
 pub mod settings;
 pub mod signals;
 pub mod stage;

@@ -34,9 +34,10 @@ use pluginsync_common::fsutil::{Durable, Need, SYNCFS_ABOVE};
 use pluginsync_common::protocol::{FrameDecoder, FrameEvent, MAX_BATCH};
 use pluginsync_common::relpath::RelPath;
 
-use crate::client::{Body, BodyError, Client, FetchError, Source};
+use crate::client::{Body, BodyError, FetchError, Undelivered};
 use crate::listing::{MODE_MASK, STAGING_DIR};
 use crate::progress::Progress;
+use crate::servers::{Servers, Source};
 
 /// Batch requests in flight.
 pub const BATCHES_IN_FLIGHT: usize = 4;
@@ -219,7 +220,7 @@ impl Staging {
     /// fetch singly.
     async fn download_batched(
         &mut self,
-        client: &Client,
+        client: &Servers,
         src: &Source<'_>,
         writes: Vec<(RelPath, Sha256)>,
         progress: &Progress,
@@ -272,7 +273,7 @@ impl Staging {
     /// durable yet: see [`seal`].
     pub async fn download_all(
         &mut self,
-        client: &Client,
+        client: &Servers,
         src: &Source<'_>,
         writes: Vec<(RelPath, Sha256)>,
         parallel: usize,
@@ -294,9 +295,9 @@ impl Staging {
             };
             async move {
                 let mut take = async |body: Body| staged.take(body, digest).await;
-                // The client takes &Sha256 after the client split.
-                let hex = digest.to_hex();
-                client.download(src, rel.as_str(), &hex, &mut take).await?;
+                client
+                    .download(src, rel.as_str(), &digest, &mut take)
+                    .await?;
                 Ok::<_, FetchError>((rel, staged.path))
             }
         });
@@ -425,7 +426,7 @@ impl StagedFile {
 /// early with what it has, and the partial file is removed. The frames are
 /// decoded by the common [`FrameDecoder`] (docs/protocol.md §7.2).
 async fn fetch_batch(
-    client: &Client,
+    client: &Servers,
     src: &Source<'_>,
     hashes: &[Sha256],
     prefix: &Path,
@@ -444,7 +445,7 @@ async fn fetch_batch(
     let fail = |detail: String| FetchError::Download {
         server: src.origin.server.clone(),
         what: format!("a {} batch", src.mount),
-        detail,
+        detail: Undelivered::Rejected(detail),
     };
     loop {
         while let Some(event) = decoder.next_event().map_err(|e| fail(e.to_string()))? {

@@ -43,12 +43,13 @@ use pluginsync_common::envname::EnvName;
 use pluginsync_common::fsutil::remove_leftovers;
 
 use crate::catalog;
-use crate::client::{Client, FetchError, Origin};
+use crate::client::Client;
 use crate::commit;
 use crate::config::EnvironmentSource;
 use crate::load::PendingLoads;
 use crate::lock;
 use crate::report::Report;
+use crate::servers::Servers;
 use crate::settings::Settings;
 use crate::signals::Interrupts;
 
@@ -96,15 +97,15 @@ pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
 /// assigns (docs/protocol.md §4.10), unless `--environment` named it (as
 /// Puppet's agent, which then does not ask). A server without the node
 /// endpoint (404) leaves the configured one, with one warning.
-async fn environment(settings: &Settings, client: &Client) -> Result<EnvName, SyncError> {
+async fn environment(settings: &Settings, servers: &Servers) -> Result<EnvName, SyncError> {
     let configured = &settings.environment;
     if settings.environment_source != EnvironmentSource::Server
         || settings.environment_origin == crate::settings::Source::CommandLine
     {
         return Ok(configured.clone());
     }
-    match client
-        .node_environment(&settings.servers, &settings.certname, configured.as_str())
+    match servers
+        .node_environment(&settings.certname, configured)
         .await?
     {
         None => {
@@ -114,13 +115,7 @@ async fn environment(settings: &Settings, client: &Client) -> Result<EnvName, Sy
             );
             Ok(configured.clone())
         }
-        Some((server, assigned)) => {
-            let env = crate::config::environment(&assigned).map_err(|e| FetchError::Status {
-                server,
-                status: "200 OK".into(),
-                what: "the node".into(),
-                message: format!("assigned {e}"),
-            })?;
+        Some(env) => {
             if env != *configured {
                 tracing::info!(configured = %configured, assigned = %env, "switching to the environment the server assigns");
             }
@@ -133,11 +128,10 @@ async fn environment(settings: &Settings, client: &Client) -> Result<EnvName, Sy
 struct Run<'a> {
     settings: &'a Settings,
     report: &'a mut Report,
-    client: Client,
+    /// The servers, and the one serving the run once it answered.
+    servers: Servers,
     /// The environment, as sent.
     env: EnvName,
-    /// The master serving the run, once one answered the first listing.
-    origin: Option<Origin>,
     /// For the phase timings in the debug log.
     started: Instant,
 }
@@ -166,18 +160,18 @@ impl<'a> Run<'a> {
         let catalog = catalog::build(settings);
         let deadline = Instant::now() + settings.timeout;
         let client = Client::new(&settings.tls, settings.retries, deadline)?;
+        let servers = Servers::new(client, settings.servers.clone());
         let env = tokio::select! {
             biased;
             signal = interrupts.wait() => return Err(SyncError::Interrupted { signal, committed: false }),
-            env = environment(settings, &client) => env?,
+            env = environment(settings, &servers) => env?,
         };
         report.environment = env.to_string();
         let mut run = Run {
             settings,
             report,
-            client,
+            servers,
             env,
-            origin: None,
             started: Instant::now(),
         };
         let interrupted = |signal, committed| SyncError::Interrupted { signal, committed };

@@ -7,14 +7,17 @@
 //! environment names ([`envname`]), Puppet's basename-fnmatch ignore globs
 //! ([`ignore`]), TOML config parsing ([`config`]), the path encoding of `file_content` URLs ([`urlpath`]) and
 //! PEM loading for TLS ([`tls`]), the wire contract of endpoints, headers,
-//! listing queries and batch frames ([`protocol`]), the sha256 digest type
+//! listing queries and batch frames ([`protocol`]), entity tags
+//! ([`etag`]), the delta listing format ([`delta`]), the sha256 digest type
 //! ([`digest`]), file signatures ([`filesig`]), atomic state-file writes
 //! ([`fsutil`]) and the binaries' one logging setup ([`logging`]).
 
 pub mod checksum;
 pub mod config;
+pub mod delta;
 pub mod digest;
 pub mod envname;
+pub mod etag;
 pub mod filesig;
 pub mod fsutil;
 pub mod ignore;

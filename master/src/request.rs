@@ -6,6 +6,7 @@
 use axum::http::HeaderMap;
 use axum::http::header;
 use pluginsync_common::checksum::ChecksumType;
+use pluginsync_common::etag::ETag;
 use pluginsync_common::metadata::Links;
 use pluginsync_common::relpath::RelPath;
 use pluginsync_common::urlpath;
@@ -229,22 +230,18 @@ pub fn accepts_gzip(headers: &HeaderMap) -> bool {
         })
 }
 
-/// True if `If-None-Match` names `etag` (weak comparison, any encoding
-/// suffix ignored, `*` matches).
-pub fn not_modified(headers: &HeaderMap, etag: &str) -> bool {
-    let core = |t: &str| {
-        let t = t.trim();
-        let t = t.strip_prefix("W/").unwrap_or(t);
-        let t = t.trim_matches('"');
-        t.strip_suffix("-gzip").unwrap_or(t).to_owned()
-    };
-    let want = core(etag);
+/// The values of the request's `If-None-Match` headers that are text.
+pub fn if_none_match(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     headers
         .get_all(header::IF_NONE_MATCH)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim() == "*" || core(t) == want)
+}
+
+/// True if `If-None-Match` names `etag` (weak comparison, any encoding
+/// suffix ignored, `*` matches: [`ETag::matched_by`]).
+pub fn not_modified(headers: &HeaderMap, etag: &ETag) -> bool {
+    etag.matched_by(if_none_match(headers))
 }
 
 #[cfg(test)]
@@ -327,7 +324,7 @@ mod tests {
             header::IF_NONE_MATCH,
             HeaderValue::from_static("W/\"abc-gzip\", \"zzz\""),
         );
-        assert!(not_modified(&h, "\"abc\""));
-        assert!(!not_modified(&h, "\"abd\""));
+        assert!(not_modified(&h, &ETag::new("\"abc\"")));
+        assert!(!not_modified(&h, &ETag::new("\"abd\"")));
     }
 }

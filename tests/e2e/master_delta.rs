@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pluginsync_common::protocol::{self, listing_etag};
+use pluginsync_common::etag::ETag;
+use pluginsync_common::protocol;
 use pluginsync_tests::puppet::PuppetAgent;
 use pluginsync_tests::{
     AgentHome, EnvTree, FakeMaster, Pki, TestMaster, client, config_toml, merged_mount,
@@ -137,6 +138,11 @@ fn start(tree: &EnvTree, pki: &Pki) -> TestMaster {
     TestMaster::start(parse_config(&config_toml(&tree.envpath(), pki, "", "")))
 }
 
+/// The ETag of a listing body, as its header carries it.
+fn listing_etag(body: &[u8]) -> String {
+    ETag::of_listing(body).to_string()
+}
+
 const DELTA: (&str, &str) = (protocol::HEADER_DELTA, protocol::DELTA_VERSION);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -171,7 +177,9 @@ async fn a_delta_rebuilds_exactly_the_full_listing() {
         "a shared cache must tell a delta from a listing"
     );
     assert!(a.header(protocol::HEADER_BLOBS).is_some());
-    let rebuilt = pluginsync_agent::delta::rebuild(&old, &a.body, a.header("etag")).unwrap();
+    let rebuilt =
+        pluginsync_agent::delta::rebuild(&old, &a.body, a.header("etag").map(ETag::new).as_ref())
+            .unwrap();
     assert_eq!(rebuilt, new, "the same bytes as the full listing");
     assert_eq!(listing_etag(&rebuilt), new_tag, "and so the same ETag");
     assert!(
@@ -202,7 +210,12 @@ async fn a_delta_rebuilds_exactly_the_full_listing() {
         .unwrap();
     assert_eq!(inflated, a.body);
     assert_eq!(
-        pluginsync_agent::delta::rebuild(&old, &inflated, gz.header("etag")).unwrap(),
+        pluginsync_agent::delta::rebuild(
+            &old,
+            &inflated,
+            gz.header("etag").map(ETag::new).as_ref()
+        )
+        .unwrap(),
         new,
         "the -gzip form of the ETag names the same listing"
     );
@@ -290,7 +303,12 @@ async fn two_masters_answer_deltas_for_a_base_either_produced() {
         )
         .await;
         assert_eq!(d.status, protocol::DELTA_STATUS, "replica {name}");
-        let rebuilt = pluginsync_agent::delta::rebuild(&from_a, &d.body, d.header("etag")).unwrap();
+        let rebuilt = pluginsync_agent::delta::rebuild(
+            &from_a,
+            &d.body,
+            d.header("etag").map(ETag::new).as_ref(),
+        )
+        .unwrap();
         assert_eq!(rebuilt, new_a, "replica {name}");
     }
     // And the other way round: a base fetched from b, a delta from a,
@@ -304,7 +322,8 @@ async fn two_masters_answer_deltas_for_a_base_either_produced() {
     let d = get(&c, &a.url(), &q(), &[("If-None-Match", &new_tag), DELTA]).await;
     assert_eq!(d.status, protocol::DELTA_STATUS);
     assert_eq!(
-        pluginsync_agent::delta::rebuild(&new_b, &d.body, d.header("etag")).unwrap(),
+        pluginsync_agent::delta::rebuild(&new_b, &d.body, d.header("etag").map(ETag::new).as_ref())
+            .unwrap(),
         newer
     );
     assert!(a.store.stats.listings_delta.load(Ordering::Relaxed) >= 2);

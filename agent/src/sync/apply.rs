@@ -15,12 +15,12 @@ use super::{Run, SyncError};
 use crate::cache::{self, MountCache};
 use crate::catalog::FileResource;
 use crate::cli::Format;
-use crate::client::Source;
 use crate::commit;
 use crate::plan::{Action, ChangeKind, Plan};
 use crate::progress::{self, Progress};
 use crate::report::{Change, Failure};
 use crate::scan::LocalName;
+use crate::servers::Source;
 use crate::stage::{self, Staging};
 
 impl Run<'_> {
@@ -40,9 +40,6 @@ impl Run<'_> {
         &self,
         passes: &[Pass],
     ) -> Result<Vec<Option<Staging>>, SyncError> {
-        // Every pass with downloads had a listing answered, so the origin
-        // is known here.
-        let origin = self.origin.clone().unwrap_or_default();
         let mut stagings = Vec::with_capacity(passes.len());
         // On a terminal, a text run shows its downloads as they go
         // (docs/agent.md#progress-on-a-terminal).
@@ -68,16 +65,15 @@ impl Run<'_> {
                 source,
             })?;
             let src = Source {
-                origin: &origin,
+                origin: &p.origin,
                 mount: p.resource.mount,
-                env: self.env.as_str(),
-                servers: &self.settings.servers,
+                env: &self.env,
                 query: &p.query,
-                etag: p.stamp.etag.as_deref(),
+                etag: p.stamp.etag.as_ref(),
             };
             staging
                 .download_all(
-                    &self.client,
+                    &self.servers,
                     &src,
                     writes,
                     self.settings.parallel_downloads,

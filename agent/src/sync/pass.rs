@@ -5,6 +5,7 @@
 
 use bytes::Bytes;
 use pluginsync_common::digest::Sha256;
+use pluginsync_common::etag::ETag;
 use pluginsync_common::protocol::{ListingQuery, Mount};
 
 use super::{Run, SyncError};
@@ -16,6 +17,7 @@ use crate::delta;
 use crate::listing::{self, RemoteTree};
 use crate::plan::{self, Plan};
 use crate::scan::{self, LocalTree};
+use crate::servers::Origin;
 use crate::settings::Settings;
 
 /// One resource after the reading phases: its plan and what it was made
@@ -34,19 +36,21 @@ pub(super) struct Pass {
     /// ETag before it may serve this pass's content (docs/protocol.md
     /// §4.7).
     pub(super) query: String,
+    /// The master the listing came from.
+    pub(super) origin: Origin,
 }
 
 /// The listing body a pass plans against, from the master's answer.
 enum Listed {
     /// A 304 (with this `ETag`), and the scan is the one recorded: neither
     /// side changed.
-    Unchanged { etag: Option<String> },
+    Unchanged { etag: Option<ETag> },
     /// The body: `fresh` when it came from the master (to cache), with
     /// the `ETag` of the answer that carried it.
     Body {
         body: Bytes,
         fresh: Option<Bytes>,
-        etag: Option<String>,
+        etag: Option<ETag>,
     },
 }
 
@@ -80,10 +84,10 @@ impl Run<'_> {
         };
         let query_string = query.to_query();
         let key_for = |server: &str| MountCache::key(server, mount, &query_string);
-        let answer = self
+        let (origin, answer) = self
             .listing(mount, &query, &|s| cache.if_none_match(&key_for(s)))
             .await?;
-        let server = self.server().to_owned();
+        let server = origin.server.clone();
         let key = key_for(&server);
         self.phase("listing answered");
         let ask = Ask {
@@ -91,7 +95,7 @@ impl Run<'_> {
             query: &query,
             digest,
         };
-        let (body, fresh, etag) = match self.listing_body(answer, &ask, &cache).await? {
+        let (body, fresh, etag) = match self.listing_body(answer, &ask, &cache, &server).await? {
             Listed::Body { body, fresh, etag } => (body, fresh, etag),
             Listed::Unchanged { etag } => {
                 self.report.unchanged += cache.entries;
@@ -107,6 +111,7 @@ impl Run<'_> {
                         listing_sha256: cache.listing_sha256,
                     },
                     query: query_string,
+                    origin,
                 });
             }
         };
@@ -146,6 +151,7 @@ impl Run<'_> {
                 listing_sha256,
             },
             query: query_string,
+            origin,
         })
     }
 
@@ -158,45 +164,48 @@ impl Run<'_> {
         answer: ListingAnswer,
         ask: &Ask<'_>,
         cache: &MountCache,
+        server: &str,
     ) -> Result<Listed, SyncError> {
         let (vardir, mount) = (&self.settings.vardir, ask.mount);
-        let etag = answer.etag;
-        let body = match answer.body {
-            Some(d) if answer.delta => {
+        let body = match answer {
+            ListingAnswer::Delta { body: d, etag } => {
                 let rebuilt = MountCache::load_listing(vardir, mount)
                     .filter(|cached| cache.describes(cached))
                     .ok_or_else(|| "the cached listing is gone".to_owned())
                     .and_then(|cached| {
-                        delta::rebuild(&cached, &d, etag.as_deref()).map_err(|e| e.to_string())
+                        delta::rebuild(&cached, &d, etag.as_ref()).map_err(|e| e.to_string())
                     });
                 match rebuilt {
                     Ok(b) => {
                         tracing::debug!(mount = %mount, delta = d.len(), listing = b.len(), "listing rebuilt from a delta");
-                        Bytes::from(b)
+                        (Bytes::from(b), etag)
                     }
                     Err(e) => {
                         // Once, unconditionally: no If-None-Match, so no
                         // delta (docs/protocol.md §7.5.4).
-                        tracing::info!(server = %self.server(), mount = %mount, error = %e, "delta listing not used; fetching the whole listing");
+                        tracing::info!(server = %server, mount = %mount, error = %e, "delta listing not used; fetching the whole listing");
                         return self.refetch(ask).await;
                     }
                 }
             }
-            Some(b) => b,
-            None => match cache.not_modified(vardir, mount, &ask.digest) {
-                NotModified::Unchanged => return Ok(Listed::Unchanged { etag }),
-                NotModified::Cached(b) => {
-                    return Ok(Listed::Body {
-                        body: Bytes::from(b),
-                        fresh: None,
-                        etag,
-                    });
+            ListingAnswer::Full { body, etag } => (body, etag),
+            ListingAnswer::NotModified { etag } => {
+                match cache.not_modified(vardir, mount, &ask.digest) {
+                    NotModified::Unchanged => return Ok(Listed::Unchanged { etag }),
+                    NotModified::Cached(b) => {
+                        return Ok(Listed::Body {
+                            body: Bytes::from(b),
+                            fresh: None,
+                            etag,
+                        });
+                    }
+                    // The tag of the body refetched, not of the 304 (the tree
+                    // may have changed in between).
+                    NotModified::Refetch => return self.refetch(ask).await,
                 }
-                // The tag of the body refetched, not of the 304 (the tree
-                // may have changed in between).
-                NotModified::Refetch => return self.refetch(ask).await,
-            },
+            }
         };
+        let (body, etag) = body;
         Ok(Listed::Body {
             body: body.clone(),
             fresh: Some(body),
@@ -204,45 +213,32 @@ impl Run<'_> {
         })
     }
 
-    /// The whole listing again, unconditionally.
+    /// The whole listing again, unconditionally (no `If-None-Match`, so
+    /// no delta).
     async fn refetch(&mut self, ask: &Ask<'_>) -> Result<Listed, SyncError> {
-        let again = self.listing(ask.mount, ask.query, &|_| None).await?;
-        let body = again.body.unwrap_or_default();
+        let (_, again) = self.listing(ask.mount, ask.query, &|_| None).await?;
+        let (body, etag) = again.into_full();
         Ok(Listed::Body {
             body: body.clone(),
             fresh: Some(body),
-            etag: again.etag,
+            etag,
         })
     }
 
-    /// The listing of `mount`: the run's first comes from the first master
-    /// that answers, which becomes the run's origin (and the report's
-    /// server); every later one from that origin.
+    /// The listing of `mount` from the run's servers (`Servers::listing`:
+    /// the first that answers becomes the run's origin and the report's
+    /// server).
     async fn listing(
         &mut self,
         mount: Mount,
         query: &ListingQuery<'_>,
-        if_none_match: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<ListingAnswer, FetchError> {
-        if let Some(origin) = &self.origin {
-            let inm = if_none_match(&origin.server);
-            return self
-                .client
-                .listing(origin, mount, query, inm.as_deref())
-                .await;
-        }
-        let (origin, answer) = self
-            .client
-            .first_listing(&self.settings.servers, mount, query, if_none_match)
-            .await?;
-        self.report.server = Some(origin.server.clone());
-        self.origin = Some(origin);
-        Ok(answer)
-    }
-
-    /// The run's master (empty before one answered).
-    fn server(&self) -> &str {
-        self.origin.as_ref().map_or("", |o| o.server.as_str())
+        if_none_match: &dyn Fn(&str) -> Option<ETag>,
+    ) -> Result<(Origin, ListingAnswer), FetchError> {
+        let (origin, answer) = self.servers.listing(mount, query, if_none_match).await?;
+        self.report
+            .server
+            .get_or_insert_with(|| origin.server.clone());
+        Ok((origin, answer))
     }
 }
 

@@ -20,6 +20,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use pluginsync_common::etag::{self, ETag};
 use pluginsync_common::metadata::FileType;
 use pluginsync_common::protocol;
 
@@ -139,12 +140,12 @@ pub async fn file_metadatas(
     }
     let gzip = request::accepts_gzip(&req.headers) && listing.len >= GZIP_MIN;
     let etag = if gzip {
-        format!("{}-gzip\"", listing.etag.trim_end_matches('"'))
+        listing.etag.gzip()
     } else {
         listing.etag.clone()
     };
     let mut headers = HeaderMap::new();
-    headers.insert(header::ETAG, header_value(&etag));
+    headers.insert(header::ETAG, header_value(etag.as_str()));
     // A shared cache must never hand a delta (asked for with our header)
     // to a stock agent (docs/protocol.md §7.5.3).
     headers.insert(header::VARY, HeaderValue::from_static(LISTING_VARY));
@@ -245,13 +246,8 @@ async fn delta_for(
     if !asked {
         return None;
     }
-    let bases: Vec<String> = req
-        .headers
-        .get_all(header::IF_NONE_MATCH)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|t| protocol::etag_core(t).to_owned())
+    let bases: Vec<String> = etag::if_none_match(request::if_none_match(&req.headers))
+        .map(|t| etag::core(t).to_owned())
         .filter(|t| !t.is_empty() && t != "*")
         .take(MAX_DELTA_BASES)
         .collect();
@@ -418,11 +414,11 @@ pub(super) async fn send_file(
     let (Some(sig), Some(digest)) = (node.sig, node.sha256) else {
         return Err(ApiError::internal());
     };
-    let etag = format!("\"{}\"", pluginsync_common::digest::hex(&digest));
+    let etag = ETag::of_digest(&digest);
     if request::not_modified(&req.headers, &etag) {
         return Ok((
             StatusCode::NOT_MODIFIED,
-            [(header::ETAG, header_value(&etag))],
+            [(header::ETAG, header_value(etag.as_str()))],
         )
             .into_response());
     }
@@ -468,7 +464,7 @@ pub(super) async fn send_file(
                 HeaderValue::from_static("application/octet-stream"),
             ),
             (header::CONTENT_LENGTH, HeaderValue::from(sig.size)),
-            (header::ETAG, header_value(&etag)),
+            (header::ETAG, header_value(etag.as_str())),
             (
                 header::CACHE_CONTROL,
                 HeaderValue::from_static(cache.header()),

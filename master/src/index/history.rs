@@ -24,7 +24,9 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
-use pluginsync_common::protocol::{Delta, DeltaOp, Mount, etag_core, split_listing};
+use pluginsync_common::delta::{Delta, DeltaOp, split_listing};
+use pluginsync_common::etag::ETag;
+use pluginsync_common::protocol::Mount;
 
 use super::entry::SearchParams;
 use super::listing::{CachedListing, gzip};
@@ -107,14 +109,14 @@ impl History {
     /// Records `listing` as the one published now under `key`; the one it
     /// replaces becomes a base (unless it is the same listing).
     pub fn record(&self, key: Key, listing: Arc<CachedListing>) {
-        let core = etag_core(&listing.etag).to_owned();
+        let core = listing.etag.core().to_owned();
         let previous = {
             let mut tracks = self.lock();
             let track = tracks.entry(key.clone()).or_default();
             if track
                 .current
                 .as_ref()
-                .is_some_and(|c| etag_core(&c.etag) == core)
+                .is_some_and(|c| c.etag.core() == core)
             {
                 track.current = Some(listing);
                 return;
@@ -134,7 +136,7 @@ impl History {
         };
         let hashes: Arc<[u64]> = entries.iter().map(|e| self.hash(e)).collect();
         let base = Base {
-            core: etag_core(&previous.etag).to_owned(),
+            core: previous.etag.core().to_owned(),
             hashes,
         };
         let mut tracks = self.lock();
@@ -142,7 +144,7 @@ impl History {
         if track
             .current
             .as_ref()
-            .is_some_and(|c| etag_core(&c.etag) == base.core)
+            .is_some_and(|c| c.etag.core() == base.core)
         {
             return;
         }
@@ -171,7 +173,7 @@ impl History {
         listing: &CachedListing,
         bases: &[&str],
     ) -> Option<Arc<DeltaListing>> {
-        let target = etag_core(&listing.etag);
+        let target = listing.etag.core();
         for &base in bases {
             if base == target {
                 continue;
@@ -182,7 +184,7 @@ impl History {
                 let is_current = track
                     .current
                     .as_ref()
-                    .is_some_and(|c| etag_core(&c.etag) == target);
+                    .is_some_and(|c| c.etag.core() == target);
                 if is_current && let Some(known) = track.deltas.get(base) {
                     return known.clone();
                 }
@@ -194,8 +196,8 @@ impl History {
             let plain = listing.plain();
             let made = split_listing(&plain).and_then(|entries| {
                 let body = Delta {
-                    base: &format!("\"{base}\""),
-                    etag: &format!("\"{target}\""),
+                    base: ETag::from_core(base),
+                    etag: ETag::from_core(target),
                     entries: entries.len(),
                     ops: diff(&hashes, &entries, |e| self.hash(e)),
                 }
@@ -213,7 +215,7 @@ impl History {
                     && track
                         .current
                         .as_ref()
-                        .is_some_and(|c| etag_core(&c.etag) == target)
+                        .is_some_and(|c| c.etag.core() == target)
                 {
                     track.deltas.insert(base.to_owned(), made.clone());
                 }
@@ -255,8 +257,8 @@ pub fn diff<'a>(
 mod tests {
     use super::*;
     use pluginsync_common::checksum::ChecksumType;
+    use pluginsync_common::delta::{apply_ops, join_listing, parse_delta};
     use pluginsync_common::metadata::Links;
-    use pluginsync_common::protocol::{apply_ops, join_listing, listing_etag, parse_delta};
 
     fn key() -> Key {
         (
@@ -286,12 +288,12 @@ mod tests {
     /// What an agent does with a delta body: the listing it makes.
     fn apply(base: &[u8], delta: &[u8]) -> Vec<u8> {
         let d = parse_delta(delta).unwrap();
-        assert_eq!(d.base, listing_etag(base));
+        assert_eq!(d.base, ETag::of_listing(base));
         let base = split_listing(base).unwrap();
         let out = apply_ops(&base, &d.ops, usize::MAX).unwrap();
         assert_eq!(out.len(), d.entries);
         let body = join_listing(out);
-        assert_eq!(d.etag, listing_etag(&body));
+        assert_eq!(d.etag, ETag::of_listing(&body));
         body
     }
 
@@ -333,8 +335,8 @@ mod tests {
             let hashes: Vec<u64> = base.iter().map(|e| h.hash_one(e.as_slice())).collect();
             let entries = split_listing(&new_body).unwrap();
             let body = Delta {
-                base: &listing_etag(&base_body),
-                etag: &listing_etag(&new_body),
+                base: ETag::of_listing(&base_body),
+                etag: ETag::of_listing(&new_body),
                 entries: entries.len(),
                 ops: diff(&hashes, &entries, |e| h.hash_one(e)),
             }
@@ -359,32 +361,29 @@ mod tests {
         h.record(key(), l3.clone());
         assert_eq!(h.bases(&key()), 2);
         for base in [&l1, &l2] {
-            let d = h
-                .delta(&key(), &l3, &[etag_core(&base.etag)])
-                .expect("a delta");
+            let d = h.delta(&key(), &l3, &[base.etag.core()]).expect("a delta");
             assert!(d.len() < l3.len / 10, "{} vs {}", d.len(), l3.len);
             assert_eq!(apply(&base.plain(), &d.plain()), l3.plain());
-            let again = h.delta(&key(), &l3, &[etag_core(&base.etag)]).unwrap();
+            let again = h.delta(&key(), &l3, &[base.etag.core()]).unwrap();
             assert!(Arc::ptr_eq(&d, &again), "computed once");
         }
         assert!(h.delta(&key(), &l3, &["0123"]).is_none(), "unknown base");
         assert!(
-            h.delta(&key(), &l3, &["0123", etag_core(&l1.etag)])
-                .is_some(),
+            h.delta(&key(), &l3, &["0123", l1.etag.core()]).is_some(),
             "the first remembered tag of If-None-Match"
         );
         let mut other = key();
         other.1.use_permissions = false;
-        assert!(h.delta(&other, &l3, &[etag_core(&l1.etag)]).is_none());
+        assert!(h.delta(&other, &l3, &[l1.etag.core()]).is_none());
         // Everything changed: the delta would not be smaller.
         let v4: Vec<Vec<u8>> = (0..200).map(|i| entry(&format!("g{i}"), i)).collect();
         let l4 = listing(&v4);
         h.record(key(), l4.clone());
-        assert!(h.delta(&key(), &l4, &[etag_core(&l3.etag)]).is_none());
+        assert!(h.delta(&key(), &l4, &[l3.etag.core()]).is_none());
         // A revert: the old listing is current again, not a base.
         h.record(key(), l1.clone());
         assert_eq!(h.bases(&key()), 3, "l2, l3, l4");
-        assert!(h.delta(&key(), &l1, &[etag_core(&l3.etag)]).is_some());
+        assert!(h.delta(&key(), &l1, &[l3.etag.core()]).is_some());
     }
 
     #[test]

@@ -17,8 +17,9 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
+use pluginsync_common::etag::ETag;
 use pluginsync_common::metadata::FileMetadata;
-use pluginsync_common::protocol::{Mount, listing_etag};
+use pluginsync_common::protocol::Mount;
 
 use super::entry::{ListingError, SearchParams};
 
@@ -34,8 +35,8 @@ use super::entry::{ListingError, SearchParams};
 pub struct CachedListing {
     plain: Option<Bytes>,
     gzip: OnceLock<Bytes>,
-    /// Strong ETag derived from the uncompressed body alone (quoted).
-    pub etag: String,
+    /// Strong ETag derived from the uncompressed body alone.
+    pub etag: ETag,
     /// Number of entries.
     pub count: usize,
     /// Length of the uncompressed body.
@@ -47,10 +48,10 @@ pub struct CachedListing {
 const KEEP_GZIPPED: usize = 64 << 10;
 
 impl CachedListing {
-    /// Wraps a body, deriving its ETag ([`listing_etag`], the function
+    /// Wraps a body, deriving its ETag ([`ETag::of_listing`], the one
     /// agents check a rebuilt delta listing with: docs/protocol.md §7.5).
     pub fn new(body: Vec<u8>, count: usize) -> Self {
-        let etag = listing_etag(&body);
+        let etag = ETag::of_listing(&body);
         let len = body.len();
         if len >= KEEP_GZIPPED {
             let gz = OnceLock::new();
@@ -184,7 +185,7 @@ impl ListingWriter {
         CachedListing {
             plain: self.plain.map(Bytes::from),
             gzip: gz,
-            etag: format!("\"{}\"", pluginsync_common::digest::hex(&digest[..20])),
+            etag: ETag::of_digest(&digest[..20]),
             count,
             len: self.len,
         }
@@ -396,7 +397,7 @@ mod tests {
             assert_eq!(streamed.etag, whole.etag, "same ETag, size {size}");
             assert_eq!(
                 streamed.etag,
-                listing_etag(&body),
+                ETag::of_listing(&body),
                 "the ETag agents verify deltas with (docs/protocol.md §7.5.4)"
             );
             assert_eq!((streamed.len, streamed.count), (size, 7));

@@ -1,0 +1,454 @@
+//! Which master answers: the run's origin, the failover order, and the
+//! replicas that proved they serve the same listing (docs/protocol.md
+//! §4.7). Every request itself is `client.rs`'s; this module only says
+//! where it goes.
+//!
+//! - The first listing (and the node request) goes to each server of
+//!   `servers` in order until one answers (`Servers::each`); the one
+//!   that answers the first listing is the run's [`Origin`] and answers
+//!   every listing of the run.
+//! - Downloads fail over: content is addressed by sha256 and verified as
+//!   it streams, so any replica serving the *same listing* may serve it —
+//!   a replica is used only once it answered `304 Not Modified` to the
+//!   listing's own `ETag` (asked once per server and mount, `Replicas`),
+//!   and a master that refuses connections (restarting) is waited for
+//!   until the deadline ([`Servers::download`]).
+
+use std::collections::{HashMap, HashSet};
+
+use pluginsync_common::digest::Sha256;
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::etag::ETag;
+use pluginsync_common::protocol::{ListingQuery, Mount};
+
+use crate::client::{
+    self, Attempt, Body, BodyError, Client, FetchError, FileWanted, ListingAnswer, Offers,
+    Revalidated, Transient, Undelivered, Unreached,
+};
+
+/// A master and what it offers beyond Puppet's API (docs/protocol.md §7).
+/// The run's origin is the master that answered its first listing: every
+/// listing of the run comes from it, and content too unless it fails and a
+/// replica serving the same listing takes over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// `https://host:port`, as configured.
+    pub server: String,
+    /// What its answer offered.
+    pub offers: Offers,
+}
+
+impl Origin {
+    /// Whether it serves batches of blobs.
+    pub fn serves_batches(&self) -> bool {
+        self.offers.batch.is_some()
+    }
+}
+
+/// Where one resource's content comes from: the origin its listing came
+/// from, the mount, the environment, and the listing it was planned from,
+/// which a replica must be serving too before it may serve the content.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    /// The run's master.
+    pub origin: &'a Origin,
+    /// `plugins` or `pluginfacts`.
+    pub mount: Mount,
+    /// The environment.
+    pub env: &'a EnvName,
+    /// The listing's query string ([`ListingQuery::to_query`]).
+    pub query: &'a str,
+    /// The listing's `ETag`. Without one (Puppet Server sends none) no
+    /// replica can be shown to serve the same listing, and content comes
+    /// from the origin only.
+    pub etag: Option<&'a ETag>,
+}
+
+/// What the run knows of the replicas, shared by every download.
+#[derive(Debug, Default)]
+struct Replicas {
+    /// `(server, mount, listing ETag)` → the server's offers when it
+    /// serves that very listing (it answered 304 to the ETag), `None` when
+    /// it serves another. Absent: not asked yet, or it could not be asked.
+    verdicts: HashMap<(String, Mount, ETag), Option<Offers>>,
+    /// Per mount, the server the next download starts at: the last one
+    /// that delivered (the origin until one failed).
+    preferred: HashMap<Mount, String>,
+}
+
+/// Which replica a download's next attempt goes to.
+enum Pick {
+    /// This one.
+    Use(Origin),
+    /// None now, but a replica that could not be asked may be later.
+    Wait,
+    /// None: every replica failed for good or serves another listing.
+    GiveUp,
+}
+
+/// The configured servers, in failover order, and what the run learnt of
+/// them.
+#[derive(Debug)]
+pub struct Servers {
+    client: Client,
+    list: Vec<String>,
+    /// The master serving the run, once one answered the first listing.
+    origin: Option<Origin>,
+    replicas: tokio::sync::Mutex<Replicas>,
+}
+
+impl Servers {
+    /// `list` (`servers`, in failover order), asked through `client`.
+    pub fn new(client: Client, list: Vec<String>) -> Servers {
+        Servers {
+            client,
+            list,
+            origin: None,
+            replicas: Default::default(),
+        }
+    }
+
+    /// Asks `ask` of each server in order until one answers: an unreachable
+    /// server (`log` says so) fails over to the next; any other error is
+    /// the master's final word (404 environment, 403, 400) and does not.
+    async fn each<T>(
+        &self,
+        log: &str,
+        mut ask: impl AsyncFnMut(&str) -> Result<T, FetchError>,
+    ) -> Result<T, FetchError> {
+        let mut last = Unreached::NoServer;
+        for server in &self.list {
+            match ask(server).await {
+                Ok(answer) => return Ok(answer),
+                Err(FetchError::Unreachable { detail, .. }) => {
+                    tracing::info!(server = %server, error = %detail, "{log}");
+                    last = detail;
+                }
+                Err(e) => return Err(e),
+            }
+            if self.client.retry().remaining().is_zero() {
+                break;
+            }
+        }
+        Err(FetchError::Unreachable {
+            servers: self.list.join(", "),
+            detail: last,
+        })
+    }
+
+    /// The listing of `mount`: the run's first comes from the first server
+    /// that answers, which becomes the run's origin; every later one from
+    /// that origin. `if_none_match` gives the `If-None-Match` for a server.
+    pub async fn listing(
+        &mut self,
+        mount: Mount,
+        query: &ListingQuery<'_>,
+        if_none_match: &dyn Fn(&str) -> Option<ETag>,
+    ) -> Result<(Origin, ListingAnswer), FetchError> {
+        if let Some(origin) = &self.origin {
+            let inm = if_none_match(&origin.server);
+            let (_, answer) = self
+                .client
+                .listing(&origin.server, mount, query, inm.as_ref())
+                .await?;
+            return Ok((origin.clone(), answer));
+        }
+        let log = "server unavailable, trying the next one";
+        let first = self
+            .each(log, async |server| {
+                let inm = if_none_match(server);
+                let (offers, answer) = self
+                    .client
+                    .listing(server, mount, query, inm.as_ref())
+                    .await?;
+                let server = server.to_owned();
+                Ok((Origin { server, offers }, answer))
+            })
+            .await;
+        match first {
+            Ok((origin, answer)) => {
+                self.origin = Some(origin.clone());
+                Ok((origin, answer))
+            }
+            Err(FetchError::Unreachable { servers, detail }) => Err(FetchError::Unreachable {
+                servers,
+                detail: self.explain(detail).await,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A closed connection may be a refused client certificate (TLS 1.3
+    /// alerts come after the handshake): asks the last server once more,
+    /// plainly, why.
+    async fn explain(&self, last: Unreached) -> Unreached {
+        if last.refused_or_timed_out() {
+            return last;
+        }
+        let Some(server) = self.list.last() else {
+            return last;
+        };
+        match self.client.explain(server).await {
+            Some(cause) => Unreached::Explained(cause),
+            None => last,
+        }
+    }
+
+    /// The environment the node classifier of the first server that
+    /// answers assigns to `certname` (docs/protocol.md §4.10); `None` when
+    /// that server does not serve the node endpoint.
+    pub async fn node_environment(
+        &self,
+        certname: &str,
+        configured: &EnvName,
+    ) -> Result<Option<EnvName>, FetchError> {
+        let uuid = client::transaction_uuid();
+        let log = "server unavailable for the node request, trying the next one";
+        self.each(log, async |server| {
+            self.client
+                .node_environment(server, certname, configured, &uuid)
+                .await
+        })
+        .await
+    }
+
+    /// Asks the batch endpoint of the replica that serves `src` now (the
+    /// origin until a download failed over) for `hashes`; returns the body
+    /// to read frame by frame. `None` when that replica serves no batches.
+    pub async fn batch(
+        &self,
+        src: &Source<'_>,
+        hashes: &[Sha256],
+    ) -> Option<Result<Body, FetchError>> {
+        let replica = match self.pick(src, None, &HashSet::new()).await {
+            Pick::Use(r) => r,
+            Pick::Wait | Pick::GiveUp => src.origin.clone(),
+        };
+        let path = replica.offers.batch.as_ref()?;
+        let what = format!("a batch of {} {} files", hashes.len(), src.mount);
+        Some(
+            self.client
+                .batch(&replica.server, path, src.env, &what, hashes)
+                .await,
+        )
+    }
+
+    /// Fetches `<mount>/<rel>` (content `digest`) and hands each 2xx body
+    /// to `take`, which writes and verifies it (it must start over on every
+    /// call: a retry is a whole new body, from whichever replica).
+    ///
+    /// Each attempt goes to one replica (`Client::content`): first the one
+    /// that delivered last for this mount (the origin to begin with), after
+    /// a failure the next one in `servers` order that serves the same
+    /// listing (checked once per replica, `Servers::verdict`), wrapping
+    /// around. A transient failure waits the one backoff before the next
+    /// attempt. A replica that answered and failed `retries` times is not
+    /// asked again; one that refuses connections (a master restarting) is
+    /// asked again until the run's deadline. A [`BodyError::Refused`], a
+    /// checksum mismatch or a final status fails the download at once.
+    pub async fn download<T>(
+        &self,
+        src: &Source<'_>,
+        rel: &str,
+        digest: &Sha256,
+        take: &mut impl AsyncFnMut(Body) -> Result<T, BodyError>,
+    ) -> Result<T, FetchError> {
+        let retry = self.client.retry();
+        let file = FileWanted {
+            mount: src.mount,
+            env: src.env,
+            rel,
+            digest,
+        };
+        let what = format!("{}/{rel}", src.mount);
+        let mut failures: HashMap<String, u32> = HashMap::new();
+        let mut exhausted: HashSet<String> = HashSet::new();
+        let mut last: Option<(String, Transient)> = None;
+        let give_up = |last: Option<(String, Transient)>, deadline: bool| {
+            let (server, detail) = match last {
+                Some((server, error)) => (server, Undelivered::Failed(Box::new(error))),
+                None => (src.origin.server.clone(), Undelivered::NoReplica),
+            };
+            let detail = match deadline {
+                true => Undelivered::Deadline(Box::new(detail)),
+                false => detail,
+            };
+            FetchError::Download {
+                server,
+                what: what.clone(),
+                detail,
+            }
+        };
+        for n in 0u32.. {
+            if retry.remaining().is_zero() {
+                return Err(give_up(last, true));
+            }
+            let previous = last.as_ref().map(|(s, _)| s.as_str());
+            let replica = match self.pick(src, previous, &exhausted).await {
+                Pick::Use(r) => r,
+                Pick::GiveUp => return Err(give_up(last, false)),
+                Pick::Wait => {
+                    retry.backoff(n, None).await;
+                    continue;
+                }
+            };
+            let attempt = self
+                .client
+                .content(&replica.server, &replica.offers, &file, take)
+                .await;
+            match attempt {
+                Attempt::Done(v) => {
+                    self.prefer(src.mount, &replica.server).await;
+                    return Ok(v);
+                }
+                Attempt::Fatal(e) => return Err(e),
+                Attempt::Retry { error, after } => {
+                    let server = replica.server;
+                    tracing::info!(server = %server, what = %what, attempt = n + 1, error = %error, "download failed");
+                    if error.reached() {
+                        let count = failures.entry(server.clone()).or_default();
+                        *count += 1;
+                        if *count >= retry.retries() {
+                            exhausted.insert(server.clone());
+                        }
+                    }
+                    self.avoid(src, &server).await;
+                    last = Some((server, error));
+                    retry.backoff(n, after).await;
+                }
+            }
+        }
+        unreachable!("the attempts loop returns")
+    }
+
+    /// The replica for `src`'s next attempt: the servers in order from the
+    /// one after `after` (a first attempt: from the preferred one), minus
+    /// `exhausted`; the origin is always eligible, any other server only
+    /// once it showed that it serves the same listing.
+    async fn pick(
+        &self,
+        src: &Source<'_>,
+        after: Option<&str>,
+        exhausted: &HashSet<String>,
+    ) -> Pick {
+        let ring = ring(&self.list, &src.origin.server);
+        let start = match after {
+            Some(s) => ring.iter().position(|r| *r == s).map_or(0, |i| i + 1),
+            None => {
+                let replicas = self.replicas.lock().await;
+                let preferred = replicas.preferred.get(&src.mount);
+                preferred
+                    .and_then(|p| ring.iter().position(|r| r == p))
+                    .unwrap_or(0)
+            }
+        };
+        let mut unknown = false;
+        for k in 0..ring.len() {
+            let server = ring[(start + k) % ring.len()];
+            if exhausted.contains(server) {
+                continue;
+            }
+            if server == src.origin.server {
+                return Pick::Use(src.origin.clone());
+            }
+            match self.verdict(src, server).await {
+                Some(Some(offers)) => {
+                    let server = server.to_owned();
+                    return Pick::Use(Origin { server, offers });
+                }
+                Some(None) => {}
+                None => unknown = true,
+            }
+        }
+        if unknown { Pick::Wait } else { Pick::GiveUp }
+    }
+
+    /// Whether `server` serves the listing `src` was planned from: asked
+    /// once per run and mount (`Client::revalidate`), and remembered unless
+    /// it could not be asked. `Some(None)`: it serves another listing, or
+    /// there is no ETag to compare; `None`: it could not be asked now.
+    async fn verdict(&self, src: &Source<'_>, server: &str) -> Option<Option<Offers>> {
+        let Some(etag) = src.etag else {
+            return Some(None);
+        };
+        let key = (server.to_owned(), src.mount, etag.clone());
+        // Held while asking, so that parallel downloads ask once.
+        let mut replicas = self.replicas.lock().await;
+        if let Some(v) = replicas.verdicts.get(&key) {
+            return Some(v.clone());
+        }
+        let verdict = match self
+            .client
+            .revalidate(server, src.mount, src.query, etag)
+            .await
+        {
+            Revalidated::Same(offers) => {
+                tracing::info!(server = %server, mount = %src.mount, "replica serves the same listing");
+                Some(offers)
+            }
+            Revalidated::Other => {
+                tracing::info!(server = %server, mount = %src.mount, "replica serves another listing; not used");
+                None
+            }
+            Revalidated::Unknown => return None,
+        };
+        replicas.verdicts.insert(key, verdict.clone());
+        Some(verdict)
+    }
+
+    /// `server` delivered: the next downloads of `mount` start there.
+    async fn prefer(&self, mount: Mount, server: &str) {
+        let mut replicas = self.replicas.lock().await;
+        if replicas.preferred.get(&mount).map(String::as_str) != Some(server) {
+            replicas.preferred.insert(mount, server.to_owned());
+        }
+    }
+
+    /// `server` failed: if the next downloads of `src`'s mount would start
+    /// there, they start at the server after it instead.
+    async fn avoid(&self, src: &Source<'_>, server: &str) {
+        let ring = ring(&self.list, &src.origin.server);
+        let mut replicas = self.replicas.lock().await;
+        let current = replicas
+            .preferred
+            .get(&src.mount)
+            .map_or(src.origin.server.as_str(), String::as_str);
+        if current == server
+            && let Some(i) = ring.iter().position(|r| *r == server)
+        {
+            let next = ring[(i + 1) % ring.len()].to_owned();
+            replicas.preferred.insert(src.mount, next);
+        }
+    }
+}
+
+/// The replicas in the order downloads try them: the `origin`, then the
+/// servers after it in `servers`, wrapping around.
+fn ring<'a>(servers: &'a [String], origin: &'a str) -> Vec<&'a str> {
+    let servers: Vec<&str> = servers.iter().map(String::as_str).collect();
+    match servers.iter().position(|s| *s == origin) {
+        Some(i) => servers[i..].iter().chain(&servers[..i]).copied().collect(),
+        None => std::iter::once(origin).chain(servers).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn downloads_try_the_origin_then_the_servers_after_it() {
+        let servers: Vec<String> = ["https://a", "https://b", "https://c"]
+            .map(str::to_owned)
+            .to_vec();
+        assert_eq!(
+            ring(&servers, "https://b"),
+            ["https://b", "https://c", "https://a"]
+        );
+        // `--server` lists may not name the origin (never in practice).
+        assert_eq!(
+            ring(&servers, "https://x"),
+            ["https://x", "https://a", "https://b", "https://c"]
+        );
+    }
+}
