@@ -127,11 +127,6 @@ where
     }
 }
 
-/// Installs the global subscriber in text format; see [`init_with`].
-pub fn init(level: &str) {
-    init_with(level, LogFormat::Text);
-}
-
 /// Installs the global subscriber; `level` (`"warn"`, `"info"`, `"debug"`,
 /// `"trace"`) is the level of pluginsync's own lines (see [`directives`])
 /// used when `RUST_LOG` is unset or invalid.

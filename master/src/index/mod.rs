@@ -295,20 +295,6 @@ impl EnvIndex {
         Ok(Arc::new(out.finish()?))
     }
 
-    /// The entries of a `file_metadatas` answer.
-    pub fn search(
-        &self,
-        mount: Mount,
-        params: &SearchParams,
-    ) -> Result<Vec<FileMetadata>, ListingError> {
-        let mut entries = Vec::new();
-        self.for_each_entry(mount, params, |e| {
-            entries.push(e);
-            Ok(())
-        })?;
-        Ok(entries)
-    }
-
     /// Calls `f` with each entry of a `file_metadatas` answer, in order:
     /// the merge of the mount for `params`, or only `"."` (the fallback
     /// directory) when no module provides the mount.
