@@ -31,16 +31,19 @@ pub enum LogFormat {
     Json,
 }
 
-impl FromStr for LogFormat {
-    type Err = String;
+/// A `--log-format` that is neither `text` nor `json`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown log format '{0}' (expected 'text' or 'json')")]
+pub struct UnknownLogFormat(pub String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl FromStr for LogFormat {
+    type Err = UnknownLogFormat;
+
+    fn from_str(s: &str) -> Result<Self, UnknownLogFormat> {
         match s {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
-            other => Err(format!(
-                "unknown log format '{other}' (expected 'text' or 'json')"
-            )),
+            other => Err(UnknownLogFormat(other.to_owned())),
         }
     }
 }
@@ -190,6 +193,12 @@ mod tests {
     fn formats_parse_and_refuse_with_a_message() {
         assert_eq!("json".parse::<LogFormat>(), Ok(LogFormat::Json));
         assert_eq!("text".parse::<LogFormat>(), Ok(LogFormat::Text));
-        assert!("xml".parse::<LogFormat>().unwrap_err().contains("'xml'"));
+        assert!(
+            "xml"
+                .parse::<LogFormat>()
+                .unwrap_err()
+                .to_string()
+                .contains("'xml'")
+        );
     }
 }

@@ -30,10 +30,13 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> anyhow::Result<()> {
         &config.tls,
         std::time::SystemTime::now(),
         config.tls.cert_expiry_warning,
-    )
-    .map_err(anyhow::Error::msg)?;
+    )?;
     let mut warnings = 0usize;
-    for w in config.warnings().into_iter().chain(soon) {
+    for w in config
+        .warnings()
+        .into_iter()
+        .chain(soon.map(|w| w.to_string()))
+    {
         writeln!(out, "warning: {w}")?;
         warnings += 1;
     }

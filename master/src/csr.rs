@@ -52,7 +52,7 @@ pub struct Csr {
 
 /// Makes the key and the CSR of `opts`.
 pub fn generate(opts: &CsrOptions) -> anyhow::Result<Csr> {
-    let name = certname(&opts.certname).map_err(anyhow::Error::msg)?;
+    let name = certname(&opts.certname)?;
     let name = name.as_str();
     let key_path = opts.out.join("private_keys").join(format!("{name}.pem"));
     let csr_path = opts
@@ -104,19 +104,22 @@ pub fn generate(opts: &CsrOptions) -> anyhow::Result<Csr> {
     })
 }
 
+/// A `--certname` that Puppet's CA would not take as a file name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("certname '{0}' is not a Puppet certname (lowercase letters, digits, '-', '.', '_')")]
+pub struct BadCertname(pub String);
+
 /// `name` when it is a Puppet certname (lowercase letters, digits, `-`,
 /// `.`, `_`; not starting with a dot): it becomes a file name and the CA's
 /// key. A bad one is a usage error on the command line.
-pub fn certname(name: &str) -> Result<String, String> {
+pub fn certname(name: &str) -> Result<String, BadCertname> {
     if name.is_empty()
         || name.starts_with('.')
         || !name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b))
     {
-        return Err(format!(
-            "certname '{name}' is not a Puppet certname (lowercase letters, digits, '-', '.', '_')"
-        ));
+        return Err(BadCertname(name.to_owned()));
     }
     Ok(name.to_owned())
 }
