@@ -116,70 +116,38 @@ pub fn generate(opts: &DevCertsOptions) -> anyhow::Result<DevCerts> {
         }
     }
     let dir = &opts.out;
-    let ca_path = dir.join("certs/ca.pem");
-    let ca_key_path = dir.join("ca/ca_key.pem");
     let now = OffsetDateTime::now_utc();
-    let not_before = now - Duration::days(1);
-    let not_after = now + Duration::days(i64::from(opts.days.max(1)));
+    let ca = Ca::load_or_make(dir, now)?;
+    let validity = (
+        now - Duration::days(1),
+        now + Duration::days(i64::from(opts.days.max(1))),
+    );
+    ca.issue(server_name, server_sans(&opts.server_names)?, validity)?;
+    for agent in &opts.agents {
+        let san = SanType::DnsName(
+            agent
+                .as_str()
+                .try_into()
+                .with_context(|| format!("'{agent}' is not a DNS name"))?,
+        );
+        ca.issue(agent, vec![san], validity)?;
+    }
+    let crl = ca.write_crl(&opts.revoke, now, opts.days)?;
+    Ok(DevCerts {
+        ca: ca.cert,
+        crl,
+        server_cert: dir.join(format!("certs/{server_name}.pem")),
+        server_key: dir.join(format!("private_keys/{server_name}.pem")),
+        ssldir: dir.clone(),
+    })
+}
 
-    let issuer = if ca_path.exists() && ca_key_path.exists() {
-        let key_pem = std::fs::read_to_string(&ca_key_path)
-            .with_context(|| format!("cannot read '{}'", ca_key_path.display()))?;
-        let key = KeyPair::from_pem(&key_pem)
-            .with_context(|| format!("'{}' is not a key", ca_key_path.display()))?;
-        let cert_pem = std::fs::read_to_string(&ca_path)
-            .with_context(|| format!("cannot read '{}'", ca_path.display()))?;
-        Issuer::from_ca_cert_pem(&cert_pem, key)
-            .with_context(|| format!("'{}' is not a CA", ca_path.display()))?
-    } else {
-        let key = KeyPair::generate().context("generating the CA key")?;
-        let mut params = ca_params();
-        params.not_before = not_before;
-        params.not_after = now + Duration::days(3650);
-        params.serial_number = Some(serial_for("ca"));
-        let cert = params.self_signed(&key).context("self-signing the CA")?;
-        write(&ca_key_path, &key.serialize_pem(), true)?;
-        write(&ca_path, &cert.pem(), false)?;
-        Issuer::new(params, key)
-    };
-
-    let issue = |name: &str, sans: Vec<SanType>| -> anyhow::Result<()> {
-        let key = KeyPair::generate().with_context(|| format!("generating the key of '{name}'"))?;
-        let mut p = CertificateParams::default();
-        p.distinguished_name.push(DnType::CommonName, name);
-        p.subject_alt_names = sans;
-        p.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        p.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        p.not_before = not_before;
-        p.not_after = not_after;
-        p.serial_number = Some(serial_for(name));
-        p.use_authority_key_identifier_extension = true;
-        p.key_identifier_method = KeyIdMethod::Sha256;
-        let cert = p
-            .signed_by(&key, &issuer)
-            .with_context(|| format!("signing '{name}'"))?;
-        write(&dir.join(format!("certs/{name}.pem")), &cert.pem(), false)?;
-        write(
-            &dir.join(format!("private_keys/{name}.pem")),
-            &key.serialize_pem(),
-            true,
-        )?;
-        Ok(())
-    };
-
+/// The subject alternative names of the server certificate: each of
+/// `names` (an IP address or a DNS name) and `localhost`, once each, then
+/// `127.0.0.1` and `::1`.
+fn server_sans(names: &[String]) -> anyhow::Result<Vec<SanType>> {
     let mut sans: Vec<SanType> = Vec::new();
-    for n in opts
-        .server_names
-        .iter()
-        .map(String::as_str)
-        .chain(["localhost"])
-    {
+    for n in names.iter().map(String::as_str).chain(["localhost"]) {
         let san = match n.parse::<std::net::IpAddr>() {
             Ok(ip) => SanType::IpAddress(ip),
             Err(_) => SanType::DnsName(
@@ -193,53 +161,132 @@ pub fn generate(opts: &DevCertsOptions) -> anyhow::Result<DevCerts> {
     }
     sans.push(SanType::IpAddress("127.0.0.1".parse()?));
     sans.push(SanType::IpAddress("::1".parse()?));
-    issue(server_name, sans)?;
-    for agent in &opts.agents {
-        let san = SanType::DnsName(
-            agent
-                .as_str()
-                .try_into()
-                .with_context(|| format!("'{agent}' is not a DNS name"))?,
-        );
-        issue(agent, vec![san])?;
+    Ok(sans)
+}
+
+/// The development CA of an ssldir and what it signs there.
+struct Ca {
+    /// The ssldir.
+    dir: PathBuf,
+    /// `certs/ca.pem`.
+    cert: PathBuf,
+    /// The CA's certificate and key.
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Ca {
+    /// The CA already in `dir` (`certs/ca.pem` and `ca/ca_key.pem`), or a
+    /// new one, valid for ten years from `now`, written there.
+    fn load_or_make(dir: &Path, now: OffsetDateTime) -> anyhow::Result<Ca> {
+        let cert = dir.join("certs/ca.pem");
+        let key_path = dir.join("ca/ca_key.pem");
+        let issuer = if cert.exists() && key_path.exists() {
+            let key_pem = std::fs::read_to_string(&key_path)
+                .with_context(|| format!("cannot read '{}'", key_path.display()))?;
+            let key = KeyPair::from_pem(&key_pem)
+                .with_context(|| format!("'{}' is not a key", key_path.display()))?;
+            let cert_pem = std::fs::read_to_string(&cert)
+                .with_context(|| format!("cannot read '{}'", cert.display()))?;
+            Issuer::from_ca_cert_pem(&cert_pem, key)
+                .with_context(|| format!("'{}' is not a CA", cert.display()))?
+        } else {
+            let key = KeyPair::generate().context("generating the CA key")?;
+            let mut params = ca_params();
+            params.not_before = now - Duration::days(1);
+            params.not_after = now + Duration::days(3650);
+            params.serial_number = Some(serial_for("ca"));
+            let ca = params.self_signed(&key).context("self-signing the CA")?;
+            write(&key_path, &key.serialize_pem(), true)?;
+            write(&cert, &ca.pem(), false)?;
+            Issuer::new(params, key)
+        };
+        Ok(Ca {
+            dir: dir.to_owned(),
+            cert,
+            issuer,
+        })
     }
 
-    let mut revoked = Vec::new();
-    for name in &opts.revoke {
-        let path = dir.join(format!("certs/{name}.pem"));
-        let pem = std::fs::read(&path)
-            .with_context(|| format!("cannot revoke '{name}': no '{}'", path.display()))?;
-        let (_, pem) = x509_parser::pem::parse_x509_pem(&pem)
-            .map_err(|e| anyhow::anyhow!("'{}': {e}", path.display()))?;
-        let cert = pem
-            .parse_x509()
-            .map_err(|e| anyhow::anyhow!("'{}': {e}", path.display()))?;
-        revoked.push(RevokedCertParams {
-            serial_number: SerialNumber::from_slice(cert.raw_serial()),
-            revocation_time: now - Duration::minutes(1),
-            reason_code: Some(RevocationReason::KeyCompromise),
-            invalidity_date: None,
-        });
+    /// Issues a server-and-client certificate for `name` with `sans`,
+    /// valid from `validity.0` to `validity.1`, and writes it and its key
+    /// as `certs/<name>.pem` and `private_keys/<name>.pem`.
+    fn issue(
+        &self,
+        name: &str,
+        sans: Vec<SanType>,
+        validity: (OffsetDateTime, OffsetDateTime),
+    ) -> anyhow::Result<()> {
+        let key = KeyPair::generate().with_context(|| format!("generating the key of '{name}'"))?;
+        let mut p = CertificateParams::default();
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.subject_alt_names = sans;
+        p.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        (p.not_before, p.not_after) = validity;
+        p.serial_number = Some(serial_for(name));
+        p.use_authority_key_identifier_extension = true;
+        p.key_identifier_method = KeyIdMethod::Sha256;
+        let cert = p
+            .signed_by(&key, &self.issuer)
+            .with_context(|| format!("signing '{name}'"))?;
+        write(
+            &self.dir.join(format!("certs/{name}.pem")),
+            &cert.pem(),
+            false,
+        )?;
+        write(
+            &self.dir.join(format!("private_keys/{name}.pem")),
+            &key.serialize_pem(),
+            true,
+        )
     }
-    let crl = CertificateRevocationListParams {
-        this_update: now - Duration::minutes(5),
-        next_update: now + Duration::days(i64::from(opts.days.max(1))),
-        crl_number: SerialNumber::from(now.unix_timestamp().max(1) as u64),
-        issuing_distribution_point: None,
-        revoked_certs: revoked,
-        key_identifier_method: KeyIdMethod::Sha256,
+
+    /// Writes `crl.pem`: the certificates of the certnames in `revoke`
+    /// (each must have `certs/<name>.pem` here), valid for `days` from
+    /// `now`. Returns its path.
+    fn write_crl(
+        &self,
+        revoke: &[String],
+        now: OffsetDateTime,
+        days: u32,
+    ) -> anyhow::Result<PathBuf> {
+        let mut revoked = Vec::new();
+        for name in revoke {
+            let path = self.dir.join(format!("certs/{name}.pem"));
+            let pem = std::fs::read(&path)
+                .with_context(|| format!("cannot revoke '{name}': no '{}'", path.display()))?;
+            let (_, pem) = x509_parser::pem::parse_x509_pem(&pem)
+                .map_err(|e| anyhow::anyhow!("'{}': {e}", path.display()))?;
+            let cert = pem
+                .parse_x509()
+                .map_err(|e| anyhow::anyhow!("'{}': {e}", path.display()))?;
+            revoked.push(RevokedCertParams {
+                serial_number: SerialNumber::from_slice(cert.raw_serial()),
+                revocation_time: now - Duration::minutes(1),
+                reason_code: Some(RevocationReason::KeyCompromise),
+                invalidity_date: None,
+            });
+        }
+        let crl = CertificateRevocationListParams {
+            this_update: now - Duration::minutes(5),
+            next_update: now + Duration::days(i64::from(days.max(1))),
+            crl_number: SerialNumber::from(now.unix_timestamp().max(1) as u64),
+            issuing_distribution_point: None,
+            revoked_certs: revoked,
+            key_identifier_method: KeyIdMethod::Sha256,
+        }
+        .signed_by(&self.issuer)
+        .context("signing the CRL")?;
+        let crl_path = self.dir.join("crl.pem");
+        write(&crl_path, &crl.pem().context("encoding the CRL")?, false)?;
+        Ok(crl_path)
     }
-    .signed_by(&issuer)
-    .context("signing the CRL")?;
-    let crl_path = dir.join("crl.pem");
-    write(&crl_path, &crl.pem().context("encoding the CRL")?, false)?;
-    Ok(DevCerts {
-        ca: ca_path,
-        crl: crl_path,
-        server_cert: dir.join(format!("certs/{server_name}.pem")),
-        server_key: dir.join(format!("private_keys/{server_name}.pem")),
-        ssldir: dir.clone(),
-    })
 }
 
 #[cfg(test)]

@@ -107,109 +107,46 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     pluginsync_common::tls::install_default_provider();
     let tls = RustlsConfig::from_config(Arc::new(crate::tls::server_config(&config.tls)?));
-    let (max_connections, nofile) = conns::effective_max_connections(config.http.max_connections);
-    if max_connections < config.http.max_connections {
-        tracing::warn!(
-            max_connections,
-            configured = config.http.max_connections,
-            nofile = nofile.unwrap_or_default(),
-            "http.max_connections lowered to fit the descriptor limit (LimitNOFILE)"
-        );
-    }
-    let connections = Connections::new(Limits {
-        max_connections,
-        idle_timeout: config.http.idle_timeout,
-        write_timeout: config.http.write_timeout,
-    });
-    let reaper = tokio::spawn(Connections::reap(Arc::downgrade(&connections)));
-    let expiry_watch = tokio::spawn(watch_certificate(config.clone()));
+    let connections = registry(&config.http);
+    let mut background = vec![
+        tokio::spawn(Connections::reap(Arc::downgrade(&connections))),
+        tokio::spawn(watch_certificate(config.clone())),
+    ];
     let authorizer = Authorizer::new(&config.authorization)?;
     let store = Store::new(config.clone());
     // Nothing is indexed before listening (README, "Many environments"):
     // the warmer indexes in the background, requests index on demand.
-    let warmer = tokio::spawn(store.clone().warm());
-    let dropper = tokio::spawn(Store::idle_dropper(
+    background.push(tokio::spawn(store.clone().warm()));
+    background.push(tokio::spawn(Store::idle_dropper(
         Arc::downgrade(&store),
         config.index.idle_drop,
-    ));
+    )));
     let _watcher = crate::watch::spawn(store.clone())?;
     let state = AppState {
         store: store.clone(),
         gate: Gate::new(authorizer, config.tls.client_auth.into()),
     };
-    let metrics_server = match config.metrics.listen {
-        Some(addr) => Some(spawn_metrics(addr, &store, &connections, &state.gate).await?),
-        None => None,
-    };
+    if let Some(addr) = config.metrics.listen {
+        background.push(spawn_metrics(addr, &store, &connections, &state.gate).await?);
+    }
     let proxy = if config.proxy.listen.is_empty() {
         None
     } else {
         let verifier = crate::tls::client_verifier_for(&config.tls, false)?;
         Some(Arc::new(Trust::new(&config.proxy, verifier)?))
     };
-    let proxy_app = proxy.as_ref().map(|trust| {
-        crate::routes::proxy_router(state.clone(), config.http.request_timeout, trust.clone())
-    });
-    let app = crate::routes::router(state, config.http.request_timeout);
     let handle: Handle<SocketAddr> = Handle::new();
-    let mut servers = Vec::new();
-    for listener in listeners {
-        let addr = listener.local_addr().context("listener address")?;
-        // Admit (TCP_NODELAY, the connection limit, the socket wrapped
-        // so the registry can close it), then TLS, then Identify (the
-        // client's certificate recorded, its requests counted).
-        let acceptor = conns::Identify::new(
-            RustlsAcceptor::new(tls.clone())
-                .handshake_timeout(config.http.handshake_timeout)
-                .acceptor(conns::Admit::new(connections.clone())),
-            store.clone(),
-        );
-        let mut server = axum_server::from_tcp(listener)
-            .with_context(|| format!("cannot listen on {addr}"))?
-            .acceptor(acceptor)
-            .handle(handle.clone());
-        limit_http(server.http_builder(), &config.http);
-        let service = app
-            .clone()
-            .into_make_service_with_connect_info::<SocketAddr>();
-        servers.push(tokio::spawn(async move {
-            server
-                .serve(service)
-                .await
-                .with_context(|| format!("serving on {addr}"))
-        }));
-        tracing::info!("listening on {addr}");
-    }
-    // The `[proxy]` listeners (docs/protocol.md §5.5): plain HTTP, the same
-    // routes, state and connection registry (so `max_connections` and the
-    // idle and write timeouts count them too), the identity from a trusted
-    // proxy's headers.
-    for addr in config.proxy.listen.iter().filter(|_| proxy_app.is_some()) {
-        let listener = TcpListener::bind(addr)
-            .with_context(|| format!("cannot listen on {addr} for [proxy]"))?;
-        listener
-            .set_nonblocking(true)
-            .with_context(|| format!("proxy listener {addr}"))?;
-        let bound = listener.local_addr().context("proxy listener address")?;
-        let mut server = axum_server::from_tcp(listener)
-            .with_context(|| format!("cannot listen on {addr} for [proxy]"))?
-            .acceptor(conns::AdmitPlain::new(connections.clone()))
-            .handle(handle.clone());
-        limit_http(server.http_builder(), &config.http);
-        let service = proxy_app
-            .clone()
-            .expect("filtered on proxy_app")
-            .into_make_service_with_connect_info::<SocketAddr>();
-        servers.push(tokio::spawn(async move {
-            server
-                .serve(service)
-                .await
-                .with_context(|| format!("serving [proxy] on {bound}"))
-        }));
-        tracing::info!("proxy listening on {bound}");
+    let listening = Listening {
+        http: &config.http,
+        connections: &connections,
+        handle: &handle,
+    };
+    let mut servers = listening.tls(listeners, &tls, &store, state.clone())?;
+    if let Some(trust) = &proxy {
+        servers.extend(listening.proxy(&config.proxy.listen, state, trust)?);
     }
     tracing::info!(
-        max_connections,
+        max_connections = connections.limits().max_connections,
         idle_timeout_ms = config.http.idle_timeout.as_millis() as u64,
         write_timeout_ms = config.http.write_timeout.as_millis() as u64,
         "connection limits"
@@ -217,37 +154,148 @@ pub async fn serve(
     ready(Running {
         store: store.clone(),
         tls: Reload {
-            config: tls.clone(),
-            connections: connections.clone(),
+            config: tls,
+            connections,
             store: store.clone(),
-            proxy: proxy.clone(),
+            proxy,
         },
     });
-    let grace = config.http.shutdown_grace;
-    let drain_store = store.clone();
-    let drain_handle = handle.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        tracing::info!(
-            grace_ms = grace.as_millis() as u64,
-            "shutting down: draining"
-        );
-        drain_store.draining.store(true, Ordering::Relaxed);
-        tokio::time::sleep(grace).await;
-        drain_handle.graceful_shutdown(Some(grace));
-    });
+    tokio::spawn(drain(shutdown, config.http.shutdown_grace, store, handle));
     for s in servers {
         s.await.context("server task")??;
     }
-    reaper.abort();
-    expiry_watch.abort();
-    warmer.abort();
-    dropper.abort();
-    if let Some(m) = metrics_server {
-        m.abort();
-    }
+    background.iter().for_each(tokio::task::JoinHandle::abort);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The connection registry of `[http]`: `max_connections` capped to the
+/// descriptor limit (a warning when that lowers it), the timeouts as set.
+fn registry(http: &crate::config::HttpConfig) -> Arc<Connections> {
+    let (max_connections, nofile) = conns::effective_max_connections(http.max_connections);
+    if max_connections < http.max_connections {
+        tracing::warn!(
+            max_connections,
+            configured = http.max_connections,
+            nofile = nofile.unwrap_or_default(),
+            "http.max_connections lowered to fit the descriptor limit (LimitNOFILE)"
+        );
+    }
+    Connections::new(Limits {
+        max_connections,
+        idle_timeout: http.idle_timeout,
+        write_timeout: http.write_timeout,
+    })
+}
+
+/// One listener's server task; its error names the listener.
+type ServerTask = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// What every listener shares: the `[http]` limits, the connection
+/// registry and the handle that shuts them all down.
+struct Listening<'a> {
+    http: &'a crate::config::HttpConfig,
+    connections: &'a Arc<Connections>,
+    handle: &'a Handle<SocketAddr>,
+}
+
+impl Listening<'_> {
+    /// Serves the mTLS router on each of `listeners`.
+    fn tls(
+        &self,
+        listeners: Vec<TcpListener>,
+        tls: &RustlsConfig,
+        store: &Arc<Store>,
+        state: AppState,
+    ) -> anyhow::Result<Vec<ServerTask>> {
+        let app = crate::routes::router(state, self.http.request_timeout);
+        let mut servers = Vec::new();
+        for listener in listeners {
+            let addr = listener.local_addr().context("listener address")?;
+            // Admit (TCP_NODELAY, the connection limit, the socket wrapped
+            // so the registry can close it), then TLS, then Identify (the
+            // client's certificate recorded, its requests counted).
+            let acceptor = conns::Identify::new(
+                RustlsAcceptor::new(tls.clone())
+                    .handshake_timeout(self.http.handshake_timeout)
+                    .acceptor(conns::Admit::new(self.connections.clone())),
+                store.clone(),
+            );
+            let mut server = axum_server::from_tcp(listener)
+                .with_context(|| format!("cannot listen on {addr}"))?
+                .acceptor(acceptor)
+                .handle(self.handle.clone());
+            limit_http(server.http_builder(), self.http);
+            let service = app
+                .clone()
+                .into_make_service_with_connect_info::<SocketAddr>();
+            servers.push(tokio::spawn(async move {
+                server
+                    .serve(service)
+                    .await
+                    .with_context(|| format!("serving on {addr}"))
+            }));
+            tracing::info!("listening on {addr}");
+        }
+        Ok(servers)
+    }
+
+    /// The `[proxy]` listeners (docs/protocol.md §5.5): plain HTTP, the
+    /// same routes, state and connection registry (so `max_connections`
+    /// and the idle and write timeouts count them too), the identity from
+    /// a trusted proxy's headers.
+    fn proxy(
+        &self,
+        addrs: &[SocketAddr],
+        state: AppState,
+        trust: &Arc<Trust>,
+    ) -> anyhow::Result<Vec<ServerTask>> {
+        let app = crate::routes::proxy_router(state, self.http.request_timeout, trust.clone());
+        let mut servers = Vec::new();
+        for addr in addrs {
+            let listener = TcpListener::bind(addr)
+                .with_context(|| format!("cannot listen on {addr} for [proxy]"))?;
+            listener
+                .set_nonblocking(true)
+                .with_context(|| format!("proxy listener {addr}"))?;
+            let bound = listener.local_addr().context("proxy listener address")?;
+            let mut server = axum_server::from_tcp(listener)
+                .with_context(|| format!("cannot listen on {addr} for [proxy]"))?
+                .acceptor(conns::AdmitPlain::new(self.connections.clone()))
+                .handle(self.handle.clone());
+            limit_http(server.http_builder(), self.http);
+            let service = app
+                .clone()
+                .into_make_service_with_connect_info::<SocketAddr>();
+            servers.push(tokio::spawn(async move {
+                server
+                    .serve(service)
+                    .await
+                    .with_context(|| format!("serving [proxy] on {bound}"))
+            }));
+            tracing::info!("proxy listening on {bound}");
+        }
+        Ok(servers)
+    }
+}
+
+/// Once `shutdown` resolves: the health check answers 503 for `grace`
+/// (load balancers drain this replica), then the listeners stop accepting
+/// and open requests get `grace` to finish.
+async fn drain(
+    shutdown: impl Future<Output = ()>,
+    grace: std::time::Duration,
+    store: Arc<Store>,
+    handle: Handle<SocketAddr>,
+) {
+    shutdown.await;
+    tracing::info!(
+        grace_ms = grace.as_millis() as u64,
+        "shutting down: draining"
+    );
+    store.draining.store(true, Ordering::Relaxed);
+    tokio::time::sleep(grace).await;
+    handle.graceful_shutdown(Some(grace));
 }
 
 /// The HTTP limits every listener applies: the header timeout, keep-alive,
