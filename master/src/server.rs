@@ -9,7 +9,8 @@
 //! load balancers drain this replica, then stop accepting and give open
 //! requests `shutdown_grace` to finish.
 //!
-//! Every connection goes through [`conns`]: `max_connections`,
+//! Every connection goes through [`conns`] (admitted by [`accept`], its
+//! requests counted by [`inflight`]): `max_connections`,
 //! `idle_timeout` and `write_timeout` bound how many sockets and how much
 //! memory clients can hold, and after a SIGHUP the open connections whose
 //! client certificate the new CA/CRL refuses are closed (a revoked node
@@ -20,7 +21,9 @@
 //! identity from the trusted proxy's headers; SIGHUP reloads the verifier
 //! of their certificate headers with the rest of the TLS files.
 
+mod accept;
 mod conns;
+mod inflight;
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
@@ -215,10 +218,10 @@ impl Listening<'_> {
             // Admit (TCP_NODELAY, the connection limit, the socket wrapped
             // so the registry can close it), then TLS, then Identify (the
             // client's certificate recorded, its requests counted).
-            let acceptor = conns::Identify::new(
+            let acceptor = accept::Identify::new(
                 RustlsAcceptor::new(tls.clone())
                     .handshake_timeout(self.http.handshake_timeout)
-                    .acceptor(conns::Admit::new(self.connections.clone())),
+                    .acceptor(accept::Admit::new(self.connections.clone())),
                 store.clone(),
             );
             let mut server = axum_server::from_tcp(listener)
@@ -261,7 +264,7 @@ impl Listening<'_> {
             let bound = listener.local_addr().context("proxy listener address")?;
             let mut server = axum_server::from_tcp(listener)
                 .with_context(|| format!("cannot listen on {addr} for [proxy]"))?
-                .acceptor(conns::AdmitPlain::new(self.connections.clone()))
+                .acceptor(accept::AdmitPlain::new(self.connections.clone()))
                 .handle(self.handle.clone());
             limit_http(server.http_builder(), self.http);
             let service = app
