@@ -11,7 +11,7 @@
 //! - [`replace_atomic`] does not wait for the disk, for what every run
 //!   rewrites and only reports or hints: the report, the metrics textfile,
 //!   the cache. A run that changes nothing writes only these, so it makes
-//!   no sync call at all (issue 14, "A busy node").
+//!   no sync call at all (BENCHMARKS.md, "Busy node").
 //!
 //! A file replaced without `fsync` can be **lost but never torn**. The
 //! old and the new version are two inodes: the new one is written whole

@@ -8,7 +8,7 @@
 //! (`environment.conf` or the default), the effective modulepath and the
 //! modules found in each entry (shadowed ones marked, missing entries
 //! said), every warning about `environment.conf`, every module root not
-//! served because it is outside the code tree (issue 15), its modules, the
+//! served because it is outside the code tree (README, "The master"), its modules, the
 //! files per mount and every path that two modules both provide (with the
 //! winner), so an operator sees a shadowed fact before an agent does. Walks
 //! the trees but does not hash them, so it is quick on large environments.

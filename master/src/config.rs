@@ -51,11 +51,9 @@ pub struct MasterConfig {
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
-    // --- issue 15 B: the admin API ---
     /// Puppet Server's admin API (`DELETE /puppet-admin-api/v1/environment-cache`).
     #[serde(default)]
     pub admin: AdminConfig,
-    // --- end issue 15 B ---
     /// The plain-HTTP listener behind a TLS-terminating proxy, with the
     /// client's identity in headers (docs/protocol.md §5.5).
     #[serde(default)]
@@ -150,7 +148,6 @@ impl ProxyConfig {
     }
 }
 
-// --- issue 15 B: `[admin]`, `index.publish` ---
 /// `[admin]`: who may call the admin API (docs/protocol.md §1.10).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -174,7 +171,6 @@ pub enum Publish {
     /// the watcher never does (the periodic rescan neither).
     Explicit,
 }
-// --- end issue 15 B ---
 
 /// `[log]`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -323,14 +319,11 @@ pub struct IndexConfig {
     /// Memory those listings may take per environment, in MiB (bodies plus
     /// their gzipped copies); the oldest are dropped first.
     pub cache_mib: usize,
-    // ---- index.allow_external_roots (issue 15, item 5) ----
     /// Absolute path globs: a module directory, `lib/` or `facts.d/` whose
     /// real path (or one of its ancestors) matches one is served even though
     /// it is outside the code tree (the environment directory and the
     /// `basemodulepath` entries, real paths). Empty: none is.
     pub allow_external_roots: Vec<String>,
-    // ---- end index.allow_external_roots ----
-    // --- issue 15 B: deploys ---
     /// During a deploy (a directory of the environment removed, git at
     /// work, or changes that never pause), the last complete index is kept
     /// until the environment has been quiet this long (README, "Deploys").
@@ -341,8 +334,6 @@ pub struct IndexConfig {
     pub settle_max: Duration,
     /// `"watch"` or `"explicit"`.
     pub publish: Publish,
-    // --- end issue 15 B ---
-    // --- issue 14, item 5: many environments ---
     /// Environments indexed in the background after startup, one at a
     /// time, in this order; `"*"` stands for every other one (by name).
     /// The health check answers `starting` until the named ones are
@@ -354,7 +345,6 @@ pub struct IndexConfig {
     /// `publish = "explicit"`.
     #[serde(with = "humantime_serde")]
     pub idle_drop: Duration,
-    // --- end issue 14, item 5 ---
 }
 
 impl Default for IndexConfig {
@@ -366,18 +356,15 @@ impl Default for IndexConfig {
             cached_responses: 64,
             cache_mib: 64,
             allow_external_roots: Vec::new(),
-            // --- issue 15 B ---
             settle: DEFAULT_SETTLE,
             settle_max: DEFAULT_SETTLE_MAX,
             publish: Publish::Watch,
-            // --- end issue 15 B ---
             warm: vec!["production".into(), "*".into()],
             idle_drop: DEFAULT_IDLE_DROP,
         }
     }
 }
 
-// ---- index.allow_external_roots (issue 15, item 5) ----
 impl IndexConfig {
     /// `allow_external_roots`, compiled: `*` and `?` stay within one path
     /// component; every pattern must be absolute.
@@ -399,11 +386,11 @@ impl IndexConfig {
             .map_err(|e| ConfigError::Invalid(format!("index.allow_external_roots: {e}")))
     }
 }
-// ---- end index.allow_external_roots ----
-// --- issue 15 B ---
+
 /// Default of `index.settle`: longer than the pauses of a real r10k
 /// redeploy, where git or the Forge is fetching the next module and the
-/// tree is briefly silent (about 1–2 s per module measured in issue 15), and
+/// tree is briefly silent (about 1–2 s per module, measured on r10k redeploys;
+/// README, "Deploys: r10k, Code Manager, symlinked environments"), and
 /// short enough that a deploy is served seconds after it ends. r10k's
 /// `.r10k-deploy.json`, written when an environment's deploy is done, ends
 /// the wait at once.
@@ -414,7 +401,6 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_secs(5);
 pub const DEFAULT_IDLE_DROP: Duration = Duration::from_secs(3600);
 /// Default of `index.settle_max`.
 pub const DEFAULT_SETTLE_MAX: Duration = Duration::from_secs(60);
-// --- end issue 15 B ---
 
 fn default_listen() -> Vec<String> {
     vec!["0.0.0.0:8140".to_owned()]
@@ -477,7 +463,7 @@ impl MasterConfig {
             }
         }
         auth::Authorizer::new(&self.authorization)?;
-        self.index.external_roots()?; // index.allow_external_roots (issue 15)
+        self.index.external_roots()?; // README, "The master"
         for w in self.index.warm.iter().filter(|w| *w != "*") {
             if w.parse::<pluginsync_common::envname::EnvName>().is_err() {
                 return Err(ConfigError::Invalid(format!(
@@ -485,7 +471,6 @@ impl MasterConfig {
                 )));
             }
         }
-        // --- issue 15 B ---
         if self.index.settle.is_zero() || self.index.settle_max < self.index.settle {
             return Err(ConfigError::Invalid(
                 "index.settle must be longer than 0s and index.settle_max at least index.settle"
@@ -502,7 +487,6 @@ impl MasterConfig {
                 "admin.certnames: '{bad}' is not a certname"
             )));
         }
-        // --- end issue 15 B ---
         self.proxy.validate()?;
         Ok(())
     }

@@ -12,7 +12,7 @@
 //! of one directory by readdir order, which differs between hosts; we sort
 //! by name so every replica resolves collisions the same way ("first wins").
 //!
-//! **The code tree** (issue 15, item 5): a module directory, `lib/` or
+//! **The code tree** (README, "The master"): a module directory, `lib/` or
 //! `facts.d/` is served only if its real path is under the environment
 //! directory's real path or a `basemodulepath` entry's real path (so a
 //! Code Manager / r10k layout with `production -> releases/N` works), or

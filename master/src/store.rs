@@ -3,7 +3,7 @@
 //! Handlers call [`Store::get`], which returns the current `Arc<EnvIndex>`
 //! of an environment without blocking on I/O in the common case.
 //!
-//! **Lazily** (issue 14, item 5; README, "Many environments"): startup
+//! **Lazily** (README, "Many environments"): startup
 //! builds nothing before listening. An environment is indexed the first
 //! time it is asked for (that request waits for that environment only,
 //! and concurrent first requests share one build: one lock per

@@ -9,7 +9,7 @@
 //! releases/3` stays on `releases/3` after the link is flipped; the
 //! environments' real paths are therefore resolved again after every burst
 //! of events, and a changed one is unwatched and its new target watched
-//! (issue 15, item 2). Events carry real paths, mapped back to environment
+//! (README, "Deploys: r10k, Code Manager, symlinked environments"). Events carry real paths, mapped back to environment
 //! names through that table.
 //!
 //! **Events.** Mapped to the environments they touch (a path in an
@@ -24,7 +24,7 @@
 //! indexed yet, or dropped for being idle, is read as it is on its next
 //! request, so a rescan never indexes every environment.
 //!
-//! **Deploys** (issue 15, item 3). r10k and Code Manager redeploy modules in
+//! **Deploys** (README, "Deploys: r10k, Code Manager, symlinked environments"). r10k and Code Manager redeploy modules in
 //! place, deleting and re-creating their directories over tens of seconds;
 //! an index built in between lacks whole modules, and agents purge them for
 //! a run. An environment is taken to be deploying when, in a burst, one of
@@ -171,8 +171,9 @@ pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
             counted.stats.watch_events.fetch_add(1, Ordering::Relaxed);
             // The master's own reads (every file of every environment it
             // indexes) are access events: dropped here, not queued for
-            // `classify` to drop (issue 14: hundreds of thousands of them
-            // queued while environments were indexed).
+            // `classify` to drop (hundreds of thousands of them were once
+            // queued while environments were indexed; README, "Many
+            // environments").
             if matches!(&ev, Ok(e) if matches!(e.kind, EventKind::Access(_))) {
                 return;
             }
@@ -199,7 +200,7 @@ pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
     let task = tokio::spawn(async move {
         // Watching every environment recursively adds a watch per
         // directory: 20 s for 100 environments of 1,300 directories each
-        // (issue 14). Done off the startup path; then every environment
+        // (README, "Many environments"). Done off the startup path; then every environment
         // indexed meanwhile is refreshed (stat only), so a change made
         // before its watch existed is not missed.
         let watcher = match watcher {

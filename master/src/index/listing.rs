@@ -27,7 +27,7 @@ use super::entry::{ListingError, SearchParams};
 /// Built by streaming the entries through a hasher (the ETag) and a gzip
 /// encoder. Listings of 64 KiB or more are kept only gzipped (a 3,000-file
 /// listing is 1.1 MB of JSON and 160 KB gzipped, times two `source_permissions`
-/// and a hundred environments (issue 14); both
+/// and a hundred environments (README, "Many environments"); both
 /// pluginsync's and Puppet's agents ask for gzip), and inflated for the rare
 /// client that does not take it. Small ones are kept both ways.
 #[derive(Debug)]

@@ -12,7 +12,7 @@
 //! lookup, so `file_content` always serves the module that won the listing.
 //!
 //! A root whose real path is outside the code tree (ARCHITECTURE.md,
-//! "environments"; issue 15) is not walked at all, so nothing outside is
+//! "environments"; README, "The master") is not walked at all, so nothing outside is
 //! ever read, listed or served; it is warned about and kept in
 //! [`MountIndex::outside`] for `check`.
 
