@@ -23,6 +23,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::metadata::FileType;
 use pluginsync_common::relpath::RelPath;
 
@@ -73,7 +74,7 @@ pub struct Node {
     pub sig: Option<FileSig>,
     /// SHA-256 of the content of `real`, for files and links to files that
     /// stay inside the root; filled by [`hash_nodes`].
-    pub sha256: Option<[u8; 32]>,
+    pub sha256: Option<Sha256>,
 }
 
 impl Node {
@@ -390,13 +391,13 @@ fn on_chain(nodes: &[Node], mut idx: u32, target: &Path, canon_root: &Path) -> b
 
 /// The digests of a previous build, for reuse: real path → (signature,
 /// sha256). A file whose signature is unchanged is not read again.
-pub type Digests = HashMap<PathBuf, (FileSig, [u8; 32])>;
+pub type Digests = HashMap<PathBuf, (FileSig, Sha256)>;
 
 /// The digests of an index dropped for being idle (README, "Many
 /// environments"): signature → sha256, with no path (72 bytes a file, not
 /// a path each). A signature holds the device and inode, so a hit is the
 /// very file that was hashed, unchanged, wherever it is walked from now.
-pub type KeptDigests = HashMap<FileSig, [u8; 32]>;
+pub type KeptDigests = HashMap<FileSig, Sha256>;
 
 /// The digests of `nodes`, to keep when their index is dropped.
 pub fn kept_digests<'a>(nodes: impl Iterator<Item = &'a Node>) -> KeptDigests {
@@ -537,10 +538,10 @@ pub fn open_indexed(path: &Path, sig: FileSig) -> std::io::Result<(std::fs::File
 
 /// SHA-256 of a regular file opened with [`open_regular`], streamed, and
 /// the signature of the descriptor that was read.
-pub fn hash_file(path: &Path) -> std::io::Result<([u8; 32], FileSig)> {
+pub fn hash_file(path: &Path) -> std::io::Result<(Sha256, FileSig)> {
     let (file, md) = open_regular(path)?;
     Ok((
-        pluginsync_common::checksum::sha256_reader(file)?.0,
+        pluginsync_common::checksum::sha256_reader(file)?,
         sig_of(&md),
     ))
 }
@@ -659,10 +660,7 @@ mod tests {
         with_kept(&mut again, &canon);
         assert_eq!(counter.load(Ordering::Relaxed), 4, "only b.rb was read");
         let b = again.iter().find(|n| n.rel.as_str() == "b.rb").unwrap();
-        assert_eq!(
-            b.sha256,
-            Some(pluginsync_common::checksum::sha256_bytes(b"bb"))
-        );
+        assert_eq!(b.sha256, Some(Sha256::of(b"bb")));
     }
 
     /// Walks a root with `a.rb`, then lets `swap` replace it before hashing
@@ -731,12 +729,7 @@ mod tests {
             std::fs::write(&tmp, "replaced, longer\n").unwrap();
             std::fs::rename(&tmp, p).unwrap();
         });
-        assert_eq!(
-            node.sha256,
-            Some(pluginsync_common::checksum::sha256_bytes(
-                b"replaced, longer\n"
-            ))
-        );
+        assert_eq!(node.sha256, Some(Sha256::of(b"replaced, longer\n")));
         assert_eq!(
             node.sig.map(|s| s.size),
             Some(17),

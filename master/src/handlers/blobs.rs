@@ -89,7 +89,7 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
     request::check_accept(&req.headers, &["application/octet-stream"])?;
     for index in state.store.all() {
         if client.may_read(index.name.as_str())
-            && let Some((root, node)) = index.blob(&digest.0)
+            && let Some((root, node)) = index.blob(&digest)
         {
             return send_file(
                 &req,
@@ -125,7 +125,7 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
         .into_iter()
         .map(|digest| {
             let found = envs.iter().find_map(|idx| {
-                let (root, node) = idx.blob(&digest.0)?;
+                let (root, node) = idx.blob(&digest)?;
                 Some((node.real_path(&root.canon).into_owned(), node.sig?))
             });
             (digest, found)

@@ -20,6 +20,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::metadata::FileType;
 use pluginsync_common::protocol;
 
@@ -443,7 +444,7 @@ pub(super) async fn send_file(
     cache: CacheControl,
     sent: &AtomicU64,
 ) -> Result<Response, ApiError> {
-    let (Some(sig), Some(digest)) = (node.sig, node.sha256) else {
+    let (Some(sig), Some(Sha256(digest))) = (node.sig, node.sha256) else {
         return Err(ApiError::internal());
     };
     let etag = format!("\"{}\"", pluginsync_common::digest::hex(&digest));
