@@ -368,7 +368,7 @@ environments = ["*"]
             config.tls.client_auth.into(),
         );
         let store = Store::new(Arc::new(config));
-        store.rebuild(None).await;
+        store.rebuild(crate::store::Scope::Every).await;
         let app = router(AppState { store, gate }, Duration::from_secs(10));
         Master { app, _tree: tree }
     }

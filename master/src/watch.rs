@@ -56,7 +56,7 @@ use tokio::time::Instant;
 
 use crate::config::Publish;
 use crate::environments;
-use crate::store::Store;
+use crate::store::{Scope, Store};
 
 /// r10k writes this file into an environment when its deploy is done.
 const R10K_DEPLOY_INFO: &str = ".r10k-deploy.json";
@@ -214,7 +214,7 @@ pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
                 {
                     Ok((w, r)) => {
                         roots = r;
-                        store.refresh(None).await;
+                        store.refresh(Scope::Every).await;
                         Some(w)
                     }
                     Err(e) => {
@@ -305,10 +305,10 @@ async fn run(
         }
         // Only indexed environments are rebuilt (Store::refresh): one not
         // indexed is read as it is on its next request.
-        let targets: Option<Vec<EnvName>> = if pending.all && deploys.is_empty() {
-            None
+        let targets = if pending.all && deploys.is_empty() {
+            Scope::Every
         } else if pending.all {
-            Some(
+            Scope::Only(
                 store
                     .indexed()
                     .into_iter()
@@ -323,12 +323,10 @@ async fn run(
                     .filter(|n| !deploys.contains_key(*n))
                     .cloned(),
             );
-            Some(ready.into_iter().collect())
+            Scope::Only(ready.into_iter().collect())
         };
-        match targets {
-            None => store.refresh(None).await,
-            Some(names) if !names.is_empty() => store.refresh(Some(names)).await,
-            Some(_) => {}
+        if targets != Scope::Only(Vec::new()) {
+            store.refresh(targets).await;
         }
     }
 }
