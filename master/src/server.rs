@@ -224,20 +224,13 @@ impl Listening<'_> {
                     .acceptor(accept::Admit::new(self.connections.clone())),
                 store.clone(),
             );
-            let mut server = axum_server::from_tcp(listener)
-                .with_context(|| format!("cannot listen on {addr}"))?
-                .acceptor(acceptor)
-                .handle(self.handle.clone());
-            limit_http(server.http_builder(), self.http);
+            let server = self
+                .server(listener, || format!("cannot listen on {addr}"))?
+                .acceptor(acceptor);
             let service = app
                 .clone()
                 .into_make_service_with_connect_info::<SocketAddr>();
-            servers.push(tokio::spawn(async move {
-                server
-                    .serve(service)
-                    .await
-                    .with_context(|| format!("serving on {addr}"))
-            }));
+            servers.push(spawn(server.serve(service), format!("serving on {addr}")));
             tracing::info!("listening on {addr}");
         }
         Ok(servers)
@@ -262,24 +255,42 @@ impl Listening<'_> {
                 .set_nonblocking(true)
                 .with_context(|| format!("proxy listener {addr}"))?;
             let bound = listener.local_addr().context("proxy listener address")?;
-            let mut server = axum_server::from_tcp(listener)
-                .with_context(|| format!("cannot listen on {addr} for [proxy]"))?
-                .acceptor(accept::AdmitPlain::new(self.connections.clone()))
-                .handle(self.handle.clone());
-            limit_http(server.http_builder(), self.http);
+            let server = self
+                .server(listener, || format!("cannot listen on {addr} for [proxy]"))?
+                .acceptor(accept::AdmitPlain::new(self.connections.clone()));
             let service = app
                 .clone()
                 .into_make_service_with_connect_info::<SocketAddr>();
-            servers.push(tokio::spawn(async move {
-                server
-                    .serve(service)
-                    .await
-                    .with_context(|| format!("serving [proxy] on {bound}"))
-            }));
+            servers.push(spawn(
+                server.serve(service),
+                format!("serving [proxy] on {bound}"),
+            ));
             tracing::info!("proxy listening on {bound}");
         }
         Ok(servers)
     }
+
+    /// An axum server on `listener` with the `[http]` limits and the
+    /// shared handle; `cannot` says which listener failed.
+    fn server(
+        &self,
+        listener: TcpListener,
+        cannot: impl FnOnce() -> String,
+    ) -> anyhow::Result<axum_server::Server<SocketAddr>> {
+        let mut server = axum_server::from_tcp(listener)
+            .with_context(cannot)?
+            .handle(self.handle.clone());
+        limit_http(server.http_builder(), self.http);
+        Ok(server)
+    }
+}
+
+/// Runs a listener's `serving` future as a task; its error says `what`.
+fn spawn(
+    serving: impl Future<Output = std::io::Result<()>> + Send + 'static,
+    what: String,
+) -> ServerTask {
+    tokio::spawn(async move { serving.await.context(what) })
 }
 
 /// Once `shutdown` resolves: the health check answers 503 for `grace`
