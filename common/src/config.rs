@@ -74,10 +74,12 @@ pub fn parse<T: ConfigFile>(text: &str, path: &Path) -> Result<T, ConfigError> {
 }
 
 /// TOML that does not parse into the config type. Shown as toml's message
-/// (it names the key, the line and the column) flattened to one line.
+/// (it names the key, the line and the column) flattened to one line; the
+/// toml error is deliberately not its `source`, so an error chain printed
+/// cause by cause never adds toml's multi-line text after it.
 #[derive(Debug, thiserror::Error)]
 #[error("{}", flatten(&.0.to_string()))]
-pub struct TomlError(#[source] toml::de::Error);
+pub struct TomlError(toml::de::Error);
 
 /// toml's multi-line message (the line quoted, a caret under the column)
 /// as one line: its non-blank lines joined by spaces.
