@@ -144,10 +144,27 @@ impl Drop for WatchGuard {
     }
 }
 
+/// Why watching could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// No inotify instance.
+    #[error(transparent)]
+    Start(#[from] notify::Error),
+    /// A directory could not be watched. The notify error is part of the
+    /// message, not a cause printed again after it.
+    #[error("cannot watch '{}': {error} (raise fs.inotify.max_user_watches for very large trees, or set index.watch = false)", dir.display())]
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// What notify said.
+        error: notify::Error,
+    },
+}
+
 /// Starts watching (when `index.watch` is on) and the periodic rescan (when
 /// `index.rescan_interval` is non-zero); nothing with `index.publish =
 /// "explicit"`. The returned guard keeps both alive; drop it to stop.
-pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
+pub fn spawn(store: Arc<Store>) -> Result<Option<WatchGuard>, WatchError> {
     let config = store.config().clone();
     if config.index.publish == Publish::Explicit {
         tracing::info!(
@@ -179,11 +196,9 @@ pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
             }
             let _receiver_gone = tx.send((Instant::now(), ev));
         })?;
-        let cannot = |dir: &Path, e: notify::Error| {
-            anyhow::anyhow!(
-                "cannot watch '{}': {e} (raise fs.inotify.max_user_watches for very large trees, or set index.watch = false)",
-                dir.display()
-            )
+        let cannot = |dir: &Path, error: notify::Error| WatchError::Dir {
+            dir: dir.to_owned(),
+            error,
         };
         for dir in &config.environmentpath {
             w.watch(dir, RecursiveMode::NonRecursive)
