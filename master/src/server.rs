@@ -30,7 +30,6 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use anyhow::Context;
 use axum_server::Handle;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use hyper_util::rt::TokioTimer;
@@ -50,6 +49,60 @@ const H2_STREAM_WINDOW: u32 = 64 * 1024;
 const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 /// Request header block size limit on HTTP/2 (hyper's default is 16 MiB).
 const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
+
+/// Which listener an error is about, as its messages name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// An mTLS listener (`listen`).
+    Tls(SocketAddr),
+    /// A `[proxy] listen` address.
+    Proxy(SocketAddr),
+    /// `[metrics] listen`.
+    Metrics(SocketAddr),
+}
+
+impl std::fmt::Display for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listener::Tls(a) => write!(f, "{a}"),
+            Listener::Proxy(a) => write!(f, "{a} for [proxy]"),
+            Listener::Metrics(a) => write!(f, "{a} for metrics"),
+        }
+    }
+}
+
+/// Why serving could not start, or stopped with an error. The binary
+/// prints it as one line, each cause after `: `.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The TLS files do not make a server config or a verifier.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::ServerTlsError),
+    /// `[[authorization]]` or `[proxy]` cannot work.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The watcher could not start.
+    #[error(transparent)]
+    Watch(#[from] crate::watch::WatchError),
+    /// A listener could not be bound or set up.
+    #[error("cannot listen on {0}")]
+    Listen(Listener, #[source] std::io::Error),
+    /// A `[proxy]` listener could not be made non-blocking.
+    #[error("proxy listener {0}")]
+    NonBlocking(SocketAddr, #[source] std::io::Error),
+    /// A bound listener has no address.
+    #[error("{}", if *.0 { "proxy listener address" } else { "listener address" })]
+    Address(bool, #[source] std::io::Error),
+    /// A listener stopped serving with an error.
+    #[error("serving {}", match .0 {
+        Listener::Proxy(a) => format!("[proxy] on {a}"),
+        other => format!("on {other}"),
+    })]
+    Serving(Listener, #[source] std::io::Error),
+    /// A listener's task panicked or was cancelled.
+    #[error("server task")]
+    Task(#[source] tokio::task::JoinError),
+}
 
 /// A running master, for callers that need its state (tests, `serve`).
 #[derive(Debug, Clone)]
@@ -107,7 +160,7 @@ pub async fn serve(
     listeners: Vec<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     ready: impl FnOnce(Running) + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), ServeError> {
     pluginsync_common::tls::install_default_provider();
     let tls = RustlsConfig::from_config(Arc::new(crate::tls::server_config(&config.tls)?));
     let connections = registry(&config.http);
@@ -165,7 +218,7 @@ pub async fn serve(
     });
     tokio::spawn(drain(shutdown, config.http.shutdown_grace, store, handle));
     for s in servers {
-        s.await.context("server task")??;
+        s.await.map_err(ServeError::Task)??;
     }
     background.iter().for_each(tokio::task::JoinHandle::abort);
     tracing::info!("stopped");
@@ -192,7 +245,7 @@ fn registry(http: &crate::config::HttpConfig) -> Arc<Connections> {
 }
 
 /// One listener's server task; its error names the listener.
-type ServerTask = tokio::task::JoinHandle<anyhow::Result<()>>;
+type ServerTask = tokio::task::JoinHandle<Result<(), ServeError>>;
 
 /// What every listener shares: the `[http]` limits, the connection
 /// registry and the handle that shuts them all down.
@@ -210,11 +263,13 @@ impl Listening<'_> {
         tls: &RustlsConfig,
         store: &Arc<Store>,
         state: AppState,
-    ) -> anyhow::Result<Vec<ServerTask>> {
+    ) -> Result<Vec<ServerTask>, ServeError> {
         let app = crate::routes::router(state, self.http.request_timeout);
         let mut servers = Vec::new();
         for listener in listeners {
-            let addr = listener.local_addr().context("listener address")?;
+            let addr = listener
+                .local_addr()
+                .map_err(|e| ServeError::Address(false, e))?;
             // Admit (TCP_NODELAY, the connection limit, the socket wrapped
             // so the registry can close it), then TLS, then Identify (the
             // client's certificate recorded, its requests counted).
@@ -225,12 +280,12 @@ impl Listening<'_> {
                 store.clone(),
             );
             let server = self
-                .server(listener, || format!("cannot listen on {addr}"))?
+                .server(listener, Listener::Tls(addr))?
                 .acceptor(acceptor);
             let service = app
                 .clone()
                 .into_make_service_with_connect_info::<SocketAddr>();
-            servers.push(spawn(server.serve(service), format!("serving on {addr}")));
+            servers.push(spawn(server.serve(service), Listener::Tls(addr)));
             tracing::info!("listening on {addr}");
         }
         Ok(servers)
@@ -245,52 +300,51 @@ impl Listening<'_> {
         addrs: &[SocketAddr],
         state: AppState,
         trust: &Arc<Trust>,
-    ) -> anyhow::Result<Vec<ServerTask>> {
+    ) -> Result<Vec<ServerTask>, ServeError> {
         let app = crate::routes::proxy_router(state, self.http.request_timeout, trust.clone());
         let mut servers = Vec::new();
         for addr in addrs {
             let listener = TcpListener::bind(addr)
-                .with_context(|| format!("cannot listen on {addr} for [proxy]"))?;
+                .map_err(|e| ServeError::Listen(Listener::Proxy(*addr), e))?;
             listener
                 .set_nonblocking(true)
-                .with_context(|| format!("proxy listener {addr}"))?;
-            let bound = listener.local_addr().context("proxy listener address")?;
+                .map_err(|e| ServeError::NonBlocking(*addr, e))?;
+            let bound = listener
+                .local_addr()
+                .map_err(|e| ServeError::Address(true, e))?;
             let server = self
-                .server(listener, || format!("cannot listen on {addr} for [proxy]"))?
+                .server(listener, Listener::Proxy(*addr))?
                 .acceptor(accept::AdmitPlain::new(self.connections.clone()));
             let service = app
                 .clone()
                 .into_make_service_with_connect_info::<SocketAddr>();
-            servers.push(spawn(
-                server.serve(service),
-                format!("serving [proxy] on {bound}"),
-            ));
+            servers.push(spawn(server.serve(service), Listener::Proxy(bound)));
             tracing::info!("proxy listening on {bound}");
         }
         Ok(servers)
     }
 
-    /// An axum server on `listener` with the `[http]` limits and the
-    /// shared handle; `cannot` says which listener failed.
+    /// An axum server on `listener` (which is `which`) with the `[http]`
+    /// limits and the shared handle.
     fn server(
         &self,
         listener: TcpListener,
-        cannot: impl FnOnce() -> String,
-    ) -> anyhow::Result<axum_server::Server<SocketAddr>> {
+        which: Listener,
+    ) -> Result<axum_server::Server<SocketAddr>, ServeError> {
         let mut server = axum_server::from_tcp(listener)
-            .with_context(cannot)?
+            .map_err(|e| ServeError::Listen(which, e))?
             .handle(self.handle.clone());
         limit_http(server.http_builder(), self.http);
         Ok(server)
     }
 }
 
-/// Runs a listener's `serving` future as a task; its error says `what`.
+/// Runs the `serving` future of listener `which` as a task.
 fn spawn(
     serving: impl Future<Output = std::io::Result<()>> + Send + 'static,
-    what: String,
+    which: Listener,
 ) -> ServerTask {
-    tokio::spawn(async move { serving.await.context(what) })
+    tokio::spawn(async move { serving.await.map_err(|e| ServeError::Serving(which, e)) })
 }
 
 /// Once `shutdown` resolves: the health check answers 503 for `grace`
@@ -359,10 +413,10 @@ async fn spawn_metrics(
     store: &Arc<Store>,
     connections: &Arc<Connections>,
     gate: &Gate,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+) -> Result<tokio::task::JoinHandle<()>, ServeError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .with_context(|| format!("cannot listen on {addr} for metrics"))?;
+        .map_err(|e| ServeError::Listen(Listener::Metrics(addr), e))?;
     let (store, connections, gate) = (store.clone(), connections.clone(), gate.clone());
     let app = axum::Router::new().route(
         "/metrics",
