@@ -90,9 +90,12 @@ pub enum ServeError {
     /// A `[proxy]` listener could not be made non-blocking.
     #[error("proxy listener {0}")]
     NonBlocking(SocketAddr, #[source] std::io::Error),
-    /// A bound listener has no address.
-    #[error("{}", if *.0 { "proxy listener address" } else { "listener address" })]
-    Address(bool, #[source] std::io::Error),
+    /// A bound mTLS listener has no address.
+    #[error("listener address")]
+    Address(#[source] std::io::Error),
+    /// A bound `[proxy]` listener has no address.
+    #[error("proxy listener address")]
+    ProxyAddress(#[source] std::io::Error),
     /// A listener stopped serving with an error.
     #[error("serving {}", match .0 {
         Listener::Proxy(a) => format!("[proxy] on {a}"),
@@ -267,9 +270,7 @@ impl Listening<'_> {
         let app = crate::routes::router(state, self.http.request_timeout);
         let mut servers = Vec::new();
         for listener in listeners {
-            let addr = listener
-                .local_addr()
-                .map_err(|e| ServeError::Address(false, e))?;
+            let addr = listener.local_addr().map_err(ServeError::Address)?;
             // Admit (TCP_NODELAY, the connection limit, the socket wrapped
             // so the registry can close it), then TLS, then Identify (the
             // client's certificate recorded, its requests counted).
@@ -309,9 +310,7 @@ impl Listening<'_> {
             listener
                 .set_nonblocking(true)
                 .map_err(|e| ServeError::NonBlocking(*addr, e))?;
-            let bound = listener
-                .local_addr()
-                .map_err(|e| ServeError::Address(true, e))?;
+            let bound = listener.local_addr().map_err(ServeError::ProxyAddress)?;
             let server = self
                 .server(listener, Listener::Proxy(*addr))?
                 .acceptor(accept::AdmitPlain::new(self.connections.clone()));
