@@ -65,24 +65,35 @@ pub fn load<T: ConfigFile>(path: &Path) -> Result<T, ConfigError> {
 /// Parses `text` as if read from `path` (relative paths resolved against
 /// its directory), without validating.
 pub fn parse<T: ConfigFile>(text: &str, path: &Path) -> Result<T, ConfigError> {
-    let mut config: T = parse_toml(text).map_err(|message| ConfigError::Parse {
+    let mut config: T = parse_toml(text).map_err(|e| ConfigError::Parse {
         path: path.to_owned(),
-        message,
+        message: e.to_string(),
     })?;
     config.resolve_paths(&RelativeTo::config_file(path));
     Ok(config)
 }
 
-/// Parses TOML text; the error is toml's message flattened to one line
-/// (it names the key, the line and the column).
-pub fn parse_toml<T: DeserializeOwned>(text: &str) -> Result<T, String> {
-    toml::from_str(text).map_err(|e: toml::de::Error| {
-        e.to_string()
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .collect::<Vec<_>>()
-            .join(" ")
-    })
+/// TOML that does not parse into the config type. Shown as toml's message
+/// (it names the key, the line and the column) flattened to one line; the
+/// toml error is deliberately not its `source`, so an error chain printed
+/// cause by cause never adds toml's multi-line text after it.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", flatten(&.0.to_string()))]
+pub struct TomlError(toml::de::Error);
+
+/// toml's multi-line message (the line quoted, a caret under the column)
+/// as one line: its non-blank lines joined by spaces.
+fn flatten(message: &str) -> String {
+    message
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Parses TOML text ([`TomlError`] on one line).
+pub fn parse_toml<T: DeserializeOwned>(text: &str) -> Result<T, TomlError> {
+    toml::from_str(text).map_err(TomlError)
 }
 
 /// Makes relative paths relative to the directory of the config file at
@@ -118,7 +129,7 @@ mod tests {
 
     #[test]
     fn one_line_errors_and_relative_paths() {
-        let e = parse_toml::<C>("a = 1\nb = 2\n").unwrap_err();
+        let e = parse_toml::<C>("a = 1\nb = 2\n").unwrap_err().to_string();
         assert!(e.contains("unknown field `b`") && !e.contains('\n'), "{e}");
         let r = RelativeTo::config_file(Path::new("/etc/pluginsync/agent.toml"));
         let (mut rel, mut abs) = (PathBuf::from("ssl"), PathBuf::from("/var/x"));

@@ -8,8 +8,10 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// A validated environment name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A validated environment name. Serialised as the name (the master's
+/// JSON access log).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(transparent)]
 pub struct EnvName(String);
 
 /// The name is empty or has a character outside `[A-Za-z0-9_]`.

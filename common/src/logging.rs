@@ -31,16 +31,19 @@ pub enum LogFormat {
     Json,
 }
 
-impl FromStr for LogFormat {
-    type Err = String;
+/// A `--log-format` that is neither `text` nor `json`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown log format '{0}' (expected 'text' or 'json')")]
+pub struct UnknownLogFormat(pub String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl FromStr for LogFormat {
+    type Err = UnknownLogFormat;
+
+    fn from_str(s: &str) -> Result<Self, UnknownLogFormat> {
         match s {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
-            other => Err(format!(
-                "unknown log format '{other}' (expected 'text' or 'json')"
-            )),
+            other => Err(UnknownLogFormat(other.to_owned())),
         }
     }
 }
@@ -127,11 +130,6 @@ where
     }
 }
 
-/// Installs the global subscriber in text format; see [`init_with`].
-pub fn init(level: &str) {
-    init_with(level, LogFormat::Text);
-}
-
 /// Installs the global subscriber; `level` (`"warn"`, `"info"`, `"debug"`,
 /// `"trace"`) is the level of pluginsync's own lines (see [`directives`])
 /// used when `RUST_LOG` is unset or invalid.
@@ -195,6 +193,12 @@ mod tests {
     fn formats_parse_and_refuse_with_a_message() {
         assert_eq!("json".parse::<LogFormat>(), Ok(LogFormat::Json));
         assert_eq!("text".parse::<LogFormat>(), Ok(LogFormat::Text));
-        assert!("xml".parse::<LogFormat>().unwrap_err().contains("'xml'"));
+        assert!(
+            "xml"
+                .parse::<LogFormat>()
+                .unwrap_err()
+                .to_string()
+                .contains("'xml'")
+        );
     }
 }

@@ -16,6 +16,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use pluginsync_common::envname::EnvName;
 use serde::{Deserialize, Serialize};
 
 /// `[log] access`.
@@ -42,7 +43,7 @@ pub struct Record {
     /// The client certificate's certname.
     pub certname: Option<String>,
     /// The `environment` query parameter, when it is a valid name.
-    pub environment: Option<String>,
+    pub environment: Option<EnvName>,
     /// The endpoint (`routes::endpoint_of`).
     pub endpoint: &'static str,
     /// The method.
@@ -69,7 +70,7 @@ impl Record {
                 self.time,
                 or_dash(self.peer.map(|p| p.to_string()).as_deref()),
                 or_dash(self.certname.as_deref()),
-                or_dash(self.environment.as_deref()),
+                or_dash(self.environment.as_ref().map(EnvName::as_str)),
                 self.endpoint,
                 self.status,
                 self.bytes,
@@ -110,7 +111,7 @@ mod tests {
             time: "2026-11-24T00:00:00Z".into(),
             peer: Some("127.0.0.1:40000".parse().unwrap()),
             certname: Some("node1".into()),
-            environment: Some("production".into()),
+            environment: Some("production".parse().unwrap()),
             endpoint: "file_metadatas",
             method: "GET".into(),
             target: "/puppet/v3/file_metadatas/plugins?environment=production".into(),

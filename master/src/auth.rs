@@ -59,7 +59,7 @@ pub enum Via {
 #[derive(Debug, Clone)]
 pub struct PeerIdentity {
     /// The certname, or why there is none (for the refusal log line).
-    pub certname: Result<String, String>,
+    pub certname: Result<String, Unidentified>,
     /// Which listener established it.
     pub via: Via,
 }
@@ -69,15 +69,8 @@ impl PeerIdentity {
     /// certificate ([`certname_of`]); headers are never looked at.
     pub fn from_tls(info: Option<&TlsInfo>) -> Self {
         let certname = match info.and_then(|i| i.peer_certificates.first()) {
-            None => Err("no client certificate".to_owned()),
-            Some(der) => certname_of(der).map_err(|e| {
-                match e {
-                    NoIdentity::NoCommonName => "client certificate without a CN",
-                    NoIdentity::SeveralCommonNames => "client certificate with several CNs",
-                    _ => "client certificate whose CN is not a valid certname",
-                }
-                .to_owned()
-            }),
+            None => Err(Unidentified::NoCertificate),
+            Some(der) => certname_of(der).map_err(Unidentified::Certificate),
         };
         PeerIdentity {
             certname,
@@ -91,8 +84,52 @@ impl PeerIdentity {
     }
 }
 
+/// Why a request has no identity: the reason its `refused: …` log line
+/// gives when the policy needs one ([`Gate::admit`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Unidentified {
+    /// The TLS handshake brought no client certificate.
+    #[error("no client certificate")]
+    NoCertificate,
+    /// The client certificate gives no identity ([`certname_of`]).
+    #[error("{}", match .0 {
+        NoIdentity::NoCommonName => "client certificate without a CN",
+        NoIdentity::SeveralCommonNames => "client certificate with several CNs",
+        _ => "client certificate whose CN is not a valid certname",
+    })]
+    Certificate(NoIdentity),
+    /// A trusted proxy's headers give no identity (`proxy.rs`).
+    #[error(transparent)]
+    Proxy(ProxyRefused),
+}
+
+/// Why a trusted proxy's headers give no identity (`proxy::identify`;
+/// each is a 403 on the file endpoints; docs/protocol.md §5.5).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProxyRefused {
+    /// The verify header is missing or not `SUCCESS`.
+    #[error("proxy verify header is not SUCCESS")]
+    NotVerified,
+    /// Verified, but neither a DN nor a certificate header.
+    #[error("proxy sent neither a DN nor a certificate")]
+    NoSubject,
+    /// The DN header is not a DN, has no CN or several, or its CN is not a
+    /// valid certname.
+    #[error("proxy DN header: {0}")]
+    BadDn(&'static str),
+    /// The certificate header is not a URL-encoded PEM certificate.
+    #[error("proxy certificate header is not a URL-encoded PEM certificate")]
+    BadCertificate,
+    /// The certificate does not verify against `[tls] ca` and the CRL.
+    #[error("proxy certificate does not verify: {0}")]
+    Unverified(rustls::Error),
+    /// The verified certificate gives no identity ([`certname_of`]).
+    #[error("proxy certificate has no usable CN")]
+    NoCertname,
+}
+
 /// Why a certificate gives no identity.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoIdentity {
     /// The certificate could not be parsed.
     Unparsable,
@@ -228,8 +265,8 @@ impl Gate {
             refused => {
                 if self.policy == Policy::Certificates {
                     let why = match refused {
-                        Some(Err(why)) => why.as_str(),
-                        _ => "no client certificate",
+                        Some(Err(why)) => why,
+                        _ => &Unidentified::NoCertificate,
                     };
                     if let Some(n) = self.refusals.note() {
                         tracing::info!(

@@ -22,18 +22,36 @@ use crate::environments;
 use crate::index::{EnvIndex, Mount};
 use crate::walk::Hashing;
 
+/// Why the check failed: the server's TLS cannot work, or the summary
+/// could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The TLS files do not make a server config.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::ServerTlsError),
+    /// Agents would refuse the server certificate.
+    #[error(transparent)]
+    Certificate(#[from] crate::tls::CertificateRefused),
+    /// Writing the summary failed.
+    #[error(transparent)]
+    Output(#[from] std::io::Error),
+}
+
 /// Runs the check, writing the summary to `out`.
-pub fn run(config: &MasterConfig, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError> {
     pluginsync_common::tls::install_default_provider();
     crate::tls::server_config(&config.tls)?;
     let soon = crate::tls::server_certificate_check(
         &config.tls,
         std::time::SystemTime::now(),
         config.tls.cert_expiry_warning,
-    )
-    .map_err(anyhow::Error::msg)?;
+    )?;
     let mut warnings = 0usize;
-    for w in config.warnings().into_iter().chain(soon) {
+    for w in config
+        .warnings()
+        .into_iter()
+        .chain(soon.map(|w| w.to_string()))
+    {
         writeln!(out, "warning: {w}")?;
         warnings += 1;
     }
@@ -85,7 +103,7 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> anyhow::Result<()> {
 /// The effective modulepath of the environment at `dir`, entry by entry
 /// with the modules found there, then its warnings; returns how many
 /// warnings it printed.
-fn modulepath(config: &MasterConfig, dir: &Path, out: &mut impl Write) -> anyhow::Result<usize> {
+fn modulepath(config: &MasterConfig, dir: &Path, out: &mut impl Write) -> std::io::Result<usize> {
     let mp = environments::resolve(config, dir);
     let scan = environments::scan(&mp);
     match &mp.conf {

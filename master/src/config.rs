@@ -51,11 +51,9 @@ pub struct MasterConfig {
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
-    // --- the admin API (docs/deploys.md#the-explicit-signal) ---
     /// Puppet Server's admin API (`DELETE /puppet-admin-api/v1/environment-cache`).
     #[serde(default)]
     pub admin: AdminConfig,
-    // --- end the admin API ---
     /// The plain-HTTP listener behind a TLS-terminating proxy, with the
     /// client's identity in headers (docs/protocol.md §5.5).
     #[serde(default)]
@@ -150,7 +148,6 @@ impl ProxyConfig {
     }
 }
 
-// --- deploys: `[admin]`, `index.publish` (docs/deploys.md) ---
 /// `[admin]`: who may call the admin API (docs/protocol.md §1.10).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -174,7 +171,6 @@ pub enum Publish {
     /// the watcher never does (the periodic rescan neither).
     Explicit,
 }
-// --- end deploys ---
 
 /// `[log]`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -323,15 +319,11 @@ pub struct IndexConfig {
     /// Memory those listings may take per environment, in MiB (bodies plus
     /// their gzipped copies); the oldest are dropped first.
     pub cache_mib: usize,
-    // ---- index.allow_external_roots
-    // (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them) ----
     /// Absolute path globs: a module directory, `lib/` or `facts.d/` whose
     /// real path (or one of its ancestors) matches one is served even though
     /// it is outside the code tree (the environment directory and the
     /// `basemodulepath` entries, real paths). Empty: none is.
     pub allow_external_roots: Vec<String>,
-    // ---- end index.allow_external_roots ----
-    // --- deploys (docs/deploys.md) ---
     /// During a deploy (a directory of the environment removed, git at
     /// work, or changes that never pause), the last complete index is kept
     /// until the environment has been quiet this long (docs/deploys.md).
@@ -342,8 +334,6 @@ pub struct IndexConfig {
     pub settle_max: Duration,
     /// `"watch"` or `"explicit"`.
     pub publish: Publish,
-    // --- end deploys ---
-    // --- many environments (docs/master.md#many-environments) ---
     /// Environments indexed in the background after startup, one at a
     /// time, in this order; `"*"` stands for every other one (by name).
     /// The health check answers `starting` until the named ones are
@@ -355,7 +345,6 @@ pub struct IndexConfig {
     /// `publish = "explicit"`.
     #[serde(with = "humantime_serde")]
     pub idle_drop: Duration,
-    // --- end many environments ---
 }
 
 impl Default for IndexConfig {
@@ -367,19 +356,15 @@ impl Default for IndexConfig {
             cached_responses: 64,
             cache_mib: 64,
             allow_external_roots: Vec::new(),
-            // --- deploys ---
             settle: DEFAULT_SETTLE,
             settle_max: DEFAULT_SETTLE_MAX,
             publish: Publish::Watch,
-            // --- end deploys ---
             warm: vec!["production".into(), "*".into()],
             idle_drop: DEFAULT_IDLE_DROP,
         }
     }
 }
 
-// ---- index.allow_external_roots
-// (docs/master.md#code-trees-as-r10k-and-code-manager-deploy-them) ----
 impl IndexConfig {
     /// `allow_external_roots`, compiled: `*` and `?` stay within one path
     /// component; every pattern must be absolute.
@@ -401,11 +386,11 @@ impl IndexConfig {
             .map_err(|e| ConfigError::Invalid(format!("index.allow_external_roots: {e}")))
     }
 }
-// ---- end index.allow_external_roots ----
-// --- deploys ---
+
 /// Default of `index.settle`: longer than the pauses of a real r10k
 /// redeploy, where git or the Forge is fetching the next module and the
-/// tree is briefly silent (about 1–2 s per module, measured), and
+/// tree is briefly silent (about 1–2 s per module, measured on r10k redeploys;
+/// docs/deploys.md), and
 /// short enough that a deploy is served seconds after it ends. r10k's
 /// `.r10k-deploy.json`, written when an environment's deploy is done, ends
 /// the wait at once.
@@ -416,7 +401,6 @@ pub const DEFAULT_SETTLE: Duration = Duration::from_secs(5);
 pub const DEFAULT_IDLE_DROP: Duration = Duration::from_secs(3600);
 /// Default of `index.settle_max`.
 pub const DEFAULT_SETTLE_MAX: Duration = Duration::from_secs(60);
-// --- end deploys ---
 
 fn default_listen() -> Vec<String> {
     vec!["0.0.0.0:8140".to_owned()]
@@ -487,7 +471,6 @@ impl MasterConfig {
                 )));
             }
         }
-        // --- deploys ---
         if self.index.settle.is_zero() || self.index.settle_max < self.index.settle {
             return Err(ConfigError::Invalid(
                 "index.settle must be longer than 0s and index.settle_max at least index.settle"
@@ -504,7 +487,6 @@ impl MasterConfig {
                 "admin.certnames: '{bad}' is not a certname"
             )));
         }
-        // --- end deploys ---
         self.proxy.validate()?;
         Ok(())
     }

@@ -22,7 +22,6 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
 use rcgen::{CertificateParams, DnType, KeyPair, SanType};
 
 /// What to make (also the `csr` command line).
@@ -50,9 +49,57 @@ pub struct Csr {
     pub request: PathBuf,
 }
 
+/// Why no key and CSR were made. Printed by the binary as one line, each
+/// cause after `: `.
+#[derive(Debug, thiserror::Error)]
+pub enum CsrError {
+    /// `--certname` is not a Puppet certname.
+    #[error(transparent)]
+    Certname(#[from] BadCertname),
+    /// A key is already there; it is never replaced.
+    #[error("'{}' exists: not replacing a key (remove it first to make a new one)", .0.display())]
+    KeyExists(PathBuf),
+    /// rcgen could not make the key.
+    #[error("generating a P-256 key")]
+    Key(#[source] rcgen::Error),
+    /// An alternative name that is neither an IP address nor a DNS name.
+    #[error("alt name '{name}' is not a DNS name")]
+    AltName {
+        /// The name as given.
+        name: String,
+        /// What rcgen said.
+        source: rcgen::Error,
+    },
+    /// rcgen could not sign the request.
+    #[error("signing the request")]
+    Sign(#[source] rcgen::Error),
+    /// rcgen could not encode the request as PEM.
+    #[error("encoding the request")]
+    Encode(#[source] rcgen::Error),
+    /// A file's path has no directory to write it in.
+    #[error("a file in a directory")]
+    NoDirectory,
+    /// The directory of a file could not be made.
+    #[error("cannot create '{}'", path.display())]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A file could not be written.
+    #[error("cannot write '{}': {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
 /// Makes the key and the CSR of `opts`.
-pub fn generate(opts: &CsrOptions) -> anyhow::Result<Csr> {
-    let name = certname(&opts.certname).map_err(anyhow::Error::msg)?;
+pub fn generate(opts: &CsrOptions) -> Result<Csr, CsrError> {
+    let name = certname(&opts.certname)?;
     let name = name.as_str();
     let key_path = opts.out.join("private_keys").join(format!("{name}.pem"));
     let csr_path = opts
@@ -60,13 +107,9 @@ pub fn generate(opts: &CsrOptions) -> anyhow::Result<Csr> {
         .join("certificate_requests")
         .join(format!("{name}.pem"));
     if key_path.exists() {
-        bail!(
-            "'{}' exists: not replacing a key (remove it first to make a new one)",
-            key_path.display()
-        );
+        return Err(CsrError::KeyExists(key_path));
     }
-    let key =
-        KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).context("generating a P-256 key")?;
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(CsrError::Key)?;
     let mut params = CertificateParams::default();
     params.distinguished_name = rcgen::DistinguishedName::new();
     params.distinguished_name.push(DnType::CommonName, name);
@@ -80,18 +123,19 @@ pub fn generate(opts: &CsrOptions) -> anyhow::Result<Csr> {
     for san in &sans {
         params.subject_alt_names.push(match san.parse() {
             Ok(ip) => SanType::IpAddress(ip),
-            Err(_) => SanType::DnsName(
-                san.clone()
-                    .try_into()
-                    .with_context(|| format!("alt name '{san}' is not a DNS name"))?,
-            ),
+            Err(_) => {
+                SanType::DnsName(san.clone().try_into().map_err(|source| CsrError::AltName {
+                    name: san.clone(),
+                    source,
+                })?)
+            }
         });
     }
     let request = params
         .serialize_request(&key)
-        .context("signing the request")?
+        .map_err(CsrError::Sign)?
         .pem()
-        .context("encoding the request")?;
+        .map_err(CsrError::Encode)?;
     write_new(&key_path, &key.serialize_pem(), 0o600)?;
     if let Err(e) = write_new(&csr_path, &request, 0o644) {
         // The key alone is of no use: take it back, so a retry starts clean.
@@ -104,29 +148,34 @@ pub fn generate(opts: &CsrOptions) -> anyhow::Result<Csr> {
     })
 }
 
+/// A `--certname` that Puppet's CA would not take as a file name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("certname '{0}' is not a Puppet certname (lowercase letters, digits, '-', '.', '_')")]
+pub struct BadCertname(pub String);
+
 /// `name` when it is a Puppet certname (lowercase letters, digits, `-`,
 /// `.`, `_`; not starting with a dot): it becomes a file name and the CA's
 /// key. A bad one is a usage error on the command line.
-pub fn certname(name: &str) -> Result<String, String> {
+pub fn certname(name: &str) -> Result<String, BadCertname> {
     if name.is_empty()
         || name.starts_with('.')
         || !name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b))
     {
-        return Err(format!(
-            "certname '{name}' is not a Puppet certname (lowercase letters, digits, '-', '.', '_')"
-        ));
+        return Err(BadCertname(name.to_owned()));
     }
     Ok(name.to_owned())
 }
 
 /// Writes `contents` to `path` with `mode`: a temporary file beside it,
 /// synced, then renamed into place.
-fn write_new(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
-    let parent = path.parent().context("a file in a directory")?;
-    std::fs::create_dir_all(parent)
-        .with_context(|| format!("cannot create '{}'", parent.display()))?;
+fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), CsrError> {
+    let parent = path.parent().ok_or(CsrError::NoDirectory)?;
+    std::fs::create_dir_all(parent).map_err(|source| CsrError::CreateDir {
+        path: parent.to_owned(),
+        source,
+    })?;
     let tmp = path.with_extension("pem.tmp");
     let written = (|| {
         let mut f = std::fs::OpenOptions::new()
@@ -139,9 +188,12 @@ fn write_new(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();
-    written.map_err(|e| {
+    written.map_err(|source| {
         let _ = std::fs::remove_file(&tmp);
-        anyhow::anyhow!("cannot write '{}': {e}", path.display())
+        CsrError::Write {
+            path: path.to_owned(),
+            source,
+        }
     })
 }
 

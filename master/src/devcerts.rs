@@ -19,7 +19,6 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType,
     ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose, RevocationReason,
@@ -63,22 +62,141 @@ pub struct DevCerts {
     pub ssldir: PathBuf,
 }
 
-fn write(path: &Path, contents: &str, private: bool) -> anyhow::Result<()> {
+/// Why a development ssldir could not be made. Printed by the binary as
+/// one line, each cause after `: `.
+#[derive(Debug, thiserror::Error)]
+pub enum DevCertsError {
+    /// No `--server-name`.
+    #[error("at least one --server-name is needed")]
+    NoServerName,
+    /// A certname that cannot be a file name.
+    #[error("certname '{0}' is not usable as a file name")]
+    BadName(String),
+    /// A server name or certname that is not a DNS name.
+    #[error("'{name}' is not a DNS name")]
+    NotDns {
+        /// The name as given.
+        name: String,
+        /// What rcgen said.
+        source: rcgen::Error,
+    },
+    /// A directory could not be made.
+    #[error("cannot create '{}'", path.display())]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A file could not be written.
+    #[error("cannot write '{}'", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The existing CA's key or certificate could not be read.
+    #[error("cannot read '{}'", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The existing CA's key file holds no key.
+    #[error("'{}' is not a key", path.display())]
+    NotAKey {
+        /// `ca/ca_key.pem`.
+        path: PathBuf,
+        /// What rcgen said.
+        source: rcgen::Error,
+    },
+    /// The existing CA's certificate is not a CA certificate.
+    #[error("'{}' is not a CA", path.display())]
+    NotACa {
+        /// `certs/ca.pem`.
+        path: PathBuf,
+        /// What rcgen said.
+        source: rcgen::Error,
+    },
+    /// A key could not be generated (`None`: the CA's).
+    #[error("{}", match .name {
+        Some(name) => format!("generating the key of '{name}'"),
+        None => "generating the CA key".to_owned(),
+    })]
+    Key {
+        /// Whose key.
+        name: Option<String>,
+        /// What rcgen said.
+        source: rcgen::Error,
+    },
+    /// A certificate could not be signed (`None`: the CA's own).
+    #[error("{}", match .name {
+        Some(name) => format!("signing '{name}'"),
+        None => "self-signing the CA".to_owned(),
+    })]
+    Sign {
+        /// Whose certificate.
+        name: Option<String>,
+        /// What rcgen said.
+        source: rcgen::Error,
+    },
+    /// `--revoke` names a certname with no certificate here.
+    #[error("cannot revoke '{name}': no '{}'", path.display())]
+    NothingToRevoke {
+        /// The certname.
+        name: String,
+        /// `certs/<name>.pem`.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The certificate to revoke is not PEM.
+    #[error("'{}': {source}", path.display())]
+    NotPem {
+        /// `certs/<name>.pem`.
+        path: PathBuf,
+        /// What x509-parser said.
+        source: x509_parser::nom::Err<x509_parser::error::PEMError>,
+    },
+    /// The certificate to revoke is not X.509.
+    #[error("'{}': {source}", path.display())]
+    NotX509 {
+        /// `certs/<name>.pem`.
+        path: PathBuf,
+        /// What x509-parser said.
+        source: x509_parser::nom::Err<x509_parser::error::X509Error>,
+    },
+    /// The CRL could not be signed.
+    #[error("signing the CRL")]
+    SignCrl(#[source] rcgen::Error),
+    /// The CRL could not be encoded as PEM.
+    #[error("encoding the CRL")]
+    EncodeCrl(#[source] rcgen::Error),
+}
+
+fn write(path: &Path, contents: &str, private: bool) -> Result<(), DevCertsError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create '{}'", parent.display()))?;
+        std::fs::create_dir_all(parent).map_err(|source| DevCertsError::CreateDir {
+            path: parent.to_owned(),
+            source,
+        })?;
     }
+    let cannot_write = |source| DevCertsError::Write {
+        path: path.to_owned(),
+        source,
+    };
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(if private { 0o600 } else { 0o644 })
         .open(path)
-        .with_context(|| format!("cannot write '{}'", path.display()))?;
-    f.write_all(contents.as_bytes())
-        .with_context(|| format!("cannot write '{}'", path.display()))
+        .map_err(cannot_write)?;
+    f.write_all(contents.as_bytes()).map_err(cannot_write)
 }
 
 fn serial_for(name: &str) -> SerialNumber {
@@ -106,45 +224,133 @@ fn ca_params() -> CertificateParams {
 }
 
 /// Generates (or extends) a development ssldir.
-pub fn generate(opts: &DevCertsOptions) -> anyhow::Result<DevCerts> {
+pub fn generate(opts: &DevCertsOptions) -> Result<DevCerts, DevCertsError> {
     let Some(server_name) = opts.server_names.first() else {
-        bail!("at least one --server-name is needed");
+        return Err(DevCertsError::NoServerName);
     };
     for name in opts.server_names.iter().chain(&opts.agents) {
         if name.is_empty() || name.contains(['/', '\\', '\0']) || name.starts_with('.') {
-            bail!("certname '{name}' is not usable as a file name");
+            return Err(DevCertsError::BadName(name.clone()));
         }
     }
     let dir = &opts.out;
-    let ca_path = dir.join("certs/ca.pem");
-    let ca_key_path = dir.join("ca/ca_key.pem");
     let now = OffsetDateTime::now_utc();
-    let not_before = now - Duration::days(1);
-    let not_after = now + Duration::days(i64::from(opts.days.max(1)));
+    let ca = Ca::load_or_make(dir, now)?;
+    let validity = (
+        now - Duration::days(1),
+        now + Duration::days(i64::from(opts.days.max(1))),
+    );
+    ca.issue(server_name, server_sans(&opts.server_names)?, validity)?;
+    for agent in &opts.agents {
+        let san = SanType::DnsName(dns_name(agent)?);
+        ca.issue(agent, vec![san], validity)?;
+    }
+    let crl = ca.write_crl(&opts.revoke, now, opts.days)?;
+    Ok(DevCerts {
+        ca: ca.cert,
+        crl,
+        server_cert: dir.join(format!("certs/{server_name}.pem")),
+        server_key: dir.join(format!("private_keys/{server_name}.pem")),
+        ssldir: dir.clone(),
+    })
+}
 
-    let issuer = if ca_path.exists() && ca_key_path.exists() {
-        let key_pem = std::fs::read_to_string(&ca_key_path)
-            .with_context(|| format!("cannot read '{}'", ca_key_path.display()))?;
-        let key = KeyPair::from_pem(&key_pem)
-            .with_context(|| format!("'{}' is not a key", ca_key_path.display()))?;
-        let cert_pem = std::fs::read_to_string(&ca_path)
-            .with_context(|| format!("cannot read '{}'", ca_path.display()))?;
-        Issuer::from_ca_cert_pem(&cert_pem, key)
-            .with_context(|| format!("'{}' is not a CA", ca_path.display()))?
-    } else {
-        let key = KeyPair::generate().context("generating the CA key")?;
-        let mut params = ca_params();
-        params.not_before = not_before;
-        params.not_after = now + Duration::days(3650);
-        params.serial_number = Some(serial_for("ca"));
-        let cert = params.self_signed(&key).context("self-signing the CA")?;
-        write(&ca_key_path, &key.serialize_pem(), true)?;
-        write(&ca_path, &cert.pem(), false)?;
-        Issuer::new(params, key)
-    };
+/// The subject alternative names of the server certificate: each of
+/// `names` (an IP address or a DNS name) and `localhost`, once each, then
+/// `127.0.0.1` and `::1`.
+fn server_sans(names: &[String]) -> Result<Vec<SanType>, DevCertsError> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let mut sans: Vec<SanType> = Vec::new();
+    for n in names.iter().map(String::as_str).chain(["localhost"]) {
+        let san = match n.parse::<IpAddr>() {
+            Ok(ip) => SanType::IpAddress(ip),
+            Err(_) => SanType::DnsName(dns_name(n)?),
+        };
+        if !sans.contains(&san) {
+            sans.push(san);
+        }
+    }
+    sans.push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    sans.push(SanType::IpAddress(IpAddr::V6(Ipv6Addr::LOCALHOST)));
+    Ok(sans)
+}
 
-    let issue = |name: &str, sans: Vec<SanType>| -> anyhow::Result<()> {
-        let key = KeyPair::generate().with_context(|| format!("generating the key of '{name}'"))?;
+/// `name` as a DNS name of a subject alternative name.
+fn dns_name(name: &str) -> Result<rcgen::string::Ia5String, DevCertsError> {
+    name.try_into().map_err(|source| DevCertsError::NotDns {
+        name: name.to_owned(),
+        source,
+    })
+}
+
+/// The development CA of an ssldir and what it signs there.
+struct Ca {
+    /// The ssldir.
+    dir: PathBuf,
+    /// `certs/ca.pem`.
+    cert: PathBuf,
+    /// The CA's certificate and key.
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Ca {
+    /// The CA already in `dir` (`certs/ca.pem` and `ca/ca_key.pem`), or a
+    /// new one, valid for ten years from `now`, written there.
+    fn load_or_make(dir: &Path, now: OffsetDateTime) -> Result<Ca, DevCertsError> {
+        let cert = dir.join("certs/ca.pem");
+        let key_path = dir.join("ca/ca_key.pem");
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(|source| DevCertsError::Read {
+                path: path.to_owned(),
+                source,
+            })
+        };
+        let issuer = if cert.exists() && key_path.exists() {
+            let key =
+                KeyPair::from_pem(&read(&key_path)?).map_err(|source| DevCertsError::NotAKey {
+                    path: key_path.clone(),
+                    source,
+                })?;
+            Issuer::from_ca_cert_pem(&read(&cert)?, key).map_err(|source| {
+                DevCertsError::NotACa {
+                    path: cert.clone(),
+                    source,
+                }
+            })?
+        } else {
+            let key =
+                KeyPair::generate().map_err(|source| DevCertsError::Key { name: None, source })?;
+            let mut params = ca_params();
+            params.not_before = now - Duration::days(1);
+            params.not_after = now + Duration::days(3650);
+            params.serial_number = Some(serial_for("ca"));
+            let ca = params
+                .self_signed(&key)
+                .map_err(|source| DevCertsError::Sign { name: None, source })?;
+            write(&key_path, &key.serialize_pem(), true)?;
+            write(&cert, &ca.pem(), false)?;
+            Issuer::new(params, key)
+        };
+        Ok(Ca {
+            dir: dir.to_owned(),
+            cert,
+            issuer,
+        })
+    }
+
+    /// Issues a server-and-client certificate for `name` with `sans`,
+    /// valid from `validity.0` to `validity.1`, and writes it and its key
+    /// as `certs/<name>.pem` and `private_keys/<name>.pem`.
+    fn issue(
+        &self,
+        name: &str,
+        sans: Vec<SanType>,
+        validity: (OffsetDateTime, OffsetDateTime),
+    ) -> Result<(), DevCertsError> {
+        let key = KeyPair::generate().map_err(|source| DevCertsError::Key {
+            name: Some(name.to_owned()),
+            source,
+        })?;
         let mut p = CertificateParams::default();
         p.distinguished_name.push(DnType::CommonName, name);
         p.subject_alt_names = sans;
@@ -156,90 +362,79 @@ pub fn generate(opts: &DevCertsOptions) -> anyhow::Result<DevCerts> {
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
-        p.not_before = not_before;
-        p.not_after = not_after;
+        (p.not_before, p.not_after) = validity;
         p.serial_number = Some(serial_for(name));
         p.use_authority_key_identifier_extension = true;
         p.key_identifier_method = KeyIdMethod::Sha256;
         let cert = p
-            .signed_by(&key, &issuer)
-            .with_context(|| format!("signing '{name}'"))?;
-        write(&dir.join(format!("certs/{name}.pem")), &cert.pem(), false)?;
+            .signed_by(&key, &self.issuer)
+            .map_err(|source| DevCertsError::Sign {
+                name: Some(name.to_owned()),
+                source,
+            })?;
         write(
-            &dir.join(format!("private_keys/{name}.pem")),
+            &self.dir.join(format!("certs/{name}.pem")),
+            &cert.pem(),
+            false,
+        )?;
+        write(
+            &self.dir.join(format!("private_keys/{name}.pem")),
             &key.serialize_pem(),
             true,
-        )?;
-        Ok(())
-    };
+        )
+    }
 
-    let mut sans: Vec<SanType> = Vec::new();
-    for n in opts
-        .server_names
-        .iter()
-        .map(String::as_str)
-        .chain(["localhost"])
-    {
-        let san = match n.parse::<std::net::IpAddr>() {
-            Ok(ip) => SanType::IpAddress(ip),
-            Err(_) => SanType::DnsName(
-                n.try_into()
-                    .with_context(|| format!("'{n}' is not a DNS name"))?,
-            ),
-        };
-        if !sans.contains(&san) {
-            sans.push(san);
+    /// Writes `crl.pem`: the certificates of the certnames in `revoke`
+    /// (each must have `certs/<name>.pem` here), valid for `days` from
+    /// `now`. Returns its path.
+    fn write_crl(
+        &self,
+        revoke: &[String],
+        now: OffsetDateTime,
+        days: u32,
+    ) -> Result<PathBuf, DevCertsError> {
+        let mut revoked = Vec::new();
+        for name in revoke {
+            let path = self.dir.join(format!("certs/{name}.pem"));
+            let pem = std::fs::read(&path).map_err(|source| DevCertsError::NothingToRevoke {
+                name: name.clone(),
+                path: path.clone(),
+                source,
+            })?;
+            let (_, pem) =
+                x509_parser::pem::parse_x509_pem(&pem).map_err(|source| DevCertsError::NotPem {
+                    path: path.clone(),
+                    source,
+                })?;
+            let cert = pem.parse_x509().map_err(|source| DevCertsError::NotX509 {
+                path: path.clone(),
+                source,
+            })?;
+            revoked.push(RevokedCertParams {
+                serial_number: SerialNumber::from_slice(cert.raw_serial()),
+                revocation_time: now - Duration::minutes(1),
+                reason_code: Some(RevocationReason::KeyCompromise),
+                invalidity_date: None,
+            });
         }
+        let crl = CertificateRevocationListParams {
+            this_update: now - Duration::minutes(5),
+            next_update: now + Duration::days(i64::from(days.max(1))),
+            crl_number: SerialNumber::from(now.unix_timestamp().max(1) as u64),
+            issuing_distribution_point: None,
+            revoked_certs: revoked,
+            key_identifier_method: KeyIdMethod::Sha256,
+        }
+        .signed_by(&self.issuer)
+        .map_err(DevCertsError::SignCrl)?;
+        let crl_path = self.dir.join("crl.pem");
+        write(
+            &crl_path,
+            &crl.pem().map_err(DevCertsError::EncodeCrl)?,
+            false,
+        )?;
+        Ok(crl_path)
     }
-    sans.push(SanType::IpAddress("127.0.0.1".parse()?));
-    sans.push(SanType::IpAddress("::1".parse()?));
-    issue(server_name, sans)?;
-    for agent in &opts.agents {
-        let san = SanType::DnsName(
-            agent
-                .as_str()
-                .try_into()
-                .with_context(|| format!("'{agent}' is not a DNS name"))?,
-        );
-        issue(agent, vec![san])?;
-    }
-
-    let mut revoked = Vec::new();
-    for name in &opts.revoke {
-        let path = dir.join(format!("certs/{name}.pem"));
-        let pem = std::fs::read(&path)
-            .with_context(|| format!("cannot revoke '{name}': no '{}'", path.display()))?;
-        let (_, pem) = x509_parser::pem::parse_x509_pem(&pem)
-            .map_err(|e| anyhow::anyhow!("'{}': {e}", path.display()))?;
-        let cert = pem
-            .parse_x509()
-            .map_err(|e| anyhow::anyhow!("'{}': {e}", path.display()))?;
-        revoked.push(RevokedCertParams {
-            serial_number: SerialNumber::from_slice(cert.raw_serial()),
-            revocation_time: now - Duration::minutes(1),
-            reason_code: Some(RevocationReason::KeyCompromise),
-            invalidity_date: None,
-        });
-    }
-    let crl = CertificateRevocationListParams {
-        this_update: now - Duration::minutes(5),
-        next_update: now + Duration::days(i64::from(opts.days.max(1))),
-        crl_number: SerialNumber::from(now.unix_timestamp().max(1) as u64),
-        issuing_distribution_point: None,
-        revoked_certs: revoked,
-        key_identifier_method: KeyIdMethod::Sha256,
-    }
-    .signed_by(&issuer)
-    .context("signing the CRL")?;
-    let crl_path = dir.join("crl.pem");
-    write(&crl_path, &crl.pem().context("encoding the CRL")?, false)?;
-    Ok(DevCerts {
-        ca: ca_path,
-        crl: crl_path,
-        server_cert: dir.join(format!("certs/{server_name}.pem")),
-        server_key: dir.join(format!("private_keys/{server_name}.pem")),
-        ssldir: dir.clone(),
-    })
 }
 
 #[cfg(test)]

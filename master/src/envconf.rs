@@ -152,10 +152,16 @@ fn unquote(value: &str) -> String {
     v.trim_end().to_owned()
 }
 
+/// Braces in a value that are not Puppet's file metadata: the braces, at
+/// most 60 characters of them.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot parse '{0}' (braces hold only owner, group and mode)")]
+struct NotFileMetadata(String);
+
 /// Puppet's `extract_fileinfo`: the first `{…}` must be
 /// `owner|group|mode = word` pairs (dropped: file metadata for Puppet's
 /// own settings); anything else is an error.
-fn strip_file_metadata(value: &str) -> Result<String, String> {
+fn strip_file_metadata(value: &str) -> Result<String, NotFileMetadata> {
     let Some(open) = value.find('{') else {
         return Ok(value.to_owned());
     };
@@ -174,10 +180,7 @@ fn strip_file_metadata(value: &str) -> Result<String, String> {
                 && (k != "mode" || v.bytes().all(|b| b.is_ascii_digit()))
         });
         if !ok {
-            return Err(format!(
-                "cannot parse '{}' (braces hold only owner, group and mode)",
-                shorten(&value[open..=close])
-            ));
+            return Err(NotFileMetadata(shorten(&value[open..=close])));
         }
     }
     let mut out = String::with_capacity(value.len());
@@ -220,7 +223,7 @@ pub fn modulepath_entries(
                 let p = PathBuf::from(p);
                 out.push(if p.is_absolute() { p } else { env_dir.join(p) });
             }
-            Err(var) => problems.push(format!(
+            Err(UnknownVariable(var)) => problems.push(format!(
                 "modulepath entry '{entry}' left out: ${var} is not known here \
                  (pluginsync interpolates $basemodulepath, as a whole entry, and $environment)"
             )),
@@ -229,9 +232,14 @@ pub fn modulepath_entries(
     (out, problems)
 }
 
+/// A `$name` in a modulepath entry other than `$environment`: the name
+/// (what follows `$`, up to the end of the entry for an unclosed `${`).
+#[derive(Debug, PartialEq, Eq)]
+struct UnknownVariable(String);
+
 /// Replaces `$environment` and `${environment}` with `env_name`; any other
 /// `$name` is an error naming it.
-fn interpolate(entry: &str, env_name: &str) -> Result<String, String> {
+fn interpolate(entry: &str, env_name: &str) -> Result<String, UnknownVariable> {
     let mut out = String::with_capacity(entry.len());
     let mut rest = entry;
     while let Some(at) = rest.find('$') {
@@ -240,7 +248,7 @@ fn interpolate(entry: &str, env_name: &str) -> Result<String, String> {
         let (name, len) = if let Some(braced) = after.strip_prefix('{') {
             match braced.find('}') {
                 Some(end) => (&braced[..end], end + 2),
-                None => return Err(after.to_owned()),
+                None => return Err(UnknownVariable(after.to_owned())),
             }
         } else {
             let end = after
@@ -249,7 +257,7 @@ fn interpolate(entry: &str, env_name: &str) -> Result<String, String> {
             (&after[..end], end)
         };
         if name != "environment" {
-            return Err(name.to_owned());
+            return Err(UnknownVariable(name.to_owned()));
         }
         out.push_str(env_name);
         rest = &after[len..];

@@ -94,5 +94,6 @@ async fn serve(config: Arc<MasterConfig>) -> anyhow::Result<()> {
         let _ = tls_tx.send(Some(running.tls));
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     })
-    .await
+    .await?;
+    Ok(())
 }

@@ -19,7 +19,10 @@ use axum::http::HeaderMap;
 use rustls::server::danger::ClientCertVerifier;
 use rustls_pki_types::{CertificateDer, UnixTime};
 
-use crate::auth::{NoIdentity, PeerIdentity, Via, certname_of, is_valid_certname};
+use crate::auth::{
+    NoIdentity, PeerIdentity, ProxyRefused as Refused, Unidentified, Via, certname_of,
+    is_valid_certname,
+};
 use crate::config::ProxyConfig;
 use crate::sample::Sampler;
 
@@ -77,41 +80,8 @@ impl Trust {
             .clone();
         PeerIdentity {
             certname: identify(headers, &self.headers, verifier.as_ref(), now)
-                .map_err(|e| e.to_string()),
+                .map_err(Unidentified::Proxy),
             via: Via::Proxy,
-        }
-    }
-}
-
-/// Why the headers give no identity (each is a 403 on the file endpoints).
-#[derive(Debug, PartialEq, Eq)]
-pub enum Refused {
-    /// The verify header is missing or not `SUCCESS`.
-    NotVerified,
-    /// Verified, but neither a DN nor a certificate header.
-    NoSubject,
-    /// The DN header is not a DN, has no CN or several, or its CN is not a
-    /// valid certname.
-    BadDn(&'static str),
-    /// The certificate header is not a URL-encoded PEM certificate.
-    BadCertificate,
-    /// The certificate does not verify against `[tls] ca` and the CRL.
-    Unverified(String),
-    /// The verified certificate gives no identity (`auth::certname_of`).
-    NoCertname,
-}
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Refused::NotVerified => f.write_str("proxy verify header is not SUCCESS"),
-            Refused::NoSubject => f.write_str("proxy sent neither a DN nor a certificate"),
-            Refused::BadDn(why) => write!(f, "proxy DN header: {why}"),
-            Refused::BadCertificate => {
-                f.write_str("proxy certificate header is not a URL-encoded PEM certificate")
-            }
-            Refused::Unverified(e) => write!(f, "proxy certificate does not verify: {e}"),
-            Refused::NoCertname => f.write_str("proxy certificate has no usable CN"),
         }
     }
 }
@@ -150,7 +120,7 @@ pub fn identify(
         let (leaf, intermediates) = chain.split_first().ok_or(Refused::BadCertificate)?;
         verifier
             .verify_client_cert(leaf, intermediates, now)
-            .map_err(|e| Refused::Unverified(e.to_string()))?;
+            .map_err(Refused::Unverified)?;
         return certname_of(leaf).map_err(|_: NoIdentity| Refused::NoCertname);
     }
     match text(&names.dn) {

@@ -190,8 +190,7 @@ fn access_record(req: &Request, endpoint: &'static str) -> access::Record {
         .and_then(|i| i.certname().map(str::to_owned));
     let environment = crate::request::Query::parse(req.uri().query())
         .get("environment")
-        .filter(|e| e.parse::<EnvName>().is_ok())
-        .map(str::to_owned);
+        .and_then(|e| e.parse::<EnvName>().ok());
     access::Record {
         time: access::now(),
         peer: req
@@ -369,7 +368,7 @@ environments = ["*"]
             config.tls.client_auth.into(),
         );
         let store = Store::new(Arc::new(config));
-        store.rebuild(None).await;
+        store.rebuild(crate::store::Scope::Every).await;
         let app = router(AppState { store, gate }, Duration::from_secs(10));
         Master { app, _tree: tree }
     }

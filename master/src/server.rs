@@ -9,7 +9,8 @@
 //! load balancers drain this replica, then stop accepting and give open
 //! requests `shutdown_grace` to finish.
 //!
-//! Every connection goes through [`conns`]: `max_connections`,
+//! Every connection goes through [`conns`] (admitted by [`accept`], its
+//! requests counted by [`inflight`]): `max_connections`,
 //! `idle_timeout` and `write_timeout` bound how many sockets and how much
 //! memory clients can hold, and after a SIGHUP the open connections whose
 //! client certificate the new CA/CRL refuses are closed (a revoked node
@@ -20,14 +21,15 @@
 //! identity from the trusted proxy's headers; SIGHUP reloads the verifier
 //! of their certificate headers with the rest of the TLS files.
 
+mod accept;
 mod conns;
+mod inflight;
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use anyhow::Context;
 use axum_server::Handle;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use hyper_util::rt::TokioTimer;
@@ -47,6 +49,63 @@ const H2_STREAM_WINDOW: u32 = 64 * 1024;
 const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 /// Request header block size limit on HTTP/2 (hyper's default is 16 MiB).
 const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
+
+/// Which listener an error is about, as its messages name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// An mTLS listener (`listen`).
+    Tls(SocketAddr),
+    /// A `[proxy] listen` address.
+    Proxy(SocketAddr),
+    /// `[metrics] listen`.
+    Metrics(SocketAddr),
+}
+
+impl std::fmt::Display for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listener::Tls(a) => write!(f, "{a}"),
+            Listener::Proxy(a) => write!(f, "{a} for [proxy]"),
+            Listener::Metrics(a) => write!(f, "{a} for metrics"),
+        }
+    }
+}
+
+/// Why serving could not start, or stopped with an error. The binary
+/// prints it as one line, each cause after `: `.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The TLS files do not make a server config or a verifier.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::ServerTlsError),
+    /// `[[authorization]]` or `[proxy]` cannot work.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The watcher could not start.
+    #[error(transparent)]
+    Watch(#[from] crate::watch::WatchError),
+    /// A listener could not be bound or set up.
+    #[error("cannot listen on {0}")]
+    Listen(Listener, #[source] std::io::Error),
+    /// A `[proxy]` listener could not be made non-blocking.
+    #[error("proxy listener {0}")]
+    NonBlocking(SocketAddr, #[source] std::io::Error),
+    /// A bound mTLS listener has no address.
+    #[error("listener address")]
+    Address(#[source] std::io::Error),
+    /// A bound `[proxy]` listener has no address.
+    #[error("proxy listener address")]
+    ProxyAddress(#[source] std::io::Error),
+    /// A listener stopped serving with an error.
+    #[error("serving {}", match .0 {
+        Listener::Proxy(a) => format!("[proxy] on {a}"),
+        other => format!("on {other}"),
+    })]
+    Serving(Listener, #[source] std::io::Error),
+    /// A listener's task panicked or was cancelled.
+    #[error("server task")]
+    Task(#[source] tokio::task::JoinError),
+}
 
 /// A running master, for callers that need its state (tests, `serve`).
 #[derive(Debug, Clone)]
@@ -103,112 +162,49 @@ pub async fn serve(
     listeners: Vec<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     ready: impl FnOnce(Running) + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), ServeError> {
     pluginsync_common::tls::install_default_provider();
     let tls = RustlsConfig::from_config(Arc::new(crate::tls::server_config(&config.tls)?));
-    let (max_connections, nofile) = conns::effective_max_connections(config.http.max_connections);
-    if max_connections < config.http.max_connections {
-        tracing::warn!(
-            max_connections,
-            configured = config.http.max_connections,
-            nofile = nofile.unwrap_or_default(),
-            "http.max_connections lowered to fit the descriptor limit (LimitNOFILE)"
-        );
-    }
-    let connections = Connections::new(Limits {
-        max_connections,
-        idle_timeout: config.http.idle_timeout,
-        write_timeout: config.http.write_timeout,
-    });
-    let reaper = tokio::spawn(Connections::reap(Arc::downgrade(&connections)));
-    let expiry_watch = tokio::spawn(watch_certificate(config.clone()));
+    let connections = registry(&config.http);
+    let mut background = vec![
+        tokio::spawn(Connections::reap(Arc::downgrade(&connections))),
+        tokio::spawn(watch_certificate(config.clone())),
+    ];
     let authorizer = Authorizer::new(&config.authorization)?;
     let store = Store::new(config.clone());
     // Nothing is indexed before listening (docs/master.md#many-environments):
     // the warmer indexes in the background, requests index on demand.
-    let warmer = tokio::spawn(store.clone().warm());
-    let dropper = tokio::spawn(Store::idle_dropper(
+    background.push(tokio::spawn(store.clone().warm()));
+    background.push(tokio::spawn(Store::idle_dropper(
         Arc::downgrade(&store),
         config.index.idle_drop,
-    ));
+    )));
     let _watcher = crate::watch::spawn(store.clone())?;
     let state = AppState {
         store: store.clone(),
         gate: Gate::new(authorizer, config.tls.client_auth.into()),
     };
-    let metrics_server = match config.metrics.listen {
-        Some(addr) => Some(spawn_metrics(addr, &store, &connections, &state.gate).await?),
-        None => None,
-    };
+    if let Some(addr) = config.metrics.listen {
+        background.push(spawn_metrics(addr, &store, &connections, &state.gate).await?);
+    }
     let proxy = if config.proxy.listen.is_empty() {
         None
     } else {
         let verifier = crate::tls::client_verifier_for(&config.tls, false)?;
         Some(Arc::new(Trust::new(&config.proxy, verifier)?))
     };
-    let proxy_app = proxy.as_ref().map(|trust| {
-        crate::routes::proxy_router(state.clone(), config.http.request_timeout, trust.clone())
-    });
-    let app = crate::routes::router(state, config.http.request_timeout);
     let handle: Handle<SocketAddr> = Handle::new();
-    let mut servers = Vec::new();
-    for listener in listeners {
-        let addr = listener.local_addr().context("listener address")?;
-        // Admit (TCP_NODELAY, the connection limit, the socket wrapped
-        // so the registry can close it), then TLS, then Identify (the
-        // client's certificate recorded, its requests counted).
-        let acceptor = conns::Identify::new(
-            RustlsAcceptor::new(tls.clone())
-                .handshake_timeout(config.http.handshake_timeout)
-                .acceptor(conns::Admit::new(connections.clone())),
-            store.clone(),
-        );
-        let mut server = axum_server::from_tcp(listener)
-            .with_context(|| format!("cannot listen on {addr}"))?
-            .acceptor(acceptor)
-            .handle(handle.clone());
-        limit_http(server.http_builder(), &config.http);
-        let service = app
-            .clone()
-            .into_make_service_with_connect_info::<SocketAddr>();
-        servers.push(tokio::spawn(async move {
-            server
-                .serve(service)
-                .await
-                .with_context(|| format!("serving on {addr}"))
-        }));
-        tracing::info!("listening on {addr}");
-    }
-    // The `[proxy]` listeners (docs/protocol.md §5.5): plain HTTP, the same
-    // routes, state and connection registry (so `max_connections` and the
-    // idle and write timeouts count them too), the identity from a trusted
-    // proxy's headers.
-    for addr in config.proxy.listen.iter().filter(|_| proxy_app.is_some()) {
-        let listener = TcpListener::bind(addr)
-            .with_context(|| format!("cannot listen on {addr} for [proxy]"))?;
-        listener
-            .set_nonblocking(true)
-            .with_context(|| format!("proxy listener {addr}"))?;
-        let bound = listener.local_addr().context("proxy listener address")?;
-        let mut server = axum_server::from_tcp(listener)
-            .with_context(|| format!("cannot listen on {addr} for [proxy]"))?
-            .acceptor(conns::AdmitPlain::new(connections.clone()))
-            .handle(handle.clone());
-        limit_http(server.http_builder(), &config.http);
-        let service = proxy_app
-            .clone()
-            .expect("filtered on proxy_app")
-            .into_make_service_with_connect_info::<SocketAddr>();
-        servers.push(tokio::spawn(async move {
-            server
-                .serve(service)
-                .await
-                .with_context(|| format!("serving [proxy] on {bound}"))
-        }));
-        tracing::info!("proxy listening on {bound}");
+    let listening = Listening {
+        http: &config.http,
+        connections: &connections,
+        handle: &handle,
+    };
+    let mut servers = listening.tls(listeners, &tls, &store, state.clone())?;
+    if let Some(trust) = &proxy {
+        servers.extend(listening.proxy(&config.proxy.listen, state, trust)?);
     }
     tracing::info!(
-        max_connections,
+        max_connections = connections.limits().max_connections,
         idle_timeout_ms = config.http.idle_timeout.as_millis() as u64,
         write_timeout_ms = config.http.write_timeout.as_millis() as u64,
         "connection limits"
@@ -216,37 +212,156 @@ pub async fn serve(
     ready(Running {
         store: store.clone(),
         tls: Reload {
-            config: tls.clone(),
-            connections: connections.clone(),
+            config: tls,
+            connections,
             store: store.clone(),
-            proxy: proxy.clone(),
+            proxy,
         },
     });
-    let grace = config.http.shutdown_grace;
-    let drain_store = store.clone();
-    let drain_handle = handle.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        tracing::info!(
-            grace_ms = grace.as_millis() as u64,
-            "shutting down: draining"
-        );
-        drain_store.draining.store(true, Ordering::Relaxed);
-        tokio::time::sleep(grace).await;
-        drain_handle.graceful_shutdown(Some(grace));
-    });
+    tokio::spawn(drain(shutdown, config.http.shutdown_grace, store, handle));
     for s in servers {
-        s.await.context("server task")??;
+        s.await.map_err(ServeError::Task)??;
     }
-    reaper.abort();
-    expiry_watch.abort();
-    warmer.abort();
-    dropper.abort();
-    if let Some(m) = metrics_server {
-        m.abort();
-    }
+    background.iter().for_each(tokio::task::JoinHandle::abort);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The connection registry of `[http]`: `max_connections` capped to the
+/// descriptor limit (a warning when that lowers it), the timeouts as set.
+fn registry(http: &crate::config::HttpConfig) -> Arc<Connections> {
+    let (max_connections, nofile) = conns::effective_max_connections(http.max_connections);
+    if max_connections < http.max_connections {
+        tracing::warn!(
+            max_connections,
+            configured = http.max_connections,
+            nofile = nofile.unwrap_or_default(),
+            "http.max_connections lowered to fit the descriptor limit (LimitNOFILE)"
+        );
+    }
+    Connections::new(Limits {
+        max_connections,
+        idle_timeout: http.idle_timeout,
+        write_timeout: http.write_timeout,
+    })
+}
+
+/// One listener's server task; its error names the listener.
+type ServerTask = tokio::task::JoinHandle<Result<(), ServeError>>;
+
+/// What every listener shares: the `[http]` limits, the connection
+/// registry and the handle that shuts them all down.
+struct Listening<'a> {
+    http: &'a crate::config::HttpConfig,
+    connections: &'a Arc<Connections>,
+    handle: &'a Handle<SocketAddr>,
+}
+
+impl Listening<'_> {
+    /// Serves the mTLS router on each of `listeners`.
+    fn tls(
+        &self,
+        listeners: Vec<TcpListener>,
+        tls: &RustlsConfig,
+        store: &Arc<Store>,
+        state: AppState,
+    ) -> Result<Vec<ServerTask>, ServeError> {
+        let app = crate::routes::router(state, self.http.request_timeout);
+        let mut servers = Vec::new();
+        for listener in listeners {
+            let addr = listener.local_addr().map_err(ServeError::Address)?;
+            // Admit (TCP_NODELAY, the connection limit, the socket wrapped
+            // so the registry can close it), then TLS, then Identify (the
+            // client's certificate recorded, its requests counted).
+            let acceptor = accept::Identify::new(
+                RustlsAcceptor::new(tls.clone())
+                    .handshake_timeout(self.http.handshake_timeout)
+                    .acceptor(accept::Admit::new(self.connections.clone())),
+                store.clone(),
+            );
+            let server = self
+                .server(listener, Listener::Tls(addr))?
+                .acceptor(acceptor);
+            let service = app
+                .clone()
+                .into_make_service_with_connect_info::<SocketAddr>();
+            servers.push(spawn(server.serve(service), Listener::Tls(addr)));
+            tracing::info!("listening on {addr}");
+        }
+        Ok(servers)
+    }
+
+    /// The `[proxy]` listeners (docs/protocol.md §5.5): plain HTTP, the
+    /// same routes, state and connection registry (so `max_connections`
+    /// and the idle and write timeouts count them too), the identity from
+    /// a trusted proxy's headers.
+    fn proxy(
+        &self,
+        addrs: &[SocketAddr],
+        state: AppState,
+        trust: &Arc<Trust>,
+    ) -> Result<Vec<ServerTask>, ServeError> {
+        let app = crate::routes::proxy_router(state, self.http.request_timeout, trust.clone());
+        let mut servers = Vec::new();
+        for addr in addrs {
+            let listener = TcpListener::bind(addr)
+                .map_err(|e| ServeError::Listen(Listener::Proxy(*addr), e))?;
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| ServeError::NonBlocking(*addr, e))?;
+            let bound = listener.local_addr().map_err(ServeError::ProxyAddress)?;
+            let server = self
+                .server(listener, Listener::Proxy(*addr))?
+                .acceptor(accept::AdmitPlain::new(self.connections.clone()));
+            let service = app
+                .clone()
+                .into_make_service_with_connect_info::<SocketAddr>();
+            servers.push(spawn(server.serve(service), Listener::Proxy(bound)));
+            tracing::info!("proxy listening on {bound}");
+        }
+        Ok(servers)
+    }
+
+    /// An axum server on `listener` (which is `which`) with the `[http]`
+    /// limits and the shared handle.
+    fn server(
+        &self,
+        listener: TcpListener,
+        which: Listener,
+    ) -> Result<axum_server::Server<SocketAddr>, ServeError> {
+        let mut server = axum_server::from_tcp(listener)
+            .map_err(|e| ServeError::Listen(which, e))?
+            .handle(self.handle.clone());
+        limit_http(server.http_builder(), self.http);
+        Ok(server)
+    }
+}
+
+/// Runs the `serving` future of listener `which` as a task.
+fn spawn(
+    serving: impl Future<Output = std::io::Result<()>> + Send + 'static,
+    which: Listener,
+) -> ServerTask {
+    tokio::spawn(async move { serving.await.map_err(|e| ServeError::Serving(which, e)) })
+}
+
+/// Once `shutdown` resolves: the health check answers 503 for `grace`
+/// (load balancers drain this replica), then the listeners stop accepting
+/// and open requests get `grace` to finish.
+async fn drain(
+    shutdown: impl Future<Output = ()>,
+    grace: std::time::Duration,
+    store: Arc<Store>,
+    handle: Handle<SocketAddr>,
+) {
+    shutdown.await;
+    tracing::info!(
+        grace_ms = grace.as_millis() as u64,
+        "shutting down: draining"
+    );
+    store.draining.store(true, Ordering::Relaxed);
+    tokio::time::sleep(grace).await;
+    handle.graceful_shutdown(Some(grace));
 }
 
 /// The HTTP limits every listener applies: the header timeout, keep-alive,
@@ -296,10 +411,10 @@ async fn spawn_metrics(
     store: &Arc<Store>,
     connections: &Arc<Connections>,
     gate: &Gate,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+) -> Result<tokio::task::JoinHandle<()>, ServeError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .with_context(|| format!("cannot listen on {addr} for metrics"))?;
+        .map_err(|e| ServeError::Listen(Listener::Metrics(addr), e))?;
     let (store, connections, gate) = (store.clone(), connections.clone(), gate.clone());
     let app = axum::Router::new().route(
         "/metrics",

@@ -152,6 +152,15 @@ fn warm_targets(warm: &[String], on_disk: &[EnvName]) -> (Vec<EnvName>, Vec<EnvN
     (named, rest)
 }
 
+/// Which environments a [`Store::rebuild`] or [`Store::refresh`] covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every environment, and the store forgets those gone from disk.
+    Every,
+    /// These environments only.
+    Only(Vec<EnvName>),
+}
+
 impl Store {
     /// An empty store.
     pub fn new(config: Arc<MasterConfig>) -> Arc<Self> {
@@ -302,15 +311,16 @@ impl Store {
         }
     }
 
-    /// Rebuilds the named environments, or every environment on disk (and
-    /// drops the indexes of those gone), indexing those not indexed yet
-    /// too; with `None` the store is then ready and warmed. Tests use it;
-    /// serving uses [`Store::refresh`], lazy builds and the warmer instead.
-    pub async fn rebuild(self: &Arc<Self>, names: Option<Vec<EnvName>>) {
-        let everything = names.is_none();
-        let targets = match names {
-            Some(n) => n,
-            None => {
+    /// Rebuilds the environments of `scope` — [`Scope::Every`]: every
+    /// environment on disk (and drops the indexes of those gone) —,
+    /// indexing those not indexed yet too; after [`Scope::Every`] the store
+    /// is ready and warmed. Tests use it; serving uses [`Store::refresh`],
+    /// lazy builds and the warmer instead.
+    pub async fn rebuild(self: &Arc<Self>, scope: Scope) {
+        let everything = scope == Scope::Every;
+        let targets = match scope {
+            Scope::Only(n) => n,
+            Scope::Every => {
                 let mut all: Vec<EnvName> = environments::list_environments(&self.config)
                     .into_iter()
                     .map(|(n, _)| n)
@@ -332,15 +342,15 @@ impl Store {
         }
     }
 
-    /// Rebuilds the named environments, or every one, among those indexed
-    /// now (an unindexed one is read as it is on its next request), and
-    /// drops the indexes of environments gone from disk. What the watcher
-    /// and explicit re-indexes call.
-    pub async fn refresh(self: &Arc<Self>, names: Option<Vec<EnvName>>) {
+    /// Rebuilds the environments of `scope` among those indexed now (an
+    /// unindexed one is read as it is on its next request); with
+    /// [`Scope::Every`], also forgets what it kept of environments gone
+    /// from disk. What the watcher and explicit re-indexes call.
+    pub async fn refresh(self: &Arc<Self>, scope: Scope) {
         let indexed = self.indexed();
-        let targets: Vec<EnvName> = match names {
-            Some(n) => n.into_iter().filter(|n| indexed.contains(n)).collect(),
-            None => {
+        let targets: Vec<EnvName> = match scope {
+            Scope::Only(n) => n.into_iter().filter(|n| indexed.contains(n)).collect(),
+            Scope::Every => {
                 // The kept digests of dropped environments gone from disk.
                 let on_disk: BTreeSet<EnvName> = environments::list_environments(&self.config)
                     .into_iter()
@@ -370,7 +380,8 @@ impl Store {
             by,
             "re-indexing on request"
         );
-        self.refresh(env.map(|e| vec![e])).await;
+        self.refresh(env.map_or(Scope::Every, |e| Scope::Only(vec![e])))
+            .await;
     }
 
     /// The background warmer: indexes the `index.warm` targets one at a

@@ -3,6 +3,7 @@
 //! ALPN h2 + http/1.1, and session resumption (docs/tls.md#session-resumption) from a
 //! bounded in-memory session cache: nothing of it is ever on disk.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use pluginsync_common::tls::{self as ptls, TlsError};
@@ -217,6 +218,84 @@ pub fn crl_next_update(path: &std::path::Path) -> Option<i64> {
         .min()
 }
 
+/// A server certificate agents would refuse, or that cannot be checked
+/// ([`server_certificate_check`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CertificateRefused {
+    /// The certificate or the CA file could not be loaded.
+    #[error(transparent)]
+    File(#[from] TlsError),
+    /// The certificate file holds no certificate.
+    #[error("server certificate '{}' is empty", .0.display())]
+    Empty(PathBuf),
+    /// The leaf certificate is not X.509.
+    #[error("server certificate '{}' cannot be parsed: {source}", path.display())]
+    Unparsable {
+        /// `[tls] cert`.
+        path: PathBuf,
+        /// What x509-parser said.
+        source: x509_parser::nom::Err<x509_parser::error::X509Error>,
+    },
+    /// Past its `notAfter`.
+    #[error("server certificate '{}' expired on {on}: agents refuse it", path.display())]
+    Expired {
+        /// `[tls] cert`.
+        path: PathBuf,
+        /// The day it expired (UTC).
+        on: time::Date,
+    },
+    /// Before its `notBefore`.
+    #[error("server certificate '{}' is not valid until {on}: agents refuse it", path.display())]
+    NotYetValid {
+        /// `[tls] cert`.
+        path: PathBuf,
+        /// The day it becomes valid (UTC).
+        on: time::Date,
+    },
+    /// `[tls] ca` cannot make a verifier.
+    #[error("[tls] ca '{}': {source}", path.display())]
+    BadCa {
+        /// `[tls] ca`.
+        path: PathBuf,
+        /// What rustls said.
+        source: rustls::client::VerifierBuilderError,
+    },
+    /// Not issued by `[tls] ca` (through the chain in the file).
+    #[error("server certificate '{}' does not verify against [tls] ca '{}': {source}", cert.display(), ca.display())]
+    Unverified {
+        /// `[tls] cert`.
+        cert: PathBuf,
+        /// `[tls] ca`.
+        ca: PathBuf,
+        /// What rustls said.
+        source: rustls::Error,
+    },
+}
+
+/// The server certificate expires within `[tls] cert_expiry_warning`: a
+/// warning (`check`'s output, `serve`'s daily log line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiresSoon {
+    /// `[tls] cert`.
+    pub path: PathBuf,
+    /// The day it expires (UTC).
+    pub on: time::Date,
+    /// Whole days left.
+    pub days: i64,
+}
+
+impl std::fmt::Display for ExpiresSoon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "server certificate '{}' expires on {} (in {} days)",
+            self.path.display(),
+            self.on,
+            self.days
+        )
+    }
+}
+
 /// What is wrong with the server certificate now, beyond what loading it
 /// checks: `Err` when it cannot work (expired, not yet valid, not issued by
 /// `[tls] ca` — every agent would refuse it: the classic Puppet fleet
@@ -228,16 +307,16 @@ pub fn server_certificate_check(
     tls: &TlsConfig,
     now: std::time::SystemTime,
     warn_within: std::time::Duration,
-) -> Result<Option<String>, String> {
-    let certs = ptls::load_certs("server certificate", &tls.cert).map_err(|e| e.to_string())?;
+) -> Result<Option<ExpiresSoon>, CertificateRefused> {
+    let certs = ptls::load_certs("server certificate", &tls.cert)?;
     let leaf = certs
         .first()
-        .ok_or_else(|| format!("server certificate '{}' is empty", tls.cert.display()))?;
-    let (_, cert) = x509_parser::parse_x509_certificate(leaf).map_err(|e| {
-        format!(
-            "server certificate '{}' cannot be parsed: {e}",
-            tls.cert.display()
-        )
+        .ok_or_else(|| CertificateRefused::Empty(tls.cert.clone()))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf).map_err(|source| {
+        CertificateRefused::Unparsable {
+            path: tls.cert.clone(),
+            source,
+        }
     })?;
     let unix = |t: std::time::SystemTime| {
         t.duration_since(std::time::UNIX_EPOCH)
@@ -245,58 +324,66 @@ pub fn server_certificate_check(
     };
     let now_s = unix(now);
     let validity = cert.validity();
-    let day = |t: &x509_parser::time::ASN1Time| t.to_datetime().date().to_string();
+    let day = |t: &x509_parser::time::ASN1Time| t.to_datetime().date();
     if now_s > validity.not_after.timestamp() {
-        return Err(format!(
-            "server certificate '{}' expired on {}: agents refuse it",
-            tls.cert.display(),
-            day(&validity.not_after)
-        ));
+        return Err(CertificateRefused::Expired {
+            path: tls.cert.clone(),
+            on: day(&validity.not_after),
+        });
     }
     if now_s < validity.not_before.timestamp() {
-        return Err(format!(
-            "server certificate '{}' is not valid until {}: agents refuse it",
-            tls.cert.display(),
-            day(&validity.not_before)
-        ));
+        return Err(CertificateRefused::NotYetValid {
+            path: tls.cert.clone(),
+            on: day(&validity.not_before),
+        });
     }
-    // Issued by [tls] ca (through the chain in the file): agents trust that
-    // CA, so a certificate from another one is refused by every agent.
-    let roots = Arc::new(ptls::load_roots(&tls.ca).map_err(|e| e.to_string())?);
+    issued_by_ca(tls, &certs, now_s)?;
+    let left = validity.not_after.timestamp() - now_s;
+    Ok((left < warn_within.as_secs() as i64).then(|| ExpiresSoon {
+        path: tls.cert.clone(),
+        on: day(&validity.not_after),
+        days: left / 86_400,
+    }))
+}
+
+/// Whether the chain `certs` (leaf first) is issued by `[tls] ca` at `now_s`:
+/// agents trust that CA, so a certificate from another one is refused by
+/// every agent. Which names agents use is theirs to say; only the issuer
+/// matters.
+fn issued_by_ca(
+    tls: &TlsConfig,
+    certs: &[rustls::pki_types::CertificateDer<'static>],
+    now_s: i64,
+) -> Result<(), CertificateRefused> {
+    let roots = Arc::new(ptls::load_roots(&tls.ca)?);
     let verifier =
         rustls::client::WebPkiServerVerifier::builder_with_provider(roots, ptls::provider())
             .build()
-            .map_err(|e| format!("[tls] ca '{}': {e}", tls.ca.display()))?;
+            .map_err(|source| CertificateRefused::BadCa {
+                path: tls.ca.clone(),
+                source,
+            })?;
     let name = rustls::pki_types::ServerName::try_from("pluginsync-check.invalid")
         .expect("a valid DNS name");
     let at = rustls::pki_types::UnixTime::since_unix_epoch(std::time::Duration::from_secs(
         now_s.max(0) as u64,
     ));
     use rustls::client::danger::ServerCertVerifier;
-    match verifier.verify_server_cert(leaf, &certs[1..], &name, &[], at) {
-        Ok(_) => {}
-        // Which names agents use is theirs to say; only the issuer matters.
-        Err(rustls::Error::InvalidCertificate(
+    let Some((leaf, intermediates)) = certs.split_first() else {
+        return Err(CertificateRefused::Empty(tls.cert.clone()));
+    };
+    match verifier.verify_server_cert(leaf, intermediates, &name, &[], at) {
+        Ok(_)
+        | Err(rustls::Error::InvalidCertificate(
             rustls::CertificateError::NotValidForName
             | rustls::CertificateError::NotValidForNameContext { .. },
-        )) => {}
-        Err(e) => {
-            return Err(format!(
-                "server certificate '{}' does not verify against [tls] ca '{}': {e}",
-                tls.cert.display(),
-                tls.ca.display()
-            ));
-        }
+        )) => Ok(()),
+        Err(source) => Err(CertificateRefused::Unverified {
+            cert: tls.cert.clone(),
+            ca: tls.ca.clone(),
+            source,
+        }),
     }
-    let left = validity.not_after.timestamp() - now_s;
-    Ok((left < warn_within.as_secs() as i64).then(|| {
-        format!(
-            "server certificate '{}' expires on {} (in {} days)",
-            tls.cert.display(),
-            day(&validity.not_after),
-            left / 86_400
-        )
-    }))
 }
 
 #[cfg(test)]
@@ -365,12 +452,15 @@ mod tests {
         assert_eq!(store.take(b"b"), None, "older than its max age");
     }
 
+    /// The check's verdict as the texts `check` prints and `serve` logs.
     fn check(tls: &TlsConfig) -> Result<Option<String>, String> {
         server_certificate_check(
             tls,
             SystemTime::now(),
             crate::config::DEFAULT_EXPIRY_WARNING,
         )
+        .map(|soon| soon.map(|w| w.to_string()))
+        .map_err(|e| e.to_string())
     }
 
     #[test]

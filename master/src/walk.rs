@@ -23,6 +23,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::metadata::FileType;
 use pluginsync_common::relpath::RelPath;
 
@@ -73,7 +74,7 @@ pub struct Node {
     pub sig: Option<FileSig>,
     /// SHA-256 of the content of `real`, for files and links to files that
     /// stay inside the root; filled by [`hash_nodes`].
-    pub sha256: Option<[u8; 32]>,
+    pub sha256: Option<Sha256>,
 }
 
 impl Node {
@@ -133,117 +134,25 @@ pub fn sig_of(md: &Metadata) -> FileSig {
 pub fn walk_root(root: &Path, label: &str) -> std::io::Result<(PathBuf, Vec<Node>)> {
     let canon_root = root.canonicalize()?;
     let md = std::fs::metadata(&canon_root)?;
-    let view = view_of(&md, None);
-    let mut nodes = vec![Node {
-        rel: RelPath::root(),
-        parent: 0,
-        via_link: false,
-        is_link: false,
-        follow: view.clone(),
-        manage: view,
-        real: None,
-        sig: None,
-        sha256: None,
-    }];
+    let mut root_node = Node::new(RelPath::root(), 0, false, false);
+    root_node.follow = view_of(&md, None);
+    root_node.manage = root_node.follow.clone();
+    let mut nodes = vec![root_node];
     let mut queue: VecDeque<u32> = VecDeque::from([0]);
     while let Some(dir_idx) = queue.pop_front() {
-        let dir = &nodes[dir_idx as usize];
-        let (dir_real, dir_rel) = (dir.real_path(&canon_root).into_owned(), dir.rel.clone());
-        // Children of a followed directory link exist only under
-        // links=follow; the link itself is still a `link` under manage.
-        let children_via_link = dir.via_link || dir.is_link;
-        let mut names: Vec<std::ffi::OsString> = match std::fs::read_dir(&dir_real) {
-            Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.file_name())).collect(),
-            Err(e) => {
-                tracing::warn!(module = label, dir = %dir_real.display(), error = %e, "cannot read directory, its entries are not served");
-                continue;
-            }
+        let dir = WalkedDir::of(&nodes, dir_idx, &canon_root);
+        let Some(names) = dir.names(label) else {
+            continue;
         };
-        names.sort();
         for os_name in names {
-            let path = dir_real.join(&os_name);
-            let Some(name) = os_name.to_str() else {
-                tracing::warn!(module = label, path = %path.display(), "file name is not UTF-8, not served");
+            let Some(Entry {
+                mut node,
+                real,
+                descend,
+            }) = dir.entry(&nodes, &os_name, &canon_root, label)
+            else {
                 continue;
             };
-            let rel = match dir_rel.join(name) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(module = label, path = %path.display(), error = %e, "file name cannot be served");
-                    continue;
-                }
-            };
-            let lmd = match std::fs::symlink_metadata(&path) {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(module = label, path = %path.display(), error = %e, "cannot stat, not served");
-                    continue;
-                }
-            };
-            let mut node = Node {
-                rel,
-                parent: dir_idx,
-                via_link: children_via_link,
-                is_link: lmd.file_type().is_symlink(),
-                follow: None,
-                manage: None,
-                real: None,
-                sig: None,
-                sha256: None,
-            };
-            let mut real = path.clone();
-            let mut descend = false;
-            if node.is_link {
-                let destination = std::fs::read_link(&path)
-                    .ok()
-                    .map(|d| d.to_string_lossy().into_owned());
-                node.manage = view_of(&lmd, destination);
-                match path.canonicalize() {
-                    Err(_) => {
-                        tracing::warn!(module = label, path = %path.display(), "dangling symlink, served only under links=manage");
-                    }
-                    Ok(target) if !target.starts_with(&canon_root) => {
-                        tracing::warn!(module = label, path = %path.display(), target = %target.display(), "symlink leaves the module root, never followed");
-                    }
-                    Ok(target) => match std::fs::metadata(&target) {
-                        Ok(tmd)
-                            if tmd.is_dir()
-                                && (dir_real.starts_with(&target)
-                                    || on_chain(&nodes, dir_idx, &target, &canon_root)) =>
-                        {
-                            tracing::warn!(module = label, path = %path.display(), "symlink loop, not followed");
-                        }
-                        Ok(tmd) => {
-                            node.follow = view_of(&tmd, None);
-                            real = target;
-                            if tmd.is_file() {
-                                node.sig = Some(sig_of(&tmd));
-                            }
-                            descend = tmd.is_dir();
-                            if node.follow.is_none() {
-                                tracing::warn!(module = label, path = %path.display(), "symlink to a special file, not served");
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(module = label, path = %path.display(), error = %e, "cannot stat symlink target, not followed");
-                        }
-                    },
-                }
-            } else {
-                node.follow = view_of(&lmd, None);
-                if node.follow.is_none() {
-                    tracing::warn!(module = label, path = %path.display(), "fifo, socket or device, not served");
-                    continue;
-                }
-                node.manage = node.follow.clone();
-                if lmd.is_file() {
-                    node.sig = Some(sig_of(&lmd));
-                }
-                descend = lmd.is_dir();
-            }
-            if node.via_link {
-                node.manage = None;
-            }
             if nodes.len() >= MAX_NODES {
                 tracing::warn!(
                     module = label,
@@ -267,6 +176,200 @@ pub fn walk_root(root: &Path, label: &str) -> std::io::Result<(PathBuf, Vec<Node
     Ok((canon_root, nodes))
 }
 
+impl Node {
+    /// A node with no view, content or real path yet.
+    fn new(rel: RelPath, parent: u32, via_link: bool, is_link: bool) -> Node {
+        Node {
+            rel,
+            parent,
+            via_link,
+            is_link,
+            follow: None,
+            manage: None,
+            real: None,
+            sig: None,
+            sha256: None,
+        }
+    }
+}
+
+/// The directory whose entries the walk is reading.
+struct WalkedDir {
+    /// Its node's index.
+    idx: u32,
+    /// Where it really is (its entries are read there).
+    real: PathBuf,
+    /// Its path relative to the root.
+    rel: RelPath,
+    /// Its entries exist only under `links=follow`: it is, or is below, a
+    /// followed directory link (the link itself is still a `link` under
+    /// manage).
+    children_via_link: bool,
+}
+
+/// One entry of a directory, as the walk keeps it.
+struct Entry {
+    /// The node, without its real path.
+    node: Node,
+    /// Where its content is.
+    real: PathBuf,
+    /// True for a directory (or a followed link to one) to walk into.
+    descend: bool,
+}
+
+/// Where a symlink that may be followed leads.
+struct Followed {
+    /// The target's `follow` view (`None`: a special file, not served).
+    view: Option<View>,
+    /// The target's canonical path, inside the module root.
+    real: PathBuf,
+    /// The target's signature, if it is a file.
+    sig: Option<FileSig>,
+    /// True if the target is a directory to walk into.
+    descend: bool,
+}
+
+impl WalkedDir {
+    fn of(nodes: &[Node], idx: u32, canon_root: &Path) -> WalkedDir {
+        let dir = &nodes[idx as usize];
+        WalkedDir {
+            idx,
+            real: dir.real_path(canon_root).into_owned(),
+            rel: dir.rel.clone(),
+            children_via_link: dir.via_link || dir.is_link,
+        }
+    }
+
+    /// The names in the directory, sorted; `None` (with a warning) if it
+    /// cannot be read.
+    fn names(&self, label: &str) -> Option<Vec<std::ffi::OsString>> {
+        let mut names: Vec<std::ffi::OsString> = match std::fs::read_dir(&self.real) {
+            Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.file_name())).collect(),
+            Err(e) => {
+                tracing::warn!(module = label, dir = %self.real.display(), error = %e, "cannot read directory, its entries are not served");
+                return None;
+            }
+        };
+        names.sort();
+        Some(names)
+    }
+
+    /// The entry `os_name` of this directory, or `None` (with a warning)
+    /// when it is not served at all.
+    fn entry(
+        &self,
+        nodes: &[Node],
+        os_name: &std::ffi::OsStr,
+        canon_root: &Path,
+        label: &str,
+    ) -> Option<Entry> {
+        let path = self.real.join(os_name);
+        let Some(name) = os_name.to_str() else {
+            tracing::warn!(module = label, path = %path.display(), "file name is not UTF-8, not served");
+            return None;
+        };
+        let rel = match self.rel.join(name) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(module = label, path = %path.display(), error = %e, "file name cannot be served");
+                return None;
+            }
+        };
+        let lmd = match std::fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(module = label, path = %path.display(), error = %e, "cannot stat, not served");
+                return None;
+            }
+        };
+        let is_link = lmd.file_type().is_symlink();
+        let mut node = Node::new(rel, self.idx, self.children_via_link, is_link);
+        let mut real = path.clone();
+        let mut descend = false;
+        if is_link {
+            let destination = std::fs::read_link(&path)
+                .ok()
+                .map(|d| d.to_string_lossy().into_owned());
+            node.manage = view_of(&lmd, destination);
+            if let Some(followed) = self.follow(nodes, &path, canon_root, label) {
+                node.follow = followed.view;
+                node.sig = followed.sig;
+                real = followed.real;
+                descend = followed.descend;
+            }
+        } else {
+            node.follow = view_of(&lmd, None);
+            if node.follow.is_none() {
+                tracing::warn!(module = label, path = %path.display(), "fifo, socket or device, not served");
+                return None;
+            }
+            node.manage = node.follow.clone();
+            if lmd.is_file() {
+                node.sig = Some(sig_of(&lmd));
+            }
+            descend = lmd.is_dir();
+        }
+        if node.via_link {
+            node.manage = None;
+        }
+        Some(Entry {
+            node,
+            real,
+            descend,
+        })
+    }
+
+    /// Where the symlink at `path` (an entry of this directory) leads, if
+    /// it may be followed: not dangling, inside the module root, not a
+    /// loop back to this directory or one above it; `None` with a warning
+    /// otherwise (it is then served only under `links=manage`).
+    fn follow(
+        &self,
+        nodes: &[Node],
+        path: &Path,
+        canon_root: &Path,
+        label: &str,
+    ) -> Option<Followed> {
+        let target = match path.canonicalize() {
+            Err(_) => {
+                tracing::warn!(module = label, path = %path.display(), "dangling symlink, served only under links=manage");
+                return None;
+            }
+            Ok(target) if !target.starts_with(canon_root) => {
+                tracing::warn!(module = label, path = %path.display(), target = %target.display(), "symlink leaves the module root, never followed");
+                return None;
+            }
+            Ok(target) => target,
+        };
+        match std::fs::metadata(&target) {
+            Ok(tmd)
+                if tmd.is_dir()
+                    && (self.real.starts_with(&target)
+                        || on_chain(nodes, self.idx, &target, canon_root)) =>
+            {
+                tracing::warn!(module = label, path = %path.display(), "symlink loop, not followed");
+                None
+            }
+            Ok(tmd) => {
+                let view = view_of(&tmd, None);
+                if view.is_none() {
+                    tracing::warn!(module = label, path = %path.display(), "symlink to a special file, not served");
+                }
+                Some(Followed {
+                    view,
+                    real: target,
+                    sig: tmd.is_file().then(|| sig_of(&tmd)),
+                    descend: tmd.is_dir(),
+                })
+            }
+            Err(e) => {
+                tracing::warn!(module = label, path = %path.display(), error = %e, "cannot stat symlink target, not followed");
+                None
+            }
+        }
+    }
+}
+
 /// Entries walked per root at most: a guard against symlinked directories
 /// multiplying a tree.
 pub const MAX_NODES: usize = 2_000_000;
@@ -288,14 +391,14 @@ fn on_chain(nodes: &[Node], mut idx: u32, target: &Path, canon_root: &Path) -> b
 
 /// The digests of a previous build, for reuse: real path → (signature,
 /// sha256). A file whose signature is unchanged is not read again.
-pub type Digests = HashMap<PathBuf, (FileSig, [u8; 32])>;
+pub type Digests = HashMap<PathBuf, (FileSig, Sha256)>;
 
 /// The digests of an index dropped for being idle
 /// (docs/master.md#many-environments): signature → sha256, with no path (72
 /// bytes a file, not
 /// a path each). A signature holds the device and inode, so a hit is the
 /// very file that was hashed, unchanged, wherever it is walked from now.
-pub type KeptDigests = HashMap<FileSig, [u8; 32]>;
+pub type KeptDigests = HashMap<FileSig, Sha256>;
 
 /// The digests of `nodes`, to keep when their index is dropped.
 pub fn kept_digests<'a>(nodes: impl Iterator<Item = &'a Node>) -> KeptDigests {
@@ -436,10 +539,10 @@ pub fn open_indexed(path: &Path, sig: FileSig) -> std::io::Result<(std::fs::File
 
 /// SHA-256 of a regular file opened with [`open_regular`], streamed, and
 /// the signature of the descriptor that was read.
-pub fn hash_file(path: &Path) -> std::io::Result<([u8; 32], FileSig)> {
+pub fn hash_file(path: &Path) -> std::io::Result<(Sha256, FileSig)> {
     let (file, md) = open_regular(path)?;
     Ok((
-        pluginsync_common::checksum::sha256_reader(file)?.0,
+        pluginsync_common::checksum::sha256_reader(file)?,
         sig_of(&md),
     ))
 }
@@ -558,10 +661,7 @@ mod tests {
         with_kept(&mut again, &canon);
         assert_eq!(counter.load(Ordering::Relaxed), 4, "only b.rb was read");
         let b = again.iter().find(|n| n.rel.as_str() == "b.rb").unwrap();
-        assert_eq!(
-            b.sha256,
-            Some(pluginsync_common::checksum::sha256_bytes(b"bb"))
-        );
+        assert_eq!(b.sha256, Some(Sha256::of(b"bb")));
     }
 
     /// Walks a root with `a.rb`, then lets `swap` replace it before hashing
@@ -630,12 +730,7 @@ mod tests {
             std::fs::write(&tmp, "replaced, longer\n").unwrap();
             std::fs::rename(&tmp, p).unwrap();
         });
-        assert_eq!(
-            node.sha256,
-            Some(pluginsync_common::checksum::sha256_bytes(
-                b"replaced, longer\n"
-            ))
-        );
+        assert_eq!(node.sha256, Some(Sha256::of(b"replaced, longer\n")));
         assert_eq!(
             node.sig.map(|s| s.size),
             Some(17),

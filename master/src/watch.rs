@@ -57,7 +57,7 @@ use tokio::time::Instant;
 
 use crate::config::Publish;
 use crate::environments;
-use crate::store::Store;
+use crate::store::{Scope, Store};
 
 /// r10k writes this file into an environment when its deploy is done.
 const R10K_DEPLOY_INFO: &str = ".r10k-deploy.json";
@@ -145,10 +145,27 @@ impl Drop for WatchGuard {
     }
 }
 
+/// Why watching could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// No inotify instance.
+    #[error(transparent)]
+    Start(#[from] notify::Error),
+    /// A directory could not be watched. The notify error is part of the
+    /// message, not a cause printed again after it.
+    #[error("cannot watch '{}': {error} (raise fs.inotify.max_user_watches for very large trees, or set index.watch = false)", dir.display())]
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// What notify said.
+        error: notify::Error,
+    },
+}
+
 /// Starts watching (when `index.watch` is on) and the periodic rescan (when
 /// `index.rescan_interval` is non-zero); nothing with `index.publish =
 /// "explicit"`. The returned guard keeps both alive; drop it to stop.
-pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
+pub fn spawn(store: Arc<Store>) -> Result<Option<WatchGuard>, WatchError> {
     let config = store.config().clone();
     if config.index.publish == Publish::Explicit {
         tracing::info!(
@@ -179,11 +196,9 @@ pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
             }
             let _receiver_gone = tx.send((Instant::now(), ev));
         })?;
-        let cannot = |dir: &Path, e: notify::Error| {
-            anyhow::anyhow!(
-                "cannot watch '{}': {e} (raise fs.inotify.max_user_watches for very large trees, or set index.watch = false)",
-                dir.display()
-            )
+        let cannot = |dir: &Path, error: notify::Error| WatchError::Dir {
+            dir: dir.to_owned(),
+            error,
         };
         for dir in &config.environmentpath {
             w.watch(dir, RecursiveMode::NonRecursive)
@@ -214,7 +229,7 @@ pub fn spawn(store: Arc<Store>) -> anyhow::Result<Option<WatchGuard>> {
                 {
                     Ok((w, r)) => {
                         roots = r;
-                        store.refresh(None).await;
+                        store.refresh(Scope::Every).await;
                         Some(w)
                     }
                     Err(e) => {
@@ -305,10 +320,10 @@ async fn run(
         }
         // Only indexed environments are rebuilt (Store::refresh): one not
         // indexed is read as it is on its next request.
-        let targets: Option<Vec<EnvName>> = if pending.all && deploys.is_empty() {
-            None
+        let targets = if pending.all && deploys.is_empty() {
+            Scope::Every
         } else if pending.all {
-            Some(
+            Scope::Only(
                 store
                     .indexed()
                     .into_iter()
@@ -323,12 +338,10 @@ async fn run(
                     .filter(|n| !deploys.contains_key(*n))
                     .cloned(),
             );
-            Some(ready.into_iter().collect())
+            Scope::Only(ready.into_iter().collect())
         };
-        match targets {
-            None => store.refresh(None).await,
-            Some(names) if !names.is_empty() => store.refresh(Some(names)).await,
-            Some(_) => {}
+        if targets != Scope::Only(Vec::new()) {
+            store.refresh(targets).await;
         }
     }
 }

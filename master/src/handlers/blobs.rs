@@ -29,7 +29,7 @@
 //! on listings.
 
 use std::io::Read;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::body::Body;
 use axum::extract::State;
@@ -89,7 +89,7 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
     request::check_accept(&req.headers, &["application/octet-stream"])?;
     for index in state.store.all() {
         if client.may_read(index.name.as_str())
-            && let Some((root, node)) = index.blob(&digest.0)
+            && let Some((root, node)) = index.blob(&digest)
         {
             return send_file(
                 &req,
@@ -110,21 +110,7 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
 /// see the module docs for the frames.
 pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
     let client = state.gate.admit(&req)?;
-    let hashes = Query::parse(req.uri.query()).all(protocol::BATCH_QUERY_KEY);
-    if hashes.is_empty() || hashes.len() > MAX_BATCH {
-        return Err(ApiError::bad_request(format!(
-            "ask for 1 to {MAX_BATCH} sha256 values"
-        )));
-    }
-    // Distinct digests, in the order of their first mention: a repeated
-    // value gets no second frame.
-    let mut wanted: Vec<Sha256> = Vec::with_capacity(hashes.len());
-    for h in &hashes {
-        let digest = Sha256::from_hex(h).map_err(|e| ApiError::bad_request(e.to_string()))?;
-        if !wanted.contains(&digest) {
-            wanted.push(digest);
-        }
-    }
+    let wanted = wanted_digests(&req)?;
     request::check_accept(
         &req.headers,
         &[protocol::BLOBS_MEDIA_TYPE, protocol::ACCEPT_CONTENT],
@@ -135,11 +121,11 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
         .into_iter()
         .filter(|idx| client.may_read(idx.name.as_str()))
         .collect();
-    let items: Vec<(Sha256, Option<(std::path::PathBuf, FileSig)>)> = wanted
+    let items: Vec<Wanted> = wanted
         .into_iter()
         .map(|digest| {
             let found = envs.iter().find_map(|idx| {
-                let (root, node) = idx.blob(&digest.0)?;
+                let (root, node) = idx.blob(&digest)?;
                 Some((node.real_path(&root.canon).into_owned(), node.sig?))
             });
             (digest, found)
@@ -147,52 +133,7 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
         .collect();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     let store = state.store;
-    tokio::task::spawn_blocking(move || {
-        // Blob bytes promised so far, against BATCH_MAX_BYTES.
-        let mut promised: u64 = 0;
-        for (digest, found) in items {
-            let opened = found
-                .filter(|(_, sig)| {
-                    promised == 0 || promised.saturating_add(sig.size) <= BATCH_MAX_BYTES
-                })
-                .and_then(|(path, sig)| {
-                    crate::walk::open_indexed(&path, sig)
-                        .ok()
-                        .map(|(f, _)| (f, sig.size))
-                });
-            let Some((mut file, size)) = opened else {
-                if tx
-                    .blocking_send(Ok(Bytes::from(protocol::frame_header(&digest, None))))
-                    .is_err()
-                {
-                    return;
-                }
-                continue;
-            };
-            promised = promised.saturating_add(size);
-            if tx
-                .blocking_send(Ok(Bytes::from(protocol::frame_header(&digest, Some(size)))))
-                .is_err()
-            {
-                return;
-            }
-            let mut left = size;
-            while left > 0 {
-                let mut buf = vec![0u8; CHUNK.min(left as usize)];
-                // A file that shrank under us ends the stream early: the
-                // client sees a short frame and fetches the rest singly.
-                if let Err(e) = file.read_exact(&mut buf) {
-                    let _ = tx.blocking_send(Err(e));
-                    return;
-                }
-                left -= buf.len() as u64;
-                if tx.blocking_send(Ok(Bytes::from(buf))).is_err() {
-                    return;
-                }
-            }
-            store.stats.contents_sent.fetch_add(1, Ordering::Relaxed);
-        }
-    });
+    tokio::task::spawn_blocking(move || send_frames(items, &tx, &store.stats.contents_sent));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     });
@@ -210,4 +151,84 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// A digest a batch asks for, and where the index found it (the real path
+/// and the signature it must still have), if it did.
+type Wanted = (Sha256, Option<(std::path::PathBuf, FileSig)>);
+
+/// The distinct digests a batch asks for, in the order of their first
+/// mention (a repeated value gets no second frame); 400 for none, more
+/// than [`MAX_BATCH`], or one that is not a sha256.
+fn wanted_digests(req: &Parts) -> Result<Vec<Sha256>, ApiError> {
+    let hashes = Query::parse(req.uri.query()).all(protocol::BATCH_QUERY_KEY);
+    if hashes.is_empty() || hashes.len() > MAX_BATCH {
+        return Err(ApiError::bad_request(format!(
+            "ask for 1 to {MAX_BATCH} sha256 values"
+        )));
+    }
+    let mut wanted: Vec<Sha256> = Vec::with_capacity(hashes.len());
+    for h in &hashes {
+        let digest = Sha256::from_hex(h).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if !wanted.contains(&digest) {
+            wanted.push(digest);
+        }
+    }
+    Ok(wanted)
+}
+
+/// Sends the frames of `items` in order on `tx` (blocking: run it on the
+/// blocking pool): a blob while the answer stays within
+/// [`BATCH_MAX_BYTES`] and the file is still the indexed one, else a
+/// missing frame. Stops when the client is gone; ends the stream with an
+/// error if a file shrank under us. Each blob sent counts in `sent`.
+fn send_frames(
+    items: Vec<Wanted>,
+    tx: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    sent: &AtomicU64,
+) {
+    // Blob bytes promised so far, against BATCH_MAX_BYTES.
+    let mut promised: u64 = 0;
+    for (digest, found) in items {
+        let opened = found
+            .filter(|(_, sig)| {
+                promised == 0 || promised.saturating_add(sig.size) <= BATCH_MAX_BYTES
+            })
+            .and_then(|(path, sig)| {
+                crate::walk::open_indexed(&path, sig)
+                    .ok()
+                    .map(|(f, _)| (f, sig.size))
+            });
+        let Some((mut file, size)) = opened else {
+            if tx
+                .blocking_send(Ok(Bytes::from(protocol::frame_header(&digest, None))))
+                .is_err()
+            {
+                return;
+            }
+            continue;
+        };
+        promised = promised.saturating_add(size);
+        if tx
+            .blocking_send(Ok(Bytes::from(protocol::frame_header(&digest, Some(size)))))
+            .is_err()
+        {
+            return;
+        }
+        let mut left = size;
+        while left > 0 {
+            let mut buf = vec![0u8; CHUNK.min(left as usize)];
+            // A file that shrank under us ends the stream early: the
+            // client sees a short frame and fetches the rest singly.
+            if let Err(e) = file.read_exact(&mut buf) {
+                let _ = tx.blocking_send(Err(e));
+                return;
+            }
+            left -= buf.len() as u64;
+            if tx.blocking_send(Ok(Bytes::from(buf))).is_err() {
+                return;
+            }
+        }
+        sent.fetch_add(1, Ordering::Relaxed);
+    }
 }

@@ -103,13 +103,64 @@ pub async fn file_metadatas(
     .await?;
     let (params, max_files) = request::search_params(&a.query)?;
     let mount = a.target.mount;
-    // The fleet's listings are cached (pinned by `warm`): looked up here,
-    // on the connection's own thread; only a listing to serialise, gzip or
-    // inflate goes to the blocking pool.
-    let (listing, served) = match a.index.cached_listing(mount, &params) {
+    let listing = listing_for(state, &a.index, mount, &params).await?;
+    let stats = &state.store.stats;
+    if let Some(max) = max_files
+        && listing.count > max
+    {
+        return Err(ApiError::bad_request(format!(
+            "The listing has {} entries, which exceeds the limit of {max} specified by the max_files parameter",
+            listing.count
+        )));
+    }
+    let gzip = request::accepts_gzip(&req.headers) && listing.len >= GZIP_MIN;
+    let etag = if gzip {
+        listing.etag.gzip()
+    } else {
+        listing.etag.clone()
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(header::ETAG, header_value(etag.as_str()));
+    listing_headers(&mut headers);
+    if request::not_modified(&req.headers, &listing.etag) {
+        state
+            .store
+            .stats
+            .listings_not_modified
+            .fetch_add(1, Ordering::Relaxed);
+        return Ok((StatusCode::NOT_MODIFIED, headers).into_response());
+    }
+    if let Some(delta) = delta_for(req, &a.index, mount, &params, &listing).await {
+        stats.listings_delta.fetch_add(1, Ordering::Relaxed);
+        return delta_response(delta, req, headers).await;
+    }
+    state
+        .store
+        .stats
+        .listings_sent
+        .fetch_add(1, Ordering::Relaxed);
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
+    if gzip {
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
+    let body = listing_body(&listing, gzip).await?;
+    Ok((StatusCode::OK, headers, body).into_response())
+}
+
+/// The listing of `mount` for `params`, counted in the store's stats as a
+/// cache hit or a serialisation. The fleet's listings are cached (pinned
+/// by `warm`): looked up here, on the connection's own thread; only a
+/// listing to serialise, gzip or inflate goes to the blocking pool.
+async fn listing_for(
+    state: &AppState,
+    index: &Arc<EnvIndex>,
+    mount: protocol::Mount,
+    params: &SearchParams,
+) -> Result<Arc<CachedListing>, ApiError> {
+    let (listing, served) = match index.cached_listing(mount, params) {
         Some(hit) => (hit, Served::Cached),
         None => {
-            let index = a.index.clone();
+            let index = index.clone();
             let p: SearchParams = params.clone();
             tokio::task::spawn_blocking(move || index.listing(mount, &p))
                 .await
@@ -130,22 +181,12 @@ pub async fn file_metadatas(
             stats.listings_serialised.fetch_add(1, Ordering::Relaxed)
         }
     };
-    if let Some(max) = max_files
-        && listing.count > max
-    {
-        return Err(ApiError::bad_request(format!(
-            "The listing has {} entries, which exceeds the limit of {max} specified by the max_files parameter",
-            listing.count
-        )));
-    }
-    let gzip = request::accepts_gzip(&req.headers) && listing.len >= GZIP_MIN;
-    let etag = if gzip {
-        listing.etag.gzip()
-    } else {
-        listing.etag.clone()
-    };
-    let mut headers = HeaderMap::new();
-    headers.insert(header::ETAG, header_value(etag.as_str()));
+    Ok(listing)
+}
+
+/// The headers of every listing answer besides its ETag: `Vary`,
+/// `Cache-Control` and where pluginsync agents fetch content by checksum.
+fn listing_headers(headers: &mut HeaderMap) {
     // A shared cache must never hand a delta (asked for with our header)
     // to a stock agent (docs/protocol.md §7.5.3).
     headers.insert(header::VARY, HeaderValue::from_static(LISTING_VARY));
@@ -159,45 +200,32 @@ pub async fn file_metadatas(
         protocol::HEADER_BLOB_BATCH,
         HeaderValue::from_static(protocol::BATCH_PATH),
     );
-    if request::not_modified(&req.headers, &listing.etag) {
-        state
-            .store
-            .stats
-            .listings_not_modified
-            .fetch_add(1, Ordering::Relaxed);
-        return Ok((StatusCode::NOT_MODIFIED, headers).into_response());
-    }
-    if let Some(delta) = delta_for(req, &a.index, mount, &params, &listing).await {
-        stats.listings_delta.fetch_add(1, Ordering::Relaxed);
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(protocol::DELTA_MEDIA_TYPE),
-        );
-        // It answers this request's If-None-Match only.
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        let body = if request::accepts_gzip(&req.headers) && delta.len() >= GZIP_MIN {
-            headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-            tokio::task::spawn_blocking(move || delta.gzip())
-                .await
-                .map_err(|_| ApiError::internal())?
-        } else {
-            delta.plain()
-        };
-        let status =
-            StatusCode::from_u16(protocol::DELTA_STATUS).map_err(|_| ApiError::internal())?;
-        return Ok((status, headers, body).into_response());
-    }
-    state
-        .store
-        .stats
-        .listings_sent
-        .fetch_add(1, Ordering::Relaxed);
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON));
-    if gzip {
+}
+
+/// The `226` answer carrying `delta` (docs/protocol.md §7.5), gzipped
+/// when the agent accepts it and it is worth it; `headers` are the
+/// listing's.
+async fn delta_response(
+    delta: Arc<DeltaListing>,
+    req: &Parts,
+    mut headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(protocol::DELTA_MEDIA_TYPE),
+    );
+    // It answers this request's If-None-Match only.
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    let body = if request::accepts_gzip(&req.headers) && delta.len() >= GZIP_MIN {
         headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-    }
-    let body = listing_body(&listing, gzip).await?;
-    Ok((StatusCode::OK, headers, body).into_response())
+        tokio::task::spawn_blocking(move || delta.gzip())
+            .await
+            .map_err(|_| ApiError::internal())?
+    } else {
+        delta.plain()
+    };
+    let status = StatusCode::from_u16(protocol::DELTA_STATUS).map_err(|_| ApiError::internal())?;
+    Ok((status, headers, body).into_response())
 }
 
 /// The body of `listing`, gzipped or not: the form the listing holds is
@@ -414,7 +442,7 @@ pub(super) async fn send_file(
     let (Some(sig), Some(digest)) = (node.sig, node.sha256) else {
         return Err(ApiError::internal());
     };
-    let etag = ETag::of_digest(&digest);
+    let etag = ETag::of_digest(&digest.0);
     if request::not_modified(&req.headers, &etag) {
         return Ok((
             StatusCode::NOT_MODIFIED,

@@ -169,7 +169,7 @@ pub(super) fn checksum(
 ) -> Result<Option<Checksum>, ListingError> {
     let value = match ty {
         ChecksumType::Sha256 => match node.sha256 {
-            Some(d) => format!("{{sha256}}{}", pluginsync_common::digest::hex(&d)),
+            Some(d) => d.to_checksum(),
             None => return Ok(None),
         },
         ChecksumType::Mtime => ty.format_time(view.mtime),

@@ -46,6 +46,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use pluginsync_common::checksum::ChecksumType;
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::ignore::IgnoreSet;
 use pluginsync_common::metadata::{Checksum, FileMetadata, Links};
@@ -93,7 +94,7 @@ pub struct EnvIndex {
     /// Content-addressed view: sha256 → (index in `mounts`, location) of a
     /// file served by either mount (the first seen wins; the bytes are
     /// equal).
-    blobs: HashMap<[u8; 32], (usize, Loc)>,
+    blobs: HashMap<Sha256, (usize, Loc)>,
     /// Non-sha256 digests computed on demand.
     other_checksums: OtherChecksums,
     /// The standard listings this environment served before, by ETag,
@@ -295,20 +296,6 @@ impl EnvIndex {
         Ok(Arc::new(out.finish()?))
     }
 
-    /// The entries of a `file_metadatas` answer.
-    pub fn search(
-        &self,
-        mount: Mount,
-        params: &SearchParams,
-    ) -> Result<Vec<FileMetadata>, ListingError> {
-        let mut entries = Vec::new();
-        self.for_each_entry(mount, params, |e| {
-            entries.push(e);
-            Ok(())
-        })?;
-        Ok(entries)
-    }
-
     /// Calls `f` with each entry of a `file_metadatas` answer, in order:
     /// the merge of the mount for `params`, or only `"."` (the fallback
     /// directory) when no module provides the mount.
@@ -382,7 +369,7 @@ impl EnvIndex {
     }
 
     /// Finds a served file by its sha256.
-    pub fn blob(&self, digest: &[u8; 32]) -> Option<(&Root, &Node)> {
+    pub fn blob(&self, digest: &Sha256) -> Option<(&Root, &Node)> {
         let &(mi, loc) = self.blobs.get(digest)?;
         let m = &self.mounts[mi];
         Some((m.root(loc), m.node(loc)))

@@ -27,40 +27,28 @@
 //!   verifier (the new CA and CRL) and closes the connections a new
 //!   handshake would refuse (docs/protocol.md §5.2).
 //!
-//! The mechanism sits at two places: [`Admit`] wraps each TCP stream
-//! (under TLS) in [`Tracked`], which fails every read and write once the
-//! connection is condemned, so hyper and rustls drop it whatever state they
-//! are in; [`Identify`] records the peer certificate after the handshake and
-//! wraps the connection's service in [`Counted`], whose response bodies
-//! ([`CountedBody`]) count requests in flight and record progress. One
-//! reaper task ([`Connections::reap`]) applies the timeouts.
+//! This file is the registry and its decisions (who is shed, who timed
+//! out, whose certificate is now refused); one reaper task
+//! ([`Connections::reap`]) applies the timeouts. The mechanism sits in two
+//! other places: `server/accept.rs` admits each TCP stream and wraps it
+//! (under TLS) in a socket that fails every read and write once the
+//! connection is condemned, so hyper and rustls drop it whatever state
+//! they are in, and records the peer certificate after the handshake;
+//! `server/inflight.rs` wraps the connection's service so its response
+//! bodies count requests in flight and record progress.
 
 use std::collections::BTreeMap;
-use std::future::{Future, Ready};
 use std::io;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::http::Response;
-use axum_server::accept::Accept;
-use bytes::Bytes;
 use futures_util::task::AtomicWaker;
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::ClientCertVerifier;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
-use tokio_rustls::server::TlsStream;
-use tower::Service;
-
-use crate::sample::Sampler;
-use crate::store::Store;
 
 /// The error of a connection refused at `max_connections`.
-const REFUSED_AT_LIMIT: &str = "max_connections reached and every connection is busy";
+pub(super) const REFUSED_AT_LIMIT: &str = "max_connections reached and every connection is busy";
 
 /// The limits a [`Connections`] registry enforces.
 #[derive(Debug, Clone, Copy)]
@@ -91,27 +79,27 @@ const GONE: u8 = 255;
 
 /// One connection's entry.
 #[derive(Debug)]
-struct Conn {
-    id: u64,
-    epoch: Instant,
+pub(super) struct Conn {
+    pub(super) id: u64,
+    pub(super) epoch: Instant,
     /// `OPEN`, a `Close` reason, or `GONE`.
-    state: AtomicU8,
+    pub(super) state: AtomicU8,
     /// Requests whose response is not finished (body not dropped).
-    in_flight: AtomicUsize,
+    pub(super) in_flight: AtomicUsize,
     /// When `in_flight` last dropped to 0 (ms since `epoch`).
-    idle_since: AtomicU64,
+    pub(super) idle_since: AtomicU64,
     /// Responses that handed hyper a frame and were not asked for the next.
-    waiting: AtomicUsize,
+    pub(super) waiting: AtomicUsize,
     /// When a response body on this connection last moved (ms since `epoch`).
-    last_progress: AtomicU64,
+    pub(super) last_progress: AtomicU64,
     /// The client's certificate chain, leaf first, once the handshake is done.
-    peer: OnceLock<Vec<CertificateDer<'static>>>,
-    read_waker: AtomicWaker,
-    write_waker: AtomicWaker,
+    pub(super) peer: OnceLock<Vec<CertificateDer<'static>>>,
+    pub(super) read_waker: AtomicWaker,
+    pub(super) write_waker: AtomicWaker,
 }
 
 impl Conn {
-    fn now_ms(&self) -> u64 {
+    pub(super) fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
 
@@ -125,7 +113,7 @@ impl Conn {
 
     /// The error every read and write returns once the connection is
     /// condemned (after registering the waker, so a kill in between is seen).
-    fn condemned(&self) -> Option<io::Error> {
+    pub(super) fn condemned(&self) -> Option<io::Error> {
         match self.state.load(Ordering::Acquire) {
             OPEN => None,
             s if s == Close::Idle as u8 || s == Close::Stalled as u8 => Some(io::Error::new(
@@ -242,7 +230,7 @@ impl Connections {
     /// Registers a newly accepted connection, shedding an idle one at the
     /// limit; an error (the socket is then closed) when every connection is
     /// busy.
-    fn admit(&self) -> io::Result<Arc<Conn>> {
+    pub(super) fn admit(&self) -> io::Result<Arc<Conn>> {
         let mut table = self.lock();
         if self.live.load(Ordering::Acquire) >= self.limits.max_connections {
             // Oldest first (ids only grow); anonymous before authenticated.
@@ -305,7 +293,7 @@ impl Connections {
     }
 
     /// The stream was dropped: its slot is free.
-    fn remove(&self, conn: &Conn) {
+    pub(super) fn remove(&self, conn: &Conn) {
         if conn.state.swap(GONE, Ordering::AcqRel) == OPEN {
             self.live.fetch_sub(1, Ordering::AcqRel);
         }
@@ -389,422 +377,6 @@ impl Connections {
             }
         }
         closed
-    }
-}
-
-/// The inner acceptor: TCP_NODELAY, then admission into the registry.
-#[derive(Debug, Clone)]
-pub struct Admit {
-    registry: Arc<Connections>,
-}
-
-impl Admit {
-    /// Admits connections into `registry`.
-    pub fn new(registry: Arc<Connections>) -> Self {
-        Admit { registry }
-    }
-}
-
-impl<S> Accept<TcpStream, S> for Admit {
-    type Stream = Tracked<TcpStream>;
-    type Service = S;
-    type Future = Ready<io::Result<(Self::Stream, S)>>;
-
-    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
-        std::future::ready((|| {
-            // TCP_NODELAY: without it the client's small writes after the
-            // handshake can meet a delayed ACK and stall a connection ~40 ms.
-            stream.set_nodelay(true)?;
-            let conn = self.registry.admit()?;
-            Ok((
-                Tracked {
-                    inner: stream,
-                    conn,
-                    registry: self.registry.clone(),
-                },
-                service,
-            ))
-        })())
-    }
-}
-
-/// The `[proxy]` listener's acceptor (docs/protocol.md §5.5): [`Admit`],
-/// then each request counted in flight as on the mTLS listener, so
-/// `idle_timeout`, `write_timeout` and shedding at `max_connections` treat
-/// a busy proxy connection as busy. No TLS, so no certificate is recorded
-/// (a SIGHUP re-check leaves these connections alone).
-#[derive(Debug, Clone)]
-pub struct AdmitPlain(Admit);
-
-impl AdmitPlain {
-    /// Admits plain connections into `registry`.
-    pub fn new(registry: Arc<Connections>) -> Self {
-        AdmitPlain(Admit::new(registry))
-    }
-}
-
-impl<S> Accept<TcpStream, S> for AdmitPlain {
-    type Stream = Tracked<TcpStream>;
-    type Service = Counted<S>;
-    type Future = Ready<io::Result<(Self::Stream, Self::Service)>>;
-
-    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
-        std::future::ready(
-            self.0
-                .accept(stream, service)
-                .into_inner()
-                .map(|(tracked, inner)| {
-                    let conn = tracked.conn.clone();
-                    (tracked, Counted { inner, conn })
-                }),
-        )
-    }
-}
-
-/// A socket in the registry: reads and writes fail once the connection is
-/// condemned; dropping it frees its slot.
-#[derive(Debug)]
-pub struct Tracked<S> {
-    inner: S,
-    conn: Arc<Conn>,
-    registry: Arc<Connections>,
-}
-
-impl<S> Drop for Tracked<S> {
-    fn drop(&mut self) {
-        self.registry.remove(&self.conn);
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        self.conn.read_waker.register(cx.waker());
-        if let Some(e) = self.conn.condemned() {
-            return Poll::Ready(Err(e));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.conn.write_waker.register(cx.waker());
-        if let Some(e) = self.conn.condemned() {
-            return Poll::Ready(Err(e));
-        }
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.conn.write_waker.register(cx.waker());
-        if let Some(e) = self.conn.condemned() {
-            return Poll::Ready(Err(e));
-        }
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.conn.write_waker.register(cx.waker());
-        if let Some(e) = self.conn.condemned() {
-            return Poll::Ready(Err(e));
-        }
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if let Some(e) = self.conn.condemned() {
-            return Poll::Ready(Err(e));
-        }
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// The outer acceptor: after the TLS handshake, records the client's
-/// certificate chain and counts the connection's requests.
-#[derive(Debug, Clone)]
-pub struct Identify<A> {
-    inner: A,
-    store: Arc<Store>,
-    failures: Arc<Sampler>,
-}
-
-impl<A> Identify<A> {
-    /// Wraps the TLS acceptor `inner`; failed handshakes are counted in
-    /// `store`'s metrics and logged as a sample.
-    pub fn new(inner: A, store: Arc<Store>) -> Self {
-        Identify {
-            inner,
-            store,
-            failures: Arc::default(),
-        }
-    }
-}
-
-impl<A, S> Accept<TcpStream, S> for Identify<A>
-where
-    A: Accept<TcpStream, S, Stream = TlsStream<Tracked<TcpStream>>>,
-    A::Future: Send + 'static,
-    A::Service: Send + 'static,
-{
-    type Stream = TlsStream<Tracked<TcpStream>>;
-    type Service = Counted<A::Service>;
-    type Future =
-        Pin<Box<dyn Future<Output = io::Result<(Self::Stream, Self::Service)>> + Send + 'static>>;
-
-    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
-        let peer = stream.peer_addr().ok();
-        let handshake = self.inner.accept(stream, service);
-        let (store, failures) = (self.store.clone(), self.failures.clone());
-        Box::pin(async move {
-            let (tls, service) = match handshake.await {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    if let Some(reason) = handshake_failure(&e) {
-                        store.metrics.handshake_failure(reason);
-                        if let Some(n) = failures.note() {
-                            tracing::warn!(
-                                peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
-                                reason,
-                                error = %e,
-                                failed_since_last_line = n,
-                                "TLS handshake failed"
-                            );
-                        }
-                    }
-                    return Err(e);
-                }
-            };
-            let (tracked, session) = tls.get_ref();
-            store
-                .metrics
-                .handshake(handshake_kind(session.handshake_kind()));
-            let conn = tracked.conn.clone();
-            let chain = session
-                .peer_certificates()
-                .map(|c| c.iter().map(|d| d.clone().into_owned()).collect())
-                .unwrap_or_default();
-            let _ = conn.peer.set(chain);
-            Ok((
-                tls,
-                Counted {
-                    inner: service,
-                    conn,
-                },
-            ))
-        })
-    }
-}
-
-/// The metrics' label for a completed handshake: `resumed` when the client
-/// resumed a session (docs/tls.md#session-resumption), else `full`.
-pub fn handshake_kind(kind: Option<rustls::HandshakeKind>) -> &'static str {
-    match kind {
-        Some(rustls::HandshakeKind::Resumed) => "resumed",
-        _ => "full",
-    }
-}
-
-/// The metrics' reason for a failed handshake (a bounded set), or `None`
-/// when the connection was refused before its handshake (at
-/// `max_connections`, counted apart).
-pub fn handshake_failure(e: &io::Error) -> Option<&'static str> {
-    use rustls::{CertificateError as C, Error as R};
-    if let Some(tls) = e.get_ref().and_then(|i| i.downcast_ref::<R>()) {
-        return Some(match tls {
-            R::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => "certificate_expired",
-            R::InvalidCertificate(C::NotValidYet | C::NotValidYetContext { .. }) => {
-                "certificate_not_yet_valid"
-            }
-            R::InvalidCertificate(C::Revoked) => "certificate_revoked",
-            R::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => "unknown_ca",
-            R::InvalidCertificate(_) => "certificate_invalid",
-            R::NoCertificatesPresented => "no_certificate",
-            R::AlertReceived(_) => "alert_received",
-            R::InvalidMessage(_) | R::PeerIncompatible(_) | R::PeerMisbehaved(_) => "protocol",
-            _ => "other",
-        });
-    }
-    match e.kind() {
-        io::ErrorKind::TimedOut => Some("timeout"),
-        io::ErrorKind::UnexpectedEof
-        | io::ErrorKind::ConnectionReset
-        | io::ErrorKind::ConnectionAborted
-        | io::ErrorKind::BrokenPipe => Some("connection_closed"),
-        _ if e.to_string().contains(REFUSED_AT_LIMIT) => None,
-        _ => Some("other"),
-    }
-}
-
-/// A connection's service: each request is in flight until its response
-/// body is dropped.
-#[derive(Debug, Clone)]
-pub struct Counted<S> {
-    inner: S,
-    conn: Arc<Conn>,
-}
-
-/// One request in flight; dropping it may start the idle clock.
-#[derive(Debug)]
-struct InFlight(Arc<Conn>);
-
-impl InFlight {
-    fn new(conn: Arc<Conn>) -> Self {
-        conn.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(conn)
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let now = self.0.now_ms();
-        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle_since.store(now, Ordering::Release);
-        }
-    }
-}
-
-impl<S, R, B> Service<R> for Counted<S>
-where
-    S: Service<R, Response = Response<B>>,
-    S::Future: Send + 'static,
-    B: HttpBody<Data = Bytes> + Unpin,
-{
-    type Response = Response<CountedBody<B>>;
-    type Error = S::Error;
-    type Future =
-        Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: R) -> Self::Future {
-        let guard = InFlight::new(self.conn.clone());
-        let response = self.inner.call(req);
-        Box::pin(async move {
-            let response = response.await?;
-            Ok(response.map(|inner| CountedBody {
-                inner,
-                rest: None,
-                guard,
-                waiting: false,
-            }))
-        })
-    }
-}
-
-/// Largest data frame handed to hyper at once. A bigger frame (a whole
-/// listing is one `Bytes`) is handed over in pieces of this size, so hyper
-/// asks for the next piece only when the socket or the client's HTTP/2
-/// window took the previous ones: the request stays in flight while its
-/// data is still ours to send, and a client that stops reading shows as
-/// no progress ([`Limits::write_timeout`]).
-const CHUNK: usize = 64 * 1024;
-
-/// A response body that keeps its request in flight until dropped and
-/// records whether it waits on the client: it handed hyper a frame and
-/// was not asked for the next one.
-#[derive(Debug)]
-pub struct CountedBody<B> {
-    inner: B,
-    /// The rest of a large data frame, handed over [`CHUNK`] by [`CHUNK`].
-    rest: Option<Bytes>,
-    guard: InFlight,
-    waiting: bool,
-}
-
-impl<B> CountedBody<B> {
-    fn set_waiting(&mut self, waiting: bool) {
-        let conn = &self.guard.0;
-        if waiting != self.waiting {
-            self.waiting = waiting;
-            if waiting {
-                conn.waiting.fetch_add(1, Ordering::AcqRel);
-            } else {
-                conn.waiting.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        conn.last_progress.store(conn.now_ms(), Ordering::Release);
-    }
-
-    /// The next piece of `data`, keeping the remainder in `rest`.
-    fn piece(&mut self, mut data: Bytes) -> Bytes {
-        if data.len() > CHUNK {
-            let head = data.split_to(CHUNK);
-            self.rest = Some(data);
-            head
-        } else {
-            data
-        }
-    }
-}
-
-impl<B> Drop for CountedBody<B> {
-    fn drop(&mut self) {
-        if self.waiting {
-            self.guard.0.waiting.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
-
-impl<B: HttpBody<Data = Bytes> + Unpin> HttpBody for CountedBody<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        this.set_waiting(false);
-        if let Some(rest) = this.rest.take() {
-            let piece = this.piece(rest);
-            this.set_waiting(true);
-            return Poll::Ready(Some(Ok(Frame::data(piece))));
-        }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                let frame = match frame.into_data() {
-                    Ok(data) => Frame::data(this.piece(data)),
-                    Err(other) => other,
-                };
-                this.set_waiting(true);
-                Poll::Ready(Some(Ok(frame)))
-            }
-            other => other,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.rest.is_none() && self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        let mut hint = self.inner.size_hint();
-        if let Some(rest) = &self.rest {
-            let n = rest.len() as u64;
-            if let Some(upper) = hint.upper() {
-                hint.set_upper(upper + n);
-            }
-            hint.set_lower(hint.lower() + n);
-        }
-        hint
     }
 }
 
