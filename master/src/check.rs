@@ -75,9 +75,10 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
             let dirs = m.lookup.len() - files;
             writeln!(
                 out,
-                "  {}: {files} files, {dirs} directories from {} modules",
+                "  {}: {} from {}",
                 mount.as_str(),
-                m.roots.len()
+                count(files, "file", "files") + ", " + &count(dirs, "directory", "directories"),
+                count(m.roots.len(), "module", "modules"),
             )?;
             for o in &m.outside {
                 writeln!(out, "  warning: {o}")?;
@@ -147,4 +148,9 @@ fn modulepath(config: &MasterConfig, dir: &Path, out: &mut impl Write) -> std::i
         writeln!(out, "  warning: {o}")?;
     }
     Ok(mp.warnings.len() + scan.outside.len())
+}
+
+/// `n` and the noun as a person reads them: `1 file`, `2 files`.
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }

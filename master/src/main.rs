@@ -36,7 +36,7 @@ fn main() -> ExitCode {
                 println!("key written to {}", c.key.display());
                 println!(
                     "certificate request written to {} (submit it to the Puppet CA, sign it, \
-                     and put the certificate in certs/; README, \"TLS\")",
+                     and put the certificate in certs/; docs/tls.md, \"A P-256 key for the master\")",
                     c.request.display()
                 );
             })
