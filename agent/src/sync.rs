@@ -149,6 +149,7 @@ impl Outcome {
     pub fn exit_status(&self, detailed: bool) -> ExitStatus {
         match &self.error {
             Some(SyncError::Interrupted { signal, .. }) => return signal.exit_status(),
+            Some(SyncError::Lock(LockError::Busy { .. })) => return ExitStatus::Busy,
             Some(_) => return ExitStatus::Failure,
             None => {}
         }
@@ -196,7 +197,10 @@ pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
     let error = Run::execute(settings, &mut report, interrupts).await.err();
     report.duration_ms = started.elapsed().as_millis() as u64;
     report.error = error.as_ref().map(ToString::to_string);
+    // A skipped run leaves the running one's report alone.
+    let skipped = matches!(error, Some(SyncError::Lock(LockError::Busy { .. })));
     if !settings.noop
+        && !skipped
         && let Err(e) = report.save(&settings.vardir)
     {
         tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the report");

@@ -3,7 +3,8 @@
 //! and after a failed run the textfile is valid for Debian's `promtool`,
 //! the failed run keeps the last success time, `pluginsync-agent report`
 //! says FAILED and exits 1 after the failed run, and the failed run's
-//! error line carries the err priority under the journal. The textfile
+//! error line carries the err priority under the journal; a run skipped
+//! for another one leaves the textfile alone. The textfile
 //! path the shipped agent.toml shows is one the packaged unit may write.
 
 use std::os::unix::fs::MetadataExt;
@@ -54,6 +55,15 @@ fn the_textfile_follows_good_and_failed_runs() {
     );
     let report = home.run(&["report"]);
     assert_eq!(report.code, 0, "{}", report.stdout);
+
+    // A run skipped because another holds the lock (exit 75) leaves the
+    // textfile to the running one: it is not rewritten as a failure.
+    let lock = std::fs::File::open(home.vardir().join("agent.lock")).unwrap();
+    lock.try_lock().unwrap();
+    let busy = home.sync(&[]);
+    assert_eq!(busy.code, 75, "{busy:?}");
+    assert_eq!(std::fs::read_to_string(&textfile).unwrap(), text);
+    drop(lock);
 
     // The master goes away: the run fails.
     drop(master);
