@@ -5,7 +5,9 @@
 # with the dependencies resolved by apt, the binaries at their installed
 # paths, the man pages, the completions, the pluginsync user, the units
 # verified and enabled, `pluginsync-master check` on the shipped config with
-# throwaway certificates, and a purge. One PASS/FAIL line per check; exits 1
+# throwaway certificates, the agent's first runs on a Puppet node (its
+# puppet.conf naming the certname and server, the shipped agent.toml
+# untouched) under the agent unit's sandbox settings, and a purge. One PASS/FAIL line per check; exits 1
 # if any failed. Needs root, debootstrap and lintian; nothing is cached: the
 # root is made anew from the Debian mirror each run and removed at the end,
 # its mounts first, on success, failure or interrupt.
@@ -176,7 +178,7 @@ check "pluginsync-master check refuses the shipped config without certificates (
     check_fails_without_certs
 check_passes() {
     in_root /usr/sbin/pluginsync-master dev-certs --out /etc/pluginsync/ssl \
-        --server-name puppet --agent node1.example.org || return 1
+        --server-name puppet --agent node1.example.org --agent node7.example.org || return 1
     in_root chgrp -R pluginsync /etc/pluginsync/ssl/private_keys /etc/pluginsync/ssl/certs
     in_root chmod -R g+rX /etc/pluginsync/ssl/private_keys
     mkdir -p "$root/etc/puppet/code/environments"
@@ -192,6 +194,26 @@ agent_config_loads() {
     [ $? -eq 1 ]
 }
 check "the shipped agent.toml loads" agent_config_loads
+
+# A Puppet node: Debian's puppet.conf names this node's certname and its
+# server (on a free loopback port, where a master is started below); the
+# ssldir is Puppet's default beside it, /var/lib/puppet/ssl. The shipped
+# agent.toml sets none of these, so they come from here.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+puppet_node() {
+    mkdir -p "$root/etc/puppet"
+    printf '[main]\nserver = localhost\nserverport = %s\n[agent]\ncertname = node7.example.org\n' \
+        "$port" >"$root/etc/puppet/puppet.conf"
+    grep -qw localhost "$root/etc/hosts" 2>/dev/null || echo '127.0.0.1 localhost' >>"$root/etc/hosts"
+    local out
+    out=$(in_root /usr/bin/pluginsync-agent config) || { echo "$out"; return 1; }
+    echo "$out"
+    grep -q '^certname = node7.example.org  (puppet.conf \[agent\])$' <<<"$out" &&
+        grep -q "^servers = https://localhost:$port  (puppet.conf \[main\])$" <<<"$out" &&
+        grep -q '^ssldir = /var/lib/puppet/ssl  (default)$' <<<"$out" &&
+        grep -q '^factsdir = /var/lib/pluginsync/facts.d  (default)$' <<<"$out"
+}
+check "with the shipped agent.toml, certname, servers and ssldir come from puppet.conf" puppet_node
 
 # The agent unit's capability bounding set (read from the installed unit)
 # is what lets a root-run agent read a Puppet ssldir it does not own
@@ -223,6 +245,125 @@ reads_puppet_ssldir() {
     grep -qi 'permission denied' <<<"$out"
 }
 check "the agent unit's capabilities read a puppet-owned 0750 ssldir (none do not)" reads_puppet_ssldir
+
+# --- the agent's first runs under its unit's sandbox -----------------------
+# No systemd runs in this root (nor, in a container, on the host), so the
+# installed unit's sandbox is rebuilt from its own settings, read from the
+# installed file: ProtectSystem=strict (the whole root read-only but /dev
+# and /proc) with ReadWritePaths= and StateDirectory= writable (a path
+# with "-" skipped when missing, any other missing one failing the run as
+# systemd's 226/NAMESPACE does), PrivateTmp= (a fresh /tmp and /var/tmp),
+# ProtectHome= (an empty read-only /home and /root), NoNewPrivileges= and
+# CapabilityBoundingSet=, then ExecStart= as root; its exit status must be
+# 0 or one of SuccessExitStatus=. The other settings (PrivateDevices=,
+# Restrict*=, SystemCallArchitectures=, ...) do not decide what may be
+# written; `systemd-analyze verify` above checks them.
+unit_file=$root/usr/lib/systemd/system/pluginsync-agent.service
+unit_value() { sed -n "s/^$1=//p" "$unit_file" | tail -n1; }
+# as_unit [RW_PATHS]: one run as the unit runs it; RW_PATHS replaces the
+# unit's ReadWritePaths= (for the control below). Prints the run's output
+# and its exit status as the last line.
+as_unit() {
+    local rw=${1-$(unit_value ReadWritePaths)} state= caps d
+    for d in $(unit_value StateDirectory); do state="$state /var/lib/$d"; done
+    caps=$(unit_value CapabilityBoundingSet | tr 'A-Z' 'a-z' | sed 's/cap_/+/g; s/ \+/,/g')
+    [ "$(unit_value ProtectSystem)" = strict ] && [ "$(unit_value NoNewPrivileges)" = yes ] &&
+        [ "$(unit_value PrivateTmp)" = yes ] && [ "$(unit_value ProtectHome)" = yes ] &&
+        [ -n "$caps" ] || { echo "the agent unit's sandbox settings changed: update test-install.sh"; return 1; }
+    # shellcheck disable=SC2016
+    unshare --mount --propagation private -- bash -c '
+        set -e
+        root=$1 rw=$2 caps=$3
+        shift 3
+        mount --rbind "$root" "$root"
+        for p in $rw; do
+            case $p in -*) p=${p#-}; optional=1 ;; *) optional= ;; esac
+            if [ ! -d "$root$p" ]; then
+                [ -n "$optional" ] && continue
+                echo "ReadWritePaths=$p does not exist: the unit would fail (226/NAMESPACE)"
+                exit 226
+            fi
+            mount --bind "$root$p" "$root$p"
+        done
+        mount -o remount,bind,ro "$root"
+        for d in /tmp /var/tmp /home /root; do mount -t tmpfs -o mode=0755 tmpfs "$root$d"; done
+        mount -o remount,ro "$root/home" && mount -o remount,ro "$root/root"
+        exec chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+            setpriv --bounding-set "$caps" --inh-caps -all --no-new-privs -- "$@"
+    ' as_unit "$root" "$rw $state" "-all,$caps" $(unit_value ExecStart) 2>&1
+    echo "exit $?"
+}
+# The unit's run succeeded: 0 or one of SuccessExitStatus=.
+unit_success() {
+    local code
+    code=$(tail -n1 <<<"$1" | sed -n 's/^exit //p')
+    [ "$code" = 0 ] || grep -qw -- "$code" <<<"$(unit_value SuccessExitStatus)"
+}
+
+master_pid=
+stop_master() {
+    [ -n "$master_pid" ] && kill "$master_pid" 2>/dev/null && wait "$master_pid" 2>/dev/null
+    master_pid=
+}
+# The shipped master config on the port puppet.conf names, as the pluginsync
+# user (setpriv execs: $! is the master itself).
+start_master() {
+    { echo "listen = [\"127.0.0.1:$port\"]"; cat "$root/etc/pluginsync/master.toml"; } \
+        >"$root/etc/pluginsync/master-test.toml"
+    chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+        setpriv --reuid pluginsync --regid pluginsync --init-groups -- \
+        /usr/sbin/pluginsync-master serve --config /etc/pluginsync/master-test.toml \
+        >>"$log" 2>&1 &
+    master_pid=$!
+    local i
+    for i in $(seq 1 60); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+        kill -0 "$master_pid" 2>/dev/null || { echo "the master exited"; return 1; }
+        sleep 0.5
+    done
+    echo "the master is not listening on 127.0.0.1:$port after 30 s"
+    return 1
+}
+trap 'stop_master; cleanup' EXIT
+check "the master serves the shipped environment on 127.0.0.1:$port" start_master
+
+# The first run: the shipped agent.toml untouched, the timer's command under
+# the unit's sandbox; both mounts arrive where the defaults put them.
+first_run() {
+    local out
+    out=$(as_unit)
+    echo "$out"
+    unit_success "$out" || return 1
+    [ -f "$root/var/lib/pluginsync/lib/facter/ntp_synced.rb" ] &&
+        [ -f "$root/var/lib/pluginsync/facts.d/datacenter.yaml" ] &&
+        [ -x "$root/var/lib/pluginsync/facts.d/kernel_tuning.sh" ] || { echo "a mount was not synced"; return 1; }
+}
+check "first run as the unit: the shipped agent.toml syncs plugins and pluginfacts via puppet.conf" first_run
+
+# The metrics textfile at the path the shipped agent.toml shows, in Debian's
+# prometheus-node-exporter textfile directory, enabled as that file says
+# (its two [metrics] lines uncommented): written by a run under the unit's
+# sandbox, and not under the sandbox without that directory in
+# ReadWritePaths= (the control: the sandbox is real).
+textfile_written() {
+    local out prom=/var/lib/prometheus/node-exporter/pluginsync.prom
+    in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        prometheus-node-exporter || return 1
+    [ -d "$root/var/lib/prometheus/node-exporter" ] || { echo "no textfile directory"; return 1; }
+    grep -q "^# textfile = \"$prom\"$" "$root/etc/pluginsync/agent.toml" || { echo "agent.toml shows another textfile"; return 1; }
+    sed -i 's/^# \[metrics\]$/[metrics]/; s/^# textfile = /textfile = /' "$root/etc/pluginsync/agent.toml"
+    out=$(as_unit /var/lib/pluginsync)
+    echo "control, only /var/lib/pluginsync writable: $out"
+    if [ -e "$root$prom" ]; then echo "written without ReadWritePaths="; return 1; fi
+    grep -q 'Read-only file system' <<<"$out" || return 1
+    out=$(as_unit)
+    echo "$out"
+    unit_success "$out" || return 1
+    grep -q '^pluginsync_agent_last_run_success 1$' "$root$prom" || return 1
+    if grep -qi 'warn' <<<"$out"; then echo "the run warned"; return 1; fi
+}
+check "the metrics textfile the shipped agent.toml shows is written under the unit's sandbox" textfile_written
+stop_master
 
 purge() {
     in_root dpkg --purge pluginsync-agent &&

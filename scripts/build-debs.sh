@@ -45,13 +45,12 @@ conffile etc/master.toml "$out/etc/master.toml" \
     'environmentpath = ["/etc/puppetlabs/code/environments"]' \
     '# Debian'"'"'s Puppet codedir (puppetserver: /etc/puppet/code).
 environmentpath = ["/etc/puppet/code/environments"]'
+# The agent's conffile sets nothing (puppet.conf and the defaults decide):
+# its commented ssldir shows the default beside Debian's puppet.conf.
 conffile etc/agent.toml "$out/etc/agent.toml" \
-    'ssldir = "/etc/pluginsync/ssl"
-certname = "node1.example.org"' \
-    '# Debian'"'"'s Puppet ssldir (the unit may read it: CAP_DAC_READ_SEARCH), and
-# this node'"'"'s certname in it (`puppet config print certname`).
-ssldir = "/var/lib/puppet/ssl"
-certname = "node1.example.org"'
+    '# ssldir = "/etc/puppetlabs/puppet/ssl"' \
+    '# Debian'"'"'s Puppet ssldir (the unit may read it: CAP_DAC_READ_SEARCH).
+# ssldir = "/var/lib/puppet/ssl"'
 
 cargo deb --no-build --locked -p pluginsync-master
 cargo deb --no-build --locked -p pluginsync-agent

@@ -1,10 +1,10 @@
 //! The internal resource catalog: one recursive, purging file resource per
 //! destination, as Puppet's `Downloader` builds (docs/protocol.md §4.1).
 //!
-//! `pluginfacts` comes first (when `factsdir` is set), then `plugins`, as in
-//! Puppet. The resource's switches are honoured by the sync, not just
-//! recorded: `purge` decides whether local extras are removed, `force`
-//! whether an entry of the wrong type may be replaced.
+//! `pluginfacts` comes first (unless `factsdir = ""` turns it off), then
+//! `plugins`, as in Puppet. The resource's switches are honoured by the
+//! sync, not just recorded: `purge` decides whether local extras are
+//! removed, `force` whether an entry of the wrong type may be replaced.
 
 use std::path::PathBuf;
 

@@ -144,7 +144,8 @@ pub struct AgentConfig {
     /// Destination of the `plugins` mount.
     #[serde(default = "default_libdir")]
     pub libdir: PathBuf,
-    /// Destination of the `pluginfacts` mount; no pluginfacts pass if unset.
+    /// Destination of the `pluginfacts` mount; unset: `<vardir>/facts.d`
+    /// ([`default_factsdir`]); `""`: no pluginfacts pass.
     #[serde(default)]
     pub factsdir: Option<PathBuf>,
     /// State: the run lock and the last report.
@@ -208,6 +209,17 @@ fn default_libdir() -> PathBuf {
 fn default_vardir() -> PathBuf {
     "/var/lib/pluginsync".into()
 }
+
+/// `factsdir` when agent.toml leaves it unset: `<vardir>/facts.d`, as
+/// Puppet's `pluginfactdest` is `$vardir/facts.d`, so external facts are
+/// synced by default as Puppet's pluginsync syncs them
+/// (docs/agent.md#configuration). The agent's own vardir, not Puppet's: like `libdir`, it is a
+/// directory of pluginsync's, which the agent unit may write and Puppet's
+/// own pluginsync does not purge; puppet.conf's `pluginfactdest` is not
+/// read, for the same reasons.
+pub fn default_factsdir(vardir: &Path) -> PathBuf {
+    vardir.join("facts.d")
+}
 /// Puppet's `pluginsignore` default.
 pub fn default_ignore() -> Vec<String> {
     pluginsync_common::DEFAULT_IGNORE
@@ -255,7 +267,8 @@ pub struct AgentFile {
     pub puppet_conf: Option<PathBuf>,
     /// `libdir`.
     pub libdir: PathBuf,
-    /// `factsdir`: neither inside `libdir` nor around it.
+    /// `factsdir` (its default when unset), neither inside `libdir` nor
+    /// around it; `None`: no pluginfacts pass (`factsdir = ""`).
     pub factsdir: Option<PathBuf>,
     /// `vardir`.
     pub vardir: PathBuf,
@@ -336,9 +349,7 @@ impl AgentConfig {
         }
         let ignore =
             IgnoreSet::new(&self.ignore).map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        if let Some(f) = &self.factsdir {
-            destinations_apart(&self.libdir, f)?;
-        }
+        let factsdir = self.factsdir()?;
         let loaders = LoaderTable::compile(&self.loaders, &self.load.constraints)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.parallel_downloads == 0 {
@@ -353,7 +364,7 @@ impl AgentConfig {
             environment_source: self.environment_source,
             puppet_conf: self.puppet_conf.clone(),
             libdir: self.libdir.clone(),
-            factsdir: self.factsdir.clone(),
+            factsdir,
             vardir: self.vardir.clone(),
             ignore,
             timeout: self.timeout,
@@ -368,6 +379,23 @@ impl AgentConfig {
             metrics_textfile: self.metrics.textfile.clone(),
             keys: self.keys.clone(),
         })
+    }
+
+    /// The pluginfacts destination: `factsdir`, else [`default_factsdir`];
+    /// `None` for `factsdir = ""`. It must be apart from `libdir`; a
+    /// default that is not says how to set it.
+    fn factsdir(&self) -> Result<Option<PathBuf>, ConfigError> {
+        let (factsdir, defaulted) = match &self.factsdir {
+            Some(f) if f.as_os_str().is_empty() => return Ok(None),
+            Some(f) => (f.clone(), false),
+            None => (default_factsdir(&self.vardir), true),
+        };
+        match destinations_apart(&self.libdir, &factsdir) {
+            Err(ConfigError::Invalid(e)) if defaulted => Err(ConfigError::Invalid(format!(
+                "{e} (factsdir is unset, so <vardir>/facts.d: set factsdir, or factsdir = \"\" for no pluginfacts pass)"
+            ))),
+            other => other.map(|()| Some(factsdir)),
+        }
     }
 
     /// `[tls]`: the files when it names them explicitly (`ca`/`cert`/`key`
@@ -491,7 +519,8 @@ impl ConfigFile for AgentConfig {
         let fix = |p: &mut PathBuf| base.fix(p);
         fix(&mut self.libdir);
         fix(&mut self.vardir);
-        if let Some(f) = self.factsdir.as_mut() {
+        // `factsdir = ""` means no pluginfacts pass: it stays empty.
+        if let Some(f) = self.factsdir.as_mut().filter(|p| !p.as_os_str().is_empty()) {
             fix(f);
         }
         if let Some(t) = self.metrics.textfile.as_mut() {
@@ -655,6 +684,63 @@ mod tests {
             .join("\n");
         let all = AgentConfig::parse(&all, &path).unwrap_or_else(|e| panic!("{e}\n{all}"));
         assert!(all.factsdir.is_some());
+    }
+
+    /// The shipped file sets nothing, so puppet.conf and the defaults
+    /// decide (`settings.rs`); a key appended at its end, as an operator
+    /// appends `servers`, is a top-level key.
+    #[test]
+    fn example_config_sets_nothing_and_takes_an_appended_key() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc/agent.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let c = AgentConfig::parse(&text, &path).unwrap();
+        assert!(c.keys.is_empty(), "{:?}", c.keys);
+        let file = c.compile().unwrap();
+        assert_eq!(
+            file.tls,
+            TlsSource::SslDir {
+                ssldir: None,
+                certname: None,
+                cert_expiry_warning: DEFAULT_CERT_EXPIRY_WARNING
+            }
+        );
+        let appended = format!("{text}servers = [\"https://puppet.example.org:8140\"]\n");
+        let c = AgentConfig::parse(&appended, &path).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.servers.as_deref(),
+            Some(&["https://puppet.example.org:8140".to_owned()][..])
+        );
+    }
+
+    /// External facts are synced by default, into `<vardir>/facts.d`, as
+    /// Puppet syncs them into `$vardir/facts.d`; `factsdir = ""` turns the
+    /// pass off.
+    #[test]
+    fn factsdir_defaults_to_the_vardirs_facts_d_and_empty_turns_it_off() {
+        let c = parse(&format!("vardir = \"/srv/ps\"\n{MIN}")).unwrap();
+        assert_eq!(
+            c.compile().unwrap().factsdir,
+            Some(PathBuf::from("/srv/ps/facts.d"))
+        );
+        let c = parse(MIN).unwrap().compile().unwrap();
+        assert_eq!(
+            c.factsdir,
+            Some(PathBuf::from("/var/lib/pluginsync/facts.d"))
+        );
+        let c = parse(&format!("factsdir = \"\"\n{MIN}")).unwrap();
+        assert_eq!(c.compile().unwrap().factsdir, None);
+        let c = parse(&format!("factsdir = \"f\"\n{MIN}")).unwrap();
+        assert_eq!(
+            c.compile().unwrap().factsdir,
+            Some(PathBuf::from("/etc/pluginsync/f"))
+        );
+        // A default that falls inside the libdir says how to set it.
+        let c = parse(&format!("vardir = \"/srv/ps\"\nlibdir = \"/srv\"\n{MIN}")).unwrap();
+        let e = c.compile().unwrap_err().to_string();
+        assert!(
+            e.contains("contain each other") && e.contains("factsdir = \"\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //! `SuccessExitStatus=2` relies on them), so a usage or config error must
 //! never look like one of them: they use the sysexits codes 64 and 78. A
 //! run stopped by SIGINT or SIGTERM exits as a shell reports a process
-//! killed by them, 128 + the signal's number (`signals.rs`).
+//! killed by them, 128 + the signal's number (`signals.rs`). A run that
+//! finds another one running is skipped with sysexits' `EX_TEMPFAIL`, 75:
+//! not a failure (the agent unit's `SuccessExitStatus=` lists it), and
+//! never 1, which would mark the timer's unit failed for a manual run.
 
 use std::process::ExitCode;
 
@@ -25,6 +28,10 @@ pub enum ExitStatus {
     ChangesAndFailures = 6,
     /// The command line is wrong (sysexits `EX_USAGE`).
     Usage = 64,
+    /// Another run holds the run lock: this one was skipped and changed
+    /// nothing, wrote no report and no metrics (sysexits `EX_TEMPFAIL`:
+    /// the next run retries; docs/agent.md#one-run-at-a-time).
+    Busy = 75,
     /// The config file is missing, unreadable or invalid (sysexits
     /// `EX_CONFIG`).
     Config = 78,
@@ -45,6 +52,7 @@ Exit status:
   4   with --detailed-exitcodes: failures
   6   with --detailed-exitcodes: changes and failures
   64  usage error (unknown flag or subcommand)
+  75  another run is in progress: this one was skipped, nothing changed
   78  configuration error
   130 interrupted by SIGINT (before the commit: nothing was changed;
       during it: the commit was finished, its loads left to the next run)

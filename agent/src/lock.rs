@@ -1,7 +1,8 @@
 //! The run lock: `<vardir>/agent.lock`, an advisory `flock`.
 //!
-//! An overlapping run (cron firing while a slow sync still runs) exits at
-//! once with `another sync is running (pid N)`. The kernel drops the lock
+//! An overlapping run (cron firing while a slow sync still runs) is
+//! skipped at once with `another sync is running (pid N)` (exit 75,
+//! `exit.rs`). The kernel drops the lock
 //! when its process dies, so a crashed run's lock is simply taken over; the
 //! pid inside is informational.
 

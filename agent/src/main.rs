@@ -141,10 +141,17 @@ fn sync(config: &Path, overrides: Overrides) -> Ended {
     output::report(&outcome.report, settings.format);
     output::commit_failures(&outcome.report);
     output::load_failures(&outcome.report);
-    if let Some(e) = &outcome.error {
-        output::error(e);
-    }
     let status = outcome.exit_status(settings.detailed_exitcodes);
+    match &outcome.error {
+        // Skipped, not failed: the running one reports and writes the
+        // metrics (`ExitStatus::Busy`).
+        Some(e) if status == ExitStatus::Busy => {
+            output::warning(&format!("{e}: this run is skipped, nothing was changed"));
+            return Ok(status);
+        }
+        Some(e) => output::error(e),
+        None => {}
+    }
     if let Some(path) = settings.metrics_textfile.as_deref()
         && !settings.noop
     {

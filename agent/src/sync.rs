@@ -47,7 +47,7 @@ use crate::client::Client;
 use crate::commit;
 use crate::config::EnvironmentSource;
 use crate::load::PendingLoads;
-use crate::lock;
+use crate::lock::{self, LockError};
 use crate::report::Report;
 use crate::servers::Servers;
 use crate::settings::Settings;
@@ -80,7 +80,10 @@ pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
     let error = Run::execute(settings, &mut report, interrupts).await.err();
     report.duration_ms = started.elapsed().as_millis() as u64;
     report.error = error.as_ref().map(ToString::to_string);
+    // A skipped run leaves the running one's report alone.
+    let skipped = matches!(error, Some(SyncError::Lock(LockError::Busy { .. })));
     if !settings.noop
+        && !skipped
         && let Err(e) = report.save(&settings.vardir)
     {
         tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the report");

@@ -74,12 +74,15 @@ pub fn parse<T: ConfigFile>(text: &str, path: &Path) -> Result<T, ConfigError> {
 }
 
 /// TOML that does not parse into the config type. Shown as toml's message
-/// (it names the key, the line and the column) flattened to one line; the
-/// toml error is deliberately not its `source`, so an error chain printed
-/// cause by cause never adds toml's multi-line text after it.
+/// (it names the key, the line and the column) flattened to one line; an
+/// unknown key also says where it is, `in [tls]` or `at the top level`
+/// ([`with_table`]): a key appended after the last table lands in that
+/// table, and toml's message alone names only the key. The toml error is
+/// deliberately not its `source`, so an error chain printed cause by cause
+/// never adds toml's multi-line text after it.
 #[derive(Debug, thiserror::Error)]
-#[error("{}", flatten(&.0.to_string()))]
-pub struct TomlError(toml::de::Error);
+#[error("{0}")]
+pub struct TomlError(String);
 
 /// toml's multi-line message (the line quoted, a caret under the column)
 /// as one line: its non-blank lines joined by spaces.
@@ -93,7 +96,85 @@ fn flatten(message: &str) -> String {
 
 /// Parses TOML text ([`TomlError`] on one line).
 pub fn parse_toml<T: DeserializeOwned>(text: &str) -> Result<T, TomlError> {
-    toml::from_str(text).map_err(TomlError)
+    toml::from_str(text).map_err(|e: toml::de::Error| TomlError(flatten(&with_table(text, &e))))
+}
+
+/// toml's error text with `unknown field `key`` followed by the table the
+/// key is in (`in [tls]`, `in [[loader]]`, `in [load.constraints]`) or
+/// `at the top level`, found from the error's span in the document;
+/// unchanged for every other error, or when the key cannot be found.
+fn with_table(text: &str, e: &toml::de::Error) -> String {
+    let full = e.to_string();
+    let message = e.message();
+    let (Some(span), Some(rest)) = (e.span(), message.strip_prefix("unknown field `")) else {
+        return full;
+    };
+    let Some(end) = rest.find('`') else {
+        return full;
+    };
+    let Some(place) = table_of_key_at(text, span.start) else {
+        return full;
+    };
+    let head = "unknown field `".len() + end + 1;
+    let located = format!("{}{place}{}", &message[..head], &message[head..]);
+    match full.rfind(message) {
+        Some(at) => format!("{}{located}{}", &full[..at], &full[at + message.len()..]),
+        None => full,
+    }
+}
+
+/// Where the key whose name starts at byte `offset` of `text` is, as a
+/// config error says it: ` in [a.b]`, ` in [[a]]` (an array of tables),
+/// or ` at the top level`. `None` when no key starts there.
+fn table_of_key_at(text: &str, offset: usize) -> Option<String> {
+    use toml::de::{DeTable, DeValue};
+    /// The path to the key at `offset`, each step with whether it is an
+    /// array of tables; depth-first, bounded by the parser's own nesting
+    /// limit.
+    fn find(table: &DeTable<'_>, offset: usize, path: &mut Vec<(String, bool)>) -> bool {
+        for (key, value) in table.iter() {
+            if key.span().contains(&offset) {
+                return true;
+            }
+            let tables: Vec<(&DeTable<'_>, bool)> = match value.get_ref() {
+                DeValue::Table(t) => vec![(t, false)],
+                DeValue::Array(a) => a
+                    .iter()
+                    .filter_map(|v| match v.get_ref() {
+                        DeValue::Table(t) => Some((t, true)),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            for (t, in_array) in tables {
+                path.push((key.get_ref().to_string(), in_array));
+                if find(t, offset, path) {
+                    return true;
+                }
+                path.pop();
+            }
+        }
+        false
+    }
+    let doc = DeTable::parse(text).ok()?;
+    let mut path = Vec::new();
+    if !find(doc.get_ref(), offset, &mut path) {
+        return None;
+    }
+    let Some((_, in_array)) = path.last() else {
+        return Some(" at the top level".into());
+    };
+    let name = path
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect::<Vec<_>>()
+        .join(".");
+    Some(if *in_array {
+        format!(" in [[{name}]]")
+    } else {
+        format!(" in [{name}]")
+    })
 }
 
 /// Makes relative paths relative to the directory of the config file at
@@ -125,6 +206,42 @@ mod tests {
     #[allow(dead_code)]
     struct C {
         a: u32,
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Tables {
+        a: Option<u32>,
+        tls: Option<C>,
+        #[serde(default)]
+        loader: Vec<C>,
+    }
+
+    /// A key appended after the last table lands in it: the error says
+    /// which table, whatever way the table was written.
+    #[test]
+    fn an_unknown_key_names_its_table() {
+        for (text, place) in [
+            ("a = 1\n[tls]\na = 2\nservers = [\"x\"]\n", "in [tls]"),
+            ("tls = { a = 1, servers = 1 }\n", "in [tls]"),
+            ("tls.servers = 1\n", "in [tls]"),
+            (
+                "[[loader]]\na = 1\n[[loader]]\na = 2\nservers = 1\n",
+                "in [[loader]]",
+            ),
+            ("servers = 1\n[tls]\na = 1\n", "at the top level"),
+        ] {
+            let e = parse_toml::<Tables>(text).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("unknown field `servers` {place}, expected")),
+                "{text:?}: {e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
+        // Other errors are toml's, unchanged.
+        let e = parse_toml::<Tables>("a = \"x\"\n").unwrap_err().to_string();
+        assert!(e.contains("invalid type") && !e.contains(" in ["), "{e}");
     }
 
     #[test]

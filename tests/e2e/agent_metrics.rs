@@ -3,13 +3,15 @@
 //! and after a failed run the textfile is valid for Debian's `promtool`,
 //! the failed run keeps the last success time, `pluginsync-agent report`
 //! says FAILED and exits 1 after the failed run, and the failed run's
-//! error line carries the err priority under the journal.
+//! error line carries the err priority under the journal; a run skipped
+//! for another one leaves the textfile alone. The textfile
+//! path the shipped agent.toml shows is one the packaged unit may write.
 
 use std::os::unix::fs::MetadataExt;
 use std::process::{Command, Stdio};
 
 use pluginsync_tests::{
-    AgentHome, EnvTree, Pki, TestMaster, config_toml, parse_config, promtool_accepts,
+    AgentHome, EnvTree, Pki, TestMaster, config_toml, parse_config, promtool_accepts, repo_root,
 };
 
 fn value(text: &str, series: &str) -> Option<f64> {
@@ -54,6 +56,15 @@ fn the_textfile_follows_good_and_failed_runs() {
     let report = home.run(&["report"]);
     assert_eq!(report.code, 0, "{}", report.stdout);
 
+    // A run skipped because another holds the lock (exit 75) leaves the
+    // textfile to the running one: it is not rewritten as a failure.
+    let lock = std::fs::File::open(home.vardir().join("agent.lock")).unwrap();
+    lock.try_lock().unwrap();
+    let busy = home.sync(&[]);
+    assert_eq!(busy.code, 75, "{busy:?}");
+    assert_eq!(std::fs::read_to_string(&textfile).unwrap(), text);
+    drop(lock);
+
     // The master goes away: the run fails.
     drop(master);
     std::thread::sleep(std::time::Duration::from_secs(1));
@@ -96,4 +107,55 @@ fn the_textfile_follows_good_and_failed_runs() {
     let report = home.run(&["report"]);
     assert_eq!(report.code, 1, "report exits 1 after a failed run");
     assert!(report.stdout.contains("FAILED"), "{}", report.stdout);
+}
+
+/// The directories `packaging/pluginsync-agent.service` lets the agent
+/// write under `ProtectSystem=strict`: its `ReadWritePaths=` (a leading
+/// `-` only makes a missing one skipped) and its `StateDirectory=` (under
+/// `/var/lib`).
+fn unit_writable_paths(unit: &str) -> Vec<std::path::PathBuf> {
+    assert!(
+        unit.lines().any(|l| l.trim() == "ProtectSystem=strict"),
+        "{unit}"
+    );
+    let mut paths = Vec::new();
+    for line in unit.lines().map(str::trim) {
+        if let Some(list) = line.strip_prefix("ReadWritePaths=") {
+            paths.extend(
+                list.split_whitespace()
+                    .map(|p| p.trim_start_matches('-').into()),
+            );
+        }
+        if let Some(list) = line.strip_prefix("StateDirectory=") {
+            paths.extend(
+                list.split_whitespace()
+                    .map(|d| std::path::Path::new("/var/lib").join(d)),
+            );
+        }
+    }
+    paths
+}
+
+/// The metrics textfile path etc/agent.toml shows (and the README
+/// recommends) is written atomically through a temporary file beside it:
+/// its directory must be writable under the packaged unit's sandbox, or
+/// every timer run warns and the textfile never changes
+/// (`packaging/test-install.sh` writes it under those settings).
+#[test]
+fn the_shipped_textfile_path_is_writable_under_the_agent_unit() {
+    let conf = std::fs::read_to_string(repo_root().join("etc/agent.toml")).unwrap();
+    let textfile = conf
+        .lines()
+        .find_map(|l| l.strip_prefix("# textfile = "))
+        .expect("etc/agent.toml shows a [metrics] textfile");
+    let textfile = std::path::PathBuf::from(textfile.trim_matches('"'));
+    let dir = textfile.parent().unwrap();
+    let unit =
+        std::fs::read_to_string(repo_root().join("packaging/pluginsync-agent.service")).unwrap();
+    let writable = unit_writable_paths(&unit);
+    assert!(
+        writable.iter().any(|w| dir.starts_with(w)),
+        "{} is not under the unit's writable paths {writable:?}",
+        dir.display()
+    );
 }

@@ -5,13 +5,16 @@
 //! endpoint assigns (docs/protocol.md §4.10) synced, through a front that
 //! answers `/puppet/v3/node/…` and passes everything else to a real master, and
 //! the configured one (with one warning) against a pluginsync master alone.
+//! The shipped `etc/agent.toml` sets nothing that outranks puppet.conf,
+//! and external facts are synced without `factsdir` set, into
+//! `<vardir>/facts.d` (docs/agent.md#configuration).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use pluginsync_tests::{
     AgentHome, EnvTree, FakeMaster, Pki, TestMaster, client, config_toml, http_response,
-    parse_config,
+    parse_config, repo_root,
 };
 
 /// `production` and `testing`, each with its own `hello.rb`.
@@ -170,6 +173,61 @@ async fn settings_come_from_puppet_conf_under_agent_toml_and_the_command_line() 
         Some(("testing", "agent.toml")),
         "{config:?}"
     );
+}
+
+/// The shipped etc/agent.toml under an agent.toml that names only its
+/// directories and puppet.conf: puppet.conf's server, certname and ssldir
+/// are used (nothing in the shipped file outranks them), and both mounts
+/// are synced, external facts into `<vardir>/facts.d` with no `factsdir`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_agent_toml_defers_to_puppet_conf_and_syncs_external_facts() {
+    let pki = Pki::new();
+    let tree = two_environments();
+    tree.file(
+        "production",
+        "alpha",
+        "facts.d/role.txt",
+        "role=web\n",
+        0o644,
+    );
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let shipped = std::fs::read_to_string(repo_root().join("etc/agent.toml")).unwrap();
+    let (home, _) = puppet_node(
+        &debian_puppet_conf(&pki.ssldir, &master.url(), ""),
+        &shipped,
+    );
+    let config = home.run(&["config"]);
+    assert_eq!(config.code, 0, "{config:?}");
+    let out = config.stdout.as_str();
+    assert_eq!(
+        setting(out, "certname"),
+        Some(("node1", "puppet.conf [agent]")),
+        "{out}"
+    );
+    let facts = home.vardir().join("facts.d");
+    let facts_text = facts.display().to_string();
+    assert_eq!(
+        setting(out, "factsdir"),
+        Some((facts_text.as_str(), "default")),
+        "{out}"
+    );
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), "# production\n");
+    assert_eq!(
+        std::fs::read_to_string(facts.join("role.txt")).unwrap(),
+        "role=web\n"
+    );
+
+    // `factsdir = ""` turns the pluginfacts pass off.
+    let (home, _) = puppet_node(
+        &debian_puppet_conf(&pki.ssldir, &master.url(), ""),
+        "factsdir = \"\"\n",
+    );
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), "# production\n");
+    assert!(!home.vardir().join("facts.d").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -576,8 +576,12 @@ async fn noop_lock_and_failover() {
     assert_eq!(report["server"], master.url());
     assert_eq!(run.stderr, "");
 
-    // The lock: a run while another holds it exits 1, changes nothing.
+    // The lock: a run while another holds it is skipped: it exits 75
+    // (EX_TEMPFAIL, in the agent unit's SuccessExitStatus=, never 1, which
+    // would mark the unit failed) with one warning line, changes nothing
+    // and leaves the last report alone.
     std::fs::write(home.libdir().join("junk.rb"), "junk").unwrap();
+    let report = std::fs::read(home.vardir().join("last_run_report.json")).unwrap();
     let lock = std::fs::OpenOptions::new()
         .write(true)
         .open(home.vardir().join("agent.lock"))
@@ -585,12 +589,16 @@ async fn noop_lock_and_failover() {
     lock.try_lock().unwrap();
     std::fs::write(home.vardir().join("agent.lock"), "4242\n").unwrap();
     let busy = home.sync(&[]);
-    assert_eq!(busy.code, 1);
+    assert_eq!(busy.code, 75);
     assert_eq!(
         busy.stderr.trim(),
-        "error: another sync is running (pid 4242)"
+        "warning: another sync is running (pid 4242): this run is skipped, nothing was changed"
     );
     assert!(home.libdir().join("junk.rb").exists());
+    assert_eq!(
+        std::fs::read(home.vardir().join("last_run_report.json")).unwrap(),
+        report
+    );
     // Released (as when the holder dies): the next run takes it.
     drop(lock);
     let run = home.sync(&[]);

@@ -138,6 +138,7 @@ mod tests {
             A::ChangesAndFailures,
             A::Usage,
             A::Config,
+            A::Busy,
             A::Interrupted,
             A::Terminated,
         ] {

@@ -104,6 +104,7 @@ impl Outcome {
     pub fn exit_status(&self, detailed: bool) -> ExitStatus {
         match &self.error {
             Some(SyncError::Interrupted { signal, .. }) => return signal.exit_status(),
+            Some(SyncError::Lock(LockError::Busy { .. })) => return ExitStatus::Busy,
             Some(_) => return ExitStatus::Failure,
             None => {}
         }
