@@ -276,3 +276,122 @@ fn a_replica_with_another_tree_is_never_mixed_in() {
         "no content from the other tree"
     );
 }
+
+/// Where a run's kill lands, as a mark in master → agent bytes after
+/// `sent`: in the listing phase (handshake and both listings, the first
+/// `listings` bytes of a run) or anywhere in the run (`full` bytes).
+fn kill_mark(rng: &mut Lcg, sent: u64, listings: u64, full: u64, listing_phase: bool) -> u64 {
+    let end = if listing_phase { listings } else { full };
+    sent + rng.range(1, end.saturating_sub(1).max(2))
+}
+
+/// Prints how many of `runs` failed and how long they took; fails the
+/// test, with the seed to replay it, if any did.
+fn failed_runs(failed: &[String], runs: usize, what: &str, seed: u64, started: Instant) {
+    eprintln!(
+        "{runs} runs with {what}: {} failed, {:.1} s",
+        failed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {runs} runs failed (seed {seed}):\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+#[test]
+fn a_master_killed_during_the_listings_fails_over_to_its_replica() {
+    let runs = 30;
+    let seed = Lcg::seed_from_env();
+    let mut rng = Lcg::new(seed);
+    let (tree, pki) = (content_tree(6, "one"), Pki::new());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = master_config(dir.path(), &tree, &pki);
+    let second = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let mut first = ChildMaster::spawn(&cfg, None);
+    let mut proxy = CutProxy::start(first.addr);
+    let servers = [proxy.url(), second.url()];
+    let (listings, full) = calibrate(&proxy, &pki, &servers, &tree);
+    let stats = &second.store.stats;
+    let listed = || stats.listings_sent.load(SeqCst) + stats.listings_not_modified.load(SeqCst);
+    let before = listed();
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    for i in 0..runs {
+        // Anywhere from the first handshake to the last listing byte.
+        let mark = kill_mark(&mut rng, proxy.sent(), listings, full, true);
+        proxy.hold_at(mark);
+        let home = AgentHome::new(&pki, &servers, "");
+        let mut held = false;
+        let run = sync_while(&home, || {
+            held = proxy.wait_held(Duration::from_secs(60));
+            proxy.down();
+            kill9(first.pid());
+        });
+        assert!(
+            held,
+            "run {i} (seed {seed}): the agent never reached byte {mark}"
+        );
+        if run.code != 0 || !run.stderr.is_empty() || synced(&home) != expected(&tree) {
+            failed.push(format!("run {i} (byte {mark} of {listings}): {run:?}"));
+        }
+        first = ChildMaster::spawn(&cfg, None);
+        proxy.up(first.addr);
+    }
+    failed_runs(
+        &failed,
+        runs,
+        "the first master killed in the listings",
+        seed,
+        started,
+    );
+    // The replica answered the listings the first could not.
+    assert!(listed() > before);
+}
+
+#[test]
+fn a_master_restarted_during_the_listings_is_waited_for() {
+    let runs = 20;
+    let seed = Lcg::seed_from_env();
+    let mut rng = Lcg::new(seed);
+    let (tree, pki) = (content_tree(6, "one"), Pki::new());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = master_config(dir.path(), &tree, &pki);
+    let mut master = ChildMaster::spawn(&cfg, None);
+    let mut proxy = CutProxy::start(master.addr);
+    let servers = [proxy.url()];
+    let (listings, full) = calibrate(&proxy, &pki, &servers, &tree);
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    for i in 0..runs {
+        // Every other run in the listing phase, the others anywhere.
+        let mark = kill_mark(&mut rng, proxy.sent(), listings, full, i % 2 == 0);
+        proxy.hold_at(mark);
+        let home = AgentHome::new(&pki, &servers, "");
+        let mut held = false;
+        let run = sync_while(&home, || {
+            held = proxy.wait_held(Duration::from_secs(60));
+            proxy.down();
+            kill9(master.pid());
+            std::thread::sleep(Duration::from_secs(2));
+            master = ChildMaster::spawn(&cfg, None);
+            proxy.up(master.addr);
+        });
+        assert!(
+            held,
+            "restart {i} (seed {seed}): the agent never reached byte {mark}"
+        );
+        if run.code != 0 || !run.stderr.is_empty() || synced(&home) != expected(&tree) {
+            failed.push(format!("restart {i} (byte {mark} of {full}): {run:?}"));
+        }
+    }
+    failed_runs(
+        &failed,
+        runs,
+        "the master restarted 2 s after a kill",
+        seed,
+        started,
+    );
+}
