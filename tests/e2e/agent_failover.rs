@@ -1,9 +1,8 @@
 //! Listings and downloads that fail over across replicas and outlast a
-//! restart (issue 17, "Faults — a master dying mid-run"; docs/protocol.md
-//! §4.7). Masters are real (the first one a child process killed with
-//! SIGKILL); a [`CutProxy`] in front of it holds the answer at an exact
-//! byte count, so every kill lands where the test means it to (mid-download,
-//! mid-listing) whatever the machine's speed.
+//! restart (docs/protocol.md §4.7). Masters are real (the first one a
+//! child process killed with SIGKILL); a [`CutProxy`] in front of it holds
+//! the answer at an exact byte count, so every kill lands where the test
+//! means it to (mid-download, mid-listing) whatever the machine's speed.
 //!
 //! - `a_master_killed_mid_download_fails_over_to_its_replica`: two masters
 //!   on one tree, the first killed mid-download, `FAILOVER_RUNS` runs
