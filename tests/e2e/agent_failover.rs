@@ -21,6 +21,10 @@
 //! - `a_master_restarted_during_the_listings_is_waited_for`: one master,
 //!   killed at a random byte of the run (every other run in the listing
 //!   phase) and restarted 2 s later, 20 runs: every run succeeds.
+//! - `the_listings_of_a_run_are_never_from_two_trees`: the second master
+//!   serves another tree, the first is killed at a random byte of the
+//!   listing phase and back 2 s later: every run ends with one tree whole,
+//!   never plugins of one and facts of the other.
 
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
@@ -400,5 +404,54 @@ fn a_master_restarted_during_the_listings_is_waited_for() {
         "the master restarted 2 s after a kill",
         seed,
         started,
+    );
+}
+
+#[test]
+fn the_listings_of_a_run_are_never_from_two_trees() {
+    let runs = 12;
+    let seed = Lcg::seed_from_env();
+    let mut rng = Lcg::new(seed);
+    let pki = Pki::new();
+    let (tree_a, tree_b) = (content_tree(6, "one"), content_tree(6, "two"));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = master_config(dir.path(), &tree_a, &pki);
+    let other = TestMaster::start(parse_config(&config_toml(&tree_b.envpath(), &pki, "", "")));
+    let mut first = ChildMaster::spawn(&cfg, None);
+    let mut proxy = CutProxy::start(first.addr);
+    let servers = [proxy.url(), other.url()];
+    let (listings, full) = calibrate(&proxy, &pki, &servers, &tree_a);
+    let (started, mut seen) = (Instant::now(), [0; 2]);
+    for i in 0..runs {
+        // Killed in the first listing: the other master is the run's origin
+        // (tree b); in the second: it serves another plugins listing, so
+        // the run waits for the first master, back 2 s later (tree a).
+        let mark = kill_mark(&mut rng, listings, full, true);
+        proxy.hold_at(proxy.sent() + mark);
+        let home = AgentHome::new(&pki, &servers, "");
+        let run = sync_while(&home, || {
+            assert!(proxy.wait_held(Duration::from_secs(60)), "seed {seed}");
+            proxy.down();
+            kill9(first.pid());
+            std::thread::sleep(Duration::from_secs(2));
+            first = ChildMaster::spawn(&cfg, None);
+            proxy.up(first.addr);
+        });
+        let context = format!("run {i} (byte {mark} of {listings}, seed {seed}): {run:?}");
+        assert_eq!(run.code, 0, "{context}");
+        let got = synced(&home);
+        let which = [expected(&tree_a), expected(&tree_b)]
+            .iter()
+            .position(|t| *t == got);
+        let Some(which) = which else {
+            panic!("{context}: the destinations are neither tree: {got:?}");
+        };
+        seen[which] += 1;
+    }
+    eprintln!(
+        "{runs} runs killed in the listings, two trees: {} of the first, {} of the other, {:.1} s",
+        seen[0],
+        seen[1],
+        started.elapsed().as_secs_f64()
     );
 }
