@@ -5,7 +5,7 @@
 //!
 //! - The listing phase (the node request, the first listing) asks the
 //!   servers of `servers` in order, one attempt at a time, until one
-//!   answers (`Servers::failover`); the one that answers the first listing
+//!   answers (`failover`); the one that answers the first listing
 //!   is the run's [`Origin`] and answers every later listing of the run —
 //!   unless it fails, and then a replica that answers `304` to every
 //!   listing the run already holds (the same view of the environment)
@@ -28,7 +28,7 @@ use pluginsync_common::etag::ETag;
 use pluginsync_common::protocol::{ListingQuery, Mount};
 
 use crate::client::{
-    self, Attempt, Body, BodyError, Client, FetchError, FileWanted, ListingAnswer, Offers,
+    self, Attempt, Body, BodyError, Client, FetchError, FileWanted, ListingAnswer, Offers, Retry,
     Revalidated, Transient, Undelivered, Unreached,
 };
 
@@ -136,82 +136,6 @@ impl Servers {
         }
     }
 
-    /// Asks `ask` of the servers of `ring`, one attempt at a time, until
-    /// one answers (docs/protocol.md §4.7): a transient failure moves on to
-    /// the next server, a round without an answer waits the backoff
-    /// (`Retry::backoff`) before the next. A server that *answered* and
-    /// failed `retries` times drops out (`log` says so); one that refuses
-    /// connections (a master restarting) is asked again until
-    /// `refused_until` (at most the run's deadline). `admit` says whether a
-    /// server may be asked at all (`None`: not now, perhaps later). Any
-    /// other error is the master's final word (404 environment, 403, 400)
-    /// and does not fail over.
-    async fn failover<T>(
-        &self,
-        log: &str,
-        ring: &[&str],
-        refused_until: Instant,
-        admit: impl AsyncFn(&str) -> Option<bool>,
-        mut ask: impl AsyncFnMut(&str) -> Attempt<T>,
-    ) -> Result<(String, T), FetchError> {
-        let retry = self.client.retry();
-        let mut failures: HashMap<&str, u32> = HashMap::new();
-        let mut out: HashSet<&str> = HashSet::new();
-        let mut last: Option<Transient> = None;
-        let give_up = |detail| FetchError::Unreachable {
-            servers: ring.join(", "),
-            detail,
-        };
-        for round in 0u32.. {
-            let (mut asked, mut later, mut after) = (false, false, None);
-            for &server in ring {
-                if retry.remaining().is_zero() {
-                    return Err(give_up(Unreached::Deadline(last)));
-                }
-                if out.contains(server) {
-                    continue;
-                }
-                match admit(server).await {
-                    Some(true) => {}
-                    Some(false) => {
-                        out.insert(server);
-                        continue;
-                    }
-                    None => {
-                        later = true;
-                        continue;
-                    }
-                }
-                asked = true;
-                let error = match ask(server).await {
-                    Attempt::Done(v) => return Ok((server.to_owned(), v)),
-                    Attempt::Fatal(e) => return Err(e),
-                    Attempt::Retry { error, after: a } => {
-                        after = a.or(after);
-                        error
-                    }
-                };
-                let n = failures.entry(server).or_default();
-                *n += 1;
-                tracing::info!(server = %server, attempt = *n, error = %error, "request failed");
-                let spent = match error.reached() {
-                    true => *n >= retry.retries(),
-                    false => Instant::now() >= refused_until,
-                };
-                if spent {
-                    tracing::info!(server = %server, error = %error, "{log}");
-                    out.insert(server);
-                }
-                last = Some(error);
-            }
-            if !asked && !later {
-                return Err(give_up(last.map_or(Unreached::NoServer, Unreached::Failed)));
-            }
-            retry.backoff(round, after).await;
-        }
-        unreachable!("the rounds loop returns")
-    }
-
     /// Until when a refusing server is asked again by a request of the
     /// listing phase: the run's deadline once a server answered in this
     /// run (a master that refuses now is restarting), else at most
@@ -241,20 +165,20 @@ impl Servers {
             None => self.list.iter().map(String::as_str).collect(),
         };
         let log = "server unavailable, trying the next one";
-        let answered = self
-            .failover(
-                log,
-                &ring,
-                self.refused_until(),
-                async |server| self.same_view(server, mount).await,
-                async |server| {
-                    let inm = if_none_match(server);
-                    self.client
-                        .listing(server, mount, query, inm.as_ref())
-                        .await
-                },
-            )
-            .await;
+        let answered = failover(
+            self.client.retry(),
+            log,
+            &ring,
+            self.refused_until(),
+            async |server| self.same_view(server, mount).await,
+            async |server| {
+                let inm = if_none_match(server);
+                self.client
+                    .listing(server, mount, query, inm.as_ref())
+                    .await
+            },
+        )
+        .await;
         let (server, (offers, answer)) = match answered {
             Ok(a) => a,
             Err(FetchError::Unreachable { servers, detail }) if self.origin.is_none() => {
@@ -327,19 +251,19 @@ impl Servers {
         let uuid = client::transaction_uuid();
         let log = "server unavailable for the node request, trying the next one";
         let ring: Vec<&str> = self.list.iter().map(String::as_str).collect();
-        let asked = self
-            .failover(
-                log,
-                &ring,
-                self.refused_until(),
-                async |_| Some(true),
-                async |server| {
-                    self.client
-                        .node_environment(server, certname, configured, &uuid)
-                        .await
-                },
-            )
-            .await;
+        let asked = failover(
+            self.client.retry(),
+            log,
+            &ring,
+            self.refused_until(),
+            async |_| Some(true),
+            async |server| {
+                self.client
+                    .node_environment(server, certname, configured, &uuid)
+                    .await
+            },
+        )
+        .await;
         asked.map(|(_, env)| env)
     }
 
@@ -554,6 +478,82 @@ impl Servers {
     }
 }
 
+/// Asks `ask` of the servers of `ring`, one attempt at a time, until
+/// one answers (docs/protocol.md §4.7): a transient failure moves on to
+/// the next server, a round without an answer waits the backoff
+/// (`Retry::backoff`) before the next. A server that *answered* and
+/// failed `retries` times drops out (`log` says so); one that refuses
+/// connections (a master restarting) is asked again until
+/// `refused_until` (at most the run's deadline). `admit` says whether a
+/// server may be asked at all (`None`: not now, perhaps later). Any
+/// other error is the master's final word (404 environment, 403, 400)
+/// and does not fail over. `retry` gives the attempts per server, the
+/// backoff and the deadline.
+async fn failover<T>(
+    retry: &Retry,
+    log: &str,
+    ring: &[&str],
+    refused_until: Instant,
+    admit: impl AsyncFn(&str) -> Option<bool>,
+    mut ask: impl AsyncFnMut(&str) -> Attempt<T>,
+) -> Result<(String, T), FetchError> {
+    let mut failures: HashMap<&str, u32> = HashMap::new();
+    let mut out: HashSet<&str> = HashSet::new();
+    let mut last: Option<Transient> = None;
+    let give_up = |detail| FetchError::Unreachable {
+        servers: ring.join(", "),
+        detail,
+    };
+    for round in 0u32.. {
+        let (mut asked, mut later, mut after) = (false, false, None);
+        for &server in ring {
+            if retry.remaining().is_zero() {
+                return Err(give_up(Unreached::Deadline(last)));
+            }
+            if out.contains(server) {
+                continue;
+            }
+            match admit(server).await {
+                Some(true) => {}
+                Some(false) => {
+                    out.insert(server);
+                    continue;
+                }
+                None => {
+                    later = true;
+                    continue;
+                }
+            }
+            asked = true;
+            let error = match ask(server).await {
+                Attempt::Done(v) => return Ok((server.to_owned(), v)),
+                Attempt::Fatal(e) => return Err(e),
+                Attempt::Retry { error, after: a } => {
+                    after = a.or(after);
+                    error
+                }
+            };
+            let n = failures.entry(server).or_default();
+            *n += 1;
+            tracing::info!(server = %server, attempt = *n, error = %error, "request failed");
+            let spent = match error.reached() {
+                true => *n >= retry.retries(),
+                false => Instant::now() >= refused_until,
+            };
+            if spent {
+                tracing::info!(server = %server, error = %error, "{log}");
+                out.insert(server);
+            }
+            last = Some(error);
+        }
+        if !asked && !later {
+            return Err(give_up(last.map_or(Unreached::NoServer, Unreached::Failed)));
+        }
+        retry.backoff(round, after).await;
+    }
+    unreachable!("the rounds loop returns")
+}
+
 /// The replicas in the order downloads try them: the `origin`, then the
 /// servers after it in `servers`, wrapping around.
 fn ring<'a>(servers: &'a [String], origin: &'a str) -> Vec<&'a str> {
@@ -581,6 +581,152 @@ mod tests {
         assert_eq!(
             ring(&servers, "https://x"),
             ["https://x", "https://a", "https://b", "https://c"]
+        );
+    }
+
+    fn refused() -> Attempt<&'static str> {
+        Attempt::Retry {
+            error: Transient::Refused("Connection refused".into()),
+            after: None,
+        }
+    }
+
+    fn reset() -> Attempt<&'static str> {
+        Attempt::Retry {
+            error: Transient::Connect("Connection reset by peer".into()),
+            after: None,
+        }
+    }
+
+    fn in_ms(ms: u64) -> Instant {
+        Instant::now() + Duration::from_millis(ms)
+    }
+
+    /// `failover` over `ring` with `ask` answering per server, every
+    /// server admitted; what it returned and whom it asked, in order.
+    async fn ask_around(
+        retry: &Retry,
+        ring: &[&str],
+        refused_until: Instant,
+        answer: impl Fn(&str, usize) -> Attempt<&'static str>,
+    ) -> (Result<(String, &'static str), FetchError>, Vec<String>) {
+        let mut asked = Vec::new();
+        let got = failover(
+            retry,
+            "next",
+            ring,
+            refused_until,
+            async |_| Some(true),
+            async |s| {
+                asked.push(s.to_owned());
+                answer(s, asked.len())
+            },
+        )
+        .await;
+        (got, asked)
+    }
+
+    #[tokio::test]
+    async fn a_failure_moves_on_to_the_next_server_at_once() {
+        let retry = Retry::new(3, in_ms(10_000));
+        let (got, asked) = ask_around(&retry, &["a", "b"], in_ms(10_000), |s, _| match s {
+            "a" => reset(),
+            _ => Attempt::Done("listing"),
+        })
+        .await;
+        assert_eq!(got.unwrap(), ("b".to_owned(), "listing"));
+        assert_eq!(asked, ["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn a_refusing_server_is_asked_again_until_it_answers() {
+        // A master restarting: refuses three times, then answers; the
+        // answered failures of another server are counted against it only.
+        let retry = Retry::new(2, in_ms(10_000));
+        let (got, asked) = ask_around(&retry, &["a", "b"], in_ms(10_000), |s, n| match (s, n) {
+            ("a", n) if n < 6 => refused(),
+            ("a", _) => Attempt::Done("listing"),
+            _ => reset(),
+        })
+        .await;
+        assert_eq!(got.unwrap(), ("a".to_owned(), "listing"));
+        // b answered badly twice (`retries`) and dropped out.
+        assert_eq!(asked, ["a", "b", "a", "b", "a", "a"]);
+    }
+
+    #[tokio::test]
+    async fn a_refusing_server_drops_out_once_its_wait_is_over() {
+        let retry = Retry::new(2, in_ms(10_000));
+        let started = Instant::now();
+        let (got, asked) = ask_around(&retry, &["a"], in_ms(300), |_, _| refused()).await;
+        let e = got.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cannot reach a: connection failed: Connection refused"
+        );
+        assert!(asked.len() >= 2, "{asked:?}");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn servers_that_answered_badly_give_up_after_their_attempts() {
+        let retry = Retry::new(2, in_ms(10_000));
+        let (got, asked) = ask_around(&retry, &["a", "b"], in_ms(10_000), |_, _| reset()).await;
+        assert_eq!(
+            got.unwrap_err().to_string(),
+            "cannot reach a, b: connection failed: Connection reset by peer"
+        );
+        assert_eq!(asked, ["a", "b", "a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn a_final_answer_does_not_fail_over() {
+        let retry = Retry::new(3, in_ms(10_000));
+        let (got, asked) = ask_around(&retry, &["a", "b"], in_ms(10_000), |_, _| {
+            Attempt::Fatal(FetchError::EnvironmentNotFound {
+                env: "nope".into(),
+                server: "a".into(),
+            })
+        })
+        .await;
+        assert!(matches!(got, Err(FetchError::EnvironmentNotFound { .. })));
+        assert_eq!(asked, ["a"]);
+    }
+
+    #[tokio::test]
+    async fn only_admitted_servers_are_asked_and_the_deadline_ends_the_wait() {
+        // b serves another view (never asked); c cannot be asked now, so
+        // the refusing a is waited for until the deadline.
+        let retry = Retry::new(2, in_ms(400));
+        let mut asked = Vec::new();
+        let admit = async |s: &str| match s {
+            "b" => Some(false),
+            "c" => None,
+            _ => Some(true),
+        };
+        let got = failover(
+            &retry,
+            "next",
+            &["a", "b", "c"],
+            in_ms(10_000),
+            admit,
+            async |s| {
+                asked.push(s.to_owned());
+                refused()
+            },
+        )
+        .await;
+        assert_eq!(
+            got.unwrap_err().to_string(),
+            "cannot reach a, b, c: run deadline reached (connection failed: Connection refused)"
+        );
+        assert!(
+            asked.iter().all(|s| s == "a") && asked.len() >= 2,
+            "{asked:?}"
         );
     }
 }
