@@ -10,7 +10,7 @@
 //!   unless it fails, and then a replica that answers `304` to every
 //!   listing the run already holds (the same view of the environment)
 //!   takes over as the origin. A master that refuses connections is asked
-//!   again: for [`FIRST_CONTACT_GRACE`] before any server answered, until
+//!   again: for [`FIRST_CONTACT_GRACE`] until the run has its origin, until
 //!   the run's deadline after.
 //! - Downloads fail over: content is addressed by sha256 and verified as
 //!   it streams, so any replica serving the *same listing* may serve it —
@@ -33,11 +33,12 @@ use crate::client::{
 };
 
 /// How long a request of the listing phase asks again a server that
-/// refuses connections before any server answered in this run: a master
-/// restarting comes back within seconds, while a server that has not
-/// answered yet may as well be misconfigured, and a timer-driven run should
-/// not spend its whole `timeout` on a typo (docs/protocol.md §4.7). Once a
-/// server answered, a refusal is waited for until the run's deadline.
+/// refuses connections until the run has its origin (the first listing
+/// answered): a master restarting comes back within seconds, while a
+/// server that has not answered yet may as well be misconfigured, and a
+/// timer-driven run should not spend its whole `timeout` on a typo
+/// (docs/protocol.md §4.7). Once the run has its origin, a refusal is
+/// waited for until the run's deadline.
 pub const FIRST_CONTACT_GRACE: Duration = Duration::from_secs(10);
 
 /// A master and what it offers beyond Puppet's API (docs/protocol.md §7).
@@ -137,8 +138,8 @@ impl Servers {
     }
 
     /// Until when a refusing server is asked again by a request of the
-    /// listing phase: the run's deadline once a server answered in this
-    /// run (a master that refuses now is restarting), else at most
+    /// listing phase: the run's deadline once the run has its origin (a
+    /// master that refuses now is restarting), else at most
     /// [`FIRST_CONTACT_GRACE`] from now.
     fn refused_until(&self) -> Instant {
         let deadline = Instant::now() + self.client.retry().remaining();
