@@ -6,7 +6,8 @@ default 60 modules, 3,000 plugin files, 25 MB, seed 1) and throwaway certificate
 selected scenarios (--scenarios, default all, in this order) and prints their tables and one
 summary of every target with PASS/MISS; the figures also go to target/bench-results.json.
 
-  speed  a release master and an rsync daemon (TCP_NODELAY) on a first-wins merged copy; each
+  speed  a release master and an rsync daemon (TCP_NODELAY on both ends: the daemon's `socket
+         options`, the client's --sockopts) on a first-wins merged copy; each
          scenario --runs times for both tools into fresh destinations on the same filesystem:
          initial (empty destination), noop (nothing changed), 1% (30 plugin files changed by
          bench/vendor/mutate.py, the same files for both tools); median, min-max, ratio.
@@ -261,7 +262,11 @@ def bench(ctx, results):
         w["node"] = os.path.join(ctx.work, "node")
         w["agent"] = agent_config(os.path.join(ctx.work, "agent.toml"), w["url"], w["node"], ctx.ssl)
         w["rnode"] = os.path.join(ctx.work, "rnode")
-        w["rsync"] = ["rsync", "-a", "--delete", f"rsync://127.0.0.1:{rport}/plugins/", w["rnode"] + "/"]
+        # TCP_NODELAY on the client too, as on the daemon (`socket options`):
+        # without it Nagle against delayed ACKs adds 40-100 ms to every
+        # small exchange, and the baseline would be a handicapped rsync.
+        w["rsync"] = ["rsync", "-a", "--delete", "--sockopts=TCP_NODELAY",
+                      f"rsync://127.0.0.1:{rport}/plugins/", w["rnode"] + "/"]
         w["rsyncd"] = rsyncd
     def guarded(name, fn, *args):
         """One scenario; its failure is recorded and the run goes on with the next one."""

@@ -1,8 +1,8 @@
-//! Downloads that fail over across replicas and outlast a restart (issue
-//! 17, "Faults — a master dying mid-run"; docs/protocol.md §4.7). Masters
-//! are real (the first one a child process killed with SIGKILL); a
-//! [`CutProxy`] in front of it holds the answer at an exact byte count, so
-//! every kill lands mid-download whatever the machine's speed.
+//! Listings and downloads that fail over across replicas and outlast a
+//! restart (docs/protocol.md §4.7). Masters are real (the first one a
+//! child process killed with SIGKILL); a [`CutProxy`] in front of it holds
+//! the answer at an exact byte count, so every kill lands where the test
+//! means it to (mid-download, mid-listing) whatever the machine's speed.
 //!
 //! - `a_master_killed_mid_download_fails_over_to_its_replica`: two masters
 //!   on one tree, the first killed mid-download, `FAILOVER_RUNS` runs
@@ -14,6 +14,17 @@
 //!   listing ETag differs: it serves no content (its counters), and the run
 //!   either waits for the first (success, its tree) or fails with one
 //!   line and nothing changed.
+//! - `a_master_killed_during_the_listings_fails_over_to_its_replica`: the
+//!   same two masters, the first killed at a random byte of the listing
+//!   phase (a handshake, the first or the second listing), 30 runs: every
+//!   run succeeds (the listings fail over too, docs/protocol.md §4.7).
+//! - `a_master_restarted_during_the_listings_is_waited_for`: one master,
+//!   killed at a random byte of the run (every other run in the listing
+//!   phase) and restarted 2 s later, 20 runs: every run succeeds.
+//! - `the_listings_of_a_run_are_never_from_two_trees`: the second master
+//!   serves another tree, the first is killed at a random byte of the
+//!   listing phase and back 2 s later: every run ends with one tree whole,
+//!   never plugins of one and facts of the other.
 
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
@@ -125,9 +136,7 @@ fn a_master_killed_mid_download_fails_over_to_its_replica() {
     let mut proxy = CutProxy::start(first.addr);
     let servers = [proxy.url(), second.url()];
     let (listings, full) = calibrate(&proxy, &pki, &servers, &tree);
-    let started = Instant::now();
-    let mut failed = Vec::new();
-    for i in 0..runs {
+    all_succeed(runs, "the first master killed mid-download", seed, |i| {
         // Somewhere in the downloads: past the listings, before the end.
         let mark = proxy.sent() + rng.range(listings + 2048, full - 16 * 1024);
         proxy.hold_at(mark);
@@ -142,23 +151,14 @@ fn a_master_killed_mid_download_fails_over_to_its_replica() {
             held,
             "run {i} (seed {seed}): the agent never reached byte {mark}"
         );
-        if run.code != 0 || synced(&home) != expected(&tree) {
-            failed.push(format!("run {i}: {run:?}"));
-        }
+        let result = match run.code != 0 || synced(&home) != expected(&tree) {
+            true => Err(format!("run {i}: {run:?}")),
+            false => Ok(()),
+        };
         first = ChildMaster::spawn(&cfg, None);
         proxy.up(first.addr);
-    }
-    eprintln!(
-        "{runs} runs with the first master killed mid-download: {} failed, {:.1} s",
-        failed.len(),
-        started.elapsed().as_secs_f64()
-    );
-    assert!(
-        failed.is_empty(),
-        "{} of {runs} runs failed (seed {seed}):\n{}",
-        failed.len(),
-        failed.join("\n")
-    );
+        result
+    });
     // The replica served the rest of every run.
     assert!(second.store.stats.contents_sent.load(SeqCst) > 0);
 }
@@ -275,4 +275,180 @@ fn a_replica_with_another_tree_is_never_mixed_in() {
         0,
         "no content from the other tree"
     );
+}
+
+/// Where a run's kill lands, in master → agent bytes from the run's
+/// start: in the listing phase (handshakes and both listings, the first
+/// `listings` bytes of a run) or anywhere in the run (`full` bytes).
+fn kill_mark(rng: &mut Lcg, listings: u64, full: u64, listing_phase: bool) -> u64 {
+    let end = if listing_phase { listings } else { full };
+    rng.range(1, end.saturating_sub(1).max(2))
+}
+
+/// The first master of the listing-phase tests: a child process behind a
+/// [`CutProxy`], killed at an exact byte of a run and brought back.
+struct Killable {
+    master: ChildMaster,
+    proxy: CutProxy,
+    cfg: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Killable {
+    fn start(tree: &EnvTree, pki: &Pki) -> Killable {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = master_config(dir.path(), tree, pki);
+        let master = ChildMaster::spawn(&cfg, None);
+        let proxy = CutProxy::start(master.addr);
+        Killable {
+            master,
+            proxy,
+            cfg,
+            _dir: dir,
+        }
+    }
+
+    /// One sync of `home` during which the master is SIGKILLed once the
+    /// agent has received `mark` bytes of it (its port refuses from then
+    /// on), and restarted on the same port `restart_after` later while the
+    /// agent runs — or, with `None`, once the run is over.
+    fn killed_run(
+        &mut self,
+        home: &AgentHome,
+        mark: u64,
+        restart_after: Option<Duration>,
+        context: &str,
+    ) -> AgentRun {
+        self.proxy.hold_at(self.proxy.sent() + mark);
+        let mut held = false;
+        let run = sync_while(home, || {
+            held = self.proxy.wait_held(Duration::from_secs(60));
+            self.proxy.down();
+            kill9(self.master.pid());
+            if let Some(pause) = restart_after {
+                std::thread::sleep(pause);
+                self.restart();
+            }
+        });
+        if restart_after.is_none() {
+            self.restart();
+        }
+        assert!(held, "{context}: the agent never reached byte {mark}");
+        run
+    }
+
+    fn restart(&mut self) {
+        self.master = ChildMaster::spawn(&self.cfg, None);
+        self.proxy.up(self.master.addr);
+    }
+}
+
+/// Runs `run(i)` for each of `runs` runs; prints how many failed (`Err`,
+/// with why) and how long they took, and fails the test, with the seed to
+/// replay it, if any did.
+fn all_succeed(
+    runs: usize,
+    what: &str,
+    seed: u64,
+    mut run: impl FnMut(usize) -> Result<(), String>,
+) {
+    let started = Instant::now();
+    let failed: Vec<String> = (0..runs).filter_map(|i| run(i).err()).collect();
+    eprintln!(
+        "{runs} runs with {what}: {} failed, {:.1} s",
+        failed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {runs} runs failed (seed {seed}):\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+/// `Err` unless `run` succeeded silently and `home` holds `tree`.
+fn whole(run: &AgentRun, home: &AgentHome, tree: &EnvTree, context: String) -> Result<(), String> {
+    match run.code == 0 && run.stderr.is_empty() && synced(home) == expected(tree) {
+        true => Ok(()),
+        false => Err(format!("{context}: {run:?}")),
+    }
+}
+
+#[test]
+fn a_master_killed_during_the_listings_fails_over_to_its_replica() {
+    let seed = Lcg::seed_from_env();
+    let mut rng = Lcg::new(seed);
+    let (tree, pki) = (content_tree(6, "one"), Pki::new());
+    let second = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let mut first = Killable::start(&tree, &pki);
+    let servers = [first.proxy.url(), second.url()];
+    let (listings, full) = calibrate(&first.proxy, &pki, &servers, &tree);
+    let stats = &second.store.stats;
+    let listed = || stats.listings_sent.load(SeqCst) + stats.listings_not_modified.load(SeqCst);
+    let before = listed();
+    all_succeed(30, "the first master killed in the listings", seed, |i| {
+        // Anywhere from the first handshake to the last listing byte.
+        let mark = kill_mark(&mut rng, listings, full, true);
+        let home = AgentHome::new(&pki, &servers, "");
+        let context = format!("run {i} (byte {mark} of {listings}, seed {seed})");
+        let run = first.killed_run(&home, mark, None, &context);
+        whole(&run, &home, &tree, context)
+    });
+    // The replica answered the listings the first could not.
+    assert!(listed() > before);
+}
+
+#[test]
+fn a_master_restarted_during_the_listings_is_waited_for() {
+    let seed = Lcg::seed_from_env();
+    let mut rng = Lcg::new(seed);
+    let (tree, pki) = (content_tree(6, "one"), Pki::new());
+    let mut master = Killable::start(&tree, &pki);
+    let servers = [master.proxy.url()];
+    let (listings, full) = calibrate(&master.proxy, &pki, &servers, &tree);
+    let pause = Some(Duration::from_secs(2));
+    all_succeed(20, "the master restarted 2 s after a kill", seed, |i| {
+        // Every other run in the listing phase, the others anywhere.
+        let mark = kill_mark(&mut rng, listings, full, i % 2 == 0);
+        let home = AgentHome::new(&pki, &servers, "");
+        let context = format!("restart {i} (byte {mark} of {full}, seed {seed})");
+        let run = master.killed_run(&home, mark, pause, &context);
+        whole(&run, &home, &tree, context)
+    });
+}
+
+#[test]
+fn the_listings_of_a_run_are_never_from_two_trees() {
+    let seed = Lcg::seed_from_env();
+    let mut rng = Lcg::new(seed);
+    let pki = Pki::new();
+    let (tree_a, tree_b) = (content_tree(6, "one"), content_tree(6, "two"));
+    let other = TestMaster::start(parse_config(&config_toml(&tree_b.envpath(), &pki, "", "")));
+    let mut first = Killable::start(&tree_a, &pki);
+    let servers = [first.proxy.url(), other.url()];
+    let (listings, full) = calibrate(&first.proxy, &pki, &servers, &tree_a);
+    let mut seen = [0; 2];
+    all_succeed(
+        12,
+        "the first master killed in the listings, two trees",
+        seed,
+        |i| {
+            // Killed in the first listing: the other master is the run's
+            // origin (tree b); in the second: it serves another plugins
+            // listing, so the run waits for the first master, back 2 s later
+            // (tree a). Never plugins of one and facts of the other.
+            let mark = kill_mark(&mut rng, listings, full, true);
+            let home = AgentHome::new(&pki, &servers, "");
+            let context = format!("run {i} (byte {mark} of {listings}, seed {seed})");
+            let run = first.killed_run(&home, mark, Some(Duration::from_secs(2)), &context);
+            let which = [&tree_a, &tree_b]
+                .iter()
+                .position(|t| whole(&run, &home, t, String::new()).is_ok());
+            let which = which.ok_or_else(|| format!("{context}: neither tree whole: {run:?}"))?;
+            seen[which] += 1;
+            Ok(())
+        },
+    );
+    eprintln!("of the first tree: {}, of the other: {}", seen[0], seen[1]);
 }

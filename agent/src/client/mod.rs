@@ -178,7 +178,8 @@ impl Client {
         req
     }
 
-    /// One listing from `server`, with retries, and what its headers offer.
+    /// One attempt at a listing from `server`, and what its headers
+    /// offer; which server, and whether to try again, is `servers.rs`'s.
     /// Sends `If-None-Match` when given (with `X-Pluginsync-Delta`: only
     /// with a cached listing to apply it to, since a delta names its base
     /// by this very tag, docs/protocol.md §7.5.1).
@@ -188,27 +189,18 @@ impl Client {
         mount: Mount,
         query: &ListingQuery<'_>,
         if_none_match: Option<&ETag>,
-    ) -> Result<(Offers, ListingAnswer), FetchError> {
+    ) -> Attempt<(Offers, ListingAnswer)> {
         let url = query.url(server, mount);
         let what = format!("the {mount} listing");
-        let attempt = async || {
-            let req = self.listing_request(&url, if_none_match, true);
-            match req.send().await {
-                Ok(resp) => {
-                    self.listing_answer(
-                        server,
-                        mount,
-                        query.environment,
-                        &what,
-                        if_none_match,
-                        resp,
-                    )
+        let req = self.listing_request(&url, if_none_match, true);
+        match req.send().await {
+            Ok(resp) => {
+                let env = query.environment;
+                self.listing_answer(server, mount, env, &what, if_none_match, resp)
                     .await
-                }
-                Err(e) => Attempt::transient(&e),
             }
-        };
-        self.retry.retrying(server, &what, attempt).await
+            Err(e) => Attempt::transient(&e),
+        }
     }
 
     /// What one listing response says.
@@ -288,7 +280,7 @@ impl Client {
 
     /// Asks `server` which environment the node classifier assigns to
     /// `certname`: `GET /puppet/v3/node/<certname>` with the query and
-    /// headers of Puppet's agent (docs/protocol.md §4.10), with retries.
+    /// headers of Puppet's agent (docs/protocol.md §4.10); one attempt.
     /// `Ok(None)` when it says 404 (a pluginsync master does not serve the
     /// node endpoint). The answer is read up to [`MAX_NODE_BYTES`].
     pub async fn node_environment(
@@ -297,7 +289,7 @@ impl Client {
         certname: &str,
         configured: &EnvName,
         transaction: &str,
-    ) -> Result<Option<EnvName>, FetchError> {
+    ) -> Attempt<Option<EnvName>> {
         let what = "the node";
         let configured = configured.as_str();
         let url = format!(
@@ -306,37 +298,34 @@ impl Client {
             pluginsync_common::urlpath::encode_query_value(configured),
             pluginsync_common::urlpath::encode_query_value(configured),
         );
-        let attempt = async || {
-            let resp = match self.get(&url, "application/json").send().await {
-                Ok(r) => r,
-                Err(e) => return Attempt::transient(&e),
-            };
-            if resp.status() == StatusCode::NOT_FOUND {
-                return Attempt::Done(None);
-            }
-            let resp = match self.check_status(server, configured, what, resp).await {
-                Ok(r) => r,
-                Err(a) => return a,
-            };
-            let problem = |problem| {
-                Attempt::Fatal(FetchError::Node {
-                    server: server.to_owned(),
-                    problem,
-                })
-            };
-            match read_capped(resp, MAX_NODE_BYTES).await {
-                Ok(Capped::Whole(b)) => match serde_json::from_slice::<NodeAnswer>(&b) {
-                    Ok(n) => match crate::config::environment(&n.environment) {
-                        Ok(env) => Attempt::Done(Some(env)),
-                        Err(e) => problem(NodeProblem::Assigned(e)),
-                    },
-                    Err(e) => problem(NodeProblem::NotNode(e)),
-                },
-                Ok(Capped::Over) => problem(NodeProblem::TooLarge(MAX_NODE_BYTES)),
-                Err(e) => Attempt::transient(&e),
-            }
+        let resp = match self.get(&url, "application/json").send().await {
+            Ok(r) => r,
+            Err(e) => return Attempt::transient(&e),
         };
-        self.retry.retrying(server, what, attempt).await
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Attempt::Done(None);
+        }
+        let resp = match self.check_status(server, configured, what, resp).await {
+            Ok(r) => r,
+            Err(a) => return a,
+        };
+        let problem = |problem| {
+            Attempt::Fatal(FetchError::Node {
+                server: server.to_owned(),
+                problem,
+            })
+        };
+        match read_capped(resp, MAX_NODE_BYTES).await {
+            Ok(Capped::Whole(b)) => match serde_json::from_slice::<NodeAnswer>(&b) {
+                Ok(n) => match crate::config::environment(&n.environment) {
+                    Ok(env) => Attempt::Done(Some(env)),
+                    Err(e) => problem(NodeProblem::Assigned(e)),
+                },
+                Err(e) => problem(NodeProblem::NotNode(e)),
+            },
+            Ok(Capped::Over) => problem(NodeProblem::TooLarge(MAX_NODE_BYTES)),
+            Err(e) => Attempt::transient(&e),
+        }
     }
 
     /// Asks `server`'s batch endpoint at `path` for `hashes`; returns the

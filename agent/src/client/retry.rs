@@ -1,8 +1,8 @@
 //! The one retry policy (docs/protocol.md §4.7): up to `retries` attempts
 //! at a server, capped exponential backoff with full jitter between them
-//! or the server's `Retry-After`, never past the run's deadline. Listings,
-//! node requests and batches retry at one server ([`Retry::retrying`]);
-//! downloads move between replicas (`servers.rs`) but wait the same
+//! or the server's `Retry-After`, never past the run's deadline. Batches
+//! retry at one server ([`Retry::retrying`]); listings, node requests and
+//! downloads move between servers (`servers.rs`) but wait the same
 //! [`Retry::backoff`].
 
 use std::time::{Duration, Instant};
