@@ -126,6 +126,11 @@ pub enum ProxyRefused {
     /// The verified certificate gives no identity ([`certname_of`]).
     #[error("proxy certificate has no usable CN")]
     NoCertname,
+    /// An identity header sent more than once: which one the proxy set
+    /// and which one the client smuggled through cannot be told apart
+    /// (docs/protocol.md §5.5).
+    #[error("proxy header {0} sent more than once")]
+    Repeated(String),
 }
 
 /// Why a certificate gives no identity.
