@@ -146,6 +146,19 @@ pub enum NoIdentity {
     InvalidCommonName,
 }
 
+/// Whether two DER certificates carry the same public key (their
+/// `SubjectPublicKeyInfo`, byte for byte); false if either cannot be
+/// parsed. What tells the master's own certificate from another one with
+/// its name (`handlers/admin.rs`).
+pub fn same_public_key(a: &[u8], b: &[u8]) -> bool {
+    let spki = |der| {
+        x509_parser::parse_x509_certificate(der)
+            .ok()
+            .map(|(_, c)| c.public_key().raw.to_vec())
+    };
+    matches!((spki(a), spki(b)), (Some(x), Some(y)) if x == y)
+}
+
 /// The certname of a client's DER leaf certificate, if it has one usable as
 /// an identity (docs/protocol.md §5.2): its subject must hold exactly one
 /// common name, and that name must be a valid Puppet certname
