@@ -451,3 +451,49 @@ async fn a_delta_that_expands_past_its_base_is_refused_in_bounded_memory() {
     assert!(!heads[1].contains("if-none-match"), "{}", heads[1]);
     assert_eq!(tree_snapshot(&home.libdir()), before);
 }
+
+/// A vardir another user can write could make the agent load that user's
+/// code as root (docs/agent.md#the-vardir): open modes on what the agent
+/// owns are fixed with a warning and the run goes on; a state file owned
+/// by another user refuses the run with one line, nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vardir_another_user_can_write_is_fixed_or_refused() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "alpha", "lib/facter/role.rb", "v1\n", 0o644);
+    let master = start(&tree, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    assert_eq!(home.sync(&[]).code, 0);
+    let (vardir, registry) = (home.vardir(), home.vardir().join("plugins.json"));
+    std::fs::write(&registry, "{}").unwrap();
+    for (p, m) in [(&vardir, 0o777), (&registry, 0o666)] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    }
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(mode(&vardir), 0o755);
+    assert_eq!(mode(&registry), 0o644);
+    assert_eq!(
+        run.stderr.matches("writable by other users").count(),
+        2,
+        "{}",
+        run.stderr
+    );
+
+    if rustix::process::geteuid().as_raw() != 0 {
+        eprintln!("SKIPPED: giving a file to another user needs root");
+        return;
+    }
+    std::os::unix::fs::lchown(&registry, Some(4_242_424), None).unwrap();
+    tree.file("production", "alpha", "lib/facter/role.rb", "v2\n", 0o644);
+    let before = tree_snapshot(&home.libdir());
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(
+        run.stderr.starts_with("error: ")
+            && run.stderr.contains("plugins.json' belongs to uid 4242424"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(tree_snapshot(&home.libdir()), before);
+}
