@@ -43,7 +43,8 @@ pub enum VardirError {
 pub fn check(vardir: &Path) -> Result<(), VardirError> {
     let me = rustix::process::geteuid().as_raw();
     for dir in [vardir.to_owned(), vardir.join("cache")] {
-        let Some(meta) = metadata(&dir)? else {
+        // A vardir that is a symlink is judged by the directory it names.
+        let Some(meta) = metadata(&dir, true)? else {
             continue;
         };
         secure(&dir, &meta, me)?;
@@ -53,7 +54,7 @@ pub fn check(vardir: &Path) -> Result<(), VardirError> {
         })?;
         for entry in entries.flatten() {
             let path = entry.path();
-            if let Some(meta) = metadata(&path)?
+            if let Some(meta) = metadata(&path, false)?
                 && !meta.is_dir()
             {
                 secure(&path, &meta, me)?;
@@ -63,9 +64,15 @@ pub fn check(vardir: &Path) -> Result<(), VardirError> {
     Ok(())
 }
 
-/// The metadata of `path` (not following a symlink); `None` if it is gone.
-fn metadata(path: &Path) -> Result<Option<std::fs::Metadata>, VardirError> {
-    match std::fs::symlink_metadata(path) {
+/// The metadata of `path` (of a symlink's target when `follow`); `None`
+/// if it is gone.
+fn metadata(path: &Path, follow: bool) -> Result<Option<std::fs::Metadata>, VardirError> {
+    let meta = if follow {
+        std::fs::metadata(path)
+    } else {
+        std::fs::symlink_metadata(path)
+    };
+    match meta {
         Ok(m) => Ok(Some(m)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(VardirError::Io {

@@ -125,3 +125,43 @@ impl ClientCertVerifier for WithIntermediates {
         self.inner.supported_verify_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+
+    fn ca(name: &str) -> (CertificateParams, KeyPair) {
+        let mut p = CertificateParams::default();
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        (p, KeyPair::generate().unwrap())
+    }
+
+    #[test]
+    fn only_the_cas_no_other_ca_of_the_bundle_issued_are_anchors() {
+        let (root_p, root_k) = ca("root");
+        let root = root_p.self_signed(&root_k).unwrap();
+        let issuer = Issuer::new(root_p, root_k);
+        let (int_p, int_k) = ca("intermediate");
+        let intermediate = int_p.signed_by(&int_k, &issuer).unwrap();
+        let (other_p, other_k) = ca("other root");
+        let other = other_p.self_signed(&other_k).unwrap();
+        // An intermediate whose root is not in the bundle stays an anchor.
+        let (lone_root_p, lone_root_k) = ca("absent root");
+        let (lone_p, lone_k) = ca("lone intermediate");
+        let lone = lone_p
+            .signed_by(&lone_k, &Issuer::new(lone_root_p, lone_root_k))
+            .unwrap();
+        let der = |c: &rcgen::Certificate| c.der().clone();
+        let split = split(vec![
+            der(&intermediate),
+            der(&root),
+            der(&other),
+            der(&lone),
+        ]);
+        assert_eq!(split.anchors, vec![der(&root), der(&other), der(&lone)]);
+        assert_eq!(split.intermediates, vec![der(&intermediate)]);
+        assert_eq!(subjects(&split.intermediates).len(), 1);
+    }
+}
