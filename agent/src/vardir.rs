@@ -106,7 +106,7 @@ fn secure(path: &Path, meta: &std::fs::Metadata, me: u32) -> Result<(), VardirEr
     })?;
     tracing::warn!(
         path = %path.display(),
-        "was writable by other users ({mode:04o}); now {fixed:04o} (docs/agent.md#the-vardir)"
+        "vardir entry was writable by other users ({mode:04o}); now {fixed:04o} (docs/agent.md#the-vardir)"
     );
     Ok(())
 }
