@@ -189,6 +189,13 @@ mod tests {
             rebuild(&base, far.as_bytes(), Some(&tag)),
             Err(DeltaError::Apply(_))
         ));
+        // A base entry copied twice: never a listing (its paths are
+        // unique), and how a small delta would make a huge one.
+        let twice = text.replacen("c 3 1", "c 3 1\nc 3 1", 1);
+        assert!(matches!(
+            rebuild(&base, twice.as_bytes(), Some(&tag)),
+            Err(DeltaError::Apply(DeltaApplyError::CopiedTwice(3)))
+        ));
         let fewer = text.replacen("entries 5", "entries 6", 1);
         assert!(matches!(
             rebuild(&base, fewer.as_bytes(), Some(&tag)),

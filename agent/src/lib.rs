@@ -38,3 +38,4 @@ pub mod settings;
 pub mod signals;
 pub mod stage;
 pub mod sync;
+pub mod vardir;

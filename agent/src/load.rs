@@ -108,6 +108,9 @@ impl<'a> Loaders<'a> {
         registry: &mut Registry,
     ) -> Vec<LoadEntry> {
         let mut out = Vec::new();
+        if enabled && !changed.is_empty() {
+            self.warn_shell_interpolation();
+        }
         for (mount, rel) in changed {
             if !self.serves(*mount) {
                 continue;
@@ -131,6 +134,18 @@ impl<'a> Loaders<'a> {
         out
     }
 
+    /// One warning per loader that puts a file name inside a shell script
+    /// (docs/loading.md#never-put-path-in-a-shell-script): a module file
+    /// named `$(…)` would run as root.
+    fn warn_shell_interpolation(&self) {
+        for (loader, placeholder) in self.table.shell_interpolations() {
+            tracing::warn!(
+                loader,
+                "loader puts {placeholder} inside a shell script: a file named $(…) would run as root; pass it as an argument after the script (docs/loading.md#never-put-path-in-a-shell-script)"
+            );
+        }
+    }
+
     /// Loads `rel` of `mount` (under `root`) with the first loader that
     /// matches it, and adds its entry to `out` (and those of the plugins a
     /// Celerity ID clash took out).
@@ -150,10 +165,7 @@ impl<'a> Loaders<'a> {
             out.push(skipped(path, None, "not loaded (no loader)"));
             return;
         };
-        let name = loader
-            .name
-            .clone()
-            .unwrap_or_else(|| loader.pattern.clone());
+        let name = loader.label().to_owned();
         if !enabled {
             out.push(skipped(path, Some(name), "not loaded (loading disabled)"));
             return;

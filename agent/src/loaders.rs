@@ -133,7 +133,46 @@ pub enum Layout {
     Kustomize,
 }
 
+/// Shells whose `-c` takes a script: a placeholder inside that script is
+/// interpolated into shell code.
+const SHELLS: [&str; 6] = ["sh", "bash", "dash", "zsh", "ksh", "ash"];
+
+/// The placeholders that carry a file name from the master.
+const NAME_PLACEHOLDERS: [&str; 2] = ["{path}", "{relpath}"];
+
 impl LoaderConfig {
+    /// The name reports give this loader: `name`, or the `match` glob.
+    pub fn label(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.pattern)
+    }
+
+    /// The placeholder (`{path}` or `{relpath}`) this `command` puts inside
+    /// the script of a `sh -c` (or `bash -c`, …), if any: the file name is
+    /// then shell code, and a module file named `$(…)` runs as root
+    /// (docs/loading.md#never-put-path-in-a-shell-script). As its own
+    /// argument after the script (`["sh", "-c", "ruby -c \"$1\"", "sh",
+    /// "{path}"]`) it is only data, and is not reported.
+    pub fn shell_interpolation(&self) -> Option<&'static str> {
+        let argv = &self.command;
+        for (i, arg) in argv.iter().enumerate() {
+            if !SHELLS.contains(&arg.rsplit('/').next().unwrap_or(arg)) {
+                continue;
+            }
+            let mut script_next = false;
+            for a in &argv[i + 1..] {
+                if script_next {
+                    return NAME_PLACEHOLDERS.into_iter().find(|p| a.contains(p));
+                }
+                match a.strip_prefix('-') {
+                    Some(opts) if !opts.starts_with('-') => script_next = opts.contains('c'),
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+        }
+        None
+    }
+
     /// Launch attempts per load: `attempts`, or the layout's default (5
     /// for Celerity, whose Deploy Engine relaunches a plugin that did not
     /// register up to 4 times; 1 otherwise).
@@ -263,6 +302,16 @@ impl LoaderTable {
             .map(|l| &l.config)
     }
 
+    /// The loaders that interpolate a file name into a shell script
+    /// ([`LoaderConfig::shell_interpolation`]): each one's label and the
+    /// placeholder.
+    pub fn shell_interpolations(&self) -> Vec<(&str, &'static str)> {
+        self.loaders
+            .iter()
+            .filter_map(|l| Some((l.config.label(), l.config.shell_interpolation()?)))
+            .collect()
+    }
+
     /// The constraint of a plugin name, if configured.
     pub fn constraint(&self, name: &str) -> Option<&Constraint> {
         self.constraints.get(name)
@@ -348,5 +397,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("[[loader]] 1 match '['"), "{e}");
+    }
+
+    #[test]
+    fn a_file_name_inside_a_shell_script_is_reported() {
+        let t = table(
+            "[[loader]]\nname = \"inline\"\nmatch = \"a/*\"\nkind = \"command\"\n\
+             command = [\"/bin/sh\", \"-c\", \"ruby -c {path}\"]\n\
+             [[loader]]\nname = \"bash\"\nmatch = \"b/*\"\nkind = \"command\"\n\
+             command = [\"env\", \"bash\", \"--noprofile\", \"-ec\", \"x '{relpath}'\"]\n\
+             [[loader]]\nname = \"argument\"\nmatch = \"c/*\"\nkind = \"command\"\n\
+             command = [\"sh\", \"-c\", \"ruby -c \\\"$1\\\"\", \"sh\", \"{path}\"]\n\
+             [[loader]]\nmatch = \"d/*\"\nkind = \"command\"\n\
+             command = [\"ruby\", \"-c\", \"{path}\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            t.shell_interpolations(),
+            vec![("inline", "{path}"), ("bash", "{relpath}")]
+        );
     }
 }

@@ -19,6 +19,9 @@ pub enum LockError {
         /// The holder's pid, as it wrote it.
         pid: String,
     },
+    /// The vardir is not safe to use (`vardir.rs`).
+    #[error(transparent)]
+    Vardir(#[from] crate::vardir::VardirError),
     /// The lock file could not be used.
     #[error("cannot lock '{path}': {source}")]
     Io {
@@ -35,7 +38,8 @@ pub struct RunLock {
     _file: File,
 }
 
-/// Takes the lock in `vardir` (created if missing).
+/// Takes the lock in `vardir` (created if missing), once the vardir is
+/// known to be safe ([`crate::vardir::check`]).
 pub fn acquire(vardir: &Path) -> Result<RunLock, LockError> {
     let path = vardir.join("agent.lock");
     let io = |source| LockError::Io {
@@ -43,6 +47,7 @@ pub fn acquire(vardir: &Path) -> Result<RunLock, LockError> {
         source,
     };
     std::fs::create_dir_all(vardir).map_err(io)?;
+    crate::vardir::check(vardir)?;
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)

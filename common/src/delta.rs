@@ -55,9 +55,18 @@ pub fn split_listing(body: &[u8]) -> Option<Vec<&[u8]>> {
 
 /// A listing body from its entries' raw bytes: `[` + entries joined by
 /// `,` + `]`, the master's serialisation (the inverse of [`split_listing`]).
-pub fn join_listing<'a>(entries: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
-    let mut out = vec![b'['];
-    for (i, e) in entries.into_iter().enumerate() {
+pub fn join_listing<'a, I>(entries: I) -> Vec<u8>
+where
+    I: IntoIterator<Item = &'a [u8]>,
+    I::IntoIter: Clone,
+{
+    let entries = entries.into_iter();
+    // Exactly the size needed: growing by doubling would hold up to twice
+    // the listing.
+    let len = entries.clone().map(|e| e.len() + 1).sum::<usize>() + 1;
+    let mut out = Vec::with_capacity(len.max(2));
+    out.push(b'[');
+    for (i, e) in entries.enumerate() {
         if i > 0 {
             out.push(b',');
         }
@@ -247,17 +256,27 @@ pub enum DeltaApplyError {
     /// More entries than the delta announced (or than the caller allows).
     #[error("the delta makes more than {0} entries")]
     TooMany(usize),
+    /// A base entry copied a second time: a listing never holds the same
+    /// entry twice (its paths are unique, docs/protocol.md §4.3), so a
+    /// delta may make at most its base plus what it adds
+    /// (docs/protocol.md §7.5.2), never a multiple of a base entry.
+    #[error("the delta copies base entry {0} more than once; refused")]
+    CopiedTwice(usize),
 }
 
 /// The entries of the listing a delta makes, in order: its `ops` applied to
 /// `base` (the raw entries of the base listing, [`split_listing`]). At
-/// most `max` entries (the delta's own count is checked by the caller).
+/// most `max` entries (the delta's own count is checked by the caller), and
+/// each base entry copied at most once, so the result is never larger than
+/// the base and the delta together: a small delta cannot expand into a
+/// large listing.
 pub fn apply_ops<'a>(
     base: &[&'a [u8]],
     ops: &[DeltaOp<'a>],
     max: usize,
 ) -> Result<Vec<&'a [u8]>, DeltaApplyError> {
     let mut out: Vec<&[u8]> = Vec::new();
+    let mut copied = vec![false; base.len()];
     for op in ops {
         match *op {
             DeltaOp::Copy { start, count } => {
@@ -270,6 +289,10 @@ pub fn apply_ops<'a>(
                 if out.len() + slice.len() > max {
                     return Err(DeltaApplyError::TooMany(max));
                 }
+                if let Some(twice) = (start..end).find(|&i| copied[i]) {
+                    return Err(DeltaApplyError::CopiedTwice(twice));
+                }
+                copied[start..end].fill(true);
                 out.extend_from_slice(slice);
             }
             DeltaOp::Add(raw) => {
@@ -401,6 +424,14 @@ mod tests {
             vec![&b"1"[..], b"2", b"x", b"0"]
         );
         assert_eq!(apply_ops(&base, &ops, 3), Err(DeltaApplyError::TooMany(3)));
+        let twice = [
+            DeltaOp::Copy { start: 0, count: 2 },
+            DeltaOp::Copy { start: 1, count: 1 },
+        ];
+        assert_eq!(
+            apply_ops(&base, &twice, 10),
+            Err(DeltaApplyError::CopiedTwice(1))
+        );
         assert_eq!(
             apply_ops(
                 &base,

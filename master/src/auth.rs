@@ -126,6 +126,11 @@ pub enum ProxyRefused {
     /// The verified certificate gives no identity ([`certname_of`]).
     #[error("proxy certificate has no usable CN")]
     NoCertname,
+    /// An identity header sent more than once: which one the proxy set
+    /// and which one the client smuggled through cannot be told apart
+    /// (docs/protocol.md §5.5).
+    #[error("proxy header {0} sent more than once")]
+    Repeated(String),
 }
 
 /// Why a certificate gives no identity.
@@ -139,6 +144,19 @@ pub enum NoIdentity {
     SeveralCommonNames,
     /// Its CN is not a string, or not a valid certname.
     InvalidCommonName,
+}
+
+/// Whether two DER certificates carry the same public key (their
+/// `SubjectPublicKeyInfo`, byte for byte); false if either cannot be
+/// parsed. What tells the master's own certificate from another one with
+/// its name (`handlers/admin.rs`).
+pub fn same_public_key(a: &[u8], b: &[u8]) -> bool {
+    let spki = |der| {
+        x509_parser::parse_x509_certificate(der)
+            .ok()
+            .map(|(_, c)| c.public_key().raw.to_vec())
+    };
+    matches!((spki(a), spki(b)), (Some(x), Some(y)) if x == y)
 }
 
 /// The certname of a client's DER leaf certificate, if it has one usable as

@@ -14,12 +14,14 @@
 //! DIR/certificate_requests/<certname>.pem the CSR: CN=<certname>, SANs
 //! ```
 //!
-//! Each file is written under a temporary name and renamed into place, so a
-//! failure leaves no half-written file under its final name; an existing
-//! key is never replaced (the master may be serving with it).
+//! Each file is written under a temporary name, created exclusively with a
+//! random name and mode 0600, and renamed into place, so a failure leaves
+//! no half-written file under its final name and nothing placed in the
+//! directory in advance can capture the key; an existing key is never
+//! replaced (the master may be serving with it).
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use rcgen::{CertificateParams, DnType, KeyPair, SanType};
@@ -136,8 +138,8 @@ pub fn generate(opts: &CsrOptions) -> Result<Csr, CsrError> {
         .map_err(CsrError::Sign)?
         .pem()
         .map_err(CsrError::Encode)?;
-    write_new(&key_path, &key.serialize_pem(), 0o600)?;
-    if let Err(e) = write_new(&csr_path, &request, 0o644) {
+    write_new(&key_path, &key.serialize_pem(), 0o600, false)?;
+    if let Err(e) = write_new(&csr_path, &request, 0o644, true) {
         // The key alone is of no use: take it back, so a retry starts clean.
         let _ = std::fs::remove_file(&key_path);
         return Err(e);
@@ -169,32 +171,43 @@ pub fn certname(name: &str) -> Result<String, BadCertname> {
 }
 
 /// Writes `contents` to `path` with `mode`: a temporary file beside it,
-/// synced, then renamed into place.
-fn write_new(path: &Path, contents: &str, mode: u32) -> Result<(), CsrError> {
+/// created exclusively under a random name with mode 0600 (a file or
+/// symlink placed there in advance is never opened, so it cannot capture
+/// the key, docs/tls.md#a-p-256-key-for-the-master), synced, then renamed
+/// into place. With `replace` false an existing `path` is left alone and
+/// is an error, even one that appeared since the caller looked.
+fn write_new(path: &Path, contents: &str, mode: u32, replace: bool) -> Result<(), CsrError> {
     let parent = path.parent().ok_or(CsrError::NoDirectory)?;
     std::fs::create_dir_all(parent).map_err(|source| CsrError::CreateDir {
         path: parent.to_owned(),
         source,
     })?;
-    let tmp = path.with_extension("pem.tmp");
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(contents.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    written.map_err(|source| {
-        let _ = std::fs::remove_file(&tmp);
-        CsrError::Write {
-            path: path.to_owned(),
-            source,
-        }
-    })
+    let error = |source| CsrError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".csr-")
+        .suffix(".tmp")
+        .permissions(std::fs::Permissions::from_mode(0o600))
+        .tempfile_in(parent)
+        .map_err(error)?;
+    tmp.write_all(contents.as_bytes()).map_err(error)?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(error)?;
+    tmp.as_file().sync_all().map_err(error)?;
+    // Dropping a temporary file that was not persisted removes it.
+    if replace {
+        tmp.persist(path).map_err(|e| error(e.error))?;
+    } else {
+        tmp.persist_noclobber(path)
+            .map_err(|e| match e.error.kind() {
+                std::io::ErrorKind::AlreadyExists => CsrError::KeyExists(path.to_owned()),
+                _ => error(e.error),
+            })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -247,5 +260,30 @@ mod tests {
             .unwrap()
             .collect();
         assert_eq!(entries.len(), 1, "nothing but the one key");
+    }
+
+    /// A file or a symlink placed where the old code wrote its temporary
+    /// file never sees the key, and the key is 0600 whatever was there.
+    #[test]
+    fn a_file_or_symlink_placed_in_advance_cannot_capture_the_key() {
+        let t = tempfile::tempdir().unwrap();
+        let name = "pluginsync.example.com";
+        let keys = t.path().join("private_keys");
+        std::fs::create_dir_all(&keys).unwrap();
+        let trap = t.path().join("trap");
+        std::fs::write(&trap, "").unwrap();
+        std::fs::set_permissions(&trap, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink(&trap, keys.join(format!("{name}.pem.tmp"))).unwrap();
+        let reqs = t.path().join("certificate_requests");
+        std::fs::create_dir_all(&reqs).unwrap();
+        std::fs::write(reqs.join(format!("{name}.pem.tmp")), "").unwrap();
+        let out = generate(&opts(t.path(), name)).unwrap();
+        assert_eq!(std::fs::read(&trap).unwrap(), b"", "the trap got nothing");
+        let meta = std::fs::symlink_metadata(&out.key).unwrap();
+        assert!(meta.file_type().is_file(), "the key is a file of its own");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert!(pluginsync_common::tls::load_key(&out.key).is_ok());
+        let req = std::fs::symlink_metadata(&out.request).unwrap();
+        assert_eq!(req.permissions().mode() & 0o777, 0o644);
     }
 }

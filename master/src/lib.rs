@@ -12,6 +12,7 @@
 pub mod access;
 pub mod api_error;
 pub mod auth;
+pub mod ca_chain;
 pub mod check;
 pub mod cli;
 pub mod config;

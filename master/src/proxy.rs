@@ -98,7 +98,8 @@ pub struct Headers {
 }
 
 /// The certname the headers prove, as Puppet Server decides it
-/// (docs/protocol.md §5.5): the verify header must say `SUCCESS`; then a
+/// (docs/protocol.md §5.5): none of the three headers may be repeated;
+/// the verify header must say `SUCCESS`; then a
 /// certificate header, when present, must verify with `verifier` and its
 /// CN is the identity (a DN header beside it is ignored); else the DN
 /// header's CN is.
@@ -108,6 +109,13 @@ pub fn identify(
     verifier: &dyn ClientCertVerifier,
     now: UnixTime,
 ) -> Result<String, Refused> {
+    // A proxy that appends its header to one the client sent leaves two:
+    // taking either would let the client choose its identity.
+    for name in [&names.verify, &names.dn, &names.cert] {
+        if headers.get_all(name.as_str()).iter().nth(1).is_some() {
+            return Err(Refused::Repeated(name.clone()));
+        }
+    }
     let text = |name: &str| headers.get(name).map(|v| v.to_str().map_err(|_| ()));
     if text(&names.verify) != Some(Ok("SUCCESS")) {
         return Err(Refused::NotVerified);

@@ -11,6 +11,7 @@ use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 
+use crate::ca_chain;
 use crate::config::{ClientAuth, TlsConfig};
 
 /// The TLS setup failed; the message names the file or the reason.
@@ -175,8 +176,20 @@ pub fn client_verifier_for(
     allow_unauthenticated: bool,
 ) -> Result<Arc<dyn ClientCertVerifier>, ServerTlsError> {
     let provider = ptls::provider();
-    let roots = Arc::new(ptls::load_roots(&tls.ca)?);
-    let mut verifier = WebPkiClientVerifier::builder_with_provider(roots, provider);
+    let mut roots = ptls::load_roots(&tls.ca)?;
+    let mut bundled = Vec::new();
+    if tls.crl.is_some() {
+        // The bundle's intermediate CAs are not anchors, so that they are
+        // checked against their root's CRL too
+        // (docs/tls.md#revocation-and-intermediate-cas).
+        let split = ca_chain::split(ptls::load_certs("CA bundle", &tls.ca)?);
+        if !split.intermediates.is_empty() {
+            roots = anchors(&tls.ca, split.anchors)?;
+            bundled = split.intermediates;
+        }
+    }
+    let mut verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .add_root_hint_subjects(ca_chain::subjects(&bundled));
     if let Some(crl) = &tls.crl {
         // Every certificate of the client's chain below the trust anchor
         // (the leaf and any intermediate CA) is checked against its
@@ -190,9 +203,32 @@ pub fn client_verifier_for(
     if allow_unauthenticated {
         verifier = verifier.allow_unauthenticated();
     }
-    verifier
+    let verifier = verifier
         .build()
-        .map_err(|e| ServerTlsError::Rustls(format!("client verifier: {e}")))
+        .map_err(|e| ServerTlsError::Rustls(format!("client verifier: {e}")))?;
+    if bundled.is_empty() {
+        return Ok(verifier);
+    }
+    Ok(Arc::new(ca_chain::WithIntermediates {
+        inner: verifier,
+        intermediates: bundled,
+    }))
+}
+
+/// The trust anchors `certs` of the CA bundle at `path`.
+fn anchors(
+    path: &std::path::Path,
+    certs: Vec<rustls_pki_types::CertificateDer<'static>>,
+) -> Result<rustls::RootCertStore, ServerTlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certs {
+        roots.add(cert).map_err(|e| TlsError::Invalid {
+            what: "CA bundle",
+            path: path.to_owned(),
+            reason: format!("holds an unusable CA certificate: {e}"),
+        })?;
+    }
+    Ok(roots)
 }
 
 /// When the first certificate of the PEM file `path` expires (Unix

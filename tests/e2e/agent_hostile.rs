@@ -10,6 +10,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use pluginsync_common::etag::ETag;
+use pluginsync_common::protocol;
 use pluginsync_tests::{
     AgentHome, EnvTree, FakeMaster, Listener, Pki, TestMaster, config_toml, gzip_zeros,
     http_response, listing_json, parse_config, response_with, tree_snapshot,
@@ -357,4 +359,141 @@ async fn a_killed_runs_temporary_files_are_removed_by_the_next_run() {
     assert_eq!((leftovers(&vardir), leftovers(&cache)), (0, 0));
     assert!(vardir.join("last_run_report.json").is_file());
     assert!(cache.join("plugins.json").is_file());
+}
+
+/// A hostile master's delta that copies one base entry again and again (a
+/// 1.5 MB delta that would make a 250 MB listing) is refused before the
+/// listing is built (docs/protocol.md §7.5.4): the agent runs with a
+/// 160 MiB data limit, says why in one line, takes the whole listing once,
+/// and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_that_expands_past_its_base_is_refused_in_bounded_memory() {
+    use std::sync::Mutex;
+    let pki = Pki::new();
+    let dir = |rel: &str, path: &str| {
+        format!(
+            r#"{{"path":"{path}","relative_path":"{rel}","links":"follow","owner":0,"group":0,"mode":493,"checksum":{{"type":"ctime","value":"{{ctime}}0"}},"type":"directory","destination":null}}"#
+        )
+    };
+    // "d" weighs ~1000 bytes: its `path` is long.
+    let base = format!(
+        "[{},{}]",
+        dir(".", "/m"),
+        dir("d", &format!("/m/{}", "p".repeat(850)))
+    );
+    let base: &'static str = base.leak();
+    let copies = 249_999usize;
+    let tag = "\"".to_owned() + &"0".repeat(40) + "\"";
+    let mut delta = format!(
+        "pluginsync-listing-delta 1\nbase {}\netag {tag}\nentries {}\nc 0 1\n",
+        ETag::of_listing(base.as_bytes()),
+        copies + 1
+    );
+    for _ in 0..copies {
+        delta.push_str("c 1 1\n");
+    }
+    delta.push_str("end\n");
+    let delta: &'static str = delta.leak();
+    let heads = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = heads.clone();
+    let fake = FakeMaster::start_with_head(
+        &pki,
+        Arc::new(move |target: &str, head: &str| {
+            let lower = head.to_ascii_lowercase();
+            let answer = |status: &str, ctype: &str, body: &str, tag: &str| {
+                response_with(
+                    status,
+                    &[("Content-Type", ctype), ("ETag", tag)],
+                    body.as_bytes(),
+                )
+            };
+            if target.contains("/file_metadatas/plugins") {
+                seen.lock().unwrap().push(lower.clone());
+                if lower.contains("x-pluginsync-delta: 1") {
+                    return answer("226 IM Used", protocol::DELTA_MEDIA_TYPE, delta, &tag);
+                }
+                let base_tag = ETag::of_listing(base.as_bytes()).to_string();
+                return answer("200 OK", "application/json", base, &base_tag);
+            }
+            if target.contains("/file_metadatas/pluginfacts") {
+                let root = format!("[{}]", dir(".", "/m"));
+                let root_tag = ETag::of_listing(root.as_bytes()).to_string();
+                return answer("200 OK", "application/json", &root, &root_tag);
+            }
+            http_response("404 Not Found", "text/plain", b"no")
+        }),
+    );
+    let home = AgentHome::new(&pki, &[fake.url()], "");
+    let first = home.sync(&[]);
+    assert_eq!(first.code, 0, "{first:?}");
+    let before = tree_snapshot(&home.libdir());
+    heads.lock().unwrap().clear();
+
+    let run = home.sync_with_data_limit(&["--server", &fake.url(), "-v"], 160 << 20);
+    assert_eq!(run.code, 0, "the delta is refused, not the run: {run:?}");
+    let said: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("delta listing not used"))
+        .collect();
+    assert_eq!(said.len(), 1, "{}", run.stderr);
+    assert!(
+        said[0].contains("copies base entry 1 more than once; refused"),
+        "{}",
+        said[0]
+    );
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(
+        heads.len(),
+        2,
+        "the delta, then one full listing: {heads:?}"
+    );
+    assert!(!heads[1].contains("if-none-match"), "{}", heads[1]);
+    assert_eq!(tree_snapshot(&home.libdir()), before);
+}
+
+/// A vardir another user can write could make the agent load that user's
+/// code as root (docs/agent.md#the-vardir): open modes on what the agent
+/// owns are fixed with a warning and the run goes on; a state file owned
+/// by another user refuses the run with one line, nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vardir_another_user_can_write_is_fixed_or_refused() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "alpha", "lib/facter/role.rb", "v1\n", 0o644);
+    let master = start(&tree, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    assert_eq!(home.sync(&[]).code, 0);
+    let (vardir, registry) = (home.vardir(), home.vardir().join("plugins.json"));
+    std::fs::write(&registry, "{}").unwrap();
+    for (p, m) in [(&vardir, 0o777), (&registry, 0o666)] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    }
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(mode(&vardir), 0o755);
+    assert_eq!(mode(&registry), 0o644);
+    assert_eq!(
+        run.stderr.matches("writable by other users").count(),
+        2,
+        "{}",
+        run.stderr
+    );
+
+    if rustix::process::geteuid().as_raw() != 0 {
+        eprintln!("SKIPPED: giving a file to another user needs root");
+        return;
+    }
+    std::os::unix::fs::lchown(&registry, Some(4_242_424), None).unwrap();
+    tree.file("production", "alpha", "lib/facter/role.rb", "v2\n", 0o644);
+    let before = tree_snapshot(&home.libdir());
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(
+        run.stderr.starts_with("error: ")
+            && run.stderr.contains("plugins.json' belongs to uid 4242424"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(tree_snapshot(&home.libdir()), before);
 }

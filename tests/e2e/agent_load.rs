@@ -673,3 +673,46 @@ command = ["sh", "-c", "cat \"$0\" >> {cat}", "{{relpath}}"]
         );
     }
 }
+
+/// A loader that puts `{path}` inside a `sh -c` script makes a module's
+/// file names shell code run as root: the run says so, one warning per
+/// such loader (docs/loading.md#never-put-path-in-a-shell-script); the
+/// form that passes the name as an argument after the script is quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_name_inside_a_shell_script_is_warned_about() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    for f in ["inline/a.rb", "argument/b.rb"] {
+        tree.file("production", "alpha", &format!("lib/{f}"), "# x\n", 0o644);
+    }
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let config = r#"
+[load]
+enabled = true
+
+[[loader]]
+name = "inline"
+match = "inline/*.rb"
+kind = "command"
+command = ["sh", "-c", "test -f {path}"]
+
+[[loader]]
+name = "argument"
+match = "argument/*.rb"
+kind = "command"
+command = ["sh", "-c", "test -f \"$0\"", "{path}"]
+"#;
+    let home = AgentHome::new(&pki, &[master.url()], config);
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let warned: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("inside a shell script"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{}", run.stderr);
+    assert!(
+        warned[0].contains("inline") && warned[0].contains("{path}"),
+        "{}",
+        warned[0]
+    );
+}

@@ -221,6 +221,43 @@ fn unverified_ambiguous_or_forged_dn_headers_are_refused() {
     }
 }
 
+/// A client may send an identity header of its own that a proxy passes on
+/// beside the one it sets: a request carrying any of the three twice is
+/// refused as one without identity, whichever copy comes first.
+#[test]
+fn a_repeated_identity_header_is_refused() {
+    let pki = Pki::new();
+    let m = start(&pki, LOOPBACK);
+    let none = get(m.proxy, PROD_URL, &[]);
+    let node1 = escaped_cert(&pki.cert("node1"));
+    let verify = ("X-Client-Verify", "SUCCESS");
+    for headers in [
+        vec![
+            verify,
+            ("X-Client-DN", "/CN=node1"),
+            ("X-Client-DN", "/CN=node2"),
+        ],
+        vec![
+            verify,
+            ("x-client-dn", "/CN=node1"),
+            ("X-Client-DN", "/CN=node1"),
+        ],
+        vec![verify, verify, ("X-Client-DN", "/CN=node1")],
+        vec![
+            verify,
+            ("X-Client-Cert", node1.as_str()),
+            ("X-Client-Cert", node1.as_str()),
+        ],
+    ] {
+        assert_eq!(get(m.proxy, PROD_URL, &headers), none, "{headers:?}");
+    }
+    // Once each: node1.
+    assert_eq!(
+        get(m.proxy, PROD_URL, &verified("/CN=node1")),
+        (200, PROD.into())
+    );
+}
+
 #[test]
 fn a_certificate_header_must_chain_to_the_ca_and_then_decides() {
     let pki = Pki::new();

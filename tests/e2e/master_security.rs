@@ -4,8 +4,8 @@
 
 use pluginsync_common::urlpath::encode_path;
 use pluginsync_tests::{
-    ChainedClient, EnvTree, Pki, TestMaster, client, config_toml, h1_get, parse_config, raw_get,
-    tls_config, tls_connect,
+    ChainedClient, EnvTree, Pki, TestMaster, client, config_toml, dated_client_cert, h1_get,
+    identity, parse_config, raw_get, refused, tls_config, tls_connect,
 };
 
 const SECRET: &str = "TOP-SECRET-OUTSIDE-THE-MODULE";
@@ -411,4 +411,78 @@ async fn a_cn_that_is_not_a_certname_is_no_identity() {
         let (status, _) = h1_get(&mut s, path).await.expect("an answer");
         assert_eq!(status, want);
     }
+}
+
+/// Puppet's intermediate-CA setups put the intermediate in `ca.pem` beside
+/// the root, and the node presents its leaf alone. An intermediate the
+/// root's CRL revokes takes its nodes with it even then: every CA of the
+/// chain is checked against its issuer's CRL, not only the leaf
+/// (docs/tls.md#revocation-and-intermediate-cas).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_under_a_revoked_intermediate_in_ca_pem_is_refused() {
+    let (tree, pki) = (tree(), Pki::new());
+    let chained = ChainedClient::new(&pki, "chained1");
+    let mut bundle = std::fs::read_to_string(pki.ca()).unwrap();
+    bundle.push_str(&chained.intermediate_pem);
+    std::fs::write(pki.ca(), bundle).unwrap();
+    let config = config_toml(&tree.envpath(), &pki, "", "");
+    let (chain, key) = chained.identity();
+    let leaf_only = tls_config(&pki, Some((chain[..1].to_vec(), key)), &["http/1.1"]);
+    let node1 = tls_config(&pki, Some(identity(&pki, "node1")), &["http/1.1"]);
+    let path = "/puppet/v3/file_metadatas/plugins?recurse=true&environment=production";
+
+    chained.write_crls(&pki, &pki.crl(), false);
+    {
+        let master = TestMaster::start(parse_config(&config));
+        let mut s = tls_connect(master.addr, leaf_only.clone())
+            .await
+            .expect("handshake");
+        let (status, _) = h1_get(&mut s, path).await.expect("an answer");
+        assert_eq!(status, 200, "the leaf alone chains through ca.pem");
+    }
+
+    chained.write_crls(&pki, &pki.crl(), true);
+    let master = TestMaster::start(parse_config(&config));
+    assert!(
+        refused(master.addr, leaf_only).await,
+        "a node under a revoked intermediate in ca.pem must be refused"
+    );
+    assert!(!refused(master.addr, node1).await, "the root's own nodes");
+}
+
+/// The admin API knows the master's own certificate by its key, not by
+/// its name: another certificate the CA issued under the master's
+/// certname (here `localhost`) is refused like any name not in
+/// `[admin] certnames` (docs/protocol.md §1.10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_knows_the_masters_certificate_by_its_key() {
+    let (tree, pki) = (tree(), Pki::new());
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = dated_client_cert(&pki, "localhost", -1, 30, dir.path());
+    let as_client = |cert: &std::path::Path, key: &std::path::Path| {
+        let mut pem = std::fs::read(cert).unwrap();
+        pem.extend(std::fs::read(key).unwrap());
+        let ca = std::fs::read(pki.ca()).unwrap();
+        reqwest::Client::builder()
+            .tls_certs_only(reqwest::Certificate::from_pem_bundle(&ca).unwrap())
+            .identity(reqwest::Identity::from_pem(&pem).unwrap())
+            .build()
+            .unwrap()
+    };
+    let url = format!(
+        "{}/puppet-admin-api/v1/environment-cache?environment=production",
+        master.url()
+    );
+    let status = |c: reqwest::Client| {
+        let url = url.clone();
+        async move { c.delete(url).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(
+        status(as_client(&cert, &key)).await,
+        403,
+        "same name, another key"
+    );
+    let own = as_client(&pki.cert("localhost"), &pki.key("localhost"));
+    assert_eq!(status(own).await, 204, "the master's own certificate");
 }

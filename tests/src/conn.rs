@@ -527,6 +527,9 @@ pub struct ChainedClient {
     pub chain: Vec<CertificateDer<'static>>,
     /// The leaf's key (PKCS#8 DER).
     pub key: Vec<u8>,
+    /// The intermediate CA's certificate, PEM (for a `ca.pem` that holds
+    /// it beside the root, as Puppet's intermediate-CA setups do).
+    pub intermediate_pem: String,
     intermediate_serial: Vec<u8>,
     intermediate: Issuer<'static, KeyPair>,
 }
@@ -564,6 +567,7 @@ impl ChainedClient {
         ChainedClient {
             chain: vec![leaf.der().clone(), int_cert.der().clone()],
             key: leaf_key.serialize_der(),
+            intermediate_pem: int_cert.pem(),
             intermediate_serial,
             intermediate,
         }

@@ -6,8 +6,8 @@
 //!
 //! Who may call it: the certnames of `[admin] certnames` (exact names; the
 //! list is empty by default, so everyone gets 403, as Puppet Server without
-//! an allowlist entry), and the master's own certificate, which
-//! `pluginsync-master reindex` presents. The identity is the TLS client
+//! an allowlist entry), and the master's own certificate, known by its
+//! public key, which `pluginsync-master reindex` presents. The identity is the TLS client
 //! certificate's CN, as for every endpoint (docs/protocol.md §5.2).
 
 use std::sync::Arc;
@@ -31,15 +31,17 @@ pub const ENVIRONMENT_CACHE: &str = "/puppet-admin-api/v1/environment-cache";
 /// 204 too (Puppet Server's answer; its index, if any, is dropped).
 pub async fn environment_cache(State(state): State<AppState>, req: Request) -> Response {
     let path = req.uri().path().to_owned();
-    let certname = req
+    let leaf = req
         .extensions()
         .get::<Arc<TlsInfo>>()
-        .and_then(|info| info.peer_certificates.first())
+        .and_then(|info| info.peer_certificates.first().cloned());
+    let certname = leaf
+        .as_ref()
         .and_then(|der| crate::auth::certname_of(der).ok());
     let config = state.store.config();
     let allowed = certname.as_deref().is_some_and(|name| {
         config.admin.certnames.iter().any(|c| c == name)
-            || own_certname(config).as_deref() == Some(name)
+            || leaf.as_ref().is_some_and(|der| is_own(config, der))
     });
     if !allowed {
         tracing::warn!(
@@ -61,9 +63,16 @@ pub async fn environment_cache(State(state): State<AppState>, req: Request) -> R
     StatusCode::NO_CONTENT.into_response()
 }
 
-/// The CN of the master's own certificate (read at each call, so a
-/// certificate rotated under SIGHUP is followed).
-fn own_certname(config: &crate::config::MasterConfig) -> Option<String> {
-    let certs = pluginsync_common::tls::load_certs("certificate", &config.tls.cert).ok()?;
-    crate::auth::certname_of(certs.first()?).ok()
+/// Whether `der` carries the public key of the master's own certificate
+/// (read at each call, so a certificate rotated under SIGHUP is followed).
+/// The key, not the name: the CA may have issued another certificate under
+/// the master's certname, and only the holder of the master's key is the
+/// master (docs/protocol.md §1.10).
+fn is_own(config: &crate::config::MasterConfig, der: &[u8]) -> bool {
+    let Ok(certs) = pluginsync_common::tls::load_certs("certificate", &config.tls.cert) else {
+        return false;
+    };
+    certs
+        .first()
+        .is_some_and(|own| crate::auth::same_public_key(own, der))
 }
