@@ -10,7 +10,7 @@ use pluginsync_agent::config::{AgentConfig, AgentFile};
 use pluginsync_agent::exit::ExitStatus;
 use pluginsync_agent::output;
 use pluginsync_agent::plugins::Registry;
-use pluginsync_agent::report::Report;
+use pluginsync_agent::report::{self, Report};
 use pluginsync_agent::settings::{Overrides, Settings};
 use pluginsync_agent::signals::Interrupts;
 use pluginsync_agent::{certs, metrics};
@@ -173,6 +173,14 @@ fn sync(config: &Path, overrides: Overrides) -> Ended {
 fn show_config(config: &Path, overrides: Overrides, format: cli::Format) -> Ended {
     let file = load_config(config)?;
     let settings = Settings::resolve(file, overrides).map_err(resolve_error)?;
+    // Said where an operator checks a config, not only when a run loads
+    // (docs/loading.md#never-put-path-in-a-shell-script).
+    for (loader, placeholder) in settings.loaders.shell_interpolations() {
+        output::warning(&format!(
+            "loader '{}' puts {placeholder} inside a shell script: a module file named $(…) would run as root; pass it as an argument after the script",
+            report::escape(loader)
+        ));
+    }
     match format {
         cli::Format::Text => {
             for e in &settings.effective {

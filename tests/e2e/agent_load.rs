@@ -715,4 +715,15 @@ command = ["sh", "-c", "test -f \"$0\"", "{path}"]
         "{}",
         warned[0]
     );
+    // `pluginsync-agent config`, where an operator checks a config, says
+    // it too, for that loader alone.
+    let shown = home.run(&["config"]);
+    assert_eq!(shown.code, 0, "{shown:?}");
+    let warned: Vec<&str> = shown
+        .stderr
+        .lines()
+        .filter(|l| l.contains("inside a shell script"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{}", shown.stderr);
+    assert!(warned[0].contains("'inline'"), "{}", warned[0]);
 }
