@@ -4,7 +4,9 @@
 //! client that stops reading is closed after `write_timeout` and the memory
 //! its responses pinned is freed, a certificate revoked on SIGHUP loses its
 //! open connections, and a revoked intermediate CA takes its clients with
-//! it (docs/protocol.md §5.2; `[http]` in etc/master.toml).
+//! it, and the `[metrics]` listener is held to the same limits
+//! (docs/protocol.md §5.2; docs/operating.md#master-metrics; `[http]` in
+//! etc/master.toml).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -403,5 +405,126 @@ async fn a_client_under_a_revoked_intermediate_ca_is_refused() {
     assert!(
         !refused(master.addr, node1_tls).await,
         "a client of the root is not affected"
+    );
+}
+
+/// The `[metrics]` listener is admitted like the others: 300 idle TCP
+/// connections to it, against a master with 256 descriptors. Before, they
+/// took every descriptor (agents failed for as long as they stayed open);
+/// now they are shed like idle TLS connections, in a registry of their own
+/// (16 at most), and the health check, an agent and a scrape get through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_metrics_connections_do_not_lock_out_agents() {
+    const NOFILE: u64 = 256;
+    const IDLE: usize = 300;
+    let pki = Pki::new();
+    let tree = small_tree();
+    let (_dir, cfg) = config_file(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        "[metrics]\nlisten = \"127.0.0.1:0\"",
+    ));
+    let master = ChildMaster::spawn(&cfg, Some(NOFILE));
+    let metrics = master.metrics_addr();
+
+    let mut held = Vec::new();
+    for _ in 0..IDLE {
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::net::TcpStream::connect(metrics),
+        )
+        .await
+        {
+            Ok(Ok(s)) => held.push(s),
+            _ => break,
+        }
+    }
+    assert_eq!(held.len(), IDLE, "the kernel queues every connection");
+    // Let the master accept what it will.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let c = client(&pki, Some("node1"));
+    assert_eq!(
+        health(&c, &master.url()).await,
+        Some(200),
+        "the health check must answer with {IDLE} idle metrics connections open\n{}",
+        master.log()
+    );
+    let agent = AgentHome::new(&pki, &[master.url()], "");
+    let run = agent.sync(&[]);
+    assert!(
+        run.code == 0 || run.code == 2,
+        "agent sync failed ({}):\n{}\n{}\nmaster log:\n{}",
+        run.code,
+        run.stdout,
+        run.stderr,
+        master.log()
+    );
+    let mut scrape = tokio::net::TcpStream::connect(metrics)
+        .await
+        .expect("connect");
+    let (status, body) = h1_get(&mut scrape, "/metrics").await.expect("scrape");
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&body).contains("pluginsync_master_open_connections"));
+
+    let mut probes = tokio::task::JoinSet::new();
+    for mut s in held {
+        probes.spawn(async move { closed_within(&mut s, Duration::from_secs(3)).await });
+    }
+    let mut shed = 0u64;
+    while let Some(closed) = probes.join_next().await {
+        shed += u64::from(closed.expect("join"));
+    }
+    eprintln!("{shed} idle metrics connections were closed by the master");
+    assert!(
+        shed >= IDLE as u64 - NOFILE,
+        "only {shed} of {IDLE} idle metrics connections were shed"
+    );
+}
+
+/// A request header on the `[metrics]` listener sent one byte at a time
+/// (every 250 ms) is cut off at `header_timeout` (1 s here), as on the
+/// other listeners. Before, it stayed open for as long as bytes came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dribbled_header_on_the_metrics_listener_is_cut_at_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pki = Pki::new();
+    let tree = small_tree();
+    let (_dir, cfg) = config_file(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        "header_timeout = \"1s\"\n[metrics]\nlisten = \"127.0.0.1:0\"",
+    ));
+    let master = ChildMaster::spawn(&cfg, None);
+    let mut s = tokio::net::TcpStream::connect(master.metrics_addr())
+        .await
+        .expect("connect");
+    let header = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n";
+    let started = std::time::Instant::now();
+    let mut closed = None;
+    let mut buf = [0u8; 1024];
+    'dribble: for byte in header.iter().take(32) {
+        if s.write_all(&[*byte]).await.is_err() {
+            closed = Some(started.elapsed());
+            break;
+        }
+        let pause = tokio::time::sleep(Duration::from_millis(250));
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                _ = &mut pause => break,
+                r = s.read(&mut buf) => if matches!(r, Ok(0) | Err(_)) {
+                    closed = Some(started.elapsed());
+                    break 'dribble;
+                },
+            }
+        }
+    }
+    let closed = closed.expect("a header dribbled for 8 s was still open");
+    assert!(
+        closed < Duration::from_secs(4),
+        "closed only after {closed:?} (header_timeout is 1 s)"
     );
 }
