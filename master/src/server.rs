@@ -146,6 +146,7 @@ impl Reload {
             trust.set_verifier(crate::tls::client_verifier_for(&config.tls, false)?);
         }
         self.config.reload_from_config(Arc::new(server.config));
+        self.store.certificate.set(server.validity);
         Ok(match server.client_verifier {
             Some(verifier) => recheck(self.connections.clone(), verifier).await,
             None => 0,
@@ -169,7 +170,8 @@ pub async fn serve(
     ready: impl FnOnce(Running) + Send + 'static,
 ) -> Result<(), ServeError> {
     pluginsync_common::tls::install_default_provider();
-    let tls = RustlsConfig::from_config(Arc::new(crate::tls::server_config(&config.tls)?));
+    let served = crate::tls::server_tls(&config.tls)?;
+    let tls = RustlsConfig::from_config(Arc::new(served.config));
     let metrics_connections = config.metrics.listen.map(|_| METRICS_CONNECTIONS);
     let connections = registry(&config.http, metrics_connections.unwrap_or(0));
     let mut background = vec![
@@ -178,6 +180,7 @@ pub async fn serve(
     ];
     let authorizer = Authorizer::new(&config.authorization)?;
     let store = Store::new(config.clone());
+    store.certificate.set(served.validity);
     // Nothing is indexed before listening (docs/master.md#many-environments):
     // the warmer indexes in the background, requests index on demand.
     background.push(tokio::spawn(store.clone().warm()));

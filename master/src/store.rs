@@ -126,6 +126,9 @@ pub struct Store {
     pub metrics: Metrics,
     /// True once SIGTERM/SIGINT arrived: the health check answers 503.
     pub draining: AtomicBool,
+    /// The served certificate's validity: outside it, the health check
+    /// answers 503.
+    pub certificate: crate::tls::Validity,
 }
 
 /// What [`Store::warm`] indexes, in order: the names listed in
@@ -179,6 +182,7 @@ impl Store {
             stats: Stats::default(),
             metrics: Metrics::new(),
             draining: AtomicBool::new(false),
+            certificate: crate::tls::Validity::default(),
         })
     }
 
