@@ -10,7 +10,8 @@
 //! requests `shutdown_grace` to finish.
 //!
 //! Every connection goes through [`conns`] (admitted by [`accept`], its
-//! requests counted by [`inflight`]): `max_connections`,
+//! requests counted by [`inflight`]; the `[metrics]` listener's in a
+//! registry of its own, of [`METRICS_CONNECTIONS`]): `max_connections`,
 //! `idle_timeout` and `write_timeout` bound how many sockets and how much
 //! memory clients can hold, and after a SIGHUP the open connections whose
 //! client certificate the new CA/CRL refuses are closed (a revoked node
@@ -49,6 +50,10 @@ const H2_STREAM_WINDOW: u32 = 64 * 1024;
 const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 /// Request header block size limit on HTTP/2 (hyper's default is 16 MiB).
 const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
+/// Connections the metrics listener keeps open at most (a scraper or two
+/// need one each), in a registry of its own and taken from what
+/// `max_connections` may use of the descriptor limit.
+const METRICS_CONNECTIONS: usize = 16;
 
 /// Which listener an error is about, as its messages name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +146,7 @@ impl Reload {
             trust.set_verifier(crate::tls::client_verifier_for(&config.tls, false)?);
         }
         self.config.reload_from_config(Arc::new(server.config));
+        self.store.certificate.set(server.validity);
         Ok(match server.client_verifier {
             Some(verifier) => recheck(self.connections.clone(), verifier).await,
             None => 0,
@@ -164,14 +170,17 @@ pub async fn serve(
     ready: impl FnOnce(Running) + Send + 'static,
 ) -> Result<(), ServeError> {
     pluginsync_common::tls::install_default_provider();
-    let tls = RustlsConfig::from_config(Arc::new(crate::tls::server_config(&config.tls)?));
-    let connections = registry(&config.http);
+    let served = crate::tls::server_tls(&config.tls)?;
+    let tls = RustlsConfig::from_config(Arc::new(served.config));
+    let metrics_connections = config.metrics.listen.map(|_| METRICS_CONNECTIONS);
+    let connections = registry(&config.http, metrics_connections.unwrap_or(0));
     let mut background = vec![
         tokio::spawn(Connections::reap(Arc::downgrade(&connections))),
         tokio::spawn(watch_certificate(config.clone())),
     ];
     let authorizer = Authorizer::new(&config.authorization)?;
     let store = Store::new(config.clone());
+    store.certificate.set(served.validity);
     // Nothing is indexed before listening (docs/master.md#many-environments):
     // the warmer indexes in the background, requests index on demand.
     background.push(tokio::spawn(store.clone().warm()));
@@ -184,9 +193,6 @@ pub async fn serve(
         store: store.clone(),
         gate: Gate::new(authorizer, config.tls.client_auth.into()),
     };
-    if let Some(addr) = config.metrics.listen {
-        background.push(spawn_metrics(addr, &store, &connections, &state.gate).await?);
-    }
     let proxy = if config.proxy.listen.is_empty() {
         None
     } else {
@@ -199,6 +205,19 @@ pub async fn serve(
         connections: &connections,
         handle: &handle,
     };
+    if let Some(addr) = config.metrics.listen {
+        let own = Connections::new(Limits {
+            max_connections: METRICS_CONNECTIONS,
+            ..connections.limits()
+        });
+        background.push(tokio::spawn(Connections::reap(Arc::downgrade(&own))));
+        let metrics = Scrape {
+            store: store.clone(),
+            connections: connections.clone(),
+            gate: state.gate.clone(),
+        };
+        background.push(listening.metrics(addr, own, metrics)?);
+    }
     let mut servers = listening.tls(listeners, &tls, &store, state.clone())?;
     if let Some(trust) = &proxy {
         servers.extend(listening.proxy(&config.proxy.listen, state, trust)?);
@@ -228,9 +247,11 @@ pub async fn serve(
 }
 
 /// The connection registry of `[http]`: `max_connections` capped to the
-/// descriptor limit (a warning when that lowers it), the timeouts as set.
-fn registry(http: &crate::config::HttpConfig) -> Arc<Connections> {
-    let (max_connections, nofile) = conns::effective_max_connections(http.max_connections);
+/// descriptor limit less `elsewhere` (the metrics listener's connections;
+/// a warning when that lowers it), the timeouts as set.
+fn registry(http: &crate::config::HttpConfig, elsewhere: usize) -> Arc<Connections> {
+    let (max_connections, nofile) =
+        conns::effective_max_connections(http.max_connections, elsewhere);
     if max_connections < http.max_connections {
         tracing::warn!(
             max_connections,
@@ -322,6 +343,37 @@ impl Listening<'_> {
         Ok(servers)
     }
 
+    /// Serves `GET /metrics` in the Prometheus text format on `addr`, plain
+    /// HTTP (docs/operating.md#master-metrics), admitted like the `[proxy]`
+    /// listeners but into its own registry `own` (at most
+    /// [`METRICS_CONNECTIONS`], idle ones shed, `idle_timeout`,
+    /// `write_timeout`) and under `header_timeout`: idle or dribbling
+    /// connections to it can neither take the descriptors agents need nor
+    /// shed an agent's connection.
+    fn metrics(
+        &self,
+        addr: SocketAddr,
+        own: Arc<Connections>,
+        scrape: Scrape,
+    ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
+        let which = Listener::Metrics(addr);
+        let listener = TcpListener::bind(addr).map_err(|e| ServeError::Listen(which, e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| ServeError::Listen(which, e))?;
+        let bound = listener.local_addr().unwrap_or(addr);
+        let server = self
+            .server(listener, which)?
+            .acceptor(accept::AdmitPlain::new(own));
+        let app = scrape.router();
+        tracing::info!("metrics on http://{bound}/metrics");
+        Ok(tokio::spawn(async move {
+            if let Err(e) = server.serve(app.into_make_service()).await {
+                tracing::error!(error = %e, "metrics listener failed");
+            }
+        }))
+    }
+
     /// An axum server on `listener` (which is `which`) with the `[http]`
     /// limits and the shared handle.
     fn server(
@@ -404,45 +456,44 @@ async fn watch_certificate(config: Arc<MasterConfig>) {
     }
 }
 
-/// Serves `GET /metrics` in the Prometheus text format on `addr`, plain
-/// HTTP (docs/operating.md#master-metrics).
-async fn spawn_metrics(
-    addr: SocketAddr,
-    store: &Arc<Store>,
-    connections: &Arc<Connections>,
-    gate: &Gate,
-) -> Result<tokio::task::JoinHandle<()>, ServeError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| ServeError::Listen(Listener::Metrics(addr), e))?;
-    let (store, connections, gate) = (store.clone(), connections.clone(), gate.clone());
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let (store, connections, gate) = (store.clone(), connections.clone(), gate.clone());
-            async move {
-                let text = tokio::task::spawn_blocking(move || {
-                    store.metrics.render(&snapshot(&store, &connections, &gate))
-                })
-                .await
-                .unwrap_or_default();
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    text,
-                )
-            }
-        }),
-    );
-    let bound = listener.local_addr().unwrap_or(addr);
-    tracing::info!("metrics on http://{bound}/metrics");
-    Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "metrics listener failed");
-        }
-    }))
+/// What a scrape of the metrics listener reads.
+#[derive(Clone)]
+struct Scrape {
+    store: Arc<Store>,
+    /// The agents' registry (mTLS and `[proxy]`), whose counts are served.
+    connections: Arc<Connections>,
+    gate: Gate,
+}
+
+impl Scrape {
+    /// The metrics listener's one route, `GET /metrics`, rendered from a
+    /// snapshot taken at scrape time.
+    fn router(self) -> axum::Router {
+        axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let Scrape {
+                    store,
+                    connections,
+                    gate,
+                } = self.clone();
+                async move {
+                    let text = tokio::task::spawn_blocking(move || {
+                        store.metrics.render(&snapshot(&store, &connections, &gate))
+                    })
+                    .await
+                    .unwrap_or_default();
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        text,
+                    )
+                }
+            }),
+        )
+    }
 }
 
 /// What the metrics read at scrape time (`metrics::Snapshot`).

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use pluginsync_common::tls::{self as ptls, TlsError};
 use rustls::ServerConfig;
@@ -55,6 +56,10 @@ pub struct ServerTls {
     /// `client_auth = "none"`), kept to re-check the certificates of open
     /// connections after a reload (docs/protocol.md §5.2).
     pub client_verifier: Option<Arc<dyn ClientCertVerifier>>,
+    /// The served leaf certificate's `notBefore` and `notAfter` (Unix
+    /// seconds), for the health check ([`Validity`]); `None` if it does
+    /// not parse.
+    pub validity: Option<(i64, i64)>,
 }
 
 /// Builds the server config from `[tls]`.
@@ -66,6 +71,11 @@ pub fn server_config(tls: &TlsConfig) -> Result<ServerConfig, ServerTlsError> {
 pub fn server_tls(tls: &TlsConfig) -> Result<ServerTls, ServerTlsError> {
     let provider = ptls::provider();
     let certs = ptls::load_certs("server certificate", &tls.cert)?;
+    let validity = certs.first().and_then(|leaf| {
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
+        let v = cert.validity();
+        Some((v.not_before.timestamp(), v.not_after.timestamp()))
+    });
     let key = ptls::load_key(&tls.key)?;
     let builder = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -88,7 +98,72 @@ pub fn server_tls(tls: &TlsConfig) -> Result<ServerTls, ServerTlsError> {
     Ok(ServerTls {
         config,
         client_verifier,
+        validity,
     })
+}
+
+/// The validity window of the certificate the master serves now (Unix
+/// seconds), set at startup and on every SIGHUP reload: the health check
+/// answers 503 outside it, since every agent refuses the certificate then
+/// (docs/master.md#endpoints). Unknown (never set, or unparsable): always
+/// valid, as before.
+#[derive(Debug)]
+pub struct Validity {
+    not_before: AtomicI64,
+    not_after: AtomicI64,
+}
+
+impl Default for Validity {
+    fn default() -> Self {
+        Validity {
+            not_before: AtomicI64::new(i64::MIN),
+            not_after: AtomicI64::new(i64::MAX),
+        }
+    }
+}
+
+impl Validity {
+    /// Records the window of the certificate just installed.
+    pub fn set(&self, window: Option<(i64, i64)>) {
+        let (from, until) = window.unwrap_or((i64::MIN, i64::MAX));
+        self.not_before.store(from, Ordering::Relaxed);
+        self.not_after.store(until, Ordering::Relaxed);
+    }
+
+    /// Why agents refuse the served certificate at `now`, if they do.
+    pub fn refused_at(&self, now: std::time::SystemTime) -> Option<OutOfDate> {
+        let now = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let at = |t: i64| time::OffsetDateTime::from_unix_timestamp(t).ok();
+        let until = self.not_after.load(Ordering::Relaxed);
+        let from = self.not_before.load(Ordering::Relaxed);
+        if now > until {
+            at(until).map(OutOfDate::Expired)
+        } else if now < from {
+            at(from).map(OutOfDate::NotYetValid)
+        } else {
+            None
+        }
+    }
+}
+
+/// The served certificate is outside its validity window: every agent
+/// refuses it. Shown as the health check's 503 body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OutOfDate {
+    /// Past its `notAfter` (when, UTC).
+    #[error("expired: the server certificate expired on {}; agents refuse it", utc(.0))]
+    Expired(time::OffsetDateTime),
+    /// Before its `notBefore` (when, UTC).
+    #[error("not yet valid: the server certificate is valid from {}; agents refuse it", utc(.0))]
+    NotYetValid(time::OffsetDateTime),
+}
+
+/// `2026-11-26 14:56:23 UTC`.
+fn utc(t: &time::OffsetDateTime) -> String {
+    let (h, m, s) = t.to_offset(time::UtcOffset::UTC).to_hms();
+    format!("{} {h:02}:{m:02}:{s:02} UTC", t.date())
 }
 
 /// Session resumption (docs/tls.md#session-resumption): a resumed handshake skips the
@@ -497,6 +572,31 @@ mod tests {
         )
         .map(|soon| soon.map(|w| w.to_string()))
         .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_health_check_validity_refuses_outside_the_window_only() {
+        let v = Validity::default();
+        let at = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        assert_eq!(v.refused_at(SystemTime::now()), None);
+        v.set(Some((1_000, 2_000)));
+        assert_eq!(v.refused_at(at(1_500)), None);
+        let expired = v.refused_at(at(2_001)).unwrap().to_string();
+        assert_eq!(
+            expired,
+            "expired: the server certificate expired on 1970-01-01 00:33:20 UTC; agents refuse it"
+        );
+        let early = v.refused_at(at(999)).unwrap().to_string();
+        assert!(early.starts_with("not yet valid: "), "{early}");
+        v.set(None);
+        assert_eq!(v.refused_at(at(0)), None);
+        let dir = tempfile::tempdir().unwrap();
+        let served = server_tls(&issued(dir.path(), -30, -1, false)).unwrap();
+        v.set(served.validity);
+        assert!(matches!(
+            v.refused_at(SystemTime::now()),
+            Some(OutOfDate::Expired(_))
+        ));
     }
 
     #[test]

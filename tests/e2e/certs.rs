@@ -127,3 +127,56 @@ fn check_fails_on_an_expired_server_certificate() {
     assert_eq!(out.status.code(), Some(78), "{err}");
     assert!(err.contains("expired on"), "{err}");
 }
+
+/// The health check of a master whose served certificate every agent
+/// refuses: 503 with the reason, so a balancer sends agents elsewhere.
+/// Before, it answered `running` (200) with an expired certificate.
+#[test]
+fn the_health_check_is_unhealthy_while_the_server_certificate_is_out_of_date() {
+    let (tree, pki) = (tree(), Pki::new());
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for (name, from, until, reason) in [
+        (
+            "expired",
+            -30,
+            -1,
+            "expired: the server certificate expired on ",
+        ),
+        (
+            "early",
+            2,
+            30,
+            "not yet valid: the server certificate is valid from ",
+        ),
+    ] {
+        let sub = dir.path().join(name);
+        std::fs::create_dir_all(&sub).unwrap();
+        let (cert, key) = dated_client_cert(&pki, "localhost", from, until, &sub);
+        let text = config_toml(&tree.envpath(), &pki, "", "")
+            .replace(
+                &format!("{:?}", pki.cert("localhost")),
+                &format!("{cert:?}"),
+            )
+            .replace(&format!("{:?}", pki.key("localhost")), &format!("{key:?}"));
+        let master = TestMaster::start(parse_config(&text));
+        // A balancer's check that does not verify the certificate.
+        let (code, body) = rt.block_on(async {
+            let r = reqwest::Client::builder()
+                .danger_accept_invalid_certs(true)
+                .timeout(std::time::Duration::from_secs(15))
+                .build()
+                .unwrap()
+                .get(format!("{}/status/v1/simple", master.url()))
+                .send()
+                .await
+                .expect("health check");
+            (r.status().as_u16(), r.text().await.unwrap())
+        });
+        assert_eq!(code, 503, "{name}: {body}");
+        assert!(
+            body.starts_with(reason) && body.ends_with(" UTC; agents refuse it"),
+            "{name}: {body}"
+        );
+    }
+}

@@ -31,28 +31,6 @@ use pluginsync_tests::{
 };
 use rustls::HandshakeKind;
 
-/// The master's `[metrics]` address, from its log (bounded wait).
-fn metrics_addr(master: &ChildMaster) -> SocketAddr {
-    for _ in 0..400 {
-        if let Some(a) = master.log().lines().find_map(|l| {
-            l.split("metrics on http://")
-                .nth(1)?
-                .trim()
-                .split('/')
-                .next()?
-                .parse()
-                .ok()
-        }) {
-            return a;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!(
-        "the master never logged its metrics address:\n{}",
-        master.log()
-    );
-}
-
 /// `pluginsync_master_tls_handshakes_total{kind="<kind>"}` now (0 when the
 /// series is not there yet).
 fn handshakes(metrics: SocketAddr, kind: &str) -> u64 {
@@ -115,7 +93,7 @@ async fn a_second_connection_resumes_and_a_reload_or_a_restart_forgets_every_tic
     let dir = tempfile::tempdir().unwrap();
     let cfg = master_config(dir.path(), &tree, &pki);
     let master = ChildMaster::spawn(&cfg, None);
-    let metrics = metrics_addr(&master);
+    let metrics = master.metrics_addr();
     // One client config: its session cache is what a process keeps.
     let client = tls_config(&pki, Some(identity(&pki, "node1")), &["http/1.1"]);
 
@@ -156,7 +134,7 @@ async fn a_second_connection_resumes_and_a_reload_or_a_restart_forgets_every_tic
     // server name, the same certificate); the new one cannot open them.
     drop(master);
     let master = ChildMaster::spawn(&cfg, None);
-    let metrics = metrics_addr(&master);
+    let metrics = master.metrics_addr();
     let after_restart = connect_and_list(master.addr, &client).await;
     assert_eq!(after_restart, (Some(HandshakeKind::Full), 200));
     assert_eq!(
@@ -191,7 +169,7 @@ fn an_agent_reconnecting_within_its_run_resumes_its_session() {
     let (tree, pki) = (content_tree(), Pki::new());
     let dir = tempfile::tempdir().unwrap();
     let master = ChildMaster::spawn(&master_config(dir.path(), &tree, &pki), None);
-    let metrics = metrics_addr(&master);
+    let metrics = master.metrics_addr();
     let mut proxy = CutProxy::start(master.addr);
     let home = AgentHome::new(&pki, &[proxy.url()], "");
     // Cut the run's connection once ~256 KiB of the ~1 MiB of content went

@@ -88,6 +88,28 @@ impl ChildMaster {
         master
     }
 
+    /// Its `[metrics]` address, from its log (bounded wait).
+    pub fn metrics_addr(&self) -> SocketAddr {
+        for _ in 0..400 {
+            if let Some(a) = self.log().lines().find_map(|l| {
+                l.split("metrics on http://")
+                    .nth(1)?
+                    .trim()
+                    .split('/')
+                    .next()?
+                    .parse()
+                    .ok()
+            }) {
+                return a;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!(
+            "the master never logged its metrics address:\n{}",
+            self.log()
+        );
+    }
+
     /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

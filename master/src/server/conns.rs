@@ -382,13 +382,15 @@ impl Connections {
 
 /// `max_connections` capped to what the process's descriptor limit allows:
 /// the soft `RLIMIT_NOFILE` minus a reserve for the index, served files,
-/// inotify and logs (an eighth of the limit, at least 64, at most 1024).
-/// Returns the cap and the soft limit (`None`: unlimited or unknown).
-pub fn effective_max_connections(configured: usize) -> (usize, Option<u64>) {
+/// inotify and logs (an eighth of the limit, at least 64, at most 1024)
+/// and minus `elsewhere`, the connections another registry may hold (the
+/// metrics listener's). Returns the cap and the soft limit (`None`:
+/// unlimited or unknown).
+pub fn effective_max_connections(configured: usize, elsewhere: usize) -> (usize, Option<u64>) {
     let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
     match soft {
         Some(soft) => {
-            let reserve = (soft / 8).clamp(64, 1024);
+            let reserve = (soft / 8).clamp(64, 1024) + elsewhere as u64;
             let cap = usize::try_from(soft.saturating_sub(reserve)).unwrap_or(usize::MAX);
             (configured.min(cap).max(1), Some(soft))
         }
@@ -454,10 +456,12 @@ mod tests {
 
     #[test]
     fn the_cap_leaves_descriptors_for_everything_else() {
-        let (cap, soft) = effective_max_connections(usize::MAX);
+        let (cap, soft) = effective_max_connections(usize::MAX, 0);
         if let Some(soft) = soft {
             assert!((cap as u64) < soft, "{cap} vs {soft}");
+            let (fewer, _) = effective_max_connections(usize::MAX, 16);
+            assert_eq!(fewer, cap.saturating_sub(16).max(1));
         }
-        assert_eq!(effective_max_connections(5).0, 5);
+        assert_eq!(effective_max_connections(5, 0).0, 5);
     }
 }
