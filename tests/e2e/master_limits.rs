@@ -43,45 +43,6 @@ async fn health(c: &reqwest::Client, url: &str) -> Option<u16> {
         .map(|r| r.status().as_u16())
 }
 
-/// The health check answers and an agent syncs with `open` (what the test
-/// holds) open on `master`.
-async fn agents_get_in(pki: &Pki, master: &ChildMaster, open: &str) {
-    let c = client(pki, Some("node1"));
-    assert_eq!(
-        health(&c, &master.url()).await,
-        Some(200),
-        "the health check must answer with {open} open\n{}",
-        master.log()
-    );
-    let agent = AgentHome::new(pki, &[master.url()], "");
-    let run = agent.sync(&[]);
-    assert!(
-        run.code == 0 || run.code == 2,
-        "agent sync failed ({}):\n{}\n{}\nmaster log:\n{}",
-        run.code,
-        run.stdout,
-        run.stderr,
-        master.log()
-    );
-    assert!(agent.libdir().join("facter/a.rb").is_file());
-}
-
-/// How many of `held` the master closed (each given 3 s).
-async fn closed_by_the_master<S>(held: Vec<S>) -> u64
-where
-    S: tokio::io::AsyncRead + Unpin + Send + 'static,
-{
-    let mut probes = tokio::task::JoinSet::new();
-    for mut s in held {
-        probes.spawn(async move { closed_within(&mut s, Duration::from_secs(3)).await });
-    }
-    let mut shed = 0u64;
-    while let Some(closed) = probes.join_next().await {
-        shed += u64::from(closed.expect("join"));
-    }
-    shed
-}
-
 /// M-2: 300 anonymous TLS connections that never send an HTTP byte, against
 /// a master with 256 descriptors (the default config). Before, they used up
 /// its descriptors and nobody else got in; now `max_connections` (capped
@@ -118,10 +79,33 @@ async fn idle_anonymous_connections_do_not_lock_out_agents() {
     );
 
     let c = client(&pki, Some("node1"));
-    agents_get_in(&pki, &master, &format!("{IDLE} idle connections")).await;
+    assert_eq!(
+        health(&c, &master.url()).await,
+        Some(200),
+        "the health check must answer with {IDLE} idle connections open\n{}",
+        master.log()
+    );
+    let agent = AgentHome::new(&pki, &[master.url()], "");
+    let run = agent.sync(&[]);
+    assert!(
+        run.code == 0 || run.code == 2,
+        "agent sync failed ({}):\n{}\n{}\nmaster log:\n{}",
+        run.code,
+        run.stdout,
+        run.stderr,
+        master.log()
+    );
+    assert!(agent.libdir().join("facter/a.rb").is_file());
 
     // The master shed idle connections to stay under its descriptor limit.
-    let shed = closed_by_the_master(held).await;
+    let mut probes = tokio::task::JoinSet::new();
+    for mut s in held {
+        probes.spawn(async move { closed_within(&mut s, Duration::from_secs(3)).await });
+    }
+    let mut shed = 0u64;
+    while let Some(closed) = probes.join_next().await {
+        shed += u64::from(closed.expect("join"));
+    }
     eprintln!("{shed} idle connections were closed by the master");
     assert!(
         shed >= IDLE as u64 - NOFILE,
@@ -181,54 +165,6 @@ async fn idle_connections_are_closed_after_idle_timeout() {
     assert_eq!(health(&c, &master.url()).await, Some(200));
 }
 
-/// A master (a child process) serving a listing of more than 4 MiB, kept
-/// gzipped only, read once in full without gzip.
-struct BigListing {
-    master: ChildMaster,
-    /// The listing's length.
-    len: usize,
-    /// The master's RSS after that read, settled.
-    idle_kib: u64,
-    _config: tempfile::TempDir,
-    _tree: EnvTree,
-}
-
-impl BigListing {
-    /// Starts it with `http` in `[http]`, reads the listing once (so the
-    /// idle figure includes whatever a single listing request leaves
-    /// behind) and waits 1 s.
-    async fn serve(pki: &Pki, http: &str) -> BigListing {
-        let tree = EnvTree::new();
-        tree.generate("production", 16, 1000, 17);
-        let (config, cfg) = config_file(&config_toml(&tree.envpath(), pki, "", http));
-        let master = ChildMaster::spawn(&cfg, None);
-        let body = client(pki, Some("node1"))
-            .get(format!("{}{}", master.url(), listing_path()))
-            .send()
-            .await
-            .expect("listing")
-            .bytes()
-            .await
-            .expect("body");
-        assert!(
-            body.len() >= 4 << 20,
-            "the listing must be at least 4 MiB to be kept gzipped only: {} bytes",
-            body.len()
-        );
-        let len = body.len();
-        drop(body);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let idle_kib = master.rss_kib();
-        BigListing {
-            master,
-            len,
-            idle_kib,
-            _config: config,
-            _tree: tree,
-        }
-    }
-}
-
 /// M-3: 200 HTTP/2 streams (4 connections × 50) ask for a listing of more
 /// than 4 MiB without gzip (each gets its own inflated copy) and never open
 /// a flow-control window. After `write_timeout` the master closes the
@@ -238,9 +174,36 @@ async fn clients_that_stop_reading_are_closed_and_their_memory_freed() {
     const CONNECTIONS: usize = 4;
     const STREAMS: u32 = 50;
     let pki = Pki::new();
-    let big = BigListing::serve(&pki, "write_timeout = \"2s\"\nidle_timeout = \"3s\"").await;
-    let (master, body_len, idle) = (&big.master, big.len, big.idle_kib);
+    let tree = EnvTree::new();
+    tree.generate("production", 16, 1000, 17);
+    let (_dir, cfg) = config_file(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        "write_timeout = \"2s\"\nidle_timeout = \"3s\"",
+    ));
+    let master = ChildMaster::spawn(&cfg, None);
+
+    // One full read first, so the idle figure includes whatever a single
+    // listing request leaves behind.
     let c = client(&pki, Some("node1"));
+    let body = c
+        .get(format!("{}{}", master.url(), listing_path()))
+        .send()
+        .await
+        .expect("listing")
+        .bytes()
+        .await
+        .expect("body");
+    assert!(
+        body.len() >= 4 << 20,
+        "the listing must be at least 4 MiB to be kept gzipped only: {} bytes",
+        body.len()
+    );
+    let body_len = body.len();
+    drop(body);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = master.rss_kib();
 
     let peak = Arc::new(AtomicU64::new(idle));
     let sampling = Arc::new(AtomicBool::new(true));
@@ -481,7 +444,23 @@ async fn idle_metrics_connections_do_not_lock_out_agents() {
     // Let the master accept what it will.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    agents_get_in(&pki, &master, &format!("{IDLE} idle metrics connections")).await;
+    let c = client(&pki, Some("node1"));
+    assert_eq!(
+        health(&c, &master.url()).await,
+        Some(200),
+        "the health check must answer with {IDLE} idle metrics connections open\n{}",
+        master.log()
+    );
+    let agent = AgentHome::new(&pki, &[master.url()], "");
+    let run = agent.sync(&[]);
+    assert!(
+        run.code == 0 || run.code == 2,
+        "agent sync failed ({}):\n{}\n{}\nmaster log:\n{}",
+        run.code,
+        run.stdout,
+        run.stderr,
+        master.log()
+    );
     let mut scrape = tokio::net::TcpStream::connect(metrics)
         .await
         .expect("connect");
@@ -489,7 +468,14 @@ async fn idle_metrics_connections_do_not_lock_out_agents() {
     assert_eq!(status, 200);
     assert!(String::from_utf8_lossy(&body).contains("pluginsync_master_open_connections"));
 
-    let shed = closed_by_the_master(held).await;
+    let mut probes = tokio::task::JoinSet::new();
+    for mut s in held {
+        probes.spawn(async move { closed_within(&mut s, Duration::from_secs(3)).await });
+    }
+    let mut shed = 0u64;
+    while let Some(closed) = probes.join_next().await {
+        shed += u64::from(closed.expect("join"));
+    }
     eprintln!("{shed} idle metrics connections were closed by the master");
     assert!(
         shed >= IDLE as u64 - NOFILE,
