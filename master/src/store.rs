@@ -112,11 +112,6 @@ pub struct Store {
     kept: Mutex<HashMap<EnvName, Arc<KeptDigests>>>,
     /// Environments whose deploy the watcher holds: never dropped.
     held: Mutex<BTreeSet<EnvName>>,
-    /// Environments whose first build is running: [`Store::refresh`]
-    /// rebuilds them as if indexed, since that build may have read a
-    /// directory before the change the watcher reports
-    /// (docs/master.md#many-environments).
-    first_builds: Mutex<BTreeSet<EnvName>>,
     epoch: Instant,
     /// True once the environments named in `index.warm` are indexed.
     ready: AtomicBool,
@@ -134,29 +129,6 @@ pub struct Store {
     /// The served certificate's validity: outside it, the health check
     /// answers 503.
     pub certificate: crate::tls::Validity,
-}
-
-/// An environment's first build in progress, in `Store::first_builds`
-/// until dropped.
-struct FirstBuild<'a>(&'a Store, EnvName);
-
-impl<'a> FirstBuild<'a> {
-    fn start(store: &'a Store, name: &EnvName) -> Self {
-        let mut building = store.first_builds.lock().unwrap_or_else(|p| p.into_inner());
-        building.insert(name.clone());
-        FirstBuild(store, name.clone())
-    }
-}
-
-impl Drop for FirstBuild<'_> {
-    fn drop(&mut self) {
-        let mut building = self
-            .0
-            .first_builds
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        building.remove(&self.1);
-    }
 }
 
 /// What [`Store::warm`] indexes, in order: the names listed in
@@ -203,7 +175,6 @@ impl Store {
             builders: tokio::sync::Semaphore::new(cores),
             kept: Mutex::new(HashMap::new()),
             held: Mutex::new(BTreeSet::new()),
-            first_builds: Mutex::new(BTreeSet::new()),
             epoch: Instant::now(),
             ready: AtomicBool::new(false),
             warmed: AtomicBool::new(false),
@@ -333,7 +304,6 @@ impl Store {
             // release builds it (`refresh` after `hold(env, false)`).
             return;
         }
-        let _first = (!again).then(|| FirstBuild::start(self, name));
         let Ok(_permit) = self.builders.acquire().await else {
             return;
         };
@@ -376,24 +346,12 @@ impl Store {
         }
     }
 
-    /// Rebuilds the environments of `scope` among those indexed now or
-    /// being indexed for the first time (that build may have read a
-    /// directory before the change; an unindexed one is read as it is on
-    /// its next request); with
+    /// Rebuilds the environments of `scope` among those indexed now (an
+    /// unindexed one is read as it is on its next request); with
     /// [`Scope::Every`], also forgets what it kept of environments gone
     /// from disk. What the watcher and explicit re-indexes call.
     pub async fn refresh(self: &Arc<Self>, scope: Scope) {
-        let mut indexed = self.indexed();
-        for n in self
-            .first_builds
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
-            if !indexed.contains(n) {
-                indexed.push(n.clone());
-            }
-        }
+        let indexed = self.indexed();
         let targets: Vec<EnvName> = match scope {
             Scope::Only(n) => n.into_iter().filter(|n| indexed.contains(n)).collect(),
             Scope::Every => {

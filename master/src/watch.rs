@@ -20,12 +20,10 @@
 //! reads produce them, and reacting to them would rebuild forever. After the
 //! last event of a burst and a quiet `debounce` (at most 10 × `debounce`),
 //! the touched environments are rebuilt; unchanged files keep their
-//! digests, so only what changed is read again. Only *indexed* environments,
-//! and those whose first build is running (it may have read a directory
-//! before the change), are rebuilt (`Store::refresh`;
-//! docs/master.md#many-environments): one not indexed yet, or dropped for
-//! being idle, is read as it is on its next request, so a rescan never
-//! indexes every environment.
+//! digests, so only what changed is read again. Only *indexed* environments
+//! are rebuilt (`Store::refresh`; docs/master.md#many-environments): one not
+//! indexed yet, or dropped for being idle, is read as it is on its next
+//! request, so a rescan never indexes every environment.
 //!
 //! **Deploys** (docs/deploys.md). r10k and Code Manager redeploy modules in
 //! place, deleting and re-creating their directories over tens of seconds;
