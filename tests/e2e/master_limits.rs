@@ -48,6 +48,45 @@ async fn health(c: &reqwest::Client, url: &str) -> Option<u16> {
 /// its descriptors and nobody else got in; now `max_connections` (capped
 /// below the descriptor limit) sheds the oldest idle ones, and an agent and
 /// the health check still get through.
+/// The health check answers and an agent syncs while `open` (what the
+/// test holds) is open on `master`; the agent, for more checks.
+async fn agents_get_in(pki: &Pki, master: &ChildMaster, open: &str) -> AgentHome {
+    let c = client(pki, Some("node1"));
+    assert_eq!(
+        health(&c, &master.url()).await,
+        Some(200),
+        "the health check must answer with {open} open\n{}",
+        master.log()
+    );
+    let agent = AgentHome::new(pki, &[master.url()], "");
+    let run = agent.sync(&[]);
+    assert!(
+        run.code == 0 || run.code == 2,
+        "agent sync failed ({}):\n{}\n{}\nmaster log:\n{}",
+        run.code,
+        run.stdout,
+        run.stderr,
+        master.log()
+    );
+    agent
+}
+
+/// How many of `held` the master closed (each given 3 s).
+async fn closed_by_the_master<S>(held: Vec<S>) -> u64
+where
+    S: tokio::io::AsyncRead + Unpin + Send + 'static,
+{
+    let mut probes = tokio::task::JoinSet::new();
+    for mut s in held {
+        probes.spawn(async move { closed_within(&mut s, Duration::from_secs(3)).await });
+    }
+    let mut shed = 0u64;
+    while let Some(closed) = probes.join_next().await {
+        shed += u64::from(closed.expect("join"));
+    }
+    shed
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_anonymous_connections_do_not_lock_out_agents() {
     const NOFILE: u64 = 256;
@@ -79,33 +118,11 @@ async fn idle_anonymous_connections_do_not_lock_out_agents() {
     );
 
     let c = client(&pki, Some("node1"));
-    assert_eq!(
-        health(&c, &master.url()).await,
-        Some(200),
-        "the health check must answer with {IDLE} idle connections open\n{}",
-        master.log()
-    );
-    let agent = AgentHome::new(&pki, &[master.url()], "");
-    let run = agent.sync(&[]);
-    assert!(
-        run.code == 0 || run.code == 2,
-        "agent sync failed ({}):\n{}\n{}\nmaster log:\n{}",
-        run.code,
-        run.stdout,
-        run.stderr,
-        master.log()
-    );
+    let agent = agents_get_in(&pki, &master, &format!("{IDLE} idle connections")).await;
     assert!(agent.libdir().join("facter/a.rb").is_file());
 
     // The master shed idle connections to stay under its descriptor limit.
-    let mut probes = tokio::task::JoinSet::new();
-    for mut s in held {
-        probes.spawn(async move { closed_within(&mut s, Duration::from_secs(3)).await });
-    }
-    let mut shed = 0u64;
-    while let Some(closed) = probes.join_next().await {
-        shed += u64::from(closed.expect("join"));
-    }
+    let shed = closed_by_the_master(held).await;
     eprintln!("{shed} idle connections were closed by the master");
     assert!(
         shed >= IDLE as u64 - NOFILE,
@@ -444,23 +461,7 @@ async fn idle_metrics_connections_do_not_lock_out_agents() {
     // Let the master accept what it will.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let c = client(&pki, Some("node1"));
-    assert_eq!(
-        health(&c, &master.url()).await,
-        Some(200),
-        "the health check must answer with {IDLE} idle metrics connections open\n{}",
-        master.log()
-    );
-    let agent = AgentHome::new(&pki, &[master.url()], "");
-    let run = agent.sync(&[]);
-    assert!(
-        run.code == 0 || run.code == 2,
-        "agent sync failed ({}):\n{}\n{}\nmaster log:\n{}",
-        run.code,
-        run.stdout,
-        run.stderr,
-        master.log()
-    );
+    agents_get_in(&pki, &master, &format!("{IDLE} idle metrics connections")).await;
     let mut scrape = tokio::net::TcpStream::connect(metrics)
         .await
         .expect("connect");
@@ -468,14 +469,7 @@ async fn idle_metrics_connections_do_not_lock_out_agents() {
     assert_eq!(status, 200);
     assert!(String::from_utf8_lossy(&body).contains("pluginsync_master_open_connections"));
 
-    let mut probes = tokio::task::JoinSet::new();
-    for mut s in held {
-        probes.spawn(async move { closed_within(&mut s, Duration::from_secs(3)).await });
-    }
-    let mut shed = 0u64;
-    while let Some(closed) = probes.join_next().await {
-        shed += u64::from(closed.expect("join"));
-    }
+    let shed = closed_by_the_master(held).await;
     eprintln!("{shed} idle metrics connections were closed by the master");
     assert!(
         shed >= IDLE as u64 - NOFILE,
