@@ -68,7 +68,16 @@ impl PeerIdentity {
     /// The identity the TLS handshake gives: the CN of the client's leaf
     /// certificate ([`certname_of`]); headers are never looked at.
     pub fn from_tls(info: Option<&TlsInfo>) -> Self {
-        let certname = match info.and_then(|i| i.peer_certificates.first()) {
+        Self::from_leaf(
+            info.and_then(|i| i.peer_certificates.first())
+                .map(Vec::as_slice),
+        )
+    }
+
+    /// The identity a TLS handshake gives from the client's DER leaf
+    /// certificate, `None` when it presented none.
+    pub fn from_leaf(leaf: Option<&[u8]>) -> Self {
+        let certname = match leaf {
             None => Err(Unidentified::NoCertificate),
             Some(der) => certname_of(der).map_err(Unidentified::Certificate),
         };

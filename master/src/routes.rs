@@ -48,13 +48,18 @@ pub fn proxy_router(state: AppState, request_timeout: Duration, trust: Arc<Trust
     }))
 }
 
-/// Sets the identity from the TLS handshake, replacing anything there.
+/// Sets the identity from the TLS handshake, replacing anything there:
+/// the one the acceptor worked out once for the connection
+/// (`server/accept.rs`), else the one in its client certificate.
 async fn tls_identity(mut req: Request, next: Next) -> Response {
-    let identity = PeerIdentity::from_tls(
-        req.extensions()
-            .get::<Arc<axum_server::tls::TlsInfo>>()
-            .map(Arc::as_ref),
-    );
+    let identity = match req.extensions().get::<Arc<PeerIdentity>>() {
+        Some(known) => known.as_ref().clone(),
+        None => PeerIdentity::from_tls(
+            req.extensions()
+                .get::<Arc<axum_server::tls::TlsInfo>>()
+                .map(Arc::as_ref),
+        ),
+    };
     req.extensions_mut().insert(identity);
     next.run(req).await
 }

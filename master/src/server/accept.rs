@@ -24,6 +24,7 @@ use tokio_rustls::server::TlsStream;
 
 use super::conns::{Conn, Connections, REFUSED_AT_LIMIT};
 use super::inflight::Counted;
+use crate::auth::PeerIdentity;
 use crate::sample::Sampler;
 use crate::store::Store;
 
@@ -230,12 +231,13 @@ where
                 .metrics
                 .handshake(handshake_kind(session.handshake_kind()));
             let conn = tracked.conn.clone();
-            let chain = session
+            let chain: Vec<rustls_pki_types::CertificateDer<'static>> = session
                 .peer_certificates()
                 .map(|c| c.iter().map(|d| d.clone().into_owned()).collect())
                 .unwrap_or_default();
+            let identity = PeerIdentity::from_leaf(chain.first().map(|c| c.as_ref()));
             let _ = conn.peer.set(chain);
-            Ok((tls, Counted::new(service, conn)))
+            Ok((tls, Counted::new(service, conn).with_identity(identity)))
         })
     }
 }

@@ -14,25 +14,41 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
-use axum::http::Response;
+use axum::http::{Request, Response};
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tower::Service;
 
 use super::conns::Conn;
+use crate::auth::PeerIdentity;
 
 /// A connection's service: each request is in flight until its response
-/// body is dropped.
+/// body is dropped, and carries the connection's [`PeerIdentity`] when
+/// its TLS handshake gave one.
 #[derive(Debug, Clone)]
 pub struct Counted<S> {
     inner: S,
     conn: Arc<Conn>,
+    identity: Option<Arc<PeerIdentity>>,
 }
 
 impl<S> Counted<S> {
     /// Counts the requests `inner` serves on `conn`.
     pub(super) fn new(inner: S, conn: Arc<Conn>) -> Self {
-        Counted { inner, conn }
+        Counted {
+            inner,
+            conn,
+            identity: None,
+        }
+    }
+
+    /// Also hands every request the identity the connection's TLS
+    /// handshake gave, worked out once for the connection rather than
+    /// from its certificate on every request (`routes.rs`'s
+    /// `tls_identity` takes it; docs/internals.md#server).
+    pub(super) fn with_identity(mut self, identity: PeerIdentity) -> Self {
+        self.identity = Some(Arc::new(identity));
+        self
     }
 }
 
@@ -56,9 +72,9 @@ impl Drop for InFlight {
     }
 }
 
-impl<S, R, B> Service<R> for Counted<S>
+impl<S, RB, B> Service<Request<RB>> for Counted<S>
 where
-    S: Service<R, Response = Response<B>>,
+    S: Service<Request<RB>, Response = Response<B>>,
     S::Future: Send + 'static,
     B: HttpBody<Data = Bytes> + Unpin,
 {
@@ -71,7 +87,10 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: R) -> Self::Future {
+    fn call(&mut self, mut req: Request<RB>) -> Self::Future {
+        if let Some(identity) = &self.identity {
+            req.extensions_mut().insert(identity.clone());
+        }
         let guard = InFlight::new(self.conn.clone());
         let response = self.inner.call(req);
         Box::pin(async move {
