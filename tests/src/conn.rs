@@ -650,3 +650,30 @@ pub fn dated_client_cert(
     std::fs::write(&k, key.serialize_pem()).expect("write key");
     (c, k)
 }
+
+/// A server certificate for the DNS name `name` only (no `localhost`, no
+/// loopback address, unlike `dev-certs`'), issued by the PKI's CA, valid
+/// for 30 days, written as `<dir>/<name>.pem` and `<dir>/<name>.key`;
+/// returns both paths. For a master whose certificate is for another name.
+pub fn server_cert_for(
+    pki: &Pki,
+    name: &str,
+    dir: &Path,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let key = KeyPair::generate().expect("key");
+    let mut p = CertificateParams::new(vec![name.to_owned()]).expect("params");
+    p.distinguished_name.push(DnType::CommonName, name);
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let now = time::OffsetDateTime::now_utc();
+    p.not_before = now - time::Duration::days(1);
+    p.not_after = now + time::Duration::days(30);
+    let cert = p.signed_by(&key, &ca_issuer(pki)).expect("sign");
+    let (c, k) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&c, cert.pem()).expect("write cert");
+    std::fs::write(&k, key.serialize_pem()).expect("write key");
+    (c, k)
+}
