@@ -28,6 +28,7 @@ use bytes::Bytes;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::etag::ETag;
 use pluginsync_common::fsutil::replace_atomic;
+use pluginsync_common::metadata::FileMetadata;
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
 use serde::{Deserialize, Serialize};
@@ -122,6 +123,36 @@ impl MountCache {
     /// The cached listing body of `mount`.
     pub fn load_listing(vardir: &Path, mount: Mount) -> Option<Vec<u8>> {
         std::fs::read(Self::dir(vardir).join(format!("{mount}.listing.json"))).ok()
+    }
+
+    /// The modules the cached listing of `mount` served `paths` from, the
+    /// module with the most of them first: the directory above each
+    /// entry's search base (`path`: `…/modules/<module>/lib` or
+    /// `…/facts.d`, as Puppet and the master send it). Empty without a
+    /// cached listing; what the removal guard names
+    /// (docs/agent.md#the-removal-guard).
+    pub fn modules_of(vardir: &Path, mount: Mount, paths: &[&RelPath]) -> Vec<String> {
+        let Some(listing) = Self::load_listing(vardir, mount)
+            .and_then(|b| serde_json::from_slice::<Vec<FileMetadata>>(&b).ok())
+        else {
+            return Vec::new();
+        };
+        let wanted: HashSet<&str> = paths.iter().map(|p| p.as_str()).collect();
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for entry in &listing {
+            let Some(rel) = entry.relative_path.as_deref() else {
+                continue;
+            };
+            let module = Path::new(entry.path.trim_end_matches('/'))
+                .parent()
+                .and_then(Path::file_name);
+            if let (true, Some(m)) = (wanted.contains(rel), module) {
+                *counts.entry(m.to_string_lossy().into_owned()).or_default() += 1;
+            }
+        }
+        let mut modules: Vec<(String, usize)> = counts.into_iter().collect();
+        modules.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        modules.into_iter().map(|(m, _)| m).collect()
     }
 
     /// The key of the listing of `mount` from `server` asked with `query`
