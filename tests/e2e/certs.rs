@@ -40,6 +40,16 @@ fn sync(dir: &Path, url: &str, ca: &Path, cert: &Path, key: &Path) -> (i32, Stri
     )
 }
 
+/// The test master's config with this server certificate and key.
+fn with_server_files(tree: &EnvTree, pki: &Pki, cert: &Path, key: &Path) -> String {
+    config_toml(&tree.envpath(), pki, "", "")
+        .replace(
+            &format!("{:?}", pki.cert("localhost")),
+            &format!("{cert:?}"),
+        )
+        .replace(&format!("{:?}", pki.key("localhost")), &format!("{key:?}"))
+}
+
 #[test]
 fn each_certificate_failure_is_one_line_naming_its_cause() {
     let (tree, pki) = (tree(), Pki::new());
@@ -109,12 +119,7 @@ fn check_fails_on_an_expired_server_certificate() {
     let (tree, pki) = (tree(), Pki::new());
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = dated_client_cert(&pki, "localhost", -30, -1, dir.path());
-    let text = config_toml(&tree.envpath(), &pki, "", "")
-        .replace(
-            &format!("{:?}", pki.cert("localhost")),
-            &format!("{cert:?}"),
-        )
-        .replace(&format!("{:?}", pki.key("localhost")), &format!("{key:?}"));
+    let text = with_server_files(&tree, &pki, &cert, &key);
     let config = dir.path().join("master.toml");
     std::fs::write(&config, text).unwrap();
     let out = std::process::Command::new(pluginsync_tests::bin_path("pluginsync-master"))
@@ -153,12 +158,7 @@ fn the_health_check_is_unhealthy_while_the_server_certificate_is_out_of_date() {
         let sub = dir.path().join(name);
         std::fs::create_dir_all(&sub).unwrap();
         let (cert, key) = dated_client_cert(&pki, "localhost", from, until, &sub);
-        let text = config_toml(&tree.envpath(), &pki, "", "")
-            .replace(
-                &format!("{:?}", pki.cert("localhost")),
-                &format!("{cert:?}"),
-            )
-            .replace(&format!("{:?}", pki.key("localhost")), &format!("{key:?}"));
+        let text = with_server_files(&tree, &pki, &cert, &key);
         let master = TestMaster::start(parse_config(&text));
         // A balancer's check that does not verify the certificate.
         let (code, body) = rt.block_on(async {
@@ -189,12 +189,7 @@ fn a_master_certificate_for_another_name_names_both_names_plainly() {
     let (tree, pki) = (tree(), Pki::new());
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = pluginsync_tests::server_cert_for(&pki, "puppet", dir.path());
-    let text = config_toml(&tree.envpath(), &pki, "", "")
-        .replace(
-            &format!("{:?}", pki.cert("localhost")),
-            &format!("{cert:?}"),
-        )
-        .replace(&format!("{:?}", pki.key("localhost")), &format!("{key:?}"));
+    let text = with_server_files(&tree, &pki, &cert, &key);
     let master = TestMaster::start(parse_config(&text));
     let port = master.addr.port();
     for (url, asked) in [
@@ -247,12 +242,7 @@ fn a_key_that_does_not_match_its_certificate_names_both_files() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = (pki.cert("localhost"), pki.key("node1"));
     let config = dir.path().join("master.toml");
-    std::fs::write(
-        &config,
-        config_toml(&tree.envpath(), &pki, "", "")
-            .replace(&format!("{:?}", pki.key("localhost")), &format!("{key:?}")),
-    )
-    .unwrap();
+    std::fs::write(&config, with_server_files(&tree, &pki, &cert, &key)).unwrap();
     let want = format!(
         "private key '{}' does not match certificate '{}'",
         key.display(),

@@ -641,10 +641,22 @@ pub fn dated_client_cert(
     let at = |days: i64| now + time::Duration::days(days);
     p.not_before = at(from_days);
     p.not_after = at(until_days);
-    let cert = p.signed_by(&key, &ca_issuer(pki)).expect("sign");
+    issue(pki, &p, &key, certname, dir)
+}
+
+/// Signs `params` for `key` with the PKI's CA and writes
+/// `<dir>/<name>.pem` and `<dir>/<name>.key`; returns both paths.
+fn issue(
+    pki: &Pki,
+    params: &CertificateParams,
+    key: &KeyPair,
+    name: &str,
+    dir: &Path,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let cert = params.signed_by(key, &ca_issuer(pki)).expect("sign");
     let (c, k) = (
-        dir.join(format!("{certname}.pem")),
-        dir.join(format!("{certname}.key")),
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
     );
     std::fs::write(&c, cert.pem()).expect("write cert");
     std::fs::write(&k, key.serialize_pem()).expect("write key");
@@ -668,12 +680,5 @@ pub fn server_cert_for(
     let now = time::OffsetDateTime::now_utc();
     p.not_before = now - time::Duration::days(1);
     p.not_after = now + time::Duration::days(30);
-    let cert = p.signed_by(&key, &ca_issuer(pki)).expect("sign");
-    let (c, k) = (
-        dir.join(format!("{name}.pem")),
-        dir.join(format!("{name}.key")),
-    );
-    std::fs::write(&c, cert.pem()).expect("write cert");
-    std::fs::write(&k, key.serialize_pem()).expect("write key");
-    (c, k)
+    issue(pki, &p, &key, name, dir)
 }
