@@ -201,8 +201,10 @@ impl Settings {
             source: toml_source(&file, "environment_source"),
         });
         let certname = certname(&file, &cli, &puppet, &mut effective);
+        // A certname that cannot name a file is `--certname`'s fault when
+        // it came from there (64).
         let tls = tls(&file, &certname, &puppet, &mut effective).map_err(|mut e| {
-            e.from_command_line = cli.certname.is_some();
+            e.from_command_line |= cli.certname.is_some();
             e
         })?;
         effective.push(Effective {

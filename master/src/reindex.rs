@@ -99,7 +99,7 @@ pub enum ReindexError {
     #[error(transparent)]
     Io(#[from] std::io::Error),
     /// No answer within [`DEADLINE`].
-    #[error("the master at {addr} did not answer in {DEADLINE:?}")]
+    #[error("the master at {addr} did not answer in {} s", DEADLINE.as_secs())]
     Timeout {
         /// The master's addresses.
         addr: String,
