@@ -279,6 +279,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_modules_of_removed_files_come_from_the_cached_listing() {
+        let d = tempfile::tempdir().unwrap();
+        let entry = |module: &str, rel: &str| {
+            format!(
+                r#"{{"path":"/etc/puppetlabs/code/environments/production/modules/{module}/lib","relative_path":"{rel}","links":"follow","owner":0,"group":0,"mode":420,"checksum":null,"type":"file","destination":null}}"#
+            )
+        };
+        let listing = format!(
+            "[{},{},{},{}]",
+            entry("stdlib", "a.rb"),
+            entry("apt", "b.rb"),
+            entry("apt", "c.rb"),
+            entry("kept", "d.rb")
+        );
+        MountCache::default()
+            .save(d.path(), Mount::Plugins, Some(listing.as_bytes()))
+            .unwrap();
+        let paths: Vec<RelPath> = ["a.rb", "b.rb", "c.rb", "gone.rb"]
+            .iter()
+            .map(|p| RelPath::parse(p).unwrap())
+            .collect();
+        let refs: Vec<&RelPath> = paths.iter().collect();
+        assert_eq!(
+            MountCache::modules_of(d.path(), Mount::Plugins, &refs),
+            ["apt", "stdlib"],
+            "most files first"
+        );
+        assert!(MountCache::modules_of(d.path(), Mount::Pluginfacts, &refs).is_empty());
+    }
+
+    #[test]
     fn round_trip_and_stat_match() {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("x");
