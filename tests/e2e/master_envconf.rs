@@ -14,7 +14,7 @@
 //!   with `index.allow_external_roots` matching its real path it is served.
 //!   The environment itself is a symlink (`production -> releases/1`).
 //! - Deleting module directories logs no `unable to remove watch
-//!   descriptor` line at the default level (item 6); at `-vvv` it does, so
+//!   descriptor` line at the default level; at `-vvv` (libraries at debug) it does, so
 //!   the test can see one.
 
 use std::collections::BTreeMap;
