@@ -28,6 +28,7 @@ use bytes::Bytes;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::etag::ETag;
 use pluginsync_common::fsutil::replace_atomic;
+use pluginsync_common::metadata::FileMetadata;
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
 use serde::{Deserialize, Serialize};
@@ -122,6 +123,36 @@ impl MountCache {
     /// The cached listing body of `mount`.
     pub fn load_listing(vardir: &Path, mount: Mount) -> Option<Vec<u8>> {
         std::fs::read(Self::dir(vardir).join(format!("{mount}.listing.json"))).ok()
+    }
+
+    /// The modules the cached listing of `mount` served `paths` from, the
+    /// module with the most of them first: the directory above each
+    /// entry's search base (`path`: `…/modules/<module>/lib` or
+    /// `…/facts.d`, as Puppet and the master send it). Empty without a
+    /// cached listing; what the removal guard names
+    /// (docs/agent.md#the-removal-guard).
+    pub fn modules_of(vardir: &Path, mount: Mount, paths: &[&RelPath]) -> Vec<String> {
+        let Some(listing) = Self::load_listing(vardir, mount)
+            .and_then(|b| serde_json::from_slice::<Vec<FileMetadata>>(&b).ok())
+        else {
+            return Vec::new();
+        };
+        let wanted: HashSet<&str> = paths.iter().map(|p| p.as_str()).collect();
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for entry in &listing {
+            let Some(rel) = entry.relative_path.as_deref() else {
+                continue;
+            };
+            let module = Path::new(entry.path.trim_end_matches('/'))
+                .parent()
+                .and_then(Path::file_name);
+            if let (true, Some(m)) = (wanted.contains(rel), module) {
+                *counts.entry(m.to_string_lossy().into_owned()).or_default() += 1;
+            }
+        }
+        let mut modules: Vec<(String, usize)> = counts.into_iter().collect();
+        modules.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        modules.into_iter().map(|(m, _)| m).collect()
     }
 
     /// The key of the listing of `mount` from `server` asked with `query`
@@ -246,6 +277,37 @@ pub fn remember(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_modules_of_removed_files_come_from_the_cached_listing() {
+        let d = tempfile::tempdir().unwrap();
+        let entry = |module: &str, rel: &str| {
+            format!(
+                r#"{{"path":"/etc/puppetlabs/code/environments/production/modules/{module}/lib","relative_path":"{rel}","links":"follow","owner":0,"group":0,"mode":420,"checksum":null,"type":"file","destination":null}}"#
+            )
+        };
+        let listing = format!(
+            "[{},{},{},{}]",
+            entry("stdlib", "a.rb"),
+            entry("apt", "b.rb"),
+            entry("apt", "c.rb"),
+            entry("kept", "d.rb")
+        );
+        MountCache::default()
+            .save(d.path(), Mount::Plugins, Some(listing.as_bytes()))
+            .unwrap();
+        let paths: Vec<RelPath> = ["a.rb", "b.rb", "c.rb", "gone.rb"]
+            .iter()
+            .map(|p| RelPath::parse(p).unwrap())
+            .collect();
+        let refs: Vec<&RelPath> = paths.iter().collect();
+        assert_eq!(
+            MountCache::modules_of(d.path(), Mount::Plugins, &refs),
+            ["apt", "stdlib"],
+            "most files first"
+        );
+        assert!(MountCache::modules_of(d.path(), Mount::Pluginfacts, &refs).is_empty());
+    }
 
     #[test]
     fn round_trip_and_stat_match() {

@@ -32,17 +32,7 @@ pub fn validity(path: &Path) -> Option<(i64, i64)> {
 
 /// A Unix time as a UTC date and time, e.g. `2026-11-24 00:00:00 UTC`.
 pub fn date(unix: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(unix)
-        .map(|t| {
-            format!(
-                "{} {:02}:{:02}:{:02} UTC",
-                t.date(),
-                t.hour(),
-                t.minute(),
-                t.second()
-            )
-        })
-        .unwrap_or_else(|_| unix.to_string())
+    pluginsync_common::tls::utc(unix)
 }
 
 fn unix(t: SystemTime) -> i64 {
@@ -127,7 +117,10 @@ fn explain_rustls(e: &R) -> String {
         R::AlertReceived(A::CertificateRequired) => {
             "the master requires a client certificate and got none".into()
         }
-        R::AlertReceived(other) => format!("the master ended the TLS handshake ({other:?})"),
+        R::AlertReceived(other) => format!(
+            "the master ended the TLS handshake ({})",
+            pluginsync_common::tls::alert_name(other)
+        ),
         R::InvalidCertificate(c) => match c {
             C::Expired => "the master's certificate has expired".into(),
             C::ExpiredContext { not_after, .. } => format!(
@@ -141,8 +134,9 @@ fn explain_rustls(e: &R) -> String {
             ),
             C::NotValidForName => "the master's certificate is not for the server name in `servers`".into(),
             C::NotValidForNameContext { expected, presented } => format!(
-                "the master's certificate is not for {expected:?} (it names {})",
-                presented.join(", ")
+                "the master's certificate is not for {} (it names {})",
+                expected.to_str(),
+                pluginsync_common::tls::plain_names(presented)
             ),
             C::Revoked => "the master's certificate is revoked (by the CRL)".into(),
             C::UnknownIssuer | C::BadSignature => {
@@ -151,9 +145,15 @@ fn explain_rustls(e: &R) -> String {
             C::UnknownRevocationStatus => {
                 "the master's certificate has no CRL in the bundle to check it against".into()
             }
-            other => format!("the master's certificate is invalid: {other:?}"),
+            other => format!(
+                "the master's certificate is invalid: {}",
+                pluginsync_common::tls::describe_certificate(other)
+            ),
         },
-        other => format!("TLS handshake failed: {other}"),
+        other => format!(
+            "TLS handshake failed: {}",
+            pluginsync_common::tls::describe(other)
+        ),
     }
 }
 
@@ -163,19 +163,17 @@ fn explain_rustls(e: &R) -> String {
 /// that the HTTP client only reports as "connection closed". Returns the
 /// cause in words when the probe meets a TLS error; bounded to 5 s.
 pub async fn probe(server: &str, tls: &TlsFiles) -> Option<String> {
-    use pluginsync_common::tls::{load_certs, load_key, load_roots, provider};
+    use pluginsync_common::tls::{load_identity, load_roots, provider};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let url = reqwest::Url::parse(server).ok()?;
     let host = url.host_str()?.trim_matches(['[', ']']).to_owned();
     let port = url.port_or_known_default()?;
+    let (certs, key) = load_identity("certificate", &tls.cert, &tls.key).ok()?;
     let config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .ok()?
         .with_root_certificates(load_roots(&tls.ca).ok()?)
-        .with_client_auth_cert(
-            load_certs("certificate", &tls.cert).ok()?,
-            load_key(&tls.key).ok()?,
-        )
+        .with_client_auth_cert(certs, key)
         .ok()?;
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
     let name = rustls::pki_types::ServerName::try_from(host.clone()).ok()?;

@@ -17,7 +17,8 @@ use crate::exit::{EXIT_STATUS_HELP, ExitStatus};
 #[derive(Debug, Parser)]
 #[command(name = "pluginsync-agent", version, about, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
-    /// More log output on stderr (-v info, -vv debug); RUST_LOG overrides.
+    /// More log output on stderr (-v info, -vv debug, -vvv trace, as in
+    /// the master); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
     /// Log lines as text or as one JSON object per line (docs/operating.md#logs).
@@ -49,9 +50,19 @@ pub enum Command {
         /// The config file.
         #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
         config: PathBuf,
-        /// A master URL (repeatable; replaces the config's servers).
+        /// A master (repeatable; replaces the config's servers): a URL
+        /// `https://HOST[:PORT]`, or as Puppet's `--server`, `HOST[:PORT]`
+        /// on port 8140 (puppet.conf's `serverport`) unless given.
         #[arg(long = "server")]
         servers: Vec<String>,
+        /// This node's certname (overrides `[tls] certname` and
+        /// puppet.conf's): the ssldir's certificate and key of that name.
+        #[arg(long)]
+        certname: Option<String>,
+        /// As `puppet agent --test`: one run with its info lines on stderr
+        /// (`-v`) and `--detailed-exitcodes` (docs/agent.md#puppet-style-flags).
+        #[arg(short = 't', long)]
+        test: bool,
         /// Print what would change; change nothing.
         #[arg(long)]
         noop: bool,
@@ -78,7 +89,10 @@ pub enum Command {
         #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
         config: PathBuf,
         /// Output format.
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(long, default_value = "text", value_parser = format_of(
+            "One line per plugin version: name, version, api, status, path",
+            "The registry as one JSON object",
+        ))]
         format: Format,
     },
     /// Print every effective setting and where it came from: command
@@ -91,11 +105,17 @@ pub enum Command {
         /// The environment (overrides the config's), as for `sync`.
         #[arg(long)]
         environment: Option<String>,
-        /// A master URL (repeatable), as for `sync`.
+        /// A master (repeatable), as for `sync`: a URL or `HOST[:PORT]`.
         #[arg(long = "server")]
         servers: Vec<String>,
+        /// This node's certname, as for `sync`.
+        #[arg(long)]
+        certname: Option<String>,
         /// Output format.
-        #[arg(long, value_enum, default_value_t = Format::Text)]
+        #[arg(long, default_value = "text", value_parser = format_of(
+            "One line per setting: `name = value  (source)`",
+            "Every setting, its value and source, as one JSON object",
+        ))]
         format: Format,
     },
     /// Print the last run's report.
@@ -109,10 +129,28 @@ pub enum Command {
     },
 }
 
+/// A `--format` parser whose `text` and `json` say what this subcommand
+/// prints (the [`Format`] variants' own help is the report's).
+fn format_of(text: &'static str, json: &'static str) -> impl TypedValueParser<Value = Format> {
+    use clap::builder::{PossibleValue, PossibleValuesParser};
+    PossibleValuesParser::new([
+        PossibleValue::new("text").help(text),
+        PossibleValue::new("json").help(json),
+    ])
+    .map(|s| match s.as_str() {
+        "json" => Format::Json,
+        _ => Format::Text,
+    })
+}
+
 impl Cli {
-    /// The default log filter: warnings, `-v` info, `-vv` debug.
+    /// The default log filter: warnings, `-v` info, `-vv` debug, `-vvv`
+    /// trace: the same levels as the master's (docs/operating.md#logs).
     pub fn log_level(&self) -> &'static str {
-        ["warn", "info", "debug"][usize::from(self.verbose.min(2))]
+        // `--test` is at least `-v`, as `puppet agent --test` is verbose.
+        let test = matches!(self.command, Command::Sync { test: true, .. });
+        let verbose = self.verbose.max(u8::from(test));
+        ["warn", "info", "debug", "trace"][usize::from(verbose.min(3))]
     }
 }
 

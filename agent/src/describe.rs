@@ -197,8 +197,8 @@ pub async fn describe(
     );
     let active = registry
         .active(&ident.id, table.constraint(&ident.id))
-        .map(|r| r.version.clone());
-    tracing::info!(plugin = %ident.id, version = %version, active = ?active, "plugin registered");
+        .map_or_else(|| "none".to_owned(), |r| r.version.to_string());
+    tracing::info!(plugin = %ident.id, version = %version, active = %active, "plugin registered");
     Ok(None)
 }
 

@@ -65,6 +65,8 @@ fn run(command: Command) -> Ended {
             environment,
             config,
             servers,
+            certname,
+            test,
             noop,
             format,
             detailed_exitcodes,
@@ -75,9 +77,11 @@ fn run(command: Command) -> Ended {
             Overrides {
                 environment,
                 servers,
+                certname,
                 noop,
                 format: Some(format),
-                detailed_exitcodes,
+                // `--test` is `puppet agent --test`: detailed exit codes.
+                detailed_exitcodes: detailed_exitcodes || test,
                 load,
                 allow_mass_removal,
             },
@@ -92,12 +96,14 @@ fn run(command: Command) -> Ended {
             config,
             environment,
             servers,
+            certname,
             format,
         } => show_config(
             &config,
             Overrides {
                 environment,
                 servers,
+                certname,
                 ..Overrides::default()
             },
             format,

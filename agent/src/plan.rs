@@ -330,11 +330,7 @@ impl Removal {
                 continue;
             }
             r.total += 1;
-            let kept = match remote.entries.get(rel) {
-                Some(e) => matches!(e.kind, RemoteKind::File { .. }),
-                None => !purge,
-            };
-            if !kept {
+            if taken(remote, rel, purge) {
                 r.removed += 1;
             }
         }
@@ -348,6 +344,19 @@ impl Removal {
         r
     }
 
+    /// The paths of the local files the plan takes away (those [`count`]
+    /// counts, less the names a listing cannot hold), sorted.
+    ///
+    /// [`count`]: Removal::count
+    pub fn paths<'a>(remote: &RemoteTree, local: &'a LocalTree, purge: bool) -> Vec<&'a RelPath> {
+        local
+            .entries
+            .iter()
+            .filter(|(rel, l)| l.kind != LocalKind::Dir && taken(remote, rel, purge))
+            .map(|(rel, _)| rel)
+            .collect()
+    }
+
     /// True when the guard refuses: the destination holds at least
     /// [`GUARD_MIN_FILES`] files and more than `max_percent` % of them
     /// would go. `None` (`--allow-mass-removal`) never refuses.
@@ -356,6 +365,15 @@ impl Removal {
             return false;
         };
         self.total >= GUARD_MIN_FILES && self.removed * 100 > usize::from(max) * self.total
+    }
+}
+
+/// Whether the plan takes the local file at `rel` away: the listing has
+/// no file there (nothing, with `purge`, or a directory).
+fn taken(remote: &RemoteTree, rel: &RelPath, purge: bool) -> bool {
+    match remote.entries.get(rel) {
+        Some(e) => !matches!(e.kind, RemoteKind::File { .. }),
+        None => purge,
     }
 }
 
@@ -628,8 +646,10 @@ mod tests {
                 total: 20
             }
         );
+        assert_eq!(Removal::paths(&r, &l, true).len(), 18);
         // Without purge nothing is taken away.
         assert_eq!(Removal::count(&r, &l, false).removed, 0);
+        assert!(Removal::paths(&r, &l, false).is_empty());
         // A whole directory gone counts every file below it.
         let empty = remote(&[]);
         assert_eq!(Removal::count(&empty, &l, true).removed, 20);

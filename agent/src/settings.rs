@@ -164,8 +164,11 @@ pub struct Settings {
 pub struct Overrides {
     /// `--environment`.
     pub environment: Option<String>,
-    /// `--server` (replaces the config's list when non-empty).
+    /// `--server` (replaces the config's list when non-empty): URLs, or
+    /// Puppet-style `HOST[:PORT]`.
     pub servers: Vec<String>,
+    /// `--certname` (overrides `[tls] certname` and puppet.conf's).
+    pub certname: Option<String>,
     /// `--noop`.
     pub noop: bool,
     /// `--format`.
@@ -197,8 +200,13 @@ impl Settings {
             .into(),
             source: toml_source(&file, "environment_source"),
         });
-        let certname = certname(&file, &puppet, &mut effective);
-        let tls = tls(&file, &certname, &puppet, &mut effective)?;
+        let certname = certname(&file, &cli, &puppet, &mut effective);
+        // A certname that cannot name a file is `--certname`'s fault when
+        // it came from there (64).
+        let tls = tls(&file, &certname, &puppet, &mut effective).map_err(|mut e| {
+            e.from_command_line |= cli.certname.is_some();
+            e
+        })?;
         effective.push(Effective {
             name: "puppet_conf",
             value: puppet
@@ -259,7 +267,10 @@ fn servers(
 ) -> Result<Vec<String>, ResolveError> {
     let (servers, source) = if !cli.servers.is_empty() {
         let source = Source::CommandLine;
-        (blame(config::servers(&cli.servers), source)?, source)
+        (
+            blame(config::servers(&command_line_urls(cli, puppet)?), source)?,
+            source,
+        )
     } else if let Some(s) = &file.servers {
         (s.clone(), Source::AgentToml)
     } else if let Some((section, list)) = puppet
@@ -279,6 +290,22 @@ fn servers(
         source,
     });
     Ok(servers)
+}
+
+/// `--server` values as URLs: one without a scheme is Puppet's `--server`
+/// (`HOST`, `HOST:PORT`, or a comma-separated list of them), on
+/// puppet.conf's `serverport` (8140 by default) when it names no port
+/// (docs/agent.md#puppet-style-flags); URLs are kept as given.
+fn command_line_urls(cli: &Overrides, puppet: &Puppet) -> Result<Vec<String>, ResolveError> {
+    let mut urls = Vec::new();
+    for s in &cli.servers {
+        if s.contains("://") {
+            urls.push(s.clone());
+        } else {
+            urls.extend(puppetconf::server_urls(s, puppet.port()?));
+        }
+    }
+    Ok(urls)
 }
 
 /// The environment and where it was set: `--environment`, else
@@ -312,14 +339,21 @@ fn environment(
     Ok((environment, source))
 }
 
-/// This node's certname: `[tls] certname`, else puppet.conf's, else this
-/// host's FQDN.
-fn certname(file: &AgentFile, puppet: &Puppet, effective: &mut Vec<Effective>) -> String {
+/// This node's certname: `--certname`, else `[tls] certname`, else
+/// puppet.conf's, else this host's FQDN.
+fn certname(
+    file: &AgentFile,
+    cli: &Overrides,
+    puppet: &Puppet,
+    effective: &mut Vec<Effective>,
+) -> String {
     let named = match &file.tls {
         TlsSource::SslDir { certname, .. } => certname.clone(),
         TlsSource::Files(_) => None,
     };
-    let (certname, source) = if let Some(c) = named {
+    let (certname, source) = if let Some(c) = &cli.certname {
+        (c.clone(), Source::CommandLine)
+    } else if let Some(c) = named {
         (c, Source::AgentToml)
     } else if let Some((section, c)) = puppet.value("certname") {
         (c, Source::PuppetConf(section))

@@ -36,6 +36,18 @@ pub enum TlsError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The private key is not the certificate's (rustls' `KeyMismatch`).
+    #[error(
+        "private key '{}' does not match certificate '{}': the key must be the one the certificate was issued for",
+        key.display(),
+        cert.display()
+    )]
+    KeyMismatch {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The private key file.
+        key: PathBuf,
+    },
 }
 
 /// The one crypto provider pluginsync uses: ring, its cipher suites with
@@ -93,12 +105,165 @@ pub fn read_pem(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
 
 /// Reads a client identity as one PEM buffer: the certificate (chain), a
 /// newline, then the private key, as reqwest's `Identity::from_pem` takes
-/// it.
+/// it. A key that parses but is not the certificate's is
+/// [`TlsError::KeyMismatch`]; files that do not parse are left to the TLS
+/// stack to report.
 pub fn read_identity_pem(cert: &Path, key: &Path) -> Result<Vec<u8>, TlsError> {
-    let mut pem = read_pem("certificate", cert)?;
+    let cert_pem = read_pem("certificate", cert)?;
+    let key_pem = read_pem("private key", key)?;
+    let certs = CertificateDer::pem_slice_iter(&cert_pem).collect::<Result<Vec<_>, _>>();
+    if let (Ok(certs), Ok(private)) = (certs, PrivateKeyDer::from_pem_slice(&key_pem)) {
+        check_pair(cert, &certs, key, &private)?;
+    }
+    let mut pem = cert_pem;
     pem.push(b'\n');
-    pem.extend(read_pem("private key", key)?);
+    pem.extend(key_pem);
     Ok(pem)
+}
+
+/// Reads a certificate chain (`what`, at `cert`) and its private key and
+/// checks that they are a pair ([`TlsError::KeyMismatch`] otherwise).
+pub fn load_identity(
+    what: &'static str,
+    cert: &Path,
+    key: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsError> {
+    let certs = load_certs(what, cert)?;
+    let private = load_key(key)?;
+    check_pair(cert, &certs, key, &private)?;
+    Ok((certs, private))
+}
+
+/// [`TlsError::KeyMismatch`] when `key` is not the private key of the
+/// first certificate of `certs`; a key or certificate whose public key
+/// cannot be compared passes (the TLS stack reports it when used).
+fn check_pair(
+    cert_path: &Path,
+    certs: &[CertificateDer<'_>],
+    key_path: &Path,
+    key: &PrivateKeyDer<'_>,
+) -> Result<(), TlsError> {
+    let Ok(signer) = provider().key_provider.load_private_key(key.clone_key()) else {
+        return Ok(());
+    };
+    let chain = certs.iter().map(|c| c.clone().into_owned()).collect();
+    match rustls::sign::CertifiedKey::new(chain, signer).keys_match() {
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
+            Err(TlsError::KeyMismatch {
+                cert: cert_path.to_owned(),
+                key: key_path.to_owned(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A Unix time as a date in UTC, `2026-11-24 09:30:00 UTC`, for every
+/// line that names a certificate's dates.
+pub fn utc(unix: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix)
+        .map(|t| {
+            format!(
+                "{} {:02}:{:02}:{:02} UTC",
+                t.date(),
+                t.hour(),
+                t.minute(),
+                t.second()
+            )
+        })
+        .unwrap_or_else(|_| format!("{unix} (Unix time)"))
+}
+
+/// A rustls error in words for a log line or an error line: dates in UTC
+/// instead of seconds since 1970, names as they were typed instead of
+/// `DnsName("…")`, alerts by their TLS name (docs/tls.md#certificate-checks).
+pub fn describe(e: &rustls::Error) -> String {
+    use rustls::Error as R;
+    match e {
+        R::InvalidCertificate(c) => {
+            format!("invalid peer certificate: {}", describe_certificate(c))
+        }
+        R::AlertReceived(a) => format!("received fatal alert: {}", alert_name(a)),
+        R::InconsistentKeys(_) => "the private key does not match the certificate".into(),
+        other => other.to_string(),
+    }
+}
+
+/// [`describe`] for the rustls error inside an I/O error (a handshake's);
+/// any other error as it displays.
+pub fn describe_io(e: &std::io::Error) -> String {
+    match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(tls) => describe(tls),
+        None => e.to_string(),
+    }
+}
+
+/// A certificate error in words ([`describe`]).
+pub fn describe_certificate(c: &rustls::CertificateError) -> String {
+    use rustls::CertificateError as C;
+    match c {
+        C::ExpiredContext { time, not_after } => format!(
+            "certificate expired on {} (checked at {})",
+            utc(not_after.as_secs() as i64),
+            utc(time.as_secs() as i64)
+        ),
+        C::NotValidYetContext { time, not_before } => format!(
+            "certificate is not valid until {} (checked at {})",
+            utc(not_before.as_secs() as i64),
+            utc(time.as_secs() as i64)
+        ),
+        C::ExpiredRevocationListContext { time, next_update } => format!(
+            "the CRL expired on {} (checked at {})",
+            utc(next_update.as_secs() as i64),
+            utc(time.as_secs() as i64)
+        ),
+        C::NotValidForNameContext {
+            expected,
+            presented,
+        } => format!(
+            "certificate is not for {} (it names {})",
+            expected.to_str(),
+            plain_names(presented)
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// The names of a certificate as rustls lists them (`DnsName("puppet")`,
+/// `IpAddress(10.0.0.1)`), as an operator writes them: `puppet, 10.0.0.1`.
+pub fn plain_names(presented: &[String]) -> String {
+    if presented.is_empty() {
+        return "no name".into();
+    }
+    let plain = |n: &str| -> String {
+        for wrapper in ["DnsName(", "IpAddress(", "UniformResourceIdentifier("] {
+            if let Some(inner) = n.strip_prefix(wrapper).and_then(|r| r.strip_suffix(')')) {
+                return inner.trim_matches('"').to_owned();
+            }
+        }
+        n.to_owned()
+    };
+    presented
+        .iter()
+        .map(|n| plain(n))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A TLS alert by its name in the TLS specification (`handshake_failure`,
+/// `unknown_ca`), from rustls' variant name.
+pub fn alert_name(a: &rustls::AlertDescription) -> String {
+    let camel = format!("{a:?}");
+    let mut out = String::with_capacity(camel.len() + 4);
+    let mut previous_lower = false;
+    for ch in camel.chars() {
+        if ch.is_ascii_uppercase() && previous_lower {
+            out.push('_');
+        }
+        previous_lower = ch.is_ascii_lowercase() || ch.is_ascii_digit();
+        out.push(ch.to_ascii_lowercase());
+    }
+    out
 }
 
 fn invalid(what: &'static str, path: &Path, reason: impl Into<String>) -> TlsError {
@@ -263,6 +428,38 @@ mod tests {
         );
         std::fs::write(&key, "K").unwrap();
         assert_eq!(read_identity_pem(&cert, &key).unwrap(), b"C\nK");
+    }
+
+    #[test]
+    fn rustls_errors_read_in_words() {
+        use rustls::pki_types::{ServerName, UnixTime};
+        use rustls::{AlertDescription as A, CertificateError as C, Error as R};
+        let at = |s: u64| UnixTime::since_unix_epoch(std::time::Duration::from_secs(s));
+        let expired = R::InvalidCertificate(C::ExpiredContext {
+            time: at(86_400 * 2),
+            not_after: at(86_400),
+        });
+        assert_eq!(
+            describe(&expired),
+            "invalid peer certificate: certificate expired on 1970-01-02 00:00:00 UTC (checked at 1970-01-03 00:00:00 UTC)"
+        );
+        let name = C::NotValidForNameContext {
+            expected: ServerName::try_from("localhost").unwrap().to_owned(),
+            presented: vec!["DnsName(\"puppet\")".into(), "IpAddress(10.0.0.1)".into()],
+        };
+        assert_eq!(
+            describe_certificate(&name),
+            "certificate is not for localhost (it names puppet, 10.0.0.1)"
+        );
+        assert_eq!(alert_name(&A::HandshakeFailure), "handshake_failure");
+        assert_eq!(alert_name(&A::UnknownCA), "unknown_ca");
+        assert_eq!(
+            describe(&R::AlertReceived(A::DecryptError)),
+            "received fatal alert: decrypt_error"
+        );
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, expired);
+        assert!(describe_io(&io).contains("expired on 1970-01-02"));
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
     }
 
     #[test]

@@ -53,6 +53,22 @@ pub enum Via {
     Proxy,
 }
 
+impl Via {
+    /// `tls` or `proxy`, as log lines name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Tls => "tls",
+            Via::Proxy => "proxy",
+        }
+    }
+}
+
+impl std::fmt::Display for Via {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The identity of a request's client, put in its extensions by the
 /// listener's layer (`routes.rs`) and read by [`Gate::admit`] and the
 /// access log: the one source of identity (docs/protocol.md §5.2, §5.5).
@@ -153,6 +169,17 @@ pub enum NoIdentity {
     SeveralCommonNames,
     /// Its CN is not a string, or not a valid certname.
     InvalidCommonName,
+}
+
+impl std::fmt::Display for NoIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NoIdentity::Unparsable => "it does not parse",
+            NoIdentity::NoCommonName => "it has no DNS name and no CN",
+            NoIdentity::SeveralCommonNames => "it has several CNs",
+            NoIdentity::InvalidCommonName => "its CN is not a valid certname",
+        })
+    }
 }
 
 /// Whether two DER certificates carry the same public key (their
@@ -298,7 +325,7 @@ impl Gate {
                     if let Some(n) = self.refusals.note() {
                         tracing::info!(
                             path = req.uri.path(),
-                            via = ?identity.map(|i| i.via),
+                            via = %identity.map_or("none", |i| i.via.as_str()),
                             refused_since_last_line = n,
                             "refused: {why}"
                         );

@@ -18,7 +18,8 @@ use crate::exit::{EXIT_STATUS_HELP, ExitStatus};
 #[derive(Debug, Parser)]
 #[command(name = "pluginsync-master", version, about, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
-    /// More log output (-v debug, -vv trace); RUST_LOG overrides.
+    /// More log output (-v info, -vv debug, -vvv trace, as in the agent);
+    /// RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
     /// Log lines as text or as one JSON object per line (docs/operating.md#logs).
@@ -72,12 +73,13 @@ pub enum Command {
 
 impl Cli {
     /// The default log filter: `info` for `serve` (`warn` for the commands
-    /// that print their own findings when `quiet`), more with each `-v`.
+    /// that print their own findings when `quiet`); `-v` info, `-vv`
+    /// debug, `-vvv` trace, the agent's levels (docs/operating.md#logs).
     pub fn log_level(&self, quiet: bool) -> &'static str {
         match self.verbose {
             0 if quiet => "warn",
-            0 => "info",
-            1 => "debug",
+            0 | 1 => "info",
+            2 => "debug",
             _ => "trace",
         }
     }

@@ -66,7 +66,7 @@ pub enum ReindexError {
     #[error("the master's certificate does not parse: {0}")]
     CertUnparsable(x509_parser::nom::Err<x509_parser::error::X509Error>),
     /// The master's own certificate has neither a DNS name nor a CN.
-    #[error("the master's certificate names no host: {0:?}")]
+    #[error("the master's certificate names no host: {0}")]
     NoHost(crate::auth::NoIdentity),
     /// The name to check the master's certificate against is no host name.
     #[error("'{0}' is not a host name")]
@@ -99,7 +99,7 @@ pub enum ReindexError {
     #[error(transparent)]
     Io(#[from] std::io::Error),
     /// No answer within [`DEADLINE`].
-    #[error("the master at {addr} did not answer in {DEADLINE:?}")]
+    #[error("the master at {addr} did not answer in {} s", DEADLINE.as_secs())]
     Timeout {
         /// The master's addresses.
         addr: String,
@@ -140,8 +140,8 @@ pub async fn run(
 ) -> Result<String, ReindexError> {
     pluginsync_common::tls::install_default_provider();
     let env: Option<EnvName> = env.map(str::parse).transpose()?;
-    let certs = pluginsync_common::tls::load_certs("certificate", &config.tls.cert)?;
-    let key = pluginsync_common::tls::load_key(&config.tls.key)?;
+    let (certs, key) =
+        pluginsync_common::tls::load_identity("certificate", &config.tls.cert, &config.tls.key)?;
     let roots = pluginsync_common::tls::load_roots(&config.tls.ca)?;
     let (addrs, name) = match server {
         Some(url) => target_of_url(url)?,

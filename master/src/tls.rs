@@ -70,13 +70,12 @@ pub fn server_config(tls: &TlsConfig) -> Result<ServerConfig, ServerTlsError> {
 /// Builds the server config from `[tls]`, with its client verifier.
 pub fn server_tls(tls: &TlsConfig) -> Result<ServerTls, ServerTlsError> {
     let provider = ptls::provider();
-    let certs = ptls::load_certs("server certificate", &tls.cert)?;
+    let (certs, key) = ptls::load_identity("server certificate", &tls.cert, &tls.key)?;
     let validity = certs.first().and_then(|leaf| {
         let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
         let v = cert.validity();
         Some((v.not_before.timestamp(), v.not_after.timestamp()))
     });
-    let key = ptls::load_key(&tls.key)?;
     let builder = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ServerTlsError::Rustls(e.to_string()))?;
@@ -419,7 +418,7 @@ pub fn server_certificate_check(
     now: std::time::SystemTime,
     warn_within: std::time::Duration,
 ) -> Result<Option<ExpiresSoon>, CertificateRefused> {
-    let certs = ptls::load_certs("server certificate", &tls.cert)?;
+    let (certs, _key) = ptls::load_identity("server certificate", &tls.cert, &tls.key)?;
     let leaf = certs
         .first()
         .ok_or_else(|| CertificateRefused::Empty(tls.cert.clone()))?;

@@ -433,7 +433,8 @@ fn resync(store: &Store, watcher: &mut notify::RecommendedWatcher, roots: &mut R
                 tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment (raise fs.inotify.max_user_watches for very large trees)");
                 continue;
             }
-            tracing::debug!(dir = %real.display(), envs = ?names, "watching");
+            let envs: Vec<&str> = names.iter().map(EnvName::as_str).collect();
+            tracing::debug!(dir = %real.display(), envs = %envs.join(","), "watching");
         }
         kept.insert(real, names);
     }

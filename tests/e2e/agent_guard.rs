@@ -1,6 +1,7 @@
 //! The agent's removal guard (docs/agent.md#the-removal-guard): a master whose
 //! environment lost most of its files must not wipe a node. The run refuses
-//! with one line naming the count, changes nothing and exits 1;
+//! with one line naming the count, the limit and the modules the files
+//! came from, changes nothing and exits 1;
 //! `--allow-mass-removal` proceeds.
 
 use std::time::Duration;
@@ -52,7 +53,7 @@ fn a_master_that_lost_most_files_cannot_wipe_the_node() {
     assert_eq!(lines.len(), 1, "one line on stderr: {run:?}");
     assert!(
         lines[0].ends_with(
-            "refusing to remove 18 of 20 files in plugins: the master's environment looks incomplete; --allow-mass-removal to proceed"
+            "refusing to remove 18 of 20 files in plugins (more than max_removal_percent = 50), from module app; --allow-mass-removal to proceed"
         ),
         "{run:?}"
     );

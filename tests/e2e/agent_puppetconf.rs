@@ -405,3 +405,46 @@ async fn an_oversized_or_malformed_node_answer_stops_the_run_before_any_change()
         );
     }
 }
+
+/// The flags a Puppet operator types by habit (docs/agent.md#puppet-style-flags):
+/// `--certname NAME` picks the ssldir's files of NAME, `--server HOST`
+/// without `https://` is `https://HOST:8140` (with `:PORT`, that port), and
+/// `--test` is `puppet agent -t`: info lines and detailed exit codes. All
+/// three were refused as usage errors (64) before.
+#[test]
+fn puppet_style_flags_are_taken() {
+    let (tree, pki) = (two_environments(), Pki::new());
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let port = master.addr.port();
+    // agent.toml names node1 and no server the run could reach.
+    let home = AgentHome::new(&pki, &["https://nowhere.invalid:1".to_owned()], "");
+
+    let shown = home.run(&["config", "--server", "puppet", "--certname", "node2"]);
+    assert_eq!(shown.code, 0, "{shown:?}");
+    assert_eq!(
+        setting(&shown.stdout, "servers"),
+        Some(("https://puppet:8140", "command line")),
+        "{shown:?}"
+    );
+    assert_eq!(
+        setting(&shown.stdout, "certname"),
+        Some(("node2", "command line")),
+        "{shown:?}"
+    );
+
+    // The certname names the files: one that has none fails on them.
+    let server = format!("localhost:{port}");
+    let run = home.sync(&["--server", &server, "--certname", "nosuch"]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stderr.contains("nosuch.pem"), "{run:?}");
+    assert!(!home.libdir().join("facter/hello.rb").exists());
+
+    // `--test`: the first run changes files (2), says what it does at
+    // info, and the next changes nothing (0).
+    let run = home.sync(&["--test", "--server", &server, "--certname", "node2"]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains(" INFO "), "{run:?}");
+    assert_eq!(synced(&home), "# production\n");
+    let run = home.sync(&["-t", "--server", &server, "--certname", "node2"]);
+    assert_eq!(run.code, 0, "{run:?}");
+}

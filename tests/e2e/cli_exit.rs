@@ -93,3 +93,28 @@ fn a_config_error_exits_78_in_both_binaries() {
         assert_eq!(err.lines().count(), 1, "one line: {err}");
     }
 }
+
+/// Each `--format` says what its own subcommand prints: before, `plugins`
+/// and `config` showed `sync`'s report text ("one line per change").
+#[test]
+fn each_format_flag_describes_its_own_output() {
+    let help = |sub: &str| {
+        let (code, out) = run("pluginsync-agent", &[sub, "--help"]);
+        assert_eq!(code, 0, "{out}");
+        let format = out.split("--format").nth(1).expect("--format").to_owned();
+        format.split("\n  -").next().unwrap_or_default().to_owned()
+    };
+    for sub in ["sync", "report"] {
+        assert!(
+            help(sub).contains("One line per change"),
+            "{sub}: {}",
+            help(sub)
+        );
+    }
+    let plugins = help("plugins");
+    assert!(!plugins.contains("per change"), "{plugins}");
+    assert!(plugins.contains("One line per plugin"), "{plugins}");
+    let config = help("config");
+    assert!(!config.contains("per change"), "{config}");
+    assert!(config.contains("One line per setting"), "{config}");
+}

@@ -166,6 +166,17 @@ async fn the_access_log_has_one_line_per_request() {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         assert_eq!(lines.len(), 4, "one line per request: {lines:#?}");
+        // The refusal's own log line names the listener in words.
+        let log = master.log();
+        let refused = log
+            .lines()
+            .find(|l| l.contains("refused"))
+            .unwrap_or_else(|| panic!("a refusal line: {log}"));
+        assert!(
+            refused.contains("via=tls") || refused.contains("\"via\":\"tls\""),
+            "{refused}"
+        );
+        assert!(!refused.contains("Some("), "{refused}");
         for (i, line) in lines.iter().enumerate() {
             let (certname, status) = if i < 3 { ("node1", 200) } else { ("-", 403) };
             if format == "text" {
@@ -183,6 +194,18 @@ async fn the_access_log_has_one_line_per_request() {
                 );
             } else {
                 let v: serde_json::Value = serde_json::from_str(line).expect(line);
+                // The field name of the JSON log lines (`--log-format
+                // json`), so one parser reads both; `time` stays.
+                let stamp = v["timestamp"].as_str().expect(line);
+                assert!(
+                    time::OffsetDateTime::parse(
+                        stamp,
+                        &time::format_description::well_known::Rfc3339
+                    )
+                    .is_ok(),
+                    "{line}"
+                );
+                assert_eq!(v["time"].as_str(), Some(stamp), "{line}");
                 let certname = (certname != "-").then_some(certname);
                 assert_eq!(v["certname"].as_str(), certname, "{line}");
                 assert_eq!(v["status"], status, "{line}");
@@ -224,4 +247,88 @@ fn json_log_lines_are_json() {
             "{line}"
         );
     }
+}
+
+/// Runs `bin` with `args` until it exits (the master: until it listens,
+/// then SIGTERM); returns its stderr.
+fn stderr_of(bin: &str, args: &[&str], dir: &Path) -> String {
+    let log = dir.join(format!("{bin}.log"));
+    let mut child = Command::new(bin_path(bin))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("JOURNAL_STREAM")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("spawn");
+    if bin == "pluginsync-master" {
+        stop_once_listening(&mut child, &log);
+    } else {
+        let _ = child.wait();
+    }
+    // Everything, up to the exit (the master logs on until it stops).
+    std::fs::read_to_string(&log).unwrap()
+}
+
+/// The levels of each line of `text` (text format: the word after the
+/// timestamp).
+fn levels(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|w| ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(w))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `-v` is info, `-vv` debug and `-vvv` trace in both binaries
+/// (docs/operating.md#logs); before, `-v` was debug in the master and the
+/// agent had no trace.
+#[test]
+fn each_v_means_the_same_level_in_both_binaries() {
+    use pluginsync_tests::{AgentHome, TestMaster, parse_config};
+    let dir = tempfile::tempdir().unwrap();
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "m", "lib/facter/a.rb", b"a\n", 0o644);
+    let config = dir.path().join("master.toml");
+    std::fs::write(&config, config_toml(&tree.envpath(), &pki, "", "")).unwrap();
+    let config = config.to_str().unwrap();
+    let master = |v: &str| {
+        let args: Vec<&str> = [v, "serve", "--config", config]
+            .into_iter()
+            .filter(|a| !a.is_empty())
+            .collect();
+        levels(&stderr_of("pluginsync-master", &args, dir.path()))
+    };
+    let at_v = master("-v");
+    assert!(
+        at_v.contains("INFO") && !at_v.contains("DEBUG"),
+        "master -v: {at_v:?}"
+    );
+    let at_vv = master("-vv");
+    assert!(
+        at_vv.contains("DEBUG") && !at_vv.contains("TRACE"),
+        "master -vv: {at_vv:?}"
+    );
+
+    let m = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let agent = |v: &str| {
+        // A fresh home each time, so every run commits (trace lines).
+        let home = AgentHome::new(&pki, &[m.url()], "");
+        let run = home.sync(&[v]);
+        assert_eq!(run.code, 0, "{run:?}");
+        levels(&run.stderr)
+    };
+    let at_v = agent("-v");
+    assert!(
+        at_v.contains("INFO") && !at_v.contains("DEBUG"),
+        "agent -v: {at_v:?}"
+    );
+    let at_vv = agent("-vv");
+    assert!(
+        at_vv.contains("DEBUG") && !at_vv.contains("TRACE"),
+        "agent -vv: {at_vv:?}"
+    );
+    let at_vvv = agent("-vvv");
+    assert!(at_vvv.contains("TRACE"), "agent -vvv: {at_vvv:?}");
 }

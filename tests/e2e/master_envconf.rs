@@ -14,7 +14,7 @@
 //!   with `index.allow_external_roots` matching its real path it is served.
 //!   The environment itself is a symlink (`production -> releases/1`).
 //! - Deleting module directories logs no `unable to remove watch
-//!   descriptor` line at the default level (item 6); at `-vv` it does, so
+//!   descriptor` line at the default level; at `-vvv` (libraries at debug) it does, so
 //!   the test can see one.
 
 use std::collections::BTreeMap;
@@ -343,7 +343,7 @@ fn spawn_logging(
 async fn deleting_module_directories_logs_no_watch_descriptor_lines_by_default() {
     let pki = Pki::new();
     let mut seen = Vec::new();
-    for args in [&[][..], &["-vv"][..]] {
+    for args in [&[][..], &["-vvv"][..]] {
         let tree = EnvTree::new();
         tree.generate("production", 8, 30, 3);
         let config = tree.outside().join("master.toml");
@@ -376,12 +376,12 @@ async fn deleting_module_directories_logs_no_watch_descriptor_lines_by_default()
         seen.push(log.matches("unable to remove watch descriptor").count());
     }
     eprintln!(
-        "'unable to remove watch descriptor' lines after deleting 8 modules: default {}, -vv {}",
+        "'unable to remove watch descriptor' lines after deleting 8 modules: default {}, -vvv {}",
         seen[0], seen[1]
     );
     assert_eq!(seen[0], 0, "watch-descriptor lines at the default level");
     assert!(
         seen[1] > 0,
-        "-vv shows none, so the check above proves nothing"
+        "-vvv shows none, so the check above proves nothing"
     );
 }

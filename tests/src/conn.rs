@@ -641,12 +641,44 @@ pub fn dated_client_cert(
     let at = |days: i64| now + time::Duration::days(days);
     p.not_before = at(from_days);
     p.not_after = at(until_days);
-    let cert = p.signed_by(&key, &ca_issuer(pki)).expect("sign");
+    issue(pki, &p, &key, certname, dir)
+}
+
+/// Signs `params` for `key` with the PKI's CA and writes
+/// `<dir>/<name>.pem` and `<dir>/<name>.key`; returns both paths.
+fn issue(
+    pki: &Pki,
+    params: &CertificateParams,
+    key: &KeyPair,
+    name: &str,
+    dir: &Path,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let cert = params.signed_by(key, &ca_issuer(pki)).expect("sign");
     let (c, k) = (
-        dir.join(format!("{certname}.pem")),
-        dir.join(format!("{certname}.key")),
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
     );
     std::fs::write(&c, cert.pem()).expect("write cert");
     std::fs::write(&k, key.serialize_pem()).expect("write key");
     (c, k)
+}
+
+/// A server certificate for the DNS name `name` only (no `localhost`, no
+/// loopback address, unlike `dev-certs`'), issued by the PKI's CA, valid
+/// for 30 days, written as `<dir>/<name>.pem` and `<dir>/<name>.key`;
+/// returns both paths. For a master whose certificate is for another name.
+pub fn server_cert_for(
+    pki: &Pki,
+    name: &str,
+    dir: &Path,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let key = KeyPair::generate().expect("key");
+    let mut p = CertificateParams::new(vec![name.to_owned()]).expect("params");
+    p.distinguished_name.push(DnType::CommonName, name);
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let now = time::OffsetDateTime::now_utc();
+    p.not_before = now - time::Duration::days(1);
+    p.not_after = now + time::Duration::days(30);
+    issue(pki, &p, &key, name, dir)
 }

@@ -61,17 +61,25 @@ pub enum SyncError {
     Space(#[from] commit::SpaceError),
     /// The removal guard (docs/agent.md#the-removal-guard): the plan of `mount`
     /// takes away more than `max_removal_percent` of its destination's
-    /// files; nothing was changed.
+    /// files; nothing was changed. The line says what it saw — how many
+    /// files, the limit, the modules they came from — and no verdict: an
+    /// environment refactored on purpose looks the same as a broken one.
     #[error(
-        "refusing to remove {} of {} files in {mount}: the master's environment looks incomplete; --allow-mass-removal to proceed",
+        "refusing to remove {} of {} files in {mount} (more than max_removal_percent = {limit}){}; --allow-mass-removal to proceed",
         thousands(removal.removed as u64),
-        thousands(removal.total as u64)
+        thousands(removal.total as u64),
+        from_modules(modules)
     )]
     MassRemoval {
         /// The mount whose destination it is.
         mount: Mount,
         /// What the plan takes away.
         removal: plan::Removal,
+        /// `max_removal_percent`.
+        limit: u8,
+        /// The modules the files came from, most files first (empty when
+        /// the last listing is not cached: `cache::MountCache::modules_of`).
+        modules: Vec<String>,
     },
     /// SIGTERM or SIGINT stopped the run.
     #[error("interrupted by {signal} {}", match .committed {
@@ -84,6 +92,26 @@ pub enum SyncError {
         /// Whether the commit had started (and so was finished).
         committed: bool,
     },
+}
+
+/// The modules shown in the guard's line.
+const MODULES_SHOWN: usize = 3;
+
+/// `, from module a` / `, from modules a, b, c and 2 more`; nothing when
+/// no module is known.
+fn from_modules(modules: &[String]) -> String {
+    let shown: Vec<String> = modules
+        .iter()
+        .take(MODULES_SHOWN)
+        .map(|m| crate::report::escape(m).into_owned())
+        .collect();
+    let more = modules.len().saturating_sub(MODULES_SHOWN);
+    match (shown.len(), more) {
+        (0, _) => String::new(),
+        (1, _) => format!(", from module {}", shown[0]),
+        (_, 0) => format!(", from modules {}", shown.join(", ")),
+        _ => format!(", from modules {} and {more} more", shown.join(", ")),
+    }
 }
 
 /// How a run ended.
@@ -137,16 +165,27 @@ mod tests {
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(3093), "3,093");
         assert_eq!(thousands(1_234_567), "1,234,567");
-        let e = SyncError::MassRemoval {
+        let e = |modules: &[&str]| SyncError::MassRemoval {
             mount: Mount::Plugins,
             removal: plan::Removal {
                 removed: 2941,
                 total: 3093,
             },
+            limit: 50,
+            modules: modules.iter().map(|m| m.to_string()).collect(),
         };
         assert_eq!(
-            e.to_string(),
-            "refusing to remove 2,941 of 3,093 files in plugins: the master's environment looks incomplete; --allow-mass-removal to proceed"
+            e(&[]).to_string(),
+            "refusing to remove 2,941 of 3,093 files in plugins (more than max_removal_percent = 50); --allow-mass-removal to proceed"
+        );
+        assert_eq!(
+            e(&["stdlib"]).to_string(),
+            "refusing to remove 2,941 of 3,093 files in plugins (more than max_removal_percent = 50), from module stdlib; --allow-mass-removal to proceed"
+        );
+        assert!(
+            e(&["a", "b", "c", "d", "e"])
+                .to_string()
+                .contains(", from modules a, b, c and 2 more; ")
         );
     }
 }

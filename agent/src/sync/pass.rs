@@ -90,6 +90,9 @@ impl Run<'_> {
         let server = origin.server.clone();
         let key = key_for(&server);
         self.phase("listing answered");
+        // What `-v` (and `--test`) shows of a run, as Puppet's
+        // "Retrieving plugin" (docs/agent.md#puppet-style-flags).
+        tracing::info!(server = %server, environment = %env, "retrieving {mount}");
         let ask = Ask {
             mount,
             query: &query,
@@ -248,10 +251,17 @@ pub(super) fn guard(settings: &Settings, passes: &[Pass]) -> Result<(), SyncErro
     for p in passes {
         let Some(remote) = &p.remote else { continue };
         let removal = plan::Removal::count(remote, &p.local, p.resource.purge);
-        if removal.refused(settings.max_removal_percent) {
+        if let Some(limit) = settings
+            .max_removal_percent
+            .filter(|&max| removal.refused(Some(max)))
+        {
+            let mount = p.resource.mount;
+            let paths = plan::Removal::paths(remote, &p.local, p.resource.purge);
             return Err(SyncError::MassRemoval {
-                mount: p.resource.mount,
+                mount,
                 removal,
+                limit,
+                modules: MountCache::modules_of(&settings.vardir, mount, &paths),
             });
         }
     }

@@ -217,7 +217,7 @@ where
                             tracing::warn!(
                                 peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
                                 reason,
-                                error = %e,
+                                error = %pluginsync_common::tls::describe_io(&e),
                                 failed_since_last_line = n,
                                 "TLS handshake failed"
                             );

@@ -370,7 +370,7 @@ impl Connections {
                 continue;
             };
             if let Err(e) = verifier.verify_client_cert(leaf, intermediates, now) {
-                tracing::debug!(error = %e, "closing a connection: its certificate is now refused");
+                tracing::debug!(error = %pluginsync_common::tls::describe(&e), "closing a connection: its certificate is now refused");
                 if self.kill(&c, Close::Revoked) {
                     closed += 1;
                 }
