@@ -4,10 +4,11 @@
 //! client that stops reading is closed after `write_timeout` and the memory
 //! its responses pinned is freed, a certificate revoked on SIGHUP loses its
 //! open connections, and a revoked intermediate CA takes its clients with
-//! it, the `[metrics]` listener is held to the same limits, and an unread
-//! identity (not gzipped) listing costs no inflated copy per stream
-//! (docs/protocol.md §5.2; docs/operating.md#master-metrics; `[http]` in
-//! etc/master.toml).
+//! it, the `[metrics]` listener is held to the same limits, an unread
+//! identity (not gzipped) listing costs no inflated copy per stream, and
+//! one node holds at most `max_connections_per_client` busy connections
+//! (docs/protocol.md §5.2; docs/operating.md#master-metrics;
+//! docs/master.md#connection-limits; `[http]` in etc/master.toml).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -618,4 +619,94 @@ async fn identity_listings_cost_no_inflated_copy_per_unread_stream() {
     drop(h2);
     let c = client(&big.pki, Some("node1"));
     assert_eq!(health(&c, &big.master.url()).await, Some(200));
+}
+
+/// One node opens 8 HTTP/2 connections, each with 64 unread streams asking
+/// for a listing of more than 4 MiB (default `[http]`, so `write_timeout`
+/// is 30 s). Before, every connection was served: in the field the master
+/// went from 10 to 1,505 MB in 8 s. Now at most `max_connections_per_client`
+/// (4 by default) of them are: the others are closed after their
+/// handshake, counted in `connections_refused_per_client_total` and
+/// logged, and what the node pins is bounded by what 4 connections of 64
+/// streams may hold (1.5 MiB a stream, the bound of
+/// `identity_listings_cost_no_inflated_copy_per_unread_stream`) — while
+/// another node is served at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_take_the_master_with_many_connections() {
+    const CONNECTIONS: usize = 8;
+    const STREAMS: u32 = 64;
+    const PER_CLIENT: usize = 4;
+    const PER_STREAM_KIB: u64 = 1536;
+    let big = LargeListing::start("[metrics]\nlisten = \"127.0.0.1:0\"").await;
+    let master = &big.master;
+    let sampler = PeakRss::start(master);
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..CONNECTIONS {
+        match big.stalled("node1", STREAMS).await {
+            Ok(h2) => held.push(h2),
+            Err(_) => refused += 1,
+        }
+    }
+    // Let what was accepted pin what it will.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // Another node is served meanwhile, a whole listing.
+    let other = client(&big.pki, Some("node2"));
+    let listing = other
+        .get(format!("{}{}", master.url(), listing_path()))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("node2's listing");
+    assert_eq!(listing.status(), 200);
+    assert_eq!(
+        listing.bytes().await.expect("node2's body").len(),
+        big.body_len
+    );
+    assert_eq!(health(&other, &master.url()).await, Some(200));
+    let peak = sampler.stop().await;
+
+    // Of node1's connections, those the master kept are still open.
+    let mut open = 0;
+    for mut h2 in held {
+        open += usize::from(!h2.closed_within(Duration::from_millis(500)).await);
+    }
+    let bound = PER_CLIENT as u64 * u64::from(STREAMS) * PER_STREAM_KIB;
+    eprintln!(
+        "node1: {open} of {CONNECTIONS} connections kept ({refused} refused at the handshake); RSS: idle {} MiB, peak {} MiB (bound idle + {} MiB)",
+        big.idle / 1024,
+        peak / 1024,
+        bound / 1024
+    );
+    assert!(
+        peak <= big.idle + bound,
+        "one node's unread streams took RSS from {} to {peak} KiB (bound {bound} KiB more)",
+        big.idle
+    );
+    assert!(
+        open <= PER_CLIENT,
+        "the master kept {open} busy connections of one node open (max_connections_per_client is {PER_CLIENT})"
+    );
+    assert!(
+        master
+            .log()
+            .contains("connection closed: this client has its limit of busy connections open"),
+        "{}",
+        master.log()
+    );
+    let mut scrape = tokio::net::TcpStream::connect(master.metrics_addr())
+        .await
+        .expect("connect");
+    let (status, body) = h1_get(&mut scrape, "/metrics").await.expect("scrape");
+    assert_eq!(status, 200);
+    let expected = format!(
+        "pluginsync_master_connections_refused_per_client_total {}",
+        CONNECTIONS - PER_CLIENT
+    );
+    assert!(
+        String::from_utf8_lossy(&body).contains(&expected),
+        "no {expected:?} in:\n{}",
+        String::from_utf8_lossy(&body)
+    );
 }
