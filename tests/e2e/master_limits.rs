@@ -6,8 +6,9 @@
 //! open connections, and a revoked intermediate CA takes its clients with
 //! it, the `[metrics]` listener is held to the same limits, an unread
 //! identity (not gzipped) listing costs no inflated copy per stream, and
-//! one node holds at most `max_connections_per_client` busy connections
-//! (docs/protocol.md §5.2; docs/operating.md#master-metrics;
+//! one node holds at most `max_connections_per_client` busy connections,
+//! and the packaged units cap memory and tasks (docs/protocol.md §5.2;
+//! docs/operating.md#master-metrics; docs/operating.md#memory-and-tasks;
 //! docs/master.md#connection-limits; `[http]` in etc/master.toml).
 
 use std::sync::Arc;
@@ -709,4 +710,67 @@ async fn one_client_cannot_take_the_master_with_many_connections() {
         "no {expected:?} in:\n{}",
         String::from_utf8_lossy(&body)
     );
+}
+
+/// A `KEY=` value of a systemd unit file, the last one set.
+fn unit_value(unit: &str, key: &str) -> Option<String> {
+    unit.lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix('='))
+        .map(str::to_owned)
+}
+
+/// systemd's size (`512M`, `1G`, bytes without a suffix) in MiB; `None`
+/// for `infinity` or a percentage, which bound nothing the unit knows.
+fn mib(size: &str) -> Option<u64> {
+    let (n, unit) = size.split_at(
+        size.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(size.len()),
+    );
+    let n: u64 = n.parse().ok()?;
+    Some(match unit {
+        "" => n >> 20,
+        "K" => n >> 10,
+        "M" => n,
+        "G" => n << 10,
+        "T" => n << 20,
+        _ => return None,
+    })
+}
+
+/// Both packaged units cap memory and tasks with finite values, so
+/// neither binary can take the host, and the caps leave room for what the
+/// binaries legitimately hold (docs/operating.md#memory-and-tasks): the
+/// master at least twice the 256 MiB its 100 environments are held to in
+/// BENCHMARKS.md, and more tasks than tokio's blocking pool (512) with its
+/// workers; the agent at least twice the largest listing it accepts
+/// (`MAX_LISTING_BYTES`, parsed beside its JSON). `packaging/test-install.sh`
+/// checks the installed units too.
+#[test]
+fn the_packaged_units_cap_memory_and_tasks() {
+    let listing_mib = (pluginsync_agent::client::MAX_LISTING_BYTES >> 20) as u64;
+    for (unit, min_memory_mib, min_tasks) in [
+        ("pluginsync-master.service", 2 * 256, 512 + 64),
+        ("pluginsync-agent.service", 2 * listing_mib, 64),
+    ] {
+        let path = pluginsync_tests::repo_root().join("packaging").join(unit);
+        let text = std::fs::read_to_string(&path).expect("unit file");
+        let memory =
+            unit_value(&text, "MemoryMax").unwrap_or_else(|| panic!("{unit} sets no MemoryMax="));
+        let memory =
+            mib(&memory).unwrap_or_else(|| panic!("{unit}: MemoryMax={memory} is not a size"));
+        assert!(
+            memory >= min_memory_mib,
+            "{unit}: MemoryMax= {memory} MiB, below {min_memory_mib} MiB"
+        );
+        let tasks =
+            unit_value(&text, "TasksMax").unwrap_or_else(|| panic!("{unit} sets no TasksMax="));
+        let tasks: u64 = tasks
+            .parse()
+            .unwrap_or_else(|_| panic!("{unit}: TasksMax={tasks} is not a number"));
+        assert!(
+            tasks >= min_tasks,
+            "{unit}: TasksMax={tasks}, below {min_tasks}"
+        );
+    }
 }
