@@ -9,9 +9,11 @@
 //! metrics; docs/tls.md#session-resumption), records the client's certificate chain for the
 //! SIGHUP re-check, claims the connection for its client (its
 //! certificate's public key, or its address without one) under
-//! `max_connections_per_client`, and wraps the service in
-//! `server/inflight.rs`'s [`Counted`]; on the `[proxy]` listener, [`AdmitPlain`] does the same
-//! without TLS.
+//! `max_connections_per_client` (docs/master.md#connection-limits), and
+//! wraps the service in `server/inflight.rs`'s [`Counted`]; on the
+//! `[proxy]` listener, [`AdmitPlain`] does the same without TLS and
+//! without the per-client claim (its peer is the balancer, whose
+//! connections carry many nodes).
 
 use std::future::{Future, Ready};
 use std::io;
