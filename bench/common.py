@@ -202,8 +202,8 @@ def https_conn(port, ctx, timeout=300):
     return http.client.HTTPSConnection("localhost", port, context=ctx, timeout=timeout)
 
 
-def master_config(path, envpath, ssl_dir, listen="127.0.0.1:0", publish=None, metrics=None, extra=""):
-    """Writes a master config serving envpath with ssl_dir's `localhost` certificate.
+def master_config(path, envpath, ssl_dir, listen="127.0.0.1:0", publish=None, metrics=None, extra="", http=""):
+    """Writes a master config serving envpath with ssl_dir's `localhost` certificate; `http` is added to [http].
 
     Only keys today's main has are written, so the bench runs on any later main as well."""
     crl = os.path.join(ssl_dir, "crl.pem")
@@ -211,12 +211,25 @@ def master_config(path, envpath, ssl_dir, listen="127.0.0.1:0", publish=None, me
         f.write(f'listen = ["{listen}"]\nenvironmentpath = ["{envpath}"]\n[tls]\n'
                 f'cert = "{ssl_dir}/certs/localhost.pem"\nkey = "{ssl_dir}/private_keys/localhost.pem"\n'
                 f'ca = "{ssl_dir}/certs/ca.pem"\n' + (f'crl = "{crl}"\n' if os.path.exists(crl) else "")
-                + '[http]\nshutdown_grace = "0s"\n')
+                + '[http]\nshutdown_grace = "0s"\n' + http)
         if publish:
             f.write(f'[index]\npublish = "{publish}"\n')
         if metrics:
             f.write(f'[metrics]\nlisten = "{metrics}"\n')
         f.write(extra)
+
+
+def one_node_many_connections(envpath, ssl_dir, work):
+    """The [http] line that lets one certificate hold the load generator's 64 connections.
+
+    The load runs present the bench node's certificate on every connection, which the master's
+    `max_connections_per_client` (4 by default, docs/master.md#connection-limits) would refuse past
+    the fourth busy one; "" on a main that does not know the key (its `check` refuses it as unknown)."""
+    line = "max_connections_per_client = 0\n"
+    trial = os.path.join(work, "master-trial.toml")
+    master_config(trial, envpath, ssl_dir, http=line)
+    r = subprocess.run([MASTER, "check", "--config", trial], capture_output=True, text=True)
+    return "" if "unknown field" in r.stderr + r.stdout else line
 
 
 def agent_config(path, url, node, ssl_dir, certname="bench-node"):

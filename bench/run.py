@@ -39,7 +39,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import busy, envs, fleet  # noqa: E402
 from common import (LISTING_QUERY, LOAD, MASTER, ROOT, agent_config, fmt_s, free_port, log, master_config,  # noqa: E402
-                    procs, rss, run, start_master, stats, stop, timed, wait_port)
+                    one_node_many_connections, procs, rss, run, start_master, stats, stop, timed, wait_port)
 
 SCENARIOS = ["speed", "load", "busy", "fleet", "big", "envs"]
 TARGETS = {  # scenario -> ratio to rsync, from the speed issue
@@ -246,7 +246,7 @@ def bench(ctx, results):
     w = {}  # what speed, load and busy share: the watching master, the rsync daemon, the nodes
     if {"speed", "load", "busy"} & set(sel):
         mconf = os.path.join(ctx.work, "master.toml")
-        master_config(mconf, ctx.envs, ctx.ssl)
+        master_config(mconf, ctx.envs, ctx.ssl, http=one_node_many_connections(ctx.envs, ctx.ssl, ctx.work))
         w["master"], port = start_master(mconf)
         w["url"] = f"https://localhost:{port}"
         log(f"master on {w['url']}")

@@ -162,6 +162,18 @@ verify_units() {
     [ -z "$out" ] || { echo "$out"; return 1; }
 }
 check "systemd-analyze verify passes on the installed units" verify_units
+# Neither binary can take the host (docs/operating.md#memory-and-tasks):
+# both installed units set a finite MemoryMax= and TasksMax=.
+capped_units() {
+    local u v
+    for u in pluginsync-master.service pluginsync-agent.service; do
+        for v in MemoryMax TasksMax; do
+            grep -Eq "^$v=[0-9]+[KMGT]?$" "$root/usr/lib/systemd/system/$u" ||
+                { echo "$u: no finite $v="; return 1; }
+        done
+    done
+}
+check "both installed units cap memory and tasks (MemoryMax=, TasksMax=)" capped_units
 enabled() {
     [ -L "$root/etc/systemd/system/timers.target.wants/pluginsync-agent.timer" ] &&
         [ -L "$root/etc/systemd/system/multi-user.target.wants/pluginsync-master.service" ]

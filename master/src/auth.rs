@@ -187,12 +187,16 @@ impl std::fmt::Display for NoIdentity {
 /// parsed. What tells the master's own certificate from another one with
 /// its name (`handlers/admin.rs`).
 pub fn same_public_key(a: &[u8], b: &[u8]) -> bool {
-    let spki = |der| {
-        x509_parser::parse_x509_certificate(der)
-            .ok()
-            .map(|(_, c)| c.public_key().raw.to_vec())
-    };
-    matches!((spki(a), spki(b)), (Some(x), Some(y)) if x == y)
+    matches!((public_key_of(a), public_key_of(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// The `SubjectPublicKeyInfo` of a DER certificate, as DER; `None` if it
+/// cannot be parsed. What names one node whatever its certificate's name
+/// or serial (`server/conns.rs`'s per-client limit, [`same_public_key`]).
+pub fn public_key_of(der: &[u8]) -> Option<Vec<u8>> {
+    x509_parser::parse_x509_certificate(der)
+        .ok()
+        .map(|(_, c)| c.public_key().raw.to_vec())
 }
 
 /// The certname of a client's DER leaf certificate, if it has one usable as

@@ -282,6 +282,12 @@ pub struct HttpConfig {
     /// oldest idle one (anonymous first). Capped below the process's
     /// descriptor limit (`LimitNOFILE`).
     pub max_connections: usize,
+    /// Open connections of one client at most on the mTLS listeners: one
+    /// certificate (its public key), or one address for clients without a
+    /// certificate. At the limit a new connection of that client sheds its
+    /// oldest idle one, or is closed when every one is busy; `0`: no bound
+    /// (docs/master.md#connection-limits).
+    pub max_connections_per_client: usize,
     /// Concurrent HTTP/2 streams per connection.
     pub max_concurrent_streams: u32,
 }
@@ -296,6 +302,7 @@ impl Default for HttpConfig {
             idle_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(30),
             max_connections: 8192,
+            max_connections_per_client: 4,
             max_concurrent_streams: 64,
         }
     }
@@ -643,6 +650,7 @@ mod tests {
                 c.idle_timeout,
                 c.write_timeout,
                 c.max_connections,
+                c.max_connections_per_client,
                 c.max_concurrent_streams,
             )
         };

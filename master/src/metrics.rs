@@ -54,6 +54,9 @@ pub struct Snapshot {
     pub connections_evicted: u64,
     /// Connections refused at `max_connections` (every one busy).
     pub connections_refused: u64,
+    /// Connections closed at `max_connections_per_client` (every one of
+    /// that client busy).
+    pub connections_refused_per_client: u64,
     /// Listings answered from the listing cache.
     pub listing_cache_hits: u64,
     /// Listings serialised on the request path (cache misses).
@@ -260,6 +263,7 @@ impl Metrics {
             s.open_connections,
             s.connections_evicted,
             s.connections_refused,
+            s.connections_refused_per_client,
             s.listing_cache_hits,
             s.listing_cache_misses,
             s.listing_cache_evictions,
@@ -281,8 +285,8 @@ impl Metrics {
             }
         }
         for (name, value) in [
-            (SNAPSHOT_SERIES[11].0, snapshot.server_certificate_expiry),
-            (SNAPSHOT_SERIES[12].0, snapshot.crl_next_update),
+            (SNAPSHOT_SERIES[12].0, snapshot.server_certificate_expiry),
+            (SNAPSHOT_SERIES[13].0, snapshot.crl_next_update),
         ] {
             if let Some(v) = value {
                 self.recorder
@@ -296,18 +300,22 @@ impl Metrics {
 
 /// The series read at scrape time, with their help texts, in
 /// [`Metrics::render`]'s order.
-const SNAPSHOT_SERIES: [(&str, &str); 13] = [
+const SNAPSHOT_SERIES: [(&str, &str); 14] = [
     (
         "pluginsync_master_open_connections",
         "Client connections open now.",
     ),
     (
         "pluginsync_master_connections_evicted_total",
-        "Idle connections closed to make room at http.max_connections.",
+        "Idle connections closed to make room at http.max_connections or http.max_connections_per_client.",
     ),
     (
         "pluginsync_master_connections_refused_total",
         "Connections refused at http.max_connections, every open one busy.",
+    ),
+    (
+        "pluginsync_master_connections_refused_per_client_total",
+        "Connections closed at http.max_connections_per_client, every open one of that client busy.",
     ),
     (
         "pluginsync_master_listing_cache_hits_total",
@@ -395,6 +403,7 @@ mod tests {
         );
         let text = m.render(&Snapshot {
             open_connections: 2,
+            connections_refused_per_client: 3,
             listing_cache_hits: 5,
             server_certificate_expiry: Some(1_900_000_000),
             ..Snapshot::default()
@@ -409,6 +418,7 @@ mod tests {
             "pluginsync_master_index_builds_total{environment=\"production\"} 1",
             "pluginsync_master_index_files{environment=\"production\",mount=\"plugins\"} 7",
             "pluginsync_master_open_connections 2",
+            "pluginsync_master_connections_refused_per_client_total 3",
             "pluginsync_master_listing_cache_hits_total 5",
             "pluginsync_master_server_certificate_expiry_timestamp_seconds 1900000000",
             "# HELP pluginsync_master_http_requests_total HTTP requests answered",

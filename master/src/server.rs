@@ -208,6 +208,7 @@ pub async fn serve(
     if let Some(addr) = config.metrics.listen {
         let own = Connections::new(Limits {
             max_connections: METRICS_CONNECTIONS,
+            max_per_client: 0,
             ..connections.limits()
         });
         background.push(tokio::spawn(Connections::reap(Arc::downgrade(&own))));
@@ -224,6 +225,7 @@ pub async fn serve(
     }
     tracing::info!(
         max_connections = connections.limits().max_connections,
+        max_connections_per_client = connections.limits().max_per_client,
         idle_timeout_ms = config.http.idle_timeout.as_millis() as u64,
         write_timeout_ms = config.http.write_timeout.as_millis() as u64,
         "connection limits"
@@ -262,6 +264,7 @@ fn registry(http: &crate::config::HttpConfig, elsewhere: usize) -> Arc<Connectio
     }
     Connections::new(Limits {
         max_connections,
+        max_per_client: http.max_connections_per_client,
         idle_timeout: http.idle_timeout,
         write_timeout: http.write_timeout,
     })
@@ -506,6 +509,7 @@ fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::met
         open_connections: c.open as u64,
         connections_evicted: c.evicted,
         connections_refused: c.refused,
+        connections_refused_per_client: c.refused_per_client,
         listing_cache_hits: load(&s.listing_cache_hits),
         listing_cache_misses: load(&s.listings_serialised),
         listing_cache_evictions: load(&s.listing_cache_evictions),

@@ -127,14 +127,7 @@ impl ChildMaster {
 
     /// Its resident memory (`VmRSS` of `/proc/<pid>/status`), in KiB.
     pub fn rss_kib(&self) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        rss_kib_of(self.pid())
     }
 
     /// Sends it SIGHUP (reload the TLS files).
@@ -145,6 +138,18 @@ impl ChildMaster {
         )
         .expect("send SIGHUP");
     }
+}
+
+/// The resident memory of process `pid` (`VmRSS` of `/proc/<pid>/status`),
+/// in KiB; 0 once it is gone.
+pub fn rss_kib_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 impl Drop for ChildMaster {

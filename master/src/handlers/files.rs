@@ -229,20 +229,25 @@ async fn delta_response(
 }
 
 /// The body of `listing`, gzipped or not: the form the listing holds is
-/// answered on the connection's thread; the other (gzipping, or inflating
-/// a listing kept gzipped only) is made on the blocking pool.
-async fn listing_body(listing: &Arc<CachedListing>, gzip: bool) -> Result<Bytes, ApiError> {
+/// answered on the connection's thread; gzipping one held plain is done
+/// on the blocking pool; one kept gzipped only is inflated as it is sent
+/// (`index/listing.rs`'s `Inflating`: no whole inflated copy per request).
+async fn listing_body(listing: &Arc<CachedListing>, gzip: bool) -> Result<Body, ApiError> {
     let ready = if gzip {
         listing.gzip_ready()
     } else {
         listing.plain_ready()
     };
     if let Some(body) = ready {
-        return Ok(body);
+        return Ok(Body::from(body));
+    }
+    if !gzip && let Some(inflating) = listing.inflating() {
+        return Ok(Body::new(inflating));
     }
     let l = listing.clone();
     tokio::task::spawn_blocking(move || if gzip { l.gzip() } else { l.plain() })
         .await
+        .map(Body::from)
         .map_err(|_| ApiError::internal())
 }
 

@@ -29,8 +29,9 @@ use super::entry::{ListingError, SearchParams};
 /// encoder. Listings of 64 KiB or more are kept only gzipped (a 3,000-file
 /// listing is 1.1 MB of JSON and 160 KB gzipped, times two `source_permissions`
 /// and a hundred environments; both
-/// pluginsync's and Puppet's agents ask for gzip), and inflated for the rare
-/// client that does not take it. Small ones are kept both ways.
+/// pluginsync's and Puppet's agents ask for gzip), and inflated as they are
+/// sent for the rare client that does not take it ([`Inflating`]). Small
+/// ones are kept both ways.
 #[derive(Debug)]
 pub struct CachedListing {
     plain: Option<Bytes>,
@@ -94,6 +95,19 @@ impl CachedListing {
         self.plain.clone()
     }
 
+    /// The uncompressed body of a listing kept gzipped only, inflated as
+    /// it is sent ([`Inflating`]); `None` when the plain body is held.
+    pub fn inflating(&self) -> Option<Inflating> {
+        if self.plain.is_some() {
+            return None;
+        }
+        let gz = self.gzip.get().cloned().unwrap_or_default();
+        Some(Inflating {
+            decoder: flate2::read::GzDecoder::new(bytes::Buf::reader(gz)),
+            left: self.len,
+        })
+    }
+
     /// The gzipped body if it is compressed already (every standard
     /// listing is: [`super::EnvIndex::warm`]), without blocking.
     pub fn gzip_ready(&self) -> Option<Bytes> {
@@ -113,6 +127,71 @@ impl CachedListing {
             Some(b) => b.len() * 2,
             None => self.gzip.get().map_or(0, |g| g.len()),
         }
+    }
+}
+
+/// What [`Inflating`] inflates per frame.
+const INFLATE_CHUNK: usize = 64 << 10;
+
+/// The uncompressed body of a listing kept gzipped only, as a response
+/// body: inflated [`INFLATE_CHUNK`] at a time when the connection asks
+/// for the next frame, from the shared gzipped copy. A stream whose client
+/// does not take gzip, and does not read, then holds the inflater's state
+/// and one chunk, not a whole inflated copy
+/// (docs/master.md#what-it-does-differently-from-puppet-server).
+/// Its exact length is known, so the answer keeps its `Content-Length`.
+pub struct Inflating {
+    decoder: flate2::read::GzDecoder<bytes::buf::Reader<Bytes>>,
+    /// Uncompressed bytes not sent yet.
+    left: usize,
+}
+
+impl std::fmt::Debug for Inflating {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inflating")
+            .field("left", &self.left)
+            .finish()
+    }
+}
+
+impl http_body::Body for Inflating {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        use std::io::Read;
+        let this = &mut *self;
+        if this.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let mut chunk = vec![0u8; this.left.min(INFLATE_CHUNK)];
+        let mut filled = 0;
+        while filled < chunk.len() {
+            match this.decoder.read(&mut chunk[filled..]) {
+                Ok(0) => {
+                    return std::task::Poll::Ready(Some(Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "listing shorter than its length",
+                    ))));
+                }
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return std::task::Poll::Ready(Some(Err(e))),
+            }
+        }
+        this.left -= filled;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(chunk)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.left as u64)
     }
 }
 
@@ -419,6 +498,22 @@ mod tests {
         let body = |n: usize| Arc::new(CachedListing::new(vec![b'x'; n], 1));
         let big = CachedListing::new(vec![b'y'; 5 << 20], 1);
         assert_eq!(big.plain().len(), 5 << 20, "inflated on demand");
+        let mut streamed = Vec::new();
+        let mut inflating = big.inflating().expect("kept gzipped only");
+        assert_eq!(
+            http_body::Body::size_hint(&inflating).exact(),
+            Some(5 << 20)
+        );
+        let waker = futures_util::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        while let std::task::Poll::Ready(Some(frame)) =
+            http_body::Body::poll_frame(std::pin::Pin::new(&mut inflating), &mut cx)
+        {
+            let data = frame.unwrap().into_data().unwrap();
+            assert!(data.len() <= INFLATE_CHUNK);
+            streamed.extend_from_slice(&data);
+        }
+        assert_eq!(Bytes::from(streamed), big.plain(), "inflated as it is sent");
         assert!(big.cost() < 10_000, "kept gzipped only");
         for i in 0..10 {
             c.insert(key(i), body(100), 4, 10_000);

@@ -7,9 +7,13 @@
 //! frees its slot. On the mTLS listener, [`Identify`] then waits for the
 //! TLS handshake, counts it (`full` or `resumed`, or why it failed, in the
 //! metrics; docs/tls.md#session-resumption), records the client's certificate chain for the
-//! SIGHUP re-check, and wraps the service in `server/inflight.rs`'s
-//! [`Counted`]; on the `[proxy]` listener, [`AdmitPlain`] does the same
-//! without TLS.
+//! SIGHUP re-check, claims the connection for its client (its
+//! certificate's public key, or its address without one) under
+//! `max_connections_per_client` (docs/master.md#connection-limits), and
+//! wraps the service in `server/inflight.rs`'s [`Counted`]; on the
+//! `[proxy]` listener, [`AdmitPlain`] does the same without TLS and
+//! without the per-client claim (its peer is the balancer, whose
+//! connections carry many nodes).
 
 use std::future::{Future, Ready};
 use std::io;
@@ -18,13 +22,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum_server::accept::Accept;
+use pluginsync_common::digest::Sha256;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-use super::conns::{Conn, Connections, REFUSED_AT_LIMIT};
+use super::conns::{ClientKey, Conn, Connections, REFUSED_AT_LIMIT};
 use super::inflight::Counted;
-use crate::auth::PeerIdentity;
+use crate::auth::{PeerIdentity, certname_of, public_key_of};
 use crate::sample::Sampler;
 use crate::store::Store;
 
@@ -178,6 +183,8 @@ pub struct Identify<A> {
     inner: A,
     store: Arc<Store>,
     failures: Arc<Sampler>,
+    /// Connections closed at `max_connections_per_client`, for the log.
+    over_limit: Arc<Sampler>,
 }
 
 impl<A> Identify<A> {
@@ -188,6 +195,7 @@ impl<A> Identify<A> {
             inner,
             store,
             failures: Arc::default(),
+            over_limit: Arc::default(),
         }
     }
 }
@@ -207,6 +215,7 @@ where
         let peer = stream.peer_addr().ok();
         let handshake = self.inner.accept(stream, service);
         let (store, failures) = (self.store.clone(), self.failures.clone());
+        let over_limit = self.over_limit.clone();
         Box::pin(async move {
             let (tls, service) = match handshake.await {
                 Ok(accepted) => accepted,
@@ -236,9 +245,44 @@ where
                 .map(|c| c.iter().map(|d| d.clone().into_owned()).collect())
                 .unwrap_or_default();
             let identity = PeerIdentity::from_leaf(chain.first().map(|c| c.as_ref()));
+            let client = client_key(chain.first().map(|c| c.as_ref()), peer);
             let _ = conn.peer.set(chain);
+            if let Err(e) = tracked.registry.claim(&conn, client) {
+                if let Some(n) = over_limit.note() {
+                    tracing::warn!(
+                        client = %client_name(&conn, peer),
+                        max_connections_per_client = tracked.registry.limits().max_per_client,
+                        refused_since_last_line = n,
+                        "connection closed: this client has its limit of busy connections open"
+                    );
+                }
+                return Err(e);
+            }
             Ok((tls, Counted::new(service, conn).with_identity(identity)))
         })
+    }
+}
+
+/// Whose a connection is: the public key of its client certificate
+/// `leaf`, or without one its peer address (`None`: unknown, all such
+/// share one key).
+fn client_key(leaf: Option<&[u8]>, peer: Option<std::net::SocketAddr>) -> ClientKey {
+    match leaf {
+        Some(der) => ClientKey::PublicKey(
+            public_key_of(der).map_or_else(|| Sha256::of(der), |spki| Sha256::of(&spki)),
+        ),
+        None => ClientKey::Address(peer.map_or([0u8; 4].into(), |p| p.ip())),
+    }
+}
+
+/// A connection's client as a log line names it: the certificate's
+/// certname, or the peer address.
+fn client_name(conn: &Conn, peer: Option<std::net::SocketAddr>) -> String {
+    match conn.peer.get().and_then(|c| c.first()) {
+        Some(leaf) => {
+            certname_of(leaf).unwrap_or_else(|_| "(certificate without a certname)".into())
+        }
+        None => peer.map(|p| p.ip().to_string()).unwrap_or_default(),
     }
 }
 

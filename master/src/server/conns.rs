@@ -11,6 +11,13 @@
 //!   at once. So idle sockets — a flood of TLS handshakes that never send an
 //!   HTTP byte, idle keep-alive or HTTP/2 connections — can never lock out
 //!   an agent or the health check.
+//! - **How many of one client** (`max_connections_per_client`, mTLS
+//!   listeners): once its handshake is done, a connection is claimed for
+//!   its client ([`ClientKey`]: the certificate's public key, or the address
+//!   without one); past the limit the client's oldest idle connection is
+//!   shed, and when every one of them is busy the new one is closed. One
+//!   node's unread HTTP/2 streams then pin at most that many connections'
+//!   worth (docs/master.md#connection-limits).
 //! - **How long idle** (`idle_timeout`): a connection with no request in
 //!   flight for that long is closed: after the TLS handshake with no HTTP
 //!   byte, between HTTP/1.1 keep-alive requests, on an idle HTTP/2
@@ -39,22 +46,31 @@
 
 use std::collections::BTreeMap;
 use std::io;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::task::AtomicWaker;
+use pluginsync_common::digest::Sha256;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::ClientCertVerifier;
 
 /// The error of a connection refused at `max_connections`.
 pub(super) const REFUSED_AT_LIMIT: &str = "max_connections reached and every connection is busy";
 
+/// The error of a connection refused at `max_connections_per_client`.
+pub(super) const REFUSED_PER_CLIENT: &str =
+    "max_connections_per_client reached and every connection of this client is busy";
+
 /// The limits a [`Connections`] registry enforces.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// Open connections at most (already capped to the descriptor limit).
     pub max_connections: usize,
+    /// Open connections of one client at most ([`Connections::claim`]);
+    /// 0: no bound.
+    pub max_per_client: usize,
     /// No request in flight for this long: closed.
     pub idle_timeout: Duration,
     /// Response data waiting on the client, nothing taken for this long:
@@ -94,6 +110,8 @@ pub(super) struct Conn {
     pub(super) last_progress: AtomicU64,
     /// The client's certificate chain, leaf first, once the handshake is done.
     pub(super) peer: OnceLock<Vec<CertificateDer<'static>>>,
+    /// Whose it is, once claimed ([`Connections::claim`]).
+    pub(super) client: OnceLock<ClientKey>,
     pub(super) read_waker: AtomicWaker,
     pub(super) write_waker: AtomicWaker,
 }
@@ -128,6 +146,16 @@ impl Conn {
     }
 }
 
+/// Who a connection belongs to, for `max_connections_per_client`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientKey {
+    /// The SHA-256 of the client certificate's `SubjectPublicKeyInfo`: one
+    /// node, whichever name or serial its certificate carries.
+    PublicKey(Sha256),
+    /// The address of a client that sent no certificate.
+    Address(IpAddr),
+}
+
 /// The registry of open connections and the counters of what it closed.
 #[derive(Debug)]
 pub struct Connections {
@@ -141,6 +169,7 @@ pub struct Connections {
     closed_stalled: AtomicU64,
     evicted: AtomicU64,
     refused: AtomicU64,
+    refused_per_client: AtomicU64,
     closed_revoked: AtomicU64,
     last_limit_warning: AtomicU64,
 }
@@ -158,6 +187,9 @@ pub struct ConnStats {
     pub evicted: u64,
     /// Closed on arrival: at the limit with every connection busy.
     pub refused: u64,
+    /// Closed after the handshake: its client was at
+    /// `max_connections_per_client` with every connection busy.
+    pub refused_per_client: u64,
     /// Closed on SIGHUP: their certificate is no longer accepted.
     pub closed_revoked: u64,
 }
@@ -175,6 +207,7 @@ impl Connections {
             closed_stalled: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            refused_per_client: AtomicU64::new(0),
             closed_revoked: AtomicU64::new(0),
             last_limit_warning: AtomicU64::new(0),
         })
@@ -193,6 +226,7 @@ impl Connections {
             closed_stalled: self.closed_stalled.load(Ordering::Relaxed),
             evicted: self.evicted.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
+            refused_per_client: self.refused_per_client.load(Ordering::Relaxed),
             closed_revoked: self.closed_revoked.load(Ordering::Relaxed),
         }
     }
@@ -263,12 +297,47 @@ impl Connections {
             waiting: AtomicUsize::new(0),
             last_progress: AtomicU64::new(now),
             peer: OnceLock::new(),
+            client: OnceLock::new(),
             read_waker: AtomicWaker::new(),
             write_waker: AtomicWaker::new(),
         });
         table.insert(id, conn.clone());
         self.live.fetch_add(1, Ordering::AcqRel);
         Ok(conn)
+    }
+
+    /// Claims `conn` for `client` and applies `max_connections_per_client`:
+    /// past it, the client's oldest connections with no request in flight
+    /// are shed; an error (the connection is then closed) when too many of
+    /// them are busy. The other clients' connections are never touched.
+    pub(super) fn claim(&self, conn: &Conn, client: ClientKey) -> io::Result<()> {
+        let max = self.limits.max_per_client;
+        let table = self.lock();
+        let client = conn.client.get_or_init(|| client);
+        if max == 0 {
+            return Ok(());
+        }
+        // Oldest first (ids only grow).
+        let theirs: Vec<&Arc<Conn>> = table
+            .values()
+            .filter(|c| c.id != conn.id && c.is_open() && c.client.get() == Some(client))
+            .collect();
+        let Some(excess) = (theirs.len() + 1).checked_sub(max).filter(|&n| n > 0) else {
+            return Ok(());
+        };
+        let idle: Vec<&Arc<Conn>> = theirs
+            .into_iter()
+            .filter(|c| c.in_flight.load(Ordering::Acquire) == 0)
+            .take(excess)
+            .collect();
+        if idle.len() < excess {
+            self.refused_per_client.fetch_add(1, Ordering::Relaxed);
+            return Err(io::Error::other(REFUSED_PER_CLIENT));
+        }
+        for c in idle {
+            self.kill(c, Close::Evicted);
+        }
+        Ok(())
     }
 
     /// At most one warning every 10 s while connections are shed.
@@ -405,6 +474,7 @@ mod tests {
     fn registry(max: usize) -> Arc<Connections> {
         Connections::new(Limits {
             max_connections: max,
+            max_per_client: 2,
             idle_timeout: Duration::from_millis(0),
             write_timeout: Duration::from_millis(0),
         })
@@ -438,6 +508,36 @@ mod tests {
         assert!(r.admit().is_err());
         assert_eq!(r.stats().refused, 1);
         assert!(a.is_open());
+    }
+
+    #[test]
+    fn one_client_past_its_limit_sheds_its_own_idle_connection_or_is_refused() {
+        let r = registry(10);
+        let node = || ClientKey::PublicKey(Sha256::of(b"node1 key"));
+        let other = r.admit().unwrap();
+        r.claim(&other, ClientKey::PublicKey(Sha256::of(b"node2 key")))
+            .unwrap();
+        let a = r.admit().unwrap();
+        r.claim(&a, node()).unwrap();
+        let b = r.admit().unwrap();
+        r.claim(&b, node()).unwrap();
+        b.in_flight.fetch_add(1, Ordering::AcqRel);
+        // Third of node1 (limit 2): a, idle, goes; b, busy, stays.
+        let c = r.admit().unwrap();
+        r.claim(&c, node()).unwrap();
+        assert!(!a.is_open() && b.is_open() && c.is_open() && other.is_open());
+        c.in_flight.fetch_add(1, Ordering::AcqRel);
+        // Both busy: the next one of node1 is refused; node2 and another
+        // address are not affected.
+        let d = r.admit().unwrap();
+        assert!(r.claim(&d, node()).is_err());
+        r.remove(&d);
+        let e = r.admit().unwrap();
+        r.claim(&e, ClientKey::Address(IpAddr::from([127, 0, 0, 1])))
+            .unwrap();
+        assert!(b.is_open() && c.is_open() && other.is_open() && e.is_open());
+        let s = r.stats();
+        assert_eq!((s.refused_per_client, s.evicted, s.open), (1, 1, 4));
     }
 
     #[test]
