@@ -10,7 +10,7 @@
 //!   environment ([`Metrics::request`], [`Metrics::handshake`],
 //!   [`Metrics::handshake_failure`], [`Metrics::index_built`]);
 //! - **read at scrape time** from counters the master keeps anyway
-//!   (`store::Stats`, the connection registry, the TLS files): the caller
+//!   ([`Stats`], the connection registry, the TLS files): the caller
 //!   hands them over as a [`Snapshot`] to [`Metrics::render`], so this
 //!   module imports nothing of the master's.
 //!
@@ -19,10 +19,48 @@
 //! `_timestamp_seconds`; label values are bounded (endpoint names, status
 //! codes, reasons, environment names — never paths or certnames).
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use metrics::{Key, Label, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+
+/// Counters, exposed for tests and `/metrics`-style introspection.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Files actually read and hashed (digest reuse does not count).
+    pub files_hashed: AtomicU64,
+    /// Environment index builds completed.
+    pub index_builds: AtomicU64,
+    /// Environments indexed now (held in memory).
+    pub environments_indexed: AtomicU64,
+    /// Indexes dropped for being idle (`index.idle_drop`).
+    pub idle_drops: AtomicU64,
+    /// Listings answered with a body (200).
+    pub listings_sent: AtomicU64,
+    /// Listings answered `304 Not Modified`.
+    pub listings_not_modified: AtomicU64,
+    /// Listings answered with a delta (226, docs/protocol.md §7.5).
+    pub listings_delta: AtomicU64,
+    /// File bodies sent (`file_content` and blobs).
+    pub contents_sent: AtomicU64,
+    /// Listing requests answered from the listing cache (200 and 304).
+    pub listing_cache_hits: AtomicU64,
+    /// Listings serialised on the request path (cache misses); the
+    /// standard listings are serialised by the index build instead.
+    pub listings_serialised: AtomicU64,
+    /// Listings evicted from the listing caches.
+    pub listing_cache_evictions: AtomicU64,
+    /// Filesystem events the watcher received.
+    pub watch_events: AtomicU64,
+    /// Deploys the watcher noticed and held back until they settled
+    /// (docs/deploys.md).
+    pub deploys_held: AtomicU64,
+    /// Environment directories the watcher watches now (real paths).
+    pub watched_environments: AtomicU64,
+    /// Explicit re-indexes: the admin API, `reindex`, SIGHUP.
+    pub reindexes: AtomicU64,
+}
 
 /// Latency buckets (seconds): 1 ms to 10 s.
 const LATENCY_BUCKETS: [f64; 12] = [

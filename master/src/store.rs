@@ -20,6 +20,13 @@
 //! index is replaced whole, so a request sees either the old tree or the
 //! new one, never a mix.
 //!
+//! **The first build is watched** (docs/master.md#many-environments): every
+//! build first asks the watcher to watch the environment's directory
+//! ([`Store::watch_before_walk`]), so a change made while the walk runs is
+//! an event; an event for an environment whose first build is running
+//! rebuilds it once that build is done. An untouched tree sees no event and
+//! is built once.
+//!
 //! **Idle drop**: an index not asked for in `index.idle_drop` is dropped
 //! ([`Store::drop_idle`]) and its file digests kept (a few dozen bytes a
 //! file, keyed by the file's [`FileSig`](crate::walk::FileSig)), so its
@@ -28,8 +35,9 @@
 //! the operator has not), never while the watcher holds a deploy.
 
 use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use pluginsync_common::envname::EnvName;
@@ -38,44 +46,8 @@ use crate::config::{MasterConfig, Publish};
 use crate::environments;
 use crate::index::{EnvIndex, Hashing, Mount};
 use crate::metrics::Metrics;
+pub use crate::metrics::Stats;
 use crate::walk::KeptDigests;
-
-/// Counters, exposed for tests and `/metrics`-style introspection.
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// Files actually read and hashed (digest reuse does not count).
-    pub files_hashed: AtomicU64,
-    /// Environment index builds completed.
-    pub index_builds: AtomicU64,
-    /// Environments indexed now (held in memory).
-    pub environments_indexed: AtomicU64,
-    /// Indexes dropped for being idle (`index.idle_drop`).
-    pub idle_drops: AtomicU64,
-    /// Listings answered with a body (200).
-    pub listings_sent: AtomicU64,
-    /// Listings answered `304 Not Modified`.
-    pub listings_not_modified: AtomicU64,
-    /// Listings answered with a delta (226, docs/protocol.md §7.5).
-    pub listings_delta: AtomicU64,
-    /// File bodies sent (`file_content` and blobs).
-    pub contents_sent: AtomicU64,
-    /// Listing requests answered from the listing cache (200 and 304).
-    pub listing_cache_hits: AtomicU64,
-    /// Listings serialised on the request path (cache misses); the
-    /// standard listings are serialised by the index build instead.
-    pub listings_serialised: AtomicU64,
-    /// Listings evicted from the listing caches.
-    pub listing_cache_evictions: AtomicU64,
-    /// Filesystem events the watcher received.
-    pub watch_events: AtomicU64,
-    /// Deploys the watcher noticed and held back until they settled
-    /// (docs/deploys.md).
-    pub deploys_held: AtomicU64,
-    /// Environment directories the watcher watches now (real paths).
-    pub watched_environments: AtomicU64,
-    /// Explicit re-indexes: the admin API, `reindex`, SIGHUP.
-    pub reindexes: AtomicU64,
-}
 
 /// One indexed environment and when it was last asked for.
 #[derive(Debug)]
@@ -112,6 +84,12 @@ pub struct Store {
     kept: Mutex<HashMap<EnvName, Arc<KeptDigests>>>,
     /// Environments whose deploy the watcher holds: never dropped.
     held: Mutex<BTreeSet<EnvName>>,
+    /// Environments whose first build is running: a change the watcher
+    /// reports for one rebuilds it once that build is done
+    /// ([`Store::refresh`]).
+    first_builds: Mutex<BTreeSet<EnvName>>,
+    /// Called before each walk: the watcher's (docs/master.md#many-environments).
+    before_walk: OnceLock<BeforeWalk>,
     epoch: Instant,
     /// True once the environments named in `index.warm` are indexed.
     ready: AtomicBool,
@@ -129,6 +107,42 @@ pub struct Store {
     /// The served certificate's validity: outside it, the health check
     /// answers 503.
     pub certificate: crate::tls::Validity,
+}
+
+/// What a build calls before walking an environment (its name and
+/// directory): the watcher watches that directory, if it does not yet.
+pub struct BeforeWalk(Box<WalkHook>);
+
+/// The function in a [`BeforeWalk`].
+type WalkHook = dyn Fn(&EnvName, &Path) + Send + Sync;
+
+impl std::fmt::Debug for BeforeWalk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BeforeWalk")
+    }
+}
+
+/// An environment's first build in progress, in `Store::first_builds`
+/// until dropped.
+struct FirstBuild<'a>(&'a Store, EnvName);
+
+impl<'a> FirstBuild<'a> {
+    fn start(store: &'a Store, name: &EnvName) -> Self {
+        lock(&store.first_builds).insert(name.clone());
+        FirstBuild(store, name.clone())
+    }
+}
+
+impl Drop for FirstBuild<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.first_builds).remove(&self.1);
+    }
+}
+
+/// A mutex's guard, through poisoning (what it guards stays consistent:
+/// every holder changes it in one step).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What [`Store::warm`] indexes, in order: the names listed in
@@ -175,6 +189,8 @@ impl Store {
             builders: tokio::sync::Semaphore::new(cores),
             kept: Mutex::new(HashMap::new()),
             held: Mutex::new(BTreeSet::new()),
+            first_builds: Mutex::new(BTreeSet::new()),
+            before_walk: OnceLock::new(),
             epoch: Instant::now(),
             ready: AtomicBool::new(false),
             warmed: AtomicBool::new(false),
@@ -207,6 +223,14 @@ impl Store {
     /// environments), or there is no watcher.
     pub fn is_watching(&self) -> bool {
         self.watching.load(Ordering::Acquire)
+    }
+
+    /// Has `hook` called before every walk of an environment, with its
+    /// name and directory: the watcher watches the directory there, so the
+    /// first build of an environment is covered by its watch
+    /// (docs/master.md#many-environments). Set once, before any build.
+    pub fn watch_before_walk(&self, hook: impl Fn(&EnvName, &Path) + Send + Sync + 'static) {
+        let _set_once = self.before_walk.set(BeforeWalk(Box::new(hook)));
     }
 
     /// Marks the watcher's initial watches as in place.
@@ -247,10 +271,7 @@ impl Store {
 
     /// Whether the watcher holds a deploy of `name` now.
     fn is_held(&self, name: &EnvName) -> bool {
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(name)
+        lock(&self.held).contains(name)
     }
 
     /// The index of `name` if it is indexed, marked as used now.
@@ -290,7 +311,7 @@ impl Store {
     /// that a build already running may have missed).
     async fn build(self: &Arc<Self>, name: &EnvName, again: bool) {
         let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            let mut locks = lock(&self.locks);
             locks.entry(name.clone()).or_default().clone()
         };
         let _guard = lock.lock().await;
@@ -304,6 +325,7 @@ impl Store {
             // release builds it (`refresh` after `hold(env, false)`).
             return;
         }
+        let _first = (!again).then(|| FirstBuild::start(self, name));
         let Ok(_permit) = self.builders.acquire().await else {
             return;
         };
@@ -347,23 +369,29 @@ impl Store {
     }
 
     /// Rebuilds the environments of `scope` among those indexed now (an
-    /// unindexed one is read as it is on its next request); with
-    /// [`Scope::Every`], also forgets what it kept of environments gone
-    /// from disk. What the watcher and explicit re-indexes call.
+    /// unindexed one is read as it is on its next request) and, for
+    /// [`Scope::Only`] (the watcher saw them change), those whose first
+    /// build is running: it walked under a watch, so the change may have
+    /// come after it read that part of the tree; the rebuild waits for it
+    /// and reads only what changed. With [`Scope::Every`], also forgets
+    /// what it kept of environments gone from disk. What the watcher and
+    /// explicit re-indexes call.
     pub async fn refresh(self: &Arc<Self>, scope: Scope) {
         let indexed = self.indexed();
         let targets: Vec<EnvName> = match scope {
-            Scope::Only(n) => n.into_iter().filter(|n| indexed.contains(n)).collect(),
+            Scope::Only(n) => {
+                let building = lock(&self.first_builds).clone();
+                n.into_iter()
+                    .filter(|n| indexed.contains(n) || building.contains(n))
+                    .collect()
+            }
             Scope::Every => {
                 // The kept digests of dropped environments gone from disk.
                 let on_disk: BTreeSet<EnvName> = environments::list_environments(&self.config)
                     .into_iter()
                     .map(|(n, _)| n)
                     .collect();
-                self.kept
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .retain(|n, _| on_disk.contains(n));
+                lock(&self.kept).retain(|n, _| on_disk.contains(n));
                 indexed
             }
         };
@@ -422,7 +450,7 @@ impl Store {
     /// Marks `env` as held (or no longer held) by the watcher during a
     /// deploy: a held environment is never dropped for idleness.
     pub fn hold(&self, env: &EnvName, held: bool) {
-        let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = lock(&self.held);
         if held {
             h.insert(env.clone());
         } else {
@@ -437,8 +465,8 @@ impl Store {
             return 0;
         }
         let cutoff = self.now_ms().saturating_sub(idle.as_millis() as u64);
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let held = lock(&self.held).clone();
+        let locks = lock(&self.locks).clone();
         let dropped: Vec<(EnvName, Arc<EnvIndex>)> = {
             let mut envs = self.write();
             let idle: Vec<EnvName> = envs
@@ -466,10 +494,7 @@ impl Store {
                     .flat_map(|m| m.roots.iter().flat_map(|r| r.nodes.iter())),
             );
             tracing::info!(env = %name, files = digests.len(), "idle: index dropped, digests kept");
-            self.kept
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(name.clone(), Arc::new(digests));
+            lock(&self.kept).insert(name.clone(), Arc::new(digests));
         }
         let n = dropped.len() as u64;
         self.stats.idle_drops.fetch_add(n, Ordering::Relaxed);
@@ -501,19 +526,15 @@ impl Store {
                     .fetch_sub(1, Ordering::Relaxed);
                 tracing::info!(env = %name, "environment removed");
             }
-            self.kept
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&name);
+            lock(&self.kept).remove(&name);
             return;
         };
+        if let Some(hook) = self.before_walk.get() {
+            (hook.0)(&name, &dir);
+        }
         let started = Instant::now();
         let previous = self.read().get(&name).map(|s| s.index.clone());
-        let kept = self
-            .kept
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&name);
+        let kept = lock(&self.kept).remove(&name);
         let before = self.stats.files_hashed.load(Ordering::Relaxed);
         let idx = EnvIndex::build(
             &self.config,
