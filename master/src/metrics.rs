@@ -7,8 +7,10 @@
 //! - **recorded as they happen**, with labels: requests by endpoint and
 //!   status, response bytes, the latency histogram, TLS handshakes by kind
 //!   (full or resumed) and failures by reason, index builds per
-//!   environment ([`Metrics::request`], [`Metrics::handshake`],
-//!   [`Metrics::handshake_failure`], [`Metrics::index_built`]);
+//!   environment and those abandoned on a read error
+//!   ([`Metrics::request`], [`Metrics::handshake`],
+//!   [`Metrics::handshake_failure`], [`Metrics::index_built`],
+//!   [`Metrics::index_error`]);
 //! - **read at scrape time** from counters the master keeps anyway
 //!   ([`Stats`], the connection registry, the TLS files): the caller
 //!   hands them over as a [`Snapshot`] to [`Metrics::render`], so this
@@ -79,6 +81,7 @@ const DURATION: &str = "pluginsync_master_http_request_duration_seconds";
 const HANDSHAKES: &str = "pluginsync_master_tls_handshakes_total";
 const HANDSHAKE_FAILURES: &str = "pluginsync_master_tls_handshake_failures_total";
 const BUILDS: &str = "pluginsync_master_index_builds_total";
+const INDEX_ERRORS: &str = "pluginsync_master_index_errors_total";
 const BUILD_DURATION: &str = "pluginsync_master_index_build_duration_seconds";
 const INDEX_FILES: &str = "pluginsync_master_index_files";
 const INDEX_BYTES: &str = "pluginsync_master_index_bytes";
@@ -175,6 +178,11 @@ impl Metrics {
             "TLS handshakes that failed, by reason.",
         );
         counter(BUILDS, None, "Index builds completed, by environment.");
+        counter(
+            INDEX_ERRORS,
+            None,
+            "Index builds abandoned because part of the environment could not be read (its previous index stays served), by environment.",
+        );
         m.recorder.describe_histogram(
             DURATION.into(),
             Some(Unit::Seconds),
@@ -286,6 +294,17 @@ impl Metrics {
                 .register_gauge(&Self::key(INDEX_BYTES, &labels), &METADATA)
                 .set(bytes as f64);
         }
+    }
+
+    /// Records an index build of `env` abandoned on a read error
+    /// (docs/master.md#unreadable-files).
+    pub fn index_error(&self, env: &str) {
+        self.recorder
+            .register_counter(
+                &Self::key(INDEX_ERRORS, &[("environment", env.to_owned())]),
+                &METADATA,
+            )
+            .increment(1);
     }
 
     /// The Prometheus text exposition, `snapshot` included.
@@ -407,6 +426,7 @@ mod tests {
             Duration::from_millis(20),
             &[("plugins", 7, 700)],
         );
+        m.index_error("staging");
         let text = m.render(&Snapshot {
             open_connections: 2,
             listing_cache_hits: 5,
@@ -422,6 +442,7 @@ mod tests {
             "pluginsync_master_tls_handshakes_total{kind=\"resumed\"} 2",
             "pluginsync_master_index_builds_total{environment=\"production\"} 1",
             "pluginsync_master_index_files{environment=\"production\",mount=\"plugins\"} 7",
+            "pluginsync_master_index_errors_total{environment=\"staging\"} 1",
             "pluginsync_master_open_connections 2",
             "pluginsync_master_listing_cache_hits_total 5",
             "pluginsync_master_server_certificate_expiry_timestamp_seconds 1900000000",

@@ -67,7 +67,16 @@ pub enum Lookup {
     /// Not indexed, and a deploy of it is in progress (held by the
     /// watcher): ask again later.
     Deploying,
+    /// Not indexed: its first build could not read part of the tree
+    /// (docs/master.md#unreadable-files). Nothing is served rather than a
+    /// smaller tree; tried again on a request [`RETRY_UNREADABLE`] later.
+    Unreadable,
 }
+
+/// How long after a first build that could not read its tree a request
+/// answers [`Lookup::Unreadable`] without trying again: the `Retry-After`
+/// of that answer.
+pub const RETRY_UNREADABLE: Duration = Duration::from_secs(5);
 
 /// Every environment's index.
 #[derive(Debug)]
@@ -90,6 +99,9 @@ pub struct Store {
     first_builds: Mutex<BTreeSet<EnvName>>,
     /// Called before each walk: the watcher's (docs/master.md#many-environments).
     before_walk: OnceLock<BeforeWalk>,
+    /// Environments with no index whose last build could not read part
+    /// of the tree, and when (docs/master.md#unreadable-files).
+    unreadable: Mutex<HashMap<EnvName, Instant>>,
     epoch: Instant,
     /// True once the environments named in `index.warm` are indexed.
     ready: AtomicBool,
@@ -145,30 +157,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What [`Store::warm`] indexes, in order: the names listed in
-/// `index.warm` that exist, then, if the list holds `"*"`, every other
-/// environment by name. The first part is what readiness waits for.
-fn warm_targets(warm: &[String], on_disk: &[EnvName]) -> (Vec<EnvName>, Vec<EnvName>) {
-    let mut named: Vec<EnvName> = Vec::new();
-    for w in warm.iter().filter(|w| *w != "*") {
-        if let Some(n) = on_disk.iter().find(|n| n.as_str() == w)
-            && !named.contains(n)
-        {
-            named.push(n.clone());
-        }
-    }
-    let rest = if warm.iter().any(|w| w == "*") {
-        on_disk
-            .iter()
-            .filter(|n| !named.contains(n))
-            .cloned()
-            .collect()
-    } else {
-        Vec::new()
-    };
-    (named, rest)
-}
-
 /// Which environments a [`Store::rebuild`] or [`Store::refresh`] covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
@@ -191,6 +179,7 @@ impl Store {
             held: Mutex::new(BTreeSet::new()),
             first_builds: Mutex::new(BTreeSet::new()),
             before_walk: OnceLock::new(),
+            unreadable: Mutex::new(HashMap::new()),
             epoch: Instant::now(),
             ready: AtomicBool::new(false),
             warmed: AtomicBool::new(false),
@@ -261,10 +250,15 @@ impl Store {
         if self.is_held(name) {
             return Lookup::Deploying;
         }
+        let failed = |s: &Self| lock(&s.unreadable).get(name).copied();
+        if failed(self).is_some_and(|at| at.elapsed() < RETRY_UNREADABLE) {
+            return Lookup::Unreadable;
+        }
         self.build(name, false).await;
         match self.current(name) {
             Some(idx) => Lookup::Found(idx),
             None if self.is_held(name) => Lookup::Deploying,
+            None if failed(self).is_some() => Lookup::Unreadable,
             None => Lookup::Unknown,
         }
     }
@@ -425,7 +419,7 @@ impl Store {
             .into_iter()
             .map(|(n, _)| n)
             .collect();
-        let (named, rest) = warm_targets(&self.config.index.warm, &on_disk);
+        let (named, rest) = environments::warm_targets(&self.config.index.warm, &on_disk);
         tracing::info!(
             named = named.len(),
             others = rest.len(),
@@ -518,6 +512,26 @@ impl Store {
         }
     }
 
+    /// A build of `name` that could not read part of its tree
+    /// (docs/master.md#unreadable-files): logged at error level, counted,
+    /// and not published, so the previous index (if `kept_previous`) stays
+    /// served and agents never see a smaller tree.
+    fn unreadable(&self, name: &EnvName, idx: &EnvIndex, kept_previous: bool) {
+        /// Paths logged one per line; the rest are counted.
+        const LOGGED: usize = 20;
+        for e in idx.unreadable.iter().take(LOGGED) {
+            tracing::error!(env = %name, path = %e.path.display(), error = %e.error, "cannot read a served path");
+        }
+        let unreadable = idx.unreadable.len();
+        self.metrics.index_error(name.as_str());
+        if kept_previous {
+            tracing::error!(env = %name, unreadable, "index not built: part of the environment cannot be read; still serving its previous index");
+        } else {
+            lock(&self.unreadable).insert(name.clone(), Instant::now());
+            tracing::error!(env = %name, unreadable, "index not built: part of the environment cannot be read; not served until it can be");
+        }
+    }
+
     fn build_blocking(&self, name: EnvName) {
         let Some(dir) = environments::find_environment(&self.config, &name) else {
             if self.write().remove(&name).is_some() {
@@ -546,6 +560,13 @@ impl Store {
                 kept: kept.as_deref(),
             },
         );
+        if !idx.unreadable.is_empty() {
+            if let Some(kept) = kept {
+                lock(&self.kept).insert(name.clone(), kept);
+            }
+            return self.unreadable(&name, &idx, previous.is_some());
+        }
+        lock(&self.unreadable).remove(&name);
         let hashed = self.stats.files_hashed.load(Ordering::Relaxed) - before;
         let walked = started.elapsed();
         idx.warm();
@@ -574,34 +595,5 @@ impl Store {
                 .environments_indexed
                 .fetch_add(1, Ordering::Relaxed);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn names(v: &[&str]) -> Vec<EnvName> {
-        v.iter().map(|s| s.parse().unwrap()).collect()
-    }
-
-    #[test]
-    fn warm_targets_put_the_named_first_and_star_takes_the_rest() {
-        let disk = names(&["dev", "production", "staging", "test"]);
-        let warm = |w: &[&str]| {
-            let w: Vec<String> = w.iter().map(|s| s.to_string()).collect();
-            warm_targets(&w, &disk)
-        };
-        assert_eq!(
-            warm(&["production", "*"]),
-            (names(&["production"]), names(&["dev", "staging", "test"]))
-        );
-        assert_eq!(
-            warm(&["staging", "missing", "production", "staging"]),
-            (names(&["staging", "production"]), vec![]),
-            "a name not on disk is skipped, a repeated one warmed once"
-        );
-        assert_eq!(warm(&[]), (vec![], vec![]));
-        assert_eq!(warm(&["*"]), (vec![], disk.clone()));
     }
 }

@@ -474,7 +474,7 @@ fn resync(store: &Store, shared: &Mutex<Watched>) {
         if !roots.envs.contains_key(&real) {
             if let Err(e) = watcher.watch(&real, RecursiveMode::Recursive) {
                 // Picked up again after the next event or rescan.
-                tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment (raise fs.inotify.max_user_watches for very large trees)");
+                cannot_watch(&real, &e);
                 continue;
             }
             tracing::debug!(dir = %real.display(), envs = ?names, "watching");
@@ -509,7 +509,7 @@ fn watch_env(store: &Store, shared: &Mutex<Watched>, name: &EnvName, dir: &Path)
         return;
     }
     if let Err(e) = watcher.watch(&real, RecursiveMode::Recursive) {
-        tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment (raise fs.inotify.max_user_watches for very large trees)");
+        cannot_watch(&real, &e);
         return;
     }
     tracing::debug!(dir = %real.display(), env = %name, "watching before its build");
@@ -518,6 +518,15 @@ fn watch_env(store: &Store, shared: &Mutex<Watched>, name: &EnvName, dir: &Path)
         .stats
         .watched_environments
         .store(roots.envs.len() as u64, Ordering::Relaxed);
+}
+
+/// Says that `real` cannot be watched (and, for the watch limit, what to do).
+fn cannot_watch(real: &Path, e: &notify::Error) {
+    if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) {
+        tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment (raise fs.inotify.max_user_watches for very large trees)");
+    } else {
+        tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment");
+    }
 }
 
 fn classify(ev: &notify::Result<notify::Event>, roots: &Roots, pending: &mut Pending) {
