@@ -448,38 +448,22 @@ fn resync(store: &Store, shared: &Mutex<Watched>) {
         .collect();
     for gone in gone {
         let mut w = lock(shared);
-        let Watched {
-            watcher: Some(watcher),
-            roots,
-        } = &mut *w
-        else {
-            return;
-        };
         // A deleted directory's watches went with it: nothing to undo.
-        if let Err(e) = watcher.unwatch(&gone) {
+        if let Some(watcher) = w.watcher.as_mut()
+            && let Err(e) = watcher.unwatch(&gone)
+        {
             tracing::debug!(dir = %gone.display(), error = %e, "unwatch");
         }
-        roots.envs.remove(&gone);
+        w.roots.envs.remove(&gone);
         tracing::debug!(dir = %gone.display(), "no longer an environment's directory: unwatched");
     }
     for (real, names) in now {
         let mut w = lock(shared);
-        let Watched {
-            watcher: Some(watcher),
-            roots,
-        } = &mut *w
-        else {
-            return;
-        };
-        if !roots.envs.contains_key(&real) {
-            if let Err(e) = watcher.watch(&real, RecursiveMode::Recursive) {
-                // Picked up again after the next event or rescan.
-                cannot_watch(&real, &e);
-                continue;
-            }
-            tracing::debug!(dir = %real.display(), envs = ?names, "watching");
+        // One that cannot be watched is tried again after the next event
+        // or rescan.
+        if w.roots.envs.contains_key(&real) || w.watch(&real, &names) {
+            w.roots.envs.insert(real, names);
         }
-        roots.envs.insert(real, names);
     }
     let watched = lock(shared).roots.envs.len() as u64;
     store
@@ -497,35 +481,42 @@ fn watch_env(store: &Store, shared: &Mutex<Watched>, name: &EnvName, dir: &Path)
         return; // the build finds no environment there either
     };
     let mut w = lock(shared);
-    let Watched {
-        watcher: Some(watcher),
-        roots,
-    } = &mut *w
-    else {
-        return;
-    };
-    if let Some(names) = roots.envs.get_mut(&real) {
+    if let Some(names) = w.roots.envs.get_mut(&real) {
         names.insert(name.clone());
         return;
     }
-    if let Err(e) = watcher.watch(&real, RecursiveMode::Recursive) {
-        cannot_watch(&real, &e);
-        return;
+    let names = BTreeSet::from([name.clone()]);
+    if w.watch(&real, &names) {
+        w.roots.envs.insert(real, names);
+        let watched = w.roots.envs.len() as u64;
+        store
+            .stats
+            .watched_environments
+            .store(watched, Ordering::Relaxed);
     }
-    tracing::debug!(dir = %real.display(), env = %name, "watching before its build");
-    roots.envs.insert(real, BTreeSet::from([name.clone()]));
-    store
-        .stats
-        .watched_environments
-        .store(roots.envs.len() as u64, Ordering::Relaxed);
 }
 
-/// Says that `real` cannot be watched (and, for the watch limit, what to do).
-fn cannot_watch(real: &Path, e: &notify::Error) {
-    if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) {
-        tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment (raise fs.inotify.max_user_watches for very large trees)");
-    } else {
-        tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment");
+impl Watched {
+    /// Adds a recursive watch on `real`, the directory of `names`; false
+    /// (said, with what to do about the watch limit) if it cannot be.
+    fn watch(&mut self, real: &Path, names: &BTreeSet<EnvName>) -> bool {
+        let Some(watcher) = self.watcher.as_mut() else {
+            return false;
+        };
+        match watcher.watch(real, RecursiveMode::Recursive) {
+            Ok(()) => {
+                tracing::debug!(dir = %real.display(), envs = ?names, "watching");
+                true
+            }
+            Err(e) if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) => {
+                tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment (raise fs.inotify.max_user_watches for very large trees)");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment");
+                false
+            }
+        }
     }
 }
 
