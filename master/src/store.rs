@@ -250,15 +250,11 @@ impl Store {
         if self.is_held(name) {
             return Lookup::Deploying;
         }
-        let failed = |s: &Self| lock(&s.unreadable).get(name).copied();
-        if failed(self).is_some_and(|at| at.elapsed() < RETRY_UNREADABLE) {
-            return Lookup::Unreadable;
-        }
         self.build(name, false).await;
         match self.current(name) {
             Some(idx) => Lookup::Found(idx),
             None if self.is_held(name) => Lookup::Deploying,
-            None if failed(self).is_some() => Lookup::Unreadable,
+            None if lock(&self.unreadable).contains_key(name) => Lookup::Unreadable,
             None => Lookup::Unknown,
         }
     }
@@ -304,13 +300,13 @@ impl Store {
     /// it; with `again` it is always built anew (the caller saw a change
     /// that a build already running may have missed).
     async fn build(self: &Arc<Self>, name: &EnvName, again: bool) {
-        let lock = {
-            let mut locks = lock(&self.locks);
-            locks.entry(name.clone()).or_default().clone()
-        };
-        let _guard = lock.lock().await;
-        if !again && self.read().contains_key(name) {
-            // Built by the caller this one waited for: one build shared.
+        let env_lock = lock(&self.locks).entry(name.clone()).or_default().clone();
+        let _guard = env_lock.lock().await;
+        let failed = lock(&self.unreadable).get(name).copied();
+        let failed = failed.is_some_and(|at| at.elapsed() < RETRY_UNREADABLE);
+        if !again && (failed || self.read().contains_key(name)) {
+            // Built (or found unreadable) by the caller this one waited
+            // for, or just before: one build shared.
             return;
         }
         if !again && self.is_held(name) {
