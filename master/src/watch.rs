@@ -282,6 +282,10 @@ async fn run(
         t
     });
     let mut deploys: BTreeMap<EnvName, Deploy> = BTreeMap::new();
+    // Without a watcher (`index.watch = false`) nothing ever sends: the
+    // loop then waits for the rescan instead of ending
+    // (`without_a_watch_the_rescan_still_picks_changes_up`).
+    let mut events = true;
     loop {
         let mut pending = Pending::default();
         // The next held deploy due for publishing, if any.
@@ -290,8 +294,11 @@ async fn run(
             .map(|d| (d.last + settle).min(d.since + settle_max))
             .min();
         tokio::select! {
-            ev = rx.recv() => {
-                let Some((first, ev)) = ev else { break };
+            ev = rx.recv(), if events => {
+                let Some((first, ev)) = ev else {
+                    events = false;
+                    continue;
+                };
                 classify(&ev, &lock(&shared).roots, &mut pending);
                 // Collect the rest of the burst: until `debounce` passes
                 // with no new event, or 10 × debounce at most. A burst cut
@@ -340,31 +347,32 @@ async fn run(
             store.hold(env, false);
         }
         resync(&store, &shared);
-        // Only indexed environments are rebuilt (Store::refresh): one not
-        // indexed is read as it is on its next request.
-        let targets = if pending.all && deploys.is_empty() {
-            Scope::Every
-        } else if pending.all {
-            Scope::Only(
-                store
-                    .indexed()
-                    .into_iter()
-                    .filter(|n| !deploys.contains_key(n))
-                    .collect(),
-            )
-        } else {
-            ready.extend(
-                pending
-                    .envs
-                    .iter()
-                    .filter(|n| !deploys.contains_key(*n))
-                    .cloned(),
-            );
-            Scope::Only(ready.into_iter().collect())
-        };
+        let targets = targets(&pending, &deploys, ready, &store);
         if targets != Scope::Only(Vec::new()) {
             store.refresh(targets).await;
         }
+    }
+}
+
+/// What a burst rebuilds: the environments `pending` touched and those
+/// `ready` to publish, none whose deploy is held; everything for a rescan.
+/// Only indexed ones are rebuilt (`Store::refresh`): one not indexed is
+/// read as it is on its next request.
+fn targets(
+    pending: &Pending,
+    deploys: &BTreeMap<EnvName, Deploy>,
+    mut ready: BTreeSet<EnvName>,
+    store: &Store,
+) -> Scope {
+    if pending.all && deploys.is_empty() {
+        Scope::Every
+    } else if pending.all {
+        let indexed = store.indexed().into_iter();
+        Scope::Only(indexed.filter(|n| !deploys.contains_key(n)).collect())
+    } else {
+        let touched = pending.envs.iter().filter(|n| !deploys.contains_key(*n));
+        ready.extend(touched.cloned());
+        Scope::Only(ready.into_iter().collect())
     }
 }
 

@@ -352,3 +352,34 @@ async fn an_unreadable_module_keeps_the_previous_index_and_fails_check() {
         "check names the path:\n{stdout}{stderr}"
     );
 }
+
+/// With `index.watch = false` the periodic rescan still picks changes up
+/// (docs/troubleshooting.md#very-large-trees recommends exactly that for
+/// trees too large to watch): a file written after startup is served after
+/// the next `rescan_interval`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_watch_the_rescan_still_picks_changes_up() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "a", "lib/facter/a.rb", "a\n", 0o644);
+    let master = TestMaster::start(parse_config(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        "[index]\nwatch = false\nrescan_interval = \"1s\"",
+    )));
+    let (c, url) = (client(&pki, Some("node1")), master.url());
+    assert!(entry(&listing(&c, &url, "plugins", Q).await.2, "facter/a.rb").is_some());
+    tree.file("production", "a", "lib/facter/b.rb", "b\n", 0o644);
+    let seen = wait_for(Duration::from_secs(10), || {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let (_, _, now) = listing(&c, &url, "plugins", Q).await;
+            entry(&now, "facter/b.rb").map(|_| ())
+        }
+    })
+    .await;
+    assert!(
+        seen.is_some(),
+        "not served 10 s after a 1 s rescan_interval"
+    );
+}
