@@ -13,6 +13,12 @@
 //! winner), so an operator sees a shadowed fact before an agent does. Walks
 //! the trees but does not hash them, so it is quick on large environments.
 //! The last line is `OK`, or `OK, with N warnings` when there are any.
+//!
+//! A path of a served tree the master cannot read (a module root, `lib/`,
+//! `facts.d/`, a directory or a file: each file is opened, not read) is an
+//! `error:` line naming it, and fails the check: the master would keep
+//! serving the environment's previous index, or none
+//! (docs/master.md#unreadable-files).
 
 use std::io::Write;
 use std::path::Path;
@@ -20,7 +26,7 @@ use std::path::Path;
 use crate::config::MasterConfig;
 use crate::environments;
 use crate::index::{EnvIndex, Mount};
-use crate::walk::Hashing;
+use crate::walk::{Hashing, ReadError};
 
 /// Why the check failed: the server's TLS cannot work, or the summary
 /// could not be written.
@@ -35,6 +41,17 @@ pub enum CheckError {
     /// Writing the summary failed.
     #[error(transparent)]
     Output(#[from] std::io::Error),
+    /// Parts of the served trees cannot be read.
+    #[error(
+        "{count} path(s) of the environments cannot be read by this user, first {}: the master would not publish their environments' indexes",
+        first.display()
+    )]
+    Unreadable {
+        /// How many.
+        count: usize,
+        /// The first one.
+        first: std::path::PathBuf,
+    },
 }
 
 /// Runs the check, writing the summary to `out`.
@@ -47,6 +64,7 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
         config.tls.cert_expiry_warning,
     )?;
     let mut warnings = 0usize;
+    let mut unreadable: Vec<ReadError> = Vec::new();
     for w in config
         .warnings()
         .into_iter()
@@ -60,7 +78,8 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
         writeln!(out, "warning: no environment found on the environmentpath")?;
     }
     for (name, dir) in envs {
-        let idx = EnvIndex::build(config, name.clone(), dir.clone(), None, Hashing::Skip);
+        let mut idx = EnvIndex::build(config, name.clone(), dir.clone(), None, Hashing::Skip);
+        idx.unreadable.extend(unopenable(&idx));
         let modules: Vec<&str> = idx.modules.iter().map(|m| m.name.as_str()).collect();
         writeln!(out, "environment {name} ({})", dir.display())?;
         warnings += modulepath(config, &dir, out)?;
@@ -92,6 +111,21 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
                 )?;
             }
         }
+        for e in &idx.unreadable {
+            writeln!(out, "  error: {e}")?;
+        }
+        unreadable.append(&mut idx.unreadable);
+    }
+    if let Some(first) = unreadable.first() {
+        writeln!(
+            out,
+            "FAILED: {} unreadable",
+            count(unreadable.len(), "path", "paths")
+        )?;
+        return Err(CheckError::Unreadable {
+            count: unreadable.len(),
+            first: first.path.clone(),
+        });
     }
     if warnings == 0 {
         writeln!(out, "OK")?;
@@ -148,6 +182,22 @@ fn modulepath(config: &MasterConfig, dir: &Path, out: &mut impl Write) -> std::i
         writeln!(out, "  warning: {o}")?;
     }
     Ok(mp.warnings.len() + scan.outside.len())
+}
+
+/// The served files of `idx` that cannot be opened for reading (the walk
+/// of `check` reads no content, [`Hashing::Skip`]).
+fn unopenable(idx: &EnvIndex) -> Vec<ReadError> {
+    idx.mounts
+        .iter()
+        .flat_map(|m| m.roots.iter())
+        .flat_map(|r| r.nodes.iter().map(move |n| (r, n)))
+        .filter(|(_, n)| n.has_content())
+        .filter_map(|(r, n)| {
+            let path = n.real_path(&r.canon);
+            let e = crate::walk::open_regular(&path).err()?;
+            Some(ReadError::new(path.into_owned(), e))
+        })
+        .collect()
 }
 
 /// `n` and the noun as a person reads them: `1 file`, `2 files`.

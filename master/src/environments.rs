@@ -94,7 +94,7 @@ impl std::fmt::Display for Outside {
 }
 
 /// What [`scan`] found on a modulepath.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Scan {
     /// The served modules, in resolution order.
     pub modules: Vec<Module>,
@@ -105,6 +105,9 @@ pub struct Scan {
     /// shadow later modules of the same name, as Puppet would have served
     /// them).
     pub outside: Vec<Outside>,
+    /// Modulepath directories that exist but cannot be listed, and why: an
+    /// error, not an empty directory (docs/master.md#unreadable-files).
+    pub unreadable: Vec<(PathBuf, std::io::Error)>,
 }
 
 /// The directory of environment `name`, if one exists.
@@ -335,13 +338,14 @@ pub fn is_module_name(name: &str) -> bool {
 
 /// The served modules of a modulepath, in resolution order: modulepath
 /// order, then name; a name already seen is shadowed. Module directories
-/// outside the code tree are left out with one warning each.
-pub fn modules(modulepath: &Modulepath) -> Vec<Module> {
+/// outside the code tree are left out with one warning each. Also the
+/// modulepath directories that cannot be listed ([`Scan::unreadable`]).
+pub fn modules(modulepath: &Modulepath) -> (Vec<Module>, Vec<(PathBuf, std::io::Error)>) {
     let scan = scan(modulepath);
     for o in &scan.outside {
         tracing::warn!("{o}");
     }
-    scan.modules
+    (scan.modules, scan.unreadable)
 }
 
 /// Every module of every existing modulepath directory: served, shadowed,
@@ -351,10 +355,23 @@ pub fn scan(modulepath: &Modulepath) -> Scan {
     let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
     for (entry, e) in modulepath.entries.iter().enumerate() {
         if !e.exists {
+            // Missing is fine; there but not searchable is not.
+            if let Err(err) = std::fs::metadata(&e.dir)
+                && !matches!(
+                    err.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                )
+            {
+                out.unreadable.push((e.dir.clone(), err));
+            }
             continue;
         }
-        let Ok(rd) = std::fs::read_dir(&e.dir) else {
-            continue;
+        let rd = match std::fs::read_dir(&e.dir) {
+            Ok(rd) => rd,
+            Err(err) => {
+                out.unreadable.push((e.dir.clone(), err));
+                continue;
+            }
         };
         let mut here: Vec<(String, PathBuf)> = rd
             .flatten()
@@ -385,6 +402,30 @@ pub fn scan(modulepath: &Modulepath) -> Scan {
         }
     }
     out
+}
+
+/// What `Store::warm` indexes, in order: the names listed in
+/// `index.warm` that exist, then, if the list holds `"*"`, every other
+/// environment by name. The first part is what readiness waits for.
+pub fn warm_targets(warm: &[String], on_disk: &[EnvName]) -> (Vec<EnvName>, Vec<EnvName>) {
+    let mut named: Vec<EnvName> = Vec::new();
+    for w in warm.iter().filter(|w| *w != "*") {
+        if let Some(n) = on_disk.iter().find(|n| n.as_str() == w)
+            && !named.contains(n)
+        {
+            named.push(n.clone());
+        }
+    }
+    let rest = if warm.iter().any(|w| w == "*") {
+        on_disk
+            .iter()
+            .filter(|n| !named.contains(n))
+            .cloned()
+            .collect()
+    } else {
+        Vec::new()
+    };
+    (named, rest)
 }
 
 #[cfg(test)]
@@ -552,14 +593,42 @@ mod tests {
             std::fs::create_dir_all(t.path().join(d)).unwrap();
         }
         std::fs::write(a.join("file_not_dir"), "").unwrap();
-        let m = modules(&test_modulepath(
+        let (m, unreadable) = modules(&test_modulepath(
             t.path(),
             &[a.clone(), b.clone(), t.path().join("missing")],
         ));
+        assert!(unreadable.is_empty(), "a missing entry is not an error");
         let names: Vec<_> = m
             .iter()
             .map(|m| (m.name.as_str(), m.dir.parent().unwrap().to_owned()))
             .collect();
         assert_eq!(names, vec![("alpha", a.clone()), ("zeta", a), ("beta", b)]);
+    }
+
+    fn env_names(v: &[&str]) -> Vec<EnvName> {
+        v.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn warm_targets_put_the_named_first_and_star_takes_the_rest() {
+        let disk = env_names(&["dev", "production", "staging", "test"]);
+        let warm = |w: &[&str]| {
+            let w: Vec<String> = w.iter().map(|s| s.to_string()).collect();
+            warm_targets(&w, &disk)
+        };
+        assert_eq!(
+            warm(&["production", "*"]),
+            (
+                env_names(&["production"]),
+                env_names(&["dev", "staging", "test"])
+            )
+        );
+        assert_eq!(
+            warm(&["staging", "missing", "production", "staging"]),
+            (env_names(&["staging", "production"]), vec![]),
+            "a name not on disk is skipped, a repeated one warmed once"
+        );
+        assert_eq!(warm(&[]), (vec![], vec![]));
+        assert_eq!(warm(&["*"]), (vec![], disk.clone()));
     }
 }

@@ -7,10 +7,12 @@
 //! - **recorded as they happen**, with labels: requests by endpoint and
 //!   status, response bytes, the latency histogram, TLS handshakes by kind
 //!   (full or resumed) and failures by reason, index builds per
-//!   environment ([`Metrics::request`], [`Metrics::handshake`],
-//!   [`Metrics::handshake_failure`], [`Metrics::index_built`]);
+//!   environment and those abandoned on a read error
+//!   ([`Metrics::request`], [`Metrics::handshake`],
+//!   [`Metrics::handshake_failure`], [`Metrics::index_built`],
+//!   [`Metrics::index_error`]);
 //! - **read at scrape time** from counters the master keeps anyway
-//!   (`store::Stats`, the connection registry, the TLS files): the caller
+//!   ([`Stats`], the connection registry, the TLS files): the caller
 //!   hands them over as a [`Snapshot`] to [`Metrics::render`], so this
 //!   module imports nothing of the master's.
 //!
@@ -19,10 +21,48 @@
 //! `_timestamp_seconds`; label values are bounded (endpoint names, status
 //! codes, reasons, environment names — never paths or certnames).
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use metrics::{Key, Label, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+
+/// Counters, exposed for tests and `/metrics`-style introspection.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Files actually read and hashed (digest reuse does not count).
+    pub files_hashed: AtomicU64,
+    /// Environment index builds completed.
+    pub index_builds: AtomicU64,
+    /// Environments indexed now (held in memory).
+    pub environments_indexed: AtomicU64,
+    /// Indexes dropped for being idle (`index.idle_drop`).
+    pub idle_drops: AtomicU64,
+    /// Listings answered with a body (200).
+    pub listings_sent: AtomicU64,
+    /// Listings answered `304 Not Modified`.
+    pub listings_not_modified: AtomicU64,
+    /// Listings answered with a delta (226, docs/protocol.md §7.5).
+    pub listings_delta: AtomicU64,
+    /// File bodies sent (`file_content` and blobs).
+    pub contents_sent: AtomicU64,
+    /// Listing requests answered from the listing cache (200 and 304).
+    pub listing_cache_hits: AtomicU64,
+    /// Listings serialised on the request path (cache misses); the
+    /// standard listings are serialised by the index build instead.
+    pub listings_serialised: AtomicU64,
+    /// Listings evicted from the listing caches.
+    pub listing_cache_evictions: AtomicU64,
+    /// Filesystem events the watcher received.
+    pub watch_events: AtomicU64,
+    /// Deploys the watcher noticed and held back until they settled
+    /// (docs/deploys.md).
+    pub deploys_held: AtomicU64,
+    /// Environment directories the watcher watches now (real paths).
+    pub watched_environments: AtomicU64,
+    /// Explicit re-indexes: the admin API, `reindex`, SIGHUP.
+    pub reindexes: AtomicU64,
+}
 
 /// Latency buckets (seconds): 1 ms to 10 s.
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -41,6 +81,7 @@ const DURATION: &str = "pluginsync_master_http_request_duration_seconds";
 const HANDSHAKES: &str = "pluginsync_master_tls_handshakes_total";
 const HANDSHAKE_FAILURES: &str = "pluginsync_master_tls_handshake_failures_total";
 const BUILDS: &str = "pluginsync_master_index_builds_total";
+const INDEX_ERRORS: &str = "pluginsync_master_index_errors_total";
 const BUILD_DURATION: &str = "pluginsync_master_index_build_duration_seconds";
 const INDEX_FILES: &str = "pluginsync_master_index_files";
 const INDEX_BYTES: &str = "pluginsync_master_index_bytes";
@@ -140,6 +181,11 @@ impl Metrics {
             "TLS handshakes that failed, by reason.",
         );
         counter(BUILDS, None, "Index builds completed, by environment.");
+        counter(
+            INDEX_ERRORS,
+            None,
+            "Index builds abandoned because part of the environment could not be read (its previous index stays served), by environment.",
+        );
         m.recorder.describe_histogram(
             DURATION.into(),
             Some(Unit::Seconds),
@@ -254,6 +300,17 @@ impl Metrics {
                 .register_gauge(&Self::key(INDEX_BYTES, &labels), &METADATA)
                 .set(bytes as f64);
         }
+    }
+
+    /// Records an index build of `env` abandoned on a read error
+    /// (docs/master.md#unreadable-files).
+    pub fn index_error(&self, env: &str) {
+        self.recorder
+            .register_counter(
+                &Self::key(INDEX_ERRORS, &[("environment", env.to_owned())]),
+                &METADATA,
+            )
+            .increment(1);
     }
 
     /// The Prometheus text exposition, `snapshot` included.
@@ -401,6 +458,7 @@ mod tests {
             Duration::from_millis(20),
             &[("plugins", 7, 700)],
         );
+        m.index_error("staging");
         let text = m.render(&Snapshot {
             open_connections: 2,
             connections_refused_per_client: 3,
@@ -417,6 +475,7 @@ mod tests {
             "pluginsync_master_tls_handshakes_total{kind=\"resumed\"} 2",
             "pluginsync_master_index_builds_total{environment=\"production\"} 1",
             "pluginsync_master_index_files{environment=\"production\",mount=\"plugins\"} 7",
+            "pluginsync_master_index_errors_total{environment=\"staging\"} 1",
             "pluginsync_master_open_connections 2",
             "pluginsync_master_connections_refused_per_client_total 3",
             "pluginsync_master_listing_cache_hits_total 5",

@@ -181,6 +181,10 @@ pub async fn serve(
     let authorizer = Authorizer::new(&config.authorization)?;
     let store = Store::new(config.clone());
     store.certificate.set(served.validity);
+    // The watcher first: every build watches its environment before
+    // walking it, the warmer's first builds included
+    // (docs/master.md#many-environments).
+    let _watcher = crate::watch::spawn(store.clone())?;
     // Nothing is indexed before listening (docs/master.md#many-environments):
     // the warmer indexes in the background, requests index on demand.
     background.push(tokio::spawn(store.clone().warm()));
@@ -188,7 +192,6 @@ pub async fn serve(
         Arc::downgrade(&store),
         config.index.idle_drop,
     )));
-    let _watcher = crate::watch::spawn(store.clone())?;
     let state = AppState {
         store: store.clone(),
         gate: Gate::new(authorizer, config.tls.client_auth.into()),

@@ -20,6 +20,13 @@
 //! index is replaced whole, so a request sees either the old tree or the
 //! new one, never a mix.
 //!
+//! **The first build is watched** (docs/master.md#many-environments): every
+//! build first asks the watcher to watch the environment's directory
+//! ([`Store::watch_before_walk`]), so a change made while the walk runs is
+//! an event; an event for an environment whose first build is running
+//! rebuilds it once that build is done. An untouched tree sees no event and
+//! is built once.
+//!
 //! **Idle drop**: an index not asked for in `index.idle_drop` is dropped
 //! ([`Store::drop_idle`]) and its file digests kept (a few dozen bytes a
 //! file, keyed by the file's [`FileSig`](crate::walk::FileSig)), so its
@@ -28,8 +35,9 @@
 //! the operator has not), never while the watcher holds a deploy.
 
 use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use pluginsync_common::envname::EnvName;
@@ -38,44 +46,8 @@ use crate::config::{MasterConfig, Publish};
 use crate::environments;
 use crate::index::{EnvIndex, Hashing, Mount};
 use crate::metrics::Metrics;
+pub use crate::metrics::Stats;
 use crate::walk::KeptDigests;
-
-/// Counters, exposed for tests and `/metrics`-style introspection.
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// Files actually read and hashed (digest reuse does not count).
-    pub files_hashed: AtomicU64,
-    /// Environment index builds completed.
-    pub index_builds: AtomicU64,
-    /// Environments indexed now (held in memory).
-    pub environments_indexed: AtomicU64,
-    /// Indexes dropped for being idle (`index.idle_drop`).
-    pub idle_drops: AtomicU64,
-    /// Listings answered with a body (200).
-    pub listings_sent: AtomicU64,
-    /// Listings answered `304 Not Modified`.
-    pub listings_not_modified: AtomicU64,
-    /// Listings answered with a delta (226, docs/protocol.md §7.5).
-    pub listings_delta: AtomicU64,
-    /// File bodies sent (`file_content` and blobs).
-    pub contents_sent: AtomicU64,
-    /// Listing requests answered from the listing cache (200 and 304).
-    pub listing_cache_hits: AtomicU64,
-    /// Listings serialised on the request path (cache misses); the
-    /// standard listings are serialised by the index build instead.
-    pub listings_serialised: AtomicU64,
-    /// Listings evicted from the listing caches.
-    pub listing_cache_evictions: AtomicU64,
-    /// Filesystem events the watcher received.
-    pub watch_events: AtomicU64,
-    /// Deploys the watcher noticed and held back until they settled
-    /// (docs/deploys.md).
-    pub deploys_held: AtomicU64,
-    /// Environment directories the watcher watches now (real paths).
-    pub watched_environments: AtomicU64,
-    /// Explicit re-indexes: the admin API, `reindex`, SIGHUP.
-    pub reindexes: AtomicU64,
-}
 
 /// One indexed environment and when it was last asked for.
 #[derive(Debug)]
@@ -95,7 +67,16 @@ pub enum Lookup {
     /// Not indexed, and a deploy of it is in progress (held by the
     /// watcher): ask again later.
     Deploying,
+    /// Not indexed: its first build could not read part of the tree
+    /// (docs/master.md#unreadable-files). Nothing is served rather than a
+    /// smaller tree; tried again on a request [`RETRY_UNREADABLE`] later.
+    Unreadable,
 }
+
+/// How long after a first build that could not read its tree a request
+/// answers [`Lookup::Unreadable`] without trying again: the `Retry-After`
+/// of that answer.
+pub const RETRY_UNREADABLE: Duration = Duration::from_secs(5);
 
 /// Every environment's index.
 #[derive(Debug)]
@@ -112,6 +93,15 @@ pub struct Store {
     kept: Mutex<HashMap<EnvName, Arc<KeptDigests>>>,
     /// Environments whose deploy the watcher holds: never dropped.
     held: Mutex<BTreeSet<EnvName>>,
+    /// Environments whose first build is running: a change the watcher
+    /// reports for one rebuilds it once that build is done
+    /// ([`Store::refresh`]).
+    first_builds: Mutex<BTreeSet<EnvName>>,
+    /// Called before each walk: the watcher's (docs/master.md#many-environments).
+    before_walk: OnceLock<BeforeWalk>,
+    /// Environments with no index whose last build could not read part
+    /// of the tree, and when (docs/master.md#unreadable-files).
+    unreadable: Mutex<HashMap<EnvName, Instant>>,
     epoch: Instant,
     /// True once the environments named in `index.warm` are indexed.
     ready: AtomicBool,
@@ -131,28 +121,40 @@ pub struct Store {
     pub certificate: crate::tls::Validity,
 }
 
-/// What [`Store::warm`] indexes, in order: the names listed in
-/// `index.warm` that exist, then, if the list holds `"*"`, every other
-/// environment by name. The first part is what readiness waits for.
-fn warm_targets(warm: &[String], on_disk: &[EnvName]) -> (Vec<EnvName>, Vec<EnvName>) {
-    let mut named: Vec<EnvName> = Vec::new();
-    for w in warm.iter().filter(|w| *w != "*") {
-        if let Some(n) = on_disk.iter().find(|n| n.as_str() == w)
-            && !named.contains(n)
-        {
-            named.push(n.clone());
-        }
+/// What a build calls before walking an environment (its name and
+/// directory): the watcher watches that directory, if it does not yet.
+pub struct BeforeWalk(Box<WalkHook>);
+
+/// The function in a [`BeforeWalk`].
+type WalkHook = dyn Fn(&EnvName, &Path) + Send + Sync;
+
+impl std::fmt::Debug for BeforeWalk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BeforeWalk")
     }
-    let rest = if warm.iter().any(|w| w == "*") {
-        on_disk
-            .iter()
-            .filter(|n| !named.contains(n))
-            .cloned()
-            .collect()
-    } else {
-        Vec::new()
-    };
-    (named, rest)
+}
+
+/// An environment's first build in progress, in `Store::first_builds`
+/// until dropped.
+struct FirstBuild<'a>(&'a Store, EnvName);
+
+impl<'a> FirstBuild<'a> {
+    fn start(store: &'a Store, name: &EnvName) -> Self {
+        lock(&store.first_builds).insert(name.clone());
+        FirstBuild(store, name.clone())
+    }
+}
+
+impl Drop for FirstBuild<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.first_builds).remove(&self.1);
+    }
+}
+
+/// A mutex's guard, through poisoning (what it guards stays consistent:
+/// every holder changes it in one step).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Which environments a [`Store::rebuild`] or [`Store::refresh`] covers.
@@ -175,6 +177,9 @@ impl Store {
             builders: tokio::sync::Semaphore::new(cores),
             kept: Mutex::new(HashMap::new()),
             held: Mutex::new(BTreeSet::new()),
+            first_builds: Mutex::new(BTreeSet::new()),
+            before_walk: OnceLock::new(),
+            unreadable: Mutex::new(HashMap::new()),
             epoch: Instant::now(),
             ready: AtomicBool::new(false),
             warmed: AtomicBool::new(false),
@@ -209,6 +214,14 @@ impl Store {
         self.watching.load(Ordering::Acquire)
     }
 
+    /// Has `hook` called before every walk of an environment, with its
+    /// name and directory: the watcher watches the directory there, so the
+    /// first build of an environment is covered by its watch
+    /// (docs/master.md#many-environments). Set once, before any build.
+    pub fn watch_before_walk(&self, hook: impl Fn(&EnvName, &Path) + Send + Sync + 'static) {
+        let _set_once = self.before_walk.set(BeforeWalk(Box::new(hook)));
+    }
+
     /// Marks the watcher's initial watches as in place.
     pub fn set_watching(&self) {
         self.watching.store(true, Ordering::Release);
@@ -241,16 +254,14 @@ impl Store {
         match self.current(name) {
             Some(idx) => Lookup::Found(idx),
             None if self.is_held(name) => Lookup::Deploying,
+            None if lock(&self.unreadable).contains_key(name) => Lookup::Unreadable,
             None => Lookup::Unknown,
         }
     }
 
     /// Whether the watcher holds a deploy of `name` now.
     fn is_held(&self, name: &EnvName) -> bool {
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(name)
+        lock(&self.held).contains(name)
     }
 
     /// The index of `name` if it is indexed, marked as used now.
@@ -289,13 +300,13 @@ impl Store {
     /// it; with `again` it is always built anew (the caller saw a change
     /// that a build already running may have missed).
     async fn build(self: &Arc<Self>, name: &EnvName, again: bool) {
-        let lock = {
-            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-            locks.entry(name.clone()).or_default().clone()
-        };
-        let _guard = lock.lock().await;
-        if !again && self.read().contains_key(name) {
-            // Built by the caller this one waited for: one build shared.
+        let env_lock = lock(&self.locks).entry(name.clone()).or_default().clone();
+        let _guard = env_lock.lock().await;
+        let failed = lock(&self.unreadable).get(name).copied();
+        let failed = failed.is_some_and(|at| at.elapsed() < RETRY_UNREADABLE);
+        if !again && (failed || self.read().contains_key(name)) {
+            // Built (or found unreadable) by the caller this one waited
+            // for, or just before: one build shared.
             return;
         }
         if !again && self.is_held(name) {
@@ -304,6 +315,7 @@ impl Store {
             // release builds it (`refresh` after `hold(env, false)`).
             return;
         }
+        let _first = (!again).then(|| FirstBuild::start(self, name));
         let Ok(_permit) = self.builders.acquire().await else {
             return;
         };
@@ -347,23 +359,29 @@ impl Store {
     }
 
     /// Rebuilds the environments of `scope` among those indexed now (an
-    /// unindexed one is read as it is on its next request); with
-    /// [`Scope::Every`], also forgets what it kept of environments gone
-    /// from disk. What the watcher and explicit re-indexes call.
+    /// unindexed one is read as it is on its next request) and, for
+    /// [`Scope::Only`] (the watcher saw them change), those whose first
+    /// build is running: it walked under a watch, so the change may have
+    /// come after it read that part of the tree; the rebuild waits for it
+    /// and reads only what changed. With [`Scope::Every`], also forgets
+    /// what it kept of environments gone from disk. What the watcher and
+    /// explicit re-indexes call.
     pub async fn refresh(self: &Arc<Self>, scope: Scope) {
         let indexed = self.indexed();
         let targets: Vec<EnvName> = match scope {
-            Scope::Only(n) => n.into_iter().filter(|n| indexed.contains(n)).collect(),
+            Scope::Only(n) => {
+                let building = lock(&self.first_builds).clone();
+                n.into_iter()
+                    .filter(|n| indexed.contains(n) || building.contains(n))
+                    .collect()
+            }
             Scope::Every => {
                 // The kept digests of dropped environments gone from disk.
                 let on_disk: BTreeSet<EnvName> = environments::list_environments(&self.config)
                     .into_iter()
                     .map(|(n, _)| n)
                     .collect();
-                self.kept
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .retain(|n, _| on_disk.contains(n));
+                lock(&self.kept).retain(|n, _| on_disk.contains(n));
                 indexed
             }
         };
@@ -397,7 +415,7 @@ impl Store {
             .into_iter()
             .map(|(n, _)| n)
             .collect();
-        let (named, rest) = warm_targets(&self.config.index.warm, &on_disk);
+        let (named, rest) = environments::warm_targets(&self.config.index.warm, &on_disk);
         tracing::info!(
             named = named.len(),
             others = rest.len(),
@@ -422,7 +440,7 @@ impl Store {
     /// Marks `env` as held (or no longer held) by the watcher during a
     /// deploy: a held environment is never dropped for idleness.
     pub fn hold(&self, env: &EnvName, held: bool) {
-        let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h = lock(&self.held);
         if held {
             h.insert(env.clone());
         } else {
@@ -437,8 +455,8 @@ impl Store {
             return 0;
         }
         let cutoff = self.now_ms().saturating_sub(idle.as_millis() as u64);
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let held = lock(&self.held).clone();
+        let locks = lock(&self.locks).clone();
         let dropped: Vec<(EnvName, Arc<EnvIndex>)> = {
             let mut envs = self.write();
             let idle: Vec<EnvName> = envs
@@ -466,10 +484,7 @@ impl Store {
                     .flat_map(|m| m.roots.iter().flat_map(|r| r.nodes.iter())),
             );
             tracing::info!(env = %name, files = digests.len(), "idle: index dropped, digests kept");
-            self.kept
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(name.clone(), Arc::new(digests));
+            lock(&self.kept).insert(name.clone(), Arc::new(digests));
         }
         let n = dropped.len() as u64;
         self.stats.idle_drops.fetch_add(n, Ordering::Relaxed);
@@ -493,6 +508,26 @@ impl Store {
         }
     }
 
+    /// A build of `name` that could not read part of its tree
+    /// (docs/master.md#unreadable-files): logged at error level, counted,
+    /// and not published, so the previous index (if `kept_previous`) stays
+    /// served and agents never see a smaller tree.
+    fn unreadable(&self, name: &EnvName, idx: &EnvIndex, kept_previous: bool) {
+        /// Paths logged one per line; the rest are counted.
+        const LOGGED: usize = 20;
+        for e in idx.unreadable.iter().take(LOGGED) {
+            tracing::error!(env = %name, path = %e.path.display(), error = %e.error, "cannot read a served path");
+        }
+        let unreadable = idx.unreadable.len();
+        self.metrics.index_error(name.as_str());
+        if kept_previous {
+            tracing::error!(env = %name, unreadable, "index not built: part of the environment cannot be read; still serving its previous index");
+        } else {
+            lock(&self.unreadable).insert(name.clone(), Instant::now());
+            tracing::error!(env = %name, unreadable, "index not built: part of the environment cannot be read; not served until it can be");
+        }
+    }
+
     fn build_blocking(&self, name: EnvName) {
         let Some(dir) = environments::find_environment(&self.config, &name) else {
             if self.write().remove(&name).is_some() {
@@ -501,19 +536,15 @@ impl Store {
                     .fetch_sub(1, Ordering::Relaxed);
                 tracing::info!(env = %name, "environment removed");
             }
-            self.kept
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&name);
+            lock(&self.kept).remove(&name);
             return;
         };
+        if let Some(hook) = self.before_walk.get() {
+            (hook.0)(&name, &dir);
+        }
         let started = Instant::now();
         let previous = self.read().get(&name).map(|s| s.index.clone());
-        let kept = self
-            .kept
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&name);
+        let kept = lock(&self.kept).remove(&name);
         let before = self.stats.files_hashed.load(Ordering::Relaxed);
         let idx = EnvIndex::build(
             &self.config,
@@ -525,6 +556,13 @@ impl Store {
                 kept: kept.as_deref(),
             },
         );
+        if !idx.unreadable.is_empty() {
+            if let Some(kept) = kept {
+                lock(&self.kept).insert(name.clone(), kept);
+            }
+            return self.unreadable(&name, &idx, previous.is_some());
+        }
+        lock(&self.unreadable).remove(&name);
         let hashed = self.stats.files_hashed.load(Ordering::Relaxed) - before;
         let walked = started.elapsed();
         idx.warm();
@@ -553,34 +591,5 @@ impl Store {
                 .environments_indexed
                 .fetch_add(1, Ordering::Relaxed);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn names(v: &[&str]) -> Vec<EnvName> {
-        v.iter().map(|s| s.parse().unwrap()).collect()
-    }
-
-    #[test]
-    fn warm_targets_put_the_named_first_and_star_takes_the_rest() {
-        let disk = names(&["dev", "production", "staging", "test"]);
-        let warm = |w: &[&str]| {
-            let w: Vec<String> = w.iter().map(|s| s.to_string()).collect();
-            warm_targets(&w, &disk)
-        };
-        assert_eq!(
-            warm(&["production", "*"]),
-            (names(&["production"]), names(&["dev", "staging", "test"]))
-        );
-        assert_eq!(
-            warm(&["staging", "missing", "production", "staging"]),
-            (names(&["staging", "production"]), vec![]),
-            "a name not on disk is skipped, a repeated one warmed once"
-        );
-        assert_eq!(warm(&[]), (vec![], vec![]));
-        assert_eq!(warm(&["*"]), (vec![], disk.clone()));
     }
 }

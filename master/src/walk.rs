@@ -9,8 +9,12 @@
 //! the whole listing as Puppet does (docs/protocol.md §3.3): a dangling symlink, a
 //! symlink whose target leaves the module root (its `manage` view stays, with
 //! a `null` checksum, so nothing outside is ever opened), a symlink loop, a
-//! name that is not UTF-8 or holds a backslash, fifos, sockets and devices,
-//! and anything that cannot be read.
+//! name that is not UTF-8 or holds a backslash, fifos, sockets and devices.
+//!
+//! What cannot be read (a directory that cannot be listed, an entry that
+//! cannot be stat'ed, a file that cannot be opened or that vanished since
+//! the walk) is reported ([`ReadError`]), not skipped: the store then keeps
+//! the previous index (docs/master.md#unreadable-files).
 //!
 //! Hashing is a separate pass ([`hash_nodes`]) so `pluginsync-master check`
 //! can walk without reading every byte ([`Hashing::Skip`]), and so a rebuild
@@ -28,6 +32,26 @@ use pluginsync_common::metadata::FileType;
 use pluginsync_common::relpath::RelPath;
 
 pub use pluginsync_common::filesig::FileSig;
+
+/// A path of a served tree the master could not read
+/// (docs/master.md#unreadable-files).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read {}: {error}", path.display())]
+pub struct ReadError {
+    /// The path.
+    pub path: PathBuf,
+    /// What the system said (part of the message, not a cause printed
+    /// again after it).
+    pub error: std::io::Error,
+}
+
+impl ReadError {
+    /// `error` reading `path`.
+    pub fn new(path: impl Into<PathBuf>, error: std::io::Error) -> ReadError {
+        let path = path.into();
+        ReadError { path, error }
+    }
+}
 
 /// One view (`follow` or `manage`) of an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,8 +154,13 @@ pub fn sig_of(md: &Metadata) -> FileSig {
 }
 
 /// Walks the root at `root` (which must be a directory). `label` names the
-/// module in log lines.
-pub fn walk_root(root: &Path, label: &str) -> std::io::Result<(PathBuf, Vec<Node>)> {
+/// module in log lines; what cannot be read below the root goes to
+/// `errors` (the root itself is the `Err`).
+pub fn walk_root(
+    root: &Path,
+    label: &str,
+    errors: &mut Vec<ReadError>,
+) -> std::io::Result<(PathBuf, Vec<Node>)> {
     let canon_root = root.canonicalize()?;
     let md = std::fs::metadata(&canon_root)?;
     let mut root_node = Node::new(RelPath::root(), 0, false, false);
@@ -141,7 +170,7 @@ pub fn walk_root(root: &Path, label: &str) -> std::io::Result<(PathBuf, Vec<Node
     let mut queue: VecDeque<u32> = VecDeque::from([0]);
     while let Some(dir_idx) = queue.pop_front() {
         let dir = WalkedDir::of(&nodes, dir_idx, &canon_root);
-        let Some(names) = dir.names(label) else {
+        let Some(names) = dir.names(errors) else {
             continue;
         };
         for os_name in names {
@@ -149,7 +178,7 @@ pub fn walk_root(root: &Path, label: &str) -> std::io::Result<(PathBuf, Vec<Node
                 mut node,
                 real,
                 descend,
-            }) = dir.entry(&nodes, &os_name, &canon_root, label)
+            }) = dir.entry(&nodes, &os_name, &canon_root, label, errors)
             else {
                 continue;
             };
@@ -240,28 +269,32 @@ impl WalkedDir {
         }
     }
 
-    /// The names in the directory, sorted; `None` (with a warning) if it
+    /// The names in the directory, sorted; `None` (in `errors`) if it
     /// cannot be read.
-    fn names(&self, label: &str) -> Option<Vec<std::ffi::OsString>> {
-        let mut names: Vec<std::ffi::OsString> = match std::fs::read_dir(&self.real) {
-            Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.file_name())).collect(),
-            Err(e) => {
-                tracing::warn!(module = label, dir = %self.real.display(), error = %e, "cannot read directory, its entries are not served");
-                return None;
+    fn names(&self, errors: &mut Vec<ReadError>) -> Option<Vec<std::ffi::OsString>> {
+        let read: std::io::Result<Vec<std::ffi::OsString>> = std::fs::read_dir(&self.real)
+            .and_then(|rd| rd.map(|e| e.map(|e| e.file_name())).collect());
+        match read {
+            Ok(mut names) => {
+                names.sort();
+                Some(names)
             }
-        };
-        names.sort();
-        Some(names)
+            Err(e) => {
+                errors.push(ReadError::new(&self.real, e));
+                None
+            }
+        }
     }
 
-    /// The entry `os_name` of this directory, or `None` (with a warning)
-    /// when it is not served at all.
+    /// The entry `os_name` of this directory, or `None` (with a warning,
+    /// or in `errors` if it cannot be read) when it is not served at all.
     fn entry(
         &self,
         nodes: &[Node],
         os_name: &std::ffi::OsStr,
         canon_root: &Path,
         label: &str,
+        errors: &mut Vec<ReadError>,
     ) -> Option<Entry> {
         let path = self.real.join(os_name);
         let Some(name) = os_name.to_str() else {
@@ -278,7 +311,8 @@ impl WalkedDir {
         let lmd = match std::fs::symlink_metadata(&path) {
             Ok(m) => m,
             Err(e) => {
-                tracing::warn!(module = label, path = %path.display(), error = %e, "cannot stat, not served");
+                // Listed, then gone or unreadable: not a smaller tree.
+                errors.push(ReadError::new(path, e));
                 return None;
             }
         };
@@ -291,7 +325,7 @@ impl WalkedDir {
                 .ok()
                 .map(|d| d.to_string_lossy().into_owned());
             node.manage = view_of(&lmd, destination);
-            if let Some(followed) = self.follow(nodes, &path, canon_root, label) {
+            if let Some(followed) = self.follow(nodes, &path, canon_root, label, errors) {
                 node.follow = followed.view;
                 node.sig = followed.sig;
                 real = followed.real;
@@ -322,15 +356,21 @@ impl WalkedDir {
     /// Where the symlink at `path` (an entry of this directory) leads, if
     /// it may be followed: not dangling, inside the module root, not a
     /// loop back to this directory or one above it; `None` with a warning
-    /// otherwise (it is then served only under `links=manage`).
+    /// otherwise (it is then served only under `links=manage`), or in
+    /// `errors` when its target cannot be read.
     fn follow(
         &self,
         nodes: &[Node],
         path: &Path,
         canon_root: &Path,
         label: &str,
+        errors: &mut Vec<ReadError>,
     ) -> Option<Followed> {
         let target = match path.canonicalize() {
+            Err(e) if !dangling(&e) => {
+                errors.push(ReadError::new(path, e));
+                return None;
+            }
             Err(_) => {
                 tracing::warn!(module = label, path = %path.display(), "dangling symlink, served only under links=manage");
                 return None;
@@ -363,11 +403,20 @@ impl WalkedDir {
                 })
             }
             Err(e) => {
-                tracing::warn!(module = label, path = %path.display(), error = %e, "cannot stat symlink target, not followed");
+                errors.push(ReadError::new(target, e));
                 None
             }
         }
     }
+}
+
+/// True if `e`, resolving a symlink, says it leads nowhere (a missing
+/// target, a loop of links): a dangling link, served only under
+/// `links=manage`; anything else is a read error.
+fn dangling(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound
+        || e.kind() == std::io::ErrorKind::NotADirectory
+        || e.raw_os_error() == Some(libc::ELOOP)
 }
 
 /// Entries walked per root at most: a guard against symlinked directories
@@ -431,15 +480,16 @@ pub enum Hashing<'a> {
 /// symlink anywhere in its real path, never a fifo or device), and its
 /// signature becomes that of the descriptor actually read, so the digest
 /// and the identity `open_indexed` checks later describe the same inode.
-/// A file that cannot be read that way is dropped from both views, with a
-/// warning.
+/// A file that cannot be read that way (unreadable, vanished since the
+/// walk, or no longer a regular file) is dropped from both views and
+/// reported in `errors`.
 pub fn hash_nodes(
     nodes: &mut [Node],
     canon_root: &Path,
     previous: &Digests,
     kept: Option<&KeptDigests>,
     hashed: &AtomicU64,
-    label: &str,
+    errors: &mut Vec<ReadError>,
 ) {
     for node in nodes.iter_mut() {
         let Some(sig) = node.sig else { continue };
@@ -461,7 +511,7 @@ pub fn hash_nodes(
                 node.sig = Some(read_sig);
             }
             Err(e) => {
-                tracing::warn!(module = label, path = %real.display(), error = %e, "cannot read file, not served");
+                errors.push(ReadError::new(real, e));
                 node.follow = None;
                 node.manage = None;
                 node.sig = None;
@@ -562,7 +612,7 @@ mod tests {
         std::os::unix::fs::symlink("../b", root.join("a/to_b")).unwrap();
         std::os::unix::fs::symlink("../a", root.join("b/to_a")).unwrap();
         std::os::unix::fs::symlink("..", root.join("a/up")).unwrap();
-        let (_, nodes) = walk_root(&root, "m").unwrap();
+        let (_, nodes) = walk_root(&root, "m", &mut Vec::new()).unwrap();
         let rels: Vec<&str> = nodes.iter().map(|n| n.rel.as_str()).collect();
         assert!(rels.len() < 20, "{rels:?}");
         // Followed once: a/to_b/to_a would be `a` again, so it is not followed.
@@ -597,7 +647,7 @@ mod tests {
         std::fs::write(root.join("impl/x.rb"), "x").unwrap();
         std::os::unix::fs::symlink("impl", root.join("alias")).unwrap();
         std::os::unix::fs::symlink("impl/x.rb", root.join("x_link.rb")).unwrap();
-        let (canon, nodes) = walk_root(&root, "m").unwrap();
+        let (canon, nodes) = walk_root(&root, "m", &mut Vec::new()).unwrap();
         let get = |rel: &str| nodes.iter().find(|n| n.rel.as_str() == rel).unwrap();
         assert_eq!(get(".").real_path(&canon), canon.as_path());
         assert!(
@@ -617,8 +667,15 @@ mod tests {
         std::fs::write(t.path().join("a.rb"), "a").unwrap();
         std::fs::write(t.path().join("b.rb"), "b").unwrap();
         let counter = AtomicU64::new(0);
-        let (canon, mut first) = walk_root(t.path(), "m").unwrap();
-        hash_nodes(&mut first, &canon, &HashMap::new(), None, &counter, "m");
+        let (canon, mut first) = walk_root(t.path(), "m", &mut Vec::new()).unwrap();
+        hash_nodes(
+            &mut first,
+            &canon,
+            &HashMap::new(),
+            None,
+            &counter,
+            &mut Vec::new(),
+        );
         (t, canon, first, counter)
     }
 
@@ -631,8 +688,15 @@ mod tests {
             .filter_map(|n| Some((n.real_path(&canon).into_owned(), (n.sig?, n.sha256?))))
             .collect();
         std::fs::write(t.path().join("b.rb"), "bb").unwrap();
-        let (_, mut second) = walk_root(t.path(), "m").unwrap();
-        hash_nodes(&mut second, &canon, &previous, None, &counter, "m");
+        let (_, mut second) = walk_root(t.path(), "m", &mut Vec::new()).unwrap();
+        hash_nodes(
+            &mut second,
+            &canon,
+            &previous,
+            None,
+            &counter,
+            &mut Vec::new(),
+        );
         assert_eq!(
             counter.load(Ordering::Relaxed),
             3,
@@ -650,14 +714,21 @@ mod tests {
         let copy = tempfile::tempdir().unwrap();
         std::fs::copy(t.path().join("a.rb"), copy.path().join("a.rb")).unwrap();
         let with_kept = |nodes: &mut Vec<Node>, canon: &Path| {
-            hash_nodes(nodes, canon, &HashMap::new(), Some(&kept), &counter, "m")
+            hash_nodes(
+                nodes,
+                canon,
+                &HashMap::new(),
+                Some(&kept),
+                &counter,
+                &mut Vec::new(),
+            )
         };
-        let (ccanon, mut other) = walk_root(copy.path(), "m").unwrap();
+        let (ccanon, mut other) = walk_root(copy.path(), "m", &mut Vec::new()).unwrap();
         with_kept(&mut other, &ccanon);
         assert_eq!(counter.load(Ordering::Relaxed), 3, "another inode is read");
         // The dropped index's own tree, one file rewritten: only it is read.
         std::fs::write(t.path().join("b.rb"), "bb").unwrap();
-        let (_, mut again) = walk_root(t.path(), "m").unwrap();
+        let (_, mut again) = walk_root(t.path(), "m", &mut Vec::new()).unwrap();
         with_kept(&mut again, &canon);
         assert_eq!(counter.load(Ordering::Relaxed), 4, "only b.rb was read");
         let b = again.iter().find(|n| n.rel.as_str() == "b.rb").unwrap();
@@ -665,50 +736,94 @@ mod tests {
     }
 
     /// Walks a root with `a.rb`, then lets `swap` replace it before hashing
-    /// (on a thread, bounded: a blocked read is a failure, not a hang).
-    fn hash_after_swap(swap: impl FnOnce(&Path) + Send + 'static) -> Node {
+    /// (on a thread, bounded: a blocked read is a failure, not a hang);
+    /// returns the node of `a.rb` and the paths reported unreadable.
+    fn hash_after_swap(swap: impl FnOnce(&Path) + Send + 'static) -> (Node, Vec<PathBuf>) {
         let t = tempfile::tempdir().unwrap();
         let root = t.path().join("lib");
         std::fs::create_dir_all(&root).unwrap();
         std::fs::write(root.join("a.rb"), "alpha\n").unwrap();
         std::fs::write(t.path().join("secret"), "secret\n").unwrap();
-        let (canon, mut nodes) = walk_root(&root, "m").unwrap();
+        let (canon, mut nodes) = walk_root(&root, "m", &mut Vec::new()).unwrap();
         swap(&canon.join("a.rb"));
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            let mut errors = Vec::new();
+            let counter = AtomicU64::new(0);
             hash_nodes(
                 &mut nodes,
                 &canon,
                 &HashMap::new(),
                 None,
-                &AtomicU64::new(0),
-                "m",
+                &counter,
+                &mut errors,
             );
-            let _ = tx.send(nodes);
+            let _ = tx.send((nodes, errors));
             drop(t);
         });
-        let nodes = rx
+        let (nodes, errors) = rx
             .recv_timeout(std::time::Duration::from_secs(20))
             .expect("hashing returned (not blocked on a fifo)");
-        nodes
-            .into_iter()
-            .find(|n| n.rel.as_str() == "a.rb")
-            .unwrap()
+        let node = nodes.into_iter().find(|n| n.rel.as_str() == "a.rb");
+        (node.unwrap(), errors.into_iter().map(|e| e.path).collect())
+    }
+
+    #[test]
+    fn a_file_gone_between_the_walk_and_the_hash_is_an_error_not_a_smaller_tree() {
+        let (node, errors) = hash_after_swap(|p| std::fs::remove_file(p).unwrap());
+        assert!(node.sig.is_none(), "not served");
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].ends_with("lib/a.rb"), "{errors:?}");
+    }
+
+    #[test]
+    fn an_unlisted_directory_or_an_unstatable_entry_is_an_error() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("lib");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/a.rb"), "a\n").unwrap();
+        // A dangling link is policy (served under manage only), not an error.
+        std::os::unix::fs::symlink(root.join("nowhere"), root.join("dangling")).unwrap();
+        let mut errors = Vec::new();
+        walk_root(&root, "m", &mut errors).unwrap();
+        assert!(errors.is_empty(), "{errors:?}");
+        // A directory that cannot be listed: replaced by a file between
+        // the listing of its parent and its own (as the walk meets it).
+        let canon = root.canonicalize().unwrap();
+        let dir = WalkedDir {
+            idx: 0,
+            real: canon.join("sub/a.rb"),
+            rel: RelPath::root(),
+            children_via_link: false,
+        };
+        assert!(dir.names(&mut errors).is_none());
+        let gone = WalkedDir::of(&[Node::new(RelPath::root(), 0, false, false)], 0, &canon);
+        let entry = gone.entry(
+            &[],
+            std::ffi::OsStr::new("vanished"),
+            &canon,
+            "m",
+            &mut errors,
+        );
+        assert!(entry.is_none());
+        let paths: Vec<_> = errors.iter().map(|e| e.path.clone()).collect();
+        assert_eq!(paths, [canon.join("sub/a.rb"), canon.join("vanished")]);
     }
 
     #[test]
     fn hashing_never_follows_a_symlink_swapped_in_after_the_walk() {
-        let node = hash_after_swap(|p| {
+        let (node, errors) = hash_after_swap(|p| {
             std::fs::remove_file(p).unwrap();
             std::os::unix::fs::symlink(p.parent().unwrap().join("../secret"), p).unwrap();
         });
         assert_eq!(node.sha256, None, "the secret's digest must not be indexed");
+        assert_eq!(errors.len(), 1, "reported, not skipped: {errors:?}");
         assert!(node.follow.is_none() && node.sig.is_none(), "not served");
     }
 
     #[test]
     fn hashing_never_blocks_on_a_fifo_swapped_in_after_the_walk() {
-        let node = hash_after_swap(|p| {
+        let (node, _) = hash_after_swap(|p| {
             std::fs::remove_file(p).unwrap();
             rustix::fs::mknodat(
                 rustix::fs::CWD,
@@ -725,7 +840,7 @@ mod tests {
 
     #[test]
     fn hashing_adopts_the_signature_of_the_file_it_read() {
-        let node = hash_after_swap(|p| {
+        let (node, _) = hash_after_swap(|p| {
             let tmp = p.with_extension("new");
             std::fs::write(&tmp, "replaced, longer\n").unwrap();
             std::fs::rename(&tmp, p).unwrap();

@@ -5,6 +5,11 @@
 //! **What is watched.** Each environmentpath entry itself (not recursively:
 //! environments appear, vanish and are flipped there), each environment's
 //! *real* directory recursively, and each basemodulepath entry recursively.
+//! An environment's directory is watched before any build walks it (the
+//! store calls [`watch_env`] first: `Store::watch_before_walk`), so a file
+//! written while the master builds its first index is an event like any
+//! other (`files_written_during_the_first_build_are_served_without_a_rescan`);
+//! the background setup watches the others.
 //! inotify watches an inode, so a watch added through `production ->
 //! releases/3` stays on `releases/3` after the link is flipped; the
 //! environments' real paths are therefore resolved again after every burst
@@ -20,10 +25,13 @@
 //! reads produce them, and reacting to them would rebuild forever. After the
 //! last event of a burst and a quiet `debounce` (at most 10 × `debounce`),
 //! the touched environments are rebuilt; unchanged files keep their
-//! digests, so only what changed is read again. Only *indexed* environments
-//! are rebuilt (`Store::refresh`; docs/master.md#many-environments): one not
+//! digests, so only what changed is read again. Only *indexed* environments,
+//! and those whose first build is running (rebuilt once it is done), are
+//! rebuilt (`Store::refresh`; docs/master.md#many-environments): one not
 //! indexed yet, or dropped for being idle, is read as it is on its next
-//! request, so a rescan never indexes every environment.
+//! request, so a rescan never indexes every environment. An environment
+//! nothing changed in sees no event and is built once
+//! (`an_untouched_tree_is_indexed_once_at_startup`).
 //!
 //! **Deploys** (docs/deploys.md). r10k and Code Manager redeploy modules in
 //! place, deleting and re-creating their directories over tens of seconds;
@@ -46,8 +54,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use notify::event::{ModifyKind, RemoveKind, RenameMode};
 use notify::{EventKind, RecursiveMode, Watcher};
@@ -97,6 +105,20 @@ struct Roots {
     envs: BTreeMap<PathBuf, BTreeSet<EnvName>>,
     /// The environmentpath entries, as configured and resolved.
     envpaths: Vec<PathBuf>,
+}
+
+/// The watcher and the table of what it watches, shared by the watcher's
+/// task and the builds that call [`watch_env`] before walking.
+struct Watched {
+    /// `None` with `index.watch = false` (the rescan still runs).
+    watcher: Option<notify::RecommendedWatcher>,
+    roots: Roots,
+}
+
+/// The shared [`Watched`], through poisoning (each holder changes it in
+/// one step).
+fn lock(shared: &Mutex<Watched>) -> std::sync::MutexGuard<'_, Watched> {
+    shared.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What an event path belongs to.
@@ -175,7 +197,7 @@ pub fn spawn(store: Arc<Store>) -> Result<Option<WatchGuard>, WatchError> {
         return Ok(None);
     }
     let (tx, rx) = mpsc::unbounded_channel::<Stamped>();
-    let mut roots = Roots {
+    let roots = Roots {
         envpaths: config
             .environmentpath
             .iter()
@@ -212,36 +234,33 @@ pub fn spawn(store: Arc<Store>) -> Result<Option<WatchGuard>, WatchError> {
     } else {
         None
     };
+    let shared = Arc::new(Mutex::new(Watched { watcher, roots }));
+    if lock(&shared).watcher.is_some() {
+        // Weak both ways: the store outlives no watcher, and the hook keeps
+        // neither alive once the task is gone.
+        let (weak_store, weak_shared) = (Arc::downgrade(&store), Arc::downgrade(&shared));
+        store.watch_before_walk(move |name, dir| {
+            if let (Some(store), Some(shared)) = (weak_store.upgrade(), weak_shared.upgrade()) {
+                watch_env(&store, &shared, name, dir);
+            }
+        });
+    }
     let task = tokio::spawn(async move {
         // Watching every environment recursively adds a watch per
         // directory: 20 s for 100 environments of 1,300 directories each
-        // (measured). Done off the startup path; then every environment
-        // indexed meanwhile is refreshed (stat only), so a change made
-        // before its watch existed is not missed.
-        let watcher = match watcher {
-            Some(mut w) => {
-                let (s, mut r) = (store.clone(), roots.clone());
-                match tokio::task::spawn_blocking(move || {
-                    resync(&s, &mut w, &mut r);
-                    (w, r)
-                })
-                .await
-                {
-                    Ok((w, r)) => {
-                        roots = r;
-                        store.refresh(Scope::Every).await;
-                        Some(w)
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot watch the environments: only the periodic rescan picks up changes");
-                        None
-                    }
-                }
+        // (measured). Done off the startup path, one directory at a time;
+        // a build watches its own environment before walking it
+        // (`watch_env`), so none is indexed unwatched and none needs a
+        // second build here.
+        if lock(&shared).watcher.is_some() {
+            let (s, w) = (store.clone(), shared.clone());
+            if let Err(e) = tokio::task::spawn_blocking(move || resync(&s, &w)).await {
+                tracing::error!(error = %e, "cannot watch the environments: only the periodic rescan picks up changes");
+                lock(&shared).watcher = None;
             }
-            None => None,
-        };
+        }
         store.set_watching();
-        run(store, watcher, roots, rx).await
+        run(store, shared, rx).await
     });
     Ok(Some(WatchGuard {
         task: task.abort_handle(),
@@ -251,8 +270,7 @@ pub fn spawn(store: Arc<Store>) -> Result<Option<WatchGuard>, WatchError> {
 /// The watcher's loop: bursts, deploys held and released, rescans.
 async fn run(
     store: Arc<Store>,
-    mut watcher: Option<notify::RecommendedWatcher>,
-    mut roots: Roots,
+    shared: Arc<Mutex<Watched>>,
     mut rx: mpsc::UnboundedReceiver<Stamped>,
 ) {
     let index = store.config().index.clone();
@@ -264,6 +282,10 @@ async fn run(
         t
     });
     let mut deploys: BTreeMap<EnvName, Deploy> = BTreeMap::new();
+    // Without a watcher (`index.watch = false`) nothing ever sends: the
+    // loop then waits for the rescan instead of ending
+    // (`without_a_watch_the_rescan_still_picks_changes_up`).
+    let mut events = true;
     loop {
         let mut pending = Pending::default();
         // The next held deploy due for publishing, if any.
@@ -272,9 +294,12 @@ async fn run(
             .map(|d| (d.last + settle).min(d.since + settle_max))
             .min();
         tokio::select! {
-            ev = rx.recv() => {
-                let Some((first, ev)) = ev else { break };
-                classify(&ev, &roots, &mut pending);
+            ev = rx.recv(), if events => {
+                let Some((first, ev)) = ev else {
+                    events = false;
+                    continue;
+                };
+                classify(&ev, &lock(&shared).roots, &mut pending);
                 // Collect the rest of the burst: until `debounce` passes
                 // with no new event, or 10 × debounce at most. A burst cut
                 // short that way whose events (as stamped when they
@@ -289,7 +314,7 @@ async fn run(
                             Some((at, ev)) => {
                                 paused |= at.saturating_duration_since(last) >= debounce;
                                 last = at;
-                                classify(&ev, &roots, &mut pending);
+                                classify(&ev, &lock(&shared).roots, &mut pending);
                             }
                             None => break,
                         },
@@ -309,40 +334,45 @@ async fn run(
             }
             _ = async { match due { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
         }
+        // An environment whose directory is gone was removed, not deployed
+        // (the events of its removal look like one now that its first
+        // build watches it): rebuilt now, it is no longer served.
+        pending
+            .deploying
+            .retain(|env| environments::find_environment(store.config(), env).is_some());
         let now = Instant::now();
         let mut ready = hold(&mut deploys, &pending, now, &store);
         release(&mut deploys, now, settle, settle_max, &mut ready);
         for env in &ready {
             store.hold(env, false);
         }
-        if let Some(w) = watcher.as_mut() {
-            resync(&store, w, &mut roots);
-        }
-        // Only indexed environments are rebuilt (Store::refresh): one not
-        // indexed is read as it is on its next request.
-        let targets = if pending.all && deploys.is_empty() {
-            Scope::Every
-        } else if pending.all {
-            Scope::Only(
-                store
-                    .indexed()
-                    .into_iter()
-                    .filter(|n| !deploys.contains_key(n))
-                    .collect(),
-            )
-        } else {
-            ready.extend(
-                pending
-                    .envs
-                    .iter()
-                    .filter(|n| !deploys.contains_key(*n))
-                    .cloned(),
-            );
-            Scope::Only(ready.into_iter().collect())
-        };
+        resync(&store, &shared);
+        let targets = targets(&pending, &deploys, ready, &store);
         if targets != Scope::Only(Vec::new()) {
             store.refresh(targets).await;
         }
+    }
+}
+
+/// What a burst rebuilds: the environments `pending` touched and those
+/// `ready` to publish, none whose deploy is held; everything for a rescan.
+/// Only indexed ones are rebuilt (`Store::refresh`): one not indexed is
+/// read as it is on its next request.
+fn targets(
+    pending: &Pending,
+    deploys: &BTreeMap<EnvName, Deploy>,
+    mut ready: BTreeSet<EnvName>,
+    store: &Store,
+) -> Scope {
+    if pending.all && deploys.is_empty() {
+        Scope::Every
+    } else if pending.all {
+        let indexed = store.indexed().into_iter();
+        Scope::Only(indexed.filter(|n| !deploys.contains_key(n)).collect())
+    } else {
+        let touched = pending.envs.iter().filter(|n| !deploys.contains_key(*n));
+        ready.extend(touched.cloned());
+        Scope::Only(ready.into_iter().collect())
     }
 }
 
@@ -408,7 +438,9 @@ fn release(
 
 /// Watches every environment's current real directory, and only those:
 /// a flipped symlink's old target is unwatched and its new one watched.
-fn resync(store: &Store, watcher: &mut notify::RecommendedWatcher, roots: &mut Roots) {
+/// One directory per lock, so a build waiting in [`watch_env`] waits for
+/// one watch, not for all of them.
+fn resync(store: &Store, shared: &Mutex<Watched>) {
     let mut now: BTreeMap<PathBuf, BTreeSet<EnvName>> = BTreeMap::new();
     for (name, dir) in environments::list_environments(store.config()) {
         match dir.canonicalize() {
@@ -418,31 +450,83 @@ fn resync(store: &Store, watcher: &mut notify::RecommendedWatcher, roots: &mut R
             Err(e) => tracing::debug!(env = %name, error = %e, "cannot resolve the environment"),
         }
     }
-    for gone in roots.envs.keys().filter(|p| !now.contains_key(*p)) {
+    let gone: Vec<PathBuf> = (lock(shared).roots.envs.keys())
+        .filter(|p| !now.contains_key(*p))
+        .cloned()
+        .collect();
+    for gone in gone {
+        let mut w = lock(shared);
         // A deleted directory's watches went with it: nothing to undo.
-        if let Err(e) = watcher.unwatch(gone) {
+        if let Some(watcher) = w.watcher.as_mut()
+            && let Err(e) = watcher.unwatch(&gone)
+        {
             tracing::debug!(dir = %gone.display(), error = %e, "unwatch");
         }
+        w.roots.envs.remove(&gone);
         tracing::debug!(dir = %gone.display(), "no longer an environment's directory: unwatched");
     }
-    let mut kept = BTreeMap::new();
     for (real, names) in now {
-        if !roots.envs.contains_key(&real) {
-            if let Err(e) = watcher.watch(&real, RecursiveMode::Recursive) {
-                // Picked up again after the next event or rescan.
-                tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment (raise fs.inotify.max_user_watches for very large trees)");
-                continue;
-            }
-            let envs: Vec<&str> = names.iter().map(EnvName::as_str).collect();
-            tracing::debug!(dir = %real.display(), envs = %envs.join(","), "watching");
+        let mut w = lock(shared);
+        // One that cannot be watched is tried again after the next event
+        // or rescan.
+        if w.roots.envs.contains_key(&real) || w.watch(&real, &names) {
+            w.roots.envs.insert(real, names);
         }
-        kept.insert(real, names);
     }
-    roots.envs = kept;
+    let watched = lock(shared).roots.envs.len() as u64;
     store
         .stats
         .watched_environments
-        .store(roots.envs.len() as u64, Ordering::Relaxed);
+        .store(watched, Ordering::Relaxed);
+}
+
+/// Watches the real directory of environment `name` (at `dir`) unless it
+/// is watched already: what a build calls before walking it
+/// (`Store::watch_before_walk`), so every change made while it walks is an
+/// event.
+fn watch_env(store: &Store, shared: &Mutex<Watched>, name: &EnvName, dir: &Path) {
+    let Ok(real) = dir.canonicalize() else {
+        return; // the build finds no environment there either
+    };
+    let mut w = lock(shared);
+    if let Some(names) = w.roots.envs.get_mut(&real) {
+        names.insert(name.clone());
+        return;
+    }
+    let names = BTreeSet::from([name.clone()]);
+    if w.watch(&real, &names) {
+        w.roots.envs.insert(real, names);
+        let watched = w.roots.envs.len() as u64;
+        store
+            .stats
+            .watched_environments
+            .store(watched, Ordering::Relaxed);
+    }
+}
+
+impl Watched {
+    /// Adds a recursive watch on `real`, the directory of `names`; false
+    /// (said, with what to do about the watch limit) if it cannot be.
+    fn watch(&mut self, real: &Path, names: &BTreeSet<EnvName>) -> bool {
+        let Some(watcher) = self.watcher.as_mut() else {
+            return false;
+        };
+        match watcher.watch(real, RecursiveMode::Recursive) {
+            Ok(()) => {
+                let envs: Vec<&str> = names.iter().map(EnvName::as_str).collect();
+                tracing::debug!(dir = %real.display(), envs = %envs.join(","), "watching");
+                true
+            }
+            Err(e) if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) => {
+                tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment (raise fs.inotify.max_user_watches for very large trees)");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(dir = %real.display(), error = %e, "cannot watch an environment");
+                false
+            }
+        }
+    }
 }
 
 fn classify(ev: &notify::Result<notify::Event>, roots: &Roots, pending: &mut Pending) {

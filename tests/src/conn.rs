@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use crate::pki::Pki;
-use crate::process::bin_path;
+use crate::process::{bin_path, unprivileged};
 
 /// The master binary as a child process, optionally under a lowered
 /// descriptor limit, its log collected all along (so it never blocks on a
@@ -42,7 +42,7 @@ impl ChildMaster {
     /// to 60 s for its "listening on" and "ready" lines.
     pub fn spawn(config: &Path, nofile: Option<u64>) -> ChildMaster {
         let master = bin_path("pluginsync-master");
-        let mut cmd = match nofile {
+        let cmd = match nofile {
             Some(n) => {
                 let mut c = Command::new("sh");
                 c.arg("-c")
@@ -52,6 +52,17 @@ impl ChildMaster {
             }
             None => Command::new(master),
         };
+        ChildMaster::run(cmd, config)
+    }
+
+    /// Like [`ChildMaster::spawn`], as a user file modes apply to
+    /// ([`unprivileged`]): hand it the tree and the config first
+    /// ([`crate::hand_over`]).
+    pub fn spawn_unprivileged(config: &Path) -> ChildMaster {
+        ChildMaster::run(unprivileged(&bin_path("pluginsync-master")), config)
+    }
+
+    fn run(mut cmd: Command, config: &Path) -> ChildMaster {
         cmd.args(["serve", "--config"])
             .arg(config)
             .env("RUST_LOG", "info")

@@ -84,7 +84,8 @@ pub use hostile::{Listener, gzip_zeros, listing_json, response_with};
 pub use master::{MasterProcess, TestMaster, config_file, config_toml, parse_config};
 pub use pki::{AGENTS, Pki};
 pub use process::{
-    Finished, bin_path, promtool_accepts, repo_root, require, run_logged, skipped, which,
+    Finished, bin_path, hand_over, promtool_accepts, repo_root, require, run_logged,
+    running_as_root, skipped, unprivileged, which,
 };
 pub use replicas::{CutProxy, Lcg, kill9};
 pub use tree::{EnvTree, merged_mount, sha256_hex, tree_snapshot, without_modes};

@@ -61,6 +61,26 @@ pub struct TestMaster {
 impl TestMaster {
     /// Starts a master for `config` (its `listen` is ignored: 127.0.0.1:0).
     pub fn start(config: MasterConfig) -> TestMaster {
+        let master = TestMaster::listening(config);
+        let store = &master.store;
+        // Environments are indexed and watched in the background
+        // (docs/master.md#many-environments): wait until the warmer and the
+        // watcher's setup are done, so a test starts from every environment
+        // indexed and watched, as a master did before serving.
+        let settled = || store.is_warmed() && store.is_watching();
+        for _ in 0..6000 {
+            if settled() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(settled(), "the master indexed and watched its environments");
+        master
+    }
+
+    /// Starts a master for `config` and returns as soon as it listens,
+    /// while it still indexes and sets up its watches in the background.
+    pub fn listening(config: MasterConfig) -> TestMaster {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -88,18 +108,6 @@ impl TestMaster {
         let store: Arc<Store> = ready_rx
             .recv_timeout(Duration::from_secs(60))
             .expect("master became ready");
-        // Environments are indexed and watched in the background
-        // (docs/master.md#many-environments): wait until the warmer and the
-        // watcher's setup are done, so a test starts from every environment
-        // indexed and watched, as a master did before serving.
-        let settled = || store.is_warmed() && store.is_watching();
-        for _ in 0..6000 {
-            if settled() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(settled(), "the master indexed and watched its environments");
         TestMaster {
             addr,
             store,

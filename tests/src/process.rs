@@ -2,7 +2,8 @@
 //! ([`bin_path`]) and the repository ([`repo_root`]), real peers on PATH or
 //! a skip ([`which`], [`require`], [`skipped`]), and a command run to its
 //! end under a time limit with its output logged ([`run_logged`],
-//! [`Finished`]).
+//! [`Finished`]), and a user file modes apply to ([`unprivileged`],
+//! [`hand_over`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,47 @@ pub fn bin_path(name: &str) -> PathBuf {
         p.display()
     );
     p
+}
+
+/// True when the tests run as root, for whom a file's mode stops nothing.
+pub fn running_as_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// A command running `program` as `nobody` (through `setpriv`, no
+/// capabilities) when the tests run as root, who reads any file whatever
+/// its mode: a test of an unreadable file needs a user the mode applies
+/// to. `program` itself otherwise.
+pub fn unprivileged(program: &Path) -> Command {
+    if !running_as_root() {
+        return Command::new(program);
+    }
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(program);
+    cmd
+}
+
+/// Gives the trees at `dirs` (recursively, links not followed) to
+/// `nobody` when the tests run as root, so an [`unprivileged`] process
+/// reads them as their owner; nothing otherwise (they are the tests' user's
+/// already).
+pub fn hand_over(dirs: &[&Path]) {
+    const NOBODY: u32 = 65534;
+    fn give(path: &Path) {
+        std::os::unix::fs::lchown(path, Some(NOBODY), Some(NOBODY)).expect("chown to nobody");
+        let md = std::fs::symlink_metadata(path).expect("stat");
+        if md.is_dir() {
+            for e in std::fs::read_dir(path).expect("read_dir") {
+                give(&e.expect("entry").path());
+            }
+        }
+    }
+    if running_as_root() {
+        for d in dirs {
+            give(d);
+        }
+    }
 }
 
 /// The repository's root directory.

@@ -79,6 +79,14 @@ async fn accept(
                 5,
             ));
         }
+        Lookup::Unreadable => {
+            return Err(ApiError::unavailable(
+                format!(
+                    "environment '{env}' cannot be read by the master (see its log); try again shortly"
+                ),
+                crate::store::RETRY_UNREADABLE.as_secs() as u32,
+            ));
+        }
     };
     Ok(Accepted {
         index,

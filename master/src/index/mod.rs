@@ -53,7 +53,7 @@ use pluginsync_common::metadata::{Checksum, FileMetadata, Links};
 use pluginsync_common::relpath::RelPath;
 
 use crate::environments::{self, Module};
-use crate::walk::{Digests, Node, View};
+use crate::walk::{Digests, Node, ReadError, View};
 
 pub use self::entry::{DIRECTORY_CTIME, Identity, ListingError, SearchParams};
 pub use self::history::{DeltaListing, History};
@@ -100,6 +100,10 @@ pub struct EnvIndex {
     /// The standard listings this environment served before, by ETag,
     /// for delta listings; handed from each index to the next.
     history: Arc<History>,
+    /// What the build could not read (docs/master.md#unreadable-files):
+    /// when any, this index lacks part of the tree and must not be served
+    /// in place of a complete one.
+    pub unreadable: Vec<ReadError>,
 }
 
 impl EnvIndex {
@@ -113,10 +117,23 @@ impl EnvIndex {
         hashing: Hashing<'_>,
     ) -> EnvIndex {
         let modulepath = environments::modulepath(config, &dir);
-        let modules = environments::modules(&modulepath);
+        let (modules, unlisted) = environments::modules(&modulepath);
+        let mut unreadable: Vec<ReadError> = unlisted
+            .into_iter()
+            .map(|(path, e)| ReadError::new(path, e))
+            .collect();
         let reuse = previous.map(EnvIndex::digests).unwrap_or_default();
-        let mounts =
-            Mount::ALL.map(|m| MountIndex::build(m, &modules, &modulepath, &dir, &reuse, hashing));
+        let mounts = Mount::ALL.map(|m| {
+            MountIndex::build(
+                m,
+                &modules,
+                &modulepath,
+                &dir,
+                &reuse,
+                hashing,
+                &mut unreadable,
+            )
+        });
         for (i, m) in mounts.iter().enumerate() {
             let before = previous.map(|p| p.mounts[i].collisions.as_slice());
             log_collisions(&name, m.mount, &new_collisions(before, &m.collisions));
@@ -142,6 +159,7 @@ impl EnvIndex {
             ),
             other_checksums: OtherChecksums::default(),
             history: previous.map(|p| p.history.clone()).unwrap_or_default(),
+            unreadable,
         }
     }
 

@@ -15,6 +15,10 @@
 //! (docs/internals.md#environments) is not walked at all, so nothing outside is
 //! ever read, listed or served; it is warned about and kept in
 //! [`MountIndex::outside`] for `check`.
+//!
+//! A module root, or anything below it, that cannot be read is reported
+//! to the caller ([`ReadError`]), never skipped: the store then keeps the
+//! environment's previous index (docs/master.md#unreadable-files).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,7 +28,7 @@ use pluginsync_common::metadata::{FileType, Links};
 use pluginsync_common::protocol::Mount;
 
 use crate::environments::{Module, Modulepath, Outside};
-use crate::walk::{self, Digests, Hashing, Node, View};
+use crate::walk::{self, Digests, Hashing, Node, ReadError, View};
 
 /// One served root: a module's `lib/` or `facts.d/`.
 #[derive(Debug)]
@@ -93,7 +97,8 @@ pub struct MountIndex {
 
 impl MountIndex {
     /// Walks and (unless `hashing` is [`Hashing::Skip`]) hashes one mount,
-    /// reusing the digests in `previous`.
+    /// reusing the digests in `previous`; what cannot be read goes to
+    /// `errors`.
     pub fn build(
         mount: Mount,
         modules: &[Module],
@@ -101,17 +106,25 @@ impl MountIndex {
         env_dir: &Path,
         previous: &Digests,
         hashing: Hashing<'_>,
+        errors: &mut Vec<ReadError>,
     ) -> MountIndex {
         let mut roots = Vec::new();
         let mut outside = Vec::new();
         for m in modules {
             let dir = m.dir.join(mount.module_subdir());
-            if !dir.exists() {
-                continue;
-            }
-            if !dir.is_dir() {
-                tracing::warn!(path = %dir.display(), "not a directory, not served");
-                continue;
+            match std::fs::metadata(&dir) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                // A module directory the master cannot search (mode 0700,
+                // another owner) is not a module without `lib/`.
+                Err(e) => {
+                    errors.push(ReadError::new(dir, e));
+                    continue;
+                }
+                Ok(md) if !md.is_dir() => {
+                    tracing::warn!(path = %dir.display(), "not a directory, not served");
+                    continue;
+                }
+                Ok(_) => {}
             }
             if let Some(real) = modulepath.outside(&dir) {
                 let o = Outside {
@@ -123,7 +136,7 @@ impl MountIndex {
                 outside.push(o);
                 continue;
             }
-            match walk::walk_root(&dir, &m.name) {
+            match walk::walk_root(&dir, &m.name, errors) {
                 // Checked again on the path the walk resolved: a swap
                 // between the two resolutions serves nothing outside.
                 Ok((canon, _)) if !modulepath.contains(&canon) => {
@@ -137,7 +150,7 @@ impl MountIndex {
                 }
                 Ok((canon, mut nodes)) => {
                     if let Hashing::Hash { files_hashed, kept } = hashing {
-                        walk::hash_nodes(&mut nodes, &canon, previous, kept, files_hashed, &m.name);
+                        walk::hash_nodes(&mut nodes, &canon, previous, kept, files_hashed, errors);
                     }
                     roots.push(Root {
                         module: m.name.clone(),
@@ -146,9 +159,7 @@ impl MountIndex {
                         nodes,
                     });
                 }
-                Err(e) => {
-                    tracing::warn!(path = %dir.display(), error = %e, "cannot walk module directory, not served")
-                }
+                Err(e) => errors.push(ReadError::new(dir, e)),
             }
         }
         let mut index = MountIndex {
