@@ -24,6 +24,7 @@ use pluginsync_common::tls::SslDirPaths;
 use serde::Deserialize;
 
 use crate::loaders::{LoadConfig, LoaderConfig, LoaderTable};
+use crate::lock::PuppetLockConfig;
 
 /// The default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/agent.toml";
@@ -187,6 +188,9 @@ pub struct AgentConfig {
     /// Metrics for node_exporter's textfile collector.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Puppet's run lock, waited for before a commit.
+    #[serde(default)]
+    pub puppet_lock: PuppetLockConfig,
     /// The top-level keys the file sets (`pluginsync-agent config` tells
     /// a value from the file from a default).
     #[serde(skip)]
@@ -294,6 +298,8 @@ pub struct AgentFile {
     pub loaders: LoaderTable,
     /// `[metrics] textfile`.
     pub metrics_textfile: Option<PathBuf>,
+    /// `[puppet_lock]`.
+    pub puppet_lock: PuppetLockConfig,
     /// The top-level keys the file sets.
     pub keys: BTreeSet<String>,
 }
@@ -377,6 +383,7 @@ impl AgentConfig {
             load: self.load.clone(),
             loaders,
             metrics_textfile: self.metrics.textfile.clone(),
+            puppet_lock: self.puppet_lock.clone(),
             keys: self.keys.clone(),
         })
     }
@@ -526,10 +533,10 @@ impl ConfigFile for AgentConfig {
         if let Some(t) = self.metrics.textfile.as_mut() {
             fix(t);
         }
-        // `puppet_conf = ""` means none: it stays empty.
-        if let Some(p) = self
-            .puppet_conf
-            .as_mut()
+        // `puppet_conf = ""` and `[puppet_lock] file = ""` mean none: they stay empty.
+        for p in [self.puppet_conf.as_mut(), self.puppet_lock.file.as_mut()]
+            .into_iter()
+            .flatten()
             .filter(|p| !p.as_os_str().is_empty())
         {
             fix(p);

@@ -1,14 +1,23 @@
-//! The run lock: `<vardir>/agent.lock`, an advisory `flock`.
+//! The run lock: `<vardir>/agent.lock`, an advisory `flock`; and Puppet's
+//! run lock, waited for before a commit ([`wait_for_puppet`]).
 //!
 //! An overlapping run (cron firing while a slow sync still runs) is
 //! skipped at once with `another sync is running (pid N)` (exit 75,
 //! `exit.rs`). The kernel drops the lock
 //! when its process dies, so a crashed run's lock is simply taken over; the
 //! pid inside is informational.
+//!
+//! Puppet's agent holds no `flock`: while it applies a catalog its
+//! `agent_catalog_run_lockfile` exists and holds its pid. A commit that
+//! changes something waits, bounded, while that file names a live process
+//! that is not one of ours (docs/agent.md#a-puppet-run-in-progress).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
 
 /// The lock could not be taken.
 #[derive(Debug, thiserror::Error)]
@@ -77,9 +86,298 @@ pub fn acquire(vardir: &Path) -> Result<RunLock, LockError> {
     Ok(RunLock { _file: file })
 }
 
+/// `[puppet_lock]` in agent.toml (docs/agent.md#a-puppet-run-in-progress).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PuppetLockConfig {
+    /// How long a commit waits while a Puppet run holds its lock; `0s`
+    /// gives up at once.
+    #[serde(default = "default_puppet_wait", with = "humantime_serde")]
+    pub wait: Duration,
+    /// Puppet's run lock file; unset: puppet.conf's
+    /// `agent_catalog_run_lockfile`; `""`: no check.
+    #[serde(default)]
+    pub file: Option<PathBuf>,
+}
+
+/// Default of `[puppet_lock] wait`.
+pub const DEFAULT_PUPPET_WAIT: Duration = Duration::from_secs(300);
+
+fn default_puppet_wait() -> Duration {
+    DEFAULT_PUPPET_WAIT
+}
+
+impl Default for PuppetLockConfig {
+    fn default() -> Self {
+        PuppetLockConfig {
+            wait: DEFAULT_PUPPET_WAIT,
+            file: None,
+        }
+    }
+}
+
+impl PuppetLockConfig {
+    /// The lock the run checks: `file` when set (`""`: none), else the one
+    /// puppet.conf names (`None` without a puppet.conf).
+    pub fn resolve(&self, from_puppet_conf: Option<PathBuf>) -> PuppetLock {
+        let file = match &self.file {
+            Some(f) if f.as_os_str().is_empty() => None,
+            Some(f) => Some(f.clone()),
+            None => from_puppet_conf,
+        };
+        PuppetLock {
+            file,
+            wait: self.wait,
+        }
+    }
+}
+
+/// Puppet's run lock as a run checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PuppetLock {
+    /// The lock file; `None`: no check.
+    pub file: Option<PathBuf>,
+    /// How long a commit waits for it.
+    pub wait: Duration,
+}
+
+/// A Puppet run held its lock past the wait; nothing was changed.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "a Puppet run (pid {pid}) still holds {} after {}; nothing changed",
+    path.display(),
+    humantime_serde::re::humantime::format_duration(*wait)
+)]
+pub struct PuppetBusy {
+    /// The holder's pid.
+    pub pid: u32,
+    /// The lock file.
+    pub path: PathBuf,
+    /// `[puppet_lock] wait`.
+    pub wait: Duration,
+    /// How long the run waited.
+    pub waited: Duration,
+}
+
+/// What Puppet's lock file says now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Holder {
+    /// No lock file.
+    Free,
+    /// An empty lock file (Puppet creates it, then writes its pid).
+    Empty,
+    /// A lock no live process holds: why.
+    Stale(String),
+    /// Held by this pid, one of our ancestors (we run inside that Puppet
+    /// run, e.g. from an `exec` resource).
+    Ancestor(u32),
+    /// Held by this live pid.
+    Running(u32),
+}
+
+/// How often the lock file is looked at while it is held.
+const POLL: Duration = Duration::from_millis(200);
+
+/// How many ancestors are looked at (a loop in `/proc` ends here).
+const MAX_ANCESTORS: usize = 64;
+
+/// The pid a lock file holds: Puppet writes its pid alone, maybe with a
+/// newline.
+fn parse_pid(text: &str) -> Option<u32> {
+    text.trim().parse::<u32>().ok().filter(|&p| p > 0)
+}
+
+/// `/proc/<pid>/stat`'s state and parent, if the process exists.
+fn proc_stat(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    Some((state, rest.next()?.parse().ok()?))
+}
+
+/// Whether `pid` is a live process (not a zombie).
+fn alive(pid: u32) -> bool {
+    proc_stat(pid).is_some_and(|(state, _)| !matches!(state, 'Z' | 'X' | 'x'))
+}
+
+/// This process's ancestors, parent first.
+fn ancestors() -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut pid = std::process::id();
+    while out.len() < MAX_ANCESTORS {
+        match proc_stat(pid) {
+            Some((_, ppid)) if ppid > 1 => {
+                out.push(ppid);
+                pid = ppid;
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
+/// Reads the lock file once.
+fn holder(path: &Path) -> Holder {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Holder::Free,
+        Err(e) => return Holder::Stale(format!("cannot be read: {e}")),
+    };
+    if text.trim().is_empty() {
+        return Holder::Empty;
+    }
+    let Some(pid) = parse_pid(&text) else {
+        return Holder::Stale(format!("holds no pid ({:?})", text.trim()));
+    };
+    if !alive(pid) {
+        Holder::Stale(format!("names pid {pid}, which is not running"))
+    } else if ancestors().contains(&pid) {
+        Holder::Ancestor(pid)
+    } else {
+        Holder::Running(pid)
+    }
+}
+
+/// Waits while a Puppet run holds `lock`, polling, at most `lock.wait`.
+/// Returns how long it waited when it did; a stale lock (a dead pid, no
+/// pid) or one held by an ancestor of ours is not waited for. An empty
+/// file is looked at once more: Puppet creates it before writing its pid.
+pub async fn wait_for_puppet(lock: &PuppetLock) -> Result<Option<Duration>, PuppetBusy> {
+    let Some(path) = &lock.file else {
+        return Ok(None);
+    };
+    let started = Instant::now();
+    let mut waited = None;
+    let mut looked_again = false;
+    loop {
+        let pid = match holder(path) {
+            Holder::Free => return Ok(waited),
+            Holder::Empty if !looked_again => {
+                looked_again = true;
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+            Holder::Empty => {
+                tracing::debug!(lock = %path.display(), "Puppet's run lock is empty: ignored");
+                return Ok(waited);
+            }
+            Holder::Stale(why) => {
+                tracing::debug!(lock = %path.display(), "Puppet's run lock {why}: ignored");
+                return Ok(waited);
+            }
+            Holder::Ancestor(pid) => {
+                tracing::info!(lock = %path.display(), pid, "this run is inside the Puppet run holding its lock: not waiting for it");
+                return Ok(waited);
+            }
+            Holder::Running(pid) => pid,
+        };
+        let elapsed = started.elapsed();
+        if elapsed >= lock.wait {
+            return Err(PuppetBusy {
+                pid,
+                path: path.clone(),
+                wait: lock.wait,
+                waited: elapsed,
+            });
+        }
+        if waited.is_none() {
+            tracing::info!(lock = %path.display(), pid, wait = %humantime_serde::re::humantime::format_duration(lock.wait), "a Puppet run holds its lock: waiting for it before the commit");
+        }
+        tokio::time::sleep(POLL.min(lock.wait - elapsed)).await;
+        waited = Some(started.elapsed());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_holds_a_pid_alone() {
+        assert_eq!(parse_pid("1234\n"), Some(1234));
+        assert_eq!(parse_pid(" 42 "), Some(42));
+        for bad in ["", "\n", "0", "-3", "12ab", "pid 12", "99999999999"] {
+            assert_eq!(parse_pid(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn live_dead_and_ancestor_holders() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("agent_catalog_run.lock");
+        assert_eq!(holder(&path), Holder::Free);
+        std::fs::write(&path, "\n").unwrap();
+        assert_eq!(holder(&path), Holder::Empty);
+        std::fs::write(&path, "garbage").unwrap();
+        assert!(matches!(holder(&path), Holder::Stale(_)));
+        // A reaped child's pid is dead (until reused, which a test cannot
+        // prevent but a fresh pid makes unlikely).
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        std::fs::write(&path, format!("{dead}\n")).unwrap();
+        assert!(matches!(holder(&path), Holder::Stale(w) if w.contains("not running")));
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        std::fs::write(&path, sleeper.id().to_string()).unwrap();
+        assert_eq!(holder(&path), Holder::Running(sleeper.id()));
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
+        let parent = std::os::unix::process::parent_id();
+        std::fs::write(&path, parent.to_string()).unwrap();
+        assert_eq!(holder(&path), Holder::Ancestor(parent));
+    }
+
+    #[test]
+    fn the_lock_comes_from_the_file_key_over_puppet_conf() {
+        let from_conf = Some(PathBuf::from(
+            "/var/lib/puppet/state/agent_catalog_run.lock",
+        ));
+        let c = PuppetLockConfig::default();
+        assert_eq!(c.resolve(from_conf.clone()).file, from_conf);
+        assert_eq!(c.resolve(None).file, None);
+        let c = PuppetLockConfig {
+            file: Some("".into()),
+            ..c
+        };
+        assert_eq!(c.resolve(from_conf.clone()).file, None);
+        let c = PuppetLockConfig {
+            file: Some("/x.lock".into()),
+            ..c
+        };
+        assert_eq!(c.resolve(from_conf).file, Some("/x.lock".into()));
+    }
+
+    #[tokio::test]
+    async fn a_held_lock_is_waited_for_at_most_the_wait() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("agent_catalog_run.lock");
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        std::fs::write(&path, sleeper.id().to_string()).unwrap();
+        let lock = PuppetLock {
+            file: Some(path.clone()),
+            wait: Duration::from_millis(500),
+        };
+        let e = wait_for_puppet(&lock).await.unwrap_err();
+        assert!(e.waited >= Duration::from_millis(500), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "a Puppet run (pid {}) still holds {} after 500ms; nothing changed",
+                sleeper.id(),
+                path.display()
+            )
+        );
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
+        assert_eq!(wait_for_puppet(&lock).await.unwrap(), None);
+    }
 
     #[test]
     fn second_holder_is_told_the_pid_and_release_frees_it() {

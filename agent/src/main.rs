@@ -13,6 +13,7 @@ use pluginsync_agent::plugins::Registry;
 use pluginsync_agent::report::{self, Report};
 use pluginsync_agent::settings::{Overrides, Settings};
 use pluginsync_agent::signals::Interrupts;
+use pluginsync_agent::sync::SyncError;
 use pluginsync_agent::{certs, metrics};
 
 fn main() -> ExitCode {
@@ -150,8 +151,9 @@ fn sync(config: &Path, overrides: Overrides) -> Ended {
     let status = outcome.exit_status(settings.detailed_exitcodes);
     match &outcome.error {
         // Skipped, not failed: the running one reports and writes the
-        // metrics (`ExitStatus::Busy`).
-        Some(e) if status == ExitStatus::Busy => {
+        // metrics (`ExitStatus::Busy`). A Puppet run that outlasted the
+        // wait is 75 too, but this run reports it (its one error line).
+        Some(e @ SyncError::Lock(_)) if status == ExitStatus::Busy => {
             output::warning(&format!("{e}: this run is skipped, nothing was changed"));
             return Ok(status);
         }

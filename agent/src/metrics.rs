@@ -268,6 +268,7 @@ mod tests {
             started_at: if failed { 2_000 } else { 1_000 },
             agent_version: "0.1.0".into(),
             loads: Vec::new(),
+            puppet_lock_waited_ms: None,
         }
     }
 

@@ -144,6 +144,27 @@ impl PuppetConf {
         Some((section, self.expand_within(raw, defaults, 0, &budget)))
     }
 
+    /// Puppet's agent run lock file: `agent_catalog_run_lockfile`, by
+    /// default `$statedir/agent_catalog_run.lock`, `statedir` by default
+    /// `$vardir/state`; `defaults` gives `vardir` for the layout
+    /// (docs/agent.md#a-puppet-run-in-progress).
+    pub fn run_lockfile(&self, defaults: &dyn Fn(&str) -> Option<String>) -> String {
+        let with_statedir = |name: &str| match name {
+            "statedir" => Some(format!(
+                "{}/state",
+                self.agent_value("vardir", defaults)
+                    .map(|(_, v)| v)
+                    .or_else(|| defaults("vardir"))?
+            )),
+            other => defaults(other),
+        };
+        let raw = self
+            .agent_raw("agent_catalog_run_lockfile")
+            .map_or("$statedir/agent_catalog_run.lock", |(_, v)| v);
+        let budget = std::cell::Cell::new(MAX_EXPANDED);
+        self.expand_within(raw, &with_statedir, 0, &budget)
+    }
+
     fn agent_raw(&self, key: &str) -> Option<(Section, &str)> {
         [Section::Agent, Section::Main]
             .into_iter()
@@ -308,6 +329,25 @@ mod tests {
         // A loop stops at the depth bound instead of recursing forever.
         let (c, _) = parse("a = $b\nb = $a\n");
         assert!(c.agent_value("a", &none).unwrap().1.contains('$'));
+    }
+
+    #[test]
+    fn the_run_lockfile_follows_statedir_and_vardir() {
+        let vardir = |n: &str| (n == "vardir").then(|| "/opt/cache".to_owned());
+        let lock = |text: &str| parse(text).0.run_lockfile(&vardir);
+        assert_eq!(lock(""), "/opt/cache/state/agent_catalog_run.lock");
+        assert_eq!(
+            lock("[main]\nvardir = /var/lib/puppet\n"),
+            "/var/lib/puppet/state/agent_catalog_run.lock"
+        );
+        assert_eq!(
+            lock("[agent]\nstatedir = /s\n"),
+            "/s/agent_catalog_run.lock"
+        );
+        assert_eq!(
+            lock("[main]\nagent_catalog_run_lockfile = $statedir/x.lock\n"),
+            "/opt/cache/state/x.lock"
+        );
     }
 
     #[test]

@@ -92,6 +92,10 @@ pub struct Report {
     /// What happened to each changed file's load.
     #[serde(default)]
     pub loads: Vec<LoadEntry>,
+    /// How long the commit waited for a Puppet run's lock, only when it
+    /// did (docs/agent.md#a-puppet-run-in-progress).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub puppet_lock_waited_ms: Option<u64>,
 }
 
 impl Report {
@@ -189,6 +193,7 @@ mod tests {
             started_at: 0,
             agent_version: "0".into(),
             loads: vec![],
+            puppet_lock_waited_ms: None,
         }
     }
 

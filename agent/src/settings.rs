@@ -125,8 +125,7 @@ pub struct Settings {
     pub retries: u32,
     /// Concurrent downloads.
     pub parallel_downloads: usize,
-    /// The removal guard's limit (`max_removal_percent`); `None` with
-    /// `--allow-mass-removal`.
+    /// The removal guard's limit (`max_removal_percent`); `None` with `--allow-mass-removal`.
     pub max_removal_percent: Option<u8>,
     /// TLS files.
     pub tls: TlsFiles,
@@ -155,6 +154,8 @@ pub struct Settings {
     /// Where the configured environment was set (a command-line
     /// `--environment` is never replaced by the server's, as in Puppet).
     pub environment_origin: Source,
+    /// Puppet's run lock, waited for before a commit (`lock.rs`).
+    pub puppet_lock: crate::lock::PuppetLock,
     /// Every setting with its source, for `pluginsync-agent config`.
     pub effective: Vec<Effective>,
 }
@@ -164,8 +165,7 @@ pub struct Settings {
 pub struct Overrides {
     /// `--environment`.
     pub environment: Option<String>,
-    /// `--server` (replaces the config's list when non-empty): URLs, or
-    /// Puppet-style `HOST[:PORT]`.
+    /// `--server` (replaces the config's list when non-empty): URLs, or Puppet-style `HOST[:PORT]`.
     pub servers: Vec<String>,
     /// `--certname` (overrides `[tls] certname` and puppet.conf's).
     pub certname: Option<String>,
@@ -241,6 +241,7 @@ impl Settings {
             certname,
             environment_source: file.environment_source,
             environment_origin,
+            puppet_lock: file.puppet_lock.resolve(puppet.lockfile()),
             effective,
         })
     }
@@ -451,9 +452,7 @@ fn file_values(file: &AgentFile, effective: &mut Vec<Effective>) {
     }
 }
 
-/// puppet.conf, if any, with Puppet's defaults for its layout:
-/// `/etc/puppet/puppet.conf` is Debian's, any other is laid out as
-/// Puppet's AIO packages.
+/// puppet.conf, if any, with Puppet's defaults for its layout ([`Puppet::default`]).
 struct Puppet {
     /// The file read and what it says.
     conf: Option<(PathBuf, PuppetConf)>,
@@ -464,9 +463,7 @@ struct Puppet {
 }
 
 impl Puppet {
-    /// Reads puppet.conf: `Some("")` is none; a named file must be
-    /// readable; unnamed, the first of [`config::DEFAULT_PUPPET_CONFS`]
-    /// that exists.
+    /// Reads puppet.conf ([`read_puppet_conf`]).
     fn read(named: Option<&Path>) -> Result<Puppet, ConfigError> {
         let conf = read_puppet_conf(named)?;
         let (confdir, debian) = match &conf {
@@ -484,7 +481,8 @@ impl Puppet {
     }
 
     /// Puppet's default of `name` for this layout, if it has one the
-    /// agent uses.
+    /// agent uses: `/etc/puppet/puppet.conf` is Debian's, any other is
+    /// laid out as Puppet's AIO packages.
     fn default(&self, name: &str) -> Option<String> {
         match name {
             "confdir" => Some(self.confdir.clone()),
@@ -501,6 +499,12 @@ impl Puppet {
     fn value(&self, key: &str) -> Option<(Section, String)> {
         let (_, conf) = self.conf.as_ref()?;
         conf.agent_value(key, &|name| self.default(name))
+    }
+
+    /// Puppet's run lock file, when there is a puppet.conf.
+    fn lockfile(&self) -> Option<PathBuf> {
+        let (_, conf) = self.conf.as_ref()?;
+        Some(conf.run_lockfile(&|n| self.default(n)).into())
     }
 
     /// `serverport`, else the older `masterport`, else 8140 (Puppet's).

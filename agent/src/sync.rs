@@ -12,7 +12,8 @@
 //!    or the cache on a 304), the scan of the destination, the plan.
 //!    Reading only. `--noop` reports the plans and stops here.
 //! 2. `Run::stage_all` (`apply.rs`): every download of every resource,
-//!    verified.
+//!    verified; then, when something changes, a Puppet run holding its
+//!    lock is waited for (`lock::wait_for_puppet`).
 //! 3. `Run::commit_all` (`apply.rs`): only then each resource is committed
 //!    and reported, and the cache updated.
 //! 4. `Run::load_changed` (`loads.rs`): the files written under the libdir
@@ -76,6 +77,7 @@ pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
             .unwrap_or(0),
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         loads: Vec::new(),
+        puppet_lock_waited_ms: None,
     };
     let error = Run::execute(settings, &mut report, interrupts).await.err();
     report.duration_ms = started.elapsed().as_millis() as u64;
@@ -196,6 +198,11 @@ impl<'a> Run<'a> {
             pass::guard(settings, &passes)?;
             let stagings = run.stage_all(&passes).await?;
             run.phase("staged");
+            // Never under a Puppet run using the tree; a run that changes
+            // nothing does not look (docs/agent.md#a-puppet-run-in-progress).
+            if passes.iter().any(|p| !p.plan.actions.is_empty()) {
+                run.wait_for_puppet().await?;
+            }
             Ok::<_, SyncError>(Some((passes, stagings)))
         };
         let (passes, stagings) = tokio::select! {
@@ -227,6 +234,20 @@ impl<'a> Run<'a> {
             () = run.load_changed(&written) => {}
         }
         PendingLoads::clear(&settings.vardir);
+        Ok(())
+    }
+
+    /// Waits while a Puppet run holds its lock (`lock::wait_for_puppet`);
+    /// the report says how long, when it waited.
+    async fn wait_for_puppet(&mut self) -> Result<(), SyncError> {
+        let waited = lock::wait_for_puppet(&self.settings.puppet_lock).await;
+        let ms = |d: std::time::Duration| Some(d.as_millis() as u64);
+        self.report.puppet_lock_waited_ms = match &waited {
+            Ok(w) => w.and_then(ms),
+            Err(e) => ms(e.waited),
+        };
+        waited?;
+        self.phase("puppet lock free");
         Ok(())
     }
 

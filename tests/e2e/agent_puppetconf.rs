@@ -11,6 +11,7 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use pluginsync_tests::{
     AgentHome, EnvTree, FakeMaster, Pki, TestMaster, client, config_toml, http_response,
@@ -447,4 +448,122 @@ fn puppet_style_flags_are_taken() {
     assert_eq!(synced(&home), "# production\n");
     let run = home.sync(&["-t", "--server", &server, "--certname", "node2"]);
     assert_eq!(run.code, 0, "{run:?}");
+}
+
+/// A `sleep 30` standing in for a Puppet run: its pid written into `lock`.
+fn hold_puppet_lock(lock: &Path) -> std::process::Child {
+    let holder = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("spawn sleep");
+    std::fs::create_dir_all(lock.parent().unwrap()).unwrap();
+    std::fs::write(lock, format!("{}\n", holder.id())).unwrap();
+    holder
+}
+
+/// The last report's `puppet_lock_waited_ms`, if it has one.
+fn waited_ms(home: &AgentHome) -> Option<u64> {
+    let text = std::fs::read_to_string(home.vardir().join("last_run_report.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).expect(&text);
+    v.get("puppet_lock_waited_ms").map(|w| w.as_u64().unwrap())
+}
+
+/// A Puppet run in progress (docs/agent.md#a-puppet-run-in-progress): the lock
+/// file puppet.conf implies (`$vardir/state/agent_catalog_run.lock`) holds
+/// the pid of a live process, and a change is pending. The run stages, then
+/// waits: the destination is unchanged while the lock is held; once the
+/// holder exits and its lock is gone the run commits, and its report says
+/// how long it waited. A no-op run with the lock held returns at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_waits_while_a_puppet_run_holds_its_lock() {
+    let pki = Pki::new();
+    let tree = two_environments();
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let (home, _) = puppet_node(
+        &debian_puppet_conf(&pki.ssldir, &master.url(), ""),
+        "[puppet_lock]\nwait = \"60s\"\n",
+    );
+    // puppet.conf's `vardir` is the ssldir's parent.
+    let lock = pki
+        .ssldir
+        .parent()
+        .unwrap()
+        .join("state/agent_catalog_run.lock");
+    let mut holder = hold_puppet_lock(&lock);
+
+    let mut agent = home.spawn_sync(&[], "pluginsync_agent=info");
+    assert!(
+        agent.stderr_until("a Puppet run holds its lock"),
+        "{:?}",
+        agent.lines
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(synced(&home), "", "the libdir changed under a Puppet run");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    std::fs::remove_file(&lock).unwrap();
+    let run = agent.finish();
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), "# production\n");
+    let waited = waited_ms(&home).expect("puppet_lock_waited_ms");
+    assert!(waited >= 1000, "waited {waited} ms");
+
+    // Nothing to change: the lock is not even looked at.
+    let mut holder = hold_puppet_lock(&lock);
+    let start = Instant::now();
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(start.elapsed() < Duration::from_secs(20), "{run:?}");
+    assert_eq!(waited_ms(&home), None);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+/// A stale lock (its pid dead, or no pid in it) does not delay a run; a
+/// Puppet run that outlasts `[puppet_lock] wait` stops the run with one
+/// line and exit 75, the destination unchanged and the report saying how
+/// long it waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_puppet_lock_is_ignored_and_the_wait_is_bounded() {
+    let pki = Pki::new();
+    let tree = two_environments();
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let home = AgentHome::new(
+        &pki,
+        &[master.url()],
+        "[puppet_lock]\nfile = \"puppet.lock\"\nwait = \"2s\"\n",
+    );
+    let lock = home.path().join("puppet.lock");
+    let mut holder = hold_puppet_lock(&lock);
+
+    let start = Instant::now();
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 75, "{run:?}");
+    assert!(start.elapsed() >= Duration::from_secs(2), "{run:?}");
+    assert_eq!(
+        run.stderr.lines().collect::<Vec<_>>(),
+        [format!(
+            "error: a Puppet run (pid {}) still holds {} after 2s; nothing changed",
+            holder.id(),
+            lock.display()
+        )],
+        "{run:?}"
+    );
+    assert_eq!(synced(&home), "", "the libdir changed under a Puppet run");
+    assert!(waited_ms(&home).expect("puppet_lock_waited_ms") >= 2000);
+
+    // The holder dies without removing its lock: stale, not waited for;
+    // so is a lock without a pid.
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    for stale in ["", "not a pid\n"] {
+        if !stale.is_empty() {
+            std::fs::write(&lock, stale).unwrap();
+        }
+        std::fs::remove_dir_all(home.libdir()).ok();
+        let run = home.sync(&[]);
+        assert_eq!(run.code, 0, "{run:?}");
+        assert_eq!(synced(&home), "# production\n");
+        assert_eq!(waited_ms(&home), None);
+    }
 }

@@ -11,7 +11,7 @@ use crate::commit;
 use crate::exit::ExitStatus;
 use crate::listing::ListingError;
 use crate::load::LoadStatus;
-use crate::lock::LockError;
+use crate::lock::{LockError, PuppetBusy};
 use crate::plan;
 use crate::progress::thousands;
 use crate::report::Report;
@@ -81,6 +81,10 @@ pub enum SyncError {
         /// the last listing is not cached: `cache::MountCache::modules_of`).
         modules: Vec<String>,
     },
+    /// A Puppet run held its lock past `[puppet_lock] wait`
+    /// (docs/agent.md#a-puppet-run-in-progress).
+    #[error(transparent)]
+    PuppetBusy(#[from] PuppetBusy),
     /// SIGTERM or SIGINT stopped the run.
     #[error("interrupted by {signal} {}", match .committed {
         false => "before the commit; nothing was changed",
@@ -132,7 +136,9 @@ impl Outcome {
     pub fn exit_status(&self, detailed: bool) -> ExitStatus {
         match &self.error {
             Some(SyncError::Interrupted { signal, .. }) => return signal.exit_status(),
-            Some(SyncError::Lock(LockError::Busy { .. })) => return ExitStatus::Busy,
+            Some(SyncError::Lock(LockError::Busy { .. }) | SyncError::PuppetBusy(_)) => {
+                return ExitStatus::Busy;
+            }
             Some(_) => return ExitStatus::Failure,
             None => {}
         }
