@@ -691,6 +691,8 @@ mod tests {
             .join("\n");
         let all = AgentConfig::parse(&all, &path).unwrap_or_else(|e| panic!("{e}\n{all}"));
         assert!(all.factsdir.is_some());
+        assert_eq!(all.puppet_lock.wait, crate::lock::DEFAULT_PUPPET_WAIT);
+        assert!(all.puppet_lock.file.is_some());
     }
 
     /// The shipped file sets nothing, so puppet.conf and the defaults

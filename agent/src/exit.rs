@@ -30,7 +30,10 @@ pub enum ExitStatus {
     Usage = 64,
     /// Another run holds the run lock: this one was skipped and changed
     /// nothing, wrote no report and no metrics (sysexits `EX_TEMPFAIL`:
-    /// the next run retries; docs/agent.md#one-run-at-a-time).
+    /// the next run retries; docs/agent.md#one-run-at-a-time). Also a
+    /// Puppet run that held its lock past `[puppet_lock] wait`: nothing
+    /// changed, but this run reports and writes its metrics
+    /// (docs/agent.md#a-puppet-run-in-progress).
     Busy = 75,
     /// The config file is missing, unreadable or invalid (sysexits
     /// `EX_CONFIG`).
@@ -53,6 +56,7 @@ Exit status:
   6   with --detailed-exitcodes: changes and failures
   64  usage error (unknown flag or subcommand)
   75  another run is in progress: this one was skipped, nothing changed
+      (also a Puppet run holding its lock past [puppet_lock] wait)
   78  configuration error
   130 interrupted by SIGINT (before the commit: nothing was changed;
       during it: the commit was finished, its loads left to the next run)

@@ -7,7 +7,9 @@
 //! the configured one (with one warning) against a pluginsync master alone.
 //! The shipped `etc/agent.toml` sets nothing that outranks puppet.conf,
 //! and external facts are synced without `factsdir` set, into
-//! `<vardir>/facts.d` (docs/agent.md#configuration).
+//! `<vardir>/facts.d` (docs/agent.md#configuration). A commit waits while a
+//! Puppet run holds its run lock, bounded; a stale lock does not delay it
+//! (docs/agent.md#a-puppet-run-in-progress).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

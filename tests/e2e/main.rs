@@ -15,7 +15,7 @@ mod agent_guard;
 mod agent_load;
 // The agent's textfile metrics after good and failed runs; `report` as a monitoring check.
 mod agent_metrics;
-// The agent on a Puppet node: settings from puppet.conf and their sources, the server-assigned environment.
+// The agent on a Puppet node: settings from puppet.conf and their sources, the server-assigned environment, a Puppet run's lock waited for.
 mod agent_puppetconf;
 // Progress on a terminal during a long first sync; none in files.
 mod agent_progress;
