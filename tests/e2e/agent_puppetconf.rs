@@ -521,8 +521,8 @@ async fn a_commit_waits_while_a_puppet_run_holds_its_lock() {
     holder.wait().unwrap();
 }
 
-/// A stale lock (its pid dead, or no pid in it) does not delay a run; a
-/// Puppet run that outlasts `[puppet_lock] wait` stops the run with one
+/// A stale lock (its pid dead, or no pid in it) does not delay a run, nor
+/// does a lock held by an ancestor of the agent; a Puppet run that outlasts `[puppet_lock] wait` stops the run with one
 /// line and exit 75, the destination unchanged and the report saying how
 /// long it waited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -568,4 +568,20 @@ async fn a_stale_puppet_lock_is_ignored_and_the_wait_is_bounded() {
         assert_eq!(synced(&home), "# production\n");
         assert_eq!(waited_ms(&home), None);
     }
+
+    // Run from inside the Puppet run that holds the lock (an `exec`
+    // resource): the holder is an ancestor (here the test, the agent's
+    // parent), so waiting would never end; the run does not wait.
+    std::fs::write(&lock, format!("{}\n", std::process::id())).unwrap();
+    std::fs::remove_dir_all(home.libdir()).unwrap();
+    let mut agent = home.spawn_sync(&[], "pluginsync_agent=info");
+    assert!(
+        agent.stderr_until("inside the Puppet run holding its lock"),
+        "{:?}",
+        agent.lines
+    );
+    let run = agent.finish();
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), "# production\n");
+    assert_eq!(waited_ms(&home), None);
 }
