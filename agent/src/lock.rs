@@ -248,11 +248,16 @@ pub async fn wait_for_puppet(lock: &PuppetLock) -> Result<Option<Duration>, Pupp
         return Ok(None);
     };
     let started = Instant::now();
-    let mut waited = None;
+    let mut waited: Option<Duration> = None;
     let mut looked_again = false;
     loop {
         let pid = match holder(path) {
-            Holder::Free => return Ok(waited),
+            Holder::Free => {
+                if let Some(w) = waited {
+                    tracing::info!(lock = %path.display(), waited_ms = w.as_millis() as u64, "the Puppet run released its lock: committing");
+                }
+                return Ok(waited);
+            }
             Holder::Empty if !looked_again => {
                 looked_again = true;
                 tokio::time::sleep(POLL).await;

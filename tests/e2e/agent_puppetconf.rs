@@ -521,10 +521,10 @@ async fn a_commit_waits_while_a_puppet_run_holds_its_lock() {
     holder.wait().unwrap();
 }
 
-/// A stale lock (its pid dead, or no pid in it) does not delay a run, nor
-/// does a lock held by an ancestor of the agent; a Puppet run that outlasts `[puppet_lock] wait` stops the run with one
+/// A Puppet run that outlasts `[puppet_lock] wait` stops the run with one
 /// line and exit 75, the destination unchanged and the report saying how
-/// long it waited.
+/// long it waited; a stale lock (its pid dead, or no pid in it) does not
+/// delay a run, nor does a lock held by an ancestor of the agent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_puppet_lock_is_ignored_and_the_wait_is_bounded() {
     let pki = Pki::new();
