@@ -721,6 +721,20 @@ mod tests {
         );
     }
 
+    /// `[puppet_lock]`: a relative `file` is the config directory's, `""`
+    /// stays empty (no check), a `wait` is a duration.
+    #[test]
+    fn puppet_lock_file_is_relative_to_the_config_and_empty_stays_empty() {
+        let lock = |t: &str| parse(&format!("{MIN}[puppet_lock]\n{t}\n")).map(|c| c.puppet_lock);
+        let c = lock("file = \"p.lock\"\nwait = \"0s\"").unwrap();
+        assert_eq!(c.file, Some(PathBuf::from("/etc/pluginsync/p.lock")));
+        assert_eq!(c.wait, Duration::ZERO);
+        assert_eq!(lock("file = \"\"").unwrap().file, Some(PathBuf::new()));
+        assert_eq!(parse(MIN).unwrap().puppet_lock, PuppetLockConfig::default());
+        assert!(lock("wait = \"soon\"").is_err());
+        assert!(lock("wiat = \"1s\"").is_err());
+    }
+
     /// External facts are synced by default, into `<vardir>/facts.d`, as
     /// Puppet syncs them into `$vardir/facts.d`; `factsdir = ""` turns the
     /// pass off.

@@ -382,6 +382,14 @@ mod tests {
         sleeper.kill().unwrap();
         sleeper.wait().unwrap();
         assert_eq!(wait_for_puppet(&lock).await.unwrap(), None);
+        // An empty lock is looked at once more, then ignored.
+        std::fs::write(&path, "").unwrap();
+        let start = Instant::now();
+        assert_eq!(wait_for_puppet(&lock).await.unwrap(), None);
+        assert!(start.elapsed() >= POLL);
+        // No lock file configured: nothing is looked at.
+        let none = PuppetLock { file: None, ..lock };
+        assert_eq!(wait_for_puppet(&none).await.unwrap(), None);
     }
 
     #[test]
