@@ -475,7 +475,8 @@ fn waited_ms(home: &AgentHome) -> Option<u64> {
 /// the pid of a live process, and a change is pending. The run stages, then
 /// waits: the destination is unchanged while the lock is held; once the
 /// holder exits and its lock is gone the run commits, and its report says
-/// how long it waited. A no-op run with the lock held returns at once.
+/// how long it waited. SIGTERM ends the wait, changing nothing. A no-op run
+/// with the lock held returns at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_waits_while_a_puppet_run_holds_its_lock() {
     let pki = Pki::new();
@@ -492,6 +493,23 @@ async fn a_commit_waits_while_a_puppet_run_holds_its_lock() {
         .unwrap()
         .join("state/agent_catalog_run.lock");
     let mut holder = hold_puppet_lock(&lock);
+
+    // SIGTERM ends the wait as any phase before the commit.
+    let mut agent = home.spawn_sync(&[], "pluginsync_agent=info");
+    assert!(
+        agent.stderr_until("a Puppet run holds its lock"),
+        "{:?}",
+        agent.lines
+    );
+    agent.signal(rustix::process::Signal::TERM);
+    let run = agent.finish();
+    assert_eq!(run.code, 143, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("interrupted by SIGTERM before the commit; nothing was changed"),
+        "{run:?}"
+    );
+    assert_eq!(synced(&home), "", "the libdir changed under a Puppet run");
 
     let mut agent = home.spawn_sync(&[], "pluginsync_agent=info");
     assert!(
