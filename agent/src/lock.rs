@@ -196,9 +196,21 @@ fn proc_stat(pid: u32) -> Option<(char, u32)> {
     Some((state, rest.next()?.parse().ok()?))
 }
 
-/// Whether `pid` is a live process (not a zombie).
+/// Whether `pid` is a live process: it exists (`kill(pid, 0)`, which works
+/// where `/proc` hides other users' processes) and `/proc` does not show it
+/// a zombie.
 fn alive(pid: u32) -> bool {
-    proc_stat(pid).is_some_and(|(state, _)| !matches!(state, 'Z' | 'X' | 'x'))
+    let Some(p) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    match rustix::process::test_kill_process(p) {
+        Ok(()) | Err(rustix::io::Errno::PERM) => {}
+        Err(_) => return false,
+    }
+    !proc_stat(pid).is_some_and(|(state, _)| matches!(state, 'Z' | 'X' | 'x'))
 }
 
 /// This process's ancestors, parent first.
@@ -323,6 +335,16 @@ mod tests {
         child.wait().unwrap();
         std::fs::write(&path, format!("{dead}\n")).unwrap();
         assert!(matches!(holder(&path), Holder::Stale(w) if w.contains("not running")));
+        // An exited child not yet reaped is a zombie: not running.
+        let mut zombie = std::process::Command::new("true").spawn().unwrap();
+        let start = Instant::now();
+        while proc_stat(zombie.id()).is_some_and(|(state, _)| state != 'Z') {
+            assert!(start.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::fs::write(&path, zombie.id().to_string()).unwrap();
+        assert!(matches!(holder(&path), Holder::Stale(w) if w.contains("not running")));
+        zombie.wait().unwrap();
         let mut sleeper = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
