@@ -178,6 +178,9 @@ enum Holder {
 /// How often the lock file is looked at while it is held.
 const POLL: Duration = Duration::from_millis(200);
 
+/// How much of Puppet's lock file is read.
+const MAX_LOCK_BYTES: u64 = 64;
+
 /// How many ancestors are looked at (a loop in `/proc` ends here).
 const MAX_ANCESTORS: usize = 64;
 
@@ -231,11 +234,23 @@ fn ancestors() -> Vec<u32> {
 
 /// Reads the lock file once.
 fn holder(path: &Path) -> Holder {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
+    use std::os::unix::fs::OpenOptionsExt;
+    // A pid is a few bytes: a larger file is read no further; a FIFO in its
+    // place does not block the run (opened non-blocking, then refused).
+    let mut text = String::new();
+    let read = OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)
+        .and_then(|f| match f.metadata()?.is_file() {
+            true => f.take(MAX_LOCK_BYTES).read_to_string(&mut text),
+            false => Err(std::io::Error::other("not a regular file")),
+        });
+    match read {
+        Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Holder::Free,
         Err(e) => return Holder::Stale(format!("cannot be read: {e}")),
-    };
+    }
     if text.trim().is_empty() {
         return Holder::Empty;
     }
@@ -328,6 +343,15 @@ mod tests {
         assert_eq!(holder(&path), Holder::Empty);
         std::fs::write(&path, "garbage").unwrap();
         assert!(matches!(holder(&path), Holder::Stale(_)));
+        std::fs::remove_file(&path).unwrap();
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        assert!(matches!(holder(&path), Holder::Stale(w) if w.contains("not a regular file")));
+        std::fs::remove_file(&path).unwrap();
         // A reaped child's pid is dead (until reused, which a test cannot
         // prevent but a fresh pid makes unlikely).
         let mut child = std::process::Command::new("true").spawn().unwrap();
