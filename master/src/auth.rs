@@ -93,14 +93,28 @@ impl PeerIdentity {
     /// The identity a TLS handshake gives from the client's DER leaf
     /// certificate, `None` when it presented none.
     pub fn from_leaf(leaf: Option<&[u8]>) -> Self {
-        let certname = match leaf {
-            None => Err(Unidentified::NoCertificate),
-            Some(der) => certname_of(der).map_err(Unidentified::Certificate),
+        Self::with_public_key(leaf).0
+    }
+
+    /// [`PeerIdentity::from_leaf`] and the leaf's `SubjectPublicKeyInfo`
+    /// ([`public_key_of`]) from one parse of the certificate: what the
+    /// mTLS acceptor needs once per connection (`server/accept.rs`).
+    pub fn with_public_key(leaf: Option<&[u8]>) -> (Self, Option<Vec<u8>>) {
+        let (certname, public_key) = match leaf {
+            None => (Err(Unidentified::NoCertificate), None),
+            Some(der) => match x509_parser::parse_x509_certificate(der) {
+                Err(_) => (Err(Unidentified::Certificate(NoIdentity::Unparsable)), None),
+                Ok((_, cert)) => (
+                    certname_in(&cert).map_err(Unidentified::Certificate),
+                    Some(cert.public_key().raw.to_vec()),
+                ),
+            },
         };
-        PeerIdentity {
+        let identity = PeerIdentity {
             certname,
             via: Via::Tls,
-        }
+        };
+        (identity, public_key)
     }
 
     /// The certname, if there is one.
@@ -208,6 +222,11 @@ pub fn public_key_of(der: &[u8]) -> Option<Vec<u8>> {
 /// identity.
 pub fn certname_of(der: &[u8]) -> Result<String, NoIdentity> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|_| NoIdentity::Unparsable)?;
+    certname_in(&cert)
+}
+
+/// [`certname_of`] of a certificate already parsed.
+fn certname_in(cert: &x509_parser::certificate::X509Certificate<'_>) -> Result<String, NoIdentity> {
     let mut names = cert.subject().iter_common_name();
     let first = names.next().ok_or(NoIdentity::NoCommonName)?;
     if names.next().is_some() {

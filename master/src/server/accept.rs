@@ -29,7 +29,7 @@ use tokio_rustls::server::TlsStream;
 
 use super::conns::{ClientKey, Conn, Connections, REFUSED_AT_LIMIT};
 use super::inflight::Counted;
-use crate::auth::{PeerIdentity, certname_of, public_key_of};
+use crate::auth::{PeerIdentity, Unidentified};
 use crate::sample::Sampler;
 use crate::store::Store;
 
@@ -244,13 +244,14 @@ where
                 .peer_certificates()
                 .map(|c| c.iter().map(|d| d.clone().into_owned()).collect())
                 .unwrap_or_default();
-            let identity = PeerIdentity::from_leaf(chain.first().map(|c| c.as_ref()));
-            let client = client_key(chain.first().map(|c| c.as_ref()), peer);
+            let leaf = chain.first().map(|c| c.as_ref());
+            let (identity, public_key) = PeerIdentity::with_public_key(leaf);
+            let client = client_key(leaf, public_key.as_deref(), peer);
             let _ = conn.peer.set(chain);
             if let Err(e) = tracked.registry.claim(&conn, client) {
                 if let Some(n) = over_limit.note() {
                     tracing::warn!(
-                        client = %client_name(&conn, peer),
+                        client = %client_name(&identity, peer),
                         max_connections_per_client = tracked.registry.limits().max_per_client,
                         refused_since_last_line = n,
                         "connection closed: this client has its limit of busy connections open"
@@ -264,25 +265,28 @@ where
 }
 
 /// Whose a connection is: the public key of its client certificate
-/// `leaf`, or without one its peer address (`None`: unknown, all such
-/// share one key).
-fn client_key(leaf: Option<&[u8]>, peer: Option<std::net::SocketAddr>) -> ClientKey {
-    match leaf {
-        Some(der) => ClientKey::PublicKey(
-            public_key_of(der).map_or_else(|| Sha256::of(der), |spki| Sha256::of(&spki)),
-        ),
-        None => ClientKey::Address(peer.map_or([0u8; 4].into(), |p| p.ip())),
+/// `leaf` (`public_key`, read with its identity; the whole certificate if
+/// that could not be parsed), or without one its peer address (`None`:
+/// unknown, all such share one key).
+fn client_key(
+    leaf: Option<&[u8]>,
+    public_key: Option<&[u8]>,
+    peer: Option<std::net::SocketAddr>,
+) -> ClientKey {
+    match (leaf, public_key) {
+        (Some(_), Some(spki)) => ClientKey::PublicKey(Sha256::of(spki)),
+        (Some(der), None) => ClientKey::PublicKey(Sha256::of(der)),
+        (None, _) => ClientKey::Address(peer.map_or([0u8; 4].into(), |p| p.ip())),
     }
 }
 
 /// A connection's client as a log line names it: the certificate's
 /// certname, or the peer address.
-fn client_name(conn: &Conn, peer: Option<std::net::SocketAddr>) -> String {
-    match conn.peer.get().and_then(|c| c.first()) {
-        Some(leaf) => {
-            certname_of(leaf).unwrap_or_else(|_| "(certificate without a certname)".into())
-        }
-        None => peer.map(|p| p.ip().to_string()).unwrap_or_default(),
+fn client_name(identity: &PeerIdentity, peer: Option<std::net::SocketAddr>) -> String {
+    match &identity.certname {
+        Ok(name) => name.clone(),
+        Err(Unidentified::NoCertificate) => peer.map(|p| p.ip().to_string()).unwrap_or_default(),
+        Err(_) => "(certificate without a certname)".into(),
     }
 }
 
