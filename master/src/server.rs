@@ -527,32 +527,45 @@ fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::met
 }
 
 /// Resolves on SIGTERM or SIGINT; SIGHUP reloads TLS and re-indexes every
-/// environment in the meantime.
-pub async fn signals(config: Arc<MasterConfig>, tls: tokio::sync::watch::Receiver<Option<Reload>>) {
+/// environment in the meantime. The handlers are installed when this is
+/// called, not when the future is first polled: the listeners start
+/// before `serve` polls it, and a SIGHUP in between (a reload right after
+/// start) would otherwise get the default action and end the master. A
+/// SIGHUP before `serve` is ready waits for it.
+pub fn signals(
+    config: Arc<MasterConfig>,
+    mut tls: tokio::sync::watch::Receiver<Option<Reload>>,
+) -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return std::future::pending().await;
-    };
-    loop {
-        tokio::select! {
-            _ = term.recv() => return,
-            _ = int.recv() => return,
-            _ = hup.recv() => {
-                let current = tls.borrow().clone();
-                let Some(current) = current else { continue };
-                match current.reload(&config).await {
-                    Ok(closed) => tracing::info!(
-                        closed,
-                        "SIGHUP: TLS certificate, key, CA and CRL reloaded; closed the open connections whose client certificate is now refused"
-                    ),
-                    Err(e) => tracing::error!(error = %e, "SIGHUP: TLS reload failed, keeping the old files"),
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int), Ok(mut hup)) = handlers else {
+            tracing::error!("cannot install signal handlers");
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::select! {
+                _ = term.recv() => return,
+                _ = int.recv() => return,
+                _ = hup.recv() => {
+                    let current = match tls.wait_for(Option::is_some).await {
+                        Ok(ready) => ready.clone(),
+                        Err(_) => continue,
+                    };
+                    let Some(current) = current else { continue };
+                    match current.reload(&config).await {
+                        Ok(closed) => tracing::info!(
+                            closed,
+                            "SIGHUP: TLS certificate, key, CA and CRL reloaded; closed the open connections whose client certificate is now refused"
+                        ),
+                        Err(e) => tracing::error!(error = %e, "SIGHUP: TLS reload failed, keeping the old files"),
+                    }
+                    current.store.reindex(None, "SIGHUP").await;
                 }
-                current.store.reindex(None, "SIGHUP").await;
             }
         }
     }
