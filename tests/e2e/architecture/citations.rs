@@ -402,7 +402,7 @@ fn readme_and_architecture_md_stay_short() {
         "ARCHITECTURE.md",
         &read("ARCHITECTURE.md"),
         13_000,
-        220,
+        200,
     ));
     assert!(
         over.is_empty(),
