@@ -9,9 +9,11 @@
 //! PEM loading for TLS ([`tls`]), the wire contract of endpoints, headers,
 //! listing queries and batch frames ([`protocol`]), entity tags
 //! ([`etag`]), the delta listing format ([`delta`]), the sha256 digest type
-//! ([`digest`]), file signatures ([`filesig`]), atomic state-file writes
+//! ([`digest`]), generations and their canonical manifests
+//! ([`generation`]), offline bundles ([`bundle`]), file signatures ([`filesig`]), atomic state-file writes
 //! ([`fsutil`]) and the binaries' one logging setup ([`logging`]).
 
+pub mod bundle;
 pub mod checksum;
 pub mod config;
 pub mod delta;
@@ -20,6 +22,7 @@ pub mod envname;
 pub mod etag;
 pub mod filesig;
 pub mod fsutil;
+pub mod generation;
 pub mod ignore;
 pub mod logging;
 pub mod metadata;

@@ -109,6 +109,33 @@ pub const ACCEPT_CONTENT: &str = "application/octet-stream";
 /// The media type of a batch answer.
 pub const BLOBS_MEDIA_TYPE: &str = "application/x-pluginsync-blobs";
 
+/// `GET {ASSIGNMENT_PATH}?environment=<env>`: the per-node answer, which
+/// generation this node should have (docs/protocol.md §7.6). Answered by a
+/// master with the node's identity; `Cache-Control: private, no-cache`.
+pub const ASSIGNMENT_PATH: &str = "/pluginsync/v1/assignment";
+/// `GET {GENERATIONS_PREFIX}<64 hex>?environment=<env>[&since=<64 hex>]`: a
+/// generation's canonical manifest, or its delta from `since` when the
+/// master has that one too (docs/protocol.md §7.6). Immutable.
+pub const GENERATIONS_PREFIX: &str = "/pluginsync/v1/generations/";
+/// The query key naming the generation a manifest delta starts from.
+pub const SINCE_QUERY_KEY: &str = "since";
+/// The media type of a canonical manifest (`generation.rs`).
+pub const MANIFEST_MEDIA_TYPE: &str = "application/x-pluginsync-manifest";
+/// The media type of a manifest delta (`generation.rs`).
+pub const MANIFEST_DELTA_MEDIA_TYPE: &str = "application/x-pluginsync-manifest-delta";
+/// Response header: the generation an answer was made from (listings,
+/// content, the per-node answer, manifests).
+pub const HEADER_GENERATION: &str = "x-pluginsync-generation";
+/// Listing and status response header: the per-node answer's path
+/// ([`ASSIGNMENT_PATH`]) of a master that serves generations.
+pub const HEADER_GENERATIONS: &str = "x-pluginsync-generations";
+/// `Cache-Control` of an immutable answer (a manifest, a blob) that any
+/// HTTP cache may keep (docs/protocol.md §6.4).
+pub const CACHE_IMMUTABLE: &str = "public, max-age=31536000, immutable";
+/// `Cache-Control` of an immutable answer that only the client may keep:
+/// the environment has a per-environment `[[authorization]]` rule.
+pub const CACHE_IMMUTABLE_PRIVATE: &str = "private, max-age=31536000, immutable";
+
 /// The parameters of a pluginsync listing, as a stock agent sends them
 /// (docs/protocol.md §1.2): recursive, unlimited, links followed, sha256.
 #[derive(Debug, Clone, Copy)]

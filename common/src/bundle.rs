@@ -1,0 +1,468 @@
+//! Offline bundles: one generation as a reproducible tar archive
+//! (docs/protocol.md §7.7), written by `pluginsync-master bundle` and read
+//! by `pluginsync-agent sync --from-bundle`.
+//!
+//! The archive holds, in this order and nothing else:
+//!
+//! ```text
+//! pluginsync-bundle.json    {"format":1,"environment":…,"generation":…,"published":…}
+//! manifest                  the generation's canonical manifest (generation.rs)
+//! blobs/<64 hex>            each distinct file content once, by ascending digest
+//! pluginsync-bundle.sha256  the sha256 of the header member, in hex
+//! ```
+//!
+//! Every member is a plain ustar file with mode 0644, owner 0:0, mtime 0 and
+//! no user or group names, so the same generation always gives the same
+//! bytes. Reading checks everything before the caller may use anything: the
+//! manifest must hash to the generation the header names, each blob to its
+//! name, the blobs must be exactly the manifest's digests, in order, each
+//! once; a flipped byte anywhere is refused (tar's own header checksums
+//! catch the headers).
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Sha256;
+use crate::generation::{GenerationId, Manifest, ManifestError};
+
+/// The bundle format this code writes and reads.
+pub const BUNDLE_FORMAT: u32 = 1;
+/// The first member: the header.
+pub const HEADER_NAME: &str = "pluginsync-bundle.json";
+/// The second member: the manifest.
+pub const MANIFEST_NAME: &str = "manifest";
+/// The last member: the header's sha256, so nothing of the header can
+/// change unnoticed (the manifest and blobs prove themselves).
+pub const SEAL_NAME: &str = "pluginsync-bundle.sha256";
+/// The prefix of every blob member.
+pub const BLOB_DIR: &str = "blobs/";
+/// The largest manifest a reader accepts (64 MiB).
+pub const MAX_MANIFEST: u64 = 64 << 20;
+/// The largest header a reader accepts.
+const MAX_HEADER: u64 = 64 << 10;
+
+/// What the first member says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleHeader {
+    /// [`BUNDLE_FORMAT`].
+    pub format: u32,
+    /// The environment the generation was made for.
+    pub environment: String,
+    /// The generation.
+    pub generation: GenerationId,
+    /// When the master published it (RFC 3339, UTC).
+    pub published: String,
+}
+
+/// A bundle refused (reading) or not written (writing).
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    /// Reading or writing the archive failed, or tar found it corrupt.
+    #[error("bundle: {0}")]
+    Io(#[from] io::Error),
+    /// A member out of place, of the wrong kind or size, or unexpected.
+    #[error("bundle: {0}")]
+    Layout(String),
+    /// The header is not what this version reads.
+    #[error("bundle header: {0}")]
+    Header(String),
+    /// The manifest is refused (wrong digest, malformed).
+    #[error("bundle {0}")]
+    Manifest(#[from] ManifestError),
+    /// A blob's content does not hash to its name.
+    #[error("bundle blob {name} has sha256 {actual}: corrupt")]
+    BlobDigest {
+        /// The digest it is named by.
+        name: Sha256,
+        /// What its bytes hash to.
+        actual: Sha256,
+    },
+    /// Blobs the manifest lists that are not in the archive.
+    #[error("bundle lacks {missing} of the manifest's {total} blobs (first: {first})")]
+    Missing {
+        /// How many.
+        missing: usize,
+        /// Of how many distinct digests.
+        total: usize,
+        /// The first one missing.
+        first: Sha256,
+    },
+}
+
+fn member_header(size: u64) -> tar::Header {
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_size(size);
+    h
+}
+
+/// Writes a bundle member by member; see the module docs for the layout.
+pub struct BundleWriter<W: Write> {
+    tar: tar::Builder<W>,
+    digests: Vec<Sha256>,
+    next: usize,
+    seal: String,
+}
+
+impl<W: Write> BundleWriter<W> {
+    /// Writes the header and the manifest; `manifest` must hash to
+    /// `header.generation`.
+    pub fn new(
+        out: W,
+        header: &BundleHeader,
+        manifest: &[u8],
+    ) -> Result<BundleWriter<W>, BundleError> {
+        let parsed = Manifest::parse(manifest, &header.generation)?;
+        let mut tar = tar::Builder::new(out);
+        tar.mode(tar::HeaderMode::Deterministic);
+        let json = serde_json::to_vec(header).map_err(|e| BundleError::Header(e.to_string()))?;
+        let mut h = member_header(json.len() as u64);
+        tar.append_data(&mut h, HEADER_NAME, &json[..])?;
+        let mut h = member_header(manifest.len() as u64);
+        tar.append_data(&mut h, MANIFEST_NAME, manifest)?;
+        Ok(BundleWriter {
+            tar,
+            digests: parsed.digests(),
+            next: 0,
+            seal: format!("{}\n", Sha256::of(&json)),
+        })
+    }
+
+    /// The digests still to add, in the order [`Self::add_blob`] must take
+    /// them.
+    pub fn remaining(&self) -> &[Sha256] {
+        &self.digests[self.next..]
+    }
+
+    /// Adds the next blob (`remaining()[0]`): `size` bytes read from
+    /// `content`, which must hash to `digest`.
+    pub fn add_blob(
+        &mut self,
+        digest: &Sha256,
+        size: u64,
+        content: impl Read,
+    ) -> Result<(), BundleError> {
+        if self.digests.get(self.next) != Some(digest) {
+            return Err(BundleError::Layout(format!(
+                "blob {digest} added out of order or not in the manifest"
+            )));
+        }
+        let mut hashing = HashingReader::new(content);
+        let mut h = member_header(size);
+        self.tar
+            .append_data(&mut h, format!("{BLOB_DIR}{digest}"), &mut hashing)?;
+        let actual = hashing.finish();
+        if actual != *digest {
+            return Err(BundleError::BlobDigest {
+                name: *digest,
+                actual,
+            });
+        }
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Checks every blob was added, writes the seal, ends the archive,
+    /// returns the writer.
+    pub fn finish(mut self) -> Result<W, BundleError> {
+        if let Some(first) = self.remaining().first() {
+            return Err(BundleError::Missing {
+                missing: self.remaining().len(),
+                total: self.digests.len(),
+                first: *first,
+            });
+        }
+        let mut h = member_header(self.seal.len() as u64);
+        self.tar
+            .append_data(&mut h, SEAL_NAME, self.seal.as_bytes())?;
+        Ok(self.tar.into_inner()?)
+    }
+}
+
+struct HashingReader<R> {
+    inner: R,
+    hasher: sha2::Sha256,
+}
+
+impl<R: Read> HashingReader<R> {
+    fn new(inner: R) -> Self {
+        use sha2::Digest;
+        HashingReader {
+            inner,
+            hasher: sha2::Sha256::new(),
+        }
+    }
+
+    fn finish(self) -> Sha256 {
+        use sha2::Digest;
+        Sha256(self.hasher.finalize().into())
+    }
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use sha2::Digest;
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// A bundle read and checked whole.
+#[derive(Debug)]
+pub struct ReadBundle {
+    /// Its header.
+    pub header: BundleHeader,
+    /// The manifest (it hashed to `header.generation`).
+    pub manifest: Manifest,
+    /// The manifest's canonical bytes.
+    pub manifest_bytes: Vec<u8>,
+}
+
+/// Reads a bundle, handing each blob, verified, to `blob` (digest and
+/// content) in archive order; blobs larger than `max_blob` are refused.
+/// Returns only once the whole archive is checked, so a caller that stages
+/// the blobs may use them only after `Ok`.
+///
+/// Beyond every digest, the input must be byte for byte the bundle this
+/// module writes for what it holds (the reader writes it again into a hash
+/// as it goes), so a flipped byte is refused even where tar would not look:
+/// padding, unused header fields, the end blocks.
+pub fn read_bundle<R: Read>(
+    input: R,
+    max_blob: u64,
+    blob: impl FnMut(&Sha256, &[u8]) -> io::Result<()>,
+) -> Result<ReadBundle, BundleError> {
+    let mut archive = tar::Archive::new(HashingReader::new(input));
+    let (read, again) = read_members(&mut archive, max_blob, blob)?;
+    let mut rest = archive.into_inner();
+    io::copy(&mut rest, &mut io::sink())?;
+    // Whatever followed the seal is compared below, as part of the bytes.
+    let expected = again.finish()?.0;
+    if rest.finish() != Sha256(sha2::Digest::finalize(expected).into()) {
+        return Err(BundleError::Layout(format!(
+            "not byte for byte the bundle of generation {} (a byte outside its members differs)",
+            read.header.generation
+        )));
+    }
+    Ok(read)
+}
+
+/// What [`read_bundle`] writes again, to compare.
+struct HashWriter(sha2::Sha256);
+
+impl Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        sha2::Digest::update(&mut self.0, buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn read_members<R: Read>(
+    archive: &mut tar::Archive<R>,
+    max_blob: u64,
+    mut blob: impl FnMut(&Sha256, &[u8]) -> io::Result<()>,
+) -> Result<(ReadBundle, BundleWriter<HashWriter>), BundleError> {
+    let mut entries = archive.entries()?;
+    let mut member = |name: &str, max: u64| -> Result<Vec<u8>, BundleError> {
+        let entry = entries
+            .next()
+            .ok_or_else(|| BundleError::Layout(format!("ends before {name}")))??;
+        read_member(entry, Some(name), max).map(|(_, b)| b)
+    };
+    let header_bytes = member(HEADER_NAME, MAX_HEADER)?;
+    let header: BundleHeader =
+        serde_json::from_slice(&header_bytes).map_err(|e| BundleError::Header(e.to_string()))?;
+    if header.format != BUNDLE_FORMAT {
+        return Err(BundleError::Header(format!(
+            "format {} (this version reads {BUNDLE_FORMAT})",
+            header.format
+        )));
+    }
+    let manifest_bytes = member(MANIFEST_NAME, MAX_MANIFEST)?;
+    let manifest = Manifest::parse(&manifest_bytes, &header.generation)?;
+    let hash = HashWriter(sha2::Digest::new());
+    let mut again = BundleWriter::new(hash, &header, &manifest_bytes)?;
+    for entry in entries {
+        let (name, content) = read_member(entry?, None, max_blob)?;
+        if name == SEAL_NAME {
+            if content != again.seal.as_bytes() {
+                return Err(BundleError::Layout(
+                    "the header does not match its seal: corrupt".into(),
+                ));
+            }
+            break;
+        }
+        let name = name
+            .strip_prefix(BLOB_DIR)
+            .and_then(|h| Sha256::from_hex(h).ok())
+            .ok_or_else(|| BundleError::Layout(format!("unexpected member {name:?}")))?;
+        if again.remaining().first() != Some(&name) {
+            return Err(BundleError::Layout(format!(
+                "blob {name} out of order, repeated or not in the manifest"
+            )));
+        }
+        again.add_blob(&name, content.len() as u64, &content[..])?;
+        blob(&name, &content)?;
+    }
+    if let Some(first) = again.remaining().first() {
+        return Err(BundleError::Missing {
+            missing: again.remaining().len(),
+            total: again.digests.len(),
+            first: *first,
+        });
+    }
+    let read = ReadBundle {
+        header,
+        manifest,
+        manifest_bytes,
+    };
+    Ok((read, again))
+}
+
+fn read_member<R: Read>(
+    mut entry: tar::Entry<'_, R>,
+    expect: Option<&str>,
+    max: u64,
+) -> Result<(String, Vec<u8>), BundleError> {
+    let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+    if expect.is_some_and(|e| e != name) {
+        return Err(BundleError::Layout(format!(
+            "member {name:?} where {} belongs",
+            expect.unwrap_or_default()
+        )));
+    }
+    if entry.header().entry_type() != tar::EntryType::Regular {
+        return Err(BundleError::Layout(format!(
+            "member {name:?} is not a file"
+        )));
+    }
+    let size = entry.size();
+    if size > max {
+        return Err(BundleError::Layout(format!(
+            "member {name:?} is {size} bytes (at most {max})"
+        )));
+    }
+    let mut content = Vec::with_capacity(size as usize);
+    entry.read_to_end(&mut content)?;
+    if content.len() as u64 != size {
+        return Err(BundleError::Layout(format!("member {name:?} is truncated")));
+    }
+    Ok((name, content))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generation::{EntryKind, ManifestEntry};
+    use crate::protocol::Mount;
+    use crate::relpath::RelPath;
+
+    fn entry(mount: Mount, path: &str, content: Option<&[u8]>) -> ManifestEntry {
+        ManifestEntry {
+            mount,
+            path: RelPath::parse(path).unwrap(),
+            mode: 0o644,
+            kind: match content {
+                None => EntryKind::Directory,
+                Some(c) => EntryKind::File {
+                    sha256: Sha256::of(c),
+                    size: c.len() as u64,
+                },
+            },
+        }
+    }
+
+    const CONTENTS: [&[u8]; 3] = [b"one", b"two", b"three"];
+
+    fn bundle() -> (Vec<u8>, GenerationId) {
+        let m = Manifest::new(vec![
+            entry(Mount::Plugins, ".", None),
+            entry(Mount::Pluginfacts, ".", None),
+            entry(Mount::Plugins, "a.rb", Some(CONTENTS[0])),
+            entry(Mount::Plugins, "b.rb", Some(CONTENTS[1])),
+            entry(Mount::Plugins, "same.rb", Some(CONTENTS[1])),
+            entry(Mount::Pluginfacts, "c.sh", Some(CONTENTS[2])),
+        ])
+        .unwrap();
+        let (bytes, id) = m.encode();
+        let header = BundleHeader {
+            format: BUNDLE_FORMAT,
+            environment: "production".into(),
+            generation: id,
+            published: "2026-11-26T00:00:00Z".into(),
+        };
+        let mut w = BundleWriter::new(Vec::new(), &header, &bytes).unwrap();
+        while let Some(d) = w.remaining().first().copied() {
+            let c = CONTENTS.iter().find(|c| Sha256::of(c) == d).unwrap();
+            w.add_blob(&d, c.len() as u64, *c).unwrap();
+        }
+        (w.finish().unwrap(), id)
+    }
+
+    #[test]
+    fn same_generation_same_bytes_and_read_back_whole() {
+        let (a, id) = bundle();
+        let (b, _) = bundle();
+        assert_eq!(a, b);
+        let mut got = Vec::new();
+        let read = read_bundle(&a[..], 1 << 20, |d, c| {
+            got.push((*d, c.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(read.header.generation, id);
+        assert_eq!(got.len(), 3, "the shared content is in the bundle once");
+        assert!(got.iter().all(|(d, c)| Sha256::of(c) == *d));
+    }
+
+    #[test]
+    fn any_flipped_byte_anywhere_is_refused() {
+        let (a, _) = bundle();
+        for i in 0..a.len() {
+            let mut b = a.clone();
+            b[i] ^= 0x01;
+            let mut handed = 0;
+            let r = read_bundle(&b[..], 1 << 20, |_, _| {
+                handed += 1;
+                Ok(())
+            });
+            assert!(r.is_err(), "a flip at byte {i} of {} was accepted", a.len());
+        }
+        let pos = a.windows(5).position(|w| w == b"three").unwrap();
+        let mut b = a.clone();
+        b[pos] ^= 1;
+        let err = read_bundle(&b[..], 1 << 20, |_, _| Ok(())).unwrap_err();
+        assert!(matches!(err, BundleError::BlobDigest { .. }), "{err}");
+        let err = read_bundle(&a[..a.len() / 2], 1 << 20, |_, _| Ok(())).unwrap_err();
+        assert!(!err.to_string().is_empty());
+        let mut longer = a;
+        longer.extend_from_slice(&[0; 512]);
+        assert!(read_bundle(&longer[..], 1 << 20, |_, _| Ok(())).is_err());
+    }
+
+    #[test]
+    fn writer_refuses_wrong_content_and_missing_blobs() {
+        let (a, _) = bundle();
+        let read = read_bundle(&a[..], 1 << 20, |_, _| Ok(())).unwrap();
+        let mut w = BundleWriter::new(Vec::new(), &read.header, &read.manifest_bytes).unwrap();
+        let d = w.remaining()[0];
+        assert!(matches!(
+            w.add_blob(&d, 3, &b"bad"[..]),
+            Err(BundleError::BlobDigest { .. })
+        ));
+        let w = BundleWriter::new(Vec::new(), &read.header, &read.manifest_bytes).unwrap();
+        assert!(matches!(
+            w.finish(),
+            Err(BundleError::Missing { missing: 3, .. })
+        ));
+    }
+}
