@@ -20,14 +20,14 @@ fn deploy(tree: &EnvTree, fact: (&str, u32), plugin: &str) {
         "production",
         "alpha",
         "facts.d/version.sh",
-        &format!("#!/bin/sh\necho version={}\n", fact.0),
+        format!("#!/bin/sh\necho version={}\n", fact.0),
         fact.1,
     );
     tree.file(
         "production",
         "alpha",
         "lib/facter/version.rb",
-        &format!("# version {plugin}\n"),
+        format!("# version {plugin}\n"),
         0o644,
     );
 }
@@ -126,7 +126,7 @@ fn a_deploy_between_the_agents_requests_never_leaves_a_mix() {
     reindex(&pki, &master.url());
     let old = reference(&pki, &master.url());
     let hook = Arc::new(DeployBetween {
-        tree: tree.clone(),
+        tree,
         pki: pki.clone(),
         master: master.url(),
         asked: Default::default(),
