@@ -12,7 +12,10 @@ use pluginsync_common::generation::{
     Assignment, EntryKind, GenerationId, Manifest, ManifestDelta, assignment_url, manifest_url,
 };
 use pluginsync_common::protocol;
-use pluginsync_tests::{EnvTree, MasterProcess, Pki, client, config_file, config_toml, wait_for};
+use pluginsync_tests::{
+    EnvTree, MasterProcess, Pki, TestMaster, client, config_file, config_toml, parse_config,
+    wait_for,
+};
 
 /// Long enough for any bounded wait here on a loaded machine.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -200,4 +203,208 @@ impl Kept<'_> {
             "{when}"
         );
     }
+}
+
+/// Files of a mount's listing.
+async fn listed_files(c: &reqwest::Client, base: &str, mount: &str) -> usize {
+    let q = crate::common::pluginsync_query("use", "follow", "production");
+    let (status, _, entries) = crate::common::listing(c, base, mount, &q).await;
+    assert_eq!(status, 200);
+    entries
+        .iter()
+        .filter(|e| e.kind == pluginsync_common::metadata::FileType::File)
+        .count()
+}
+
+/// Code Manager flips `production` between two releases every 100–200 ms
+/// while the master re-indexes it: no published `pluginfacts` listing, and
+/// no generation, ever lacks a file both releases have (a build that
+/// spans a flip is not published: docs/deploys.md#consistent-builds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_build_across_a_link_flip_is_never_published() {
+    let (tree, pki, releases) = (EnvTree::new(), Pki::new(), EnvTree::new());
+    releases.generate("r1", 11, 150, 7);
+    releases.generate("r2", 11, 150, 7);
+    releases.file("r2", "mod00", "lib/facter/only_r2.rb", "# r2\n", 0o644);
+    let link = tree.envpath().join("production");
+    std::os::unix::fs::symlink(releases.envpath().join("r1"), &link).unwrap();
+    let facts = pluginsync_tests::merged_mount(&link, "facts.d")
+        .values()
+        .filter(|v| v.starts_with("file "))
+        .count();
+    assert!(facts >= 10, "{facts} facts");
+    let m = TestMaster::start(parse_config(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        "[index]\npublish = \"explicit\"\nsettle = \"300ms\"\n",
+    )));
+    let c = client(&pki, Some("node1"));
+    assert_eq!(listed_files(&c, &m.url(), "pluginfacts").await, facts);
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipper = {
+        let (stop, link, targets) = (stop.clone(), link.clone(), releases.envpath());
+        std::thread::spawn(move || {
+            for i in 0u64.. {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                flip(&link, &targets.join(if i % 2 == 0 { "r2" } else { "r1" }));
+                std::thread::sleep(Duration::from_millis(100 + (i * 37) % 101));
+            }
+        })
+    };
+    let inconsistent = || {
+        m.store
+            .stats
+            .inconsistent_builds
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for round in 0..60 {
+        m.store
+            .reindex(Some("production".parse().unwrap()), "test")
+            .await;
+        assert_eq!(
+            listed_files(&c, &m.url(), "pluginfacts").await,
+            facts,
+            "round {round}: a pluginfacts listing without files both releases have"
+        );
+        let a = assigned(&c, &m.url(), "production").await;
+        if seen.insert(a.generation) {
+            let bytes = manifest(&c, &m.url(), "production", &a.generation).await;
+            let parsed = Manifest::parse(&bytes, &a.generation).unwrap();
+            let files = parsed
+                .mount(protocol::Mount::Pluginfacts)
+                .filter(|e| matches!(e.kind, EntryKind::File { .. }))
+                .count();
+            assert_eq!(
+                files,
+                facts,
+                "round {round}: generation {}",
+                a.generation.short()
+            );
+        }
+        if round >= 20 && inconsistent() >= 3 && seen.len() >= 2 {
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    flipper.join().unwrap();
+    assert!(
+        inconsistent() >= 1,
+        "no build spanned a flip: the test did not test anything"
+    );
+    assert!(seen.len() <= 2, "more generations than releases: {seen:?}");
+}
+
+/// Bytes of the files under `dir`, recursively.
+fn bytes_under(dir: &Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let md = e.metadata().unwrap();
+        total += if md.is_dir() {
+            bytes_under(&e.path())
+        } else {
+            md.len()
+        };
+    }
+    total
+}
+
+/// 20 environments, each one file apart from the others: the store holds
+/// one tree plus the differences (and a manifest each); a second master on
+/// the same tree names every generation the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_holds_identical_files_once() {
+    const ENVS: usize = 20;
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    let names: Vec<String> = (0..ENVS).map(|i| format!("env{i:02}")).collect();
+    let mut diffs = 0u64;
+    for name in &names {
+        tree.generate(name, 4, 40, 11);
+        let own = format!("# only in {name}\n");
+        diffs += own.len() as u64;
+        tree.file(name, "mod00", "lib/facter/own.rb", own, 0o644);
+    }
+    let one_tree = bytes_under(&tree.envpath().join("env00/modules")) - diffs / ENVS as u64;
+    let dir = tree.outside().join("generations");
+    let tables = format!("[generations]\ndir = {dir:?}\n");
+    let m = TestMaster::start(parse_config(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        &tables,
+    )));
+    let replica = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let c = client(&pki, Some("node1"));
+    let mut manifests = 0u64;
+    for name in &names {
+        let a = assigned(&c, &m.url(), name).await;
+        let b = assigned(&c, &replica.url(), name).await;
+        assert_eq!(a.generation, b.generation, "{name}: one tree, one id");
+        manifests += manifest(&c, &m.url(), name, &a.generation).await.len() as u64;
+    }
+    let stored = bytes_under(&dir.join("blobs"));
+    assert_eq!(stored + manifests, m.store.generations.bytes());
+    assert!(
+        stored >= one_tree && stored <= one_tree + diffs,
+        "{stored} bytes of blobs for a tree of {one_tree} bytes and {diffs} bytes of differences"
+    );
+}
+
+/// Manifests are immutable: `public` without `[[authorization]]` rules,
+/// `private` with them; the per-node answer is `private, no-cache`, a
+/// revalidation with its ETag is a 304 (from a second master on the same
+/// tree too), and a client a rule refuses gets 403 from both endpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn immutable_answers_are_public_or_private_and_the_assignment_revalidates() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "app", "lib/facter/app.rb", "# app\n", 0o644);
+    tree.file("dmz", "app", "lib/facter/dmz.rb", "# dmz\n", 0o644);
+    let rules = "[[authorization]]\ncertname = \"node1\"\nenvironments = [\"production\"]\n";
+    let open = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let ruled = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", rules)));
+    let c = client(&pki, Some("node1"));
+    for (m, policy) in [
+        (&open, protocol::CACHE_IMMUTABLE),
+        (&ruled, protocol::CACHE_IMMUTABLE_PRIVATE),
+    ] {
+        let (s, h, body) = get(&c, &assignment_url(&m.url(), "production"), None).await;
+        assert_eq!(s, 200);
+        assert_eq!(h["cache-control"], "private, no-cache");
+        let a: Assignment = serde_json::from_slice(&body).unwrap();
+        let url = manifest_url(&m.url(), "production", &a.generation, None);
+        let (s, h, _) = get(&c, &url, None).await;
+        assert_eq!((s, h["cache-control"].to_str().unwrap()), (200, policy));
+        let etag = h["etag"].to_str().unwrap().to_owned();
+        assert_eq!(get(&c, &url, Some(&etag)).await.0, 304);
+        let sha = pluginsync_common::digest::Sha256::of(b"# app\n");
+        let (s, h, _) = get(
+            &c,
+            &format!("{}{}{sha}", m.url(), protocol::BLOB_PREFIX),
+            None,
+        )
+        .await;
+        assert_eq!((s, h["cache-control"].to_str().unwrap()), (200, policy));
+    }
+    // The assignment revalidates on either master: one 304 per no-op run.
+    let (_, h, _) = get(&c, &assignment_url(&open.url(), "production"), None).await;
+    let etag = h["etag"].to_str().unwrap().to_owned();
+    for m in [&open, &ruled] {
+        let (s, h, body) = get(&c, &assignment_url(&m.url(), "production"), Some(&etag)).await;
+        assert_eq!((s, body.len()), (304, 0));
+        assert_eq!(h["cache-control"], "private, no-cache");
+    }
+    // dmz is not node1's: refused before anything is looked up.
+    let (s, _, body) = get(&c, &assignment_url(&open.url(), "dmz"), None).await;
+    assert_eq!(s, 200, "no rules: every environment");
+    let dmz: Assignment = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        get(&c, &assignment_url(&ruled.url(), "dmz"), None).await.0,
+        403
+    );
+    let url = manifest_url(&ruled.url(), "dmz", &dmz.generation, None);
+    assert_eq!(get(&c, &url, None).await.0, 403);
 }
