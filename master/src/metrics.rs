@@ -62,6 +62,9 @@ pub struct Stats {
     pub watched_environments: AtomicU64,
     /// Explicit re-indexes: the admin API, `reindex`, SIGHUP.
     pub reindexes: AtomicU64,
+    /// Builds not published because the tree changed under the walk
+    /// (docs/deploys.md#consistent-builds).
+    pub inconsistent_builds: AtomicU64,
 }
 
 /// Latency buckets (seconds): 1 ms to 10 s.
