@@ -336,3 +336,55 @@ async fn a_bundle_commits_what_a_network_sync_of_its_generation_commits_and_a_fl
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(node(&offline), reference(&pki, &master.url()));
 }
+
+/// Relays as is.
+struct Plain;
+
+impl Hook for Plain {}
+
+#[test]
+fn a_no_op_run_is_one_304_and_writes_nothing_and_a_change_comes_as_a_manifest_delta() {
+    let pki = Pki::new();
+    let tree = EnvTree::new();
+    tree.generate("production", 3, 8, 7);
+    deploy(&tree, ("v1", 0o755), "v1");
+    let master = explicit_master(&tree, &pki);
+    let relay = Interceptor::start(&pki, master.addr, "node1", Arc::new(Plain));
+    let home = AgentHome::new(&pki, &[relay.url()], "");
+    assert_eq!(home.sync(&[]).code, 0);
+    let seen = |f: &dyn Fn(&str) -> bool| -> Vec<String> {
+        let mut s = relay.seen.lock().unwrap();
+        let got = s.iter().filter(|t| f(t)).cloned().collect();
+        s.clear();
+        got
+    };
+    seen(&|_| true);
+    let cache = || tree_snapshot(&home.vardir().join("cache"));
+    let before = cache();
+    let run = home.sync(&["--detailed-exitcodes"]);
+    assert_eq!((run.code, run.stdout.as_str()), (0, ""), "{}", run.stderr);
+    let asked = seen(&|_| true);
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(
+        asked[0].starts_with("/pluginsync/v1/assignment?"),
+        "{asked:?}"
+    );
+    assert_eq!(cache(), before, "a no-op run writes nothing in the cache");
+
+    tree.file(
+        "production",
+        "alpha",
+        "lib/facter/version.rb",
+        "# v2\n",
+        0o644,
+    );
+    reindex(&pki, &master.url());
+    let run = home.sync(&["--format", "json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let manifests = seen(&|t| t.starts_with("/pluginsync/v1/generations/"));
+    assert_eq!(manifests.len(), 1, "{manifests:?}");
+    assert!(manifests[0].contains("&since="), "{manifests:?}");
+    assert_eq!(node(&home), reference(&pki, &master.url()));
+    let id = generation_of(&run.stdout).expect("the report names the generation");
+    assert!(manifests[0].contains(&id), "{manifests:?} {id}");
+}
