@@ -238,7 +238,7 @@ mod tests {
         ));
         assert_eq!(lines.len(), 3);
         assert!(lines[2].contains("unchanged (production from https://m:8140, 1.50s)"));
-        let mut g = r.clone();
+        let mut g = r;
         g.generation = Some("0123456789abcdef".repeat(4));
         assert!(
             g.text()

@@ -168,14 +168,10 @@ impl Servers {
         query: &ListingQuery<'_>,
         if_none_match: &dyn Fn(&str) -> Option<ETag>,
     ) -> Result<(Origin, ListingAnswer), FetchError> {
-        let ring = match &self.origin {
-            Some(origin) => ring(&self.list, &origin.server),
-            None => self.list.iter().map(String::as_str).collect(),
-        };
-        let log = "server unavailable, trying the next one";
+        let ring = self.ring();
         let answered = failover(
             self.client.retry(),
-            log,
+            "server unavailable, trying the next one",
             &ring,
             self.refused_until(),
             async |server| self.same_view(server, mount).await,
@@ -187,14 +183,7 @@ impl Servers {
             },
         )
         .await;
-        let (server, (offers, answer)) = match answered {
-            Ok(a) => a,
-            Err(FetchError::Unreachable { servers, detail }) if self.origin.is_none() => {
-                let detail = self.explain(detail).await;
-                return Err(FetchError::Unreachable { servers, detail });
-            }
-            Err(e) => return Err(e),
-        };
+        let (server, (offers, answer)) = self.explained(answered).await?;
         if let Some(previous) = self.origin.as_ref().filter(|o| o.server != server) {
             tracing::info!(server = %server, previous = %previous.server, mount = %mount, "listing from a replica serving the same listings");
         }
@@ -207,6 +196,30 @@ impl Servers {
             etag: answer.etag().cloned(),
         });
         Ok((origin, answer))
+    }
+
+    /// The servers a request of the listing phase asks, in order: from
+    /// the origin (wrapping around) once there is one, else `servers`.
+    fn ring(&self) -> Vec<&str> {
+        match &self.origin {
+            Some(origin) => ring(&self.list, &origin.server),
+            None => self.list.iter().map(String::as_str).collect(),
+        }
+    }
+
+    /// What a first contact's `failover` got, with a closed connection
+    /// explained while the run has no origin yet ([`Servers::explain`]).
+    async fn explained<T>(
+        &self,
+        answered: Result<(String, T), FetchError>,
+    ) -> Result<(String, T), FetchError> {
+        match answered {
+            Err(FetchError::Unreachable { servers, detail }) if self.origin.is_none() => {
+                let detail = self.explain(detail).await;
+                Err(FetchError::Unreachable { servers, detail })
+            }
+            other => other,
+        }
     }
 
     /// Whether `server` may answer a listing of `mount` in this run: the

@@ -241,7 +241,7 @@ impl<'a> Run<'a> {
         run.phase("commit started");
         let written = run.commit_all(&passes, stagings);
         run.phase("committed");
-        if let Some(held) = held.filter(|_| run.report.failures.is_empty()) {
+        if let Some(held) = held {
             let mounts: Vec<_> = passes.iter().map(|p| p.resource.mount).collect();
             run.remember_generation(&held, &mounts);
         }

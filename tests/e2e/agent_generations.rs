@@ -156,12 +156,13 @@ fn a_deploy_between_the_agents_requests_never_leaves_a_mix() {
     assert_eq!(node(&home), new);
 }
 
-/// Flips the first byte of every single blob answered.
-struct LyingCache;
+/// Flips the first byte of every answer to a target with this prefix: a
+/// cache in front of the master serving wrong bytes.
+struct Lying(&'static str);
 
-impl Hook for LyingCache {
+impl Hook for Lying {
     fn after(&self, target: &str, response: &mut Vec<u8>) {
-        if target.starts_with("/pluginsync/v1/blobs/sha256/") {
+        if target.starts_with(self.0) {
             flip_first_body_byte(response);
         }
     }
@@ -185,7 +186,24 @@ fn a_wrong_blob_from_whoever_delivered_it_fails_the_run_and_changes_nothing() {
         0o644,
     );
     reindex(&pki, &master.url());
-    let relay = Interceptor::start(&pki, master.addr, "node1", Arc::new(LyingCache));
+    // A wrong manifest (or delta) first: refused, nothing changed.
+    let lying = Lying("/pluginsync/v1/generations/");
+    let relay = Interceptor::start(&pki, master.addr, "node1", Arc::new(lying));
+    behind(&home, &master.url(), &relay.url());
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(run.stderr.contains("refused: manifest"), "{}", run.stderr);
+    assert_eq!(node(&home), before, "nothing changed");
+    behind(&home, &relay.url(), &master.url());
+    drop(relay);
+    // Then a wrong blob.
+    let relay = Interceptor::start(
+        &pki,
+        master.addr,
+        "node1",
+        Arc::new(Lying("/pluginsync/v1/blobs/sha256/")),
+    );
     // The same node, now behind the lying relay.
     behind(&home, &master.url(), &relay.url());
     let run = home.sync(&[]);
@@ -197,25 +215,11 @@ fn a_wrong_blob_from_whoever_delivered_it_fails_the_run_and_changes_nothing() {
         "the wrong blob is named: {}",
         run.stderr
     );
+    let seen = relay.seen.lock().unwrap().clone();
+    let asked = |prefix: &str| seen.iter().any(|t| t.starts_with(prefix));
     assert!(
-        relay
-            .seen
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|t| t.starts_with("/pluginsync/v1/blobs/sha256/")),
-        "the content came by digest: {:?}",
-        relay.seen.lock().unwrap()
-    );
-    assert!(
-        relay
-            .seen
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|t| t.starts_with("/pluginsync/v1/assignment")),
-        "the run synced a generation: {:?}",
-        relay.seen.lock().unwrap()
+        asked("/pluginsync/v1/assignment") && asked("/pluginsync/v1/blobs/sha256/"),
+        "a generation, its content by digest: {seen:?}"
     );
     assert_eq!(node(&home), before, "nothing changed");
     // Through a clean path again, it converges.

@@ -36,17 +36,7 @@ impl FakeMaster {
     /// Like [`FakeMaster::start`], with a responder that sees the
     /// request's headers too.
     pub fn start_with_head(pki: &Pki, respond: HeadResponder) -> FakeMaster {
-        use pluginsync_common::tls as ptls;
-        let config = rustls::ServerConfig::builder_with_provider(ptls::provider())
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_no_client_auth()
-            .with_single_cert(
-                ptls::load_certs("cert", &pki.cert("localhost")).expect("cert"),
-                ptls::load_key(&pki.key("localhost")).expect("key"),
-            )
-            .expect("server config");
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let acceptor = localhost_acceptor(pki);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
@@ -65,19 +55,13 @@ impl FakeMaster {
                     };
                     let (acceptor, respond) = (acceptor.clone(), respond.clone());
                     tokio::spawn(async move {
-                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        use tokio::io::AsyncWriteExt;
                         let Ok(mut tls) = acceptor.accept(tcp).await else {
                             return;
                         };
-                        let mut buf = Vec::new();
-                        let mut chunk = [0u8; 4096];
-                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65536 {
-                            match tls.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                        }
-                        let head = String::from_utf8_lossy(&buf).into_owned();
+                        let Some(head) = read_head(&mut tls).await else {
+                            return;
+                        };
                         let target = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
                         let _ = tls.write_all(&respond(&target, &head)).await;
                         let _ = tls.shutdown().await;
@@ -107,6 +91,37 @@ impl Drop for FakeMaster {
             let _ = t.join();
         }
     }
+}
+
+/// A TLS acceptor with `pki`'s `localhost` certificate, asking no client
+/// certificate.
+pub(crate) fn localhost_acceptor(pki: &Pki) -> tokio_rustls::TlsAcceptor {
+    use pluginsync_common::tls as ptls;
+    let config = rustls::ServerConfig::builder_with_provider(ptls::provider())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            ptls::load_certs("cert", &pki.cert("localhost")).expect("cert"),
+            ptls::load_key(&pki.key("localhost")).expect("key"),
+        )
+        .expect("server config");
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+/// A request's head, up to its blank line (at most 64 KiB read); `None`
+/// when the peer closed or failed before it ended.
+pub(crate) async fn read_head<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65536 {
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
 /// A raw HTTP/1.1 response with `Connection: close`.

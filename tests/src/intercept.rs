@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::conn::{identity, tls_config, tls_connect};
+use crate::fake::{localhost_acceptor, read_head};
 use crate::pki::Pki;
 
 /// What a test does around the requests an [`Interceptor`] relays.
@@ -39,17 +40,7 @@ impl Interceptor {
     /// Listens on 127.0.0.1 with `pki`'s `localhost` certificate and
     /// relays to `master`, presenting `certname`'s certificate there.
     pub fn start(pki: &Pki, master: SocketAddr, certname: &str, hook: Arc<dyn Hook>) -> Self {
-        use pluginsync_common::tls as ptls;
-        let server = rustls::ServerConfig::builder_with_provider(ptls::provider())
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_no_client_auth()
-            .with_single_cert(
-                ptls::load_certs("cert", &pki.cert("localhost")).expect("cert"),
-                ptls::load_key(&pki.key("localhost")).expect("key"),
-            )
-            .expect("server config");
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let acceptor = localhost_acceptor(pki);
         let upstream = tls_config(pki, Some(identity(pki, certname)), &["http/1.1"]);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
@@ -122,22 +113,6 @@ impl Drop for Interceptor {
             let _ = t.join();
         }
     }
-}
-
-/// The request head (up to the blank line), bounded.
-async fn read_head<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Option<String> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        if buf.len() > 65536 {
-            return None;
-        }
-        match s.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
 /// Sends `head` to the master with `Connection: close` and reads its

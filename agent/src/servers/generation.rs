@@ -8,7 +8,7 @@ use pluginsync_common::envname::EnvName;
 use pluginsync_common::etag::ETag;
 use pluginsync_common::generation::GenerationId;
 
-use super::{Origin, Servers, failover, ring};
+use super::{Origin, Servers, failover};
 use crate::client::{AssignmentAnswer, FetchError, ManifestAnswer, Offers};
 
 impl Servers {
@@ -22,14 +22,10 @@ impl Servers {
         env: &EnvName,
         if_none_match: &dyn Fn(&str) -> Option<ETag>,
     ) -> Result<(String, AssignmentAnswer), FetchError> {
-        let ring: Vec<&str> = match &self.origin {
-            Some(origin) => ring(&self.list, &origin.server),
-            None => self.list.iter().map(String::as_str).collect(),
-        };
-        let log = "server unavailable, trying the next one";
+        let ring = self.ring();
         let answered = failover(
             self.client.retry(),
-            log,
+            "server unavailable, trying the next one",
             &ring,
             self.refused_until(),
             async |_| Some(true),
@@ -39,14 +35,7 @@ impl Servers {
             },
         )
         .await;
-        let (server, answer) = match answered {
-            Ok(a) => a,
-            Err(FetchError::Unreachable { servers, detail }) if self.origin.is_none() => {
-                let detail = self.explain(detail).await;
-                return Err(FetchError::Unreachable { servers, detail });
-            }
-            Err(e) => return Err(e),
-        };
+        let (server, answer) = self.explained(answered).await?;
         if !matches!(answer, AssignmentAnswer::NotServed) {
             self.origin = Some(Origin {
                 server: server.clone(),
@@ -67,13 +56,7 @@ impl Servers {
         id: &GenerationId,
         since: Option<&GenerationId>,
     ) -> Result<Option<(String, ManifestAnswer)>, FetchError> {
-        let servers: Vec<String> = match &self.origin {
-            Some(origin) => ring(&self.list, &origin.server)
-                .into_iter()
-                .map(str::to_owned)
-                .collect(),
-            None => self.list.clone(),
-        };
+        let servers: Vec<String> = self.ring().into_iter().map(str::to_owned).collect();
         let log = "server unavailable for the manifest, trying the next one";
         let mut last = None;
         for server in &servers {

@@ -186,9 +186,10 @@ impl Run<'_> {
                 }
                 return Ok(None);
             }
+            // If-None-Match is sent only with a generation held.
             AssignmentAnswer::NotModified => match record.generation {
                 Some(id) => (id, false),
-                None => unreachable!("If-None-Match is sent only with a generation held"),
+                None => return Ok(None),
             },
             AssignmentAnswer::Assigned { assignment, etag } => {
                 let changed = record.assignment_etag != etag || record.server != server;
@@ -281,7 +282,8 @@ impl Run<'_> {
                         }
                     }
                 }
-                ManifestAnswer::NotKept => unreachable!("servers.rs passes a 404 on"),
+                // servers.rs passes a 404 on to the next server.
+                ManifestAnswer::NotKept => continue,
             };
             self.phase("manifest checked");
             held.origin.server = server;
@@ -393,13 +395,25 @@ impl Run<'_> {
 
     /// After a clean commit: the generation, its manifest (when fetched)
     /// and the per-node answer's `ETag` are kept; the mounts keep no
-    /// listing. Nothing is written when nothing changed.
+    /// listing. Nothing is written when nothing changed. After a commit
+    /// with failures, the `ETag` is forgotten.
     pub(super) fn remember_generation(&mut self, held: &Held, mounts: &[Mount]) {
+        let vardir = &self.settings.vardir;
+        if !self.report.failures.is_empty() {
+            // Not all of it is in place: the next run must not take a 304
+            // for "done", so the per-node answer is asked afresh (the
+            // manifest stays, a base for the next delta).
+            let mut record = GenerationRecord::load(vardir, self.env.as_str());
+            record.assignment_etag = None;
+            if let Err(e) = record.save(vardir, self.env.as_str(), None) {
+                tracing::warn!(vardir = %vardir.display(), error = %e, "cannot save the sync cache");
+            }
+            return;
+        }
         self.report.generation = Some(held.id.to_hex());
         if !held.changed {
             return;
         }
-        let vardir = &self.settings.vardir;
         let mut record = held.record.clone();
         record.generation = Some(held.id);
         record.listings_only = None;
