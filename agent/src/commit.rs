@@ -31,13 +31,16 @@
 mod dirs;
 mod durable;
 mod error;
+mod mirror;
 mod space;
+mod switch;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
+use pluginsync_common::fsutil::Durable;
 use pluginsync_common::relpath::RelPath;
 use rustix::fs::Mode;
 use rustix::io::Errno;
@@ -45,11 +48,13 @@ use rustix::io::Errno;
 use crate::catalog::FileResource;
 use crate::listing::{MODE_MASK, STAGING_DIR};
 use crate::plan::{Action, ChangeKind, Plan};
-use crate::scan::{LocalName, Stray};
+use crate::scan::{self, LocalName, LocalTree, Stray};
 use dirs::{DIR_FLAGS, Dirs, chmod_entry, remove_entry};
 
 pub use error::CommitError;
+pub use mirror::{Mirror, MirrorError};
 pub use space::{SpaceError, check_space};
+pub use switch::{NO_EXCHANGE_ENV, Standby, SwitchError, container_of};
 
 /// What a commit did.
 #[derive(Debug, Default)]
@@ -179,7 +184,7 @@ fn write(
 ) -> Result<(), CommitError> {
     let dest = dirs.dest;
     let tmp_name = match (tmp.parent(), tmp.file_name()) {
-        (Some(dir), Some(name)) if dir == dest.join(STAGING_DIR) => name,
+        (Some(dir), Some(name)) if dir == dirs.staged_in.join(STAGING_DIR) => name,
         _ => return Err(CommitError::NotStaged(tmp.to_owned())),
     };
     let (depth, name) = dirs.parent_changed(rel)?;
@@ -233,8 +238,26 @@ pub fn commit(
     created: &[PathBuf],
     resource: &FileResource,
 ) -> Committed {
+    commit_into(
+        Dirs::new(dest, dest, Durable::new()),
+        plan,
+        staged,
+        created,
+        resource,
+    )
+}
+
+/// [`commit`] through `dirs`: into the destination itself, or into its
+/// standby with the staged files of the live tree (`switch.rs`).
+fn commit_into(
+    mut dirs: Dirs<'_>,
+    plan: &Plan,
+    staged: &HashMap<RelPath, PathBuf>,
+    created: &[PathBuf],
+    resource: &FileResource,
+) -> Committed {
+    let dest = dirs.dest;
     let mut out = Committed::default();
-    let mut dirs = Dirs::new(dest);
     for action in &plan.actions {
         let change = action.change();
         match apply(&mut dirs, action, staged, resource) {
@@ -263,6 +286,82 @@ pub fn commit(
     }
     durable::make_durable(dirs, created);
     out
+}
+
+/// A destination's next generation, complete beside the live tree and on
+/// disk, waiting for its switch ([`switch`]).
+pub struct Prepared {
+    standby: Standby,
+    /// What the commit into the standby did (the report's changes).
+    pub committed: Committed,
+    /// The standby's scan once prepared: the live tree's after the
+    /// switch (the cache's stat cache follows the switch with it).
+    pub after: Option<LocalTree>,
+}
+
+/// Why the next generation could not be prepared; the live tree is as it
+/// was.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The standby trees.
+    #[error(transparent)]
+    Switch(#[from] SwitchError),
+    /// Making the standby equal to the live tree.
+    #[error(transparent)]
+    Mirror(#[from] MirrorError),
+}
+
+/// Prepares the next generation of `dest` in its standby
+/// (docs/internals.md#the-switch): the standby made equal to the live
+/// tree where it differs (`mirror.rs`), then `plan` applied to it with the
+/// live tree's staged files, all of it durable. `Ok(None)`: no switch
+/// here (no live directory, no room for standby trees beside it, or a
+/// filesystem without `RENAME_EXCHANGE`, said in one warning): the caller
+/// commits in place. `keep`: `[switch] keep_previous`.
+pub fn prepare(
+    dest: &Path,
+    plan: &Plan,
+    staged: &HashMap<RelPath, PathBuf>,
+    created: &[PathBuf],
+    resource: &FileResource,
+    keep: usize,
+) -> Result<Option<Prepared>, PrepareError> {
+    if !std::fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir()) {
+        return Ok(None);
+    }
+    let standby = match Standby::open(dest, true) {
+        Ok(Some(s)) => s,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            tracing::warn!(dest = %dest.display(), error = %e, "no standby tree: committing in place, file by file (no rollback)");
+            return Ok(None);
+        }
+    };
+    if !standby.exchange_works() {
+        tracing::warn!(dest = %dest.display(), "the filesystem cannot exchange two directories (RENAME_EXCHANGE): committing in place, file by file (no rollback)");
+        return Ok(None);
+    }
+    let slot = standby.take_next(keep)?;
+    let skip: std::collections::HashSet<&str> = plan.writes().map(|(r, _)| r.as_str()).collect();
+    let mut mirror = Mirror::new(&slot, &skip, true);
+    mirror.run(dest, &slot)?;
+    tracing::debug!(dest = %dest.display(), copied = mirror.diffs.len(), "standby mirrored");
+    let dirs = Dirs::new(&slot, dest, mirror.durable);
+    let committed = commit_into(dirs, plan, staged, created, resource);
+    let after = scan::scan(&slot, &resource.ignore).ok();
+    Ok(Some(Prepared {
+        standby,
+        committed,
+        after,
+    }))
+}
+
+/// The switch of a prepared destination: one exchange, then the old live
+/// tree kept as the newest previous generation (`keep` at most), the
+/// switch on disk before this returns.
+pub fn switch(prepared: &Prepared, keep: usize) -> Result<(), SwitchError> {
+    prepared.standby.exchange(switch::NEXT)?;
+    prepared.standby.retire(switch::NEXT, keep)
 }
 
 #[cfg(test)]

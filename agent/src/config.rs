@@ -191,10 +191,31 @@ pub struct AgentConfig {
     /// Puppet's run lock, waited for before a commit.
     #[serde(default)]
     pub puppet_lock: PuppetLockConfig,
+    /// The switch of generations (docs/agent.md#generations-and-rollback).
+    #[serde(default)]
+    pub switch: SwitchConfig,
     /// The top-level keys the file sets (`pluginsync-agent config` tells
     /// a value from the file from a default).
     #[serde(skip)]
     pub keys: BTreeSet<String>,
+}
+
+/// `[switch]` (docs/agent.md#generations-and-rollback).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SwitchConfig {
+    /// Previous generations kept beside each destination for `rollback`
+    /// (1 to [`MAX_KEEP_PREVIOUS`]).
+    pub keep_previous: usize,
+}
+
+/// The most previous generations `[switch] keep_previous` may keep.
+pub const MAX_KEEP_PREVIOUS: usize = 16;
+
+impl Default for SwitchConfig {
+    fn default() -> Self {
+        SwitchConfig { keep_previous: 1 }
+    }
 }
 
 /// `[metrics]` (docs/operating.md#agent-metrics).
@@ -300,6 +321,8 @@ pub struct AgentFile {
     pub metrics_textfile: Option<PathBuf>,
     /// `[puppet_lock]`.
     pub puppet_lock: PuppetLockConfig,
+    /// `[switch] keep_previous`.
+    pub keep_previous: usize,
     /// The top-level keys the file sets.
     pub keys: BTreeSet<String>,
 }
@@ -364,6 +387,12 @@ impl AgentConfig {
             ));
         }
         let tls = self.tls_source()?;
+        if !(1..=MAX_KEEP_PREVIOUS).contains(&self.switch.keep_previous) {
+            return Err(ConfigError::Invalid(format!(
+                "[switch] keep_previous must be between 1 and {MAX_KEEP_PREVIOUS}, not {}",
+                self.switch.keep_previous
+            )));
+        }
         Ok(AgentFile {
             servers,
             environment,
@@ -384,6 +413,7 @@ impl AgentConfig {
             loaders,
             metrics_textfile: self.metrics.textfile.clone(),
             puppet_lock: self.puppet_lock.clone(),
+            keep_previous: self.switch.keep_previous,
             keys: self.keys.clone(),
         })
     }

@@ -156,6 +156,8 @@ pub struct Settings {
     pub environment_origin: Source,
     /// Puppet's run lock, waited for before a commit (`lock.rs`).
     pub puppet_lock: crate::lock::PuppetLock,
+    /// `[switch] keep_previous`: previous generations kept per destination.
+    pub keep_previous: usize,
     /// Every setting with its source, for `pluginsync-agent config`.
     pub effective: Vec<Effective>,
 }
@@ -242,6 +244,7 @@ impl Settings {
             environment_source: file.environment_source,
             environment_origin,
             puppet_lock: file.puppet_lock.resolve(puppet.lockfile()),
+            keep_previous: file.keep_previous,
             effective,
         })
     }
@@ -448,6 +451,24 @@ fn file_values(file: &AgentFile, effective: &mut Vec<Effective>) {
             name,
             value,
             source: toml_source(file, name),
+        });
+    }
+    for (name, table, value) in [
+        (
+            "switch.keep_previous",
+            "switch",
+            file.keep_previous.to_string(),
+        ),
+        (
+            "load.rollback_on_failure",
+            "load",
+            file.load.rollback_on_failure.to_string(),
+        ),
+    ] {
+        effective.push(Effective {
+            name,
+            value,
+            source: toml_source(file, table),
         });
     }
 }

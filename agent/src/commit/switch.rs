@@ -1,0 +1,271 @@
+//! The standby trees of a destination and the one atomic step that makes
+//! one of them live (docs/internals.md#the-switch).
+//!
+//! Beside the destination `<parent>/<name>`, on the same filesystem, the
+//! agent keeps `<parent>/.<name>.pluginsync/` (mode 0700, its own): the
+//! tree being prepared, `next`, and the previous generations,
+//! `prev.<seq>` (the highest `seq` the newest), at most
+//! `[switch] keep_previous` of them. A name says what the tree is: only a
+//! `prev.<seq>` is a complete generation (what `rollback` may bring back);
+//! a `next` is being prepared and is made equal to the live tree by the
+//! mirror (`mirror.rs`) before anything relies on it.
+//!
+//! The switch is `renameat2(<name>, next, RENAME_EXCHANGE)`: the
+//! destination stays a real directory, and a reader that opened it before
+//! keeps the whole old generation. Then `next` (now the old live tree) is
+//! renamed `prev.<seq+1>`, and the destination's parent and the container
+//! are synced: the switch is on disk before the run reports it.
+//!
+//! A filesystem without `RENAME_EXCHANGE` (NFS, some overlayfs: `EINVAL`,
+//! `ENOTSUP`) is found by a probe on two empty directories in the
+//! container before anything is prepared; the run then commits in place as
+//! before. The environment variable `PLUGINSYNC_TEST_NO_EXCHANGE=1` makes
+//! the probe fail: a test hook (`tests/e2e/agent_switch.rs`), nothing else.
+
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
+use rustix::io::Errno;
+
+use super::dirs::{DIR_FLAGS, remove_entry};
+use crate::listing::STAGING_DIR;
+
+/// The tree being prepared, in the container.
+pub const NEXT: &str = "next";
+/// The prefix of a previous generation's name, `prev.<seq>`.
+const PREV: &str = "prev.";
+/// The test hook that makes the exchange unsupported (module docs).
+pub const NO_EXCHANGE_ENV: &str = "PLUGINSYNC_TEST_NO_EXCHANGE";
+
+/// The standby trees of a destination could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchError {
+    /// A system call on `path` failed.
+    #[error("cannot {what} '{}': {source}", path.display())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The container is not a directory of this user's alone.
+    #[error("'{}' is not a directory of this user's alone (mode 0700); not using it", .0.display())]
+    NotOurs(PathBuf),
+    /// The destination has no parent or no name.
+    #[error("'{}' has no parent directory to keep standby trees in", .0.display())]
+    NoParent(PathBuf),
+}
+
+/// The container of one destination, open.
+pub struct Standby {
+    /// The destination.
+    pub dest: PathBuf,
+    /// `<parent>/.<name>.pluginsync`.
+    pub dir: PathBuf,
+    parent: OwnedFd,
+    name: OsString,
+    fd: OwnedFd,
+}
+
+/// `<parent>/.<name>.pluginsync` for `dest`, with its parent and name.
+pub fn container_of(dest: &Path) -> Option<(PathBuf, PathBuf, OsString)> {
+    let (parent, name) = (dest.parent()?, dest.file_name()?);
+    let mut dir = OsString::from(".");
+    dir.push(name);
+    dir.push(".pluginsync");
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    Some((parent.join(dir), parent.to_owned(), name.to_owned()))
+}
+
+impl Standby {
+    /// Opens (with `create`, makes) the container of `dest`; `None`
+    /// without `create` when there is none.
+    pub fn open(dest: &Path, create: bool) -> Result<Option<Standby>, SwitchError> {
+        let (dir, parent, name) =
+            container_of(dest).ok_or_else(|| SwitchError::NoParent(dest.to_owned()))?;
+        let io = |what, path: &Path| {
+            let path = path.to_owned();
+            move |e: Errno| SwitchError::Io {
+                what,
+                path,
+                source: e.into(),
+            }
+        };
+        let parent_fd = rustix::fs::open(
+            &parent,
+            DIR_FLAGS.difference(OFlags::NOFOLLOW),
+            Mode::empty(),
+        )
+        .map_err(io("open", &parent))?;
+        let dir_name = dir.file_name().unwrap_or_default();
+        let fd = match rustix::fs::openat(&parent_fd, dir_name, DIR_FLAGS, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) if create => {
+                rustix::fs::mkdirat(&parent_fd, dir_name, Mode::from_raw_mode(0o700))
+                    .map_err(io("create", &dir))?;
+                let fd = rustix::fs::openat(&parent_fd, dir_name, DIR_FLAGS, Mode::empty())
+                    .map_err(io("open", &dir))?;
+                rustix::fs::fsync(&parent_fd).map_err(io("sync", &parent))?;
+                fd
+            }
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(io("open", &dir)(e)),
+        };
+        let st = rustix::fs::fstat(&fd).map_err(io("stat", &dir))?;
+        if st.st_uid != rustix::process::geteuid().as_raw() || st.st_mode & 0o077 != 0 {
+            return Err(SwitchError::NotOurs(dir));
+        }
+        Ok(Some(Standby {
+            dest: dest.to_owned(),
+            dir,
+            parent: parent_fd,
+            name,
+            fd,
+        }))
+    }
+
+    fn io(&self, what: &'static str, name: &str) -> impl FnOnce(Errno) -> SwitchError {
+        let path = self.dir.join(name);
+        move |e| SwitchError::Io {
+            what,
+            path,
+            source: e.into(),
+        }
+    }
+
+    /// The path of the container's entry `name`.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// The previous generations, oldest first: (seq, name).
+    pub fn previous(&self) -> Result<Vec<(u64, String)>, SwitchError> {
+        let mut out = Vec::new();
+        let dir = rustix::fs::openat(&self.fd, ".", DIR_FLAGS, Mode::empty())
+            .map_err(self.io("open", ""))?;
+        for entry in rustix::fs::Dir::read_from(&dir).map_err(self.io("read", ""))? {
+            let entry = entry.map_err(self.io("read", ""))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(seq) = name.strip_prefix(PREV).and_then(|s| s.parse().ok()) {
+                out.push((seq, name));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Whether `RENAME_EXCHANGE` works here: two empty directories of the
+    /// container exchanged (module docs).
+    pub fn exchange_works(&self) -> bool {
+        if std::env::var_os(NO_EXCHANGE_ENV).is_some_and(|v| v == "1") {
+            return false;
+        }
+        let (a, b) = ("probe.a", "probe.b");
+        for n in [a, b] {
+            let _ = remove_entry(self.fd.as_fd(), OsStr::new(n));
+            if rustix::fs::mkdirat(&self.fd, n, Mode::from_raw_mode(0o700)).is_err() {
+                return false;
+            }
+        }
+        let result = rustix::fs::renameat_with(&self.fd, a, &self.fd, b, RenameFlags::EXCHANGE);
+        for n in [a, b] {
+            let _ = rustix::fs::unlinkat(&self.fd, n, AtFlags::REMOVEDIR);
+        }
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "RENAME_EXCHANGE probe failed");
+                false
+            }
+        }
+    }
+
+    /// The tree to prepare: a `next` left by an earlier run, else the
+    /// oldest previous generation when `keep` are kept already (renamed
+    /// `next`, durably, before anything in it changes), else a new empty
+    /// one.
+    pub fn take_next(&self, keep: usize) -> Result<PathBuf, SwitchError> {
+        match rustix::fs::statat(&self.fd, NEXT, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() => {
+                return Ok(self.path(NEXT));
+            }
+            Ok(_) => remove_entry(self.fd.as_fd(), OsStr::new(NEXT)).map_err(|e| {
+                self.io("remove", NEXT)(Errno::from_io_error(&e).unwrap_or(Errno::IO))
+            })?,
+            Err(_) => {}
+        }
+        let previous = self.previous()?;
+        if previous.len() >= keep.max(1)
+            && let Some((_, oldest)) = previous.first()
+        {
+            rustix::fs::renameat(&self.fd, oldest.as_str(), &self.fd, NEXT)
+                .map_err(self.io("rename", oldest))?;
+            // No longer a complete generation, on disk before it changes.
+            rustix::fs::fsync(&self.fd).map_err(self.io("sync", ""))?;
+        } else {
+            rustix::fs::mkdirat(&self.fd, NEXT, Mode::from_raw_mode(0o700))
+                .map_err(self.io("create", NEXT))?;
+        }
+        Ok(self.path(NEXT))
+    }
+
+    /// The switch: the destination and the container's `slot` exchanged
+    /// in one step.
+    pub fn exchange(&self, slot: &str) -> Result<(), SwitchError> {
+        rustix::fs::renameat_with(
+            &self.parent,
+            self.name.as_os_str(),
+            &self.fd,
+            slot,
+            RenameFlags::EXCHANGE,
+        )
+        .map_err(|e| SwitchError::Io {
+            what: "exchange",
+            path: self.dest.clone(),
+            source: e.into(),
+        })
+    }
+
+    /// After an exchange with `slot`: what it holds now (the generation
+    /// that was live) becomes the newest previous generation, without the
+    /// staging directory it carried; older ones beyond `keep` go; the
+    /// destination's parent and the container are synced.
+    pub fn retire(&self, slot: &str, keep: usize) -> Result<(), SwitchError> {
+        if let Ok(fd) = rustix::fs::openat(&self.fd, slot, DIR_FLAGS, Mode::empty()) {
+            let _ = remove_entry(fd.as_fd(), OsStr::new(STAGING_DIR));
+        }
+        let previous = self.previous()?;
+        let seq = previous.iter().map(|(s, _)| *s).max().unwrap_or(0) + 1;
+        let name = format!("{PREV}{seq}");
+        if slot != name {
+            rustix::fs::renameat(&self.fd, slot, &self.fd, name.as_str())
+                .map_err(self.io("rename", slot))?;
+        }
+        let extra = (previous.len() + 1).saturating_sub(keep.max(1));
+        for (_, old) in previous.iter().filter(|(_, n)| *n != slot).take(extra) {
+            if let Err(e) = remove_entry(self.fd.as_fd(), OsStr::new(old)) {
+                tracing::warn!(dir = %self.path(old).display(), error = %e, "cannot remove an old generation");
+            }
+        }
+        self.sync()
+    }
+
+    /// Syncs the destination's parent and the container (their entries).
+    pub fn sync(&self) -> Result<(), SwitchError> {
+        rustix::fs::fsync(&self.parent).map_err(|e| SwitchError::Io {
+            what: "sync",
+            path: self.dest.parent().unwrap_or(&self.dest).to_owned(),
+            source: e.into(),
+        })?;
+        rustix::fs::fsync(&self.fd).map_err(self.io("sync", ""))
+    }
+}
