@@ -1,0 +1,310 @@
+//! The switch of generations on the node (docs/internals.md#the-switch,
+//! docs/agent.md#generations-and-rollback), with the real agent binary
+//! against a real master:
+//!
+//! - a reader that opens the libdir once per walk and reads every
+//!   module's marker relative to it, in a loop while `SWITCH_CHANGES`
+//!   (default 200) changes are committed, never sees two generations in
+//!   one walk;
+//! - `rollback` brings the previous tree back byte for byte and mode for
+//!   mode with the master stopped, and reports it; a second one goes
+//!   forward again; the next `sync` converges back;
+//! - `[load] rollback_on_failure` rolls back after a failing load;
+//! - `rollback` with no previous generation says so in one line and
+//!   changes nothing;
+//! - without `RENAME_EXCHANGE` (the test hook `PLUGINSYNC_TEST_NO_EXCHANGE`)
+//!   the run commits in place, warns once and says so in its report.
+//!
+//! Each state of the node is an environment of one tree; the agent moves
+//! between them with `--environment`, so the master never re-indexes.
+
+use std::collections::BTreeMap;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use pluginsync_tests::{
+    AgentHome, EnvTree, Pki, TestMaster, config_toml, merged_mount, parse_config, tree_snapshot,
+};
+
+/// Modules per generation in the reader test.
+const MODULES: usize = 12;
+
+/// The last report, as JSON.
+fn last_report(home: &AgentHome) -> serde_json::Value {
+    let text = std::fs::read_to_string(home.vardir().join("last_run_report.json")).unwrap();
+    serde_json::from_str(&text).expect(&text)
+}
+
+/// `g<k>`: every module's marker says `g<k>`; a shared file stays.
+fn generations(t: &EnvTree, count: usize) {
+    for k in 0..count {
+        let env = format!("g{k:03}");
+        for m in 0..MODULES {
+            let module = format!("mod{m:02}");
+            t.file(
+                &env,
+                &module,
+                &format!("lib/{module}/marker.txt"),
+                format!("{env} {module}\n"),
+                0o644,
+            );
+            t.file(
+                &env,
+                &module,
+                &format!("lib/{module}/shared.rb"),
+                "# the same in every generation\n",
+                0o644,
+            );
+        }
+    }
+}
+
+/// One walk: the libdir opened once, every marker read relative to it;
+/// the distinct ids seen (empty when the libdir is not there yet).
+fn walk(libdir: &Path) -> Vec<String> {
+    use rustix::fs::{Mode, OFlags};
+    let Ok(dir) = rustix::fs::open(libdir, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+    else {
+        return Vec::new();
+    };
+    let mut ids: Vec<String> = Vec::new();
+    for m in 0..MODULES {
+        let name = format!("mod{m:02}/marker.txt");
+        let Ok(fd) = rustix::fs::openat(dir.as_fd(), name.as_str(), OFlags::RDONLY, Mode::empty())
+        else {
+            ids.push("(missing)".into());
+            continue;
+        };
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(fd), &mut text).unwrap();
+        ids.push(text.split(' ').next().unwrap_or_default().to_owned());
+    }
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+#[test]
+fn a_reader_never_sees_two_generations_in_one_walk() {
+    let changes: usize = std::env::var("SWITCH_CHANGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let pki = Pki::new();
+    let t = EnvTree::new();
+    generations(&t, changes);
+    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    let run = home.sync(&["--environment", "g000"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (stop, libdir) = (stop.clone(), home.libdir());
+        std::thread::spawn(move || {
+            let (mut walks, mut mixed) = (0usize, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                let ids = walk(&libdir);
+                walks += 1;
+                if ids.len() > 1 {
+                    mixed.push(ids);
+                }
+            }
+            (walks, mixed)
+        })
+    };
+    let mut switches = Vec::new();
+    for k in 1..changes {
+        let env = format!("g{k:03}");
+        let run = home.sync(&["--environment", &env]);
+        assert_eq!(run.code, 0, "{env}: {run:?}");
+        switches.push(last_report(&home)["switch"].clone());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (walks, mixed) = reader.join().unwrap();
+    eprintln!("{changes} changes, {walks} walks, {} mixed", mixed.len());
+    assert!(walks > changes, "the reader hardly ran: {walks} walks");
+    assert!(
+        mixed.is_empty(),
+        "{} of {walks} walks saw two generations, e.g. {:?}",
+        mixed.len(),
+        &mixed[..mixed.len().min(5)]
+    );
+    assert_eq!(walk(&home.libdir()), [format!("g{:03}", changes - 1)]);
+    assert!(switches.iter().all(|s| s == "exchange"), "{switches:?}");
+}
+
+/// `one` and `two`: a changed file, a removed one, an added one, a file
+/// and a directory whose modes change, a fact changed.
+fn two_states() -> EnvTree {
+    let t = EnvTree::new();
+    for (env, second) in [("one", false), ("two", true)] {
+        t.file(env, "a", "lib/a/kept.rb", "# kept\n", 0o644);
+        t.file(
+            env,
+            "a",
+            "lib/a/changed.rb",
+            if second { "# two\n" } else { "# one\n" },
+            0o644,
+        );
+        t.file(
+            env,
+            "a",
+            "lib/a/mode.rb",
+            "# mode\n",
+            if second { 0o755 } else { 0o644 },
+        );
+        t.dir(
+            env,
+            "a",
+            "lib/a/private",
+            if second { 0o700 } else { 0o755 },
+        );
+        t.file(env, "a", "lib/a/private/key.rb", "# key\n", 0o600);
+        if second {
+            t.file(env, "b", "lib/b/added.rb", "# added\n", 0o644);
+        } else {
+            t.file(env, "b", "lib/b/removed.rb", "# removed\n", 0o644);
+        }
+        t.file(
+            env,
+            "a",
+            "facts.d/fact.txt",
+            if second { "f=2\n" } else { "f=1\n" },
+            0o644,
+        );
+    }
+    t
+}
+
+/// Both destinations.
+fn synced(home: &AgentHome) -> [BTreeMap<String, String>; 2] {
+    [
+        tree_snapshot(&home.libdir()),
+        tree_snapshot(&home.factsdir()),
+    ]
+}
+
+/// Both mounts of environment `env`.
+fn mounts(t: &EnvTree, env: &str) -> [BTreeMap<String, String>; 2] {
+    let dir = t.envpath().join(env);
+    [merged_mount(&dir, "lib"), merged_mount(&dir, "facts.d")]
+}
+
+#[test]
+fn rollback_restores_the_previous_tree_offline_and_reports_it() {
+    let pki = Pki::new();
+    let t = two_states();
+    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    for env in ["one", "two"] {
+        let run = home.sync(&["--environment", env]);
+        assert_eq!(run.code, 0, "{run:?}");
+        assert_eq!(synced(&home), mounts(&t, env), "{env}");
+    }
+    let (one, two) = (mounts(&t, "one"), mounts(&t, "two"));
+    // Offline: no master to ask.
+    drop(master);
+    let run = home.run(&["rollback", "--environment", "one"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), one, "not the previous tree byte for byte");
+    for line in [
+        "updated  plugins/a/changed.rb",
+        "created  plugins/b/removed.rb",
+        "removed  plugins/b/added.rb",
+        "mode     plugins/a/mode.rb",
+        "updated  pluginfacts/fact.txt",
+    ] {
+        assert!(run.stdout.contains(line), "{line}: {run:?}");
+    }
+    let report = last_report(&home);
+    assert_eq!(report["rolled_back"], true, "{report}");
+    assert!(report["error"].is_null(), "{report}");
+    // A second rollback goes forward again.
+    let run = home.run(&["rollback"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), two);
+}
+
+#[test]
+fn a_failing_load_rolls_back_with_rollback_on_failure() {
+    let pki = Pki::new();
+    let t = two_states();
+    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
+    let loaders = "[load]\nenabled = true\nrollback_on_failure = true\n\n[[loader]]\nname = \"refuses added.rb\"\nmatch = \"b/added.rb\"\nkind = \"command\"\ncommand = [\"false\"]\n";
+    let home = AgentHome::new(&pki, &[master.url()], loaders);
+    let run = home.sync(&["--environment", "one"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let run = home.sync(&["--environment", "two"]);
+    let report = last_report(&home);
+    assert_eq!(report["rolled_back"], true, "{run:?} {report}");
+    let added = report["loads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["path"] == "plugins/b/added.rb")
+        .expect("the load of b/added.rb");
+    assert_eq!(added["status"], "failed", "{report}");
+    assert_eq!(synced(&home)[0], mounts(&t, "one")[0], "not rolled back");
+    assert!(
+        run.stderr.contains("the previous generation is live again"),
+        "{run:?}"
+    );
+}
+
+#[test]
+fn rollback_without_a_previous_generation_says_so_and_changes_nothing() {
+    let pki = Pki::new();
+    let home = AgentHome::new(&pki, &["https://localhost:1".to_owned()], "");
+    std::fs::create_dir_all(home.libdir().join("mine")).unwrap();
+    std::fs::write(home.libdir().join("mine/local.rb"), "# mine\n").unwrap();
+    let before = synced(&home);
+    let run = home.run(&["rollback"]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert_eq!(run.stderr.lines().count(), 1, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("no previous generation to roll back to"),
+        "{run:?}"
+    );
+    assert_eq!(synced(&home), before);
+    let names: Vec<String> = std::fs::read_dir(home.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".pluginsync"))
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
+}
+
+#[test]
+fn without_rename_exchange_the_run_commits_in_place_and_says_so() {
+    let pki = Pki::new();
+    let t = two_states();
+    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    let hook = [("PLUGINSYNC_TEST_NO_EXCHANGE", "1")];
+    for env in ["one", "two"] {
+        let run = home.run_env(&["sync", "--environment", env], &hook);
+        assert_eq!(run.code, 0, "{run:?}");
+        assert_eq!(synced(&home), mounts(&t, env), "{env}");
+        let warnings: Vec<&str> = run
+            .stderr
+            .lines()
+            .filter(|l| l.contains("RENAME_EXCHANGE"))
+            .collect();
+        assert_eq!(warnings.len(), 2, "one per destination: {run:?}");
+        assert_eq!(last_report(&home)["switch"], "in-place");
+    }
+    let run = home.run(&["rollback"]);
+    assert_eq!(run.code, 1, "no generation kept in place: {run:?}");
+    assert_eq!(synced(&home), mounts(&t, "two"));
+    // The same node with the exchange: switched, and kept.
+    let run = home.sync(&["--environment", "one"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(last_report(&home)["switch"], "exchange");
+    assert!(!run.stderr.contains("RENAME_EXCHANGE"), "{run:?}");
+    let run = home.run(&["rollback"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), mounts(&t, "two"));
+}
