@@ -38,6 +38,7 @@ mod switch;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use pluginsync_common::fsutil::Durable;
@@ -326,7 +327,17 @@ pub fn prepare(
     resource: &FileResource,
     keep: usize,
 ) -> Result<Option<Prepared>, PrepareError> {
-    if !std::fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir()) {
+    let dev = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .ok()
+            .map(|m| (m.is_dir(), m.dev()))
+    };
+    let Some((true, dest_dev)) = dev(dest) else {
+        return Ok(None);
+    };
+    let parent = dest.parent().filter(|p| !p.as_os_str().is_empty());
+    if parent.and_then(dev).map(|(_, d)| d) != Some(dest_dev) {
+        tracing::warn!(dest = %dest.display(), "the destination is a mount point: committing in place, file by file (no rollback)");
         return Ok(None);
     }
     let standby = match Standby::open(dest, true) {
@@ -342,9 +353,13 @@ pub fn prepare(
         return Ok(None);
     }
     let slot = standby.take_next(keep)?;
-    let skip: std::collections::HashSet<&str> = plan.writes().map(|(r, _)| r.as_str()).collect();
+    let skip = left_to_the_plan(plan, resource.purge);
     let mut mirror = Mirror::new(&slot, &skip, true);
     mirror.run(dest, &slot)?;
+    if let Some(below) = &mirror.crossed {
+        tracing::warn!(dest = %dest.display(), below = %below, "a mount point below the destination: committing in place, file by file (no rollback)");
+        return Ok(None);
+    }
     tracing::debug!(dest = %dest.display(), copied = mirror.diffs.len(), "standby mirrored");
     let dirs = Dirs::new(&slot, dest, mirror.durable);
     let committed = commit_into(dirs, plan, staged, created, resource);
@@ -354,6 +369,23 @@ pub fn prepare(
         committed,
         after,
     }))
+}
+
+/// What the mirror leaves to the plan (`mirror.rs`, `skip`): the files
+/// it writes over no directory, and with `purge` what it removes.
+fn left_to_the_plan(plan: &Plan, purge: bool) -> std::collections::HashSet<&str> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Write {
+                rel,
+                replace_dir: false,
+                ..
+            } => Some(rel.as_str()),
+            Action::Remove { rel, .. } if purge => Some(rel.as_str()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The switch of a prepared destination: one exchange, then the old live

@@ -24,7 +24,7 @@ use pluginsync_common::tls::SslDirPaths;
 use serde::Deserialize;
 
 use crate::loaders::{LoadConfig, LoaderConfig, LoaderTable};
-use crate::lock::PuppetLockConfig;
+use crate::lock::{PuppetLockConfig, SwitchConfig};
 
 /// The default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/agent.toml";
@@ -200,24 +200,6 @@ pub struct AgentConfig {
     pub keys: BTreeSet<String>,
 }
 
-/// `[switch]` (docs/agent.md#generations-and-rollback).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SwitchConfig {
-    /// Previous generations kept beside each destination for `rollback`
-    /// (1 to [`MAX_KEEP_PREVIOUS`]).
-    pub keep_previous: usize,
-}
-
-/// The most previous generations `[switch] keep_previous` may keep.
-pub const MAX_KEEP_PREVIOUS: usize = 16;
-
-impl Default for SwitchConfig {
-    fn default() -> Self {
-        SwitchConfig { keep_previous: 1 }
-    }
-}
-
 /// `[metrics]` (docs/operating.md#agent-metrics).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -387,12 +369,6 @@ impl AgentConfig {
             ));
         }
         let tls = self.tls_source()?;
-        if !(1..=MAX_KEEP_PREVIOUS).contains(&self.switch.keep_previous) {
-            return Err(ConfigError::Invalid(format!(
-                "[switch] keep_previous must be between 1 and {MAX_KEEP_PREVIOUS}, not {}",
-                self.switch.keep_previous
-            )));
-        }
         Ok(AgentFile {
             servers,
             environment,

@@ -215,11 +215,9 @@ impl<'a> Run<'a> {
             let stagings = run.stage_all(&passes).await?;
             run.phase("staged");
             commit::check_space(passes.iter().map(|p| (p.resource.path.as_path(), &p.plan)))?;
-            // The next generations, complete beside the live trees; a
-            // run that changes nothing prepares nothing.
             let prepared = run.prepare_all(&passes, &stagings)?;
-            // Never under a Puppet run using the tree, and just before
-            // the switch; a run that changes nothing does not look
+            // Never under a Puppet run using the tree, just before the
+            // switch; a run that changes nothing does not look
             // (docs/agent.md#a-puppet-run-in-progress).
             if passes.iter().any(|p| !p.plan.actions.is_empty()) {
                 run.wait_for_puppet().await?;

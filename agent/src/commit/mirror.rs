@@ -48,8 +48,8 @@ pub struct MirrorError {
 pub struct Mirror<'a> {
     /// Write (`true`) or only list the differences.
     apply: bool,
-    /// Relative paths of files the caller writes itself afterwards (a
-    /// plan's downloads): not copied.
+    /// Relative paths the caller writes or removes itself afterwards (a
+    /// plan's downloads and purges): not copied, their place cleared.
     skip: &'a HashSet<&'a str>,
     /// The target's root, for messages.
     target: &'a Path,
@@ -58,6 +58,11 @@ pub struct Mirror<'a> {
     pub diffs: Vec<(String, ChangeKind)>,
     /// Everything written, to make durable.
     pub durable: Durable,
+    /// A directory of the source on another filesystem than its root (a
+    /// mount point below it), not walked: the trees cannot be exchanged.
+    pub crossed: Option<String>,
+    /// The source root's device.
+    dev: u64,
 }
 
 /// How a file of the source is opened to be copied: never through a link,
@@ -112,6 +117,8 @@ impl<'a> Mirror<'a> {
             target,
             diffs: Vec::new(),
             durable: Durable::new(),
+            crossed: None,
+            dev: 0,
         }
     }
 
@@ -141,6 +148,7 @@ impl<'a> Mirror<'a> {
             rustix::fs::fstat(&src).map_err(self.err("stat", ""))?,
             rustix::fs::fstat(&dst).map_err(self.err("stat", ""))?,
         );
+        self.dev = ss.st_dev;
         if !same_meta(&ss, &ds) {
             self.diffs.push((String::new(), ChangeKind::Mode));
             if self.apply {
@@ -236,22 +244,18 @@ impl<'a> Mirror<'a> {
             Err(e) => return Err(self.err("stat", &rel_n)(e)),
         };
         let ds = dst.and_then(|d| rustix::fs::statat(d, os, AtFlags::SYMLINK_NOFOLLOW).ok());
+        if self.skip.contains(rel_n.as_str()) {
+            // The caller writes or removes it: only clear the place.
+            return match dst.filter(|_| self.apply && ds.is_some()) {
+                Some(d) => self.remove(d, os, &rel_n).map(|()| true),
+                None => Ok(false),
+            };
+        }
         let kind = FileType::from_raw_mode(ss.st_mode);
         let dkind = ds.as_ref().map(|d| FileType::from_raw_mode(d.st_mode));
         match kind {
             FileType::Directory => self.subdir(src, dst, &rel_n, os, &ss, ds.as_ref()),
             FileType::RegularFile => {
-                if self.skip.contains(rel_n.as_str()) {
-                    // Written by the caller: only a directory there is in
-                    // the way of its rename.
-                    if let (Some(d), Some(FileType::Directory)) = (dst, dkind)
-                        && self.apply
-                    {
-                        self.remove(d, os, &rel_n)?;
-                        return Ok(true);
-                    }
-                    return Ok(false);
-                }
                 if let Some(d) = &ds
                     && dkind == Some(FileType::RegularFile)
                     && same_file(&ss, d)
@@ -326,6 +330,10 @@ impl<'a> Mirror<'a> {
     ) -> Result<bool, MirrorError> {
         let is_dir = ds.is_some_and(|d| FileType::from_raw_mode(d.st_mode) == FileType::Directory);
         let mut changed = false;
+        if ss.st_dev != self.dev {
+            self.crossed.get_or_insert_with(|| rel.to_owned());
+            return Ok(false);
+        }
         let sub_src = rustix::fs::openat(src, name, DIR_FLAGS, Mode::empty())
             .map_err(self.err("open", rel))?;
         if !is_dir {
