@@ -13,7 +13,9 @@
 //! - `rollback` with no previous generation says so in one line and
 //!   changes nothing;
 //! - without `RENAME_EXCHANGE` (the test hook `PLUGINSYNC_TEST_NO_EXCHANGE`)
-//!   the run commits in place, warns once and says so in its report.
+//!   the run commits in place, warns once and says so in its report;
+//! - the switch waits for a Puppet run holding its lock, its next
+//!   generation prepared and the live tree the old one meanwhile.
 //!
 //! Each state of the node is an environment of one tree; the agent moves
 //! between them with `--environment`, so the master never re-indexes.
@@ -307,4 +309,64 @@ fn without_rename_exchange_the_run_commits_in_place_and_says_so() {
     let run = home.run(&["rollback"]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(synced(&home), mounts(&t, "two"));
+}
+
+/// The switch waits while a Puppet run holds its lock
+/// (docs/agent.md#a-puppet-run-in-progress), and comes right after the
+/// wait: while the lock is held the next generation is already prepared
+/// beside the libdir and the live tree is the old one; once the holder is
+/// gone the run switches, and its report says it waited and exchanged.
+#[test]
+fn the_switch_waits_for_a_puppet_run_holding_its_lock() {
+    let pki = Pki::new();
+    let t = two_states();
+    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    let lock = home.path().join("puppet/agent_catalog_run.lock");
+    let toml = std::fs::read_to_string(home.path().join("agent.toml")).unwrap();
+    std::fs::write(
+        home.path().join("agent.toml"),
+        toml.replacen(
+            "[tls]",
+            &format!("[puppet_lock]\nwait = \"60s\"\nfile = {lock:?}\n\n[tls]"),
+            1,
+        ),
+    )
+    .unwrap();
+    let run = home.sync(&["--environment", "one"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let mut holder = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("spawn sleep");
+    std::fs::create_dir_all(lock.parent().unwrap()).unwrap();
+    std::fs::write(&lock, format!("{}\n", holder.id())).unwrap();
+    let mut agent = home.spawn_sync(&["--environment", "two"], "pluginsync_agent=info");
+    assert!(
+        agent.stderr_until("a Puppet run holds its lock"),
+        "{:?}",
+        agent.lines
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (one, two) = (mounts(&t, "one"), mounts(&t, "two"));
+    let mut live = synced(&home);
+    for snap in &mut live {
+        snap.retain(|rel, _| !rel.starts_with(".pluginsync-staging"));
+    }
+    assert_eq!(live, one, "the libdir changed under a Puppet run");
+    let mut prepared = tree_snapshot(&home.path().join(".lib.pluginsync/next"));
+    prepared.retain(|rel, _| !rel.starts_with(".pluginsync-staging"));
+    assert_eq!(prepared, two[0], "not prepared before the wait");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    std::fs::remove_file(&lock).unwrap();
+    let run = agent.finish();
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), two);
+    let report = last_report(&home);
+    assert_eq!(report["switch"], "exchange", "{report}");
+    assert!(
+        report["puppet_lock_waited_ms"].as_u64().unwrap() >= 500,
+        "{report}"
+    );
 }
