@@ -55,7 +55,7 @@ use dirs::{DIR_FLAGS, Dirs, chmod_entry, remove_entry};
 pub use error::CommitError;
 pub use mirror::{Mirror, MirrorError};
 pub use space::{SpaceError, check_space};
-pub use switch::{NO_EXCHANGE_ENV, Standby, SwitchError, container_of};
+pub use switch::{GenState, NO_EXCHANGE_ENV, Standby, SwitchError, container_of};
 
 /// What a commit did.
 #[derive(Debug, Default)]
@@ -298,6 +298,8 @@ pub struct Prepared {
     /// The standby's scan once prepared: the live tree's after the
     /// switch (the cache's stat cache follows the switch with it).
     pub after: Option<LocalTree>,
+    /// What will be known of the generation the switch retires.
+    state: Option<GenState>,
 }
 
 /// Why the next generation could not be prepared; the live tree is as it
@@ -312,62 +314,108 @@ pub enum PrepareError {
     Mirror(#[from] MirrorError),
 }
 
-/// Prepares the next generation of `dest` in its standby
-/// (docs/internals.md#the-switch): the standby made equal to the live
-/// tree where it differs (`mirror.rs`), then `plan` applied to it with the
-/// live tree's staged files, all of it durable. `Ok(None)`: no switch
-/// here (no live directory, no room for standby trees beside it, or a
-/// filesystem without `RENAME_EXCHANGE`, said in one warning): the caller
-/// commits in place. `keep`: `[switch] keep_previous`.
-pub fn prepare(
-    dest: &Path,
-    plan: &Plan,
-    staged: &HashMap<RelPath, PathBuf>,
-    created: &[PathBuf],
-    resource: &FileResource,
-    keep: usize,
-) -> Result<Option<Prepared>, PrepareError> {
+/// The standby trees of `dest`, or `None` (said in one warning) where
+/// there can be no switch: no live directory, a mount point, no room
+/// for them beside it, a filesystem without `RENAME_EXCHANGE`.
+fn standby_for(dest: &Path) -> Option<Standby> {
     let dev = |p: &Path| {
         std::fs::symlink_metadata(p)
             .ok()
             .map(|m| (m.is_dir(), m.dev()))
     };
     let Some((true, dest_dev)) = dev(dest) else {
-        return Ok(None);
+        return None;
     };
     let parent = dest.parent().filter(|p| !p.as_os_str().is_empty());
-    if parent.and_then(dev).map(|(_, d)| d) != Some(dest_dev) {
-        tracing::warn!(dest = %dest.display(), "the destination is a mount point: committing in place, file by file (no rollback)");
-        return Ok(None);
-    }
-    let standby = match Standby::open(dest, true) {
-        Ok(Some(s)) => s,
-        Ok(None) => return Ok(None),
-        Err(e) => {
-            tracing::warn!(dest = %dest.display(), error = %e, "no standby tree: committing in place, file by file (no rollback)");
-            return Ok(None);
+    let why = if parent.and_then(dev).map(|(_, d)| d) != Some(dest_dev) {
+        "the destination is a mount point".to_owned()
+    } else {
+        match Standby::open(dest, true) {
+            Ok(Some(s)) if s.exchange_works() => return Some(s),
+            Ok(_) => "the filesystem cannot exchange two directories (RENAME_EXCHANGE)".to_owned(),
+            Err(e) => format!("no standby tree ({e})"),
         }
     };
-    if !standby.exchange_works() {
-        tracing::warn!(dest = %dest.display(), "the filesystem cannot exchange two directories (RENAME_EXCHANGE): committing in place, file by file (no rollback)");
+    tracing::warn!(dest = %dest.display(), "{why}: committing in place, file by file (no rollback)");
+    None
+}
+
+/// Prepares the next generation of `dest` in its standby
+/// (docs/internals.md#the-switch): the standby made equal to the live
+/// tree where it differs (`mirror.rs`: only the paths its [`GenState`]
+/// names when the live tree (`local`, its scan) is still the one it was
+/// recorded against, else all of it), then `plan` applied to it with the
+/// live tree's staged files, all of it durable. `Ok(None)`: no switch here
+/// ([`standby_for`]); the caller commits in place. `keep`: `[switch]
+/// keep_previous`.
+pub fn prepare(
+    dest: &Path,
+    plan: &Plan,
+    local: &LocalTree,
+    staged: &HashMap<RelPath, PathBuf>,
+    created: &[PathBuf],
+    resource: &FileResource,
+    keep: usize,
+) -> Result<Option<Prepared>, PrepareError> {
+    let Some(standby) = standby_for(dest) else {
         return Ok(None);
-    }
-    let slot = standby.take_next(keep)?;
+    };
+    let (slot, known) = standby.take_next(keep)?;
+    let known = known
+        .filter(|k| k.live_digest == local.digest() && !local.ignored && local.strays.is_empty());
     let skip = left_to_the_plan(plan, resource.purge);
     let mut mirror = Mirror::new(&slot, &skip, true);
-    mirror.run(dest, &slot)?;
+    let fast = match &known {
+        Some(k) => mirror.run_paths(dest, &slot, &k.changed).map_err(|e| {
+            tracing::debug!(error = %e, "the standby is walked whole");
+        }),
+        None => Err(()),
+    };
+    if fast.is_err() {
+        mirror = Mirror::new(&slot, &skip, true);
+        mirror.run(dest, &slot)?;
+    }
     if let Some(below) = &mirror.crossed {
         tracing::warn!(dest = %dest.display(), below = %below, "a mount point below the destination: committing in place, file by file (no rollback)");
         return Ok(None);
     }
-    tracing::debug!(dest = %dest.display(), copied = mirror.diffs.len(), "standby mirrored");
+    tracing::debug!(dest = %dest.display(), fast = fast.is_ok(), mirrored = mirror.diffs.len(), "standby mirrored");
+    let mut touched: Vec<LocalName> = mirror
+        .diffs
+        .iter()
+        .filter_map(|(rel, _)| RelPath::parse(rel).ok().map(LocalName::Rel))
+        .collect();
     let dirs = Dirs::new(&slot, dest, mirror.durable);
     let committed = commit_into(dirs, plan, staged, created, resource);
-    let after = scan::scan(&slot, &resource.ignore).ok();
+    let changed: Vec<LocalName> = plan
+        .actions
+        .iter()
+        .filter_map(|a| Some(a.change()?.0))
+        .collect();
+    touched.extend(changed.iter().cloned());
+    let after = match (known, fast) {
+        (Some(k), Ok(())) => Some(k.scan.updated(&slot, &touched)),
+        _ => scan::scan(&slot, &resource.ignore).ok(),
+    };
+    let state = after
+        .as_ref()
+        .filter(|_| committed.failures.is_empty())
+        .and_then(|after| {
+            let changed = changed.into_iter().map(|n| match n {
+                LocalName::Rel(rel) => Some(rel),
+                LocalName::Stray(_) => None,
+            });
+            Some(GenState {
+                live_digest: after.digest(),
+                changed: changed.collect::<Option<Vec<_>>>()?,
+                scan: local.clone(),
+            })
+        });
     Ok(Some(Prepared {
         standby,
         committed,
         after,
+        state,
     }))
 }
 
@@ -393,7 +441,11 @@ fn left_to_the_plan(plan: &Plan, purge: bool) -> std::collections::HashSet<&str>
 /// switch on disk before this returns.
 pub fn switch(prepared: &Prepared, keep: usize) -> Result<(), SwitchError> {
     prepared.standby.exchange(switch::NEXT)?;
-    prepared.standby.retire(switch::NEXT, keep)
+    let name = prepared.standby.retire(switch::NEXT, keep)?;
+    if let Some(state) = &prepared.state {
+        prepared.standby.write_state(&name, state);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -122,6 +122,8 @@ fn a_reader_never_sees_two_generations_in_one_walk() {
         let run = home.sync(&["--environment", &env]);
         assert_eq!(run.code, 0, "{env}: {run:?}");
         switches.push(last_report(&home)["switch"].clone());
+        let want = merged_mount(&t.envpath().join(&env), "lib");
+        assert_eq!(tree_snapshot(&home.libdir()), want, "{env}");
     }
     stop.store(true, Ordering::Relaxed);
     let (walks, mixed) = reader.join().unwrap();
@@ -223,8 +225,16 @@ fn rollback_restores_the_previous_tree_offline_and_reports_it() {
     let report = last_report(&home);
     assert_eq!(report["rolled_back"], true, "{report}");
     assert!(report["error"].is_null(), "{report}");
-    // A second rollback goes forward again.
+    // A second rollback goes forward again, a third back.
     let run = home.run(&["rollback"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), two);
+    let run = home.run(&["rollback"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), one);
+    // The next sync converges back to the master's generation.
+    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
+    let run = home.sync(&["--environment", "two", "--server", &master.url()]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(synced(&home), two);
 }
@@ -369,4 +379,33 @@ fn the_switch_waits_for_a_puppet_run_holding_its_lock() {
         report["puppet_lock_waited_ms"].as_u64().unwrap() >= 500,
         "{report}"
     );
+}
+
+/// What the agent does not manage survives every switch with its latest
+/// content (docs/internals.md#what-the-switch-trusts): an ignored `.git/`
+/// edited between runs, and a managed file edited by hand is put back.
+#[test]
+fn local_edits_and_ignored_names_follow_every_switch() {
+    let pki = Pki::new();
+    let t = two_states();
+    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    let git = home.libdir().join(".git/HEAD");
+    for (k, env) in ["one", "two", "one", "two", "one"].into_iter().enumerate() {
+        let run = home.sync(&["--environment", env]);
+        assert_eq!(run.code, 0, "{run:?}");
+        let mut live = synced(&home);
+        live[0].retain(|rel, _| !rel.starts_with(".git"));
+        assert_eq!(live, mounts(&t, env), "run {k} ({env})");
+        if k > 0 {
+            assert_eq!(
+                std::fs::read_to_string(&git).unwrap(),
+                format!("ref {}\n", k - 1)
+            );
+        }
+        std::fs::create_dir_all(git.parent().unwrap()).unwrap();
+        std::fs::write(&git, format!("ref {k}\n")).unwrap();
+        // A managed file edited by hand: the next run puts it back.
+        std::fs::write(home.libdir().join("a/kept.rb"), format!("# edited {k}\n")).unwrap();
+    }
 }

@@ -24,6 +24,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use pluginsync_common::fsutil::{Durable, Need};
+use pluginsync_common::relpath::RelPath;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat, Timespec, Timestamps};
 use rustix::io::Errno;
 
@@ -161,6 +162,76 @@ impl<'a> Mirror<'a> {
         Ok(())
     }
 
+    /// Like [`Mirror::run`], for `paths` alone (parents first): the rest
+    /// of `target` is known to equal `source` already (a previous
+    /// generation, docs/internals.md#the-switch). A path whose parent
+    /// either tree lacks is an error: the caller walks everything then.
+    pub fn run_paths(
+        &mut self,
+        source: &Path,
+        target: &Path,
+        paths: &[RelPath],
+    ) -> Result<(), MirrorError> {
+        let root =
+            |p: &Path| rustix::fs::open(p, DIR_FLAGS.difference(OFlags::NOFOLLOW), Mode::empty());
+        let (src, dst) = (
+            root(source).map_err(self.err("open", ""))?,
+            root(target).map_err(self.err("open", ""))?,
+        );
+        let ss = rustix::fs::fstat(&src).map_err(self.err("stat", ""))?;
+        self.dev = ss.st_dev;
+        let mut paths: Vec<&RelPath> = paths.iter().filter(|p| !p.is_root()).collect();
+        paths.sort();
+        paths.dedup();
+        for rel in paths {
+            let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+                continue;
+            };
+            let open = |fd: &OwnedFd| -> Result<OwnedFd, Errno> {
+                let mut cur = rustix::fs::openat(fd, ".", DIR_FLAGS, Mode::empty())?;
+                for seg in parent.segments() {
+                    cur = rustix::fs::openat(&cur, seg, DIR_FLAGS, Mode::empty())?;
+                }
+                Ok(cur)
+            };
+            let sp = match open(&src) {
+                Ok(fd) => fd,
+                // Gone from the source with its parent: the parent's own
+                // path removed it from the target.
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(self.err("open", parent.as_str())(e)),
+            };
+            let prel = if parent.is_root() {
+                ""
+            } else {
+                parent.as_str()
+            };
+            let dp = open(&dst).map_err(self.err("open", prel))?;
+            let at = |fd: &OwnedFd| rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW);
+            let changed = if matches!(at(&sp), Err(Errno::NOENT)) {
+                // The source has no such entry: neither may the target.
+                let there = at(&dp).is_ok();
+                if there {
+                    self.diffs
+                        .push((rel.as_str().to_owned(), ChangeKind::Removed));
+                    self.remove(dp.as_fd(), OsStr::new(name), rel.as_str())?;
+                }
+                there
+            } else {
+                self.entry(sp.as_fd(), Some(dp.as_fd()), prel, name.as_bytes())?
+            };
+            if changed {
+                self.keep(dp.as_fd(), prel);
+            }
+        }
+        let ds = rustix::fs::fstat(&dst).map_err(self.err("stat", ""))?;
+        if !same_meta(&ss, &ds) {
+            self.diffs.push((String::new(), ChangeKind::Mode));
+            self.set_meta(dst.as_fd(), &ss, "")?;
+        }
+        Ok(())
+    }
+
     /// Adds `fd` (`rel`) to the durable set.
     fn keep(&mut self, fd: BorrowedFd<'_>, rel: &str) {
         let path = self.target.join(rel);
@@ -265,7 +336,9 @@ impl<'a> Mirror<'a> {
                 let what = match (dkind, &ds) {
                     (None, _) => ChangeKind::Created,
                     (Some(FileType::RegularFile), Some(d))
-                        if ss.st_size == d.st_size && ss.st_mtime == d.st_mtime =>
+                        if ss.st_size == d.st_size
+                            && ss.st_mtime == d.st_mtime
+                            && ss.st_mtime_nsec == d.st_mtime_nsec =>
                     {
                         ChangeKind::Mode
                     }

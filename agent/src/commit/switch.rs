@@ -26,16 +26,23 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use pluginsync_common::digest::Sha256;
+use pluginsync_common::filesig::FileSig;
+use pluginsync_common::fsutil::replace_atomic;
+use pluginsync_common::relpath::RelPath;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
 use super::dirs::{DIR_FLAGS, remove_entry};
 use crate::listing::STAGING_DIR;
+use crate::scan::{LocalEntry, LocalKind, LocalTree};
 
 /// The tree being prepared, in the container.
 pub const NEXT: &str = "next";
 /// The prefix of a previous generation's name, `prev.<seq>`.
 const PREV: &str = "prev.";
+/// The suffix of a previous generation's [`GenState`] file.
+const STATE: &str = ".state";
 /// The test hook that makes the exchange unsupported (module docs).
 pub const NO_EXCHANGE_ENV: &str = "PLUGINSYNC_TEST_NO_EXCHANGE";
 
@@ -191,12 +198,12 @@ impl Standby {
 
     /// The tree to prepare: a `next` left by an earlier run, else the
     /// oldest previous generation when `keep` are kept already (renamed
-    /// `next`, durably, before anything in it changes), else a new empty
-    /// one.
-    pub fn take_next(&self, keep: usize) -> Result<PathBuf, SwitchError> {
+    /// `next`, durably, before anything in it changes; with what is known
+    /// of it, [`GenState`], when `keep` is 1), else a new empty one.
+    pub fn take_next(&self, keep: usize) -> Result<(PathBuf, Option<GenState>), SwitchError> {
         match rustix::fs::statat(&self.fd, NEXT, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() => {
-                return Ok(self.path(NEXT));
+                return Ok((self.path(NEXT), None));
             }
             Ok(_) => remove_entry(self.fd.as_fd(), OsStr::new(NEXT)).map_err(|e| {
                 self.io("remove", NEXT)(Errno::from_io_error(&e).unwrap_or(Errno::IO))
@@ -204,18 +211,25 @@ impl Standby {
             Err(_) => {}
         }
         let previous = self.previous()?;
+        let mut state = None;
         if previous.len() >= keep.max(1)
             && let Some((_, oldest)) = previous.first()
         {
+            let file = self.path(&format!("{oldest}{STATE}"));
+            state = std::fs::read_to_string(&file)
+                .ok()
+                .and_then(|t| GenState::decode(&t))
+                .filter(|_| keep == 1);
             rustix::fs::renameat(&self.fd, oldest.as_str(), &self.fd, NEXT)
                 .map_err(self.io("rename", oldest))?;
             // No longer a complete generation, on disk before it changes.
             rustix::fs::fsync(&self.fd).map_err(self.io("sync", ""))?;
+            let _gone_is_fine = std::fs::remove_file(&file);
         } else {
             rustix::fs::mkdirat(&self.fd, NEXT, Mode::from_raw_mode(0o700))
                 .map_err(self.io("create", NEXT))?;
         }
-        Ok(self.path(NEXT))
+        Ok((self.path(NEXT), state))
     }
 
     /// The switch: the destination and the container's `slot` exchanged
@@ -239,7 +253,7 @@ impl Standby {
     /// that was live) becomes the newest previous generation, without the
     /// staging directory it carried; older ones beyond `keep` go; the
     /// destination's parent and the container are synced.
-    pub fn retire(&self, slot: &str, keep: usize) -> Result<(), SwitchError> {
+    pub fn retire(&self, slot: &str, keep: usize) -> Result<String, SwitchError> {
         if let Ok(fd) = rustix::fs::openat(&self.fd, slot, DIR_FLAGS, Mode::empty()) {
             let _ = remove_entry(fd.as_fd(), OsStr::new(STAGING_DIR));
         }
@@ -255,8 +269,21 @@ impl Standby {
             if let Err(e) = remove_entry(self.fd.as_fd(), OsStr::new(old)) {
                 tracing::warn!(dir = %self.path(old).display(), error = %e, "cannot remove an old generation");
             }
+            let _gone_is_fine = std::fs::remove_file(self.path(&format!("{old}{STATE}")));
         }
-        self.sync()
+        let _gone_is_fine = std::fs::remove_file(self.path(&format!("{slot}{STATE}")));
+        self.sync()?;
+        Ok(name)
+    }
+
+    /// Records what is known of the previous generation `name` (a hint:
+    /// not synced; a lost or unreadable one costs a whole mirror).
+    pub fn write_state(&self, name: &str, state: &GenState) {
+        let Some(text) = state.encode() else { return };
+        let file = self.path(&format!("{name}{STATE}"));
+        if let Err(e) = replace_atomic(&file, text.as_bytes(), 0o600) {
+            tracing::debug!(file = %file.display(), error = %e, "cannot record a generation");
+        }
     }
 
     /// Syncs the destination's parent and the container (their entries).
@@ -267,5 +294,150 @@ impl Standby {
             source: e.into(),
         })?;
         rustix::fs::fsync(&self.fd).map_err(self.io("sync", ""))
+    }
+}
+
+/// What is known of a previous generation, so the next change can bring
+/// it to the live tree by what differs alone (docs/internals.md#the-switch):
+/// kept in `prev.<n>.state`, trusted only while the live tree's scan
+/// still has `live_digest`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenState {
+    /// The digest of the live tree's scan right after the switch that
+    /// made this generation a previous one.
+    pub live_digest: Sha256,
+    /// The paths that differ between this generation and that live tree.
+    pub changed: Vec<RelPath>,
+    /// This generation's scan, from when it was live.
+    pub scan: LocalTree,
+}
+
+/// The first line of a [`GenState`] file, and its last (a cut file is
+/// none).
+const STATE_HEADER: &str = "pluginsync-generation 1";
+const STATE_END: &str = "end\n";
+
+impl GenState {
+    /// The file's text; `None` for what it cannot hold (a name no listing
+    /// can hold, a name with a line break, something neither file,
+    /// directory nor symlink, an ignored name).
+    pub fn encode(&self) -> Option<String> {
+        use std::fmt::Write;
+        let t = &self.scan;
+        let lines = |r: &RelPath| !r.as_str().contains('\n');
+        if !t.strays.is_empty() || t.ignored || !self.changed.iter().all(lines) {
+            return None;
+        }
+        let mut out = format!(
+            "{STATE_HEADER}\ndigest {}\nroot {:o} {}\nchanged {}\n",
+            self.live_digest.to_hex(),
+            t.root_mode,
+            u8::from(t.exists),
+            self.changed.len()
+        );
+        for rel in &self.changed {
+            let _ = writeln!(out, "{rel}");
+        }
+        for (rel, e) in &t.entries {
+            let kind = match e.kind {
+                LocalKind::Dir => 'd',
+                LocalKind::File => 'f',
+                LocalKind::Symlink => 'l',
+                LocalKind::Other => return None,
+            };
+            if !lines(rel) {
+                return None;
+            }
+            let s = &e.stat;
+            let _ = writeln!(
+                out,
+                "{kind} {:o} {} {} {} {} {} {rel}",
+                e.mode, s.size, s.mtime_ns, s.ctime_ns, s.ino, s.dev
+            );
+        }
+        out.push_str(STATE_END);
+        Some(out)
+    }
+
+    /// Reads [`GenState::encode`]'s text; `None` if it is not one.
+    pub fn decode(text: &str) -> Option<GenState> {
+        let mut lines = text.strip_suffix(STATE_END)?.lines();
+        (lines.next()? == STATE_HEADER).then_some(())?;
+        let live_digest = Sha256::from_hex(lines.next()?.strip_prefix("digest ")?).ok()?;
+        let (mode, exists) = lines.next()?.strip_prefix("root ")?.split_once(' ')?;
+        let n: usize = lines.next()?.strip_prefix("changed ")?.parse().ok()?;
+        let changed = (0..n)
+            .map(|_| RelPath::parse(lines.next()?).ok())
+            .collect::<Option<Vec<_>>>()?;
+        let mut scan = LocalTree {
+            exists: exists == "1",
+            root_mode: u32::from_str_radix(mode, 8).ok()?,
+            ..LocalTree::default()
+        };
+        for line in lines {
+            let mut f = line.splitn(8, ' ');
+            let kind = match f.next()? {
+                "d" => LocalKind::Dir,
+                "f" => LocalKind::File,
+                "l" => LocalKind::Symlink,
+                _ => return None,
+            };
+            let mode = u32::from_str_radix(f.next()?, 8).ok()?;
+            let mut num = || f.next()?.parse::<i64>().ok();
+            let (size, mtime_ns, ctime_ns, ino, dev) = (num()?, num()?, num()?, num()?, num()?);
+            let stat = FileSig {
+                size: size as u64,
+                mtime_ns,
+                ctime_ns,
+                ino: ino as u64,
+                dev: dev as u64,
+            };
+            let rel = RelPath::parse(f.next()?).ok()?;
+            let entry = LocalEntry {
+                kind,
+                mode,
+                sha256: None,
+                stat,
+            };
+            scan.entries.insert(rel, entry);
+        }
+        Some(scan).map(|scan| GenState {
+            live_digest,
+            changed,
+            scan,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generation_state_reads_back_and_refuses_what_it_cannot_hold() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("a b/c")).unwrap();
+        std::fs::write(t.path().join("a b/c/x.rb"), "x").unwrap();
+        std::os::unix::fs::symlink("x.rb", t.path().join("a b/c/link")).unwrap();
+        let scan =
+            crate::scan::scan(t.path(), &pluginsync_common::ignore::IgnoreSet::empty()).unwrap();
+        let state = GenState {
+            live_digest: Sha256::of(b"live"),
+            changed: vec![RelPath::parse("a b/c/x.rb").unwrap()],
+            scan,
+        };
+        let text = state.encode().unwrap();
+        assert_eq!(GenState::decode(&text), Some(state.clone()));
+        assert_eq!(
+            GenState::decode(&text.replacen("generation 1", "generation 2", 1)),
+            None
+        );
+        assert_eq!(
+            GenState::decode(&text[..text.len() - 3]).map(|s| s.scan),
+            None
+        );
+        let mut broken = state;
+        broken.changed.push(RelPath::parse("line\nbreak").unwrap());
+        assert_eq!(broken.encode(), None);
     }
 }

@@ -117,6 +117,7 @@ impl Run<'_> {
                 commit::prepare(
                     &p.resource.path,
                     &p.plan,
+                    &p.local,
                     staged,
                     created,
                     &p.resource,
