@@ -216,6 +216,13 @@ impl World {
             };
             for e in entries {
                 let n = e.unwrap().file_name().to_string_lossy().into_owned();
+                if n.starts_with("prev.") && n.ends_with(".state")
+                    || n.starts_with(".pluginsync-tmp-")
+                {
+                    // A generation's record, or one a kill cut (removed
+                    // by the next run, as in the vardir).
+                    continue;
+                }
                 if n.starts_with("prev.") {
                     let kept = tree_snapshot(&container.join(&n));
                     assert!(

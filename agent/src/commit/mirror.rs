@@ -242,14 +242,23 @@ impl<'a> Mirror<'a> {
 
     /// Gives the open `fd` the mode (and, as root, the owner) of `like`.
     fn set_meta(&mut self, fd: BorrowedFd<'_>, like: &Stat, rel: &str) -> Result<(), MirrorError> {
-        if rustix::process::geteuid().is_root() {
+        // Only another owner than the copy's is given (it takes CAP_CHOWN,
+        // which the packaged unit does not grant: then the copy stays
+        // ours), and set-id bits only where they may be set (the unit's
+        // RestrictSUIDSGID): the quick check compares them again.
+        let mine = rustix::fs::fstat(fd).map_err(self.err("stat", rel))?;
+        if (mine.st_uid, mine.st_gid) != (like.st_uid, like.st_gid) {
             let (uid, gid) = (
                 rustix::fs::Uid::from_raw(like.st_uid),
                 rustix::fs::Gid::from_raw(like.st_gid),
             );
-            rustix::fs::fchown(fd, Some(uid), Some(gid)).map_err(self.err("chown", rel))?;
+            if let Err(e) = rustix::fs::fchown(fd, Some(uid), Some(gid)) {
+                tracing::debug!(path = %self.target.join(rel).display(), error = %e, "owner not copied");
+            }
         }
-        rustix::fs::fchmod(fd, Mode::from_raw_mode(like.st_mode & 0o7777))
+        let mode = |bits: u32| Mode::from_raw_mode(like.st_mode & bits);
+        rustix::fs::fchmod(fd, mode(0o7777))
+            .or_else(|_| rustix::fs::fchmod(fd, mode(0o777)))
             .map_err(self.err("chmod", rel))?;
         self.keep(fd, rel);
         Ok(())
@@ -435,9 +444,6 @@ impl<'a> Mirror<'a> {
                 }
                 let fd = rustix::fs::openat(dst, name, DIR_FLAGS, Mode::empty())
                     .map_err(self.err("open", rel))?;
-                if !is_dir || ds.is_some_and(|d| !same_meta(ss, d)) {
-                    self.set_meta(fd.as_fd(), ss, rel)?;
-                }
                 Some(fd)
             }
             None if is_dir => dst
@@ -450,6 +456,13 @@ impl<'a> Mirror<'a> {
             && let Some(fd) = &sub_dst
         {
             self.keep(fd.as_fd(), rel);
+        }
+        // Its mode last: a directory without write permission for us is
+        // filled first.
+        if let Some(fd) = &sub_dst
+            && (!is_dir || ds.is_some_and(|d| !same_meta(ss, d)))
+        {
+            self.set_meta(fd.as_fd(), ss, rel)?;
         }
         Ok(changed)
     }

@@ -131,6 +131,8 @@ impl Standby {
         if st.st_uid != rustix::process::geteuid().as_raw() || st.st_mode & 0o077 != 0 {
             return Err(SwitchError::NotOurs(dir));
         }
+        // Under the run lock: a record a killed run left half-written.
+        pluginsync_common::fsutil::remove_leftovers(&dir);
         Ok(Some(Standby {
             dest: dest.to_owned(),
             dir,
