@@ -182,6 +182,16 @@ fn two_states() -> EnvTree {
     t
 }
 
+/// A master serving [`two_states`], and an agent home syncing from it with
+/// `extra` in its agent.toml.
+fn two_state_node(extra: &str) -> (Pki, EnvTree, TestMaster, AgentHome) {
+    let pki = Pki::new();
+    let t = two_states();
+    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
+    let home = AgentHome::new(&pki, &[master.url()], extra);
+    (pki, t, master, home)
+}
+
 /// Both destinations.
 fn synced(home: &AgentHome) -> [BTreeMap<String, String>; 2] {
     [
@@ -198,10 +208,7 @@ fn mounts(t: &EnvTree, env: &str) -> [BTreeMap<String, String>; 2] {
 
 #[test]
 fn rollback_restores_the_previous_tree_offline_and_reports_it() {
-    let pki = Pki::new();
-    let t = two_states();
-    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
-    let home = AgentHome::new(&pki, &[master.url()], "");
+    let (pki, t, master, home) = two_state_node("");
     for env in ["one", "two"] {
         let run = home.sync(&["--environment", env]);
         assert_eq!(run.code, 0, "{run:?}");
@@ -241,11 +248,8 @@ fn rollback_restores_the_previous_tree_offline_and_reports_it() {
 
 #[test]
 fn a_failing_load_rolls_back_with_rollback_on_failure() {
-    let pki = Pki::new();
-    let t = two_states();
-    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
     let loaders = "[load]\nenabled = true\nrollback_on_failure = true\n\n[[loader]]\nname = \"refuses added.rb\"\nmatch = \"b/added.rb\"\nkind = \"command\"\ncommand = [\"false\"]\n";
-    let home = AgentHome::new(&pki, &[master.url()], loaders);
+    let (_pki, t, _master, home) = two_state_node(loaders);
     let run = home.sync(&["--environment", "one"]);
     assert_eq!(run.code, 0, "{run:?}");
     let run = home.sync(&["--environment", "two"]);
@@ -291,10 +295,7 @@ fn rollback_without_a_previous_generation_says_so_and_changes_nothing() {
 
 #[test]
 fn without_rename_exchange_the_run_commits_in_place_and_says_so() {
-    let pki = Pki::new();
-    let t = two_states();
-    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
-    let home = AgentHome::new(&pki, &[master.url()], "");
+    let (_pki, t, _master, home) = two_state_node("");
     let hook = [("PLUGINSYNC_TEST_NO_EXCHANGE", "1")];
     for env in ["one", "two"] {
         let run = home.run_env(&["sync", "--environment", env], &hook);
@@ -328,10 +329,7 @@ fn without_rename_exchange_the_run_commits_in_place_and_says_so() {
 /// gone the run switches, and its report says it waited and exchanged.
 #[test]
 fn the_switch_waits_for_a_puppet_run_holding_its_lock() {
-    let pki = Pki::new();
-    let t = two_states();
-    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
-    let home = AgentHome::new(&pki, &[master.url()], "");
+    let (_pki, t, _master, home) = two_state_node("");
     let lock = home.path().join("puppet/agent_catalog_run.lock");
     let toml = std::fs::read_to_string(home.path().join("agent.toml")).unwrap();
     std::fs::write(
@@ -386,10 +384,7 @@ fn the_switch_waits_for_a_puppet_run_holding_its_lock() {
 /// edited between runs, and a managed file edited by hand is put back.
 #[test]
 fn local_edits_and_ignored_names_follow_every_switch() {
-    let pki = Pki::new();
-    let t = two_states();
-    let master = TestMaster::start(parse_config(&config_toml(&t.envpath(), &pki, "", "")));
-    let home = AgentHome::new(&pki, &[master.url()], "");
+    let (_pki, t, _master, home) = two_state_node("");
     let git = home.libdir().join(".git/HEAD");
     for (k, env) in ["one", "two", "one", "two", "one"].into_iter().enumerate() {
         let run = home.sync(&["--environment", env]);
