@@ -459,7 +459,7 @@ impl<'a> Mirror<'a> {
         }
         // Its mode last: a directory without write permission for us is
         // filled first.
-        if let Some(fd) = &sub_dst
+        if let Some(fd) = sub_dst.as_ref().filter(|_| self.apply)
             && (!is_dir || ds.is_some_and(|d| !same_meta(ss, d)))
         {
             self.set_meta(fd.as_fd(), ss, rel)?;
@@ -581,12 +581,21 @@ mod tests {
         assert_eq!(before, after);
         // Listing only: the differences, nothing written.
         std::fs::write(live.join("a/one.rb"), "changed!").unwrap();
+        std::fs::set_permissions(live.join("a/b"), std::fs::Permissions::from_mode(0o700)).unwrap();
         let mut list = Mirror::new(&standby, &skip, false);
         list.run(&live, &standby).unwrap();
         assert_eq!(
             list.diffs,
-            vec![("a/one.rb".to_owned(), ChangeKind::Updated)]
+            vec![
+                ("a/b".to_owned(), ChangeKind::Mode),
+                ("a/one.rb".to_owned(), ChangeKind::Updated)
+            ]
         );
         assert_eq!(std::fs::read(standby.join("a/one.rb")).unwrap(), b"one");
+        let mode = std::fs::metadata(standby.join("a/b"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o750, "a listing changed a mode");
     }
 }
