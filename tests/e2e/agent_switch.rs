@@ -15,7 +15,9 @@
 //! - without `RENAME_EXCHANGE` (the test hook `PLUGINSYNC_TEST_NO_EXCHANGE`)
 //!   the run commits in place, warns once and says so in its report;
 //! - the switch waits for a Puppet run holding its lock, its next
-//!   generation prepared and the live tree the old one meanwhile.
+//!   generation prepared and the live tree the old one meanwhile;
+//! - edits by hand and ignored names follow every switch; `[switch]
+//!   keep_previous` keeps that many whole generations.
 //!
 //! Each state of the node is an environment of one tree; the agent moves
 //! between them with `--environment`, so the master never re-indexes.
@@ -403,4 +405,44 @@ fn local_edits_and_ignored_names_follow_every_switch() {
         // A managed file edited by hand: the next run puts it back.
         std::fs::write(home.libdir().join("a/kept.rb"), format!("# edited {k}\n")).unwrap();
     }
+}
+
+/// `[switch] keep_previous`: that many previous generations, each a whole
+/// tree, the newest the one `rollback` brings back; 0 is refused.
+#[test]
+fn keep_previous_keeps_that_many_whole_generations() {
+    let (_pki, t, _master, home) = two_state_node("[switch]\nkeep_previous = 2\n");
+    for env in ["one", "two", "one", "two"] {
+        let run = home.sync(&["--environment", env]);
+        assert_eq!(run.code, 0, "{run:?}");
+    }
+    let kept = home.path().join(".lib.pluginsync");
+    let mut prev: Vec<String> = std::fs::read_dir(&kept)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("prev.") && !n.ends_with(".state"))
+        .collect();
+    prev.sort();
+    assert_eq!(prev.len(), 2, "{prev:?}");
+    let (one, two) = (mounts(&t, "one"), mounts(&t, "two"));
+    for p in &prev {
+        let snap = tree_snapshot(&kept.join(p));
+        assert!(snap == one[0] || snap == two[0], "{p} is no generation");
+    }
+    let run = home.run(&["rollback"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(synced(&home), one);
+    let toml = std::fs::read_to_string(home.path().join("agent.toml")).unwrap();
+    std::fs::write(
+        home.path().join("agent.toml"),
+        toml.replace("keep_previous = 2", "keep_previous = 0"),
+    )
+    .unwrap();
+    let run = home.run(&["config"]);
+    assert_eq!(run.code, 78, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("keep_previous must be between 1 and 16, not 0"),
+        "{run:?}"
+    );
 }
