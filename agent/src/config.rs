@@ -24,7 +24,7 @@ use pluginsync_common::tls::SslDirPaths;
 use serde::Deserialize;
 
 use crate::loaders::{LoadConfig, LoaderConfig, LoaderTable};
-use crate::lock::PuppetLockConfig;
+use crate::lock::{PuppetLockConfig, SwitchConfig};
 
 /// The default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/agent.toml";
@@ -191,6 +191,9 @@ pub struct AgentConfig {
     /// Puppet's run lock, waited for before a commit.
     #[serde(default)]
     pub puppet_lock: PuppetLockConfig,
+    /// The switch of generations (docs/agent.md#generations-and-rollback).
+    #[serde(default)]
+    pub switch: SwitchConfig,
     /// The top-level keys the file sets (`pluginsync-agent config` tells
     /// a value from the file from a default).
     #[serde(skip)]
@@ -300,6 +303,8 @@ pub struct AgentFile {
     pub metrics_textfile: Option<PathBuf>,
     /// `[puppet_lock]`.
     pub puppet_lock: PuppetLockConfig,
+    /// `[switch] keep_previous`.
+    pub keep_previous: usize,
     /// The top-level keys the file sets.
     pub keys: BTreeSet<String>,
 }
@@ -384,6 +389,7 @@ impl AgentConfig {
             loaders,
             metrics_textfile: self.metrics.textfile.clone(),
             puppet_lock: self.puppet_lock.clone(),
+            keep_previous: self.switch.keep_previous,
             keys: self.keys.clone(),
         })
     }

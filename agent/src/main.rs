@@ -73,7 +73,7 @@ fn run(command: Command) -> Ended {
             detailed_exitcodes,
             load,
             allow_mass_removal,
-        } => sync(
+        } => sync_or_rollback(
             &config,
             Overrides {
                 environment,
@@ -86,6 +86,22 @@ fn run(command: Command) -> Ended {
                 load,
                 allow_mass_removal,
             },
+            false,
+        ),
+        Command::Rollback {
+            environment,
+            config,
+            format,
+            load,
+        } => sync_or_rollback(
+            &config,
+            Overrides {
+                environment,
+                format: Some(format),
+                load,
+                ..Overrides::default()
+            },
+            true,
         ),
         Command::Plugins { config, format } => {
             let file = load_config(&config)?;
@@ -123,8 +139,9 @@ fn run(command: Command) -> Ended {
     }
 }
 
-/// `pluginsync-agent sync`: one run, its report, its metrics.
-fn sync(config: &Path, overrides: Overrides) -> Ended {
+/// `pluginsync-agent sync` (or, `rollback`, `pluginsync-agent
+/// rollback`): one run, its report, its metrics.
+fn sync_or_rollback(config: &Path, overrides: Overrides, rollback: bool) -> Ended {
     // The file is checked on load (78); what `resolve` refuses comes from
     // the command line (a usage error, 64) or from puppet.conf (78).
     let file = load_config(config)?;
@@ -144,7 +161,11 @@ fn sync(config: &Path, overrides: Overrides) -> Ended {
         tracing::warn!(error = %e, "cannot handle SIGTERM and SIGINT");
         Interrupts::none()
     });
-    let outcome = runtime.block_on(pluginsync_agent::sync::run(&settings, &interrupts));
+    let outcome = if rollback {
+        runtime.block_on(pluginsync_agent::sync::rollback(&settings, &interrupts))
+    } else {
+        runtime.block_on(pluginsync_agent::sync::run(&settings, &interrupts))
+    };
     output::report(&outcome.report, settings.format);
     output::commit_failures(&outcome.report);
     output::load_failures(&outcome.report);

@@ -269,6 +269,8 @@ mod tests {
             agent_version: "0.1.0".into(),
             loads: Vec::new(),
             puppet_lock_waited_ms: None,
+            switch: None,
+            rolled_back: false,
         }
     }
 

@@ -12,10 +12,12 @@
 //!    or the cache on a 304), the scan of the destination, the plan.
 //!    Reading only. `--noop` reports the plans and stops here.
 //! 2. `Run::stage_all` (`apply.rs`): every download of every resource,
-//!    verified; then, when something changes, a Puppet run holding its
-//!    lock is waited for (`lock::wait_for_puppet`).
-//! 3. `Run::commit_all` (`apply.rs`): only then each resource is committed
-//!    and reported, and the cache updated.
+//!    verified; `Run::prepare_all`: each changed destination's next
+//!    generation complete beside it (docs/internals.md#the-switch); then a
+//!    Puppet run holding its lock is waited for (`lock::wait_for_puppet`).
+//! 3. `Run::commit_all` (`apply.rs`): only then each resource is switched
+//!    (or, without `RENAME_EXCHANGE`, committed in place) and reported,
+//!    and the cache updated.
 //! 4. `Run::load_changed` (`loads.rs`): the files written under the libdir
 //!    go to the loaders.
 //!
@@ -37,11 +39,14 @@ mod apply;
 mod loads;
 mod outcome;
 mod pass;
+mod rollback;
 
+use std::collections::HashSet;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::fsutil::remove_leftovers;
+use pluginsync_common::protocol::Mount;
 
 use crate::catalog;
 use crate::client::Client;
@@ -55,13 +60,35 @@ use crate::settings::Settings;
 use crate::signals::Interrupts;
 
 pub use outcome::{Outcome, SyncError};
+pub use rollback::{RollbackError, rollback, rollback_dest};
 
 /// Runs a sync; never panics on bad input, always returns a report (saved
 /// to `<vardir>` unless `--noop`). `interrupts`: SIGTERM/SIGINT, see the
 /// module docs.
 pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
     let started = Instant::now();
-    let mut report = Report {
+    let mut report = new_report(settings);
+    let error = Run::execute(settings, &mut report, interrupts).await.err();
+    report.duration_ms = started.elapsed().as_millis() as u64;
+    report.error = error.as_ref().map(ToString::to_string);
+    // A skipped run leaves the running one's report alone.
+    let skipped = matches!(error, Some(SyncError::Lock(LockError::Busy { .. })));
+    if !settings.noop
+        && !skipped
+        && let Err(e) = report.save(&settings.vardir)
+    {
+        tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the report");
+    }
+    Outcome {
+        report,
+        error,
+        load_failures_are_errors: settings.load.failures_are_errors,
+    }
+}
+
+/// A run's report before anything happened.
+fn new_report(settings: &Settings) -> Report {
+    Report {
         environment: settings.environment.to_string(),
         server: None,
         noop: settings.noop,
@@ -78,22 +105,8 @@ pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         loads: Vec::new(),
         puppet_lock_waited_ms: None,
-    };
-    let error = Run::execute(settings, &mut report, interrupts).await.err();
-    report.duration_ms = started.elapsed().as_millis() as u64;
-    report.error = error.as_ref().map(ToString::to_string);
-    // A skipped run leaves the running one's report alone.
-    let skipped = matches!(error, Some(SyncError::Lock(LockError::Busy { .. })));
-    if !settings.noop
-        && !skipped
-        && let Err(e) = report.save(&settings.vardir)
-    {
-        tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the report");
-    }
-    Outcome {
-        report,
-        error,
-        load_failures_are_errors: settings.load.failures_are_errors,
+        switch: None,
+        rolled_back: false,
     }
 }
 
@@ -139,6 +152,8 @@ struct Run<'a> {
     env: EnvName,
     /// For the phase timings in the debug log.
     started: Instant,
+    /// The mounts whose destination was switched by an exchange.
+    switched: HashSet<Mount>,
 }
 
 impl<'a> Run<'a> {
@@ -178,6 +193,7 @@ impl<'a> Run<'a> {
             servers,
             env,
             started: Instant::now(),
+            switched: HashSet::new(),
         };
         let interrupted = |signal, committed| SyncError::Interrupted { signal, committed };
         // Everything before the commit, raced with the signals: dropping
@@ -198,14 +214,17 @@ impl<'a> Run<'a> {
             pass::guard(settings, &passes)?;
             let stagings = run.stage_all(&passes).await?;
             run.phase("staged");
-            // Never under a Puppet run using the tree; a run that changes
-            // nothing does not look (docs/agent.md#a-puppet-run-in-progress).
+            commit::check_space(passes.iter().map(|p| (p.resource.path.as_path(), &p.plan)))?;
+            let prepared = run.prepare_all(&passes, &stagings)?;
+            // Never under a Puppet run using the tree, just before the
+            // switch; a run that changes nothing does not look
+            // (docs/agent.md#a-puppet-run-in-progress).
             if passes.iter().any(|p| !p.plan.actions.is_empty()) {
                 run.wait_for_puppet().await?;
             }
-            Ok::<_, SyncError>(Some((passes, stagings)))
+            Ok::<_, SyncError>(Some((passes, stagings, prepared)))
         };
-        let (passes, stagings) = tokio::select! {
+        let (passes, stagings, prepared) = tokio::select! {
             biased;
             signal = interrupts.wait() => return Err(interrupted(signal, false)),
             ready = before_commit => match ready? {
@@ -217,11 +236,10 @@ impl<'a> Run<'a> {
         if let Some(signal) = interrupts.received() {
             return Err(interrupted(signal, false));
         }
-        commit::check_space(passes.iter().map(|p| (p.resource.path.as_path(), &p.plan)))?;
         run.record_loads(&passes);
         // From here on a signal is only noted (see the module docs).
         run.phase("commit started");
-        let written = run.commit_all(&passes, stagings);
+        let written = run.commit_all(&passes, stagings, prepared);
         run.phase("committed");
         if let Some(signal) = interrupts.received() {
             return Err(interrupted(signal, true));
@@ -234,6 +252,10 @@ impl<'a> Run<'a> {
             () = run.load_changed(&written) => {}
         }
         PendingLoads::clear(&settings.vardir);
+        if settings.load.rollback_on_failure {
+            let switched = std::mem::take(&mut run.switched);
+            run.rollback_on_failure(&switched);
+        }
         Ok(())
     }
 
