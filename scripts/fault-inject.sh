@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Fault injection at scale: the agent killed with SIGKILL at
-# random points of initial and incremental syncs, direct and through a
-# throttled proxy (tests/e2e/agent_killed.rs), and masters killed
+# random points of initial and incremental syncs, a fourth of them aimed at
+# the switch, direct and through a throttled proxy: no partial file, no
+# mixed tree (each destination and each kept generation the old tree or
+# the new one exactly), no write outside, convergence on the next run
+# (tests/e2e/agent_killed.rs); and masters killed
 # mid-download with a replica or restarted 2 s later
 # (tests/e2e/agent_failover.rs). CI runs the same tests with fewer points.
 #

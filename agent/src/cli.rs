@@ -88,6 +88,26 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         from_bundle: Option<PathBuf>,
     },
+    /// Make the previous generation of each destination live again, at
+    /// once and offline (no master needed); report what changed and run
+    /// the loaders on it. The next `sync` converges back to the master's
+    /// generation (docs/agent.md#generations-and-rollback).
+    Rollback {
+        /// The environment the report and the loaders name (overrides the
+        /// config's).
+        #[arg(long)]
+        environment: Option<String>,
+        /// The config file.
+        #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// Report format.
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Run the configured loaders on the files brought back (as
+        /// `[load] enabled`).
+        #[arg(long)]
+        load: bool,
+    },
     /// Print the registry of loaded describe plugins (name, version, api,
     /// status, path).
     Plugins {

@@ -31,13 +31,17 @@
 mod dirs;
 mod durable;
 mod error;
+mod mirror;
 mod space;
+mod switch;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use pluginsync_common::fsutil::Durable;
 use pluginsync_common::relpath::RelPath;
 use rustix::fs::Mode;
 use rustix::io::Errno;
@@ -45,11 +49,13 @@ use rustix::io::Errno;
 use crate::catalog::FileResource;
 use crate::listing::{MODE_MASK, STAGING_DIR};
 use crate::plan::{Action, ChangeKind, Plan};
-use crate::scan::{LocalName, Stray};
+use crate::scan::{self, LocalName, LocalTree, Stray};
 use dirs::{DIR_FLAGS, Dirs, chmod_entry, remove_entry};
 
 pub use error::CommitError;
+pub use mirror::{Mirror, MirrorError};
 pub use space::{SpaceError, check_space};
+pub use switch::{GenState, NO_EXCHANGE_ENV, Standby, SwitchError, container_of};
 
 /// What a commit did.
 #[derive(Debug, Default)]
@@ -179,7 +185,7 @@ fn write(
 ) -> Result<(), CommitError> {
     let dest = dirs.dest;
     let tmp_name = match (tmp.parent(), tmp.file_name()) {
-        (Some(dir), Some(name)) if dir == dest.join(STAGING_DIR) => name,
+        (Some(dir), Some(name)) if dir == dirs.staged_in.join(STAGING_DIR) => name,
         _ => return Err(CommitError::NotStaged(tmp.to_owned())),
     };
     let (depth, name) = dirs.parent_changed(rel)?;
@@ -233,8 +239,26 @@ pub fn commit(
     created: &[PathBuf],
     resource: &FileResource,
 ) -> Committed {
+    commit_into(
+        Dirs::new(dest, dest, Durable::new()),
+        plan,
+        staged,
+        created,
+        resource,
+    )
+}
+
+/// [`commit`] through `dirs`: into the destination itself, or into its
+/// standby with the staged files of the live tree (`switch.rs`).
+fn commit_into(
+    mut dirs: Dirs<'_>,
+    plan: &Plan,
+    staged: &HashMap<RelPath, PathBuf>,
+    created: &[PathBuf],
+    resource: &FileResource,
+) -> Committed {
+    let dest = dirs.dest;
     let mut out = Committed::default();
-    let mut dirs = Dirs::new(dest);
     for action in &plan.actions {
         let change = action.change();
         match apply(&mut dirs, action, staged, resource) {
@@ -263,6 +287,165 @@ pub fn commit(
     }
     durable::make_durable(dirs, created);
     out
+}
+
+/// A destination's next generation, complete beside the live tree and on
+/// disk, waiting for its switch ([`switch`]).
+pub struct Prepared {
+    standby: Standby,
+    /// What the commit into the standby did (the report's changes).
+    pub committed: Committed,
+    /// The standby's scan once prepared: the live tree's after the
+    /// switch (the cache's stat cache follows the switch with it).
+    pub after: Option<LocalTree>,
+    /// What will be known of the generation the switch retires.
+    state: Option<GenState>,
+}
+
+/// Why the next generation could not be prepared; the live tree is as it
+/// was.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The standby trees.
+    #[error(transparent)]
+    Switch(#[from] SwitchError),
+    /// Making the standby equal to the live tree.
+    #[error(transparent)]
+    Mirror(#[from] MirrorError),
+}
+
+/// The standby trees of `dest`, or `None` (said in one warning) where
+/// there can be no switch: no live directory, a mount point, no room
+/// for them beside it, a filesystem without `RENAME_EXCHANGE`.
+fn standby_for(dest: &Path) -> Option<Standby> {
+    let dev = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .ok()
+            .map(|m| (m.is_dir(), m.dev()))
+    };
+    let Some((true, dest_dev)) = dev(dest) else {
+        return None;
+    };
+    let parent = dest.parent().filter(|p| !p.as_os_str().is_empty());
+    let why = if parent.and_then(dev).map(|(_, d)| d) != Some(dest_dev) {
+        "the destination is a mount point".to_owned()
+    } else {
+        match Standby::open(dest, true) {
+            Ok(Some(s)) if s.exchange_works() => return Some(s),
+            Ok(_) => "the filesystem cannot exchange two directories (RENAME_EXCHANGE)".to_owned(),
+            Err(e) => format!("no standby tree ({e})"),
+        }
+    };
+    tracing::warn!(dest = %dest.display(), "{why}: committing in place, file by file (no rollback)");
+    None
+}
+
+/// Prepares the next generation of `dest` in its standby
+/// (docs/internals.md#the-switch): the standby made equal to the live
+/// tree where it differs (`mirror.rs`: only the paths its [`GenState`]
+/// names when the live tree (`local`, its scan) is still the one it was
+/// recorded against, else all of it), then `plan` applied to it with the
+/// live tree's staged files, all of it durable. `Ok(None)`: no switch here
+/// ([`standby_for`]); the caller commits in place. `keep`: `[switch]
+/// keep_previous`.
+pub fn prepare(
+    dest: &Path,
+    plan: &Plan,
+    local: &LocalTree,
+    staged: &HashMap<RelPath, PathBuf>,
+    created: &[PathBuf],
+    resource: &FileResource,
+    keep: usize,
+) -> Result<Option<Prepared>, PrepareError> {
+    let Some(standby) = standby_for(dest) else {
+        return Ok(None);
+    };
+    let (slot, known) = standby.take_next(keep)?;
+    let known = known
+        .filter(|k| k.live_digest == local.digest() && !local.ignored && local.strays.is_empty());
+    let skip = left_to_the_plan(plan, resource.purge);
+    let mut mirror = Mirror::new(&slot, &skip, true);
+    let fast = match &known {
+        Some(k) => mirror.run_paths(dest, &slot, &k.changed).map_err(|e| {
+            tracing::debug!(error = %e, "the standby is walked whole");
+        }),
+        None => Err(()),
+    };
+    if fast.is_err() {
+        mirror = Mirror::new(&slot, &skip, true);
+        mirror.run(dest, &slot)?;
+    }
+    if let Some(below) = &mirror.crossed {
+        tracing::warn!(dest = %dest.display(), below = %below, "a mount point below the destination: committing in place, file by file (no rollback)");
+        return Ok(None);
+    }
+    tracing::debug!(dest = %dest.display(), fast = fast.is_ok(), mirrored = mirror.diffs.len(), "standby mirrored");
+    let mut touched: Vec<LocalName> = mirror
+        .diffs
+        .iter()
+        .filter_map(|(rel, _)| RelPath::parse(rel).ok().map(LocalName::Rel))
+        .collect();
+    let dirs = Dirs::new(&slot, dest, mirror.durable);
+    let committed = commit_into(dirs, plan, staged, created, resource);
+    let changed: Vec<LocalName> = plan
+        .actions
+        .iter()
+        .filter_map(|a| Some(a.change()?.0))
+        .collect();
+    touched.extend(changed.iter().cloned());
+    let after = match (known, fast) {
+        (Some(k), Ok(())) => Some(k.scan.updated(&slot, &touched)),
+        _ => scan::scan(&slot, &resource.ignore).ok(),
+    };
+    let state = after
+        .as_ref()
+        .filter(|_| committed.failures.is_empty())
+        .and_then(|after| {
+            let changed = changed.into_iter().map(|n| match n {
+                LocalName::Rel(rel) => Some(rel),
+                LocalName::Stray(_) => None,
+            });
+            Some(GenState {
+                live_digest: after.digest(),
+                changed: changed.collect::<Option<Vec<_>>>()?,
+                scan: local.clone(),
+            })
+        });
+    Ok(Some(Prepared {
+        standby,
+        committed,
+        after,
+        state,
+    }))
+}
+
+/// What the mirror leaves to the plan (`mirror.rs`, `skip`): the files
+/// it writes over no directory, and with `purge` what it removes.
+fn left_to_the_plan(plan: &Plan, purge: bool) -> std::collections::HashSet<&str> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Write {
+                rel,
+                replace_dir: false,
+                ..
+            } => Some(rel.as_str()),
+            Action::Remove { rel, .. } if purge => Some(rel.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The switch of a prepared destination: one exchange, then the old live
+/// tree kept as the newest previous generation (`keep` at most), the
+/// switch on disk before this returns.
+pub fn switch(prepared: &Prepared, keep: usize) -> Result<(), SwitchError> {
+    prepared.standby.exchange(switch::NEXT)?;
+    let name = prepared.standby.retire(switch::NEXT, keep)?;
+    if let Some(state) = &prepared.state {
+        prepared.standby.write_state(&name, state);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

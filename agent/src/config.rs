@@ -1,10 +1,9 @@
 //! `agent.toml`: where to sync from, where to, and with what identity.
 //!
-//! Unknown keys are refused, so a typo never silently becomes a default.
-//! `etc/agent.toml` lists every key at its default and a test parses it.
-//! TLS material comes either as explicit `ca`/`cert`/`key`/`crl` paths or as
-//! a Puppet ssldir plus certname (Puppet's layout, so a node that already
-//! runs Puppet can reuse its certificate).
+//! Unknown keys are refused, so a typo never silently becomes a default. `etc/agent.toml` lists
+//! every key at its default and a test parses it. TLS material comes either as explicit
+//! `ca`/`cert`/`key`/`crl` paths or as a Puppet ssldir plus certname (Puppet's layout, so a node
+//! that already runs Puppet can reuse its certificate).
 //!
 //! Parse, then resolve: [`AgentConfig`] is the file as written;
 //! [`AgentConfig::load`] checks it once and keeps every value in working
@@ -24,7 +23,7 @@ use pluginsync_common::tls::SslDirPaths;
 use serde::Deserialize;
 
 use crate::loaders::{LoadConfig, LoaderConfig, LoaderTable};
-use crate::lock::PuppetLockConfig;
+use crate::lock::{PuppetLockConfig, SwitchConfig};
 
 /// The default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/agent.toml";
@@ -170,9 +169,7 @@ pub struct AgentConfig {
     /// and changes nothing, unless `--allow-mass-removal`; 100 turns it off.
     #[serde(default = "default_max_removal_percent")]
     pub max_removal_percent: u8,
-    /// Sync one generation where a master serves them (docs/protocol.md
-    /// §4.11); unset: yes.
-    #[serde(default)]
+    /// One generation per run where a master serves them (docs/protocol.md §4.11); unset: yes.
     pub generations: Option<bool>,
     /// TLS identity and trust.
     #[serde(default)]
@@ -195,6 +192,9 @@ pub struct AgentConfig {
     /// Puppet's run lock, waited for before a commit.
     #[serde(default)]
     pub puppet_lock: PuppetLockConfig,
+    /// The switch of generations (docs/agent.md#generations-and-rollback).
+    #[serde(default)]
+    pub switch: SwitchConfig,
     /// The top-level keys the file sets (`pluginsync-agent config` tells
     /// a value from the file from a default).
     #[serde(skip)]
@@ -306,6 +306,8 @@ pub struct AgentFile {
     pub metrics_textfile: Option<PathBuf>,
     /// `[puppet_lock]`.
     pub puppet_lock: PuppetLockConfig,
+    /// `[switch] keep_previous`.
+    pub keep_previous: usize,
     /// The top-level keys the file sets.
     pub keys: BTreeSet<String>,
 }
@@ -391,6 +393,7 @@ impl AgentConfig {
             loaders,
             metrics_textfile: self.metrics.textfile.clone(),
             puppet_lock: self.puppet_lock.clone(),
+            keep_previous: self.switch.keep_previous,
             keys: self.keys.clone(),
         })
     }

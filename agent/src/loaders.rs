@@ -25,6 +25,9 @@ pub struct LoadConfig {
     pub enabled: bool,
     /// Load failures set the 4 bit of `--detailed-exitcodes`.
     pub failures_are_errors: bool,
+    /// A run whose loads fail makes the previous generation live again
+    /// (docs/agent.md#generations-and-rollback).
+    pub rollback_on_failure: bool,
     /// Run once per sync when at least one file loaded, e.g.
     /// `["systemctl", "reload", "myservice"]`.
     pub after_load: Vec<String>,
@@ -42,6 +45,7 @@ impl Default for LoadConfig {
         LoadConfig {
             enabled: false,
             failures_are_errors: false,
+            rollback_on_failure: false,
             after_load: Vec::new(),
             after_load_timeout: Duration::from_secs(10),
             plugin_prefix: "pluginsync-plugin".into(),

@@ -86,6 +86,37 @@ pub fn acquire(vardir: &Path) -> Result<RunLock, LockError> {
     Ok(RunLock { _file: file })
 }
 
+/// `[switch]` in agent.toml (docs/agent.md#generations-and-rollback):
+/// beside `[puppet_lock]`, as both rule the switch.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SwitchConfig {
+    /// Previous generations kept beside each destination for `rollback`
+    /// (1 to [`MAX_KEEP_PREVIOUS`]).
+    #[serde(deserialize_with = "keep_previous")]
+    pub keep_previous: usize,
+}
+
+/// The most previous generations `[switch] keep_previous` may keep.
+pub const MAX_KEEP_PREVIOUS: usize = 16;
+
+/// `keep_previous`, checked.
+fn keep_previous<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let n = usize::deserialize(d)?;
+    if !(1..=MAX_KEEP_PREVIOUS).contains(&n) {
+        return Err(serde::de::Error::custom(format!(
+            "keep_previous must be between 1 and {MAX_KEEP_PREVIOUS}, not {n}"
+        )));
+    }
+    Ok(n)
+}
+
+impl Default for SwitchConfig {
+    fn default() -> Self {
+        SwitchConfig { keep_previous: 1 }
+    }
+}
+
 /// `[puppet_lock]` in agent.toml (docs/agent.md#a-puppet-run-in-progress).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

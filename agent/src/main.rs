@@ -74,7 +74,7 @@ fn run(command: Command) -> Ended {
             load,
             allow_mass_removal,
             from_bundle,
-        } => sync(
+        } => sync_or_rollback(
             &config,
             Overrides {
                 environment,
@@ -87,7 +87,24 @@ fn run(command: Command) -> Ended {
                 load,
                 allow_mass_removal,
             },
+            false,
             from_bundle,
+        ),
+        Command::Rollback {
+            environment,
+            config,
+            format,
+            load,
+        } => sync_or_rollback(
+            &config,
+            Overrides {
+                environment,
+                format: Some(format),
+                load,
+                ..Overrides::default()
+            },
+            true,
+            None,
         ),
         Command::Plugins { config, format } => {
             let file = load_config(&config)?;
@@ -125,9 +142,15 @@ fn run(command: Command) -> Ended {
     }
 }
 
-/// `pluginsync-agent sync`: one run, its report, its metrics.
-/// `sync`; with `bundle`, `--from-bundle` (docs/agent.md#offline-from-a-bundle).
-fn sync(config: &Path, overrides: Overrides, bundle: Option<PathBuf>) -> Ended {
+/// `pluginsync-agent sync` (or, `rollback`, `pluginsync-agent
+/// rollback`): one run, its report, its metrics; with `bundle`, `sync
+/// --from-bundle` (docs/agent.md#offline-from-a-bundle).
+fn sync_or_rollback(
+    config: &Path,
+    overrides: Overrides,
+    rollback: bool,
+    bundle: Option<PathBuf>,
+) -> Ended {
     // The file is checked on load (78); what `resolve` refuses comes from
     // the command line (a usage error, 64) or from puppet.conf (78).
     let file = load_config(config)?;
@@ -147,11 +170,15 @@ fn sync(config: &Path, overrides: Overrides, bundle: Option<PathBuf>) -> Ended {
         tracing::warn!(error = %e, "cannot handle SIGTERM and SIGINT");
         Interrupts::none()
     });
-    let outcome = runtime.block_on(pluginsync_agent::sync::run(
-        &settings,
-        bundle.as_deref(),
-        &interrupts,
-    ));
+    let outcome = if rollback {
+        runtime.block_on(pluginsync_agent::sync::rollback(&settings, &interrupts))
+    } else {
+        runtime.block_on(pluginsync_agent::sync::run(
+            &settings,
+            bundle.as_deref(),
+            &interrupts,
+        ))
+    };
     output::report(&outcome.report, settings.format);
     output::commit_failures(&outcome.report);
     output::load_failures(&outcome.report);

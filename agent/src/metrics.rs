@@ -283,6 +283,8 @@ mod tests {
             loads: Vec::new(),
             puppet_lock_waited_ms: None,
             generation: None,
+            switch: None,
+            rolled_back: false,
         }
     }
 

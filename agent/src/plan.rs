@@ -428,7 +428,7 @@ mod tests {
                     )
                 })
                 .collect(),
-            strays: Default::default(),
+            ..LocalTree::default()
         }
     }
 

@@ -104,6 +104,25 @@ pub struct Report {
     /// did (docs/agent.md#a-puppet-run-in-progress).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub puppet_lock_waited_ms: Option<u64>,
+    /// How the changes became live, when something changed
+    /// (docs/agent.md#generations-and-rollback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch: Option<SwitchKind>,
+    /// The previous generation was made live again: `rollback`, or
+    /// `[load] rollback_on_failure` after a failed load.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rolled_back: bool,
+}
+
+/// How a run's changes became live (docs/internals.md#the-switch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SwitchKind {
+    /// One `RENAME_EXCHANGE` per destination: readers see the old tree or
+    /// the new one; the old one is kept for `rollback`.
+    Exchange,
+    /// File by file (no `RENAME_EXCHANGE` there): no rollback.
+    InPlace,
 }
 
 impl Report {
@@ -207,6 +226,8 @@ mod tests {
             loads: vec![],
             puppet_lock_waited_ms: None,
             generation: None,
+            switch: None,
+            rolled_back: false,
         }
     }
 

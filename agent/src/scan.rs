@@ -155,6 +155,8 @@ pub struct LocalTree {
     pub entries: BTreeMap<RelPath, LocalEntry>,
     /// Everything below it no listing can name, sorted.
     pub strays: BTreeMap<Stray, LocalEntry>,
+    /// The walk skipped an ignored name (not part of [`LocalTree::digest`]).
+    pub ignored: bool,
 }
 
 /// The destination could not be read; nothing is changed.
@@ -225,9 +227,13 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
         .collect::<Result<_, _>>()
         .map_err(io(dest))?;
     top.sort_by_key(|e| e.file_name());
+    let skipped = std::sync::atomic::AtomicBool::new(false);
     top.retain(|e| {
         let name = e.file_name();
         let name = name.to_str().unwrap_or_default();
+        if ignore.is_ignored(name) {
+            skipped.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         !(ignore.is_ignored(name) || name == STAGING_DIR)
     });
     let subtrees: Vec<std::sync::Mutex<Option<Subtree>>> =
@@ -240,7 +246,7 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(entry) = top.get(i) else { break };
-                    let result = walk_one(&entry.path(), ignore);
+                    let result = walk_one(&entry.path(), ignore, &skipped);
                     if let Ok(mut slot) = subtrees[i].lock() {
                         *slot = Some(result);
                     }
@@ -258,6 +264,7 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
             tree.insert(name, entry);
         }
     }
+    tree.ignored = skipped.into_inner();
     Ok(tree)
 }
 
@@ -266,7 +273,7 @@ type Subtree = Result<Vec<(LocalName, LocalEntry)>, ScanError>;
 
 /// One top-level entry of `dest` and, for a real directory, everything
 /// below it, in walk order.
-fn walk_one(top: &Path, ignore: &IgnoreSet) -> Subtree {
+fn walk_one(top: &Path, ignore: &IgnoreSet, skipped: &std::sync::atomic::AtomicBool) -> Subtree {
     let mut out = Vec::new();
     // The names of the directories above the entry at hand, by depth.
     let root = LocalName::Rel(RelPath::root());
@@ -280,7 +287,12 @@ fn walk_one(top: &Path, ignore: &IgnoreSet) -> Subtree {
         .sort_by_file_name()
         .into_iter()
         .filter_entry(|e| {
-            e.depth() == 0 || !ignore.is_ignored(e.file_name().to_str().unwrap_or_default())
+            let ignored =
+                e.depth() > 0 && ignore.is_ignored(e.file_name().to_str().unwrap_or_default());
+            if ignored {
+                skipped.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            !ignored
         });
     for entry in walker {
         let entry = entry.map_err(|e| {

@@ -153,6 +153,8 @@ pub struct Settings {
     pub environment_origin: Source,
     /// Puppet's run lock, waited for before a commit (`lock.rs`).
     pub puppet_lock: crate::lock::PuppetLock,
+    /// `[switch] keep_previous`.
+    pub keep_previous: usize,
     /// Every setting with its source, for `pluginsync-agent config`.
     pub effective: Vec<Effective>,
     /// `generations` (docs/protocol.md §4.11).
@@ -241,15 +243,16 @@ impl Settings {
             environment_source: file.environment_source,
             environment_origin,
             puppet_lock: file.puppet_lock.resolve(puppet.lockfile()),
+            keep_previous: file.keep_previous,
             effective,
             generations: file.generations,
         })
     }
 }
 
-/// agent.toml when it sets `key`, else the default.
+/// agent.toml when it sets `key` (or `key`'s table), else the default.
 fn toml_source(file: &AgentFile, key: &str) -> Source {
-    if file.keys.contains(key) {
+    if file.keys.contains(key.split('.').next().unwrap_or(key)) {
         Source::AgentToml
     } else {
         Source::Default
@@ -429,21 +432,18 @@ fn tls(
 /// The values only agent.toml sets, as `pluginsync-agent config` shows them.
 fn file_values(file: &AgentFile, effective: &mut Vec<Effective>) {
     let path = |p: &Path| p.display().to_string();
+    let factsdir = file.factsdir.as_deref().map(path).unwrap_or_default();
+    let timeout = humantime_serde::re::humantime::format_duration(file.timeout);
     for (name, value) in [
         ("libdir", path(&file.libdir)),
-        (
-            "factsdir",
-            file.factsdir.as_deref().map(path).unwrap_or_default(),
-        ),
+        ("factsdir", factsdir),
         ("vardir", path(&file.vardir)),
         ("ignore", file.ignore.patterns().join(", ")),
-        (
-            "timeout",
-            humantime_serde::re::humantime::format_duration(file.timeout).to_string(),
-        ),
+        ("timeout", timeout.to_string()),
         ("retries", file.retries.to_string()),
         ("parallel_downloads", file.parallel_downloads.to_string()),
         ("generations", file.generations.to_string()),
+        ("switch.keep_previous", file.keep_previous.to_string()),
     ] {
         effective.push(Effective {
             name,

@@ -253,7 +253,11 @@ impl Staging {
                             let tmp = if k == 0 {
                                 first.clone()
                             } else {
-                                let copy = first.with_extension(format!("c{k}"));
+                                // Named after its frame's file, whole: two
+                                // groups' copies never share a name.
+                                let mut copy = first.clone().into_os_string();
+                                copy.push(format!(".c{k}"));
+                                let copy = PathBuf::from(copy);
                                 std::fs::copy(first, &copy).map_err(StageError::Copy)?;
                                 copy
                             };

@@ -12,10 +12,12 @@
 //!    or the cache on a 304), the scan of the destination, the plan.
 //!    Reading only. `--noop` reports the plans and stops here.
 //! 2. `Run::stage_all` (`apply.rs`): every download of every resource,
-//!    verified; then, when something changes, a Puppet run holding its
-//!    lock is waited for (`lock::wait_for_puppet`).
-//! 3. `Run::commit_all` (`apply.rs`): only then each resource is committed
-//!    and reported, and the cache updated.
+//!    verified; `Run::prepare_all`: each changed destination's next
+//!    generation complete beside it (docs/internals.md#the-switch); then a
+//!    Puppet run holding its lock is waited for (`lock::wait_for_puppet`).
+//! 3. `Run::commit_all` (`apply.rs`): only then each resource is switched
+//!    (or, without `RENAME_EXCHANGE`, committed in place) and reported,
+//!    and the cache updated.
 //! 4. `Run::load_changed` (`loads.rs`): the files written under the libdir
 //!    go to the loaders.
 //!
@@ -39,12 +41,15 @@ mod generation;
 mod loads;
 mod outcome;
 mod pass;
+mod rollback;
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::fsutil::remove_leftovers;
+use pluginsync_common::protocol::Mount;
 
 use crate::catalog;
 use crate::client::Client;
@@ -58,6 +63,7 @@ use crate::settings::Settings;
 use crate::signals::Interrupts;
 
 pub use outcome::{Outcome, SyncError};
+pub use rollback::{RollbackError, rollback, rollback_dest};
 
 /// Runs a sync; never panics on bad input, always returns a report (saved
 /// to `<vardir>` unless `--noop`). `bundle`: `--from-bundle`, the
@@ -65,25 +71,7 @@ pub use outcome::{Outcome, SyncError};
 /// `interrupts`: SIGTERM/SIGINT, see the module docs.
 pub async fn run(settings: &Settings, bundle: Option<&Path>, interrupts: &Interrupts) -> Outcome {
     let started = Instant::now();
-    let mut report = Report {
-        environment: settings.environment.to_string(),
-        server: None,
-        noop: settings.noop,
-        changes: Vec::new(),
-        failures: Vec::new(),
-        unchanged: 0,
-        duration_ms: 0,
-        applied: false,
-        error: None,
-        started_at: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-        loads: Vec::new(),
-        puppet_lock_waited_ms: None,
-        generation: None,
-    };
+    let mut report = new_report(settings);
     let error = Run::execute(settings, bundle, &mut report, interrupts)
         .await
         .err();
@@ -102,6 +90,42 @@ pub async fn run(settings: &Settings, bundle: Option<&Path>, interrupts: &Interr
         error,
         load_failures_are_errors: settings.load.failures_are_errors,
     }
+}
+
+/// A run's report before anything happened.
+fn new_report(settings: &Settings) -> Report {
+    Report {
+        environment: settings.environment.to_string(),
+        server: None,
+        noop: settings.noop,
+        changes: Vec::new(),
+        failures: Vec::new(),
+        unchanged: 0,
+        duration_ms: 0,
+        applied: false,
+        error: None,
+        started_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        loads: Vec::new(),
+        puppet_lock_waited_ms: None,
+        generation: None,
+        switch: None,
+        rolled_back: false,
+    }
+}
+
+/// The run's servers, whose client a bundle's run never uses (no TLS file
+/// is read for it: `bundle.rs`).
+fn servers_of(settings: &Settings, bundle: Option<&Path>) -> Result<Servers, SyncError> {
+    let deadline = Instant::now() + settings.timeout;
+    let client = match bundle {
+        Some(_) => Client::offline(&settings.tls, deadline),
+        None => Client::new(&settings.tls, settings.retries, deadline)?,
+    };
+    Ok(Servers::new(client, settings.servers.clone()))
 }
 
 /// The environment the run syncs: the configured one, or with
@@ -154,6 +178,8 @@ struct Run<'a> {
     bundle: Option<&'a Path>,
     /// For the phase timings in the debug log.
     started: Instant,
+    /// The mounts whose destination was switched by an exchange.
+    switched: HashSet<Mount>,
 }
 
 impl<'a> Run<'a> {
@@ -179,12 +205,7 @@ impl<'a> Run<'a> {
             }
         }
         let catalog = catalog::build(settings);
-        let deadline = Instant::now() + settings.timeout;
-        let client = match bundle {
-            Some(_) => Client::offline(&settings.tls, deadline),
-            None => Client::new(&settings.tls, settings.retries, deadline)?,
-        };
-        let servers = Servers::new(client, settings.servers.clone());
+        let servers = servers_of(settings, bundle)?;
         let env = tokio::select! {
             biased;
             signal = interrupts.wait() => return Err(SyncError::Interrupted { signal, committed: false }),
@@ -198,6 +219,7 @@ impl<'a> Run<'a> {
             env,
             bundle,
             started: Instant::now(),
+            switched: HashSet::new(),
         };
         let interrupted = |signal, committed| SyncError::Interrupted { signal, committed };
         // Everything before the commit, raced with the signals: dropping
@@ -216,14 +238,17 @@ impl<'a> Run<'a> {
             pass::guard(settings, &passes)?;
             let stagings = run.stage(&passes, held.as_ref()).await?;
             run.phase("staged");
-            // Never under a Puppet run using the tree; a run that changes
-            // nothing does not look (docs/agent.md#a-puppet-run-in-progress).
+            commit::check_space(passes.iter().map(|p| (p.resource.path.as_path(), &p.plan)))?;
+            let prepared = run.prepare_all(&passes, &stagings)?;
+            // Never under a Puppet run using the tree, just before the
+            // switch; a run that changes nothing does not look
+            // (docs/agent.md#a-puppet-run-in-progress).
             if passes.iter().any(|p| !p.plan.actions.is_empty()) {
                 run.wait_for_puppet().await?;
             }
-            Ok::<_, SyncError>(Some((passes, stagings, held)))
+            Ok::<_, SyncError>(Some((passes, stagings, prepared, held)))
         };
-        let (passes, stagings, held) = tokio::select! {
+        let (passes, stagings, prepared, held) = tokio::select! {
             biased;
             signal = interrupts.wait() => return Err(interrupted(signal, false)),
             ready = before_commit => match ready? {
@@ -235,16 +260,12 @@ impl<'a> Run<'a> {
         if let Some(signal) = interrupts.received() {
             return Err(interrupted(signal, false));
         }
-        commit::check_space(passes.iter().map(|p| (p.resource.path.as_path(), &p.plan)))?;
         run.record_loads(&passes);
         // From here on a signal is only noted (see the module docs).
         run.phase("commit started");
-        let written = run.commit_all(&passes, stagings);
+        let written = run.commit_all(&passes, stagings, prepared);
         run.phase("committed");
-        if let Some(held) = held {
-            let mounts: Vec<_> = passes.iter().map(|p| p.resource.mount).collect();
-            run.remember_generation(&held, &mounts);
-        }
+        run.remember_generation(held.as_ref(), &passes);
         if let Some(signal) = interrupts.received() {
             return Err(interrupted(signal, true));
         }
@@ -256,6 +277,10 @@ impl<'a> Run<'a> {
             () = run.load_changed(&written) => {}
         }
         PendingLoads::clear(&settings.vardir);
+        if settings.load.rollback_on_failure {
+            let switched = std::mem::take(&mut run.switched);
+            run.rollback_on_failure(&switched);
+        }
         Ok(())
     }
 

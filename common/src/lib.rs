@@ -10,7 +10,8 @@
 //! listing queries and batch frames ([`protocol`]), entity tags
 //! ([`etag`]), the delta listing format ([`delta`]), the sha256 digest type
 //! ([`digest`]), generations and their canonical manifests
-//! ([`generation`]), offline bundles ([`bundle`]), file signatures ([`filesig`]), atomic state-file writes
+//! ([`generation`]), offline bundles ([`bundle`]), rollout placement and node reports
+//! ([`rollout`]), file signatures ([`filesig`]), atomic state-file writes
 //! ([`fsutil`]) and the binaries' one logging setup ([`logging`]).
 
 pub mod bundle;
@@ -28,6 +29,7 @@ pub mod logging;
 pub mod metadata;
 pub mod protocol;
 pub mod relpath;
+pub mod rollout;
 pub mod text;
 pub mod tls;
 pub mod urlpath;

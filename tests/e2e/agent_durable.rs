@@ -6,8 +6,9 @@
 //!
 //! - a run that changes nothing makes no sync call at all;
 //! - a small change syncs exactly what it touched — each staged file, the
-//!   directories renamed into, made, purged from, the staging directory —
-//!   and never the whole filesystem;
+//!   directories renamed into, made, purged from in the standby, the
+//!   staging directory, the container and the parent for the switch
+//!   (docs/internals.md#the-switch) — and never the whole filesystem;
 //! - a change above `SYNCFS_ABOVE` files syncs its staged files with one
 //!   `syncfs` of their filesystem, and no staged file one by one.
 //!
@@ -78,15 +79,24 @@ fn traced_sync(strace: &Path, home: &AgentHome, env: &str) -> (AgentRun, Vec<Cal
     (run, calls(&trace))
 }
 
-/// `calls` as `name path` strings, paths relative to `root` and every
-/// staged file shown as `<staged>`, sorted.
+/// `calls` as `name path` strings, paths relative to `root`, every
+/// staged file shown as `<staged>`, the generations' container beside
+/// `root` as `standby:` (docs/internals.md#the-switch) and `root`'s
+/// parent as `<parent>`, sorted.
 fn picture(calls: &[Call], root: &Path) -> Vec<String> {
     let staging = root.join(".pluginsync-staging");
+    let parent = root.parent().unwrap();
+    let name = root.file_name().unwrap().to_string_lossy();
+    let standby = parent.join(format!(".{name}.pluginsync"));
     let mut all: Vec<String> = calls
         .iter()
         .map(|c| {
             let path = if c.path.parent() == Some(staging.as_path()) {
                 "<staged>".to_owned()
+            } else if c.path == parent {
+                "<parent>".to_owned()
+            } else if let Ok(rel) = c.path.strip_prefix(&standby) {
+                format!("standby:{}", rel.display())
             } else {
                 match c.path.strip_prefix(root) {
                     Ok(rel) if rel.as_os_str().is_empty() => ".".to_owned(),
@@ -115,12 +125,16 @@ fn base(tree: &EnvTree, env: &str) {
 }
 
 /// A master serving `production` and the other states of `tree`, and an
-/// agent synced to `production`.
-fn synced_node(tree: &EnvTree, pki: &Pki) -> (TestMaster, AgentHome) {
+/// agent synced to `production` through `warm` first: the standby beside
+/// the libdir then holds the last of them, as on a node that changes
+/// between states (docs/internals.md#the-switch).
+fn synced_node(tree: &EnvTree, pki: &Pki, warm: &[&str]) -> (TestMaster, AgentHome) {
     let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), pki, "", "")));
     let home = AgentHome::new(pki, &[master.url()], "");
-    let first = home.sync(&["--environment", "production"]);
-    assert_eq!(first.code, 0, "{}", first.stderr);
+    for env in warm.iter().chain(&["production"]) {
+        let run = home.sync(&["--environment", env, "--allow-mass-removal"]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+    }
     (master, home)
 }
 
@@ -175,7 +189,7 @@ fn a_small_change_syncs_exactly_what_it_touched() {
             .join("lib/puppet/type/gadget.rb"),
     )
     .unwrap();
-    let (_master, home) = synced_node(&tree, &pki);
+    let (_master, home) = synced_node(&tree, &pki, &["production", "changed"]);
 
     let (run, calls) = traced_sync(&strace, &home, "changed");
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -183,20 +197,27 @@ fn a_small_change_syncs_exactly_what_it_touched() {
         std::fs::read_to_string(home.libdir().join("newdir/c.rb")).unwrap(),
         "# c\n"
     );
-    // Both staged files (content and mode), the directory each was renamed
-    // into, the directory made and its parent, the directory purged from,
-    // the staging directory renamed out of: each once, and nothing else —
-    // no syncfs, nothing in the vardir (the report is not synced).
+    // Both staged files (content and mode); in the standby (`next`, the
+    // generation before, equal to the live tree but for what changed):
+    // the directory each was renamed into, the directory made and its
+    // parent, the directory purged from; the staging directory renamed out
+    // of; the container, when the standby is taken (it is no generation
+    // from then on) and after the exchange, and the libdir's parent (the
+    // exchange): each once, and nothing else — no syncfs, no file copied
+    // whole, nothing in the vardir (the report is not synced).
     assert_eq!(
         picture(&calls, &home.libdir()),
         [
-            "fsync .",
             "fsync .pluginsync-staging",
+            "fsync <parent>",
             "fsync <staged>",
             "fsync <staged>",
-            "fsync facter",
-            "fsync newdir",
-            "fsync puppet/type",
+            "fsync standby:",
+            "fsync standby:",
+            "fsync standby:next",
+            "fsync standby:next/facter",
+            "fsync standby:next/newdir",
+            "fsync standby:next/puppet/type",
         ],
         "{calls:#?}"
     );
@@ -226,7 +247,7 @@ fn a_change_above_the_threshold_syncs_its_filesystem_once() {
             if i % 2 == 0 { 0o755 } else { 0o644 },
         );
     }
-    let (_master, home) = synced_node(&tree, &pki);
+    let (_master, home) = synced_node(&tree, &pki, &["production", "big"]);
 
     let (run, calls) = traced_sync(&strace, &home, "big");
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -247,13 +268,18 @@ fn a_change_above_the_threshold_syncs_its_filesystem_once() {
     }
     // One syncfs for the staged files (on the libdir's filesystem, through
     // the staging directory: no staged file is opened for it), none of
-    // them synced by itself; then the directories the commit changed, each.
+    // them synced by itself; then the directories the commit changed in
+    // the standby, each, and the container and the libdir's parent for the
+    // switch.
     assert_eq!(
         picture(&calls, &home.libdir()),
         [
-            "fsync .",
             "fsync .pluginsync-staging",
-            "fsync many",
+            "fsync <parent>",
+            "fsync standby:",
+            "fsync standby:",
+            "fsync standby:next",
+            "fsync standby:next/many",
             "syncfs .pluginsync-staging",
         ],
         "{calls:#?}"

@@ -9,12 +9,18 @@
 //! - every file under a final name in either destination has the content
 //!   of the old or the new tree at that path (sha256 compared against
 //!   both; the staging directory is not a final name);
-//! - nothing was written outside the destinations and the vardir;
+//! - each destination is the old tree or the new one exactly, never a mix
+//!   (docs/internals.md#the-switch), and so is every previous generation
+//!   kept beside it in `.<name>.pluginsync/`;
+//! - nothing was written outside the destinations, their
+//!   `.<name>.pluginsync/` and the vardir;
 //! - the next uninterrupted run converges to the new tree exactly (what
 //!   it should purge is gone, the staging directory too).
 //!
 //! `FAULT_POINTS` kills per scenario (default 12, four scenarios: 48 in
-//! CI); `scripts/fault-inject.sh` runs hundreds. The seed is printed with
+//! CI); `scripts/fault-inject.sh` runs hundreds. Every fourth kill is
+//! aimed at the switch: a few milliseconds after the run's debug line
+//! `commit started`, which comes right before it. The seed is printed with
 //! every failure; `FAULT_SEED=<seed>` replays it.
 
 use std::collections::BTreeMap;
@@ -169,6 +175,72 @@ impl World {
         true
     }
 
+    /// A run from `server` killed with SIGKILL `delay` after its debug
+    /// line `commit started` (the switch comes next); returns whether it
+    /// was killed (false: it ended before).
+    fn aimed_run(&self, server: &str, delay: Duration) -> bool {
+        let mut agent = self
+            .home
+            .spawn_sync(&["--server", server], "pluginsync_agent=debug");
+        if !agent.stderr_until("commit started") {
+            agent.finish();
+            return false;
+        }
+        std::thread::sleep(delay);
+        agent.signal(rustix::process::Signal::KILL);
+        agent.finish();
+        true
+    }
+
+    /// Each destination, without its staging directory, is `old` or the
+    /// new tree exactly; so is every previous generation kept beside it,
+    /// and its container holds nothing but the agent's trees.
+    fn check_whole(&self, old: &[BTreeMap<String, String>; 2], ctx: &str) {
+        let whole = |snap: &BTreeMap<String, String>, i: usize| {
+            let mut snap = snap.clone();
+            snap.retain(|rel, _| {
+                rel != ".pluginsync-staging" && !rel.starts_with(".pluginsync-staging/")
+            });
+            snap == old[i] || snap == self.new_mounts[i] || snap == self.old_mounts[i]
+        };
+        for (i, dest) in self.dests().iter().enumerate() {
+            assert!(
+                whole(&tree_snapshot(dest), i),
+                "{ctx}: {} is a mix of the old and the new tree",
+                dest.display()
+            );
+            let name = dest.file_name().unwrap().to_string_lossy();
+            let container = self.home.path().join(format!(".{name}.pluginsync"));
+            let Ok(entries) = std::fs::read_dir(&container) else {
+                continue;
+            };
+            for e in entries {
+                let n = e.unwrap().file_name().to_string_lossy().into_owned();
+                if n.starts_with("prev.") && n.ends_with(".state")
+                    || n.starts_with(".pluginsync-tmp-")
+                {
+                    // A generation's record, or one a kill cut (removed
+                    // by the next run, as in the vardir).
+                    continue;
+                }
+                if n.starts_with("prev.") {
+                    let kept = tree_snapshot(&container.join(&n));
+                    assert!(
+                        whole(&kept, i) || kept.is_empty(),
+                        "{ctx}: {n} beside {} is not a generation",
+                        dest.display()
+                    );
+                } else {
+                    assert!(
+                        ["next", "probe.a", "probe.b"].contains(&n.as_str()),
+                        "{ctx}: '{n}' written in {}",
+                        container.display()
+                    );
+                }
+            }
+        }
+    }
+
     /// The invariants after a kill; returns where the kill landed, by the
     /// destinations' state: `before` (as they were), `staging` (a staging
     /// directory left), `commit` (new files beside a staging directory or
@@ -205,7 +277,16 @@ impl World {
         top.sort();
         for name in &top {
             assert!(
-                ["agent.toml", "facts.d", "lib", "outside", "var"].contains(&name.as_str()),
+                [
+                    ".facts.d.pluginsync",
+                    ".lib.pluginsync",
+                    "agent.toml",
+                    "facts.d",
+                    "lib",
+                    "outside",
+                    "var"
+                ]
+                .contains(&name.as_str()),
                 "{ctx}: '{name}' written outside the destinations"
             );
         }
@@ -275,13 +356,19 @@ fn kill_at_random_points(label: &str, world: &World, via: &str) {
                 world.wipe();
                 empty.clone()
             };
-            let delay = duration.mul_f64(rng.fraction() * 1.1);
-            let killed = world.killed_run(via, delay);
+            let killed = if k % 4 == 3 {
+                let delay = Duration::from_micros((rng.fraction() * 4000.0) as u64);
+                world.aimed_run(via, delay)
+            } else {
+                world.killed_run(via, duration.mul_f64(rng.fraction() * 1.1))
+            };
             let at = world.check(&before, &ctx);
+            world.check_whole(&before, &ctx);
             *landed
                 .entry(format!("{}{at}", if killed { "" } else { "(ended) " }))
                 .or_default() += 1;
             world.converge(via, &world.new_mounts, &ctx);
+            world.check_whole(&world.new_mounts, &ctx);
             for d in world.dests() {
                 assert!(!d.join(".pluginsync-staging").exists(), "{ctx}");
             }
@@ -337,4 +424,23 @@ fn the_checks_catch_a_partial_file_and_a_write_outside() {
     catches("a write outside");
     std::fs::remove_file(world.home.path().join("stray.rb")).unwrap();
     assert_eq!(world.check(&none, "restored"), "after");
+    world.check_whole(&none, "restored");
+    let whole_catches = |what: &str| {
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            world.check_whole(&none, what);
+        }));
+        assert!(caught.is_err(), "{what} not caught");
+    };
+    // A mixed tree: one fact back to its old content, every file whole.
+    let fact = world.home.factsdir().join("kept.txt");
+    std::fs::write(&fact, "kept=1\n").unwrap();
+    world.check(&none, "a mixed tree");
+    whole_catches("a mixed tree");
+    std::fs::write(&fact, "kept=2\n").unwrap();
+    // Something else beside the generations.
+    let junk = world.home.path().join(".lib.pluginsync/junk");
+    std::fs::write(&junk, "x").unwrap();
+    whole_catches("a write beside the generations");
+    std::fs::remove_file(&junk).unwrap();
+    world.check_whole(&none, "restored again");
 }

@@ -806,3 +806,37 @@ async fn a_closed_stdout_leaves_the_exit_code_alone() {
     let env_dir = tree.envpath().join("production");
     assert_eq!(tree_snapshot(&home.libdir()), merged_mount(&env_dir, "lib"));
 }
+
+/// Files downloaded in one batch with the same content are staged as
+/// copies of one frame's file: two groups of equal files (here, three
+/// markers with one content and three with another) must each keep their
+/// own copies, so every file lands with its own content and none fails.
+#[test]
+fn two_groups_of_equal_files_in_one_batch_each_land_with_their_content() {
+    let pki = Pki::new();
+    let t = EnvTree::new();
+    for m in ["a", "b", "c"] {
+        t.file(
+            "production",
+            m,
+            &format!("lib/{m}/one.rb"),
+            "# one\n",
+            0o644,
+        );
+        t.file(
+            "production",
+            m,
+            &format!("lib/{m}/two.rb"),
+            "# two\n",
+            0o644,
+        );
+    }
+    let master = start(&t, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(
+        tree_snapshot(&home.libdir()),
+        merged_mount(&t.envpath().join("production"), "lib")
+    );
+}

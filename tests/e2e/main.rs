@@ -29,6 +29,8 @@ mod agent_faults;
 mod agent_hostile;
 // The agent binary syncing from a master: mirroring, reports, purge, errors, noop, lock, failover.
 mod agent_sync;
+// The switch of generations: a reader never sees two in one walk; rollback, rollback_on_failure; the in-place fallback.
+mod agent_switch;
 // Certificate failures named in one line by the agent; expiry warnings.
 mod certs;
 // Exit statuses of both binaries: usage errors (64), config errors (78), --help.

@@ -99,11 +99,17 @@ impl AgentHome {
     /// Runs `pluginsync-agent <args> --config <home>/agent.toml` (for
     /// `sync` and `report`), killed after 120 s.
     pub fn run(&self, args: &[&str]) -> AgentRun {
+        self.run_env(args, &[])
+    }
+
+    /// [`AgentHome::run`] with `envs` set in the agent's environment.
+    pub fn run_env(&self, args: &[&str], envs: &[(&str, &str)]) -> AgentRun {
         let mut child = Command::new(bin_path("pluginsync-agent"))
             .args(args)
             .arg("--config")
             .arg(self.dir.path().join("agent.toml"))
             .env_remove("RUST_LOG")
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

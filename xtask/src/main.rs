@@ -165,6 +165,7 @@ mod tests {
             "man/pluginsync-agent.1",
             "man/pluginsync-agent-sync.1",
             "man/pluginsync-agent-report.1",
+            "man/pluginsync-agent-rollback.1",
             "completions/bash/pluginsync-agent",
             "completions/zsh/_pluginsync-master",
             "completions/fish/pluginsync-agent.fish",

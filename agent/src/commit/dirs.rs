@@ -51,6 +51,10 @@ pub fn path_of(dest: &Path, rel: &RelPath) -> PathBuf {
 pub struct Dirs<'a> {
     /// The destination (for messages, and to open the root).
     pub dest: &'a Path,
+    /// The tree whose `.pluginsync-staging` holds the staged files: the
+    /// destination itself, or the live tree when `dest` is its standby
+    /// (docs/internals.md#the-switch).
+    pub staged_in: &'a Path,
     /// The destination itself, once open.
     root: Option<OwnedFd>,
     /// Below the root: (name, descriptor, marked changed) per component
@@ -71,16 +75,18 @@ pub struct Dirs<'a> {
 }
 
 impl<'a> Dirs<'a> {
-    /// Nothing open yet.
-    pub fn new(dest: &'a Path) -> Dirs<'a> {
+    /// Nothing open yet; staged files come from `staged_in`'s staging
+    /// directory, and what is already in `durable` is synced with the rest.
+    pub fn new(dest: &'a Path, staged_in: &'a Path, durable: Durable) -> Dirs<'a> {
         Dirs {
             dest,
+            staged_in,
             root: None,
             chain: Vec::new(),
             root_marked: false,
             staging: None,
             staging_marked: false,
-            durable: Durable::new(),
+            durable,
             created: Vec::new(),
         }
     }
@@ -218,14 +224,25 @@ impl<'a> Dirs<'a> {
         }
     }
 
-    /// Opens `<dest>/.pluginsync-staging` without following a link, and
+    /// Opens `<staged_in>/.pluginsync-staging` without following a link, and
     /// marks it changed (`staged`, for messages: a staged file in it). See
     /// [`Dirs::staging_fd`].
     pub fn staging(&mut self, staged: &Path) -> Result<(), CommitError> {
         if self.staging.is_none() {
-            let root = self.root()?;
-            let fd = rustix::fs::openat(root, STAGING_DIR, DIR_FLAGS, Mode::empty())
-                .map_err(CommitError::io("open", self.dest.join(STAGING_DIR)))?;
+            let path = self.staged_in.join(STAGING_DIR);
+            let fd = if self.staged_in == self.dest {
+                let root = self.root()?;
+                rustix::fs::openat(root, STAGING_DIR, DIR_FLAGS, Mode::empty())
+            } else {
+                let live = rustix::fs::open(
+                    self.staged_in,
+                    DIR_FLAGS.difference(OFlags::NOFOLLOW),
+                    Mode::empty(),
+                )
+                .map_err(CommitError::io("open", self.staged_in.to_owned()))?;
+                rustix::fs::openat(live, STAGING_DIR, DIR_FLAGS, Mode::empty())
+            }
+            .map_err(CommitError::io("open", path))?;
             self.staging = Some(fd);
         }
         let Some(fd) = &self.staging else {

@@ -50,6 +50,10 @@ pub enum CommitError {
     /// The entry whose mode was to change is now a symlink.
     #[error("'{}' became a symlink; not changing its mode", .0.display())]
     BecameSymlink(PathBuf),
+    /// The switch to the prepared generation failed; the live tree is
+    /// the old one (docs/internals.md#the-switch).
+    #[error("the switch failed, the previous tree stays live: {0}")]
+    Switch(#[source] super::switch::SwitchError),
 }
 
 impl CommitError {

@@ -15,10 +15,10 @@ use super::{Run, SyncError};
 use crate::cache::{self, MountCache};
 use crate::catalog::FileResource;
 use crate::cli::Format;
-use crate::commit;
+use crate::commit::{self, Prepared};
 use crate::plan::{Action, ChangeKind, Plan};
 use crate::progress::{self, Progress};
-use crate::report::{Change, Failure};
+use crate::report::{Change, Failure, SwitchKind};
 use crate::scan::LocalName;
 use crate::servers::Source;
 use crate::stage::{self, Staging};
@@ -95,33 +95,109 @@ impl Run<'_> {
         Ok(stagings)
     }
 
-    /// commit → report: each resource in catalog order, its changes and
-    /// failures reported; the cache remembers a clean commit and forgets a
-    /// failed one. Returns the files written, for the loaders.
+    /// prepare: each pass that changes something gets its next generation
+    /// complete and durable beside the live tree (`commit::prepare`);
+    /// `None` where it commits in place. The live trees are untouched: an
+    /// error here changes nothing.
+    pub(super) fn prepare_all(
+        &self,
+        passes: &[Pass],
+        stagings: &[Option<Staging>],
+    ) -> Result<Vec<Option<Prepared>>, SyncError> {
+        let keep = self.settings.keep_previous;
+        let empty = HashMap::new();
+        let prepared = passes
+            .iter()
+            .zip(stagings)
+            .map(|(p, staging)| {
+                if p.plan.actions.is_empty() {
+                    return Ok(None);
+                }
+                let staged = staging.as_ref().map_or(&empty, |s| &s.files);
+                let created = staging.as_ref().map_or(&[][..], |s| s.created());
+                commit::prepare(
+                    &p.resource.path,
+                    &p.plan,
+                    &p.local,
+                    staged,
+                    created,
+                    &p.resource,
+                    keep,
+                )
+                .map_err(|source| SyncError::Prepare {
+                    dest: p.resource.path.clone(),
+                    source,
+                })
+            })
+            .collect();
+        self.phase("prepared");
+        prepared
+    }
+
+    /// switch (or commit in place) → report: each resource in catalog
+    /// order, its changes and failures reported; the cache remembers a
+    /// clean commit and forgets a failed one. Returns the files written,
+    /// for the loaders.
     pub(super) fn commit_all(
         &mut self,
         passes: &[Pass],
         stagings: Vec<Option<Staging>>,
+        prepared: Vec<Option<Prepared>>,
     ) -> Vec<(Mount, RelPath)> {
         let settings = self.settings;
         let vardir = &settings.vardir;
         self.report.applied = true;
         let mut written = Vec::new();
-        for (p, staging) in passes.iter().zip(stagings) {
+        for ((p, staging), prepared) in passes.iter().zip(stagings).zip(prepared) {
             let (dest, mount) = (&p.resource.path, p.resource.mount);
-            let empty = HashMap::new();
-            let staged = staging.as_ref().map_or(&empty, |s| &s.files);
-            let created = staging.as_ref().map_or(&[][..], |s| s.created());
             // Durable before it returns, so before the cache and the
             // report below claim it.
-            let done = commit::commit(dest, &p.plan, staged, created, &p.resource);
+            let (done, after) = match prepared {
+                Some(prepared) => match commit::switch(&prepared, settings.keep_previous) {
+                    Ok(()) => {
+                        self.note_switch(SwitchKind::Exchange);
+                        self.switched.insert(mount);
+                        (prepared.committed, prepared.after)
+                    }
+                    Err(e) => {
+                        let mut failed = commit::Committed::default();
+                        failed.failures.push((None, commit::CommitError::Switch(e)));
+                        (failed, None)
+                    }
+                },
+                None => {
+                    let empty = HashMap::new();
+                    let staged = staging.as_ref().map_or(&empty, |s| &s.files);
+                    let created = staging.as_ref().map_or(&[][..], |s| s.created());
+                    if !p.plan.actions.is_empty() {
+                        self.note_switch(SwitchKind::InPlace);
+                    }
+                    let done = commit::commit(dest, &p.plan, staged, created, &p.resource);
+                    (done, None)
+                }
+            };
             for (name, kind) in done.changes {
                 self.report.changes.push(change(&p.resource, &name, kind));
             }
             self.phase("renamed");
             if done.failures.is_empty() {
                 if let Some(remote) = &p.remote {
-                    cache::remember(vardir, mount, dest, &p.stamp, remote, &p.plan, &p.local);
+                    // After a switch the live tree is the standby's, with
+                    // its own inodes: its scan is the stat cache's.
+                    match &after {
+                        Some(after) => cache::remember(
+                            vardir,
+                            mount,
+                            dest,
+                            &p.stamp,
+                            remote,
+                            &Plan::default(),
+                            after,
+                        ),
+                        None => cache::remember(
+                            vardir, mount, dest, &p.stamp, remote, &p.plan, &p.local,
+                        ),
+                    }
                 }
                 self.phase("remembered");
             } else {
@@ -141,6 +217,16 @@ impl Run<'_> {
             written.extend(done.written.into_iter().map(|rel| (mount, rel)));
         }
         written
+    }
+}
+
+impl Run<'_> {
+    /// Records how a destination's changes became live: the report says
+    /// `in-place` when any did so.
+    fn note_switch(&mut self, kind: SwitchKind) {
+        if self.report.switch != Some(SwitchKind::InPlace) {
+            self.report.switch = Some(kind);
+        }
     }
 }
 

@@ -14,7 +14,6 @@ use pluginsync_common::DEFAULT_IGNORE;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::generation::{GenerationId, Manifest, ManifestDelta, ManifestError};
-use pluginsync_common::protocol::Mount;
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -399,7 +398,8 @@ impl Run<'_> {
     /// and the per-node answer's `ETag` are kept; the mounts keep no
     /// listing. Nothing is written when nothing changed. After a commit
     /// with failures, the `ETag` is forgotten.
-    pub(super) fn remember_generation(&mut self, held: &Held, mounts: &[Mount]) {
+    pub(super) fn remember_generation(&mut self, held: Option<&Held>, passes: &[Pass]) {
+        let Some(held) = held else { return };
         let vardir = &self.settings.vardir;
         if !self.report.failures.is_empty() {
             // Not all of it is in place: the next run must not take a 304
@@ -422,8 +422,8 @@ impl Run<'_> {
         if let Err(e) = record.save(vardir, self.env.as_str(), held.fresh.as_deref()) {
             tracing::warn!(vardir = %vardir.display(), error = %e, "cannot save the sync cache");
         }
-        for &mount in mounts {
-            MountCache::forget_listing(vardir, mount);
+        for p in passes {
+            MountCache::forget_listing(vardir, p.resource.mount);
         }
     }
 }

@@ -8,39 +8,16 @@ use pluginsync_common::relpath::RelPath;
 
 use super::Run;
 use super::pass::Pass;
-use crate::load::{Loaders, PendingLoads};
+use crate::load::{LoadEntry, Loaders, PendingLoads};
 use crate::plugins::Registry;
+use crate::settings::Settings;
 
 impl Run<'_> {
     /// load: the files this run wrote under the libdir go to the loaders,
     /// each isolated; the plugin registry drops plugins whose file is gone.
     pub(super) async fn load_changed(&mut self, written: &[(Mount, RelPath)]) {
-        let settings = self.settings;
-        let mut registry = Registry::load(&settings.vardir);
-        let before = registry.clone();
-        for (name, version) in registry.prune_missing() {
-            tracing::info!(plugin = %name, version = %version, "plugin file gone, unregistered");
-        }
-        if !settings.loaders.is_empty() {
-            let loaders = Loaders::new(&settings.loaders, &settings.load, self.env.as_str());
-            if written.iter().any(|(m, _)| loaders.serves(*m)) {
-                let loads = loaders
-                    .load(
-                        &settings.libdir,
-                        settings.factsdir.as_deref(),
-                        written,
-                        settings.load_enabled,
-                        &mut registry,
-                    )
-                    .await;
-                self.report.loads.extend(loads);
-            }
-        }
-        if registry != before
-            && let Err(e) = registry.save(&settings.vardir)
-        {
-            tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the plugin registry");
-        }
+        let loads = load_files(self.settings, self.env.as_str(), written).await;
+        self.report.loads.extend(loads);
     }
 
     /// Before the commit: records the files it is about to write, so that
@@ -93,4 +70,40 @@ impl Run<'_> {
         self.load_changed(&present).await;
         PendingLoads::clear(vardir);
     }
+}
+
+/// The files `written` (under the live destinations of `settings`) go to
+/// the loaders of `environment`, each isolated; the plugin registry drops
+/// plugins whose file is gone. A sync's loads and a rollback's.
+pub(super) async fn load_files(
+    settings: &Settings,
+    environment: &str,
+    written: &[(Mount, RelPath)],
+) -> Vec<LoadEntry> {
+    let mut registry = Registry::load(&settings.vardir);
+    let before = registry.clone();
+    for (name, version) in registry.prune_missing() {
+        tracing::info!(plugin = %name, version = %version, "plugin file gone, unregistered");
+    }
+    let mut loads = Vec::new();
+    if !settings.loaders.is_empty() {
+        let loaders = Loaders::new(&settings.loaders, &settings.load, environment);
+        if written.iter().any(|(m, _)| loaders.serves(*m)) {
+            loads = loaders
+                .load(
+                    &settings.libdir,
+                    settings.factsdir.as_deref(),
+                    written,
+                    settings.load_enabled,
+                    &mut registry,
+                )
+                .await;
+        }
+    }
+    if registry != before
+        && let Err(e) = registry.save(&settings.vardir)
+    {
+        tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the plugin registry");
+    }
+    loads
 }

@@ -63,6 +63,18 @@ pub enum SyncError {
     /// A destination's filesystem cannot hold what the commit creates.
     #[error(transparent)]
     Space(#[from] commit::SpaceError),
+    /// A rollback could not be done (docs/agent.md#generations-and-rollback).
+    #[error(transparent)]
+    Rollback(#[from] super::RollbackError),
+    /// A destination's next generation could not be prepared beside it
+    /// (docs/internals.md#the-switch).
+    #[error("cannot prepare the next generation of '{}': {source}; nothing was changed", dest.display())]
+    Prepare {
+        /// The destination.
+        dest: PathBuf,
+        /// The error.
+        source: commit::PrepareError,
+    },
     /// The removal guard (docs/agent.md#the-removal-guard): the plan of `mount`
     /// takes away more than `max_removal_percent` of its destination's
     /// files; nothing was changed. The line says what it saw — how many
