@@ -13,8 +13,8 @@ use pluginsync_common::generation::{
 };
 use pluginsync_common::protocol;
 use pluginsync_tests::{
-    EnvTree, MasterProcess, Pki, TestMaster, client, config_file, config_toml, parse_config,
-    wait_for,
+    EnvTree, MasterProcess, Pki, TestMaster, bin_path, client, config_file, config_toml,
+    parse_config, wait_for,
 };
 
 /// Long enough for any bounded wait here on a loaded machine.
@@ -156,6 +156,30 @@ async fn a_generation_outlives_its_tree_and_a_restart() {
     );
     kept.still_served(&c, &master.url(), "after a restart")
         .await;
+    kept.bundles(&cfg, tree.outside().as_path());
+    // `check` lists both, newest first, the current one marked.
+    let check = std::process::Command::new(bin_path("pluginsync-master"))
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{text}");
+    let (new, old) = (second.generation.short(), first.generation.short());
+    let at = |id: &str| {
+        text.find(id)
+            .unwrap_or_else(|| panic!("{id} not in:\n{text}"))
+    };
+    assert!(at(&new) < at(&old), "{text}");
+    assert!(
+        text.contains("generations (2 kept, newest first):"),
+        "{text}"
+    );
+    let line = format!(
+        "{new}  {}  2 files, {} bytes  (current)",
+        second.published, second.bytes
+    );
+    assert!(text.contains(&line), "{line} not in:\n{text}");
     // A generation never kept: 404.
     let unknown = GenerationId(pluginsync_common::digest::Sha256::of(b"no such generation"));
     let (s, _, _) = get(
@@ -178,6 +202,61 @@ struct Kept<'a> {
 }
 
 impl Kept<'_> {
+    /// `bundle --generation` of the first (by a prefix of its id), its
+    /// tree gone: twice the same bytes, which read back as the first's
+    /// manifest and files; an unknown id is one line and exit 66.
+    fn bundles(&self, cfg: &Path, scratch: &Path) {
+        let bundle = |out: &Path, id: &str| {
+            std::process::Command::new(bin_path("pluginsync-master"))
+                .args(["bundle", "production", "--generation", id, "--config"])
+                .arg(cfg)
+                .arg("--out")
+                .arg(out)
+                .output()
+                .unwrap()
+        };
+        let prefix = &self.first.generation.to_hex()[..10];
+        let (a, b) = (scratch.join("a.tar"), scratch.join("b.tar"));
+        for out in [&a, &b] {
+            let done = bundle(out, prefix);
+            assert!(
+                done.status.success(),
+                "{}",
+                String::from_utf8_lossy(&done.stderr)
+            );
+        }
+        let bytes = std::fs::read(&a).unwrap();
+        assert_eq!(
+            bytes,
+            std::fs::read(&b).unwrap(),
+            "one generation, one bundle"
+        );
+        let mut contents = Vec::new();
+        let read = pluginsync_common::bundle::read_bundle(&bytes[..], 1 << 20, |d, body| {
+            contents.push((*d, body.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(read.manifest_bytes, self.manifest);
+        assert_eq!(read.header.generation, self.first.generation);
+        assert_eq!(read.header.published, self.first.published);
+        let mut want: Vec<_> = self
+            .blobs
+            .iter()
+            .map(|(_, b)| (pluginsync_common::digest::Sha256::of(b), b.clone()))
+            .collect();
+        want.sort();
+        want.dedup();
+        assert_eq!(contents, want);
+
+        let missing = bundle(&scratch.join("c.tar"), "0123456789");
+        let err = String::from_utf8_lossy(&missing.stderr);
+        assert_eq!(missing.status.code(), Some(66), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("keeps no generation '0123456789'"), "{err}");
+        assert!(!scratch.join("c.tar").exists());
+    }
+
     async fn still_served(&self, c: &reqwest::Client, base: &str, when: &str) {
         let (first, second) = (self.first.generation, self.second.generation);
         assert_eq!(
