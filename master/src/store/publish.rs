@@ -62,9 +62,13 @@ impl Store {
         match published {
             Ok(Published::New(k)) => {
                 tracing::info!(env = %name, generation = %k.id.short(), files = k.files, bytes = k.bytes, "generation published");
+                let _once = idx.generation.set(k.id);
                 true
             }
-            Ok(Published::Unchanged(_)) => true,
+            Ok(Published::Unchanged(k)) => {
+                let _once = idx.generation.set(k.id);
+                true
+            }
             Err(error) => {
                 self.generations.errors.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(env = %name, %error, "generation not stored; the index is not published, built again after index.settle");
