@@ -580,3 +580,45 @@ async fn a_stock_agent_run_sees_one_generation() {
         "node2"
     );
 }
+
+/// `bundle` of the current generation with no store configured indexes the
+/// tree as the master would: the generation a master serving it publishes,
+/// the same bytes twice, never a publication time (the Unix epoch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_of_the_tree_is_the_generation_a_master_publishes() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 3, 15, 4);
+    let (_cfg_dir, cfg) = config_file(&config_toml(&tree.envpath(), &pki, "", ""));
+    let m = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let served = assigned(&client(&pki, Some("node1")), &m.url(), "production").await;
+    let out = tree.outside();
+    let bundle = |name: &str, env: &str| {
+        std::process::Command::new(bin_path("pluginsync-master"))
+            .args(["bundle", env, "--config"])
+            .arg(&cfg)
+            .arg("--out")
+            .arg(out.join(name))
+            .output()
+            .unwrap()
+    };
+    for name in ["a.tar", "b.tar"] {
+        let done = bundle(name, "production");
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+    }
+    let bytes = std::fs::read(out.join("a.tar")).unwrap();
+    assert_eq!(bytes, std::fs::read(out.join("b.tar")).unwrap());
+    let read = pluginsync_common::bundle::read_bundle(&bytes[..], 1 << 20, |_, _| Ok(())).unwrap();
+    assert_eq!(read.header.generation, served.generation);
+    assert_eq!(read.header.published, "1970-01-01T00:00:00Z");
+    let none = bundle("c.tar", "nosuch");
+    let err = String::from_utf8_lossy(&none.stderr);
+    assert_eq!(
+        (none.status.code(), err.trim().lines().count()),
+        (Some(66), 1),
+        "{err}"
+    );
+}

@@ -295,8 +295,15 @@ impl Generations {
 
     /// Publishes `candidate` as `env`'s current generation: its blobs
     /// copied in (those not there yet), its manifest, its record, then
-    /// eviction. See the module docs.
-    pub fn publish(&self, env: &EnvName, candidate: &Candidate) -> Result<Published, StoreError> {
+    /// eviction (`on_disk` says which environments still exist: the
+    /// current generation of one that does not is evicted like any other
+    /// by the byte bound). See the module docs.
+    pub fn publish(
+        &self,
+        env: &EnvName,
+        candidate: &Candidate,
+        on_disk: &dyn Fn(&EnvName) -> bool,
+    ) -> Result<Published, StoreError> {
         let _one = lock(&self.publishing);
         self.open(true)?;
         if let Some(cur) = self.current(env).filter(|k| k.id == candidate.id) {
@@ -341,7 +348,7 @@ impl Generations {
             ),
         }
         let mut touched = vec![env.clone()];
-        touched.extend(self.evict(&mut st));
+        touched.extend(self.evict(&mut st, on_disk));
         touched.sort();
         touched.dedup();
         for e in &touched {
@@ -354,7 +361,7 @@ impl Generations {
 
     /// Evicts by count per environment, then by bytes (oldest first,
     /// never a current generation); returns the environments touched.
-    fn evict(&self, st: &mut State) -> Vec<EnvName> {
+    fn evict(&self, st: &mut State, on_disk: &dyn Fn(&EnvName) -> bool) -> Vec<EnvName> {
         let mut victims: Vec<(EnvName, GenerationId)> = Vec::new();
         for (env, g) in &st.envs {
             let over = g.kept.len().saturating_sub(self.keep);
@@ -370,7 +377,10 @@ impl Generations {
                 .envs
                 .iter()
                 .filter_map(|(env, g)| {
-                    let k = g.kept.first().filter(|_| g.kept.len() > 1)?;
+                    let k = g
+                        .kept
+                        .first()
+                        .filter(|_| g.kept.len() > 1 || !on_disk(env))?;
                     Some((k.published.clone(), env.clone(), k.id))
                 })
                 .min();
@@ -677,10 +687,13 @@ mod tests {
             .map(|i| candidate(src.path(), &[("a.rb", shared), ("b.rb", &[b'0' + i; 10])]))
             .collect();
         for c in &gens {
-            assert!(matches!(g.publish(&env, c).unwrap(), Published::New(_)));
+            assert!(matches!(
+                g.publish(&env, c, &|_| true).unwrap(),
+                Published::New(_)
+            ));
         }
         assert!(matches!(
-            g.publish(&env, &gens[2]).unwrap(),
+            g.publish(&env, &gens[2], &|_| true).unwrap(),
             Published::Unchanged(_)
         ));
         let kept: Vec<GenerationId> = g.kept(&env).iter().map(|k| k.id).collect();
@@ -709,7 +722,7 @@ mod tests {
         assert_eq!(g.bytes(), bytes);
         assert_eq!(g.current(&env).unwrap().id, gens[2].id);
         assert!(matches!(
-            g.publish(&env, &gens[1]).unwrap(),
+            g.publish(&env, &gens[1], &|_| true).unwrap(),
             Published::New(_)
         ));
         assert_eq!(g.current(&env).unwrap().id, gens[1].id);
@@ -722,7 +735,7 @@ mod tests {
         let g = store(dir.path(), 5, 2048);
         let c = candidate(src.path(), &[("a.rb", b"same\n"), ("b.rb", b"same\n")]);
         for env in ["one", "two", "three"] {
-            g.publish(&env.parse().unwrap(), &c).unwrap();
+            g.publish(&env.parse().unwrap(), &c, &|_| true).unwrap();
         }
         assert_eq!(blobs_on_disk(&g), vec![Sha256::of(b"same\n")]);
         assert_eq!(g.bytes(), 5 + c.bytes.len() as u64);
@@ -742,9 +755,9 @@ mod tests {
         let a1 = candidate(src.path(), &[("x", &big(1))]);
         let b1 = candidate(src.path(), &[("x", &big(2))]);
         let a2 = candidate(src.path(), &[("x", &big(3))]);
-        g.publish(&a, &a1).unwrap();
-        g.publish(&b, &b1).unwrap();
-        g.publish(&a, &a2).unwrap();
+        g.publish(&a, &a1, &|_| true).unwrap();
+        g.publish(&b, &b1, &|_| true).unwrap();
+        g.publish(&a, &a2, &|_| true).unwrap();
         // 1.2 MiB over a 1 MiB bound: a's older one goes, both currents stay.
         assert_eq!(g.kept(&a).len(), 1);
         assert_eq!(g.kept(&b).len(), 1);
@@ -754,12 +767,17 @@ mod tests {
             src.path(),
             &[("x", &big(4)), ("y", &big(5)), ("z", &big(6))],
         );
-        g.publish(&b, &b2).unwrap();
+        g.publish(&b, &b2, &|_| true).unwrap();
         assert_eq!(
             (g.current(&a).unwrap().id, g.current(&b).unwrap().id),
             (a2.id, b2.id)
         );
         assert!(g.bytes() > (1 << 20));
+        // Once `a` is gone from disk, its current generation may go too.
+        let b3 = candidate(src.path(), &[("x", &big(7))]);
+        g.publish(&b, &b3, &|e| e.as_str() != "a").unwrap();
+        assert!(g.current(&a).is_none(), "{:?}", g.kept(&a));
+        assert_eq!(g.current(&b).unwrap().id, b3.id);
     }
 
     #[test]
@@ -771,7 +789,7 @@ mod tests {
         let (path, _) = (c.source)(&Sha256::of(b"indexed\n")).unwrap();
         std::fs::write(&path, b"changed\n").unwrap();
         assert!(matches!(
-            g.publish(&env, &c),
+            g.publish(&env, &c, &|_| true),
             Err(StoreError::Changed { .. })
         ));
         assert!(g.current(&env).is_none());
