@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use pluginsync_common::bundle::{BUNDLE_FORMAT, BundleError, BundleHeader, BundleWriter};
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
-use pluginsync_common::generation::{EntryKind, GenerationId, Manifest, ManifestError};
+use pluginsync_common::generation::{GenerationId, Manifest, ManifestError};
 
 use crate::config::MasterConfig;
 use crate::environments;
@@ -227,13 +227,8 @@ fn write(
         source,
     };
     let parsed = Manifest::parse(manifest, &header.generation)?;
-    let sizes: std::collections::HashMap<Sha256, u64> = parsed
-        .entries()
-        .iter()
-        .filter_map(|e| match e.kind {
-            EntryKind::File { sha256, size } => Some((sha256, size)),
-            _ => None,
-        })
+    let sizes: std::collections::HashMap<Sha256, u64> = crate::generations::digest_sizes(&parsed)
+        .into_iter()
         .collect();
     let dir = match out.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,

@@ -33,12 +33,13 @@ use std::sync::{Mutex, MutexGuard};
 
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
-use pluginsync_common::generation::{GenerationId, Manifest, ManifestError};
+use pluginsync_common::generation::{GenerationId, Manifest};
 
 use crate::config::GenerationsConfig;
 use crate::walk::FileSig;
 
 use self::disk::Layout;
+pub use self::disk::StoreError;
 pub use self::of_index::{Candidate, consistent, manifest_of};
 
 /// One kept generation of an environment, as its record holds it.
@@ -52,42 +53,6 @@ pub struct Kept {
     pub files: u64,
     /// Their bytes in all.
     pub bytes: u64,
-}
-
-/// The generation store could not do what was asked.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// A file of the store could not be read or written.
-    #[error("generation store: {}: {source}", path.display())]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A file of the tree changed after it was indexed: its bytes are not
-    /// the ones the manifest names, so the generation is not published.
-    #[error("{} changed since it was indexed", path.display())]
-    Changed {
-        /// The file in the code tree.
-        path: PathBuf,
-    },
-    /// The index holds no file for a digest its manifest names.
-    #[error("no indexed file has sha256 {0}")]
-    NoSource(Sha256),
-    /// A manifest in the store does not parse or hash to its name.
-    #[error("generation store: manifest {0}: {1}")]
-    Manifest(GenerationId, #[source] ManifestError),
-}
-
-impl StoreError {
-    fn io(path: &Path, source: std::io::Error) -> StoreError {
-        StoreError::Io {
-            path: path.to_owned(),
-            source,
-        }
-    }
 }
 
 /// What [`Generations::publish`] did.
@@ -145,8 +110,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// `(digest, size)` of each distinct file content of `m`.
-fn digest_sizes(m: &Manifest) -> Vec<(Sha256, u64)> {
+/// `(digest, size)` of each distinct file content of `m`, by digest.
+pub fn digest_sizes(m: &Manifest) -> Vec<(Sha256, u64)> {
     use pluginsync_common::generation::EntryKind;
     let mut v: Vec<(Sha256, u64)> = m
         .entries()
@@ -191,7 +156,7 @@ impl Generations {
             ),
         };
         Generations {
-            layout: Layout::new(root),
+            layout: Layout::new(root, !temporary),
             temporary,
             keep: config.keep.max(1),
             max_bytes: config.max_mib.saturating_mul(1 << 20),
@@ -310,13 +275,16 @@ impl Generations {
             return Ok(Published::Unchanged(cur));
         }
         let sizes = digest_sizes(&candidate.manifest);
+        let mut durable = pluginsync_common::fsutil::Durable::new();
         for (digest, _) in &sizes {
             if lock(&self.state).blobs.contains_key(digest) {
                 continue;
             }
             let (path, sig) = (candidate.source)(digest).ok_or(StoreError::NoSource(*digest))?;
-            self.layout.store_blob(digest, &path, sig)?;
+            self.layout.store_blob(digest, &path, sig, &mut durable)?;
         }
+        // Every blob durable before the manifest and record name them.
+        self.layout.sync(durable)?;
         self.layout
             .store_manifest(&candidate.id, &candidate.bytes)?;
         let (files, bytes) = candidate.manifest.totals();

@@ -424,33 +424,20 @@ pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<R
         .find(a.target.mount, &a.target.path)
         .ok_or_else(not_found)?;
     match node.follow.as_ref() {
-        Some(view) if view.kind == FileType::File && node.has_content() && a.stock => {
-            // The generation's tree may be gone or being replaced: its
-            // content is in the generation store (docs/deploys.md#generations).
-            let digest = node.sha256.ok_or_else(ApiError::internal)?;
-            match send_stored(req, state, &digest, CacheControl::Revalidate).await {
-                Err(e) if e.status == StatusCode::NOT_FOUND => {
-                    send_file(
-                        req,
-                        root,
-                        node,
-                        CacheControl::Revalidate,
-                        &state.store.stats.contents_sent,
-                    )
-                    .await
-                }
-                sent => sent,
-            }
-        }
         Some(view) if view.kind == FileType::File && node.has_content() => {
-            send_file(
-                req,
-                root,
-                node,
-                CacheControl::Revalidate,
-                &state.store.stats.contents_sent,
-            )
-            .await
+            // A stock agent's content comes from the generation store: the
+            // generation's tree may be gone or being replaced
+            // (docs/deploys.md#generations); the tree when the store lacks it.
+            if a.stock
+                && let Some(digest) = node.sha256
+            {
+                match send_stored(req, state, &digest, CacheControl::Revalidate).await {
+                    Err(e) if e.status == StatusCode::NOT_FOUND => {}
+                    sent => return sent,
+                }
+            }
+            let sent = &state.store.stats.contents_sent;
+            send_file(req, root, node, CacheControl::Revalidate, sent).await
         }
         _ => Err(not_found()),
     }
