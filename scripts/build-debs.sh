@@ -47,7 +47,7 @@ conffile etc/master.toml "$out/etc/master.toml" \
 environmentpath = ["/etc/puppet/code/environments"]' \
     '# [generations]' '[generations]' \
     '# dir = "/var/lib/pluginsync/generations"' \
-    '# The unit'"'"'s StateDirectory=pluginsync.
+    '# The unit'"'"'s StateDirectory=pluginsync/generations.
 dir = "/var/lib/pluginsync/generations"'
 # The agent's conffile sets nothing (puppet.conf and the defaults decide):
 # its commented ssldir shows the default beside Debian's puppet.conf.
