@@ -75,14 +75,14 @@ pub struct GenerationsConfig {
     /// The store's bound in MiB: beyond it, the oldest non-current go.
     pub max_mib: u64,
     /// How long a stock Puppet agent stays on the generation its run began
-    /// with (docs/protocol.md §7.6); `"0s"`: never pinned.
+    /// with (docs/protocol.md §7.6); `"0s"` (the default): never pinned.
     #[serde(with = "humantime_serde")]
     pub pin: Duration,
 }
 
 impl Default for GenerationsConfig {
     fn default() -> Self {
-        let pin = Duration::from_secs(60); // longer than a stock agent's pluginsync
+        let pin = Duration::ZERO; // off: docs/protocol.md §7.6 says when to turn it on
         GenerationsConfig {
             keep: 5,
             dir: None,

@@ -528,7 +528,7 @@ async fn a_stock_agent_run_sees_one_generation() {
         &tree.envpath(),
         &pki,
         "",
-        "[index]\npublish = \"explicit\"\n",
+        "[index]\npublish = \"explicit\"\n[generations]\npin = \"60s\"\n",
     )));
     let download = |certname: &str| {
         let work = tempfile::tempdir().unwrap();

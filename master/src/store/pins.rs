@@ -10,6 +10,8 @@
 //! previous index per environment), its content read from the generation
 //! store.
 //!
+//! Off unless `generations.pin` is set; only the request that starts a run
+//! pins, so a replica that did not see it serves the current generation.
 //! Pins are in memory only, at most [`MAX_PINS`]; past the window (or once
 //! the pinned generation is neither current nor the previous one) the node
 //! gets the current generation.
@@ -92,6 +94,9 @@ impl Pins {
         let mut pins = lock(&self.pins);
         let pinned = match pins.get(&key) {
             Some(&(g, at)) if !starts_run && at.elapsed() < self.window => g,
+            // Only a run's first request pins: a replica that did not see
+            // it serves the current generation.
+            _ if !starts_run => return current,
             _ => {
                 if pins.len() >= MAX_PINS {
                     pins.retain(|_, (_, at)| at.elapsed() < self.window);
