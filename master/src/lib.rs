@@ -13,6 +13,7 @@
 pub mod access;
 pub mod api_error;
 pub mod auth;
+pub mod bundle;
 pub mod ca_chain;
 pub mod check;
 pub mod cli;

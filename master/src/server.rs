@@ -528,6 +528,16 @@ fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::met
         authorization_refusals: gate.refusals(),
         server_certificate_expiry: crate::tls::certificate_expiry(&tls.cert),
         crl_next_update: tls.crl.as_deref().and_then(crate::tls::crl_next_update),
+        generation_store_bytes: store.generations.bytes(),
+        generation_evictions: load(&store.generations.evictions),
+        generation_store_errors: load(&store.generations.errors),
+        inconsistent_builds: load(&s.inconsistent_builds),
+        generations_kept: store
+            .generations
+            .counts()
+            .into_iter()
+            .map(|(e, n)| (e.to_string(), n as u64))
+            .collect(),
     }
 }
 

@@ -13,8 +13,8 @@ use pluginsync_common::generation::{
 };
 use pluginsync_common::protocol;
 use pluginsync_tests::{
-    EnvTree, MasterProcess, Pki, TestMaster, client, config_file, config_toml, parse_config,
-    wait_for,
+    EnvTree, MasterProcess, Pki, TestMaster, bin_path, client, config_file, config_toml,
+    parse_config, wait_for,
 };
 
 /// Long enough for any bounded wait here on a loaded machine.
@@ -156,6 +156,30 @@ async fn a_generation_outlives_its_tree_and_a_restart() {
     );
     kept.still_served(&c, &master.url(), "after a restart")
         .await;
+    kept.bundles(&cfg, tree.outside().as_path());
+    // `check` lists both, newest first, the current one marked.
+    let check = std::process::Command::new(bin_path("pluginsync-master"))
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{text}");
+    let (new, old) = (second.generation.short(), first.generation.short());
+    let at = |id: &str| {
+        text.find(id)
+            .unwrap_or_else(|| panic!("{id} not in:\n{text}"))
+    };
+    assert!(at(&new) < at(&old), "{text}");
+    assert!(
+        text.contains("generations (2 kept, newest first):"),
+        "{text}"
+    );
+    let line = format!(
+        "{new}  {}  2 files, {} bytes  (current)",
+        second.published, second.bytes
+    );
+    assert!(text.contains(&line), "{line} not in:\n{text}");
     // A generation never kept: 404.
     let unknown = GenerationId(pluginsync_common::digest::Sha256::of(b"no such generation"));
     let (s, _, _) = get(
@@ -178,6 +202,61 @@ struct Kept<'a> {
 }
 
 impl Kept<'_> {
+    /// `bundle --generation` of the first (by a prefix of its id), its
+    /// tree gone: twice the same bytes, which read back as the first's
+    /// manifest and files; an unknown id is one line and exit 66.
+    fn bundles(&self, cfg: &Path, scratch: &Path) {
+        let bundle = |out: &Path, id: &str| {
+            std::process::Command::new(bin_path("pluginsync-master"))
+                .args(["bundle", "production", "--generation", id, "--config"])
+                .arg(cfg)
+                .arg("--out")
+                .arg(out)
+                .output()
+                .unwrap()
+        };
+        let prefix = &self.first.generation.to_hex()[..10];
+        let (a, b) = (scratch.join("a.tar"), scratch.join("b.tar"));
+        for out in [&a, &b] {
+            let done = bundle(out, prefix);
+            assert!(
+                done.status.success(),
+                "{}",
+                String::from_utf8_lossy(&done.stderr)
+            );
+        }
+        let bytes = std::fs::read(&a).unwrap();
+        assert_eq!(
+            bytes,
+            std::fs::read(&b).unwrap(),
+            "one generation, one bundle"
+        );
+        let mut contents = Vec::new();
+        let read = pluginsync_common::bundle::read_bundle(&bytes[..], 1 << 20, |d, body| {
+            contents.push((*d, body.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(read.manifest_bytes, self.manifest);
+        assert_eq!(read.header.generation, self.first.generation);
+        assert_eq!(read.header.published, self.first.published);
+        let mut want: Vec<_> = self
+            .blobs
+            .iter()
+            .map(|(_, b)| (pluginsync_common::digest::Sha256::of(b), b.clone()))
+            .collect();
+        want.sort();
+        want.dedup();
+        assert_eq!(contents, want);
+
+        let missing = bundle(&scratch.join("c.tar"), "0123456789");
+        let err = String::from_utf8_lossy(&missing.stderr);
+        assert_eq!(missing.status.code(), Some(66), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("keeps no generation '0123456789'"), "{err}");
+        assert!(!scratch.join("c.tar").exists());
+    }
+
     async fn still_served(&self, c: &reqwest::Client, base: &str, when: &str) {
         let (first, second) = (self.first.generation, self.second.generation);
         assert_eq!(
@@ -407,4 +486,139 @@ async fn immutable_answers_are_public_or_private_and_the_assignment_revalidates(
     );
     let url = manifest_url(&ruled.url(), "dmz", &dmz.generation, None);
     assert_eq!(get(&c, &url, None).await.0, 403);
+}
+
+/// A picture of a mount's files, path → sha256, from the `merged_mount`
+/// or `tree_snapshot` notation (`file <mode> <sha>`).
+fn shas(picture: std::collections::BTreeMap<String, String>) -> Vec<(String, String)> {
+    picture
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v.strip_prefix("file ")?.rsplit(' ').next()?.to_owned())))
+        .collect()
+}
+
+/// A Code Manager deploy (link flipped, old release deleted) lands while
+/// a stock `puppet plugin download` is downloading its `pluginfacts`: the
+/// run's `plugins` are still the old generation's, content included (from
+/// the store: the old release is gone); the next run gets the new one
+/// (docs/protocol.md §7.6: one generation per stock agent run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stock_agent_run_sees_one_generation() {
+    const TEST: &str = "master_generations::a_stock_agent_run_sees_one_generation";
+    let Some(puppet) = pluginsync_tests::require("puppet", "puppet", TEST) else {
+        return;
+    };
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    let releases = tree.outside().join("releases");
+    for (n, body) in [("1", "# release 1\n"), ("2", "# release 2\n")] {
+        release(&releases, n, body);
+        let facts = releases.join(n).join("modules/app/facts.d");
+        for i in 0..400 {
+            std::fs::write(facts.join(format!("f{i:03}.txt")), format!("f{i}=1\n")).unwrap();
+        }
+    }
+    std::fs::write(releases.join("2/modules/app/lib/facter/new.rb"), "# new\n").unwrap();
+    let link = tree.envpath().join("production");
+    std::os::unix::fs::symlink(releases.join("1"), &link).unwrap();
+    let (old_lib, new_lib) = (
+        shas(pluginsync_tests::merged_mount(&link, "lib")),
+        shas(pluginsync_tests::merged_mount(&releases.join("2"), "lib")),
+    );
+    let m = TestMaster::start(parse_config(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        "[index]\npublish = \"explicit\"\n[generations]\npin = \"60s\"\n",
+    )));
+    let download = |certname: &str| {
+        let work = tempfile::tempdir().unwrap();
+        let agent = pluginsync_tests::puppet::PuppetAgent::new(
+            &puppet,
+            work.path(),
+            &pki.ssldir,
+            certname,
+            m.addr.port(),
+        );
+        let (lib, facts) = (agent.libdir(), agent.factsdir());
+        let run = tokio::task::spawn_blocking(move || agent.plugin_download("production"));
+        (work, lib, facts, run)
+    };
+
+    let (_work, lib, facts, run) = download("node1");
+    let mid_run = wait_for(PATIENCE, || {
+        let facts = facts.clone();
+        async move {
+            let n = std::fs::read_dir(&facts).map_or(0, |d| d.count());
+            (n >= 20).then_some(())
+        }
+    })
+    .await;
+    assert!(mid_run.is_some(), "puppet never started on its pluginfacts");
+    flip(&link, &releases.join("2"));
+    std::fs::remove_dir_all(releases.join("1")).unwrap();
+    m.store
+        .reindex(Some("production".parse().unwrap()), "test")
+        .await;
+    assert!(
+        !lib.exists() || std::fs::read_dir(&lib).unwrap().count() == 0,
+        "the deploy came after puppet's plugins: nothing was tested"
+    );
+    let done = run.await.unwrap();
+    assert_eq!(done.code, 0, "node1: {}", done.output);
+    assert_eq!(
+        shas(pluginsync_tests::tree_snapshot(&lib)),
+        old_lib,
+        "node1"
+    );
+
+    let (_work, lib, _, run) = download("node2");
+    let done = run.await.unwrap();
+    assert_eq!(done.code, 0, "node2: {}", done.output);
+    assert_eq!(
+        shas(pluginsync_tests::tree_snapshot(&lib)),
+        new_lib,
+        "node2"
+    );
+}
+
+/// `bundle` of the current generation with no store configured indexes the
+/// tree as the master would: the generation a master serving it publishes,
+/// the same bytes twice, never a publication time (the Unix epoch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_of_the_tree_is_the_generation_a_master_publishes() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 3, 15, 4);
+    let (_cfg_dir, cfg) = config_file(&config_toml(&tree.envpath(), &pki, "", ""));
+    let m = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let served = assigned(&client(&pki, Some("node1")), &m.url(), "production").await;
+    let out = tree.outside();
+    let bundle = |name: &str, env: &str| {
+        std::process::Command::new(bin_path("pluginsync-master"))
+            .args(["bundle", env, "--config"])
+            .arg(&cfg)
+            .arg("--out")
+            .arg(out.join(name))
+            .output()
+            .unwrap()
+    };
+    for name in ["a.tar", "b.tar"] {
+        let done = bundle(name, "production");
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+    }
+    let bytes = std::fs::read(out.join("a.tar")).unwrap();
+    assert_eq!(bytes, std::fs::read(out.join("b.tar")).unwrap());
+    let read = pluginsync_common::bundle::read_bundle(&bytes[..], 1 << 20, |_, _| Ok(())).unwrap();
+    assert_eq!(read.header.generation, served.generation);
+    assert_eq!(read.header.published, "1970-01-01T00:00:00Z");
+    let none = bundle("c.tar", "nosuch");
+    let err = String::from_utf8_lossy(&none.stderr);
+    assert_eq!(
+        (none.status.code(), err.trim().lines().count()),
+        (Some(66), 1),
+        "{err}"
+    );
 }

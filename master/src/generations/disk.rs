@@ -14,17 +14,54 @@
 //! index holds are never stored.
 
 use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::fsutil;
-use pluginsync_common::generation::GenerationId;
+use pluginsync_common::generation::{GenerationId, ManifestError};
 
 use crate::walk::FileSig;
 
-use super::{Kept, StoreError};
+use super::Kept;
+
+/// The generation store could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A file of the store could not be read or written.
+    #[error("generation store: {}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file of the tree changed after it was indexed: its bytes are not
+    /// the ones the manifest names, so the generation is not published.
+    #[error("{} changed since it was indexed", path.display())]
+    Changed {
+        /// The file in the code tree.
+        path: PathBuf,
+    },
+    /// The index holds no file for a digest its manifest names.
+    #[error("no indexed file has sha256 {0}")]
+    NoSource(Sha256),
+    /// A manifest in the store does not parse or hash to its name.
+    #[error("generation store: manifest {0}: {1}")]
+    Manifest(GenerationId, #[source] ManifestError),
+}
+
+impl StoreError {
+    pub(super) fn io(path: &Path, source: std::io::Error) -> StoreError {
+        StoreError::Io {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
 
 /// The record of one environment's kept generations, as stored.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -36,11 +73,14 @@ struct Record {
 #[derive(Debug)]
 pub(super) struct Layout {
     root: PathBuf,
+    /// False for the temporary store of a development run (removed on
+    /// exit): nothing is synced.
+    durable: bool,
 }
 
 impl Layout {
-    pub(super) fn new(root: PathBuf) -> Layout {
-        Layout { root }
+    pub(super) fn new(root: PathBuf, durable: bool) -> Layout {
+        Layout { root, durable }
     }
 
     pub(super) fn root(&self) -> &Path {
@@ -85,13 +125,17 @@ impl Layout {
     }
 
     /// Copies the indexed file at `source` (still with `sig`) into the
-    /// blob `digest`, durably; refuses bytes that hash otherwise
+    /// blob `digest`, and adds it and its directory to `durable` (the
+    /// caller syncs the set once, before anything names the blob: one
+    /// `syncfs` for a first publication of thousands of files, not an
+    /// `fsync` each); refuses bytes that hash otherwise
     /// ([`StoreError::Changed`]: the file changed since it was indexed).
     pub(super) fn store_blob(
         &self,
         digest: &Sha256,
         source: &Path,
         sig: FileSig,
+        durable: &mut fsutil::Durable,
     ) -> Result<(), StoreError> {
         let target = self.blob(digest);
         let dir = target.parent().unwrap_or(self.root.as_path()).to_owned();
@@ -113,11 +157,26 @@ impl Layout {
         }
         let f = tmp.as_file();
         f.set_permissions(std::fs::Permissions::from_mode(0o444))
-            .and_then(|()| f.sync_all())
+            .and_then(|()| durable.add(f.as_fd(), fsutil::Need::Data, &target))
+            .and_then(|()| durable.add_path(&dir, fsutil::Need::All))
             .map_err(|e| StoreError::io(&target, e))?;
         tmp.persist(&target)
             .map_err(|e| StoreError::io(&target, e.error))?;
-        sync_dir(&dir)
+        Ok(())
+    }
+
+    /// Makes the blobs added to `durable` durable.
+    pub(super) fn sync(&self, durable: fsutil::Durable) -> Result<(), StoreError> {
+        if !self.durable {
+            return Ok(());
+        }
+        durable.sync().map(drop).map_err(|failures| {
+            let (path, e) = failures
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| (self.root.clone(), std::io::Error::other("sync failed")));
+            StoreError::io(&path, e)
+        })
     }
 
     /// Writes the manifest of `id`, durably, unless it is there.
@@ -126,7 +185,17 @@ impl Layout {
         if path.is_file() {
             return Ok(());
         }
-        fsutil::write_atomic(&path, bytes, 0o444).map_err(|e| StoreError::io(&path, e))
+        self.write(&path, bytes, 0o444)
+    }
+
+    /// Writes `path` atomically, and durably unless the store is temporary.
+    fn write(&self, path: &Path, bytes: &[u8], mode: u32) -> Result<(), StoreError> {
+        if self.durable {
+            fsutil::write_atomic(path, bytes, mode)
+        } else {
+            fsutil::replace_atomic(path, bytes, mode)
+        }
+        .map_err(|e| StoreError::io(path, e))
     }
 
     /// The canonical bytes of the manifest of `id`.
@@ -148,7 +217,7 @@ impl Layout {
             kept: kept.to_vec(),
         })
         .map_err(|e| StoreError::io(&path, std::io::Error::other(e)))?;
-        fsutil::write_atomic(&path, &json, 0o644).map_err(|e| StoreError::io(&path, e))
+        self.write(&path, &json, 0o644)
     }
 
     /// Every environment record on disk; one that cannot be read or parsed
@@ -238,10 +307,4 @@ fn copy_hashing(mut from: impl Read, to: &mut std::fs::File) -> std::io::Result<
         to.write_all(&buf[..n])?;
     }
     Ok(Sha256(hasher.finalize().into()))
-}
-
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| StoreError::io(dir, e))
 }

@@ -46,7 +46,7 @@ use crate::request::{self, Query};
 use crate::state::AppState;
 use crate::walk::FileSig;
 
-use super::files::{CacheControl, send_file, send_path};
+use super::content::{CacheControl, send_file, send_path, stored_sig};
 
 /// Bytes read and sent per chunk of a large blob.
 const CHUNK: usize = 256 * 1024;
@@ -87,20 +87,23 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
         ApiError::bad_request("a blob is named by 64 lowercase hex digits of its sha256")
     })?;
     request::check_accept(&req.headers, &["application/octet-stream"])?;
+    let cache = CacheControl::Immutable {
+        public: shareable(&state),
+    };
+    let mut changed = None;
     for index in state.store.all() {
         if client.may_read(index.name.as_str())
             && let Some((root, node)) = index.blob(&digest)
         {
-            return send_file(
-                &req,
-                root,
-                node,
-                CacheControl::Immutable {
-                    public: shareable(&state),
-                },
-                &state.store.stats.contents_sent,
-            )
-            .await;
+            let sent = &state.store.stats.contents_sent;
+            match send_file(&req, root, node, cache, sent).await {
+                // Changed since it was indexed: the store may hold it.
+                Err(e) if e.status == axum::http::StatusCode::SERVICE_UNAVAILABLE => {
+                    changed = Some(e);
+                    break;
+                }
+                answer => return answer,
+            }
         }
     }
     // A kept generation's content outlives its tree (docs/deploys.md#generations).
@@ -110,29 +113,10 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
         .blob(&digest, |env| client.may_read(env))
         && let Some(sig) = stored_sig(&path)
     {
-        let cache = CacheControl::Immutable {
-            public: shareable(&state),
-        };
-        return send_path(
-            &req,
-            path,
-            sig,
-            &digest,
-            cache,
-            &state.store.stats.contents_sent,
-        )
-        .await;
+        let sent = &state.store.stats.contents_sent;
+        return send_path(&req, path, sig, &digest, cache, sent).await;
     }
-    Err(ApiError::not_found("blob", hex_digest))
-}
-
-/// The stat of a stored blob, read without following a link (the store
-/// writes files only).
-fn stored_sig(path: &std::path::Path) -> Option<FileSig> {
-    std::fs::symlink_metadata(path)
-        .ok()
-        .filter(|md| md.is_file())
-        .map(|md| crate::walk::sig_of(&md))
+    Err(changed.unwrap_or_else(|| ApiError::not_found("blob", hex_digest)))
 }
 
 /// `GET /pluginsync/v1/blobs?sha256=…`: the batch (docs/protocol.md §7.2);

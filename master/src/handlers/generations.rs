@@ -24,11 +24,13 @@ use pluginsync_common::protocol;
 use crate::api_error::ApiError;
 use crate::auth::PeerIdentity;
 use crate::generations::Kept;
+use crate::index::EnvIndex;
 use crate::request::{self, Query};
 use crate::state::AppState;
 
 use super::blobs::shareable;
-use super::files::{CacheControl, header_value, index_of};
+use super::content::{CacheControl, header_value};
+use super::files::index_of;
 
 /// The environment a request names, admitted by the authorization step:
 /// 400 without one, then Puppet's order (docs/protocol.md §1.7).
@@ -42,10 +44,22 @@ fn environment(state: &AppState, req: &Parts, query: &Query) -> Result<EnvName, 
 }
 
 /// The generation of `env` this node is served: the seam where a rollout
-/// chooses per certname. Today every node is served the environment's
-/// current generation (docs/protocol.md §7.6).
-pub fn chosen(state: &AppState, env: &EnvName, _node: Option<&PeerIdentity>) -> Option<Kept> {
-    state.store.generations.current(env)
+/// chooses per certname. Today every node is served the generation of the
+/// index the environment serves now (`current`), so the answer never names
+/// a generation before its listings do (docs/protocol.md §7.6).
+pub fn chosen(
+    state: &AppState,
+    env: &EnvName,
+    current: &EnvIndex,
+    _node: Option<&PeerIdentity>,
+) -> Option<Kept> {
+    let id = current.generation.get()?;
+    state
+        .store
+        .generations
+        .kept(env)
+        .into_iter()
+        .find(|k| k.id == *id)
 }
 
 /// `GET /pluginsync/v1/assignment?environment=<env>`: see the module docs.
@@ -58,8 +72,8 @@ pub async fn assignment(State(state): State<AppState>, req: Parts) -> Result<Res
     request::check_accept(&req.headers, &["application/json"])?;
     // The environment exists and its index (so its current generation) is
     // published; an unknown or deploying one is answered as for listings.
-    index_of(&state, &env).await?;
-    let Some(kept) = chosen(&state, &env, req.extensions.get::<PeerIdentity>()) else {
+    let current = index_of(&state, &env).await?;
+    let Some(kept) = chosen(&state, &env, &current, req.extensions.get::<PeerIdentity>()) else {
         return Err(ApiError::unavailable(
             format!("environment '{env}' has no generation yet; try again shortly"),
             5,
