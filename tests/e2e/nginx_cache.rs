@@ -1,0 +1,308 @@
+//! A fleet behind the shipped cache (docs/cache.md):
+//! nginx with `packaging/nginx-pluginsync-cache.conf` as written, in front
+//! of two masters' `[proxy]` listeners serving one tree, and a hundred
+//! pluginsync agents with certnames of their own, 8 at a time.
+//!
+//! Every node syncs the tree, then a 1 % change: every node ends with the
+//! new tree; each changed file's content left the masters at most twice
+//! (their access logs, and nginx's log with `$upstream_cache_status`),
+//! while every node's listings reached a master with the node's identity.
+//! Then a wrong blob swapped into nginx's cache directory is refused by the
+//! agent (one line, nothing changed), and the next run, the entry removed,
+//! converges.
+//!
+//! Skipped with a message where nginx is missing, except under CI.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use pluginsync_common::protocol::{BATCH_PATH, BATCH_QUERY_KEY, BLOB_PREFIX};
+use pluginsync_tests::balancer::{Balancer, ProxyBackend, wait_served};
+use pluginsync_tests::{
+    AgentHome, AgentRun, EnvTree, Pki, merged_mount, require, sha256_hex, tree_snapshot,
+};
+
+const TEST: &str = "nginx_cache";
+/// Nodes in the fleet, and how many run at once.
+const NODES: usize = 100;
+const PARALLEL: usize = 8;
+/// How often the masters may send one changed file's content in all.
+const AT_MOST: usize = 2;
+
+/// Runs `sync` on every home, [`PARALLEL`] at a time; the runs in the
+/// homes' order.
+fn sync_all(homes: &[AgentHome]) -> Vec<AgentRun> {
+    let next = AtomicUsize::new(0);
+    let mut runs: Vec<(usize, AgentRun)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..PARALLEL)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        let Some(home) = homes.get(i) else {
+                            break mine;
+                        };
+                        mine.push((i, home.sync(&[])));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("worker"))
+            .collect()
+    });
+    runs.sort_by_key(|(i, _)| *i);
+    runs.into_iter().map(|(_, r)| r).collect()
+}
+
+/// What a node holds: its libdir and factsdir.
+fn node_state(home: &AgentHome) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    (
+        tree_snapshot(&home.libdir()),
+        tree_snapshot(&home.factsdir()),
+    )
+}
+
+/// What the environment serves: its plugins and pluginfacts mounts.
+fn served_state(env_dir: &Path) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    (
+        merged_mount(env_dir, "lib"),
+        merged_mount(env_dir, "facts.d"),
+    )
+}
+
+/// Every run exited 0 and every node holds what the environment serves.
+fn assert_converged(what: &str, homes: &[AgentHome], runs: &[AgentRun], env_dir: &Path) {
+    let want = served_state(env_dir);
+    for (i, (home, run)) in homes.iter().zip(runs).enumerate() {
+        assert_eq!(
+            run.code, 0,
+            "{what}: node {i}'s run failed:\n{}",
+            run.stderr
+        );
+        assert!(
+            node_state(home) == want,
+            "{what}: node {i} does not hold the environment's tree"
+        );
+    }
+}
+
+/// The masters' access-log entries from `skip[i]` on.
+fn master_entries(masters: &[ProxyBackend], skip: &[usize]) -> Vec<serde_json::Value> {
+    masters
+        .iter()
+        .zip(skip)
+        .flat_map(|(m, &n)| m.access_log().into_iter().skip(n))
+        .collect()
+}
+
+/// How many of `entries` sent the content of a file with sha256 `hex`: by
+/// digest, singly or in a batch, or by path (`rel` in a `file_content`
+/// target), with a 200.
+fn content_answers(entries: &[serde_json::Value], hex: &str, rel: &str) -> usize {
+    let blob = format!("{BLOB_PREFIX}{hex}");
+    let in_batch = format!("{BATCH_QUERY_KEY}={hex}");
+    entries
+        .iter()
+        .filter(|e| e["status"] == 200)
+        .filter(|e| {
+            let t = e["target"].as_str().unwrap_or_default();
+            t == blob
+                || (t.starts_with(BATCH_PATH) && t.contains(&in_batch))
+                || (t.starts_with("/puppet/v3/file_content/") && t.contains(rel))
+        })
+        .count()
+}
+
+/// The file in nginx's cache directory that holds the entry for `key`.
+fn cache_file(dir: &Path, key: &str) -> Option<PathBuf> {
+    let needle = format!("\nKEY: {key}\n");
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).ok()?.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if std::fs::read(&path)
+                .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            {
+                return Some(path);
+            }
+        }
+    }
+    None
+}
+
+/// Replaces the body of the cache file `path` with as many wrong bytes:
+/// nginx keeps the key, the upstream's headers (its `Content-Length`),
+/// then the body.
+fn corrupt_body(path: &Path) {
+    let mut bytes = std::fs::read(path).expect("read cache file");
+    let key = bytes
+        .windows(5)
+        .position(|w| w == b"KEY: ")
+        .expect("key line");
+    let body = key
+        + bytes[key..]
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("end of the stored headers")
+        + 4;
+    assert!(body < bytes.len(), "the cached blob has a body");
+    for b in &mut bytes[body..] {
+        *b = if *b == b'X' { b'Y' } else { b'X' };
+    }
+    std::fs::write(path, bytes).expect("write cache file");
+}
+
+#[test]
+fn a_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
+    let Some(nginx) = require("nginx", "nginx", TEST) else {
+        return;
+    };
+    let names: Vec<String> = (0..NODES).map(|i| format!("node{i:03}")).collect();
+    let pki = Pki::with_agents(&names);
+    let tree = EnvTree::new();
+    let libs = tree.generate("production", 10, 30, 24);
+    let env_dir = tree.envpath().join("production");
+    let base = tempfile::tempdir().expect("tempdir");
+    let (cert, key, ca, crl) = (
+        pki.cert("localhost"),
+        pki.key("localhost"),
+        pki.ca(),
+        pki.crl(),
+    );
+    let tls = [cert.as_path(), key.as_path(), ca.as_path(), crl.as_path()];
+    let masters: Vec<ProxyBackend> = (0..2)
+        .map(|_| ProxyBackend::spawn(&tree.envpath(), base.path(), tls))
+        .collect();
+    let proxies: Vec<String> = masters.iter().map(|m| m.proxy.clone()).collect();
+    let cache = Balancer::nginx_cache(&nginx, tls, &proxies);
+    let server = format!("https://localhost:{}", cache.port);
+    let homes: Vec<AgentHome> = names
+        .iter()
+        .map(|n| AgentHome::with_ssldir(&pki.ssldir, n, std::slice::from_ref(&server), ""))
+        .collect();
+
+    // Every node syncs the tree through the cache.
+    let runs = sync_all(&homes);
+    assert_converged("initial sync", &homes, &runs, &env_dir);
+
+    // A 1 % change: two plugins and one external fact of 309 files.
+    let lib = env_dir.join("modules/mod01/lib");
+    let rel_of = |p: &Path| {
+        p.strip_prefix(&lib)
+            .expect("mod01's")
+            .to_str()
+            .expect("utf-8")
+            .to_owned()
+    };
+    let changes = [
+        (
+            "plugins",
+            rel_of(&libs[37]),
+            libs[37].clone(),
+            "# changed behind the cache\n",
+        ),
+        (
+            "plugins",
+            rel_of(&libs[38]),
+            libs[38].clone(),
+            "# changed too\n",
+        ),
+        (
+            "pluginfacts",
+            "mod01_0.txt".to_owned(),
+            env_dir.join("modules/mod01/facts.d/mod01_0.txt"),
+            "mod01_0=changed\n",
+        ),
+    ];
+    for (mount, rel, path, text) in &changes {
+        std::fs::write(path, text).expect("change a file");
+        wait_served(&masters, "node000", mount, rel, text);
+    }
+    let skip: Vec<usize> = masters.iter().map(|m| m.access_log().len()).collect();
+    let log_skip = cache.cache_log().len();
+    let runs = sync_all(&homes);
+    assert_converged("after a 1 % change", &homes, &runs, &env_dir);
+
+    // Each changed file's content left the masters at most twice in all.
+    let entries = master_entries(&masters, &skip);
+    let nginx_log: Vec<serde_json::Value> = cache.cache_log().into_iter().skip(log_skip).collect();
+    for (_, rel, _, text) in &changes {
+        let hex = sha256_hex(text.as_bytes());
+        let from_masters = content_answers(&entries, &hex, rel);
+        assert!(
+            (1..=AT_MOST).contains(&from_masters),
+            "{rel}: the masters sent its content {from_masters} times for {NODES} nodes"
+        );
+        let uri = format!("{BLOB_PREFIX}{hex}");
+        let status = |s: &str| {
+            nginx_log
+                .iter()
+                .filter(|e| e["uri"] == uri.as_str() && e["cache"] == s)
+                .count()
+        };
+        assert!(
+            status("MISS") <= AT_MOST && status("HIT") >= NODES - AT_MOST,
+            "{rel}: nginx's log: {} MISS, {} HIT for {NODES} nodes",
+            status("MISS"),
+            status("HIT")
+        );
+    }
+    // Every node's listings reached a master, with the node's identity.
+    for name in &names {
+        for mount in ["plugins", "pluginfacts"] {
+            let listing = format!("/puppet/v3/file_metadatas/{mount}");
+            assert!(
+                entries.iter().any(|e| e["certname"] == name.as_str()
+                    && e["target"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with(&listing))),
+                "{name}'s {mount} listing did not reach a master"
+            );
+        }
+    }
+
+    // A wrong blob in the cache: the first node's run fills the entry,
+    // the test swaps its bytes, the second node refuses it.
+    let (_, rel, path, _) = &changes[0];
+    let next_text = "# changed again\n";
+    std::fs::write(path, next_text).expect("change a plugin again");
+    wait_served(&masters, "node000", "plugins", rel, next_text);
+    let filled = homes[0].sync(&[]);
+    assert_eq!(filled.code, 0, "{}", filled.stderr);
+    let key = format!("{BLOB_PREFIX}{}", sha256_hex(next_text.as_bytes()));
+    let entry = cache_file(&cache.cache_dir(), &key).expect("the new blob is in nginx's cache");
+    corrupt_body(&entry);
+    let victim = &homes[1];
+    let before = node_state(victim);
+    let refused = victim.sync(&[]);
+    assert_ne!(
+        refused.code, 0,
+        "a wrong blob was accepted:\n{}",
+        refused.stderr
+    );
+    let lines: Vec<&str> = refused.stderr.lines().collect();
+    assert!(
+        lines.len() == 1 && lines[0].contains("does not match its listed checksum"),
+        "the refusal is not one line naming the checksum:\n{}",
+        refused.stderr
+    );
+    assert!(
+        node_state(victim) == before,
+        "a refused run changed the node"
+    );
+    // Through a clean path (the entry removed) the next run converges.
+    std::fs::remove_file(&entry).expect("remove the cache entry");
+    let clean = victim.sync(&[]);
+    assert_converged(
+        "through a clean cache",
+        std::slice::from_ref(victim),
+        &[clean],
+        &env_dir,
+    );
+}
