@@ -9,7 +9,8 @@
 //! while every node's listings reached a master with the node's identity.
 //! Then a wrong blob swapped into nginx's cache directory is refused by the
 //! agent (one line, nothing changed), and the next run, the entry removed,
-//! converges.
+//! converges. Under an `[[authorization]]` rule the masters mark blobs
+//! `private`: nginx stores none, and every request reaches a master.
 //!
 //! Skipped with a message where nginx is missing, except under CI.
 
@@ -20,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use pluginsync_common::protocol::{BATCH_PATH, BATCH_QUERY_KEY, BLOB_PREFIX};
 use pluginsync_tests::balancer::{Balancer, ProxyBackend, wait_served};
 use pluginsync_tests::{
-    AgentHome, AgentRun, EnvTree, Pki, merged_mount, require, sha256_hex, tree_snapshot,
+    AgentHome, AgentRun, EnvTree, Pki, client, merged_mount, require, sha256_hex, tree_snapshot,
 };
 
 const TEST: &str = "nginx_cache";
@@ -304,5 +305,66 @@ fn a_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
         std::slice::from_ref(victim),
         &[clean],
         &env_dir,
+    );
+}
+
+#[test]
+fn private_answers_always_reach_a_master() {
+    let Some(nginx) = require("nginx", "nginx", TEST) else {
+        return;
+    };
+    let names: Vec<String> = (0..2).map(|i| format!("node{i:03}")).collect();
+    let pki = Pki::with_agents(&names);
+    let tree = EnvTree::new();
+    let libs = tree.generate("production", 1, 3, 5);
+    let base = tempfile::tempdir().expect("tempdir");
+    let (cert, key, ca, crl) = (
+        pki.cert("localhost"),
+        pki.key("localhost"),
+        pki.ca(),
+        pki.crl(),
+    );
+    let tls = [cert.as_path(), key.as_path(), ca.as_path(), crl.as_path()];
+    // One rule restricting environments: blobs are `private` (docs/protocol.md §7.4).
+    let rule = "[[authorization]]\ncertname = \"node*\"\nenvironments = [\"production\"]\n";
+    let master = ProxyBackend::spawn_with(&tree.envpath(), base.path(), tls, rule);
+    let cache = Balancer::nginx_cache(&nginx, tls, std::slice::from_ref(&master.proxy));
+    let hex = sha256_hex(&std::fs::read(&libs[0]).expect("read a lib file"));
+    let url = format!("https://localhost:{}{BLOB_PREFIX}{hex}", cache.port);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    for name in names.iter().chain(&names) {
+        let resp = rt
+            .block_on(async { client(&pki, Some(name)).get(&url).send().await })
+            .expect("a blob through the cache");
+        assert_eq!(resp.status(), 200, "{name}");
+        let header = |h: &str| {
+            resp.headers()
+                .get(h)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(header("cache-control").starts_with("private"), "{name}");
+        assert_ne!(
+            header("x-cache-status"),
+            "HIT",
+            "{name}: a private blob came from the cache"
+        );
+    }
+    let asked = master
+        .access_log()
+        .iter()
+        .filter(|e| e["target"] == format!("{BLOB_PREFIX}{hex}").as_str() && e["status"] == 200)
+        .count();
+    assert_eq!(
+        asked, 4,
+        "every request for a private blob reached the master"
+    );
+    assert!(
+        cache_file(&cache.cache_dir(), &format!("{BLOB_PREFIX}{hex}")).is_none(),
+        "a private blob was stored in the cache directory"
     );
 }

@@ -288,10 +288,17 @@ impl ProxyBackend {
     /// listener on an ephemeral port with `cert`/`key` and the CA and CRL
     /// of `ca`/`crl` (which also verify `X-Client-Cert`); waits (at most
     /// 60 s) for its `proxy listening on` line.
-    pub fn spawn(
+    pub fn spawn(envpath: &Path, basemodulepath: &Path, tls: [&Path; 4]) -> ProxyBackend {
+        ProxyBackend::spawn_with(envpath, basemodulepath, tls, "")
+    }
+
+    /// [`ProxyBackend::spawn`] with `extra` TOML tables at the end of its
+    /// config (`[[authorization]]` rules, …).
+    pub fn spawn_with(
         envpath: &Path,
         basemodulepath: &Path,
         [cert, key, ca, crl]: [&Path; 4],
+        extra: &str,
     ) -> ProxyBackend {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = crate::closed_port();
@@ -304,7 +311,7 @@ impl ProxyBackend {
                  [tls]\ncert = {cert:?}\nkey = {key:?}\nca = {ca:?}\ncrl = {crl:?}\n\
                  [http]\nshutdown_grace = \"0s\"\n\
                  [proxy]\nlisten = [\"127.0.0.1:{port}\"]\ntrusted = [\"127.0.0.0/8\"]\n\
-                 [log]\naccess = \"json\"\n"
+                 [log]\naccess = \"json\"\n{extra}"
             ),
         )
         .expect("write master.toml");
