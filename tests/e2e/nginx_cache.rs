@@ -6,7 +6,9 @@
 //! Every node syncs the tree, then a 1 % change: every node ends with the
 //! new tree; each changed file's content left the masters at most twice
 //! (their access logs, and nginx's log with `$upstream_cache_status`),
-//! while every node's listings reached a master with the node's identity.
+//! while every node's listings reached a master with the node's identity;
+//! so did every node's per-node answer and its revalidation (a `304`),
+//! while the generation's manifest it names left the masters at most twice.
 //! Then a wrong blob swapped into nginx's cache directory is refused by the
 //! agent (one line, nothing changed), and the next run, the entry removed,
 //! converges. Under an `[[authorization]]` rule the masters mark blobs
@@ -18,7 +20,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use pluginsync_common::protocol::{BATCH_PATH, BATCH_QUERY_KEY, BLOB_PREFIX};
+use pluginsync_common::protocol::{
+    ASSIGNMENT_PATH, BATCH_PATH, BATCH_QUERY_KEY, BLOB_PREFIX, CACHE_IMMUTABLE, GENERATIONS_PREFIX,
+    MANIFEST_MEDIA_TYPE,
+};
 use pluginsync_tests::balancer::{Balancer, ProxyBackend, wait_served};
 use pluginsync_tests::{
     AgentHome, AgentRun, EnvTree, Pki, client, merged_mount, require, sha256_hex, tree_snapshot,
@@ -135,6 +140,74 @@ fn cache_file(dir: &Path, key: &str) -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// What one node saw asking the cache for its per-node answer, the
+/// manifest it names, and the answer again with its `ETag`.
+struct Asked {
+    generation: String,
+    manifest_digest: String,
+    manifest_cache_control: String,
+    revalidated: u16,
+}
+
+/// Every node in `names`, with its own certificate, asks `server` (the
+/// cache) for production's per-node answer, then the manifest of the
+/// generation it names (docs/protocol.md §7.6), then the answer again
+/// with `If-None-Match` (a no-op run).
+fn ask_generations(pki: &Pki, server: &str, names: &[String]) -> Vec<Asked> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let assignment = format!("{server}{ASSIGNMENT_PATH}?environment=production");
+    rt.block_on(async {
+        let mut out = Vec::new();
+        for name in names {
+            let c = client(pki, Some(name));
+            let answer = c
+                .get(&assignment)
+                .header("Accept", "application/json")
+                .send()
+                .await
+                .expect("the per-node answer through the cache");
+            assert_eq!(answer.status(), 200, "{name}'s per-node answer");
+            let etag = answer.headers()["etag"].clone();
+            let json: serde_json::Value = answer.json().await.expect("its JSON");
+            let generation = json["generation"]
+                .as_str()
+                .expect("a generation")
+                .to_owned();
+            let manifest = c
+                .get(format!(
+                    "{server}{GENERATIONS_PREFIX}{generation}?environment=production"
+                ))
+                .header("Accept", MANIFEST_MEDIA_TYPE)
+                .send()
+                .await
+                .expect("the manifest through the cache");
+            assert_eq!(manifest.status(), 200, "{name}'s manifest");
+            let manifest_cache_control = manifest.headers()["cache-control"]
+                .to_str()
+                .unwrap_or_default()
+                .to_owned();
+            let body = manifest.bytes().await.expect("the manifest's body");
+            let again = c
+                .get(&assignment)
+                .header("Accept", "application/json")
+                .header("If-None-Match", etag)
+                .send()
+                .await
+                .expect("the per-node answer again");
+            out.push(Asked {
+                generation,
+                manifest_digest: sha256_hex(&body),
+                manifest_cache_control,
+                revalidated: again.status().as_u16(),
+            });
+        }
+        out
+    })
 }
 
 /// Replaces the body of the cache file `path` with as many wrong bytes:
@@ -267,6 +340,62 @@ fn a_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
             );
         }
     }
+
+    // The generation flow through the cache: every node's per-node answer
+    // (and its revalidation, a 304) reaches a master with the node's
+    // identity; the manifest it names is immutable, content-addressed, and
+    // leaves the masters at most twice.
+    let skip: Vec<usize> = masters.iter().map(|m| m.access_log().len()).collect();
+    let log_skip = cache.cache_log().len();
+    let asked = ask_generations(&pki, &server, &names);
+    let generation = &asked[0].generation;
+    for (name, a) in names.iter().zip(&asked) {
+        assert_eq!(
+            &a.generation, generation,
+            "{name} was told another generation"
+        );
+        assert_eq!(
+            &a.manifest_digest, generation,
+            "{name}'s manifest does not hash to its id"
+        );
+        assert_eq!(
+            a.manifest_cache_control, CACHE_IMMUTABLE,
+            "{name}'s manifest"
+        );
+        assert_eq!(a.revalidated, 304, "{name}'s no-op revalidation");
+    }
+    let entries = master_entries(&masters, &skip);
+    for name in &names {
+        for status in [200, 304] {
+            assert!(
+                entries.iter().any(|e| e["certname"] == name.as_str()
+                    && e["status"] == status
+                    && e["target"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with(ASSIGNMENT_PATH))),
+                "{name}'s per-node answer ({status}) did not reach a master"
+            );
+        }
+    }
+    let manifest = format!("{GENERATIONS_PREFIX}{generation}?environment=production");
+    let from_masters = entries
+        .iter()
+        .filter(|e| e["target"] == manifest.as_str())
+        .count();
+    assert!(
+        (1..=AT_MOST).contains(&from_masters),
+        "the masters sent the manifest {from_masters} times for {NODES} nodes"
+    );
+    let hits = cache
+        .cache_log()
+        .into_iter()
+        .skip(log_skip)
+        .filter(|e| e["uri"] == manifest.as_str() && e["cache"] == "HIT")
+        .count();
+    assert!(
+        hits >= NODES - AT_MOST,
+        "nginx served the manifest {hits} times from its cache"
+    );
 
     // A wrong blob in the cache: the first node's run fills the entry,
     // the test swaps its bytes, the second node refuses it.
