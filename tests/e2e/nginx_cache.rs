@@ -15,7 +15,10 @@
 //! Then a wrong blob swapped into nginx's cache directory is refused by the
 //! agent (one line, nothing changed), and the next run, the entry removed,
 //! converges. Under an `[[authorization]]` rule the masters mark blobs
-//! `private`: nginx stores none, and every request reaches a master.
+//! `private`: nginx stores none, and every request reaches a master. Over
+//! TLS to a master through `packaging/nginx-pluginsync-hop.conf`, a node
+//! syncs with its own identity, and the hop admits the cache's certificate
+//! only.
 //!
 //! Skipped with a message where nginx is missing, except under CI.
 
@@ -504,5 +507,91 @@ fn private_answers_always_reach_a_master() {
     assert!(
         cache_file(&cache.cache_dir(), &format!("{BLOB_PREFIX}{hex}")).is_none(),
         "a private blob was stored in the cache directory"
+    );
+}
+
+#[test]
+fn the_hop_to_the_masters_runs_over_tls_and_admits_only_the_caches() {
+    let Some(nginx) = require("nginx", "nginx", TEST) else {
+        return;
+    };
+    // The cache's own certificate comes from the same CA as the nodes'.
+    let names: Vec<String> = ["node000", "plugins-site1"].map(str::to_owned).to_vec();
+    let pki = Pki::with_agents(&names);
+    let tree = EnvTree::new();
+    tree.generate("production", 2, 5, 9);
+    let env_dir = tree.envpath().join("production");
+    let base = tempfile::tempdir().expect("tempdir");
+    let (cert, key, ca, crl) = (
+        pki.cert("localhost"),
+        pki.key("localhost"),
+        pki.ca(),
+        pki.crl(),
+    );
+    let tls = [cert.as_path(), key.as_path(), ca.as_path(), crl.as_path()];
+    let master = ProxyBackend::spawn(&tree.envpath(), base.path(), tls);
+    let hop = Balancer::nginx_hop(&nginx, tls, &["plugins-site1"], &master.proxy);
+    let (hop_cert, hop_key) = (pki.cert("plugins-site1"), pki.key("plugins-site1"));
+    let cache = Balancer::nginx_cache_over_tls(
+        &nginx,
+        tls,
+        &[format!("127.0.0.1:{}", hop.port)],
+        [hop_cert.as_path(), hop_key.as_path()],
+    );
+
+    // A node syncs through the cache and the TLS hop; the master saw its
+    // certname, not the cache's.
+    let home = AgentHome::with_ssldir(
+        &pki.ssldir,
+        "node000",
+        &[format!("https://localhost:{}", cache.port)],
+        "",
+    );
+    let run = home.sync(&[]);
+    assert_converged(
+        "through the TLS hop",
+        std::slice::from_ref(&home),
+        &[run],
+        &env_dir,
+    );
+    let log = master.access_log();
+    assert!(
+        !log.is_empty() && log.iter().all(|e| e["certname"] == "node000"),
+        "the master did not see node000's identity: {log:#?}"
+    );
+
+    // Straight at the hop, a node's certificate is refused, whatever
+    // identity headers it sends; the cache's is admitted.
+    let status = |certname: &str| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            client(&pki, Some(certname))
+                .get(format!("https://localhost:{}/status/v1/simple", hop.port))
+                .header("X-Client-Verify", "SUCCESS")
+                .header("X-Client-DN", "CN=node000")
+                .send()
+                .await
+                .expect("a request to the hop")
+                .status()
+                .as_u16()
+        })
+    };
+    assert_eq!(
+        status("node000"),
+        403,
+        "a node's certificate passed the hop"
+    );
+    assert_eq!(
+        status("plugins-site1"),
+        200,
+        "the cache's certificate was refused"
+    );
+    assert_eq!(
+        master.access_log().len(),
+        log.len() + 1,
+        "a refused request reached the master"
     );
 }

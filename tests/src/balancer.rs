@@ -127,10 +127,73 @@ impl Balancer {
     /// [`Balancer::cache_dir`], its JSON log in [`Balancer::cache_log`],
     /// plain HTTP to the masters. `tls` is the certificate and key nginx
     /// presents and the CA and CRL client certificates must verify against.
-    pub fn nginx_cache(
+    pub fn nginx_cache(nginx: &Path, tls: [&Path; 4], masters: &[String]) -> Balancer {
+        Balancer::nginx_cache_with(nginx, tls, masters, "set $pluginsync_hop http;\n".into())
+    }
+
+    /// [`Balancer::nginx_cache`] reaching `masters` over TLS, as a remote
+    /// site does (docs/cache.md#the-hop-to-the-masters): `hop` is the
+    /// certificate and key nginx presents to them; it verifies theirs
+    /// (`localhost`) against the CA of `tls`.
+    pub fn nginx_cache_over_tls(
+        nginx: &Path,
+        tls: [&Path; 4],
+        masters: &[String],
+        [hop_cert, hop_key]: [&Path; 2],
+    ) -> Balancer {
+        let hop = format!(
+            "set $pluginsync_hop https;\nproxy_ssl_certificate {};\n\
+             proxy_ssl_certificate_key {};\nproxy_ssl_trusted_certificate {};\n\
+             proxy_ssl_verify on;\nproxy_ssl_name localhost;\nproxy_ssl_session_reuse on;\n",
+            hop_cert.display(),
+            hop_key.display(),
+            tls[2].display()
+        );
+        Balancer::nginx_cache_with(nginx, tls, masters, hop)
+    }
+
+    /// nginx with `packaging/nginx-pluginsync-hop.conf` unmodified: TLS on
+    /// a master host in front of its `[proxy]` listener `master`, admitting
+    /// only the certificates of `caches` (docs/cache.md#the-hop-to-the-masters);
+    /// the three `pluginsync-hop/*.conf` files it includes are written next
+    /// to the main `nginx.conf`. `tls` as for [`Balancer::nginx_cache`].
+    pub fn nginx_hop(
+        nginx: &Path,
+        [cert, key, ca, crl]: [&Path; 4],
+        caches: &[&str],
+        master: &str,
+    ) -> Balancer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = crate::closed_port();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("pluginsync-hop")).expect("mkdir");
+        let write = |name: &str, text: String| {
+            std::fs::write(d.join("pluginsync-hop").join(name), text).expect("write nginx include");
+        };
+        write(
+            "site.conf",
+            format!(
+                "listen 127.0.0.1:{port} ssl;\nssl_certificate {};\nssl_certificate_key {};\n\
+                 ssl_client_certificate {};\nssl_crl {};\n",
+                cert.display(),
+                key.display(),
+                ca.display(),
+                crl.display()
+            ),
+        );
+        write(
+            "caches.conf",
+            caches.iter().map(|c| format!("\"CN={c}\" 1;\n")).collect(),
+        );
+        write("master.conf", format!("server {master};\n"));
+        Balancer::nginx_with(nginx, dir, port, "packaging/nginx-pluginsync-hop.conf")
+    }
+
+    fn nginx_cache_with(
         nginx: &Path,
         [cert, key, ca, crl]: [&Path; 4],
         masters: &[String],
+        hop: String,
     ) -> Balancer {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = crate::closed_port();
@@ -167,7 +230,7 @@ impl Balancer {
                 .map(|a| format!("server {a} max_fails=1 fail_timeout=5s;\n"))
                 .collect(),
         );
-        write("hop.conf", "set $pluginsync_hop http;\n".to_owned());
+        write("hop.conf", hop);
         Balancer::nginx_with(nginx, dir, port, "packaging/nginx-pluginsync-cache.conf")
     }
 
