@@ -42,6 +42,65 @@ const PARALLEL: usize = 8;
 /// How often the masters may send one changed file's content in all.
 const AT_MOST: usize = 2;
 
+/// What every test here starts from: certificates for `names` and the
+/// server `localhost` (which nginx and the masters present), a generated
+/// production environment, an empty basemodulepath.
+struct Setup {
+    pki: Pki,
+    tree: EnvTree,
+    /// The environment's lib files.
+    libs: Vec<PathBuf>,
+    base: tempfile::TempDir,
+    /// `localhost`'s certificate and key, the CA, the CRL.
+    files: [PathBuf; 4],
+}
+
+impl Setup {
+    /// `modules` modules of `files` lib files each, from `seed`.
+    fn new(names: &[String], modules: usize, files: usize, seed: u64) -> Setup {
+        let pki = Pki::with_agents(names);
+        let tree = EnvTree::new();
+        let libs = tree.generate("production", modules, files, seed);
+        let files = [
+            pki.cert("localhost"),
+            pki.key("localhost"),
+            pki.ca(),
+            pki.crl(),
+        ];
+        Setup {
+            pki,
+            tree,
+            libs,
+            base: tempfile::tempdir().expect("tempdir"),
+            files,
+        }
+    }
+
+    /// The TLS files as nginx and [`ProxyBackend`] take them.
+    fn tls(&self) -> [&Path; 4] {
+        self.files.each_ref().map(PathBuf::as_path)
+    }
+
+    /// A master with a `[proxy]` listener serving the environment, plus
+    /// `extra` config.
+    fn master(&self, extra: &str) -> ProxyBackend {
+        ProxyBackend::spawn_with(&self.tree.envpath(), self.base.path(), self.tls(), extra)
+    }
+
+    fn env_dir(&self) -> PathBuf {
+        self.tree.envpath().join("production")
+    }
+}
+
+/// Runs `f` on a runtime of its own (reqwest's clients need one).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(f)
+}
+
 /// Runs `sync` on every home, [`PARALLEL`] at a time; the runs in the
 /// homes' order.
 fn sync_all(homes: &[AgentHome]) -> Vec<AgentRun> {
@@ -165,12 +224,8 @@ struct Asked {
 /// generation it names (docs/protocol.md §7.6), then the answer again
 /// with `If-None-Match` (a no-op run).
 fn ask_generations(pki: &Pki, server: &str, names: &[String]) -> Vec<Asked> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
     let assignment = format!("{server}{ASSIGNMENT_PATH}?environment=production");
-    rt.block_on(async {
+    block_on(async {
         let mut out = Vec::new();
         for name in names {
             let c = client(pki, Some(name));
@@ -247,23 +302,11 @@ fn a_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
         return;
     };
     let names: Vec<String> = (0..NODES).map(|i| format!("node{i:03}")).collect();
-    let pki = Pki::with_agents(&names);
-    let tree = EnvTree::new();
-    let libs = tree.generate("production", 10, 30, 24);
-    let env_dir = tree.envpath().join("production");
-    let base = tempfile::tempdir().expect("tempdir");
-    let (cert, key, ca, crl) = (
-        pki.cert("localhost"),
-        pki.key("localhost"),
-        pki.ca(),
-        pki.crl(),
-    );
-    let tls = [cert.as_path(), key.as_path(), ca.as_path(), crl.as_path()];
-    let masters: Vec<ProxyBackend> = (0..2)
-        .map(|_| ProxyBackend::spawn(&tree.envpath(), base.path(), tls))
-        .collect();
+    let setup = Setup::new(&names, 10, 30, 24);
+    let (pki, libs, env_dir) = (&setup.pki, &setup.libs, setup.env_dir());
+    let masters: Vec<ProxyBackend> = (0..2).map(|_| setup.master("")).collect();
     let proxies: Vec<String> = masters.iter().map(|m| m.proxy.clone()).collect();
-    let cache = Balancer::nginx_cache(&nginx, tls, &proxies);
+    let cache = Balancer::nginx_cache(&nginx, setup.tls(), &proxies);
     let server = format!("https://localhost:{}", cache.port);
     let homes: Vec<AgentHome> = names
         .iter()
@@ -359,7 +402,7 @@ fn a_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
     // leaves the masters at most twice.
     let skip: Vec<usize> = masters.iter().map(|m| m.access_log().len()).collect();
     let log_skip = cache.cache_log().len();
-    let asked = ask_generations(&pki, &server, &names);
+    let asked = ask_generations(pki, &server, &names);
     let generation = &asked[0].generation;
     for (name, a) in names.iter().zip(&asked) {
         assert_eq!(
@@ -455,30 +498,26 @@ fn private_answers_always_reach_a_master() {
         return;
     };
     let names: Vec<String> = (0..2).map(|i| format!("node{i:03}")).collect();
-    let pki = Pki::with_agents(&names);
-    let tree = EnvTree::new();
-    let libs = tree.generate("production", 1, 3, 5);
-    let base = tempfile::tempdir().expect("tempdir");
-    let (cert, key, ca, crl) = (
-        pki.cert("localhost"),
-        pki.key("localhost"),
-        pki.ca(),
-        pki.crl(),
-    );
-    let tls = [cert.as_path(), key.as_path(), ca.as_path(), crl.as_path()];
+    let setup = Setup::new(&names, 1, 3, 5);
     // One rule restricting environments: blobs are `private` (docs/protocol.md §7.4).
     let rule = "[[authorization]]\ncertname = \"node*\"\nenvironments = [\"production\"]\n";
-    let master = ProxyBackend::spawn_with(&tree.envpath(), base.path(), tls, rule);
-    let cache = Balancer::nginx_cache(&nginx, tls, std::slice::from_ref(&master.proxy));
-    let hex = sha256_hex(&std::fs::read(&libs[0]).expect("read a lib file"));
+    let master = setup.master(rule);
+    let cache = Balancer::nginx_cache(&nginx, setup.tls(), std::slice::from_ref(&master.proxy));
+    let text = std::fs::read_to_string(&setup.libs[0]).expect("read a lib file");
+    let hex = sha256_hex(text.as_bytes());
+    // Blobs are looked up in the environments indexed: wait for it.
+    let rel = setup.libs[0].strip_prefix(setup.env_dir().join("modules/mod00/lib"));
+    let rel = rel.expect("mod00's").to_str().expect("utf-8");
+    wait_served(
+        std::slice::from_ref(&master),
+        "node000",
+        "plugins",
+        rel,
+        &text,
+    );
     let url = format!("https://localhost:{}{BLOB_PREFIX}{hex}", cache.port);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
     for name in names.iter().chain(&names) {
-        let resp = rt
-            .block_on(async { client(&pki, Some(name)).get(&url).send().await })
+        let resp = block_on(async { client(&setup.pki, Some(name)).get(&url).send().await })
             .expect("a blob through the cache");
         assert_eq!(resp.status(), 200, "{name}");
         let header = |h: &str| {
@@ -517,19 +556,9 @@ fn the_hop_to_the_masters_runs_over_tls_and_admits_only_the_caches() {
     };
     // The cache's own certificate comes from the same CA as the nodes'.
     let names: Vec<String> = ["node000", "plugins-site1"].map(str::to_owned).to_vec();
-    let pki = Pki::with_agents(&names);
-    let tree = EnvTree::new();
-    tree.generate("production", 2, 5, 9);
-    let env_dir = tree.envpath().join("production");
-    let base = tempfile::tempdir().expect("tempdir");
-    let (cert, key, ca, crl) = (
-        pki.cert("localhost"),
-        pki.key("localhost"),
-        pki.ca(),
-        pki.crl(),
-    );
-    let tls = [cert.as_path(), key.as_path(), ca.as_path(), crl.as_path()];
-    let master = ProxyBackend::spawn(&tree.envpath(), base.path(), tls);
+    let setup = Setup::new(&names, 2, 5, 9);
+    let (pki, tls) = (&setup.pki, setup.tls());
+    let master = setup.master("");
     let hop = Balancer::nginx_hop(&nginx, tls, &["plugins-site1"], &master.proxy);
     let (hop_cert, hop_key) = (pki.cert("plugins-site1"), pki.key("plugins-site1"));
     let cache = Balancer::nginx_cache_over_tls(
@@ -552,7 +581,7 @@ fn the_hop_to_the_masters_runs_over_tls_and_admits_only_the_caches() {
         "through the TLS hop",
         std::slice::from_ref(&home),
         &[run],
-        &env_dir,
+        &setup.env_dir(),
     );
     let log = master.access_log();
     assert!(
@@ -563,12 +592,8 @@ fn the_hop_to_the_masters_runs_over_tls_and_admits_only_the_caches() {
     // Straight at the hop, a node's certificate is refused, whatever
     // identity headers it sends; the cache's is admitted.
     let status = |certname: &str| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            client(&pki, Some(certname))
+        block_on(async {
+            client(pki, Some(certname))
                 .get(format!("https://localhost:{}/status/v1/simple", hop.port))
                 .header("X-Client-Verify", "SUCCESS")
                 .header("X-Client-DN", "CN=node000")
