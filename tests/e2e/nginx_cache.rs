@@ -307,6 +307,17 @@ fn a_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
     let masters: Vec<ProxyBackend> = (0..2).map(|_| setup.master("")).collect();
     let proxies: Vec<String> = masters.iter().map(|m| m.proxy.clone()).collect();
     let cache = Balancer::nginx_cache(&nginx, setup.tls(), &proxies);
+    // Both masters have published the tree before the first node asks: a
+    // generation one names must be one the other keeps (the cache may ask
+    // either for its manifest).
+    let lib = env_dir.join("modules/mod00/lib");
+    let first = libs[0]
+        .strip_prefix(&lib)
+        .expect("mod00's")
+        .to_str()
+        .expect("utf-8");
+    let text = std::fs::read_to_string(&libs[0]).expect("read a lib file");
+    wait_served(&masters, "node000", "plugins", first, &text);
     let server = format!("https://localhost:{}", cache.port);
     let homes: Vec<AgentHome> = names
         .iter()
