@@ -12,7 +12,7 @@ then 30 files change (bench/vendor/mutate.py), both masters re-index, and every 
 
 Per setup: the response body bytes both masters sent during the change runs (their
 `pluginsync_master_http_response_bytes_total`, by endpoint: content = blob, blob_batch, file_content;
-listings = file_metadatas), per node, and the wall time of the fleet's runs; with the cache, nginx's
+listings = file_metadatas; generations = the per-node answer and manifests), per node, and the wall time of the fleet's runs; with the cache, nginx's
 HIT and MISS counts for blobs (its `pluginsync_cache` log). Needs nginx (skipped with a note otherwise).
 
 Imported by bench/run.py (`--scenarios cache`, or `--fleet`).
@@ -25,6 +25,7 @@ from common import (AGENT, MASTER, ROOT, agent_config, free_port, log, master_co
 PARALLEL = 8
 CONTENT = ("blob", "blob_batch", "file_content")
 LISTINGS = ("file_metadatas", "file_metadata")
+GENERATIONS = ("assignment", "generation")  # the per-node answer, manifests
 
 
 def node_name(i):
@@ -163,8 +164,10 @@ def measure(ctx, setup, cmds, masters, nginx_log=None):
             sent[k] = sent.get(k, 0) + v - b.get(k, 0)
     content = sum(sent.get(k, 0) for k in CONTENT)
     listings = sum(sent.get(k, 0) for k in LISTINGS)
+    generations = sum(sent.get(k, 0) for k in GENERATIONS)
     out = {"nodes": len(cmds), "changed_files": changed["changed"], "changed_content_bytes": changed["content_bytes"],
            "master_bytes": sum(sent.values()), "content_bytes": content, "listing_bytes": listings,
+           "generation_bytes": generations,
            "per_node_bytes": sum(sent.values()) / len(cmds), "by_endpoint": sent, "wall_s": wall}
     if nginx_log:
         out["nginx_blobs"] = cache_statuses(nginx_log, skip)
@@ -221,6 +224,8 @@ def print_table(r):
     print(f"| body bytes both masters sent | {kb(wo['master_bytes'])} | {kb(w['master_bytes'])} |")
     print(f"| … of which content (blobs, batches, file_content) | {kb(wo['content_bytes'])} | {kb(w['content_bytes'])} |")
     print(f"| … of which listings | {kb(wo['listing_bytes'])} | {kb(w['listing_bytes'])} |")
+    print(f"| … of which per-node answers and manifests | {kb(wo.get('generation_bytes', 0))} | "
+          f"{kb(w.get('generation_bytes', 0))} |")
     print(f"| per node | {kb(wo['per_node_bytes'])} | {kb(w['per_node_bytes'])} |")
     print(f"| wall time of the fleet's runs ({PARALLEL} at a time) | {wo['wall_s']:.1f} s | {w['wall_s']:.1f} s |")
     hits = w.get("nginx_blobs", {})
