@@ -44,7 +44,11 @@ mkdir -p "$out/etc"
 conffile etc/master.toml "$out/etc/master.toml" \
     'environmentpath = ["/etc/puppetlabs/code/environments"]' \
     '# Debian'"'"'s Puppet codedir (puppetserver: /etc/puppet/code).
-environmentpath = ["/etc/puppet/code/environments"]'
+environmentpath = ["/etc/puppet/code/environments"]' \
+    '# [generations]' '[generations]' \
+    '# dir = "/var/lib/pluginsync/generations"' \
+    '# The unit'"'"'s StateDirectory=pluginsync.
+dir = "/var/lib/pluginsync/generations"'
 # The agent's conffile sets nothing (puppet.conf and the defaults decide):
 # its commented ssldir shows the default beside Debian's puppet.conf.
 conffile etc/agent.toml "$out/etc/agent.toml" \

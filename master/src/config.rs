@@ -64,33 +64,30 @@ pub struct MasterConfig {
     pub generations: GenerationsConfig,
 }
 
-/// `[generations]`: how many generations each environment keeps, where
-/// their content-addressed store lives, and its byte bound
-/// (docs/deploys.md#generations).
+/// `[generations]` (docs/deploys.md#generations).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GenerationsConfig {
     /// Generations kept per environment, the current one included.
     pub keep: usize,
-    /// The store's directory; unset: a temporary directory removed when
-    /// the master exits (a development run; the package sets
-    /// `/var/lib/pluginsync/generations`).
+    /// The store's directory; unset: a temporary one, removed on exit.
     pub dir: Option<PathBuf>,
     /// The store's bound in MiB: beyond it, the oldest non-current go.
     pub max_mib: u64,
+    /// How long a stock Puppet agent stays on the generation its run began
+    /// with (docs/protocol.md §7.6); `"0s"`: never pinned.
+    #[serde(with = "humantime_serde")]
+    pub pin: Duration,
 }
-
-/// Default of `generations.keep`.
-pub const DEFAULT_KEEP: usize = 5;
-/// Default of `generations.max_mib`.
-pub const DEFAULT_MAX_MIB: u64 = 2048;
 
 impl Default for GenerationsConfig {
     fn default() -> Self {
+        let pin = Duration::from_secs(60); // longer than a stock agent's pluginsync
         GenerationsConfig {
-            keep: DEFAULT_KEEP,
+            keep: 5,
             dir: None,
-            max_mib: DEFAULT_MAX_MIB,
+            max_mib: 2048,
+            pin,
         }
     }
 }

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use pluginsync_common::envname::EnvName;
 
-use crate::config::{MasterConfig, Publish};
+use crate::config::MasterConfig;
 use crate::environments;
 use crate::generations::Generations;
 use crate::index::{EnvIndex, Hashing, Mount};
@@ -50,6 +50,8 @@ use crate::metrics::Metrics;
 pub use crate::metrics::Stats;
 use crate::walk::KeptDigests;
 
+mod idle;
+mod pins;
 mod publish;
 
 /// One indexed environment and when it was last asked for.
@@ -130,6 +132,8 @@ pub struct Store {
     /// `index.settle` later ([`Store::retrier`]).
     retry: Mutex<BTreeSet<EnvName>>,
     retry_wake: tokio::sync::Notify,
+    /// Stock agents kept on one generation for a run (docs/protocol.md §7.6).
+    pins: pins::Pins,
 }
 
 /// What a build calls before walking an environment (its name and
@@ -201,6 +205,7 @@ impl Store {
             generations: Generations::new(&config.generations),
             retry: Mutex::new(BTreeSet::new()),
             retry_wake: tokio::sync::Notify::new(),
+            pins: pins::Pins::new(config.generations.pin),
             config,
         })
     }
@@ -271,6 +276,19 @@ impl Store {
             None if lock(&self.unreadable).contains_key(name) => Lookup::Unreadable,
             None => Lookup::Unknown,
         }
+    }
+
+    /// The index a stock agent `certname` is served for `name`, whose
+    /// current index is `current`; `starts_run` for a run's first request
+    /// (docs/protocol.md §7.6, `store/pins.rs`).
+    pub fn index_for(
+        &self,
+        name: &EnvName,
+        current: Arc<EnvIndex>,
+        certname: &str,
+        starts_run: bool,
+    ) -> Arc<EnvIndex> {
+        self.pins.index_for(name, current, certname, starts_run)
     }
 
     /// Whether the watcher holds a deploy of `name` now.
@@ -462,66 +480,6 @@ impl Store {
         }
     }
 
-    /// Drops the indexes not asked for in `idle` (keeping their digests);
-    /// returns how many. Nothing under `index.publish = "explicit"`.
-    pub fn drop_idle(&self, idle: Duration) -> usize {
-        if self.config.index.publish == Publish::Explicit || idle.is_zero() {
-            return 0;
-        }
-        let cutoff = self.now_ms().saturating_sub(idle.as_millis() as u64);
-        let held = lock(&self.held).clone();
-        let locks = lock(&self.locks).clone();
-        let dropped: Vec<(EnvName, Arc<EnvIndex>)> = {
-            let mut envs = self.write();
-            let idle: Vec<EnvName> = envs
-                .iter()
-                .filter(|(n, s)| s.used.load(Ordering::Relaxed) < cutoff && !held.contains(*n))
-                .map(|(n, _)| n.clone())
-                .collect();
-            idle.into_iter()
-                .filter_map(|n| {
-                    // Not while it is being rebuilt: that build would put
-                    // it back, and the digests kept here would linger.
-                    let _building = match locks.get(&n) {
-                        Some(l) => Some(l.try_lock().ok()?),
-                        None => None,
-                    };
-                    envs.remove(&n).map(|s| (n, s.index))
-                })
-                .collect()
-        };
-        for (name, index) in &dropped {
-            let digests = crate::walk::kept_digests(
-                index
-                    .mounts
-                    .iter()
-                    .flat_map(|m| m.roots.iter().flat_map(|r| r.nodes.iter())),
-            );
-            tracing::info!(env = %name, files = digests.len(), "idle: index dropped, digests kept");
-            lock(&self.kept).insert(name.clone(), Arc::new(digests));
-        }
-        let n = dropped.len() as u64;
-        self.stats.idle_drops.fetch_add(n, Ordering::Relaxed);
-        self.stats
-            .environments_indexed
-            .fetch_sub(n, Ordering::Relaxed);
-        n as usize
-    }
-
-    /// Drops idle indexes every `index.idle_drop / 4` (at least each
-    /// second), for as long as the store lives; nothing when it is off.
-    pub async fn idle_dropper(store: std::sync::Weak<Self>, idle: Duration) {
-        if idle.is_zero() {
-            return;
-        }
-        let period = (idle / 4).max(Duration::from_secs(1));
-        loop {
-            tokio::time::sleep(period).await;
-            let Some(store) = store.upgrade() else { return };
-            store.drop_idle(idle);
-        }
-    }
-
     fn build_blocking(&self, name: EnvName) {
         let Some(dir) = environments::find_environment(&self.config, &name) else {
             if self.write().remove(&name).is_some() {
@@ -589,10 +547,14 @@ impl Store {
             index: Arc::new(idx),
             used: AtomicU64::new(self.now_ms()),
         };
-        if self.write().insert(name, slot).is_none() {
-            self.stats
-                .environments_indexed
-                .fetch_add(1, Ordering::Relaxed);
+        match self.write().insert(name.clone(), slot) {
+            Some(old) => self.pins.retired(&name, old.index),
+            None => {
+                _ = self
+                    .stats
+                    .environments_indexed
+                    .fetch_add(1, Ordering::Relaxed)
+            }
         }
     }
 }

@@ -487,3 +487,138 @@ async fn immutable_answers_are_public_or_private_and_the_assignment_revalidates(
     let url = manifest_url(&ruled.url(), "dmz", &dmz.generation, None);
     assert_eq!(get(&c, &url, None).await.0, 403);
 }
+
+/// A picture of a mount's files, path → sha256, from the `merged_mount`
+/// or `tree_snapshot` notation (`file <mode> <sha>`).
+fn shas(picture: std::collections::BTreeMap<String, String>) -> Vec<(String, String)> {
+    picture
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v.strip_prefix("file ")?.rsplit(' ').next()?.to_owned())))
+        .collect()
+}
+
+/// A Code Manager deploy (link flipped, old release deleted) lands while
+/// a stock `puppet plugin download` is downloading its `pluginfacts`: the
+/// run's `plugins` are still the old generation's, content included (from
+/// the store: the old release is gone); the next run gets the new one
+/// (docs/protocol.md §7.6: one generation per stock agent run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stock_agent_run_sees_one_generation() {
+    const TEST: &str = "master_generations::a_stock_agent_run_sees_one_generation";
+    let Some(puppet) = pluginsync_tests::require("puppet", "puppet", TEST) else {
+        return;
+    };
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    let releases = tree.outside().join("releases");
+    for (n, body) in [("1", "# release 1\n"), ("2", "# release 2\n")] {
+        release(&releases, n, body);
+        let facts = releases.join(n).join("modules/app/facts.d");
+        for i in 0..400 {
+            std::fs::write(facts.join(format!("f{i:03}.txt")), format!("f{i}=1\n")).unwrap();
+        }
+    }
+    std::fs::write(releases.join("2/modules/app/lib/facter/new.rb"), "# new\n").unwrap();
+    let link = tree.envpath().join("production");
+    std::os::unix::fs::symlink(releases.join("1"), &link).unwrap();
+    let (old_lib, new_lib) = (
+        shas(pluginsync_tests::merged_mount(&link, "lib")),
+        shas(pluginsync_tests::merged_mount(&releases.join("2"), "lib")),
+    );
+    let m = TestMaster::start(parse_config(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        "[index]\npublish = \"explicit\"\n",
+    )));
+    let download = |certname: &str| {
+        let work = tempfile::tempdir().unwrap();
+        let agent = pluginsync_tests::puppet::PuppetAgent::new(
+            &puppet,
+            work.path(),
+            &pki.ssldir,
+            certname,
+            m.addr.port(),
+        );
+        let (lib, facts) = (agent.libdir(), agent.factsdir());
+        let run = tokio::task::spawn_blocking(move || agent.plugin_download("production"));
+        (work, lib, facts, run)
+    };
+
+    let (_work, lib, facts, run) = download("node1");
+    let mid_run = wait_for(PATIENCE, || {
+        let facts = facts.clone();
+        async move {
+            let n = std::fs::read_dir(&facts).map_or(0, |d| d.count());
+            (n >= 20).then_some(())
+        }
+    })
+    .await;
+    assert!(mid_run.is_some(), "puppet never started on its pluginfacts");
+    flip(&link, &releases.join("2"));
+    std::fs::remove_dir_all(releases.join("1")).unwrap();
+    m.store
+        .reindex(Some("production".parse().unwrap()), "test")
+        .await;
+    assert!(
+        !lib.exists() || std::fs::read_dir(&lib).unwrap().count() == 0,
+        "the deploy came after puppet's plugins: nothing was tested"
+    );
+    let done = run.await.unwrap();
+    assert_eq!(done.code, 0, "node1: {}", done.output);
+    assert_eq!(
+        shas(pluginsync_tests::tree_snapshot(&lib)),
+        old_lib,
+        "node1"
+    );
+
+    let (_work, lib, _, run) = download("node2");
+    let done = run.await.unwrap();
+    assert_eq!(done.code, 0, "node2: {}", done.output);
+    assert_eq!(
+        shas(pluginsync_tests::tree_snapshot(&lib)),
+        new_lib,
+        "node2"
+    );
+}
+
+/// `bundle` of the current generation with no store configured indexes the
+/// tree as the master would: the generation a master serving it publishes,
+/// the same bytes twice, never a publication time (the Unix epoch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_of_the_tree_is_the_generation_a_master_publishes() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 3, 15, 4);
+    let (_cfg_dir, cfg) = config_file(&config_toml(&tree.envpath(), &pki, "", ""));
+    let m = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let served = assigned(&client(&pki, Some("node1")), &m.url(), "production").await;
+    let out = tree.outside();
+    let bundle = |name: &str, env: &str| {
+        std::process::Command::new(bin_path("pluginsync-master"))
+            .args(["bundle", env, "--config"])
+            .arg(&cfg)
+            .arg("--out")
+            .arg(out.join(name))
+            .output()
+            .unwrap()
+    };
+    for name in ["a.tar", "b.tar"] {
+        let done = bundle(name, "production");
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+    }
+    let bytes = std::fs::read(out.join("a.tar")).unwrap();
+    assert_eq!(bytes, std::fs::read(out.join("b.tar")).unwrap());
+    let read = pluginsync_common::bundle::read_bundle(&bytes[..], 1 << 20, |_, _| Ok(())).unwrap();
+    assert_eq!(read.header.generation, served.generation);
+    assert_eq!(read.header.published, "1970-01-01T00:00:00Z");
+    let none = bundle("c.tar", "nosuch");
+    let err = String::from_utf8_lossy(&none.stderr);
+    assert_eq!(
+        (none.status.code(), err.trim().lines().count()),
+        (Some(66), 1),
+        "{err}"
+    );
+}

@@ -295,8 +295,15 @@ impl Generations {
 
     /// Publishes `candidate` as `env`'s current generation: its blobs
     /// copied in (those not there yet), its manifest, its record, then
-    /// eviction. See the module docs.
-    pub fn publish(&self, env: &EnvName, candidate: &Candidate) -> Result<Published, StoreError> {
+    /// eviction (`on_disk` says which environments still exist: the
+    /// current generation of one that does not is evicted like any other
+    /// by the byte bound). See the module docs.
+    pub fn publish(
+        &self,
+        env: &EnvName,
+        candidate: &Candidate,
+        on_disk: &dyn Fn(&EnvName) -> bool,
+    ) -> Result<Published, StoreError> {
         let _one = lock(&self.publishing);
         self.open(true)?;
         if let Some(cur) = self.current(env).filter(|k| k.id == candidate.id) {
@@ -341,7 +348,7 @@ impl Generations {
             ),
         }
         let mut touched = vec![env.clone()];
-        touched.extend(self.evict(&mut st));
+        touched.extend(self.evict(&mut st, on_disk));
         touched.sort();
         touched.dedup();
         for e in &touched {
@@ -354,7 +361,7 @@ impl Generations {
 
     /// Evicts by count per environment, then by bytes (oldest first,
     /// never a current generation); returns the environments touched.
-    fn evict(&self, st: &mut State) -> Vec<EnvName> {
+    fn evict(&self, st: &mut State, on_disk: &dyn Fn(&EnvName) -> bool) -> Vec<EnvName> {
         let mut victims: Vec<(EnvName, GenerationId)> = Vec::new();
         for (env, g) in &st.envs {
             let over = g.kept.len().saturating_sub(self.keep);
@@ -370,7 +377,10 @@ impl Generations {
                 .envs
                 .iter()
                 .filter_map(|(env, g)| {
-                    let k = g.kept.first().filter(|_| g.kept.len() > 1)?;
+                    let k = g
+                        .kept
+                        .first()
+                        .filter(|_| g.kept.len() > 1 || !on_disk(env))?;
                     Some((k.published.clone(), env.clone(), k.id))
                 })
                 .min();
@@ -591,3 +601,198 @@ impl Drop for Generations {
 /// Where a file of a candidate generation is read from: its real path and
 /// the stat the index vouched for.
 pub type Source<'a> = dyn Fn(&Sha256) -> Option<(PathBuf, FileSig)> + 'a;
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+
+    use pluginsync_common::digest::Sha256;
+    use pluginsync_common::generation::{EntryKind, Manifest, ManifestEntry};
+    use pluginsync_common::protocol::Mount;
+    use pluginsync_common::relpath::RelPath;
+
+    use super::*;
+    use crate::config::GenerationsConfig;
+
+    /// Files written under `src`, and the candidate generation of them
+    /// (all in `plugins`).
+    fn candidate(src: &Path, files: &[(&str, &[u8])]) -> Candidate<'static> {
+        let mut entries: Vec<ManifestEntry> = Mount::ALL
+            .into_iter()
+            .map(|mount| ManifestEntry {
+                mount,
+                path: RelPath::root(),
+                mode: 0o755,
+                kind: EntryKind::Directory,
+            })
+            .collect();
+        let mut sources: HashMap<Sha256, (PathBuf, FileSig)> = HashMap::new();
+        for (name, body) in files {
+            let path = src.join(Sha256::of(body).to_hex());
+            if !path.exists() {
+                std::fs::write(&path, body).unwrap();
+            }
+            let sig = crate::walk::sig_of(&std::fs::metadata(&path).unwrap());
+            sources.insert(Sha256::of(body), (path, sig));
+            entries.push(ManifestEntry {
+                mount: Mount::Plugins,
+                path: RelPath::parse(name).unwrap(),
+                mode: 0o644,
+                kind: EntryKind::File {
+                    sha256: Sha256::of(body),
+                    size: body.len() as u64,
+                },
+            });
+        }
+        let manifest = Manifest::new(entries).unwrap();
+        let (bytes, id) = manifest.encode();
+        Candidate {
+            bytes,
+            id,
+            manifest,
+            source: Box::new(move |d| sources.get(d).cloned()),
+        }
+    }
+
+    fn store(dir: &Path, keep: usize, max_mib: u64) -> Generations {
+        let g = Generations::new(&GenerationsConfig {
+            keep,
+            dir: Some(dir.to_owned()),
+            max_mib,
+            ..GenerationsConfig::default()
+        });
+        g.open(true).unwrap();
+        g
+    }
+
+    fn blobs_on_disk(g: &Generations) -> Vec<Sha256> {
+        let mut v: Vec<Sha256> = g
+            .layout
+            .blobs_on_disk()
+            .into_iter()
+            .filter_map(|(_, d, _)| d)
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn keeps_the_newest_by_count_deletes_what_none_names_and_survives_a_restart() {
+        let (dir, src) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let env: EnvName = "production".parse().unwrap();
+        let g = store(dir.path(), 2, 2048);
+        let shared: &[u8] = b"shared by all\n";
+        let gens: Vec<Candidate> = (0..3u8)
+            .map(|i| candidate(src.path(), &[("a.rb", shared), ("b.rb", &[b'0' + i; 10])]))
+            .collect();
+        for c in &gens {
+            assert!(matches!(
+                g.publish(&env, c, &|_| true).unwrap(),
+                Published::New(_)
+            ));
+        }
+        assert!(matches!(
+            g.publish(&env, &gens[2], &|_| true).unwrap(),
+            Published::Unchanged(_)
+        ));
+        let kept: Vec<GenerationId> = g.kept(&env).iter().map(|k| k.id).collect();
+        assert_eq!(kept, vec![gens[2].id, gens[1].id], "newest first");
+        assert_eq!(g.evictions.load(Ordering::Relaxed), 1);
+        let mut want = vec![
+            Sha256::of(shared),
+            Sha256::of(&[b'1'; 10]),
+            Sha256::of(&[b'2'; 10]),
+        ];
+        want.sort();
+        assert_eq!(
+            blobs_on_disk(&g),
+            want,
+            "the evicted one's own blob is gone"
+        );
+        assert!(g.manifest(&env, &gens[0].id).unwrap().is_none());
+        let bytes = g.bytes();
+        let expected: u64 =
+            shared.len() as u64 + 20 + (gens[1].bytes.len() + gens[2].bytes.len()) as u64;
+        assert_eq!(bytes, expected);
+
+        // A restart reads it all back; a revert to a kept one moves it last.
+        drop(g);
+        let g = store(dir.path(), 2, 2048);
+        assert_eq!(g.bytes(), bytes);
+        assert_eq!(g.current(&env).unwrap().id, gens[2].id);
+        assert!(matches!(
+            g.publish(&env, &gens[1], &|_| true).unwrap(),
+            Published::New(_)
+        ));
+        assert_eq!(g.current(&env).unwrap().id, gens[1].id);
+        assert_eq!((g.bytes(), blobs_on_disk(&g).len()), (bytes, 3));
+    }
+
+    #[test]
+    fn identical_files_are_stored_once_across_environments() {
+        let (dir, src) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let g = store(dir.path(), 5, 2048);
+        let c = candidate(src.path(), &[("a.rb", b"same\n"), ("b.rb", b"same\n")]);
+        for env in ["one", "two", "three"] {
+            g.publish(&env.parse().unwrap(), &c, &|_| true).unwrap();
+        }
+        assert_eq!(blobs_on_disk(&g), vec![Sha256::of(b"same\n")]);
+        assert_eq!(g.bytes(), 5 + c.bytes.len() as u64);
+        let two: EnvName = "two".parse().unwrap();
+        assert!(g.blob(&Sha256::of(b"same\n"), |e| e == "two").is_some());
+        assert!(g.blob(&Sha256::of(b"same\n"), |e| e == "four").is_none());
+        assert_eq!(g.find(&two, &c.id.to_hex()[..6]).unwrap().id, c.id);
+        assert!(g.find(&two, "ffffffffffff").unwrap_err().is_empty());
+    }
+
+    #[test]
+    fn the_byte_bound_evicts_the_oldest_but_never_a_current_generation() {
+        let (dir, src) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let g = store(dir.path(), 5, 1);
+        let big = |b: u8| vec![b; 400 << 10];
+        let (a, b): (EnvName, EnvName) = ("a".parse().unwrap(), "b".parse().unwrap());
+        let a1 = candidate(src.path(), &[("x", &big(1))]);
+        let b1 = candidate(src.path(), &[("x", &big(2))]);
+        let a2 = candidate(src.path(), &[("x", &big(3))]);
+        g.publish(&a, &a1, &|_| true).unwrap();
+        g.publish(&b, &b1, &|_| true).unwrap();
+        g.publish(&a, &a2, &|_| true).unwrap();
+        // 1.2 MiB over a 1 MiB bound: a's older one goes, both currents stay.
+        assert_eq!(g.kept(&a).len(), 1);
+        assert_eq!(g.kept(&b).len(), 1);
+        assert!(g.bytes() <= (1 << 20));
+        // Currents alone over the bound: kept, whatever it costs.
+        let b2 = candidate(
+            src.path(),
+            &[("x", &big(4)), ("y", &big(5)), ("z", &big(6))],
+        );
+        g.publish(&b, &b2, &|_| true).unwrap();
+        assert_eq!(
+            (g.current(&a).unwrap().id, g.current(&b).unwrap().id),
+            (a2.id, b2.id)
+        );
+        assert!(g.bytes() > (1 << 20));
+        // Once `a` is gone from disk, its current generation may go too.
+        let b3 = candidate(src.path(), &[("x", &big(7))]);
+        g.publish(&b, &b3, &|e| e.as_str() != "a").unwrap();
+        assert!(g.current(&a).is_none(), "{:?}", g.kept(&a));
+        assert_eq!(g.current(&b).unwrap().id, b3.id);
+    }
+
+    #[test]
+    fn a_file_changed_since_indexing_is_not_stored() {
+        let (dir, src) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let g = store(dir.path(), 5, 2048);
+        let env: EnvName = "production".parse().unwrap();
+        let c = candidate(src.path(), &[("a.rb", b"indexed\n")]);
+        let (path, _) = (c.source)(&Sha256::of(b"indexed\n")).unwrap();
+        std::fs::write(&path, b"changed\n").unwrap();
+        assert!(matches!(
+            g.publish(&env, &c, &|_| true),
+            Err(StoreError::Changed { .. })
+        ));
+        assert!(g.current(&env).is_none());
+        assert!(blobs_on_disk(&g).is_empty());
+    }
+}

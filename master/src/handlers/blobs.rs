@@ -46,7 +46,7 @@ use crate::request::{self, Query};
 use crate::state::AppState;
 use crate::walk::FileSig;
 
-use super::files::{CacheControl, send_file, send_path};
+use super::content::{CacheControl, send_file, send_path, stored_sig};
 
 /// Bytes read and sent per chunk of a large blob.
 const CHUNK: usize = 256 * 1024;
@@ -124,15 +124,6 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
         .await;
     }
     Err(ApiError::not_found("blob", hex_digest))
-}
-
-/// The stat of a stored blob, read without following a link (the store
-/// writes files only).
-fn stored_sig(path: &std::path::Path) -> Option<FileSig> {
-    std::fs::symlink_metadata(path)
-        .ok()
-        .filter(|md| md.is_file())
-        .map(|md| crate::walk::sig_of(&md))
 }
 
 /// `GET /pluginsync/v1/blobs?sha256=…`: the batch (docs/protocol.md §7.2);

@@ -1,6 +1,6 @@
 //! Puppet's three file endpoints, `file_metadatas`, `file_metadata` and
-//! `file_content` (docs/protocol.md §1.2–§1.4), and `send_file`, the
-//! code that sends an indexed file's bytes (here and for blobs).
+//! `file_content` (docs/protocol.md §1.2–§1.4); the bytes are sent by
+//! `content.rs`.
 //! `file_metadatas` answers pluginsync's agent with a delta listing when
 //! it asks and the environment remembers its base (§7.5, `delta_for`).
 //!
@@ -10,32 +10,27 @@
 //! environment name (400), `[[authorization]]` (403)) before the
 //! environment's existence is revealed (404).
 
-use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use pluginsync_common::envname::EnvName;
-use pluginsync_common::etag::{self, ETag};
+use pluginsync_common::etag;
 use pluginsync_common::metadata::FileType;
 use pluginsync_common::protocol;
 
 use crate::api_error::ApiError;
-use crate::index::{
-    CachedListing, DeltaListing, EnvIndex, ListingError, Root, SearchParams, Served,
-};
+use crate::index::{CachedListing, DeltaListing, EnvIndex, ListingError, SearchParams, Served};
 use crate::request::{self, MountPath, PathError, Query};
 use crate::state::AppState;
 use crate::store::Lookup;
-use crate::walk::Node;
 
-/// Files up to this size are read whole; larger ones are streamed.
-const SMALL_FILE: u64 = 256 * 1024;
+use super::content::{CHANGED, CacheControl, header_value, send_file, send_stored};
+
 /// Listings smaller than this are never gzipped.
 const GZIP_MIN: usize = 512;
 
@@ -44,6 +39,10 @@ const JSON: &str = "application/json; charset=utf-8";
 /// What every file endpoint needs once the request is accepted.
 struct Accepted {
     index: Arc<EnvIndex>,
+    /// A stock agent: its content comes from the generation store, the
+    /// exact bytes of the generation it is served, whatever the tree is
+    /// now (docs/protocol.md §7.6).
+    stock: bool,
     target: MountPath,
     query: Query,
 }
@@ -71,12 +70,34 @@ async fn accept(
         PathError::UnknownMount(m) => ApiError::not_found("mount", &format!("'{m}'")),
     })?;
     request::check_accept(&req.headers, produces)?;
-    let index = index_of(state, &env).await?;
+    let current = index_of(state, &env).await?;
+    // Puppet's pluginsync starts with the search of the pluginfacts
+    // mount: a new run (docs/protocol.md §7.6).
+    let starts_run = endpoint == "file_metadatas" && target.mount == protocol::Mount::Pluginfacts;
+    let index = match stock_agent(req) {
+        Some(certname) => state.store.index_for(&env, current, certname, starts_run),
+        None => current,
+    };
     Ok(Accepted {
+        stock: stock_agent(req).is_some() && index.generation.get().is_some(),
         index,
         target,
         query,
     })
+}
+
+/// The certname of a stock Puppet agent (its `User-Agent` starts with
+/// `Puppet/`), the only clients kept on one generation for a run
+/// (docs/protocol.md §7.6): pluginsync's agent asks for generations
+/// itself, and other clients see the current one.
+fn stock_agent(req: &Parts) -> Option<&str> {
+    let ua = req.headers.get(header::USER_AGENT)?.to_str().ok()?;
+    if !ua.starts_with("Puppet/") {
+        return None;
+    }
+    req.extensions
+        .get::<crate::auth::PeerIdentity>()?
+        .certname()
 }
 
 /// The current index of `env`, or the answer for an environment that is
@@ -325,14 +346,6 @@ fn listing_error(e: ListingError) -> ApiError {
     }
 }
 
-/// The message of the 503 for a file that changed since indexing
-/// (docs/protocol.md §1.7 step 12).
-const CHANGED: &str = "the file changed on the master, retry";
-
-pub(super) fn header_value(s: &str) -> HeaderValue {
-    HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
-}
-
 /// `GET /puppet/v3/file_metadata/<mount>[/<path>]`: one entry, with the
 /// full path in `path` and a `null` `relative_path`.
 pub async fn file_metadata(
@@ -411,6 +424,24 @@ pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<R
         .find(a.target.mount, &a.target.path)
         .ok_or_else(not_found)?;
     match node.follow.as_ref() {
+        Some(view) if view.kind == FileType::File && node.has_content() && a.stock => {
+            // The generation's tree may be gone or being replaced: its
+            // content is in the generation store (docs/deploys.md#generations).
+            let digest = node.sha256.ok_or_else(ApiError::internal)?;
+            match send_stored(req, state, &digest, CacheControl::Revalidate).await {
+                Err(e) if e.status == StatusCode::NOT_FOUND => {
+                    send_file(
+                        req,
+                        root,
+                        node,
+                        CacheControl::Revalidate,
+                        &state.store.stats.contents_sent,
+                    )
+                    .await
+                }
+                sent => sent,
+            }
+        }
         Some(view) if view.kind == FileType::File && node.has_content() => {
             send_file(
                 req,
@@ -423,119 +454,4 @@ pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<R
         }
         _ => Err(not_found()),
     }
-}
-
-/// How a file answer may be cached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum CacheControl {
-    /// `file_content`: the same path may have new bytes tomorrow.
-    Revalidate,
-    /// Blobs: the URL names the bytes, so they never change. `public` only
-    /// when any client that reaches a shared cache may read every blob
-    /// (no `[[authorization]]` rule applies); otherwise `private`, so only
-    /// the agent's own cache keeps them (docs/protocol.md §6.4, §7.4).
-    Immutable {
-        /// A shared cache may store the answer.
-        public: bool,
-    },
-}
-
-impl CacheControl {
-    /// The `Cache-Control` value.
-    pub(super) fn header(self) -> &'static str {
-        match self {
-            CacheControl::Revalidate => "no-cache",
-            CacheControl::Immutable { public: true } => protocol::CACHE_IMMUTABLE,
-            CacheControl::Immutable { public: false } => protocol::CACHE_IMMUTABLE_PRIVATE,
-        }
-    }
-}
-
-/// Sends an indexed file: opened through [`crate::walk::open_indexed`]
-/// (no symlink followed, never blocking), and only if it is still the
-/// inode (and stat) the index vouched for.
-pub(super) async fn send_file(
-    req: &Parts,
-    root: &Root,
-    node: &Node,
-    cache: CacheControl,
-    sent: &AtomicU64,
-) -> Result<Response, ApiError> {
-    let (Some(sig), Some(digest)) = (node.sig, node.sha256) else {
-        return Err(ApiError::internal());
-    };
-    let real = node.real_path(&root.canon).into_owned();
-    send_path(req, real, sig, &digest, cache, sent).await
-}
-
-/// Sends the file at `real` as the content of `digest`, only if it is
-/// still the inode (and stat) `sig` names; `send_file`'s second half, and
-/// how a blob of the generation store is sent.
-pub(super) async fn send_path(
-    req: &Parts,
-    real: std::path::PathBuf,
-    sig: crate::walk::FileSig,
-    digest: &pluginsync_common::digest::Sha256,
-    cache: CacheControl,
-    sent: &AtomicU64,
-) -> Result<Response, ApiError> {
-    let etag = ETag::of_digest(&digest.0);
-    if request::not_modified(&req.headers, &etag) {
-        return Ok((
-            StatusCode::NOT_MODIFIED,
-            [(header::ETAG, header_value(etag.as_str()))],
-        )
-            .into_response());
-    }
-    let path = real.clone();
-    let opened = tokio::task::spawn_blocking(
-        move || -> std::io::Result<(std::fs::File, Option<Vec<u8>>)> {
-            let (file, md) = crate::walk::open_indexed(&path, sig)?;
-            let small = if md.size() <= SMALL_FILE {
-                use std::io::Read;
-                let mut buf = Vec::with_capacity(md.size() as usize);
-                (&file).take(SMALL_FILE + 1).read_to_end(&mut buf)?;
-                Some(buf)
-            } else {
-                None
-            };
-            Ok((file, small))
-        },
-    )
-    .await
-    .map_err(|_| ApiError::internal())?;
-    let (file, small) = match opened {
-        Ok(o) => o,
-        Err(e) => {
-            tracing::info!(path = %real.display(), error = %e, "file changed since it was indexed");
-            return Err(ApiError::unavailable(CHANGED, 1));
-        }
-    };
-    if small.as_ref().is_some_and(|b| b.len() as u64 != sig.size) {
-        tracing::info!(path = %real.display(), "file changed since it was indexed");
-        return Err(ApiError::unavailable(CHANGED, 1));
-    }
-    sent.fetch_add(1, Ordering::Relaxed);
-    let body = match small {
-        Some(bytes) => Body::from(Bytes::from(bytes)),
-        None => Body::from_stream(tokio_util::io::ReaderStream::new(
-            tokio::fs::File::from_std(file),
-        )),
-    };
-    Ok((
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/octet-stream"),
-            ),
-            (header::CONTENT_LENGTH, HeaderValue::from(sig.size)),
-            (header::ETAG, header_value(etag.as_str())),
-            (
-                header::CACHE_CONTROL,
-                HeaderValue::from_static(cache.header()),
-            ),
-        ],
-        body,
-    )
-        .into_response())
 }

@@ -28,7 +28,8 @@ use crate::request::{self, Query};
 use crate::state::AppState;
 
 use super::blobs::shareable;
-use super::files::{CacheControl, header_value, index_of};
+use super::content::{CacheControl, header_value};
+use super::files::index_of;
 
 /// The environment a request names, admitted by the authorization step:
 /// 400 without one, then Puppet's order (docs/protocol.md §1.7).

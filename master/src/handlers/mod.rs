@@ -7,6 +7,7 @@
 //! - [`files`]: Puppet's `file_metadatas`, `file_metadata` and
 //!   `file_content`, and the code that sends an indexed file.
 //! - [`blobs`]: pluginsync's content by sha256, single and batched.
+//! - [`content`]: how a file's bytes are sent, and may be cached.
 //! - [`generations`]: the per-node answer and generation manifests.
 //! - [`mod@status`]: the health check.
 //! - [`admin`]: Puppet Server's admin API (`environment-cache`), for deploy
@@ -17,6 +18,7 @@
 
 pub mod admin;
 pub mod blobs;
+pub mod content;
 pub mod files;
 pub mod generations;
 pub mod status;

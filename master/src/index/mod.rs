@@ -104,6 +104,9 @@ pub struct EnvIndex {
     /// when any, this index lacks part of the tree and must not be served
     /// in place of a complete one.
     pub unreadable: Vec<ReadError>,
+    /// The generation it was published as (docs/deploys.md#generations);
+    /// set once, before it is served.
+    pub generation: std::sync::OnceLock<pluginsync_common::generation::GenerationId>,
 }
 
 impl EnvIndex {
@@ -160,6 +163,7 @@ impl EnvIndex {
             other_checksums: OtherChecksums::default(),
             history: previous.map(|p| p.history.clone()).unwrap_or_default(),
             unreadable,
+            generation: std::sync::OnceLock::new(),
         }
     }
 

@@ -13,6 +13,7 @@ use std::time::Instant;
 use pluginsync_common::envname::EnvName;
 
 use super::{Store, lock};
+use crate::environments;
 use crate::generations::{Candidate, Published};
 use crate::index::EnvIndex;
 
@@ -54,17 +55,22 @@ impl Store {
             tracing::warn!(env = %name, "the environment changed during its index build (a link flipped); not published, built again after index.settle");
             return false;
         }
+        let on_disk = |e: &EnvName| environments::find_environment(&self.config, e).is_some();
         let published = Candidate::of(idx).map_err(|e| e.to_string()).and_then(|c| {
             self.generations
-                .publish(name, &c)
+                .publish(name, &c, &on_disk)
                 .map_err(|e| e.to_string())
         });
         match published {
             Ok(Published::New(k)) => {
                 tracing::info!(env = %name, generation = %k.id.short(), files = k.files, bytes = k.bytes, "generation published");
+                let _once = idx.generation.set(k.id);
                 true
             }
-            Ok(Published::Unchanged(_)) => true,
+            Ok(Published::Unchanged(k)) => {
+                let _once = idx.generation.set(k.id);
+                true
+            }
             Err(error) => {
                 self.generations.errors.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(env = %name, %error, "generation not stored; the index is not published, built again after index.settle");
