@@ -27,6 +27,9 @@ summary of every target with PASS/MISS; the figures also go to target/bench-resu
   big    a 50,000-file environment (--big-files): master memory and the agent's no-op time.
   envs   --envs environments, each the default tree changed by 1 %, on one master (bench/envs.py):
          time to ready, RSS with all queried, re-index cost of one changed environment.
+  cache  (not in the default run: --scenarios cache, or --fleet) --cache-nodes nodes sync a 1 % change
+         from two masters directly, then through nginx with packaging/nginx-pluginsync-cache.conf
+         (bench/cache.py; needs nginx): the bytes the masters send, with and without the cache.
 
 --quick makes every count small (a smoke run in a few minutes; its verdicts are indicative only).
 The full run takes ~20 minutes on a 2-core machine, most of it Puppet's own runs.
@@ -37,11 +40,12 @@ import argparse, importlib.util, json, os, shutil, signal, statistics, subproces
 
 sys.dont_write_bytecode = True  # no __pycache__ in the checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import busy, envs, fleet  # noqa: E402
+import busy, cache, envs, fleet  # noqa: E402
 from common import (LISTING_QUERY, LOAD, MASTER, ROOT, agent_config, fmt_s, free_port, log, master_config,  # noqa: E402
                     one_node_many_connections, procs, rss, run, start_master, stats, stop, timed, wait_port)
 
-SCENARIOS = ["speed", "load", "busy", "fleet", "big", "envs"]
+SCENARIOS = ["speed", "load", "busy", "fleet", "big", "envs", "cache"]
+DEFAULT = [s for s in SCENARIOS if s != "cache"]  # the cache's figure is asked for by name
 TARGETS = {  # scenario -> ratio to rsync, from the speed issue
     "initial": 1.0,
     "noop": 0.5,
@@ -49,9 +53,9 @@ TARGETS = {  # scenario -> ratio to rsync, from the speed issue
 }
 # Counts of a full run and of --quick; an option given on the command line wins over both.
 FULL = {"runs": 5, "puppet_runs": 3, "load_seconds": 5, "fleet_runs": 60, "fleet_change_runs": 20,
-        "busy_runs": 5, "busy_mib": 1024, "envs": 100, "big_files": 50000}
+        "busy_runs": 5, "busy_mib": 1024, "envs": 100, "big_files": 50000, "cache_nodes": 100}
 QUICK = {"runs": 2, "puppet_runs": 1, "load_seconds": 1, "fleet_runs": 8, "fleet_change_runs": 3,
-         "busy_runs": 2, "busy_mib": 1024, "envs": 10, "big_files": 5000}
+         "busy_runs": 2, "busy_mib": 1024, "envs": 10, "big_files": 5000, "cache_nodes": 10}
 
 
 def load_sandbox():
@@ -134,10 +138,10 @@ class Ctx:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 2)[2],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS),
+    ap.add_argument("--scenarios", default=",".join(DEFAULT),
                     help=f"comma-separated, from {','.join(SCENARIOS)} (default: all)")
     ap.add_argument("--skip", default="", help="comma-separated scenarios to leave out")
-    ap.add_argument("--fleet", action="store_true", help="the fleet-scale scenarios only: fleet,busy,envs")
+    ap.add_argument("--fleet", action="store_true", help="the fleet-scale scenarios only: fleet,busy,envs,cache")
     ap.add_argument("--quick", action="store_true", help="small counts everywhere: a smoke run")
     ap.add_argument("--runs", type=int, help=f"runs of each speed scenario (default {FULL['runs']})")
     ap.add_argument("--puppet-runs", type=int,
@@ -150,6 +154,7 @@ def main():
     ap.add_argument("--busy-mib", type=int, help=f"dirty data the busy node's writer keeps (default {FULL['busy_mib']})")
     ap.add_argument("--envs", type=int, help=f"environments of the envs scenario (default {FULL['envs']})")
     ap.add_argument("--big-files", type=int, help=f"files of the big environment (default {FULL['big_files']})")
+    ap.add_argument("--cache-nodes", type=int, help=f"nodes of the cache scenario (default {FULL['cache_nodes']})")
     ap.add_argument("--big", action="store_true", help="kept for old command lines: big is in the default run")
     ap.add_argument("--files", type=int, default=3000)
     ap.add_argument("--modules", type=int, default=60)
@@ -165,7 +170,7 @@ def main():
     for k, v in (QUICK if a.quick else FULL).items():
         if getattr(a, k) is None:
             setattr(a, k, v)
-    chosen = "fleet,busy,envs" if a.fleet else a.scenarios
+    chosen = "fleet,busy,envs,cache" if a.fleet else a.scenarios
     sel = [s.strip() for s in chosen.split(",") if s.strip()]
     skip = [s.strip() for s in a.skip.split(",") if s.strip()]
     for s in sel + skip:
@@ -289,6 +294,7 @@ def bench(ctx, results):
     guarded("fleet", fleet.run, ctx, results)
     guarded("big", big, ctx, results)
     guarded("envs", envs.run, ctx, results)
+    guarded("cache", cache.run, ctx, results)
 
 
 def speed(ctx, results, w):
@@ -491,6 +497,7 @@ def print_tables(r):
     busy.print_table(r)
     fleet.print_table(r)
     envs.print_table(r)
+    cache.print_table(r)
 
 
 def targets(r):
@@ -550,6 +557,16 @@ def targets(r):
     for key, limit in (("listing 304, 64 connections", 20_000), ("small file content, 8 connections", 10_000),
                        ("listing, 1 connection", 600)):
         add(f"{key} ≥ {limit:,} req/s", lambda key=key, limit=limit: (f"{ld[key]['rps']:,.0f} req/s", ld[key]["rps"] >= limit))
+    ch = r.get("cache", {})
+
+    def cached():
+        w, wo = ch["with"], ch["without"]
+        return (f"{w['content_bytes']/1000:,.1f} KB of content for {w['nodes']} nodes "
+                f"({w['changed_content_bytes']/1000:,.1f} KB changed; without the cache "
+                f"{wo['content_bytes']/1000:,.1f} KB); all bytes {w['master_bytes']/1000:,.1f} KB vs "
+                f"{wo['master_bytes']/1000:,.1f} KB", w["content_bytes"] <= 2 * w["changed_content_bytes"])
+    if "with" in ch:  # an opt-in scenario: no row when it did not run
+        add("behind nginx's cache, a 1 % change costs the masters ≤ 2× the changed files' content", cached)
     mem = r.get("memory", {})
 
     def bigmem():

@@ -39,6 +39,8 @@ mod cli_exit;
 mod common;
 // Master processes behind HAProxy: syncs and ETags surviving a backend dying (needs `haproxy`).
 mod haproxy_lb;
+// A hundred agents behind nginx's cache from packaging/ in front of two masters: content leaves the masters about once, listings always reach one, a wrong cached blob is refused (needs `nginx`).
+mod nginx_cache;
 // Log lines under systemd: syslog priorities when stderr is the journal, one line per error.
 mod logs;
 // Content-addressed blobs by sha256 and batches of them: caching, authentication, authorization.

@@ -22,11 +22,10 @@
 //! are missing (one balancer missing skips its part), except under CI. One
 //! JVM for the whole module: it takes a minute or more to start.
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use pluginsync_tests::balancer::{Backends, Balancer, ProxyBackend};
+use pluginsync_tests::balancer::{Backends, Balancer, ProxyBackend, wait_served};
 use pluginsync_tests::puppet::{PuppetAgent, PuppetServer};
 use pluginsync_tests::{
     AgentHome, closed_port, merged_mount, require, tree_snapshot, without_modes,
@@ -132,39 +131,6 @@ fn puppetserver_plugin_lines(log: &str) -> Vec<&str> {
                 })
         })
         .collect()
-}
-
-/// A plain HTTP GET of `target` on a master's `[proxy]` listener as a
-/// balancer sends it for `node1`: the body of a 200, else `None`.
-fn proxy_get(addr: &str, target: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    let req = format!(
-        "GET {target} HTTP/1.1\r\nHost: puppet\r\nConnection: close\r\n\
-         X-Client-Verify: SUCCESS\r\nX-Client-DN: CN=node1\r\n\r\n"
-    );
-    s.write_all(req.as_bytes()).ok()?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).ok()?;
-    let (head, body) = answer.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
-}
-
-/// Waits (at most 60 s) until every master serves `text` for the
-/// production plugin `rel` (they watch the tree and re-index).
-fn wait_served(masters: &[ProxyBackend], rel: &str, text: &str) {
-    let target = format!("/puppet/v3/file_content/plugins/{rel}?environment=production");
-    let end = Instant::now() + Duration::from_secs(60);
-    for m in masters {
-        while proxy_get(&m.proxy, &target).as_deref() != Some(text) {
-            assert!(
-                Instant::now() < end,
-                "{} never served the new {rel}",
-                m.proxy
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
 }
 
 /// Status of a GET of `target` through the balancer without a client
@@ -305,7 +271,7 @@ fn full_run_through(
     let changed = format!("# changed for the run through {name}\n");
     std::fs::write(env_dir.join("modules/fleet").join(VERSION_RB), &changed).unwrap();
     let rel = VERSION_RB.strip_prefix("lib/").unwrap();
-    wait_served(masters, rel, &changed);
+    wait_served(masters, "node1", "plugins", rel, &changed);
     let skip: Vec<usize> = masters.iter().map(|m| m.access_log().len()).collect();
     let server_before = server.access_log().lines().count();
     let run = agent.agent_test("production");

@@ -1,8 +1,10 @@
 //! Layer-7 balancers in front of a Puppet fleet
 //! (docs/puppet-fleet.md#running-in-a-puppet-fleet): HAProxy with
 //! `packaging/haproxy-puppet.cfg` and nginx with `packaging/nginx-puppet.conf`,
-//! each run from the repository's file as written, as a child process killed on
-//! drop; and the pluginsync masters behind them, [`ProxyBackend`]: the master
+//! and nginx as a cache in front of the masters with
+//! `packaging/nginx-pluginsync-cache.conf`
+//! (docs/cache.md), each run from the
+//! repository's file as written, as a child process killed on drop; and the pluginsync masters behind them, [`ProxyBackend`]: the master
 //! binary with a `[proxy]` listener (docs/protocol.md §5.5) and its JSON access
 //! log kept in a file.
 //!
@@ -114,19 +116,143 @@ impl Balancer {
                 .map(|a| format!("server {a} max_fails=1 fail_timeout=5s;\n"))
                 .collect(),
         );
+        Balancer::nginx_with(nginx, dir, port, "packaging/nginx-puppet.conf")
+    }
+
+    /// nginx with `packaging/nginx-pluginsync-cache.conf` unmodified, a
+    /// cache in front of the pluginsync masters' `[proxy]` listeners
+    /// `masters` (docs/cache.md): the four
+    /// `pluginsync-cache/*.conf` files the file includes are written next
+    /// to the main `nginx.conf` with loopback values, the cache in
+    /// [`Balancer::cache_dir`], its JSON log in [`Balancer::cache_log`],
+    /// plain HTTP to the masters. `tls` is the certificate and key nginx
+    /// presents and the CA and CRL client certificates must verify against.
+    pub fn nginx_cache(nginx: &Path, tls: [&Path; 4], masters: &[String]) -> Balancer {
+        Balancer::nginx_cache_with(nginx, tls, masters, "set $pluginsync_hop http;\n".into())
+    }
+
+    /// [`Balancer::nginx_cache`] reaching `masters` over TLS, as a remote
+    /// site does (docs/cache.md#the-hop-to-the-masters): `hop` is the
+    /// certificate and key nginx presents to them; it verifies theirs
+    /// (`localhost`) against the CA of `tls`.
+    pub fn nginx_cache_over_tls(
+        nginx: &Path,
+        tls: [&Path; 4],
+        masters: &[String],
+        [hop_cert, hop_key]: [&Path; 2],
+    ) -> Balancer {
+        let hop = format!(
+            "set $pluginsync_hop https;\nproxy_ssl_certificate {};\n\
+             proxy_ssl_certificate_key {};\nproxy_ssl_trusted_certificate {};\n\
+             proxy_ssl_verify on;\nproxy_ssl_name localhost;\nproxy_ssl_session_reuse on;\n",
+            hop_cert.display(),
+            hop_key.display(),
+            tls[2].display()
+        );
+        Balancer::nginx_cache_with(nginx, tls, masters, hop)
+    }
+
+    /// nginx with `packaging/nginx-pluginsync-hop.conf` unmodified: TLS on
+    /// a master host in front of its `[proxy]` listener `master`, admitting
+    /// only the certificates of `caches` (docs/cache.md#the-hop-to-the-masters);
+    /// the three `pluginsync-hop/*.conf` files it includes are written next
+    /// to the main `nginx.conf`. `tls` as for [`Balancer::nginx_cache`].
+    pub fn nginx_hop(
+        nginx: &Path,
+        [cert, key, ca, crl]: [&Path; 4],
+        caches: &[&str],
+        master: &str,
+    ) -> Balancer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = crate::closed_port();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("pluginsync-hop")).expect("mkdir");
+        let write = |name: &str, text: String| {
+            std::fs::write(d.join("pluginsync-hop").join(name), text).expect("write nginx include");
+        };
+        write(
+            "site.conf",
+            format!(
+                "listen 127.0.0.1:{port} ssl;\nssl_certificate {};\nssl_certificate_key {};\n\
+                 ssl_client_certificate {};\nssl_crl {};\n",
+                cert.display(),
+                key.display(),
+                ca.display(),
+                crl.display()
+            ),
+        );
+        write(
+            "caches.conf",
+            caches.iter().map(|c| format!("\"CN={c}\" 1;\n")).collect(),
+        );
+        write("master.conf", format!("server {master};\n"));
+        Balancer::nginx_with(nginx, dir, port, "packaging/nginx-pluginsync-hop.conf")
+    }
+
+    fn nginx_cache_with(
+        nginx: &Path,
+        [cert, key, ca, crl]: [&Path; 4],
+        masters: &[String],
+        hop: String,
+    ) -> Balancer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = crate::closed_port();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("pluginsync-cache")).expect("mkdir");
+        let write = |name: &str, text: String| {
+            std::fs::write(d.join("pluginsync-cache").join(name), text)
+                .expect("write nginx include");
+        };
+        write(
+            "store.conf",
+            format!(
+                "proxy_cache_path {} levels=1:2 keys_zone=pluginsync:4m max_size=256m \
+                 inactive=1d use_temp_path=off;\n",
+                d.join("cache").display()
+            ),
+        );
+        write(
+            "site.conf",
+            format!(
+                "listen 127.0.0.1:{port} ssl;\nssl_certificate {};\nssl_certificate_key {};\n\
+                 ssl_client_certificate {};\nssl_crl {};\naccess_log {} pluginsync_cache;\n",
+                cert.display(),
+                key.display(),
+                ca.display(),
+                crl.display(),
+                d.join("cache.log").display()
+            ),
+        );
+        write(
+            "masters.conf",
+            masters
+                .iter()
+                .map(|a| format!("server {a} max_fails=1 fail_timeout=5s;\n"))
+                .collect(),
+        );
+        write("hop.conf", hop);
+        Balancer::nginx_with(nginx, dir, port, "packaging/nginx-pluginsync-cache.conf")
+    }
+
+    /// nginx in the foreground with a main `nginx.conf` in `dir` (its pid,
+    /// logs and temp paths there) whose `http` block includes the
+    /// repository's `conf` unmodified.
+    fn nginx_with(nginx: &Path, dir: tempfile::TempDir, port: u16, conf: &str) -> Balancer {
+        let d = dir.path();
         let temp: String = ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"]
             .iter()
             .map(|t| format!("    {t}_temp_path {};\n", d.join(t).display()))
             .collect();
-        write(
-            "nginx.conf",
+        std::fs::write(
+            d.join("nginx.conf"),
             format!(
                 "worker_processes 1;\nevents {{ worker_connections 512; }}\nhttp {{\n    \
                  access_log {};\n{temp}    include {};\n}}\n",
                 d.join("access.log").display(),
-                repo_root().join("packaging/nginx-puppet.conf").display()
+                repo_root().join(conf).display()
             ),
-        );
+        )
+        .expect("write nginx.conf");
         let log = std::fs::File::create(d.join("nginx.out")).expect("log");
         let child = Command::new(nginx)
             .arg("-p")
@@ -171,6 +297,22 @@ impl Balancer {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// [`Balancer::nginx_cache`]'s cache directory (`proxy_cache_path`).
+    pub fn cache_dir(&self) -> PathBuf {
+        self.dir.path().join("cache")
+    }
+
+    /// [`Balancer::nginx_cache`]'s log so far: one JSON object per request
+    /// (`log_format pluginsync_cache`: `client`, `uri`, `status`, `bytes`,
+    /// `cache`, `upstream`).
+    pub fn cache_log(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.path().join("cache.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .collect()
+    }
 }
 
 impl Drop for Balancer {
@@ -209,10 +351,17 @@ impl ProxyBackend {
     /// listener on an ephemeral port with `cert`/`key` and the CA and CRL
     /// of `ca`/`crl` (which also verify `X-Client-Cert`); waits (at most
     /// 60 s) for its `proxy listening on` line.
-    pub fn spawn(
+    pub fn spawn(envpath: &Path, basemodulepath: &Path, tls: [&Path; 4]) -> ProxyBackend {
+        ProxyBackend::spawn_with(envpath, basemodulepath, tls, "")
+    }
+
+    /// [`ProxyBackend::spawn`] with `extra` TOML tables at the end of its
+    /// config (`[[authorization]]` rules, …).
+    pub fn spawn_with(
         envpath: &Path,
         basemodulepath: &Path,
         [cert, key, ca, crl]: [&Path; 4],
+        extra: &str,
     ) -> ProxyBackend {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = crate::closed_port();
@@ -225,7 +374,7 @@ impl ProxyBackend {
                  [tls]\ncert = {cert:?}\nkey = {key:?}\nca = {ca:?}\ncrl = {crl:?}\n\
                  [http]\nshutdown_grace = \"0s\"\n\
                  [proxy]\nlisten = [\"127.0.0.1:{port}\"]\ntrusted = [\"127.0.0.0/8\"]\n\
-                 [log]\naccess = \"json\"\n"
+                 [log]\naccess = \"json\"\n{extra}"
             ),
         )
         .expect("write master.toml");
@@ -260,6 +409,24 @@ impl ProxyBackend {
         }
     }
 
+    /// A plain HTTP GET of `target` on its `[proxy]` listener as a
+    /// balancer sends it for `certname` (verified, DN header only): the
+    /// body of a 200, else `None`.
+    pub fn get_as(&self, certname: &str, target: &str) -> Option<String> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.proxy).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+        let req = format!(
+            "GET {target} HTTP/1.1\r\nHost: puppet\r\nConnection: close\r\n\
+             X-Client-Verify: SUCCESS\r\nX-Client-DN: CN={certname}\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).ok()?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).ok()?;
+        let (head, body) = answer.split_once("\r\n\r\n")?;
+        head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+    }
+
     /// Its access log so far: one JSON object per request.
     pub fn access_log(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.log)
@@ -275,5 +442,22 @@ impl Drop for ProxyBackend {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Waits (at most 60 s) until every master serves `text` at `rel` of
+/// production's `mount` to `certname` (they watch the tree and re-index).
+pub fn wait_served(masters: &[ProxyBackend], certname: &str, mount: &str, rel: &str, text: &str) {
+    let target = format!("/puppet/v3/file_content/{mount}/{rel}?environment=production");
+    let end = Instant::now() + Duration::from_secs(60);
+    for m in masters {
+        while m.get_as(certname, &target).as_deref() != Some(text) {
+            assert!(
+                Instant::now() < end,
+                "{} never served the new {rel}",
+                m.proxy
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }

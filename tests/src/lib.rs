@@ -5,7 +5,8 @@
 //! test imports from the crate root (`use pluginsync_tests::{Pki, …}`).
 //!
 //! - `pki`: [`Pki`], a throwaway CA made by the master's own `dev-certs`
-//!   code, with agents [`AGENTS`] (`node1`, `node2` and a revoked `revoked`).
+//!   code, with agents [`AGENTS`] (`node1`, `node2` and a revoked `revoked`),
+//!   or a fleet's certnames ([`Pki::with_agents`]).
 //! - `tree`: [`EnvTree`], an environmentpath in a tempdir, built file by
 //!   file; [`tree_snapshot`] and [`merged_mount`] to compare trees;
 //!   [`sha256_hex`].
@@ -49,7 +50,8 @@
 //!   [`removals`] (what a run reported removed).
 //! - [`puppet`]: stock Puppet agents and a throwaway Puppet Server.
 //! - [`balancer`]: HAProxy and nginx from `packaging/` in front of Puppet
-//!   Server and pluginsync masters' `[proxy]` listeners.
+//!   Server and pluginsync masters' `[proxy]` listeners; nginx's cache in
+//!   front of the masters, and the TLS hop from it to a master.
 //! - `controlrepo`: [`ControlRepo`], a code tree shaped like an
 //!   r10k-deployed control repository (`environment.conf`, site-modules,
 //!   a glob, `$basemodulepath`) and what each mount must serve from it.

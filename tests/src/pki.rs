@@ -19,13 +19,26 @@ pub struct Pki {
 impl Pki {
     /// Server `localhost`, agents [`AGENTS`], `revoked` in the CRL.
     pub fn new() -> Pki {
+        Pki::make(
+            AGENTS.iter().map(|s| s.to_string()).collect(),
+            vec!["revoked".into()],
+        )
+    }
+
+    /// Server `localhost` and the agents `names`, none revoked: a fleet
+    /// of nodes with certnames of their own.
+    pub fn with_agents(names: &[String]) -> Pki {
+        Pki::make(names.to_vec(), Vec::new())
+    }
+
+    fn make(agents: Vec<String>, revoke: Vec<String>) -> Pki {
         let dir = tempfile::tempdir().expect("tempdir");
         let ssldir = dir.path().join("ssl");
         devcerts::generate(&DevCertsOptions {
             out: ssldir.clone(),
             server_names: vec!["localhost".into()],
-            agents: AGENTS.iter().map(|s| s.to_string()).collect(),
-            revoke: vec!["revoked".into()],
+            agents,
+            revoke,
             days: 400,
         })
         .expect("dev certs");
