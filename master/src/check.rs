@@ -12,6 +12,8 @@
 //! files per mount and every path that two modules both provide (with the
 //! winner), so an operator sees a shadowed fact before an agent does. Walks
 //! the trees but does not hash them, so it is quick on large environments.
+//! Then the generations the store keeps for it (`[generations] dir`),
+//! newest first: id, publication time, files, bytes.
 //! The last line is `OK`, or `OK, with N warnings` when there are any.
 //!
 //! A path of a served tree the master cannot read (a module root, `lib/`,
@@ -23,8 +25,11 @@
 use std::io::Write;
 use std::path::Path;
 
+use pluginsync_common::envname::EnvName;
+
 use crate::config::MasterConfig;
 use crate::environments;
+use crate::generations::Generations;
 use crate::index::{EnvIndex, Mount};
 use crate::walk::{Hashing, ReadError};
 
@@ -73,6 +78,13 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
         writeln!(out, "warning: {w}")?;
         warnings += 1;
     }
+    let store = Generations::new(&config.generations);
+    if config.generations.dir.is_some()
+        && let Err(e) = store.open(false)
+    {
+        writeln!(out, "warning: {e}")?;
+        warnings += 1;
+    }
     let envs = environments::list_environments(config);
     if envs.is_empty() {
         writeln!(out, "warning: no environment found on the environmentpath")?;
@@ -111,6 +123,7 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
                 )?;
             }
         }
+        generations(&store, &name, out)?;
         for e in &idx.unreadable {
             writeln!(out, "  error: {e}")?;
         }
@@ -182,6 +195,28 @@ fn modulepath(config: &MasterConfig, dir: &Path, out: &mut impl Write) -> std::i
         writeln!(out, "  warning: {o}")?;
     }
     Ok(mp.warnings.len() + scan.outside.len())
+}
+
+/// The generations the store keeps for `env`, newest first: id (short),
+/// publication time, files, bytes (docs/deploys.md#generations).
+fn generations(store: &Generations, env: &EnvName, out: &mut impl Write) -> std::io::Result<()> {
+    let kept = store.kept(env);
+    if kept.is_empty() {
+        return writeln!(out, "  generations: none kept");
+    }
+    writeln!(out, "  generations ({} kept, newest first):", kept.len())?;
+    for (i, k) in kept.iter().enumerate() {
+        writeln!(
+            out,
+            "    {}  {}  {}, {} bytes{}",
+            k.id.short(),
+            k.published,
+            count(k.files as usize, "file", "files"),
+            k.bytes,
+            if i == 0 { "  (current)" } else { "" }
+        )?;
+    }
+    Ok(())
 }
 
 /// The served files of `idx` that cannot be opened for reading (the walk

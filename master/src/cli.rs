@@ -69,6 +69,25 @@ pub enum Command {
         /// The environment.
         environment: Option<String>,
     },
+    /// Write one generation of ENVIRONMENT as an offline bundle
+    /// (docs/protocol.md §7.7): the current one, or a kept one by id (a
+    /// unique prefix will do); the same generation gives the same bytes.
+    /// Exit 66 when the environment or generation does not exist.
+    Bundle {
+        /// The config file (for `[generations] dir` and the environmentpath).
+        #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// A kept generation's id, or a unique prefix of one (default: the
+        /// current generation).
+        #[arg(long)]
+        generation: Option<String>,
+        /// Where to write the bundle (written under a temporary name, then
+        /// renamed).
+        #[arg(long)]
+        out: PathBuf,
+        /// The environment.
+        environment: String,
+    },
 }
 
 impl Cli {

@@ -58,6 +58,41 @@ pub struct MasterConfig {
     /// client's identity in headers (docs/protocol.md §5.5).
     #[serde(default)]
     pub proxy: ProxyConfig,
+    /// The generations kept per environment and their content store
+    /// (docs/deploys.md#generations).
+    #[serde(default)]
+    pub generations: GenerationsConfig,
+}
+
+/// `[generations]`: how many generations each environment keeps, where
+/// their content-addressed store lives, and its byte bound
+/// (docs/deploys.md#generations).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GenerationsConfig {
+    /// Generations kept per environment, the current one included.
+    pub keep: usize,
+    /// The store's directory; unset: a temporary directory removed when
+    /// the master exits (a development run; the package sets
+    /// `/var/lib/pluginsync/generations`).
+    pub dir: Option<PathBuf>,
+    /// The store's bound in MiB: beyond it, the oldest non-current go.
+    pub max_mib: u64,
+}
+
+/// Default of `generations.keep`.
+pub const DEFAULT_KEEP: usize = 5;
+/// Default of `generations.max_mib`.
+pub const DEFAULT_MAX_MIB: u64 = 2048;
+
+impl Default for GenerationsConfig {
+    fn default() -> Self {
+        GenerationsConfig {
+            keep: DEFAULT_KEEP,
+            dir: None,
+            max_mib: DEFAULT_MAX_MIB,
+        }
+    }
 }
 
 /// `[proxy]`: a second kind of listener, plain HTTP, for a balancer that
@@ -495,6 +530,11 @@ impl MasterConfig {
             )));
         }
         self.proxy.validate()?;
+        if self.generations.keep == 0 || self.generations.max_mib == 0 {
+            return Err(ConfigError::Invalid(
+                "generations.keep and generations.max_mib must be at least 1".into(),
+            ));
+        }
         Ok(())
     }
 

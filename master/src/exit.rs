@@ -17,6 +17,9 @@ pub enum ExitStatus {
     Failure = 1,
     /// The command line is wrong (sysexits `EX_USAGE`).
     Usage = 64,
+    /// What the command names does not exist: `bundle`'s environment or
+    /// generation (sysexits `EX_NOINPUT`).
+    NoInput = 66,
     /// The config, or an environment it names, cannot be used (sysexits
     /// `EX_CONFIG`); `check` exits with this when it finds a problem.
     Config = 78,
@@ -28,6 +31,7 @@ Exit status:
   0   success (serve: stopped by SIGTERM/SIGINT after draining)
   1   runtime failure (e.g. cannot listen)
   64  usage error (unknown flag or subcommand)
+  66  bundle: no such environment or kept generation
   78  configuration error (serve and check)";
 
 impl ExitStatus {
@@ -77,6 +81,14 @@ impl Failure {
             }
         }
         line
+    }
+
+    /// What the command names does not exist: [`ExitStatus::NoInput`].
+    pub fn no_input(error: impl Into<anyhow::Error>) -> Failure {
+        Failure {
+            status: ExitStatus::NoInput,
+            error: error.into(),
+        }
     }
 
     /// A runtime problem: [`ExitStatus::Failure`].

@@ -6,12 +6,14 @@
 //! only read the index, each after the one authorization step of [`auth`],
 //! with the [`state`] they share. [`server`] ties listeners, TLS ([`tls`])
 //! and signals together, with the `[proxy]` listener's header identity in
-//! [`proxy`]; [`check`], [`devcerts`], [`csr`] and [`reindex`] back
-//! the other subcommands.
+//! [`proxy`]; [`generations`] keeps what each publication made;
+//! [`check`], [`devcerts`], [`csr`], [`reindex`] and [`bundle`] back the
+//! other subcommands.
 
 pub mod access;
 pub mod api_error;
 pub mod auth;
+pub mod bundle;
 pub mod ca_chain;
 pub mod check;
 pub mod cli;
@@ -21,6 +23,7 @@ pub mod devcerts;
 pub mod envconf;
 pub mod environments;
 pub mod exit;
+pub mod generations;
 pub mod handlers;
 pub mod index;
 pub mod metrics;

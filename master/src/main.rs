@@ -9,7 +9,7 @@ use std::sync::Arc;
 use pluginsync_master::cli::{self, Command};
 use pluginsync_master::config::MasterConfig;
 use pluginsync_master::exit::{ExitStatus, Failure};
-use pluginsync_master::{check, csr, devcerts, reindex, server};
+use pluginsync_master::{bundle, check, csr, devcerts, reindex, server};
 
 fn main() -> ExitCode {
     let cli = match cli::parse() {
@@ -23,6 +23,7 @@ fn main() -> ExitCode {
             | Command::DevCerts { .. }
             | Command::Csr { .. }
             | Command::Reindex { .. }
+            | Command::Bundle { .. }
     );
     pluginsync_common::logging::init_with(cli.log_level(quiet), cli.log_format);
     let result = match cli.command {
@@ -51,6 +52,22 @@ fn main() -> ExitCode {
                 .block_on(reindex::run(&c, environment.as_deref(), server.as_deref()))
                 .map_err(Failure::runtime)?;
             println!("{done}");
+            Ok(())
+        }),
+        Command::Bundle {
+            config,
+            generation,
+            out,
+            environment,
+        } => load(&config).and_then(|c| {
+            let written = bundle::run(&c, &environment, generation.as_deref(), &out).map_err(|e| {
+                if e.is_not_found() {
+                    Failure::no_input(e)
+                } else {
+                    Failure::runtime(e)
+                }
+            })?;
+            println!("{}", written.line(&out));
             Ok(())
         }),
         Command::Serve { config } => load(&config).and_then(|c| {

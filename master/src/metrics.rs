@@ -62,6 +62,9 @@ pub struct Stats {
     pub watched_environments: AtomicU64,
     /// Explicit re-indexes: the admin API, `reindex`, SIGHUP.
     pub reindexes: AtomicU64,
+    /// Builds not published because the tree changed under the walk
+    /// (docs/deploys.md#consistent-builds).
+    pub inconsistent_builds: AtomicU64,
 }
 
 /// Latency buckets (seconds): 1 ms to 10 s.
@@ -85,6 +88,7 @@ const INDEX_ERRORS: &str = "pluginsync_master_index_errors_total";
 const BUILD_DURATION: &str = "pluginsync_master_index_build_duration_seconds";
 const INDEX_FILES: &str = "pluginsync_master_index_files";
 const INDEX_BYTES: &str = "pluginsync_master_index_bytes";
+const GENERATIONS_KEPT: &str = "pluginsync_master_generations_kept";
 
 /// What is read at scrape time (see the module doc).
 #[derive(Debug, Default, Clone)]
@@ -118,6 +122,16 @@ pub struct Snapshot {
     pub server_certificate_expiry: Option<i64>,
     /// The CRL's `nextUpdate` (Unix seconds), if there is a CRL with one.
     pub crl_next_update: Option<i64>,
+    /// Bytes of the generation store (docs/deploys.md#generations).
+    pub generation_store_bytes: u64,
+    /// Generations evicted since start.
+    pub generation_evictions: u64,
+    /// Publications the generation store failed.
+    pub generation_store_errors: u64,
+    /// Builds not published because the tree changed under the walk.
+    pub inconsistent_builds: u64,
+    /// Generations kept, by environment.
+    pub generations_kept: Vec<(String, u64)>,
 }
 
 /// The master's metrics.
@@ -207,6 +221,11 @@ impl Metrics {
             INDEX_BYTES.into(),
             Some(Unit::Bytes),
             SharedString::const_str("Bytes of the files served, by environment and mount."),
+        );
+        m.recorder.describe_gauge(
+            GENERATIONS_KEPT.into(),
+            None,
+            SharedString::const_str("Generations kept in the generation store, by environment."),
         );
         for (name, help) in SNAPSHOT_SERIES {
             if name.ends_with("_total") {
@@ -329,8 +348,13 @@ impl Metrics {
             s.files_hashed,
             s.watch_events,
             s.authorization_refusals,
+            s.generation_store_bytes,
+            s.generation_evictions,
+            s.generation_store_errors,
+            s.inconsistent_builds,
         ];
-        for (&(name, _), value) in SNAPSHOT_SERIES.iter().zip(values) {
+        let plain = SNAPSHOT_SERIES[..12].iter().chain(&SNAPSHOT_SERIES[14..]);
+        for (&(name, _), value) in plain.zip(values) {
             if name.ends_with("_total") {
                 self.recorder
                     .register_counter(&Key::from_static_name(name), &METADATA)
@@ -351,13 +375,21 @@ impl Metrics {
                     .set(v as f64);
             }
         }
+        for (env, kept) in &snapshot.generations_kept {
+            self.recorder
+                .register_gauge(
+                    &Self::key(GENERATIONS_KEPT, &[("environment", env.clone())]),
+                    &METADATA,
+                )
+                .set(*kept as f64);
+        }
         self.handle.render()
     }
 }
 
 /// The series read at scrape time, with their help texts, in
 /// [`Metrics::render`]'s order.
-const SNAPSHOT_SERIES: [(&str, &str); 14] = [
+const SNAPSHOT_SERIES: [(&str, &str); 18] = [
     (
         "pluginsync_master_open_connections",
         "Client connections open now.",
@@ -413,6 +445,22 @@ const SNAPSHOT_SERIES: [(&str, &str); 14] = [
     (
         "pluginsync_master_crl_next_update_timestamp_seconds",
         "The CRL's nextUpdate (Unix time).",
+    ),
+    (
+        "pluginsync_master_generation_store_bytes",
+        "Bytes of file contents and manifests in the generation store.",
+    ),
+    (
+        "pluginsync_master_generation_evictions_total",
+        "Generations evicted from the generation store (generations.keep, generations.max_mib).",
+    ),
+    (
+        "pluginsync_master_generation_store_errors_total",
+        "Index builds not published because the generation store could not be written.",
+    ),
+    (
+        "pluginsync_master_inconsistent_builds_total",
+        "Index builds not published because the environment changed during the walk (a link flipped).",
     ),
 ];
 

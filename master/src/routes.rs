@@ -107,6 +107,11 @@ fn routes(state: AppState, request_timeout: Duration) -> Router {
             get(handlers::blob),
         )
         .route(protocol::BATCH_PATH, get(handlers::blobs_batch))
+        .route(protocol::ASSIGNMENT_PATH, get(handlers::assignment))
+        .route(
+            &format!("{}{{id}}", protocol::GENERATIONS_PREFIX),
+            get(handlers::manifest),
+        )
         .route(protocol::STATUS_SIMPLE, get(handlers::status))
         // Puppet Server's admin API, for deploy tools (docs/protocol.md §1.10).
         .route(
@@ -149,6 +154,10 @@ pub fn endpoint_of(path: &str) -> &'static str {
         "blob"
     } else if path == protocol::BATCH_PATH {
         "blob_batch"
+    } else if path == protocol::ASSIGNMENT_PATH {
+        "assignment"
+    } else if path.starts_with(protocol::GENERATIONS_PREFIX) {
+        "generation"
     } else if path == protocol::STATUS_SIMPLE {
         "status"
     } else if path == handlers::admin::ENVIRONMENT_CACHE {

@@ -89,6 +89,9 @@ pub enum ServeError {
     /// The watcher could not start.
     #[error(transparent)]
     Watch(#[from] crate::watch::WatchError),
+    /// The generation store cannot be opened (`[generations] dir`).
+    #[error(transparent)]
+    Generations(#[from] crate::generations::StoreError),
     /// A listener could not be bound or set up.
     #[error("cannot listen on {0}")]
     Listen(Listener, #[source] std::io::Error),
@@ -187,6 +190,8 @@ pub async fn serve(
     let _watcher = crate::watch::spawn(store.clone())?;
     // Nothing is indexed before listening (docs/master.md#many-environments):
     // the warmer indexes in the background, requests index on demand.
+    store.generations.open(true)?;
+    background.push(tokio::spawn(store.clone().retrier()));
     background.push(tokio::spawn(store.clone().warm()));
     background.push(tokio::spawn(Store::idle_dropper(
         Arc::downgrade(&store),
@@ -523,6 +528,16 @@ fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::met
         authorization_refusals: gate.refusals(),
         server_certificate_expiry: crate::tls::certificate_expiry(&tls.cert),
         crl_next_update: tls.crl.as_deref().and_then(crate::tls::crl_next_update),
+        generation_store_bytes: store.generations.bytes(),
+        generation_evictions: load(&store.generations.evictions),
+        generation_store_errors: load(&store.generations.errors),
+        inconsistent_builds: load(&s.inconsistent_builds),
+        generations_kept: store
+            .generations
+            .counts()
+            .into_iter()
+            .map(|(e, n)| (e.to_string(), n as u64))
+            .collect(),
     }
 }
 

@@ -44,10 +44,13 @@ use pluginsync_common::envname::EnvName;
 
 use crate::config::{MasterConfig, Publish};
 use crate::environments;
+use crate::generations::Generations;
 use crate::index::{EnvIndex, Hashing, Mount};
 use crate::metrics::Metrics;
 pub use crate::metrics::Stats;
 use crate::walk::KeptDigests;
+
+mod publish;
 
 /// One indexed environment and when it was last asked for.
 #[derive(Debug)]
@@ -119,6 +122,14 @@ pub struct Store {
     /// The served certificate's validity: outside it, the health check
     /// answers 503.
     pub certificate: crate::tls::Validity,
+    /// The generations each publication made, kept on disk
+    /// (docs/deploys.md#generations).
+    pub generations: Generations,
+    /// Environments whose last build was not published (a tree that
+    /// changed under the walk, a store that failed): built again
+    /// `index.settle` later ([`Store::retrier`]).
+    retry: Mutex<BTreeSet<EnvName>>,
+    retry_wake: tokio::sync::Notify,
 }
 
 /// What a build calls before walking an environment (its name and
@@ -171,7 +182,6 @@ impl Store {
     pub fn new(config: Arc<MasterConfig>) -> Arc<Self> {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         Arc::new(Store {
-            config,
             envs: RwLock::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             builders: tokio::sync::Semaphore::new(cores),
@@ -188,6 +198,10 @@ impl Store {
             metrics: Metrics::new(),
             draining: AtomicBool::new(false),
             certificate: crate::tls::Validity::default(),
+            generations: Generations::new(&config.generations),
+            retry: Mutex::new(BTreeSet::new()),
+            retry_wake: tokio::sync::Notify::new(),
+            config,
         })
     }
 
@@ -253,7 +267,7 @@ impl Store {
         self.build(name, false).await;
         match self.current(name) {
             Some(idx) => Lookup::Found(idx),
-            None if self.is_held(name) => Lookup::Deploying,
+            None if self.is_held(name) || lock(&self.retry).contains(name) => Lookup::Deploying,
             None if lock(&self.unreadable).contains_key(name) => Lookup::Unreadable,
             None => Lookup::Unknown,
         }
@@ -508,26 +522,6 @@ impl Store {
         }
     }
 
-    /// A build of `name` that could not read part of its tree
-    /// (docs/master.md#unreadable-files): logged at error level, counted,
-    /// and not published, so the previous index (if `kept_previous`) stays
-    /// served and agents never see a smaller tree.
-    fn unreadable(&self, name: &EnvName, idx: &EnvIndex, kept_previous: bool) {
-        /// Paths logged one per line; the rest are counted.
-        const LOGGED: usize = 20;
-        for e in idx.unreadable.iter().take(LOGGED) {
-            tracing::error!(env = %name, path = %e.path.display(), error = %e.error, "cannot read a served path");
-        }
-        let unreadable = idx.unreadable.len();
-        self.metrics.index_error(name.as_str());
-        if kept_previous {
-            tracing::error!(env = %name, unreadable, "index not built: part of the environment cannot be read; still serving its previous index");
-        } else {
-            lock(&self.unreadable).insert(name.clone(), Instant::now());
-            tracing::error!(env = %name, unreadable, "index not built: part of the environment cannot be read; not served until it can be");
-        }
-    }
-
     fn build_blocking(&self, name: EnvName) {
         let Some(dir) = environments::find_environment(&self.config, &name) else {
             if self.write().remove(&name).is_some() {
@@ -542,6 +536,9 @@ impl Store {
         if let Some(hook) = self.before_walk.get() {
             (hook.0)(&name, &dir);
         }
+        let Ok(real_before) = std::fs::canonicalize(&dir) else {
+            return self.retry_later(&name);
+        };
         let started = Instant::now();
         let previous = self.read().get(&name).map(|s| s.index.clone());
         let kept = lock(&self.kept).remove(&name);
@@ -563,6 +560,12 @@ impl Store {
             return self.unreadable(&name, &idx, previous.is_some());
         }
         lock(&self.unreadable).remove(&name);
+        if !self.publish_generation(&name, &idx, &real_before) {
+            if let Some(kept) = kept {
+                lock(&self.kept).insert(name.clone(), kept);
+            }
+            return self.retry_later(&name);
+        }
         let hashed = self.stats.files_hashed.load(Ordering::Relaxed) - before;
         let walked = started.elapsed();
         idx.warm();

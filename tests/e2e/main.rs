@@ -39,6 +39,8 @@ mod haproxy_lb;
 mod logs;
 // Content-addressed blobs by sha256 and batches of them: caching, authentication, authorization.
 mod master_blobs;
+// Generations: the per-node answer, manifests and deltas, kept generations outliving their trees and restarts, the store's dedupe, cache policies.
+mod master_generations;
 // Deploys: flipped environment links, r10k and scripted redeploys held until they settle, explicit publishing.
 mod master_deploy;
 // A hundred environments: indexed on demand and in the background, one build per environment, dropped when idle.

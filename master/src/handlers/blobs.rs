@@ -46,7 +46,7 @@ use crate::request::{self, Query};
 use crate::state::AppState;
 use crate::walk::FileSig;
 
-use super::files::{CacheControl, send_file};
+use super::files::{CacheControl, send_file, send_path};
 
 /// Bytes read and sent per chunk of a large blob.
 const CHUNK: usize = 256 * 1024;
@@ -65,7 +65,7 @@ pub const BATCH_MAX_BYTES: u64 = 16 << 20;
 /// ignores them). Otherwise a shared cache in front of the masters would
 /// hand an environment's files to clients the rules refuse
 /// (docs/protocol.md §7.4).
-fn shareable(state: &AppState) -> bool {
+pub(super) fn shareable(state: &AppState) -> bool {
     let config = state.store.config();
     config.authorization.is_empty() || config.tls.client_auth == ClientAuth::None
 }
@@ -103,7 +103,36 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
             .await;
         }
     }
+    // A kept generation's content outlives its tree (docs/deploys.md#generations).
+    if let Some((path, _)) = state
+        .store
+        .generations
+        .blob(&digest, |env| client.may_read(env))
+        && let Some(sig) = stored_sig(&path)
+    {
+        let cache = CacheControl::Immutable {
+            public: shareable(&state),
+        };
+        return send_path(
+            &req,
+            path,
+            sig,
+            &digest,
+            cache,
+            &state.store.stats.contents_sent,
+        )
+        .await;
+    }
     Err(ApiError::not_found("blob", hex_digest))
+}
+
+/// The stat of a stored blob, read without following a link (the store
+/// writes files only).
+fn stored_sig(path: &std::path::Path) -> Option<FileSig> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|md| md.is_file())
+        .map(|md| crate::walk::sig_of(&md))
 }
 
 /// `GET /pluginsync/v1/blobs?sha256=…`: the batch (docs/protocol.md §7.2);
@@ -124,10 +153,20 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
     let items: Vec<Wanted> = wanted
         .into_iter()
         .map(|digest| {
-            let found = envs.iter().find_map(|idx| {
-                let (root, node) = idx.blob(&digest)?;
-                Some((node.real_path(&root.canon).into_owned(), node.sig?))
-            });
+            let found = envs
+                .iter()
+                .find_map(|idx| {
+                    let (root, node) = idx.blob(&digest)?;
+                    Some((node.real_path(&root.canon).into_owned(), node.sig?))
+                })
+                .or_else(|| {
+                    let (path, _) = state
+                        .store
+                        .generations
+                        .blob(&digest, |env| client.may_read(env))?;
+                    let sig = stored_sig(&path)?;
+                    Some((path, sig))
+                });
             (digest, found)
         })
         .collect();

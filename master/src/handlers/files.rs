@@ -20,6 +20,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use pluginsync_common::envname::EnvName;
 use pluginsync_common::etag::{self, ETag};
 use pluginsync_common::metadata::FileType;
 use pluginsync_common::protocol;
@@ -70,29 +71,31 @@ async fn accept(
         PathError::UnknownMount(m) => ApiError::not_found("mount", &format!("'{m}'")),
     })?;
     request::check_accept(&req.headers, produces)?;
-    let index = match state.store.get(&env).await {
-        Lookup::Found(index) => index,
-        Lookup::Unknown => return Err(ApiError::unknown_environment(env.as_str())),
-        Lookup::Deploying => {
-            return Err(ApiError::unavailable(
-                format!("environment '{env}' is being deployed; try again shortly"),
-                5,
-            ));
-        }
-        Lookup::Unreadable => {
-            return Err(ApiError::unavailable(
-                format!(
-                    "environment '{env}' cannot be read by the master (see its log); try again shortly"
-                ),
-                crate::store::RETRY_UNREADABLE.as_secs() as u32,
-            ));
-        }
-    };
+    let index = index_of(state, &env).await?;
     Ok(Accepted {
         index,
         target,
         query,
     })
+}
+
+/// The current index of `env`, or the answer for an environment that is
+/// not on disk (404), being deployed or unreadable (503).
+pub(super) async fn index_of(state: &AppState, env: &EnvName) -> Result<Arc<EnvIndex>, ApiError> {
+    match state.store.get(env).await {
+        Lookup::Found(index) => Ok(index),
+        Lookup::Unknown => Err(ApiError::unknown_environment(env.as_str())),
+        Lookup::Deploying => Err(ApiError::unavailable(
+            format!("environment '{env}' is being deployed; try again shortly"),
+            5,
+        )),
+        Lookup::Unreadable => Err(ApiError::unavailable(
+            format!(
+                "environment '{env}' cannot be read by the master (see its log); try again shortly"
+            ),
+            crate::store::RETRY_UNREADABLE.as_secs() as u32,
+        )),
+    }
 }
 
 /// `GET /puppet/v3/file_metadatas/<mount>[/…]`: the recursive search. The
@@ -208,6 +211,11 @@ fn listing_headers(headers: &mut HeaderMap) {
         protocol::HEADER_BLOB_BATCH,
         HeaderValue::from_static(protocol::BATCH_PATH),
     );
+    // ... and that it serves generations (docs/protocol.md §7.6).
+    headers.insert(
+        protocol::HEADER_GENERATIONS,
+        HeaderValue::from_static(protocol::ASSIGNMENT_PATH),
+    );
 }
 
 /// The `226` answer carrying `delta` (docs/protocol.md §7.5), gzipped
@@ -321,7 +329,7 @@ fn listing_error(e: ListingError) -> ApiError {
 /// (docs/protocol.md §1.7 step 12).
 const CHANGED: &str = "the file changed on the master, retry";
 
-fn header_value(s: &str) -> HeaderValue {
+pub(super) fn header_value(s: &str) -> HeaderValue {
     HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static("\"invalid\""))
 }
 
@@ -433,11 +441,12 @@ pub(super) enum CacheControl {
 }
 
 impl CacheControl {
-    fn header(self) -> &'static str {
+    /// The `Cache-Control` value.
+    pub(super) fn header(self) -> &'static str {
         match self {
             CacheControl::Revalidate => "no-cache",
-            CacheControl::Immutable { public: true } => "public, max-age=31536000, immutable",
-            CacheControl::Immutable { public: false } => "private, max-age=31536000, immutable",
+            CacheControl::Immutable { public: true } => protocol::CACHE_IMMUTABLE,
+            CacheControl::Immutable { public: false } => protocol::CACHE_IMMUTABLE_PRIVATE,
         }
     }
 }
@@ -455,6 +464,21 @@ pub(super) async fn send_file(
     let (Some(sig), Some(digest)) = (node.sig, node.sha256) else {
         return Err(ApiError::internal());
     };
+    let real = node.real_path(&root.canon).into_owned();
+    send_path(req, real, sig, &digest, cache, sent).await
+}
+
+/// Sends the file at `real` as the content of `digest`, only if it is
+/// still the inode (and stat) `sig` names; `send_file`'s second half, and
+/// how a blob of the generation store is sent.
+pub(super) async fn send_path(
+    req: &Parts,
+    real: std::path::PathBuf,
+    sig: crate::walk::FileSig,
+    digest: &pluginsync_common::digest::Sha256,
+    cache: CacheControl,
+    sent: &AtomicU64,
+) -> Result<Response, ApiError> {
     let etag = ETag::of_digest(&digest.0);
     if request::not_modified(&req.headers, &etag) {
         return Ok((
@@ -463,10 +487,10 @@ pub(super) async fn send_file(
         )
             .into_response());
     }
-    let real = node.real_path(&root.canon).into_owned();
+    let path = real.clone();
     let opened = tokio::task::spawn_blocking(
         move || -> std::io::Result<(std::fs::File, Option<Vec<u8>>)> {
-            let (file, md) = crate::walk::open_indexed(&real, sig)?;
+            let (file, md) = crate::walk::open_indexed(&path, sig)?;
             let small = if md.size() <= SMALL_FILE {
                 use std::io::Read;
                 let mut buf = Vec::with_capacity(md.size() as usize);
@@ -483,12 +507,12 @@ pub(super) async fn send_file(
     let (file, small) = match opened {
         Ok(o) => o,
         Err(e) => {
-            tracing::info!(path = %node.real_path(&root.canon).display(), error = %e, "file changed since it was indexed");
+            tracing::info!(path = %real.display(), error = %e, "file changed since it was indexed");
             return Err(ApiError::unavailable(CHANGED, 1));
         }
     };
     if small.as_ref().is_some_and(|b| b.len() as u64 != sig.size) {
-        tracing::info!(path = %node.real_path(&root.canon).display(), "file changed since it was indexed");
+        tracing::info!(path = %real.display(), "file changed since it was indexed");
         return Err(ApiError::unavailable(CHANGED, 1));
     }
     sent.fetch_add(1, Ordering::Relaxed);

@@ -7,6 +7,7 @@
 //! - [`files`]: Puppet's `file_metadatas`, `file_metadata` and
 //!   `file_content`, and the code that sends an indexed file.
 //! - [`blobs`]: pluginsync's content by sha256, single and batched.
+//! - [`generations`]: the per-node answer and generation manifests.
 //! - [`mod@status`]: the health check.
 //! - [`admin`]: Puppet Server's admin API (`environment-cache`), for deploy
 //!   tools.
@@ -17,9 +18,11 @@
 pub mod admin;
 pub mod blobs;
 pub mod files;
+pub mod generations;
 pub mod status;
 
 pub use admin::environment_cache;
 pub use blobs::{blob, blobs_batch};
 pub use files::{file_content, file_metadata, file_metadatas};
+pub use generations::{assignment, manifest};
 pub use status::status;

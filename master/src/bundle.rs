@@ -1,0 +1,274 @@
+//! `pluginsync-master bundle ENVIRONMENT [--generation ID] --out FILE`:
+//! one generation as an offline bundle (docs/protocol.md §7.7), for
+//! air-gapped sites and for seeding new nodes.
+//!
+//! With `--generation` (an id or a unique prefix of one), a generation the
+//! store keeps (`[generations] dir`), even when its tree is gone. Without
+//! it, the environment's current generation as the running master
+//! published it (read from the store); when the store keeps none for it
+//! (no `dir` set, or nothing published yet), the environment is indexed
+//! and hashed as the master would, and the bundle's publication time is
+//! the Unix epoch: the generation was never published. The file is written
+//! beside `--out` under a temporary name, synced and renamed, so a reader
+//! never sees half a bundle; the same generation gives the same bytes
+//! (`common/src/bundle.rs`).
+
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+
+use pluginsync_common::bundle::{BUNDLE_FORMAT, BundleError, BundleHeader, BundleWriter};
+use pluginsync_common::digest::Sha256;
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::generation::{EntryKind, GenerationId, Manifest, ManifestError};
+
+use crate::config::MasterConfig;
+use crate::environments;
+use crate::generations::{Candidate, Generations, Kept, StoreError};
+use crate::index::EnvIndex;
+use crate::walk::FileSig;
+
+/// The publication time of a bundle made from a tree no master published.
+pub const UNPUBLISHED: &str = "1970-01-01T00:00:00Z";
+
+/// Why no bundle was written.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleFailure {
+    /// The environment name is not one.
+    #[error("'{0}' is not an environment name")]
+    BadName(String),
+    /// Neither on disk nor in the store.
+    #[error("no environment '{0}' on the environmentpath or in the generation store")]
+    UnknownEnvironment(String),
+    /// No kept generation has that id or prefix.
+    #[error(
+        "environment '{env}' keeps no generation '{id}' (pluginsync-master check lists the kept ones)"
+    )]
+    UnknownGeneration {
+        /// The environment.
+        env: String,
+        /// What was asked for.
+        id: String,
+    },
+    /// More than one kept generation starts with the prefix.
+    #[error("'{id}' names {count} kept generations of '{env}'; give more digits")]
+    Ambiguous {
+        /// The environment.
+        env: String,
+        /// What was asked for.
+        id: String,
+        /// How many match.
+        count: usize,
+    },
+    /// The environment cannot be indexed whole.
+    #[error("environment '{env}': {count} path(s) cannot be read, first {}", first.display())]
+    Unreadable {
+        /// The environment.
+        env: String,
+        /// How many.
+        count: usize,
+        /// The first.
+        first: PathBuf,
+    },
+    /// The store could not be read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The manifest could not be made.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// The bundle could not be written (or a file changed while it was).
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    /// The output file.
+    #[error("{}: {source}", path.display())]
+    Output {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl BundleFailure {
+    /// True when what was asked for does not exist (exit 66, `exit.rs`).
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self,
+            BundleFailure::BadName(_)
+                | BundleFailure::UnknownEnvironment(_)
+                | BundleFailure::UnknownGeneration { .. }
+                | BundleFailure::Ambiguous { .. }
+        )
+    }
+}
+
+/// What was written.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The generation.
+    pub generation: GenerationId,
+    /// Its files and their bytes.
+    pub files: u64,
+    /// Bytes of the bundle.
+    pub size: u64,
+}
+
+/// Writes the bundle of `env` (`generation`: an id or prefix; `None`: the
+/// current one) to `out`. See the module docs.
+pub fn run(
+    config: &MasterConfig,
+    env: &str,
+    generation: Option<&str>,
+    out: &Path,
+) -> Result<Written, BundleFailure> {
+    let name: EnvName = env
+        .parse()
+        .map_err(|_| BundleFailure::BadName(env.to_owned()))?;
+    let store = Generations::new(&config.generations);
+    if config.generations.dir.is_some() {
+        store.open(false)?;
+    }
+    let kept = match generation {
+        Some(prefix) => Some(store.find(&name, prefix).map_err(|v| {
+            if v.is_empty() {
+                BundleFailure::UnknownGeneration {
+                    env: env.to_owned(),
+                    id: prefix.to_owned(),
+                }
+            } else {
+                BundleFailure::Ambiguous {
+                    env: env.to_owned(),
+                    id: prefix.to_owned(),
+                    count: v.len(),
+                }
+            }
+        })?),
+        None => store.current(&name),
+    };
+    match kept {
+        Some(k) => from_store(&store, &name, &k, out),
+        None => from_tree(config, &name, out),
+    }
+}
+
+/// A kept generation, from the store.
+fn from_store(
+    store: &Generations,
+    env: &EnvName,
+    kept: &Kept,
+    out: &Path,
+) -> Result<Written, BundleFailure> {
+    let manifest =
+        store
+            .manifest(env, &kept.id)?
+            .ok_or_else(|| BundleFailure::UnknownGeneration {
+                env: env.to_string(),
+                id: kept.id.to_hex(),
+            })?;
+    let header = header(env, kept.id, &kept.published);
+    write(out, &header, &manifest, |d| {
+        let path = store.blob_path(d);
+        std::fs::File::open(&path).map_err(|e| BundleFailure::Output { path, source: e })
+    })
+}
+
+/// The environment's tree as it is now, indexed and hashed.
+fn from_tree(config: &MasterConfig, env: &EnvName, out: &Path) -> Result<Written, BundleFailure> {
+    let dir = environments::find_environment(config, env)
+        .ok_or_else(|| BundleFailure::UnknownEnvironment(env.to_string()))?;
+    let hashed = std::sync::atomic::AtomicU64::new(0);
+    let idx = EnvIndex::build(
+        config,
+        env.clone(),
+        dir,
+        None,
+        crate::walk::Hashing::Hash {
+            files_hashed: &hashed,
+            kept: None,
+        },
+    );
+    if let Some(first) = idx.unreadable.first() {
+        return Err(BundleFailure::Unreadable {
+            env: env.to_string(),
+            count: idx.unreadable.len(),
+            first: first.path.clone(),
+        });
+    }
+    let candidate = Candidate::of(&idx)?;
+    let header = header(env, candidate.id, UNPUBLISHED);
+    write(out, &header, &candidate.bytes, |d| {
+        let (path, sig): (PathBuf, FileSig) =
+            (candidate.source)(d).ok_or(BundleFailure::Store(StoreError::NoSource(*d)))?;
+        crate::walk::open_indexed(&path, sig)
+            .map(|(f, _)| f)
+            .map_err(|e| BundleFailure::Output { path, source: e })
+    })
+}
+
+fn header(env: &EnvName, generation: GenerationId, published: &str) -> BundleHeader {
+    BundleHeader {
+        format: BUNDLE_FORMAT,
+        environment: env.to_string(),
+        generation,
+        published: published.to_owned(),
+    }
+}
+
+/// Writes the bundle through a temporary file beside `out`, then renames
+/// it over `out`; `open` gives each blob's content.
+fn write(
+    out: &Path,
+    header: &BundleHeader,
+    manifest: &[u8],
+    open: impl Fn(&Sha256) -> Result<std::fs::File, BundleFailure>,
+) -> Result<Written, BundleFailure> {
+    let io = |source: std::io::Error| BundleFailure::Output {
+        path: out.to_owned(),
+        source,
+    };
+    let parsed = Manifest::parse(manifest, &header.generation)?;
+    let sizes: std::collections::HashMap<Sha256, u64> = parsed
+        .entries()
+        .iter()
+        .filter_map(|e| match e.kind {
+            EntryKind::File { sha256, size } => Some((sha256, size)),
+            _ => None,
+        })
+        .collect();
+    let dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix(".pluginsync-bundle-")
+        .tempfile_in(dir)
+        .map_err(io)?;
+    let mut w = BundleWriter::new(BufWriter::new(tmp), header, manifest)?;
+    while let Some(d) = w.remaining().first().copied() {
+        let size = sizes.get(&d).copied().unwrap_or_default();
+        w.add_blob(&d, size, open(&d)?)?;
+    }
+    let tmp = w.finish()?.into_inner().map_err(|e| io(e.into_error()))?;
+    tmp.as_file().sync_all().map_err(io)?;
+    let size = tmp.as_file().metadata().map_err(io)?.len();
+    tmp.persist(out).map_err(|e| io(e.error))?;
+    let (files, _) = parsed.totals();
+    Ok(Written {
+        generation: header.generation,
+        files,
+        size,
+    })
+}
+
+impl Written {
+    /// The line `bundle` prints.
+    pub fn line(&self, out: &Path) -> String {
+        format!(
+            "bundle of generation {} ({} files) written to {} ({} bytes)",
+            self.generation,
+            self.files,
+            out.display(),
+            self.size
+        )
+    }
+}

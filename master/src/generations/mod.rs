@@ -1,0 +1,593 @@
+//! Generations kept on local disk (docs/deploys.md#generations,
+//! docs/protocol.md §7.6): each environment's last `[generations] keep`
+//! published generations, their manifests and the content of their files,
+//! in a content-addressed store that survives a restart and outlives the
+//! trees it was copied from.
+//!
+//! [`Generations::publish`] is called by the store before an index is
+//! published: every blob the manifest names is copied in first (only those
+//! not already there: the copy costs one read per changed file), then the
+//! manifest, then the environment's record; only then is the index served.
+//! Eviction is oldest first, by count per environment and by bytes across
+//! the store, never an environment's current generation; a blob no kept
+//! generation names any more is removed (reference counts, rebuilt from the
+//! manifests on disk when the master starts).
+//!
+//! Memory stays small whatever `keep` is: only each environment's record
+//! (id, time, totals) and the digests its kept generations name are held;
+//! manifests are read from disk when asked for.
+//!
+//! | file | answers |
+//! |---|---|
+//! | `mod.rs` | [`Generations`]: publish, evict, look up; the in-memory references. |
+//! | `disk.rs` | Where each file lives; durable writes; records read back. |
+//! | `of_index.rs` | An index's manifest; was its tree consistent. |
+
+mod disk;
+mod of_index;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use pluginsync_common::digest::Sha256;
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::generation::{GenerationId, Manifest, ManifestError};
+
+use crate::config::GenerationsConfig;
+use crate::walk::FileSig;
+
+use self::disk::Layout;
+pub use self::of_index::{Candidate, consistent, manifest_of};
+
+/// One kept generation of an environment, as its record holds it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Kept {
+    /// The generation.
+    pub id: GenerationId,
+    /// When this master published it (RFC 3339, UTC).
+    pub published: String,
+    /// Regular files in it.
+    pub files: u64,
+    /// Their bytes in all.
+    pub bytes: u64,
+}
+
+/// The generation store could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A file of the store could not be read or written.
+    #[error("generation store: {}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file of the tree changed after it was indexed: its bytes are not
+    /// the ones the manifest names, so the generation is not published.
+    #[error("{} changed since it was indexed", path.display())]
+    Changed {
+        /// The file in the code tree.
+        path: PathBuf,
+    },
+    /// The index holds no file for a digest its manifest names.
+    #[error("no indexed file has sha256 {0}")]
+    NoSource(Sha256),
+    /// A manifest in the store does not parse or hash to its name.
+    #[error("generation store: manifest {0}: {1}")]
+    Manifest(GenerationId, #[source] ManifestError),
+}
+
+impl StoreError {
+    fn io(path: &Path, source: std::io::Error) -> StoreError {
+        StoreError::Io {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// What [`Generations::publish`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Published {
+    /// A new generation, now the environment's current one.
+    New(Kept),
+    /// The tree is the current generation: nothing new.
+    Unchanged(Kept),
+}
+
+/// One environment's kept generations (oldest first; the last is the
+/// current one) and how many of them name each digest.
+#[derive(Debug, Default)]
+struct EnvGens {
+    kept: Vec<Kept>,
+    digests: HashMap<Sha256, u32>,
+}
+
+/// The references that decide what the store may delete.
+#[derive(Debug, Default)]
+struct State {
+    loaded: bool,
+    envs: BTreeMap<EnvName, EnvGens>,
+    /// Digest → (environments naming it, its size).
+    blobs: HashMap<Sha256, (u32, u64)>,
+    /// Generation → (environment records keeping it, manifest size).
+    manifests: HashMap<GenerationId, (u32, u64)>,
+    /// Bytes of the blobs and manifests referenced (an entry at 0 is
+    /// deleted at the end of the publication that dropped it).
+    bytes: u64,
+}
+
+/// The kept generations of every environment and their store. See the
+/// module docs.
+#[derive(Debug)]
+pub struct Generations {
+    layout: Layout,
+    /// True for the temporary directory used when `dir` is unset: removed
+    /// with the store.
+    temporary: bool,
+    keep: usize,
+    max_bytes: u64,
+    /// One publication at a time: a blob found present stays present
+    /// until its generation is recorded.
+    publishing: Mutex<()>,
+    state: Mutex<State>,
+    /// Generations evicted since start.
+    pub evictions: AtomicU64,
+    /// Publications the store failed since start.
+    pub errors: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `(digest, size)` of each distinct file content of `m`.
+fn digest_sizes(m: &Manifest) -> Vec<(Sha256, u64)> {
+    use pluginsync_common::generation::EntryKind;
+    let mut v: Vec<(Sha256, u64)> = m
+        .entries()
+        .iter()
+        .filter_map(|e| match e.kind {
+            EntryKind::File { sha256, size } => Some((sha256, size)),
+            _ => None,
+        })
+        .collect();
+    v.sort_unstable();
+    v.dedup_by_key(|(d, _)| *d);
+    v
+}
+
+/// Now, RFC 3339 UTC, to the second.
+fn now() -> String {
+    time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+static TEMPORARY: AtomicU64 = AtomicU64::new(0);
+
+impl Generations {
+    /// The store `config` describes; nothing is read or created before
+    /// the first use ([`Generations::open`]).
+    pub fn new(config: &GenerationsConfig) -> Generations {
+        let (root, temporary) = match &config.dir {
+            Some(d) => (d.clone(), false),
+            None => (
+                std::env::temp_dir().join(format!(
+                    "pluginsync-generations-{}-{}",
+                    std::process::id(),
+                    TEMPORARY.fetch_add(1, Ordering::Relaxed)
+                )),
+                true,
+            ),
+        };
+        Generations {
+            layout: Layout::new(root),
+            temporary,
+            keep: config.keep.max(1),
+            max_bytes: config.max_mib.saturating_mul(1 << 20),
+            publishing: Mutex::new(()),
+            state: Mutex::new(State::default()),
+            evictions: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        }
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        self.layout.root()
+    }
+
+    /// Creates the store's directories and reads what it keeps, once;
+    /// with `sweep`, removes what no kept generation names (files a killed
+    /// master left). `serve` calls it before listening, so a store it
+    /// cannot write stops the start with one line.
+    pub fn open(&self, sweep: bool) -> Result<(), StoreError> {
+        let mut st = lock(&self.state);
+        if st.loaded {
+            return Ok(());
+        }
+        if sweep {
+            if self.temporary {
+                let _ = std::fs::remove_dir_all(self.layout.root());
+            }
+            self.layout.create()?;
+        }
+        self.load(&mut st);
+        if sweep {
+            self.sweep_unreferenced(&st);
+        }
+        st.loaded = true;
+        Ok(())
+    }
+
+    /// Reads every environment record and the manifests they keep; a
+    /// generation whose manifest or blobs are missing or corrupt is
+    /// dropped from its record (logged).
+    fn load(&self, st: &mut State) {
+        let present: HashMap<Sha256, u64> = self
+            .layout
+            .blobs_on_disk()
+            .into_iter()
+            .filter_map(|(_, d, size)| Some((d?, size)))
+            .collect();
+        for record in self.layout.read_records() {
+            let (env, kept) = match record {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(error = %e, "generation store: record not read");
+                    continue;
+                }
+            };
+            for k in kept {
+                match self.complete(&k.id, &present) {
+                    Ok((manifest, size)) => add_refs(st, &env, k, &manifest, size),
+                    Err(e) => {
+                        tracing::error!(env = %env, generation = %k.id.short(), error = %e, "generation store: kept generation dropped")
+                    }
+                }
+            }
+        }
+    }
+
+    /// The manifest of `id` and its size, if every blob it names is in
+    /// `present`.
+    fn complete(
+        &self,
+        id: &GenerationId,
+        present: &HashMap<Sha256, u64>,
+    ) -> Result<(Manifest, u64), StoreError> {
+        let bytes = self.layout.read_manifest(id)?;
+        let m = Manifest::parse(&bytes, id).map_err(|e| StoreError::Manifest(*id, e))?;
+        if let Some((d, _)) = digest_sizes(&m)
+            .into_iter()
+            .find(|(d, size)| present.get(d) != Some(size))
+        {
+            return Err(StoreError::io(
+                &self.layout.blob(&d),
+                std::io::ErrorKind::NotFound.into(),
+            ));
+        }
+        Ok((m, bytes.len() as u64))
+    }
+
+    fn sweep_unreferenced(&self, st: &State) {
+        for (path, digest, _) in self.layout.blobs_on_disk() {
+            if !digest.is_some_and(|d| st.blobs.contains_key(&d)) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        for (path, id) in self.layout.manifests_on_disk() {
+            if !id.is_some_and(|id| st.manifests.contains_key(&id)) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
+    /// Publishes `candidate` as `env`'s current generation: its blobs
+    /// copied in (those not there yet), its manifest, its record, then
+    /// eviction. See the module docs.
+    pub fn publish(&self, env: &EnvName, candidate: &Candidate) -> Result<Published, StoreError> {
+        let _one = lock(&self.publishing);
+        self.open(true)?;
+        if let Some(cur) = self.current(env).filter(|k| k.id == candidate.id) {
+            return Ok(Published::Unchanged(cur));
+        }
+        let sizes = digest_sizes(&candidate.manifest);
+        for (digest, _) in &sizes {
+            if lock(&self.state).blobs.contains_key(digest) {
+                continue;
+            }
+            let (path, sig) = (candidate.source)(digest).ok_or(StoreError::NoSource(*digest))?;
+            self.layout.store_blob(digest, &path, sig)?;
+        }
+        self.layout
+            .store_manifest(&candidate.id, &candidate.bytes)?;
+        let (files, bytes) = candidate.manifest.totals();
+        let kept = Kept {
+            id: candidate.id,
+            published: now(),
+            files,
+            bytes,
+        };
+        let mut st = lock(&self.state);
+        let again = st
+            .envs
+            .get(env)
+            .and_then(|g| g.kept.iter().position(|k| k.id == candidate.id));
+        match again {
+            // Published before and still kept (a revert): it moves to the
+            // end, its references unchanged.
+            Some(i) => {
+                let g = st.envs.get_mut(env).expect("found above");
+                g.kept.remove(i);
+                g.kept.push(kept.clone());
+            }
+            None => add_refs(
+                &mut st,
+                env,
+                kept.clone(),
+                &candidate.manifest,
+                candidate.bytes.len() as u64,
+            ),
+        }
+        let mut touched = vec![env.clone()];
+        touched.extend(self.evict(&mut st));
+        touched.sort();
+        touched.dedup();
+        for e in &touched {
+            let kept = st.envs.get(e).map(|g| g.kept.clone()).unwrap_or_default();
+            self.layout.write_record(e, &kept)?;
+        }
+        self.delete_unreferenced(&mut st);
+        Ok(Published::New(kept))
+    }
+
+    /// Evicts by count per environment, then by bytes (oldest first,
+    /// never a current generation); returns the environments touched.
+    fn evict(&self, st: &mut State) -> Vec<EnvName> {
+        let mut victims: Vec<(EnvName, GenerationId)> = Vec::new();
+        for (env, g) in &st.envs {
+            let over = g.kept.len().saturating_sub(self.keep);
+            victims.extend(g.kept[..over].iter().map(|k| (env.clone(), k.id)));
+        }
+        let mut touched = Vec::new();
+        for (env, id) in victims {
+            self.remove(st, &env, &id);
+            touched.push(env);
+        }
+        while st.bytes > self.max_bytes {
+            let oldest = st
+                .envs
+                .iter()
+                .filter_map(|(env, g)| {
+                    let k = g.kept.first().filter(|_| g.kept.len() > 1)?;
+                    Some((k.published.clone(), env.clone(), k.id))
+                })
+                .min();
+            let Some((_, env, id)) = oldest else {
+                tracing::warn!(
+                    bytes = st.bytes,
+                    max_bytes = self.max_bytes,
+                    "generation store over generations.max_mib with only current generations left"
+                );
+                break;
+            };
+            self.remove(st, &env, &id);
+            touched.push(env);
+        }
+        touched
+    }
+
+    /// Forgets `env`'s generation `id` and drops its references (the
+    /// manifest read back from disk for its digests).
+    fn remove(&self, st: &mut State, env: &EnvName, id: &GenerationId) {
+        let Some(g) = st.envs.get_mut(env) else {
+            return;
+        };
+        let Some(i) = g.kept.iter().position(|k| k.id == *id) else {
+            return;
+        };
+        g.kept.remove(i);
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(env = %env, generation = %id.short(), "generation evicted");
+        let manifest = self
+            .layout
+            .read_manifest(id)
+            .ok()
+            .and_then(|b| Manifest::parse(&b, id).ok());
+        let mut dropped = Vec::new();
+        if let Some(m) = manifest {
+            for (d, _) in digest_sizes(&m) {
+                if let Some(n) = g.digests.get_mut(&d) {
+                    *n -= 1;
+                    if *n == 0 {
+                        g.digests.remove(&d);
+                        dropped.push(d);
+                    }
+                }
+            }
+        }
+        // Bytes count what is referenced: an entry at 0 is deleted at the
+        // end of the publication, after the records are written.
+        for d in dropped {
+            if let Some(b) = st.blobs.get_mut(&d) {
+                b.0 = b.0.saturating_sub(1);
+                if b.0 == 0 {
+                    st.bytes = st.bytes.saturating_sub(b.1);
+                }
+            }
+        }
+        if let Some(m) = st.manifests.get_mut(id) {
+            m.0 = m.0.saturating_sub(1);
+            if m.0 == 0 {
+                st.bytes = st.bytes.saturating_sub(m.1);
+            }
+        }
+    }
+
+    /// Deletes the blobs and manifests nothing references any more.
+    fn delete_unreferenced(&self, st: &mut State) {
+        let blobs: Vec<Sha256> = st
+            .blobs
+            .iter()
+            .filter(|(_, (n, _))| *n == 0)
+            .map(|(d, _)| *d)
+            .collect();
+        for d in blobs {
+            st.blobs.remove(&d);
+            let _ = std::fs::remove_file(self.layout.blob(&d));
+        }
+        let manifests: Vec<GenerationId> = st
+            .manifests
+            .iter()
+            .filter(|(_, (n, _))| *n == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in manifests {
+            st.manifests.remove(&id);
+            let _ = std::fs::remove_file(self.layout.manifest(&id));
+        }
+        st.envs.retain(|_, g| !g.kept.is_empty());
+    }
+
+    /// `env`'s current generation.
+    pub fn current(&self, env: &EnvName) -> Option<Kept> {
+        lock(&self.state)
+            .envs
+            .get(env)
+            .and_then(|g| g.kept.last().cloned())
+    }
+
+    /// `env`'s kept generations, newest first.
+    pub fn kept(&self, env: &EnvName) -> Vec<Kept> {
+        lock(&self.state)
+            .envs
+            .get(env)
+            .map(|g| g.kept.iter().rev().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every environment with kept generations, and how many.
+    pub fn counts(&self) -> Vec<(EnvName, usize)> {
+        lock(&self.state)
+            .envs
+            .iter()
+            .map(|(e, g)| (e.clone(), g.kept.len()))
+            .collect()
+    }
+
+    /// Bytes of blobs and manifests in the store.
+    pub fn bytes(&self) -> u64 {
+        lock(&self.state).bytes
+    }
+
+    /// The canonical manifest of `id` if `env` keeps it.
+    pub fn manifest(
+        &self,
+        env: &EnvName,
+        id: &GenerationId,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        if !self.kept(env).iter().any(|k| k.id == *id) {
+            return Ok(None);
+        }
+        self.layout.read_manifest(id).map(Some)
+    }
+
+    /// The delta from `since` to `id` (docs/protocol.md §7.6), if `env`
+    /// keeps both.
+    pub fn delta(
+        &self,
+        env: &EnvName,
+        since: &GenerationId,
+        id: &GenerationId,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let (Some(base), Some(target)) = (self.manifest(env, since)?, self.manifest(env, id)?)
+        else {
+            return Ok(None);
+        };
+        let parse = |b: &[u8], id: &GenerationId| {
+            Manifest::parse(b, id).map_err(|e| StoreError::Manifest(*id, e))
+        };
+        let (base, target) = (parse(&base, since)?, parse(&target, id)?);
+        Ok(Some(base.diff(*since, &target, *id).to_bytes()))
+    }
+
+    /// The stored content of `digest` and its size, if a generation of an
+    /// environment `may_read` allows keeps it.
+    pub fn blob(&self, digest: &Sha256, may_read: impl Fn(&str) -> bool) -> Option<(PathBuf, u64)> {
+        let st = lock(&self.state);
+        let &(_, size) = st.blobs.get(digest)?;
+        st.envs
+            .iter()
+            .any(|(e, g)| g.digests.contains_key(digest) && may_read(e.as_str()))
+            .then(|| (self.layout.blob(digest), size))
+    }
+
+    /// The kept generation of `env` whose id starts with `prefix` (hex),
+    /// if exactly one does.
+    pub fn find(&self, env: &EnvName, prefix: &str) -> Result<Kept, Vec<Kept>> {
+        let matching: Vec<Kept> = self
+            .kept(env)
+            .into_iter()
+            .filter(|k| k.id.to_hex().starts_with(&prefix.to_ascii_lowercase()))
+            .collect();
+        match <[Kept; 1]>::try_from(matching) {
+            Ok([one]) => Ok(one),
+            Err(v) => Err(v),
+        }
+    }
+
+    /// The path of the stored blob `digest` (whether or not it is there).
+    pub fn blob_path(&self, digest: &Sha256) -> PathBuf {
+        self.layout.blob(digest)
+    }
+}
+
+/// Adds `env`'s new kept generation `kept` (manifest `m`, `size` bytes)
+/// and its references.
+fn add_refs(st: &mut State, env: &EnvName, kept: Kept, m: &Manifest, size: u64) {
+    let mref = st.manifests.entry(kept.id).or_insert((0, size));
+    if mref.0 == 0 {
+        st.bytes += size;
+    }
+    mref.0 += 1;
+    let g = st.envs.entry(env.clone()).or_default();
+    g.kept.push(kept);
+    let mut new_for_env = Vec::new();
+    for (d, s) in digest_sizes(m) {
+        let n = g.digests.entry(d).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            new_for_env.push((d, s));
+        }
+    }
+    for (d, s) in new_for_env {
+        let b = st.blobs.entry(d).or_insert((0, s));
+        if b.0 == 0 {
+            st.bytes += s;
+        }
+        b.0 += 1;
+    }
+}
+
+impl Drop for Generations {
+    fn drop(&mut self) {
+        if self.temporary {
+            let _ = std::fs::remove_dir_all(self.layout.root());
+        }
+    }
+}
+
+/// Where a file of a candidate generation is read from: its real path and
+/// the stat the index vouched for.
+pub type Source<'a> = dyn Fn(&Sha256) -> Option<(PathBuf, FileSig)> + 'a;

@@ -1,0 +1,132 @@
+//! An index's generation: its manifest (the entries of the standard
+//! listings, docs/protocol.md §7.6) and where each of its files is read
+//! from; and whether the tree the index was built from was one tree
+//! (docs/deploys.md#consistent-builds).
+
+use std::path::{Path, PathBuf};
+
+use pluginsync_common::digest::Sha256;
+use pluginsync_common::generation::{
+    EntryKind, GenerationId, Manifest, ManifestEntry, ManifestError,
+};
+use pluginsync_common::ignore::IgnoreSet;
+use pluginsync_common::metadata::{FileType, Links};
+use pluginsync_common::relpath::RelPath;
+
+use crate::index::{EnvIndex, Mount};
+use crate::walk::{FileSig, View};
+
+use super::Source;
+
+/// A generation made from an index, not yet published.
+pub struct Candidate<'a> {
+    /// The canonical manifest's bytes.
+    pub bytes: Vec<u8>,
+    /// Its id.
+    pub id: GenerationId,
+    /// The manifest.
+    pub manifest: Manifest,
+    /// Where each digest's file is read from.
+    pub source: Box<Source<'a>>,
+}
+
+impl std::fmt::Debug for Candidate<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Candidate({})", self.id.short())
+    }
+}
+
+impl<'a> Candidate<'a> {
+    /// The generation of `idx`.
+    pub fn of(idx: &'a EnvIndex) -> Result<Candidate<'a>, ManifestError> {
+        let manifest = manifest_of(idx)?;
+        let (bytes, id) = manifest.encode();
+        Ok(Candidate {
+            bytes,
+            id,
+            manifest,
+            source: Box::new(move |d: &Sha256| -> Option<(PathBuf, FileSig)> {
+                let (root, node) = idx.blob(d)?;
+                Some((node.real_path(&root.canon).into_owned(), node.sig?))
+            }),
+        })
+    }
+}
+
+fn entry(
+    mount: Mount,
+    rel: &RelPath,
+    view: &View,
+    sha: Option<(Sha256, u64)>,
+) -> Option<ManifestEntry> {
+    let kind = match (view.kind, sha) {
+        (FileType::Directory, _) => EntryKind::Directory,
+        (FileType::File, Some((sha256, size))) => EntryKind::File { sha256, size },
+        (FileType::Link, _) => EntryKind::Link {
+            target: view.destination.clone()?,
+        },
+        // A file whose content is not served (Puppet lists it with a null
+        // checksum), or neither file, directory nor link: no agent can
+        // write it.
+        (FileType::File, None) | (FileType::Other, _) => return None,
+    };
+    Some(ManifestEntry {
+        mount,
+        path: rel.clone(),
+        mode: view.mode & 0o7777,
+        kind,
+    })
+}
+
+/// The manifest of `idx`: for each mount, the entries of the standard
+/// listing (recursive, `links=follow`, Puppet's default ignores) with
+/// their type, mode, and digest and size or link target.
+pub fn manifest_of(idx: &EnvIndex) -> Result<Manifest, ManifestError> {
+    let ignore = IgnoreSet::new(&pluginsync_common::DEFAULT_IGNORE)
+        .map_err(|e| ManifestError::Malformed(e.to_string()))?;
+    let mut entries = Vec::new();
+    for mount in Mount::ALL {
+        let m = idx.mount(mount);
+        if m.roots.is_empty() {
+            let (_, view) = &m.fallback;
+            entries.extend(entry(mount, &RelPath::root(), view, None));
+            continue;
+        }
+        for loc in m.merge(Links::Follow, &ignore, None, None) {
+            let node = m.node(loc);
+            let Some(view) = node.follow.as_ref() else {
+                continue;
+            };
+            let sha = node.sha256.zip(node.sig.map(|s| s.size));
+            entries.extend(entry(mount, &node.rel, view, sha));
+        }
+    }
+    Manifest::new(entries)
+}
+
+/// Whether `idx` was built from one tree: the environment directory
+/// resolved to `before` when the build started and still does, and every
+/// module root (walked, or refused as outside the code tree) still
+/// resolves to the real path the walk saw. A Code Manager flip during the
+/// walk gives roots of another release, or roots "outside the code tree",
+/// even when the link points back by the end
+/// (docs/deploys.md#consistent-builds).
+pub fn consistent(idx: &EnvIndex, before: &Path) -> bool {
+    let after = std::fs::canonicalize(&idx.dir).ok();
+    if after.as_deref() != Some(before) {
+        return false;
+    }
+    idx.mounts.iter().all(|m| {
+        let roots = m
+            .roots
+            .iter()
+            .map(|r| (Path::new(&r.dir), r.canon.as_path()));
+        let outside = m
+            .outside
+            .iter()
+            .map(|o| (o.path.as_path(), o.real.as_path()));
+        roots
+            .chain(outside)
+            .all(|(dir, real)| std::fs::canonicalize(dir).is_ok_and(|now| now == real))
+    })
+}
