@@ -62,6 +62,9 @@ pub struct MasterConfig {
     /// (docs/deploys.md#generations).
     #[serde(default)]
     pub generations: GenerationsConfig,
+    /// Rollout policies: waves and the health gate (docs/rollouts.md).
+    #[serde(default)]
+    pub rollout: Vec<crate::rollout::RolloutRule>,
 }
 
 /// `[generations]`: how many generations each environment keeps, where
@@ -193,6 +196,10 @@ pub struct AdminConfig {
     /// reindex` uses it).
     #[serde(default)]
     pub certnames: Vec<String>,
+    /// The other replicas, as `https://HOST:PORT`: rollout state is pulled
+    /// from them (docs/rollouts.md#replicas).
+    #[serde(default)]
+    pub peers: Vec<String>,
 }
 
 /// `index.publish`: what makes a changed tree served (docs/deploys.md#explicit-publishing).
@@ -530,6 +537,7 @@ impl MasterConfig {
             )));
         }
         self.proxy.validate()?;
+        crate::rollout::Policies::new(&self.rollout)?;
         if self.generations.keep == 0 || self.generations.max_mib == 0 {
             return Err(ConfigError::Invalid(
                 "generations.keep and generations.max_mib must be at least 1".into(),

@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod reindex;
 pub mod request;
+pub mod rollout;
 pub mod routes;
 pub mod sample;
 pub mod server;

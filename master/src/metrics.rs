@@ -89,6 +89,7 @@ const BUILD_DURATION: &str = "pluginsync_master_index_build_duration_seconds";
 const INDEX_FILES: &str = "pluginsync_master_index_files";
 const INDEX_BYTES: &str = "pluginsync_master_index_bytes";
 const GENERATIONS_KEPT: &str = "pluginsync_master_generations_kept";
+const ROLLOUT_HALTED: &str = "pluginsync_rollout_halted";
 
 /// What is read at scrape time (see the module doc).
 #[derive(Debug, Default, Clone)]
@@ -132,6 +133,8 @@ pub struct Snapshot {
     pub inconsistent_builds: u64,
     /// Generations kept, by environment.
     pub generations_kept: Vec<(String, u64)>,
+    /// Environments with a rollout policy, and whether halted.
+    pub rollout_halted: Vec<(String, bool)>,
 }
 
 /// The master's metrics.
@@ -226,6 +229,13 @@ impl Metrics {
             GENERATIONS_KEPT.into(),
             None,
             SharedString::const_str("Generations kept in the generation store, by environment."),
+        );
+        m.recorder.describe_gauge(
+            ROLLOUT_HALTED.into(),
+            None,
+            SharedString::const_str(
+                "1 while the rollout of an environment with a [[rollout]] policy is halted, else 0.",
+            ),
         );
         for (name, help) in SNAPSHOT_SERIES {
             if name.ends_with("_total") {
@@ -382,6 +392,14 @@ impl Metrics {
                     &METADATA,
                 )
                 .set(*kept as f64);
+        }
+        for (env, halted) in &snapshot.rollout_halted {
+            self.recorder
+                .register_gauge(
+                    &Self::key(ROLLOUT_HALTED, &[("environment", env.clone())]),
+                    &METADATA,
+                )
+                .set(if *halted { 1.0 } else { 0.0 });
         }
         self.handle.render()
     }

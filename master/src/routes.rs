@@ -28,6 +28,7 @@ use crate::api_error::ApiError;
 use crate::auth::PeerIdentity;
 use crate::handlers;
 use crate::proxy::Trust;
+use crate::rollout;
 use crate::state::AppState;
 use crate::store::Store;
 
@@ -118,6 +119,11 @@ fn routes(state: AppState, request_timeout: Duration) -> Router {
             handlers::admin::ENVIRONMENT_CACHE,
             axum::routing::delete(handlers::environment_cache),
         )
+        // Rollout commands and status (docs/protocol.md §7.9).
+        .route(
+            rollout::api::ROLLOUT_PATH,
+            get(rollout::api::status).post(rollout::api::command),
+        )
         // Only matched routes refuse bodies: a POST to an endpoint we do not
         // serve (a stock agent's catalog request) is a plain 404.
         .route_layer(middleware::from_fn(refuse_bodies))
@@ -160,7 +166,7 @@ pub fn endpoint_of(path: &str) -> &'static str {
         "generation"
     } else if path == protocol::STATUS_SIMPLE {
         "status"
-    } else if path == handlers::admin::ENVIRONMENT_CACHE {
+    } else if path == handlers::admin::ENVIRONMENT_CACHE || path == rollout::api::ROLLOUT_PATH {
         "admin"
     } else {
         "other"

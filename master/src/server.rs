@@ -192,6 +192,9 @@ pub async fn serve(
     // the warmer indexes in the background, requests index on demand.
     store.generations.open(true)?;
     background.push(tokio::spawn(store.clone().retrier()));
+    background.push(tokio::spawn(crate::rollout::api::background(
+        Arc::downgrade(&store),
+    )));
     background.push(tokio::spawn(store.clone().warm()));
     background.push(tokio::spawn(Store::idle_dropper(
         Arc::downgrade(&store),
@@ -532,6 +535,7 @@ fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::met
         generation_evictions: load(&store.generations.evictions),
         generation_store_errors: load(&store.generations.errors),
         inconsistent_builds: load(&s.inconsistent_builds),
+        rollout_halted: store.rollouts.halted(&store.generations),
         generations_kept: store
             .generations
             .counts()

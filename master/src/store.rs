@@ -125,6 +125,8 @@ pub struct Store {
     /// The generations each publication made, kept on disk
     /// (docs/deploys.md#generations).
     pub generations: Generations,
+    /// Rollout policies and state (docs/rollouts.md).
+    pub rollouts: crate::rollout::Rollouts,
     /// Environments whose last build was not published (a tree that
     /// changed under the walk, a store that failed): built again
     /// `index.settle` later ([`Store::retrier`]).
@@ -181,7 +183,10 @@ impl Store {
     /// An empty store.
     pub fn new(config: Arc<MasterConfig>) -> Arc<Self> {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let generations = Generations::new(&config.generations);
+        let rollouts = crate::rollout::Rollouts::new(&config.rollout, generations.dir());
         Arc::new(Store {
+            rollouts,
             envs: RwLock::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             builders: tokio::sync::Semaphore::new(cores),
@@ -198,7 +203,7 @@ impl Store {
             metrics: Metrics::new(),
             draining: AtomicBool::new(false),
             certificate: crate::tls::Validity::default(),
-            generations: Generations::new(&config.generations),
+            generations,
             retry: Mutex::new(BTreeSet::new()),
             retry_wake: tokio::sync::Notify::new(),
             config,

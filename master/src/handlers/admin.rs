@@ -31,8 +31,27 @@ pub const ENVIRONMENT_CACHE: &str = "/puppet-admin-api/v1/environment-cache";
 /// 204 too (Puppet Server's answer; its index, if any, is dropped).
 pub async fn environment_cache(State(state): State<AppState>, req: Request) -> Response {
     let path = req.uri().path().to_owned();
-    let leaf = req
-        .extensions()
+    let Some(certname) = admitted(&state, req.extensions()) else {
+        return ApiError::forbidden(&path).into_response();
+    };
+    let query = Query::parse(req.uri().query());
+    let env = match query.get("environment") {
+        None => None,
+        Some(name) => match name.parse::<EnvName>() {
+            Ok(env) => Some(env),
+            Err(e) => return ApiError::bad_request(e.to_string()).into_response(),
+        },
+    };
+    let by = format!("admin API ({certname})");
+    state.store.reindex(env, &by).await;
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// The certname of an admin API call's client if `[admin] certnames`
+/// names it or it presents the master's own key; `None` (logged) for
+/// anyone else, who gets 403.
+pub fn admitted(state: &AppState, extensions: &axum::http::Extensions) -> Option<String> {
+    let leaf = extensions
         .get::<Arc<TlsInfo>>()
         .and_then(|info| info.peer_certificates.first().cloned());
     let certname = leaf
@@ -48,19 +67,9 @@ pub async fn environment_cache(State(state): State<AppState>, req: Request) -> R
             certname = certname.as_deref().unwrap_or("-"),
             "admin API refused: not in [admin] certnames"
         );
-        return ApiError::forbidden(&path).into_response();
+        return None;
     }
-    let query = Query::parse(req.uri().query());
-    let env = match query.get("environment") {
-        None => None,
-        Some(name) => match name.parse::<EnvName>() {
-            Ok(env) => Some(env),
-            Err(e) => return ApiError::bad_request(e.to_string()).into_response(),
-        },
-    };
-    let by = format!("admin API ({})", certname.unwrap_or_default());
-    state.store.reindex(env, &by).await;
-    StatusCode::NO_CONTENT.into_response()
+    certname
 }
 
 /// Whether `der` carries the public key of the master's own certificate

@@ -20,11 +20,12 @@ use pluginsync_common::envname::EnvName;
 use pluginsync_common::etag::ETag;
 use pluginsync_common::generation::{Assignment, GenerationId};
 use pluginsync_common::protocol;
+use pluginsync_common::rollout::{HEADER_REPORT, NodeReport};
 
 use crate::api_error::ApiError;
 use crate::auth::PeerIdentity;
-use crate::generations::Kept;
 use crate::request::{self, Query};
+use crate::rollout::Choice;
 use crate::state::AppState;
 
 use super::blobs::shareable;
@@ -41,11 +42,25 @@ fn environment(state: &AppState, req: &Parts, query: &Query) -> Result<EnvName, 
     state.gate.authorize(req, env)
 }
 
-/// The generation of `env` this node is served: the seam where a rollout
-/// chooses per certname. Today every node is served the environment's
+/// The generation of `env` this node is served: the rollout's choice by
+/// certname and by the generation the node reports having
+/// (docs/rollouts.md#placement); without a policy, the environment's
 /// current generation (docs/protocol.md §7.6).
-pub fn chosen(state: &AppState, env: &EnvName, _node: Option<&PeerIdentity>) -> Option<Kept> {
-    state.store.generations.current(env)
+pub fn chosen(state: &AppState, env: &EnvName, req: &Parts) -> Choice {
+    let certname = req
+        .extensions
+        .get::<PeerIdentity>()
+        .and_then(|n| n.certname.as_deref().ok());
+    let reported = req
+        .headers
+        .get(HEADER_REPORT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| NodeReport::from_header(v).ok())
+        .and_then(|r| r.generation);
+    let store = &state.store;
+    store
+        .rollouts
+        .choose(&store.generations, env, certname, reported.as_ref())
 }
 
 /// `GET /pluginsync/v1/assignment?environment=<env>`: see the module docs.
@@ -59,11 +74,23 @@ pub async fn assignment(State(state): State<AppState>, req: Parts) -> Result<Res
     // The environment exists and its index (so its current generation) is
     // published; an unknown or deploying one is answered as for listings.
     index_of(&state, &env).await?;
-    let Some(kept) = chosen(&state, &env, req.extensions.get::<PeerIdentity>()) else {
-        return Err(ApiError::unavailable(
-            format!("environment '{env}' has no generation yet; try again shortly"),
-            5,
-        ));
+    let kept = match chosen(&state, &env, &req) {
+        Choice::Serve(kept) => kept,
+        Choice::Nothing => {
+            return Err(ApiError::unavailable(
+                format!("environment '{env}' has no generation yet; try again shortly"),
+                5,
+            ));
+        }
+        Choice::Elsewhere(id) => {
+            return Err(ApiError::unavailable(
+                format!(
+                    "this master does not hold generation {} of '{env}'; ask another master",
+                    id.short()
+                ),
+                5,
+            ));
+        }
     };
     let etag = ETag::of_digest(&Sha256::of(format!("{env}\n{}", kept.id).as_bytes()).0[..20]);
     let mut headers = HeaderMap::new();
