@@ -62,7 +62,7 @@ pub struct MasterConfig {
     /// (docs/deploys.md#generations).
     #[serde(default)]
     pub generations: GenerationsConfig,
-    /// Rollout policies: waves and the health gate (docs/rollouts.md).
+    /// Rollout policies (docs/rollouts.md).
     #[serde(default)]
     pub rollout: Vec<crate::rollout::RolloutRule>,
 }
@@ -147,45 +147,6 @@ fn default_cert_header() -> String {
     "X-Client-Cert".into()
 }
 
-impl ProxyConfig {
-    /// `trusted`, parsed: a CIDR or a bare address (a /32 or /128).
-    pub fn trusted_nets(&self) -> Result<Vec<ipnet::IpNet>, ConfigError> {
-        self.trusted
-            .iter()
-            .map(|t| {
-                t.parse::<ipnet::IpNet>()
-                    .or_else(|_| t.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-                    .map_err(|_| {
-                        ConfigError::Invalid(format!(
-                            "proxy.trusted: '{t}' is not a CIDR (like \"10.0.0.0/8\" or \"::1/128\")"
-                        ))
-                    })
-            })
-            .collect()
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let nets = self.trusted_nets()?;
-        if !self.listen.is_empty() && nets.is_empty() {
-            return Err(ConfigError::Invalid(
-                "proxy.trusted must name the proxies' addresses when proxy.listen is set".into(),
-            ));
-        }
-        for (key, name) in [
-            ("verify_header", &self.verify_header),
-            ("dn_header", &self.dn_header),
-            ("cert_header", &self.cert_header),
-        ] {
-            if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(ConfigError::Invalid(format!(
-                    "proxy.{key}: '{name}' is not an HTTP header name"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// `[admin]`: who may call the admin API (docs/protocol.md §1.10).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -196,8 +157,7 @@ pub struct AdminConfig {
     /// reindex` uses it).
     #[serde(default)]
     pub certnames: Vec<String>,
-    /// The other replicas, as `https://HOST:PORT`: rollout state is pulled
-    /// from them (docs/rollouts.md#replicas).
+    /// The other replicas, `https://HOST:PORT` (docs/rollouts.md#replicas).
     #[serde(default)]
     pub peers: Vec<String>,
 }

@@ -389,7 +389,13 @@ environments = ["*"]
         );
         let store = Store::new(Arc::new(config));
         store.rebuild(crate::store::Scope::Every).await;
-        let app = router(AppState { store, gate }, Duration::from_secs(10));
+        let rollouts = Arc::new(crate::rollout::Rollouts::new(&[], store.generations.dir()));
+        let state = AppState {
+            store,
+            gate,
+            rollouts,
+        };
+        let app = router(state, Duration::from_secs(10));
         Master { app, _tree: tree }
     }
 

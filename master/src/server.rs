@@ -41,6 +41,7 @@ pub use conns::{ConnStats, Connections, Limits};
 use crate::auth::{Authorizer, Gate};
 use crate::config::MasterConfig;
 use crate::proxy::Trust;
+use crate::rollout::{Rollouts, api};
 use crate::state::AppState;
 use crate::store::Store;
 
@@ -192,8 +193,10 @@ pub async fn serve(
     // the warmer indexes in the background, requests index on demand.
     store.generations.open(true)?;
     background.push(tokio::spawn(store.clone().retrier()));
-    background.push(tokio::spawn(crate::rollout::api::background(
+    let rollouts = Arc::new(Rollouts::new(&config.rollout, store.generations.dir()));
+    background.push(tokio::spawn(api::background(
         Arc::downgrade(&store),
+        Arc::downgrade(&rollouts),
     )));
     background.push(tokio::spawn(store.clone().warm()));
     background.push(tokio::spawn(Store::idle_dropper(
@@ -203,6 +206,7 @@ pub async fn serve(
     let state = AppState {
         store: store.clone(),
         gate: Gate::new(authorizer, config.tls.client_auth.into()),
+        rollouts: rollouts.clone(),
     };
     let proxy = if config.proxy.listen.is_empty() {
         None
@@ -224,9 +228,8 @@ pub async fn serve(
         });
         background.push(tokio::spawn(Connections::reap(Arc::downgrade(&own))));
         let metrics = Scrape {
-            store: store.clone(),
             connections: connections.clone(),
-            gate: state.gate.clone(),
+            state: state.clone(),
         };
         background.push(listening.metrics(addr, own, metrics)?);
     }
@@ -473,10 +476,10 @@ async fn watch_certificate(config: Arc<MasterConfig>) {
 /// What a scrape of the metrics listener reads.
 #[derive(Clone)]
 struct Scrape {
-    store: Arc<Store>,
     /// The agents' registry (mTLS and `[proxy]`), whose counts are served.
     connections: Arc<Connections>,
-    gate: Gate,
+    /// The gate's refusals and the rollouts' halts are served.
+    state: AppState,
 }
 
 impl Scrape {
@@ -486,14 +489,11 @@ impl Scrape {
         axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
-                let Scrape {
-                    store,
-                    connections,
-                    gate,
-                } = self.clone();
+                let Scrape { connections, state } = self.clone();
                 async move {
                     let text = tokio::task::spawn_blocking(move || {
-                        store.metrics.render(&snapshot(&store, &connections, &gate))
+                        let metrics = &state.store.metrics;
+                        metrics.render(&snapshot(&connections, &state))
                     })
                     .await
                     .unwrap_or_default();
@@ -511,7 +511,8 @@ impl Scrape {
 }
 
 /// What the metrics read at scrape time (`metrics::Snapshot`).
-fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::metrics::Snapshot {
+fn snapshot(connections: &Connections, state: &AppState) -> crate::metrics::Snapshot {
+    let store = &*state.store;
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let s = &store.stats;
     let c = connections.stats();
@@ -528,14 +529,14 @@ fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::met
         listings_delta: load(&s.listings_delta),
         files_hashed: load(&s.files_hashed),
         watch_events: load(&s.watch_events),
-        authorization_refusals: gate.refusals(),
+        authorization_refusals: state.gate.refusals(),
         server_certificate_expiry: crate::tls::certificate_expiry(&tls.cert),
         crl_next_update: tls.crl.as_deref().and_then(crate::tls::crl_next_update),
         generation_store_bytes: store.generations.bytes(),
         generation_evictions: load(&store.generations.evictions),
         generation_store_errors: load(&store.generations.errors),
         inconsistent_builds: load(&s.inconsistent_builds),
-        rollout_halted: store.rollouts.halted(&store.generations),
+        rollout_halted: state.rollouts.halted(&store.generations),
         generations_kept: store
             .generations
             .counts()

@@ -125,8 +125,6 @@ pub struct Store {
     /// The generations each publication made, kept on disk
     /// (docs/deploys.md#generations).
     pub generations: Generations,
-    /// Rollout policies and state (docs/rollouts.md).
-    pub rollouts: crate::rollout::Rollouts,
     /// Environments whose last build was not published (a tree that
     /// changed under the walk, a store that failed): built again
     /// `index.settle` later ([`Store::retrier`]).
@@ -183,10 +181,7 @@ impl Store {
     /// An empty store.
     pub fn new(config: Arc<MasterConfig>) -> Arc<Self> {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let generations = Generations::new(&config.generations);
-        let rollouts = crate::rollout::Rollouts::new(&config.rollout, generations.dir());
         Arc::new(Store {
-            rollouts,
             envs: RwLock::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             builders: tokio::sync::Semaphore::new(cores),
@@ -203,7 +198,7 @@ impl Store {
             metrics: Metrics::new(),
             draining: AtomicBool::new(false),
             certificate: crate::tls::Validity::default(),
-            generations,
+            generations: Generations::new(&config.generations),
             retry: Mutex::new(BTreeSet::new()),
             retry_wake: tokio::sync::Notify::new(),
             config,

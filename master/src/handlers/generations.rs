@@ -57,10 +57,9 @@ pub fn chosen(state: &AppState, env: &EnvName, req: &Parts) -> Choice {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| NodeReport::from_header(v).ok())
         .and_then(|r| r.generation);
-    let store = &state.store;
-    store
+    state
         .rollouts
-        .choose(&store.generations, env, certname, reported.as_ref())
+        .choose(&state.store.generations, env, certname, reported.as_ref())
 }
 
 /// `GET /pluginsync/v1/assignment?environment=<env>`: see the module docs.

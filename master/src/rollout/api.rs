@@ -9,6 +9,8 @@
 //! converge. Who may call them: as the re-index call, `[admin] certnames`
 //! and the master's own certificate ([`crate::handlers::admin::admitted`]).
 
+use std::sync::Weak;
+
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -23,6 +25,7 @@ use crate::handlers::admin::admitted;
 use crate::reindex::{Answer, ReindexError, call};
 use crate::request::Query;
 use crate::state::AppState;
+use crate::store::Store;
 
 /// The admin API path of the rollout calls.
 pub const ROLLOUT_PATH: &str = "/pluginsync/v1/admin/rollout";
@@ -127,13 +130,12 @@ pub async fn status(State(state): State<AppState>, req: Request) -> Response {
     if admitted(&state, req.extensions()).is_none() {
         return ApiError::forbidden(req.uri().path()).into_response();
     }
-    let store = &state.store;
     match environment(&req) {
         Err(e) => e.into_response(),
-        Ok(None) => json(StatusCode::OK, &store.rollouts.commands()),
+        Ok(None) => json(StatusCode::OK, &state.rollouts.commands()),
         Ok(Some(env)) => json(
             StatusCode::OK,
-            &store.rollouts.status(&store.generations, &env),
+            &state.rollouts.status(&state.store.generations, &env),
         ),
     }
 }
@@ -158,13 +160,10 @@ pub async fn command(State(state): State<AppState>, req: Request) -> Response {
         Ok(a) => a,
         Err(e) => return ApiError::bad_request(e.to_string()).into_response(),
     };
-    let store = state.store.clone();
     let by = format!("admin API ({certname})");
     let applied = tokio::task::spawn_blocking(move || {
-        store
-            .rollouts
-            .apply(&store.generations, &env, action, &by)
-            .map(|_| store.rollouts.status(&store.generations, &env))
+        let (r, g) = (&state.rollouts, &state.store.generations);
+        r.apply(g, &env, action, &by).map(|_| r.status(g, &env))
     })
     .await;
     match applied {
@@ -318,20 +317,18 @@ const PULL_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 /// The rollouts' background work while the master serves: the gate and
 /// the seen generations each second ([`Rollouts::tick`]), the peers'
 /// state at start and every [`PULL_EVERY`]. Ends when the store is gone.
-pub async fn background(store: std::sync::Weak<crate::store::Store>) {
+pub async fn background(store: Weak<Store>, rollouts: Weak<Rollouts>) {
     let mut last_pull: Option<tokio::time::Instant> = None;
     loop {
-        let Some(s) = store.upgrade() else {
+        let (Some(s), Some(r)) = (store.upgrade(), rollouts.upgrade()) else {
             return;
         };
         let peers = s.config().admin.peers.clone();
         if !peers.is_empty() && last_pull.is_none_or(|t| t.elapsed() >= PULL_EVERY) {
             last_pull = Some(tokio::time::Instant::now());
-            pull_peers(s.config(), &s.rollouts, &peers).await;
+            pull_peers(s.config(), &r, &peers).await;
         }
-        let gate = s.clone();
-        let _ = tokio::task::spawn_blocking(move || gate.rollouts.tick(&gate.generations)).await;
-        drop(s);
+        let _ = tokio::task::spawn_blocking(move || r.tick(&s.generations)).await;
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }

@@ -556,7 +556,7 @@ mod tests {
             "no policy: everyone"
         );
         assert_eq!(
-            share(&[old.clone()], &cmd, policy, 0, old.id),
+            share(std::slice::from_ref(&old), &cmd, policy, 0, old.id),
             1.0,
             "the first reaches everyone"
         );
