@@ -121,6 +121,12 @@ fn routes(state: AppState, request_timeout: Duration) -> Router {
         // Only matched routes refuse bodies: a POST to an endpoint we do not
         // serve (a stock agent's catalog request) is a plain 404.
         .route_layer(middleware::from_fn(refuse_bodies))
+        // Added after that layer: a peer's POST carries a body
+        // (docs/operating.md#the-fleet).
+        .route(
+            crate::fleet::INVENTORY_PATH,
+            get(handlers::inventory).post(handlers::inventory_merge),
+        )
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -162,6 +168,8 @@ pub fn endpoint_of(path: &str) -> &'static str {
         "status"
     } else if path == handlers::admin::ENVIRONMENT_CACHE {
         "admin"
+    } else if path == crate::fleet::INVENTORY_PATH {
+        "inventory"
     } else {
         "other"
     }
@@ -381,9 +389,11 @@ environments = ["*"]
             Authorizer::new(&config.authorization).unwrap(),
             config.tls.client_auth.into(),
         );
+        let config_fleet = config.fleet.clone();
         let store = Store::new(Arc::new(config));
         store.rebuild(crate::store::Scope::Every).await;
-        let app = router(AppState { store, gate }, Duration::from_secs(10));
+        let fleet = Arc::new(crate::fleet::Fleet::new(&config_fleet, 0));
+        let app = router(AppState { store, gate, fleet }, Duration::from_secs(10));
         Master { app, _tree: tree }
     }
 

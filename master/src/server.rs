@@ -40,6 +40,7 @@ pub use conns::{ConnStats, Connections, Limits};
 
 use crate::auth::{Authorizer, Gate};
 use crate::config::MasterConfig;
+use crate::fleet::Fleet;
 use crate::proxy::Trust;
 use crate::state::AppState;
 use crate::store::Store;
@@ -92,6 +93,9 @@ pub enum ServeError {
     /// The generation store cannot be opened (`[generations] dir`).
     #[error(transparent)]
     Generations(#[from] crate::generations::StoreError),
+    /// The client of `[admin] peers` cannot be set up.
+    #[error(transparent)]
+    Peers(#[from] crate::fleet::peers::PeerError),
     /// A listener could not be bound or set up.
     #[error("cannot listen on {0}")]
     Listen(Listener, #[source] std::io::Error),
@@ -197,9 +201,12 @@ pub async fn serve(
         Arc::downgrade(&store),
         config.index.idle_drop,
     )));
+    let fleet = Arc::new(Fleet::new(&config.fleet, config.admin.peers.len()));
+    background.extend(crate::fleet::peers::spawn(&config, &fleet)?);
     let state = AppState {
         store: store.clone(),
         gate: Gate::new(authorizer, config.tls.client_auth.into()),
+        fleet: fleet.clone(),
     };
     let proxy = if config.proxy.listen.is_empty() {
         None
@@ -224,6 +231,7 @@ pub async fn serve(
             store: store.clone(),
             connections: connections.clone(),
             gate: state.gate.clone(),
+            fleet,
         };
         background.push(listening.metrics(addr, own, metrics)?);
     }
@@ -474,6 +482,7 @@ struct Scrape {
     /// The agents' registry (mTLS and `[proxy]`), whose counts are served.
     connections: Arc<Connections>,
     gate: Gate,
+    fleet: Arc<Fleet>,
 }
 
 impl Scrape {
@@ -487,10 +496,14 @@ impl Scrape {
                     store,
                     connections,
                     gate,
+                    fleet,
                 } = self.clone();
                 async move {
                     let text = tokio::task::spawn_blocking(move || {
-                        store.metrics.render(&snapshot(&store, &connections, &gate))
+                        let mut s = snapshot(&store, &connections, &gate);
+                        s.fleet = fleet
+                            .counts(|e| store.generations.kept(e).iter().map(|k| k.id).collect());
+                        store.metrics.render(&s)
                     })
                     .await
                     .unwrap_or_default();
@@ -538,6 +551,7 @@ fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::met
             .into_iter()
             .map(|(e, n)| (e.to_string(), n as u64))
             .collect(),
+        fleet: Vec::new(),
     }
 }
 

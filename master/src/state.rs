@@ -1,13 +1,14 @@
 //! What every handler shares: the indexes and the authorization step.
 //!
 //! Built once by the server's `serve`, handed to the router, and cloned
-//! (cheaply: two `Arc`s) into each request (docs/internals.md#state). It
+//! (cheaply: three `Arc`s) into each request (docs/internals.md#state). It
 //! imports only what it holds, so routes, handlers and server can all
 //! import it without importing each other.
 
 use std::sync::Arc;
 
 use crate::auth::Gate;
+use crate::fleet::Fleet;
 use crate::store::Store;
 
 /// Shared state of every handler.
@@ -18,4 +19,6 @@ pub struct AppState {
     /// `tls.client_auth` and the compiled `[[authorization]]`: who may
     /// read what.
     pub gate: Gate,
+    /// What the nodes reported, here and to the peers (docs/operating.md#the-fleet).
+    pub fleet: Arc<Fleet>,
 }
