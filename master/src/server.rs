@@ -41,6 +41,7 @@ pub use conns::{ConnStats, Connections, Limits};
 use crate::auth::{Authorizer, Gate};
 use crate::config::MasterConfig;
 use crate::fleet::Fleet;
+use crate::metrics::Snapshot;
 use crate::proxy::Trust;
 use crate::state::AppState;
 use crate::store::Store;
@@ -500,9 +501,7 @@ impl Scrape {
                 } = self.clone();
                 async move {
                     let text = tokio::task::spawn_blocking(move || {
-                        let mut s = snapshot(&store, &connections, &gate);
-                        s.fleet = fleet
-                            .counts(|e| store.generations.kept(e).iter().map(|k| k.id).collect());
+                        let s = snapshot(&store, &connections, &gate, &fleet);
                         store.metrics.render(&s)
                     })
                     .await
@@ -521,12 +520,12 @@ impl Scrape {
 }
 
 /// What the metrics read at scrape time (`metrics::Snapshot`).
-fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::metrics::Snapshot {
+fn snapshot(store: &Store, conns: &Connections, gate: &Gate, fleet: &Fleet) -> Snapshot {
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let s = &store.stats;
-    let c = connections.stats();
+    let c = conns.stats();
     let tls = &store.config().tls;
-    crate::metrics::Snapshot {
+    Snapshot {
         open_connections: c.open as u64,
         connections_evicted: c.evicted,
         connections_refused: c.refused,
@@ -551,7 +550,7 @@ fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::met
             .into_iter()
             .map(|(e, n)| (e.to_string(), n as u64))
             .collect(),
-        fleet: Vec::new(),
+        fleet: fleet.counts(|e| store.generations.kept(e).iter().map(|k| k.id).collect()),
     }
 }
 
