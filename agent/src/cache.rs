@@ -28,6 +28,7 @@ use bytes::Bytes;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::etag::ETag;
 use pluginsync_common::fsutil::replace_atomic;
+use pluginsync_common::generation::GenerationId;
 use pluginsync_common::metadata::FileMetadata;
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
@@ -204,6 +205,14 @@ impl MountCache {
         write(format!("{mount}.json"), &serde_json::to_vec(self)?)
     }
 
+    /// Removes the cached listing body of `mount`: a pass planned from a
+    /// generation keeps no listing (the generation's manifest is the
+    /// cache, [`GenerationRecord`]).
+    pub fn forget_listing(vardir: &Path, mount: Mount) {
+        let path = Self::dir(vardir).join(format!("{mount}.listing.json"));
+        let _missing_is_fine = std::fs::remove_file(path);
+    }
+
     /// Forgets everything about `mount` (after a failed commit).
     pub fn clear(vardir: &Path, mount: Mount) {
         let dir = Self::dir(vardir);
@@ -271,6 +280,61 @@ pub fn remember(
     };
     if let Err(e) = cache.save(vardir, mount, stamp.fresh.as_deref()) {
         tracing::warn!(vardir = %vardir.display(), error = %e, "cannot save the sync cache");
+    }
+}
+
+/// What the agent remembers of the generation it committed, per
+/// environment (docs/protocol.md §4.11): `<vardir>/cache/generation.<env>.json`
+/// (this record) beside `generation.<env>.manifest`, the generation's
+/// canonical manifest, which proves itself by the id recorded here (a
+/// torn pair is a manifest that does not hash to the id: it is fetched
+/// again). The stat cache and each destination's scan digest stay in the
+/// per-mount records ([`MountCache`], keyed by the generation). Written
+/// only by a run that committed (or found) another generation, or learnt
+/// that its servers serve none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationRecord {
+    /// The generation the destinations hold.
+    pub generation: Option<GenerationId>,
+    /// The server whose per-node answer carried `assignment_etag`.
+    pub server: String,
+    /// The per-node answer's `ETag`, for `If-None-Match`.
+    pub assignment_etag: Option<ETag>,
+    /// The `servers` list (joined by `,`) whose first server said it does
+    /// not serve generations: runs sync Puppet's listings without asking
+    /// again, until a listing says otherwise (`X-Pluginsync-Generations`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listings_only: Option<String>,
+}
+
+impl GenerationRecord {
+    fn path(vardir: &Path, env: &str, ext: &str) -> PathBuf {
+        MountCache::dir(vardir).join(format!("generation.{env}.{ext}"))
+    }
+
+    /// The record for `env`; anything unreadable is an empty record.
+    pub fn load(vardir: &Path, env: &str) -> GenerationRecord {
+        std::fs::read(Self::path(vardir, env, "json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// The manifest bytes kept for `env`, unverified (the caller checks
+    /// them against the id: `Manifest::parse`, or as a delta's base).
+    pub fn load_manifest(vardir: &Path, env: &str) -> Option<Vec<u8>> {
+        std::fs::read(Self::path(vardir, env, "manifest")).ok()
+    }
+
+    /// Writes the manifest (when given) and then the record, each
+    /// atomically (not synced: a hint, as the rest of the cache).
+    pub fn save(&self, vardir: &Path, env: &str, manifest: Option<&[u8]>) -> std::io::Result<()> {
+        std::fs::create_dir_all(MountCache::dir(vardir))?;
+        if let Some(bytes) = manifest {
+            replace_atomic(&Self::path(vardir, env, "manifest"), bytes, 0o600)?;
+        }
+        let json = serde_json::to_vec(self)?;
+        replace_atomic(&Self::path(vardir, env, "json"), &json, 0o600)
     }
 }
 

@@ -1,4 +1,6 @@
-//! Turning a `file_metadatas` answer into a [`RemoteTree`] the agent trusts.
+//! Turning a `file_metadatas` answer ([`validate`]), or a mount of a
+//! generation's manifest ([`from_manifest`]), into a [`RemoteTree`] the
+//! agent trusts.
 //!
 //! Everything from the wire is checked before it can name a path: every
 //! `relative_path` must parse as a [`RelPath`] (relative, no `..`, no NUL);
@@ -9,10 +11,13 @@
 //! ignored name is never managed even if a server lists it.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 
 use pluginsync_common::digest::Sha256;
+use pluginsync_common::generation::{EntryKind, Manifest};
 use pluginsync_common::ignore::IgnoreSet;
 use pluginsync_common::metadata::{FileMetadata, FileType};
+use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
 
 /// The permission bits a listing's `mode` is reduced to (docs/protocol.md
@@ -78,14 +83,23 @@ pub enum ListingError {
     Malformed(String),
 }
 
+/// What one entry is, as a source describes it, before the checks.
+enum Described {
+    /// A directory.
+    Dir,
+    /// A file with this content.
+    File(Sha256),
+    /// Something the agent does not manage (a special file, a link):
+    /// skipped with a warning.
+    Skip(&'static str),
+}
+
 /// Validates a listing against the rules in the module docs.
 pub fn validate(
     listing: Vec<FileMetadata>,
     ignore: &IgnoreSet,
 ) -> Result<RemoteTree, ListingError> {
-    let mut root_mode = None;
-    let mut entries = BTreeMap::new();
-    for m in listing {
+    let entries = listing.into_iter().map(|m| {
         let raw = m
             .relative_path
             .ok_or_else(|| ListingError::Malformed("an entry has no relative_path".into()))?;
@@ -93,53 +107,101 @@ pub fn validate(
             path: raw.clone(),
             reason: e.to_string(),
         })?;
-        if rel.is_root() {
-            if root_mode.is_some() {
-                return Err(ListingError::Malformed("\".\" is listed twice".into()));
-            }
-            if m.kind != FileType::Directory {
-                return Err(ListingError::RootNotDir);
-            }
-            root_mode = Some(m.mode & MODE_MASK);
-            continue;
-        }
-        if rel.segments().next() == Some(STAGING_DIR) {
-            return Err(ListingError::Hostile {
-                path: raw,
-                reason: format!("'{STAGING_DIR}' is reserved for the agent"),
-            });
-        }
-        if rel.segments().any(|seg| ignore.is_ignored(seg)) {
-            continue;
-        }
-        let kind = match m.kind {
-            FileType::Directory => RemoteKind::Dir,
+        let is_dir = m.kind == FileType::Directory;
+        Ok((rel, is_dir, (m.kind, m.checksum, raw), m.mode))
+    });
+    checked(entries, ignore, |(kind, checksum, raw)| {
+        Ok(match kind {
+            FileType::Directory => Described::Dir,
             FileType::File | FileType::Link => {
-                let value = m.checksum.map(|c| c.value).unwrap_or_default();
+                let value = checksum.map(|c| c.value).unwrap_or_default();
                 // Parsed once, here: from now on the digest is a value.
                 let digest = Sha256::from_checksum(&value).map_err(|_| {
                     ListingError::Malformed(format!(
                         "'{raw}' has no sha256 checksum (got {value:?})"
                     ))
                 })?;
-                RemoteKind::File { digest }
+                Described::File(digest)
             }
-            FileType::Other => {
-                tracing::warn!(path = %raw, "listing has a special file, skipped");
+            FileType::Other => Described::Skip("listing has a special file, skipped"),
+        })
+    })
+}
+
+/// The tree of `mount` in a generation's manifest (docs/protocol.md
+/// §7.6), checked by the rules of a listing (module docs): the manifest
+/// proved itself by its id, but what it names is still from the wire.
+/// Ignore globs and [`MODE_MASK`] apply as to a listing; a link (the
+/// manifest of a master that manages links) is skipped with a warning, as
+/// the agent follows links.
+pub fn from_manifest(
+    manifest: &Manifest,
+    mount: Mount,
+    ignore: &IgnoreSet,
+) -> Result<RemoteTree, ListingError> {
+    let entries = manifest.mount(mount).map(|e| {
+        let is_dir = e.kind == EntryKind::Directory;
+        Ok((e.path.clone(), is_dir, &e.kind, e.mode))
+    });
+    checked(entries, ignore, |kind| {
+        Ok(match kind {
+            EntryKind::Directory => Described::Dir,
+            EntryKind::File { sha256, .. } => Described::File(*sha256),
+            EntryKind::Link { .. } => Described::Skip("manifest has a link, skipped"),
+        })
+    })
+}
+
+/// The checks of the module docs over entries `(path, is a directory,
+/// what `describe` makes of it, mode)`; `describe` is asked only for
+/// entries below `"."` that are not ignored.
+fn checked<T>(
+    items: impl Iterator<Item = Result<(RelPath, bool, T, u32), ListingError>>,
+    ignore: &IgnoreSet,
+    describe: impl Fn(T) -> Result<Described, ListingError>,
+) -> Result<RemoteTree, ListingError> {
+    let mut root_mode = None;
+    let mut entries = BTreeMap::new();
+    for item in items {
+        let (rel, is_dir, what, mode) = item?;
+        if rel.is_root() {
+            if root_mode.is_some() {
+                return Err(ListingError::Malformed("\".\" is listed twice".into()));
+            }
+            if !is_dir {
+                return Err(ListingError::RootNotDir);
+            }
+            root_mode = Some(mode & MODE_MASK);
+            continue;
+        }
+        if rel.segments().next() == Some(STAGING_DIR) {
+            return Err(ListingError::Hostile {
+                path: rel.to_string(),
+                reason: format!("'{STAGING_DIR}' is reserved for the agent"),
+            });
+        }
+        if rel.segments().any(|seg| ignore.is_ignored(seg)) {
+            continue;
+        }
+        let kind = match describe(what)? {
+            Described::Dir => RemoteKind::Dir,
+            Described::File(digest) => RemoteKind::File { digest },
+            Described::Skip(why) => {
+                tracing::warn!(path = %rel, "{why}");
                 continue;
             }
         };
-        if entries
-            .insert(
-                rel,
-                RemoteEntry {
-                    kind,
-                    mode: m.mode & MODE_MASK,
-                },
-            )
-            .is_some()
-        {
-            return Err(ListingError::Malformed(format!("'{raw}' is listed twice")));
+        let mode = mode & MODE_MASK;
+        match entries.entry(rel) {
+            Entry::Vacant(v) => {
+                v.insert(RemoteEntry { kind, mode });
+            }
+            Entry::Occupied(o) => {
+                return Err(ListingError::Malformed(format!(
+                    "'{}' is listed twice",
+                    o.key()
+                )));
+            }
         }
     }
     let root_mode = root_mode.ok_or(ListingError::NoRoot)?;

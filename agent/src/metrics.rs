@@ -269,6 +269,7 @@ mod tests {
             agent_version: "0.1.0".into(),
             loads: Vec::new(),
             puppet_lock_waited_ms: None,
+            generation: None,
         }
     }
 

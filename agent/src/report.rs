@@ -92,6 +92,14 @@ pub struct Report {
     /// What happened to each changed file's load.
     #[serde(default)]
     pub loads: Vec<LoadEntry>,
+    /// The generation the destinations hold after the run, for the whole
+    /// run (both mounts are one generation, docs/protocol.md §4.11): set
+    /// when the run was planned from one and committed it (or found the
+    /// destinations in sync with it); absent for a failed run and for a
+    /// run that synced Puppet's listings. Under `--noop`, the generation
+    /// the plans were made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<String>,
     /// How long the commit waited for a Puppet run's lock, only when it
     /// did (docs/agent.md#a-puppet-run-in-progress).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -194,6 +202,7 @@ mod tests {
             agent_version: "0".into(),
             loads: vec![],
             puppet_lock_waited_ms: None,
+            generation: None,
         }
     }
 

@@ -32,6 +32,8 @@ use crate::client::{
     Revalidated, Transient, Undelivered, Unreached,
 };
 
+mod generation;
+
 /// How long a request of the listing phase asks again a server that
 /// refuses connections until the run has its origin (the first listing
 /// answered): a master restarting comes back within seconds, while a
@@ -77,6 +79,11 @@ pub struct Source<'a> {
     /// replica can be shown to serve the same listing, and content comes
     /// from the origin only.
     pub etag: Option<&'a ETag>,
+    /// A generation's content (docs/protocol.md §7.6): asked by digest
+    /// only and verified against the generation's manifest, so any
+    /// server may serve it; one that does not keep it answers 404 and the
+    /// next is asked.
+    pub by_digest: bool,
 }
 
 /// A listing the run holds: a replica must answer its query with its
@@ -406,6 +413,10 @@ impl Servers {
             }
             if server == src.origin.server {
                 return Pick::Use(src.origin.clone());
+            }
+            if src.by_digest {
+                let (server, offers) = (server.to_owned(), src.origin.offers.clone());
+                return Pick::Use(Origin { server, offers });
             }
             let Some(etag) = src.etag else { continue };
             match self.verdict(server, src.mount, src.query, etag).await {

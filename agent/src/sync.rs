@@ -34,6 +34,7 @@
 //! run ends without its loads (kept in the pending-loads record).
 
 mod apply;
+mod generation;
 mod loads;
 mod outcome;
 mod pass;
@@ -78,6 +79,7 @@ pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         loads: Vec::new(),
         puppet_lock_waited_ms: None,
+        generation: None,
     };
     let error = Run::execute(settings, &mut report, interrupts).await.err();
     report.duration_ms = started.elapsed().as_millis() as u64;
@@ -186,12 +188,10 @@ impl<'a> Run<'a> {
             if !settings.noop {
                 run.recover_loads().await;
             }
-            let mut passes = Vec::with_capacity(catalog.resources.len());
-            for resource in catalog.resources {
-                passes.push(run.plan(resource).await?);
-            }
+            let (passes, held) = run.plan_all(catalog.resources).await?;
             if settings.noop {
                 run.report_plans(&passes);
+                run.report.generation = held.map(|g| g.id.to_hex());
                 return Ok(None);
             }
             run.phase("planned");
@@ -203,9 +203,9 @@ impl<'a> Run<'a> {
             if passes.iter().any(|p| !p.plan.actions.is_empty()) {
                 run.wait_for_puppet().await?;
             }
-            Ok::<_, SyncError>(Some((passes, stagings)))
+            Ok::<_, SyncError>(Some((passes, stagings, held)))
         };
-        let (passes, stagings) = tokio::select! {
+        let (passes, stagings, held) = tokio::select! {
             biased;
             signal = interrupts.wait() => return Err(interrupted(signal, false)),
             ready = before_commit => match ready? {
@@ -223,6 +223,10 @@ impl<'a> Run<'a> {
         run.phase("commit started");
         let written = run.commit_all(&passes, stagings);
         run.phase("committed");
+        if let Some(held) = held.filter(|_| run.report.failures.is_empty()) {
+            let mounts: Vec<_> = passes.iter().map(|p| p.resource.mount).collect();
+            run.remember_generation(&held, &mounts);
+        }
         if let Some(signal) = interrupts.received() {
             return Err(interrupted(signal, true));
         }

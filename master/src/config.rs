@@ -65,6 +65,26 @@ pub struct MasterConfig {
     /// Rollout policies (docs/rollouts.md).
     #[serde(default)]
     pub rollout: Vec<crate::rollout::RolloutRule>,
+    /// The nodes' last reports kept in memory (docs/operating.md#the-fleet).
+    #[serde(default)]
+    pub fleet: FleetConfig,
+}
+
+/// `[fleet]`: how many nodes' last reports the master keeps, and how
+/// often it shares them with `[admin] peers` (docs/operating.md#the-fleet).
+/// Its `Default` and its checks are in `fleet/mod.rs`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetConfig {
+    /// Nodes kept at most; beyond, the least recently seen are forgotten.
+    pub max_nodes: usize,
+    /// How often what this replica heard is sent to its peers.
+    #[serde(with = "humantime_serde")]
+    pub push_interval: Duration,
+    /// How often every peer's whole inventory is read (also at start);
+    /// `"0s"`: only at start.
+    #[serde(with = "humantime_serde")]
+    pub pull_interval: Duration,
 }
 
 /// `[generations]`: how many generations each environment keeps, where
@@ -157,7 +177,8 @@ pub struct AdminConfig {
     /// reindex` uses it).
     #[serde(default)]
     pub certnames: Vec<String>,
-    /// The other replicas, `https://HOST:PORT` (docs/rollouts.md#replicas).
+    /// The other replicas (`https://HOST:PORT`), which hear what this one
+    /// hears from the nodes (docs/operating.md#the-fleet).
     #[serde(default)]
     pub peers: Vec<String>,
 }
@@ -496,8 +517,9 @@ impl MasterConfig {
                 "admin.certnames: '{bad}' is not a certname"
             )));
         }
-        self.proxy.validate()?;
         crate::rollout::Policies::new(&self.rollout)?;
+        self.proxy.validate()?; // proxy.rs
+        self.fleet.validate(&self.admin.peers)?; // fleet/mod.rs
         if self.generations.keep == 0 || self.generations.max_mib == 0 {
             return Err(ConfigError::Invalid(
                 "generations.keep and generations.max_mib must be at least 1".into(),

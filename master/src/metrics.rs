@@ -135,6 +135,21 @@ pub struct Snapshot {
     pub generations_kept: Vec<(String, u64)>,
     /// Environments with a rollout policy, and whether halted.
     pub rollout_halted: Vec<(String, bool)>,
+    /// Nodes per environment and generation (docs/operating.md#the-fleet).
+    pub fleet: Vec<FleetCount>,
+}
+
+/// One environment and generation label pair of the fleet series.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FleetCount {
+    /// The environment.
+    pub environment: String,
+    /// A kept generation's id, `other` or `none`.
+    pub generation: String,
+    /// Nodes on it.
+    pub nodes: u64,
+    /// Of those, nodes reporting load failures.
+    pub failing: u64,
 }
 
 /// The master's metrics.
@@ -401,7 +416,42 @@ impl Metrics {
                 )
                 .set(if *halted { 1.0 } else { 0.0 });
         }
-        self.handle.render()
+        let mut text = self.handle.render();
+        fleet_series(&mut text, &snapshot.fleet);
+        text
+    }
+}
+
+/// Appends the fleet series: written at each scrape from the fleet as it
+/// is, so a generation no longer kept leaves no stale series.
+fn fleet_series(text: &mut String, counts: &[FleetCount]) {
+    use std::fmt::Write;
+    if counts.is_empty() {
+        return;
+    }
+    for (name, help, value) in [
+        (
+            "pluginsync_fleet_nodes",
+            "Nodes by the generation they last reported (or were served), by environment; generations not kept are summed as other.",
+            (|c: &FleetCount| c.nodes) as fn(&FleetCount) -> u64,
+        ),
+        (
+            "pluginsync_fleet_load_failures",
+            "Nodes whose last report names failed loads, by environment and generation.",
+            |c: &FleetCount| c.failing,
+        ),
+    ] {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for c in counts {
+            let _ = writeln!(
+                text,
+                "{name}{{environment=\"{}\",generation=\"{}\"}} {}",
+                c.environment,
+                c.generation,
+                value(c)
+            );
+        }
+        text.push('\n');
     }
 }
 

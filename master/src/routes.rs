@@ -127,6 +127,12 @@ fn routes(state: AppState, request_timeout: Duration) -> Router {
         // Only matched routes refuse bodies: a POST to an endpoint we do not
         // serve (a stock agent's catalog request) is a plain 404.
         .route_layer(middleware::from_fn(refuse_bodies))
+        // Added after that layer: a peer's POST carries a body
+        // (docs/operating.md#the-fleet).
+        .route(
+            crate::fleet::INVENTORY_PATH,
+            get(handlers::inventory).post(handlers::inventory_merge),
+        )
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -168,6 +174,8 @@ pub fn endpoint_of(path: &str) -> &'static str {
         "status"
     } else if path == handlers::admin::ENVIRONMENT_CACHE || path == rollout::api::ROLLOUT_PATH {
         "admin"
+    } else if path == crate::fleet::INVENTORY_PATH {
+        "inventory"
     } else {
         "other"
     }
@@ -387,13 +395,16 @@ environments = ["*"]
             Authorizer::new(&config.authorization).unwrap(),
             config.tls.client_auth.into(),
         );
+        let config_fleet = config.fleet.clone();
         let store = Store::new(Arc::new(config));
         store.rebuild(crate::store::Scope::Every).await;
+        let fleet = Arc::new(crate::fleet::Fleet::new(&config_fleet, 0));
         let rollouts = Arc::new(crate::rollout::Rollouts::new(&[], store.generations.dir()));
         let state = AppState {
             store,
             gate,
             rollouts,
+            fleet,
         };
         let app = router(state, Duration::from_secs(10));
         Master { app, _tree: tree }

@@ -40,8 +40,10 @@ pub use conns::{ConnStats, Connections, Limits};
 
 use crate::auth::{Authorizer, Gate};
 use crate::config::MasterConfig;
+use crate::fleet::Fleet;
+use crate::metrics::Snapshot;
 use crate::proxy::Trust;
-use crate::rollout::{Rollouts, api};
+use crate::rollout::api;
 use crate::state::AppState;
 use crate::store::Store;
 
@@ -93,6 +95,9 @@ pub enum ServeError {
     /// The generation store cannot be opened (`[generations] dir`).
     #[error(transparent)]
     Generations(#[from] crate::generations::StoreError),
+    /// The client of `[admin] peers` cannot be set up.
+    #[error(transparent)]
+    Peers(#[from] crate::fleet::peers::PeerError),
     /// A listener could not be bound or set up.
     #[error("cannot listen on {0}")]
     Listen(Listener, #[source] std::io::Error),
@@ -193,20 +198,20 @@ pub async fn serve(
     // the warmer indexes in the background, requests index on demand.
     store.generations.open(true)?;
     background.push(tokio::spawn(store.clone().retrier()));
-    let rollouts = Arc::new(Rollouts::new(&config.rollout, store.generations.dir()));
-    background.push(tokio::spawn(api::background(
-        Arc::downgrade(&store),
-        Arc::downgrade(&rollouts),
-    )));
     background.push(tokio::spawn(store.clone().warm()));
     background.push(tokio::spawn(Store::idle_dropper(
         Arc::downgrade(&store),
         config.index.idle_drop,
     )));
+    let fleet = Arc::new(Fleet::new(&config.fleet, config.admin.peers.len()));
+    background.extend(crate::fleet::peers::spawn(&config, &fleet)?);
+    let (rollouts, task) = api::start(&store, fleet.clone());
+    background.push(task);
     let state = AppState {
         store: store.clone(),
         gate: Gate::new(authorizer, config.tls.client_auth.into()),
-        rollouts: rollouts.clone(),
+        rollouts,
+        fleet: fleet.clone(),
     };
     let proxy = if config.proxy.listen.is_empty() {
         None
@@ -511,13 +516,13 @@ impl Scrape {
 }
 
 /// What the metrics read at scrape time (`metrics::Snapshot`).
-fn snapshot(connections: &Connections, state: &AppState) -> crate::metrics::Snapshot {
+fn snapshot(connections: &Connections, state: &AppState) -> Snapshot {
     let store = &*state.store;
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let s = &store.stats;
     let c = connections.stats();
     let tls = &store.config().tls;
-    crate::metrics::Snapshot {
+    Snapshot {
         open_connections: c.open as u64,
         connections_evicted: c.evicted,
         connections_refused: c.refused,
@@ -543,6 +548,9 @@ fn snapshot(connections: &Connections, state: &AppState) -> crate::metrics::Snap
             .into_iter()
             .map(|(e, n)| (e.to_string(), n as u64))
             .collect(),
+        fleet: state
+            .fleet
+            .counts(|e| store.generations.kept(e).iter().map(|k| k.id).collect()),
     }
 }
 

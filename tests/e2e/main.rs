@@ -11,6 +11,8 @@ mod agent_killed;
 mod agent_durable;
 // The agent's removal guard: a master that lost most of an environment cannot wipe a node.
 mod agent_guard;
+// One generation per run: a deploy between the agent's requests, a wrong blob from a cache, bundles.
+mod agent_generations;
 // Loading synced plugins after a sync: loaders as child processes, failures, versions, the report.
 mod agent_load;
 // The agent's textfile metrics after good and failed runs; `report` as a monitoring check.

@@ -414,3 +414,109 @@ fn a_bad_policy_is_refused_with_one_line_by_check_and_serve() {
         }
     }
 }
+
+/// The per-node answer for `certname` from `proxy`, sending `report`.
+async fn report(c: &reqwest::Client, proxy: u16, certname: &str, report: &NodeReport) -> u16 {
+    c.get(format!(
+        "http://127.0.0.1:{proxy}/pluginsync/v1/assignment?environment=production"
+    ))
+    .header("X-Client-Verify", "SUCCESS")
+    .header("X-Client-DN", format!("/CN={certname}"))
+    .header(HEADER_REPORT, report.to_header())
+    .send()
+    .await
+    .expect("request")
+    .status()
+    .as_u16()
+}
+
+/// A change whose plugin fails on every node that takes it: the first
+/// wave's nodes report it, half to each replica; both replicas halt from
+/// the fleet-wide counts before the next wave opens (no node moves), and
+/// `rollback` brings the first wave back to the old generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_the_first_wave() {
+    let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
+    tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+    let policy = "[[rollout]]\nenvironments = [\"production\"]\n\
+        waves = [ { after = \"0s\", percent = 20 }, { after = \"25s\", percent = 100 } ]\n\
+        halt_on_load_failures = { percent = 50, min_nodes = 3 }\n";
+    let (pa, pb) = (closed_port(), closed_port());
+    let peer = |p: u16| vec![format!("https://localhost:{p}")];
+    let a = replica(dir.path(), "a", (&tree, &pki), pa, &peer(pb), policy);
+    let b = replica(dir.path(), "b", (&tree, &pki), pb, &peer(pa), policy);
+    let cfg = a.config.clone();
+    let (_ma, _mb) = (
+        MasterProcess::spawn(&a.config),
+        MasterProcess::spawn(&b.config),
+    );
+    pluginsync_common::tls::install_default_provider();
+    let c = reqwest::Client::new();
+    let first = wait_for(PATIENCE, || async {
+        let s = rollout(&cfg, "status", &[&a, &b]);
+        (s.iter()
+            .all(|s| s["generations"].as_array().is_some_and(|g| g.len() == 1)))
+        .then(|| s[0]["generations"][0]["id"].as_str().unwrap().to_owned())
+    })
+    .await
+    .expect("a first generation on both");
+    tree.file(
+        "production",
+        "app",
+        "lib/facter/app.rb",
+        "raise 'broken'\n",
+        0o644,
+    );
+    let new = wait_for(PATIENCE, || async {
+        let s = rollout(&cfg, "status", &[&a, &b]);
+        s.iter()
+            .all(|s| s["generations"].as_array().is_some_and(|g| g.len() == 2))
+            .then(|| s[0]["generations"][0]["id"].as_str().unwrap().to_owned())
+    })
+    .await
+    .expect("the change is published on both");
+    let wave1: Vec<bool> = census(&c, &a, &b, &new).await;
+    check_wave(&wave1, 20.0);
+    // Each node of the first wave reports the failing load, alternately
+    // to each replica; the others report the old generation, healthy.
+    for (i, on_new) in wave1.iter().enumerate() {
+        let (generation, failed) = if *on_new { (&new, 1) } else { (&first, 0) };
+        let r = NodeReport {
+            generation: Some(generation.parse().unwrap()),
+            loads_ok: 3,
+            loads_failed: failed,
+            failed: if failed > 0 {
+                vec!["facter/app.rb".into()]
+            } else {
+                vec![]
+            },
+        };
+        let proxy = if i % 2 == 0 { a.proxy } else { b.proxy };
+        assert_eq!(report(&c, proxy, &certname(i), &r).await, 200);
+    }
+    let halted = wait_for(PATIENCE, || async {
+        let s = rollout(&cfg, "status", &[&a, &b]);
+        s.iter().all(|s| s["halted"] == true).then_some(s)
+    })
+    .await
+    .expect("both replicas halt");
+    for s in &halted {
+        let reason = s["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("report load failures"), "{s}");
+        assert_eq!(
+            s["generations"][0]["waves_open"], 1,
+            "halted before the second wave: {s}"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(26)).await;
+    assert_eq!(
+        census(&c, &a, &b, &new).await,
+        wave1,
+        "halted: no node moves past the second wave's time"
+    );
+    rollout(&cfg, "rollback", &[&a, &b]);
+    assert!(
+        census(&c, &a, &b, &first).await.iter().all(|x| *x),
+        "rolled back: the first wave is on the old generation again"
+    );
+}

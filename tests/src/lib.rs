@@ -36,6 +36,9 @@
 //!   reachable), [`tls_connect`], [`h1_get`] on a keep-alive connection,
 //!   [`H2`] (HTTP/2 that never opens a window), [`write_root_crl`] and
 //!   [`ChainedClient`] (an intermediate CA).
+//! - `intercept`: [`Interceptor`], a TLS relay in front of a master that
+//!   lets a test act between requests ([`Hook`]: a deploy before one
+//!   passes, an answer tampered with, [`flip_first_body_byte`]).
 //! - `replicas`: masters that die and come back: [`CutProxy`] (a TCP proxy
 //!   that holds bytes at an exact count, throttles, goes down and comes
 //!   back on its port), [`kill9`], [`Lcg`] (a seeded random sequence).
@@ -60,6 +63,7 @@ mod deploy;
 mod fake;
 mod faults;
 mod hostile;
+mod intercept;
 mod master;
 mod pki;
 mod process;
@@ -81,6 +85,7 @@ pub use deploy::{
 pub use fake::{FakeMaster, Responder, closed_port, http_response};
 pub use faults::{Racer, RunningAgent, on_small_tmpfs};
 pub use hostile::{Listener, gzip_zeros, listing_json, response_with};
+pub use intercept::{Hook, Interceptor, flip_first_body_byte};
 pub use master::{MasterProcess, TestMaster, config_file, config_toml, parse_config};
 pub use pki::{AGENTS, Pki};
 pub use process::{

@@ -64,6 +64,17 @@ pub enum FetchError {
         /// What is wrong with it.
         problem: NodeProblem,
     },
+    /// A 2xx answer to a generation request (docs/protocol.md §7.6) that
+    /// is refused.
+    #[error("{server} answered 200 OK for {what}: {detail}")]
+    Generation {
+        /// The server.
+        server: String,
+        /// What was asked.
+        what: String,
+        /// What is wrong with it.
+        detail: super::generation::GenerationProblem,
+    },
     /// A download that failed, did not match its checksum, or could not be
     /// staged.
     #[error("download of {what} from {server} failed: {detail}")]

@@ -7,7 +7,8 @@
 //! every request names its server, and which one that is — the run's
 //! origin, failover, replicas — is `servers.rs`.
 //!
-//! A listing the agent holds is revalidated with `If-None-Match` plus
+//! The generation requests (the per-node answer, a manifest) are
+//! `generation.rs`. A listing the agent holds is revalidated with `If-None-Match` plus
 //! `X-Pluginsync-Delta`, and a delta answer is handed back as one
 //! ([`ListingAnswer::Delta`], docs/protocol.md §7.5). Failures that may
 //! pass (connection refused or reset, timeouts, 5xx, 429 and 503, a body
@@ -16,6 +17,7 @@
 
 mod body;
 mod error;
+mod generation;
 mod offers;
 mod retry;
 mod tls;
@@ -36,6 +38,7 @@ pub use body::{
 };
 use body::{Capped, error_body, read_capped};
 pub use error::{Answered, FetchError, NodeProblem, SetupError, Transient, Undelivered, Unreached};
+pub use generation::{AssignmentAnswer, GenerationProblem, ManifestAnswer};
 pub use offers::{ContentBy, Offers, OriginPath, same_origin_path};
 pub use retry::{Attempt, Retry};
 
@@ -380,6 +383,20 @@ impl Client {
         } = *file;
         let what = format!("{mount}/{rel}");
         let base = server.trim_end_matches('/');
+        if let ContentBy::Blobs(prefix) = &offers.content {
+            // A generation's content: by digest only. A server without
+            // the blob does not keep the generation; the next may.
+            let url = format!("{base}{}{}", prefix.as_str(), digest.to_hex());
+            return match self.fetch_into(server, env, &url, &what, take).await {
+                Attempt::Fatal(FetchError::Status(a)) if a.status == StatusCode::NOT_FOUND => {
+                    Attempt::Retry {
+                        error: Transient::Status(a),
+                        after: None,
+                    }
+                }
+                other => other,
+            };
+        }
         if let ContentBy::Checksum(prefix) = &offers.content {
             let url = format!("{base}{}{}", prefix.as_str(), digest.to_hex());
             match self.fetch_into(server, env, &url, &what, take).await {

@@ -31,6 +31,11 @@ pub enum ContentBy {
     /// any HTTP cache in front of it; `file_content` when a blob is not
     /// found.
     Checksum(OriginPath),
+    /// A generation's content: by checksum under this prefix only
+    /// (docs/protocol.md §7.6); a blob not found is the server not keeping
+    /// the generation, never a reason to ask `file_content`, which serves
+    /// whatever the tree holds now.
+    Blobs(OriginPath),
 }
 
 /// What a master's listing answer offers beyond Puppet's API
@@ -41,9 +46,23 @@ pub struct Offers {
     pub content: ContentBy,
     /// Where it serves many blobs at once, if it does.
     pub batch: Option<OriginPath>,
+    /// Whether it says it serves generations (`X-Pluginsync-Generations`,
+    /// docs/protocol.md §7.6): a run that synced its listings asks the
+    /// per-node answer again next time.
+    pub generations: bool,
 }
 
 impl Offers {
+    /// What a master serving generations offers: blobs and batches at the
+    /// paths of docs/protocol.md §7.1, §7.2.
+    pub fn generation() -> Offers {
+        Offers {
+            content: ContentBy::Blobs(OriginPath(protocol::BLOB_PREFIX.to_owned())),
+            batch: Some(OriginPath(protocol::BATCH_PATH.to_owned())),
+            generations: true,
+        }
+    }
+
     /// What `server`'s answer headers offer; a header that is not a path
     /// on `server` is ignored (with a warning when `warn`).
     pub(super) fn of(server: &str, headers: &HeaderMap, warn: bool) -> Offers {
@@ -59,6 +78,7 @@ impl Offers {
             content: offered(protocol::HEADER_BLOBS)
                 .map_or(ContentBy::FileContent, ContentBy::Checksum),
             batch: offered(protocol::HEADER_BLOB_BATCH),
+            generations: headers.contains_key(protocol::HEADER_GENERATIONS),
         }
     }
 }

@@ -70,6 +70,7 @@ impl Run<'_> {
                 env: &self.env,
                 query: &p.query,
                 etag: p.stamp.etag.as_ref(),
+                by_digest: p.by_digest,
             };
             staging
                 .download_all(

@@ -35,6 +35,10 @@ pub enum SyncError {
     /// A listing could not be fetched, or is not a listing.
     #[error(transparent)]
     Fetch(#[from] FetchError),
+    /// A generation was refused, or no server keeps it
+    /// (docs/protocol.md §4.11).
+    #[error(transparent)]
+    Generation(Box<super::generation::GenerationError>),
     /// A listing was refused (hostile or malformed entries).
     #[error("malformed listing from {server}: {mount} mount: {source}")]
     Listing {

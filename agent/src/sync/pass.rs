@@ -5,6 +5,7 @@
 
 use bytes::Bytes;
 use pluginsync_common::digest::Sha256;
+use pluginsync_common::envname::EnvName;
 use pluginsync_common::etag::ETag;
 use pluginsync_common::protocol::{ListingQuery, Mount};
 
@@ -38,6 +39,9 @@ pub(super) struct Pass {
     pub(super) query: String,
     /// The master the listing came from.
     pub(super) origin: Origin,
+    /// Planned from a generation: content by digest from any server
+    /// (`servers::Source::by_digest`).
+    pub(super) by_digest: bool,
 }
 
 /// The listing body a pass plans against, from the master's answer.
@@ -74,14 +78,7 @@ impl Run<'_> {
         let digest = local.digest();
         self.phase("scanned");
         let env = self.env.clone();
-        let query = ListingQuery {
-            environment: env.as_str(),
-            source_permissions: match resource.source_permissions {
-                SourcePermissions::Use => "use",
-                SourcePermissions::Ignore => "ignore",
-            },
-            ignore: resource.ignore.patterns(),
-        };
+        let query = query_of(&resource, &env);
         let query_string = query.to_query();
         let key_for = |server: &str| MountCache::key(server, mount, &query_string);
         let (origin, answer) = self
@@ -115,6 +112,7 @@ impl Run<'_> {
                     },
                     query: query_string,
                     origin,
+                    by_digest: false,
                 });
             }
         };
@@ -125,17 +123,7 @@ impl Run<'_> {
             source,
         })?;
         self.phase("listing validated");
-        cache.load_files(vardir, mount);
-        let read = scan::hash_files(&resource.path, &mut local, &remote, |rel, stat| {
-            cache.sha256(rel, stat)
-        })?;
-        tracing::debug!(mount = %mount, hashed = read, "local files hashed");
-        let plan = plan::plan(
-            &remote,
-            &local,
-            resource.source_permissions == SourcePermissions::Use,
-        );
-        self.report.unchanged += plan.unchanged;
+        let plan = self.planned(&resource, &mut local, &mut cache, &remote)?;
         // A cached body was verified against its record; a fresh one is
         // hashed once, here.
         let listing_sha256 = match &fresh {
@@ -155,7 +143,32 @@ impl Run<'_> {
             },
             query: query_string,
             origin,
+            by_digest: false,
         })
+    }
+
+    /// The local files hashed where the stat cache cannot vouch for them,
+    /// and the plan from `remote` to `local`.
+    pub(super) fn planned(
+        &mut self,
+        resource: &FileResource,
+        local: &mut LocalTree,
+        cache: &mut MountCache,
+        remote: &RemoteTree,
+    ) -> Result<Plan, SyncError> {
+        let mount = resource.mount;
+        cache.load_files(&self.settings.vardir, mount);
+        let read = scan::hash_files(&resource.path, local, remote, |rel, stat| {
+            cache.sha256(rel, stat)
+        })?;
+        tracing::debug!(mount = %mount, hashed = read, "local files hashed");
+        let plan = plan::plan(
+            remote,
+            local,
+            resource.source_permissions == SourcePermissions::Use,
+        );
+        self.report.unchanged += plan.unchanged;
+        Ok(plan)
     }
 
     /// The body `answer` stands for: itself, a delta rebuilt on the cached
@@ -242,6 +255,19 @@ impl Run<'_> {
             .server
             .get_or_insert_with(|| origin.server.clone());
         Ok((origin, answer))
+    }
+}
+
+/// The listing query of `resource` in `env` (also the key a pass
+/// planned from a generation is cached under).
+pub(super) fn query_of<'q>(resource: &'q FileResource, env: &'q EnvName) -> ListingQuery<'q> {
+    ListingQuery {
+        environment: env.as_str(),
+        source_permissions: match resource.source_permissions {
+            SourcePermissions::Use => "use",
+            SourcePermissions::Ignore => "ignore",
+        },
+        ignore: resource.ignore.patterns(),
     }
 }
 

@@ -9,7 +9,8 @@
 //! names its bytes): `public` for a shared cache where no
 //! `[[authorization]]` rule applies, `private` otherwise (§7.4). The
 //! per-node answer is `private, no-cache`, revalidated each run: an
-//! unchanged answer is one `304`.
+//! unchanged answer is one `304`. It is also where a node is heard: its
+//! report, or what it is served, goes to the fleet (`fleet/mod.rs`).
 
 use axum::extract::State;
 use axum::http::request::Parts;
@@ -91,6 +92,12 @@ pub async fn assignment(State(state): State<AppState>, req: Parts) -> Result<Res
             ));
         }
     };
+    let node = req.extensions.get::<PeerIdentity>();
+    if let Some(certname) = node.and_then(PeerIdentity::certname) {
+        let report = req.headers.get(pluginsync_common::rollout::HEADER_REPORT);
+        let report = report.map(axum::http::HeaderValue::as_bytes);
+        state.fleet.heard(certname, &env, report, Some(kept.id));
+    }
     let etag = ETag::of_digest(&Sha256::of(format!("{env}\n{}", kept.id).as_bytes()).0[..20]);
     let mut headers = HeaderMap::new();
     headers.insert(header::ETAG, header_value(etag.as_str()));

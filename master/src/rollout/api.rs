@@ -9,7 +9,7 @@
 //! converge. Who may call them: as the re-index call, `[admin] certnames`
 //! and the master's own certificate ([`crate::handlers::admin::admitted`]).
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -127,8 +127,8 @@ fn environment(req: &Request) -> Result<Option<EnvName>, ApiError> {
 
 /// `GET {ROLLOUT_PATH}[?environment=ENV]`: see the module docs.
 pub async fn status(State(state): State<AppState>, req: Request) -> Response {
-    if admitted(&state, req.extensions()).is_none() {
-        return ApiError::forbidden(req.uri().path()).into_response();
+    if let Err(refused) = admitted(&state, &req) {
+        return refused.into_response();
     }
     match environment(&req) {
         Err(e) => e.into_response(),
@@ -144,8 +144,9 @@ pub async fn status(State(state): State<AppState>, req: Request) -> Response {
 /// docs. 409 for a rollback with no earlier generation or a command on an
 /// environment that keeps none.
 pub async fn command(State(state): State<AppState>, req: Request) -> Response {
-    let Some(certname) = admitted(&state, req.extensions()) else {
-        return ApiError::forbidden(req.uri().path()).into_response();
+    let certname = match admitted(&state, &req) {
+        Ok(c) => c,
+        Err(refused) => return refused.into_response(),
     };
     let env = match environment(&req) {
         Ok(Some(env)) => env,
@@ -309,6 +310,21 @@ pub fn text(master: &str, s: &RolloutStatus) -> String {
         ));
     }
     out
+}
+
+/// The rollouts of `store`'s config, their gate counting `fleet`, and
+/// their [`background`] task.
+pub fn start(
+    store: &Arc<Store>,
+    fleet: Arc<dyn super::FleetCounts>,
+) -> (Arc<Rollouts>, tokio::task::JoinHandle<()>) {
+    let rollouts = Arc::new(Rollouts::new(
+        &store.config().rollout,
+        store.generations.dir(),
+    ));
+    rollouts.set_fleet(fleet);
+    let task = tokio::spawn(background(Arc::downgrade(store), Arc::downgrade(&rollouts)));
+    (rollouts, task)
 }
 
 /// How often the state is pulled from the peers.

@@ -1,0 +1,109 @@
+//! Which master answers the generation requests (docs/protocol.md §7.6):
+//! the per-node answer is asked as the first listing is (the first server
+//! that answers becomes the run's origin), a manifest of the origin and
+//! then of each server after it, a server that does not keep the
+//! generation passing it on to the next.
+
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::etag::ETag;
+use pluginsync_common::generation::GenerationId;
+
+use super::{Origin, Servers, failover, ring};
+use crate::client::{AssignmentAnswer, FetchError, ManifestAnswer, Offers};
+
+impl Servers {
+    /// The per-node answer for `env` (docs/protocol.md §7.6) from the first
+    /// server that answers, as the first listing is asked
+    /// ([`Servers::listing`]); `if_none_match` gives the `If-None-Match`
+    /// for a server. A server that serves generations becomes the run's
+    /// origin.
+    pub async fn assignment(
+        &mut self,
+        env: &EnvName,
+        if_none_match: &dyn Fn(&str) -> Option<ETag>,
+    ) -> Result<(String, AssignmentAnswer), FetchError> {
+        let ring: Vec<&str> = match &self.origin {
+            Some(origin) => ring(&self.list, &origin.server),
+            None => self.list.iter().map(String::as_str).collect(),
+        };
+        let log = "server unavailable, trying the next one";
+        let answered = failover(
+            self.client.retry(),
+            log,
+            &ring,
+            self.refused_until(),
+            async |_| Some(true),
+            async |server| {
+                let inm = if_none_match(server);
+                self.client.assignment(server, env, inm.as_ref()).await
+            },
+        )
+        .await;
+        let (server, answer) = match answered {
+            Ok(a) => a,
+            Err(FetchError::Unreachable { servers, detail }) if self.origin.is_none() => {
+                let detail = self.explain(detail).await;
+                return Err(FetchError::Unreachable { servers, detail });
+            }
+            Err(e) => return Err(e),
+        };
+        if !matches!(answer, AssignmentAnswer::NotServed) {
+            self.origin = Some(Origin {
+                server: server.clone(),
+                offers: Offers::generation(),
+            });
+        }
+        Ok((server, answer))
+    }
+
+    /// Generation `id`'s manifest (a delta from `since` where a server
+    /// keeps it): from the origin, then each server after it; one that
+    /// does not keep the generation (404) passes it on to the next. The
+    /// server that delivers becomes the origin. `None`: no server keeps
+    /// it.
+    pub async fn manifest(
+        &mut self,
+        env: &EnvName,
+        id: &GenerationId,
+        since: Option<&GenerationId>,
+    ) -> Result<Option<(String, ManifestAnswer)>, FetchError> {
+        let servers: Vec<String> = match &self.origin {
+            Some(origin) => ring(&self.list, &origin.server)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            None => self.list.clone(),
+        };
+        let log = "server unavailable for the manifest, trying the next one";
+        let mut last = None;
+        for server in &servers {
+            let got = failover(
+                self.client.retry(),
+                log,
+                &[server.as_str()],
+                self.refused_until(),
+                async |_| Some(true),
+                async |s| self.client.manifest(s, env, id, since).await,
+            )
+            .await;
+            match got {
+                Ok((_, ManifestAnswer::NotKept)) => {
+                    tracing::info!(server = %server, generation = %id.short(), "server does not keep the generation");
+                }
+                Ok((s, answer)) => {
+                    self.origin = Some(Origin {
+                        server: s.clone(),
+                        offers: Offers::generation(),
+                    });
+                    return Ok(Some((s, answer)));
+                }
+                Err(e @ FetchError::Unreachable { .. }) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        match last {
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
+    }
+}

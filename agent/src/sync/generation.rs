@@ -1,0 +1,368 @@
+//! Phase 1 from one generation (docs/protocol.md §4.11, §7.6): the per-node
+//! answer names the generation the node should have, its manifest (a
+//! delta from the one the agent holds, or whole) gives both mounts, and
+//! every resource is planned from it, so a run never plans facts from one
+//! deploy and plugins from another. A server that does not serve
+//! generations leaves the run to Puppet's listings (`pass.rs`), and the
+//! agent remembers it (`cache::GenerationRecord`).
+//!
+//! The manifest is trusted only once it hashes to the generation's id
+//! (whole, or rebuilt from a delta: `ManifestDelta::apply`); the content
+//! is then fetched by digest and verified against it, whoever delivers it.
+
+use pluginsync_common::DEFAULT_IGNORE;
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::generation::{GenerationId, Manifest, ManifestDelta, ManifestError};
+use pluginsync_common::protocol::Mount;
+
+use super::pass::Pass;
+use super::{Run, SyncError};
+use crate::cache::{GenerationRecord, ListingStamp, MountCache};
+use crate::catalog::FileResource;
+use crate::client::{AssignmentAnswer, ManifestAnswer, Offers};
+use crate::listing;
+use crate::plan::Plan;
+use crate::scan;
+use crate::servers::Origin;
+
+/// A generation refused or not to be had; the run stops before anything
+/// changes.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerationError {
+    /// A manifest (or a delta rebuilt) does not prove itself.
+    #[error("generation {} from {server} refused: {source}", id.short())]
+    Manifest {
+        /// Who delivered it.
+        server: String,
+        /// The generation asked for.
+        id: GenerationId,
+        /// What is wrong.
+        source: ManifestError,
+    },
+    /// No server keeps the generation the per-node answer names, asked
+    /// twice.
+    #[error("no server keeps generation {} of environment '{env}'", id.short())]
+    Gone {
+        /// The generation.
+        id: GenerationId,
+        /// The environment.
+        env: String,
+    },
+}
+
+impl From<GenerationError> for SyncError {
+    fn from(e: GenerationError) -> SyncError {
+        SyncError::Generation(Box::new(e))
+    }
+}
+
+/// The generation a run plans from.
+pub(super) struct Held {
+    /// Its id.
+    pub(super) id: GenerationId,
+    /// Its manifest, once needed (a run whose destinations are unchanged
+    /// never parses it).
+    manifest: Option<Manifest>,
+    /// Its canonical bytes when fetched in this run, to keep.
+    fresh: Option<Vec<u8>>,
+    /// The record to keep after a clean commit.
+    record: GenerationRecord,
+    /// Whether `record` differs from what is on disk.
+    changed: bool,
+    /// The master that named it (content comes by digest from any).
+    origin: Origin,
+}
+
+/// Whether every resource ignores at least Puppet's default patterns: a
+/// manifest lists what the standard listing serves (docs/protocol.md
+/// §7.6), so a resource that wants a name those patterns drop syncs
+/// Puppet's listings instead.
+fn ignores_the_defaults(resources: &[FileResource]) -> bool {
+    resources.iter().all(|r| {
+        let have = r.ignore.patterns();
+        DEFAULT_IGNORE
+            .iter()
+            .all(|d| have.iter().any(|p| p.as_str() == *d))
+    })
+}
+
+impl Run<'_> {
+    /// Phase 1 for every resource, from one generation when the servers
+    /// serve them, else from Puppet's listings.
+    pub(super) async fn plan_all(
+        &mut self,
+        resources: Vec<FileResource>,
+    ) -> Result<(Vec<Pass>, Option<Held>), SyncError> {
+        let mut held = self.generation(&resources).await?;
+        let mut passes = Vec::with_capacity(resources.len());
+        for resource in resources {
+            passes.push(match held.as_mut() {
+                Some(g) => self.plan_from(resource, g).await?,
+                None => self.plan(resource).await?,
+            });
+        }
+        if held.is_none() {
+            self.reprobe(&passes);
+        }
+        Ok((passes, held))
+    }
+
+    /// The run's generation, or `None` when it syncs Puppet's listings
+    /// (see the module docs).
+    pub(super) async fn generation(
+        &mut self,
+        resources: &[FileResource],
+    ) -> Result<Option<Held>, SyncError> {
+        let (vardir, env) = (&self.settings.vardir, self.env.clone());
+        if !ignores_the_defaults(resources) {
+            tracing::info!("an ignore list without Puppet's defaults: syncing listings");
+            return Ok(None);
+        }
+        let mut record = GenerationRecord::load(vardir, env.as_str());
+        let servers_key = self.settings.servers.join(",");
+        if record.listings_only.as_deref() == Some(servers_key.as_str()) {
+            tracing::debug!("the servers serve no generations: syncing listings");
+            return Ok(None);
+        }
+        let inm = |server: &str| {
+            (server == record.server && record.generation.is_some())
+                .then(|| record.assignment_etag.clone())
+                .flatten()
+        };
+        let (server, answer) = self.servers.assignment(&env, &inm).await?;
+        self.report.server.get_or_insert_with(|| server.clone());
+        let (id, changed) = match answer {
+            AssignmentAnswer::NotServed => {
+                tracing::info!(server = %server, "the server serves no generations; syncing its listings");
+                record.listings_only = Some(servers_key);
+                if !self.settings.noop
+                    && let Err(e) = record.save(vardir, env.as_str(), None)
+                {
+                    tracing::warn!(error = %e, "cannot save the sync cache");
+                }
+                return Ok(None);
+            }
+            AssignmentAnswer::NotModified => match record.generation {
+                Some(id) => (id, false),
+                None => unreachable!("If-None-Match is sent only with a generation held"),
+            },
+            AssignmentAnswer::Assigned { assignment, etag } => {
+                let changed = record.assignment_etag != etag || record.server != server;
+                record.assignment_etag = etag;
+                record.server = server.clone();
+                (assignment.generation, changed)
+            }
+        };
+        self.phase("generation assigned");
+        tracing::info!(server = %server, environment = %env, generation = %id.short(), "retrieving generation");
+        let mut held = Held {
+            id,
+            manifest: None,
+            fresh: None,
+            changed: changed || record.generation != Some(id),
+            record,
+            origin: Origin {
+                server,
+                offers: Offers::generation(),
+            },
+        };
+        if held.record.generation != Some(id) {
+            self.fetch_manifest(&mut held, &env).await?;
+        }
+        Ok(Some(held))
+    }
+
+    /// The manifest of `held.id`: a delta from the one held where the
+    /// master keeps that one, else whole; a generation no server keeps is
+    /// asked of the per-node answer once more.
+    async fn fetch_manifest(&mut self, held: &mut Held, env: &EnvName) -> Result<(), SyncError> {
+        let vardir = &self.settings.vardir;
+        let base = held.record.generation.and_then(|since| {
+            let bytes = GenerationRecord::load_manifest(vardir, env.as_str())?;
+            let m = Manifest::parse(&bytes, &since).ok()?;
+            Some((since, m))
+        });
+        let mut since = base.as_ref().map(|(id, _)| *id);
+        for round in 0..3 {
+            let got = self.servers.manifest(env, &held.id, since.as_ref()).await?;
+            let (server, answer) = match got {
+                Some(g) => g,
+                None if since.is_some() => {
+                    since = None;
+                    continue;
+                }
+                None if round < 2 => {
+                    // Evicted everywhere: what does the node get now?
+                    let (_, again) = self.servers.assignment(env, &|_| None).await?;
+                    match again {
+                        AssignmentAnswer::Assigned { assignment, etag } => {
+                            held.id = assignment.generation;
+                            held.record.assignment_etag = etag;
+                            continue;
+                        }
+                        _ => break,
+                    }
+                }
+                None => break,
+            };
+            let refused = |source| GenerationError::Manifest {
+                server: server.clone(),
+                id: held.id,
+                source,
+            };
+            let (manifest, bytes) = match answer {
+                ManifestAnswer::Whole(b) => {
+                    let m = Manifest::parse(&b, &held.id).map_err(refused)?;
+                    (m, b.to_vec())
+                }
+                ManifestAnswer::Delta(d) => {
+                    let rebuilt = base.as_ref().ok_or(ManifestError::Malformed(
+                        "a delta that was not asked for".into(),
+                    ));
+                    match rebuilt.and_then(|(bid, bm)| {
+                        let delta = ManifestDelta::parse(&d)?;
+                        if delta.target != held.id {
+                            return Err(ManifestError::Malformed(
+                                "a delta to another generation".into(),
+                            ));
+                        }
+                        delta.apply(bm, *bid)
+                    }) {
+                        Ok(pair) => pair,
+                        Err(e) => {
+                            tracing::info!(server = %server, error = %e, "manifest delta not used; fetching the whole manifest");
+                            since = None;
+                            continue;
+                        }
+                    }
+                }
+                ManifestAnswer::NotKept => unreachable!("servers.rs passes a 404 on"),
+            };
+            self.phase("manifest checked");
+            held.origin.server = server;
+            held.manifest = Some(manifest);
+            held.fresh = Some(bytes);
+            held.changed = true;
+            return Ok(());
+        }
+        Err(GenerationError::Gone {
+            id: held.id,
+            env: env.to_string(),
+        }
+        .into())
+    }
+
+    /// listing of the generation + local scan → plan, for one resource;
+    /// reads only. A destination whose scan is the one recorded after the
+    /// last commit of this very generation (and query) is done at once.
+    pub(super) async fn plan_from(
+        &mut self,
+        resource: FileResource,
+        held: &mut Held,
+    ) -> Result<Pass, SyncError> {
+        let (vardir, mount) = (&self.settings.vardir, resource.mount);
+        let mut cache = MountCache::load(vardir, mount);
+        let mut local = scan::scan(&resource.path, &resource.ignore)?;
+        let digest = local.digest();
+        self.phase("scanned");
+        let query = super::pass::query_of(&resource, &self.env).to_query();
+        let key = format!("generation {}|{mount}|{query}", held.id);
+        let stamp = ListingStamp {
+            key: key.clone(),
+            etag: None,
+            fresh: None,
+            listing_sha256: None,
+        };
+        let unchanged = cache.key == key && cache.scan_digest == Some(digest);
+        let (plan, remote) = if unchanged {
+            self.report.unchanged += cache.entries;
+            (Plan::default(), None)
+        } else {
+            let manifest = self.manifest_of(held).await?;
+            let remote =
+                listing::from_manifest(manifest, mount, &resource.ignore).map_err(|source| {
+                    SyncError::Listing {
+                        server: held.origin.server.clone(),
+                        mount,
+                        source,
+                    }
+                })?;
+            self.phase("manifest mount checked");
+            let plan = self.planned(&resource, &mut local, &mut cache, &remote)?;
+            (plan, Some(remote))
+        };
+        Ok(Pass {
+            resource,
+            plan,
+            remote,
+            local,
+            stamp,
+            query,
+            origin: held.origin.clone(),
+            by_digest: true,
+        })
+    }
+
+    /// The held manifest, read from the cache (and checked against the id)
+    /// the first time a pass needs it; fetched whole when the cache lost
+    /// it (the same generation only: a pass may already be planned).
+    async fn manifest_of<'h>(&mut self, held: &'h mut Held) -> Result<&'h Manifest, SyncError> {
+        if held.manifest.is_none() {
+            let env = self.env.clone();
+            let bytes = GenerationRecord::load_manifest(&self.settings.vardir, env.as_str());
+            match bytes.map(|b| Manifest::parse(&b, &held.id)) {
+                Some(Ok(m)) => held.manifest = Some(m),
+                _ => {
+                    tracing::info!("the kept manifest is gone; fetching it");
+                    let id = held.id;
+                    held.record.generation = None;
+                    self.fetch_manifest(held, &env).await?;
+                    if held.id != id {
+                        return Err(GenerationError::Gone {
+                            id,
+                            env: env.to_string(),
+                        }
+                        .into());
+                    }
+                }
+            }
+        }
+        Ok(held.manifest.as_ref().expect("just set"))
+    }
+
+    /// A run that synced listings because its servers served no
+    /// generations asks the per-node answer again next time if a listing
+    /// now says they do (`X-Pluginsync-Generations`).
+    pub(super) fn reprobe(&self, passes: &[Pass]) {
+        if self.settings.noop || !passes.iter().any(|p| p.origin.offers.generations) {
+            return;
+        }
+        let (vardir, env) = (&self.settings.vardir, self.env.as_str());
+        let mut record = GenerationRecord::load(vardir, env);
+        if record.listings_only.take().is_some()
+            && let Err(e) = record.save(vardir, env, None)
+        {
+            tracing::warn!(error = %e, "cannot save the sync cache");
+        }
+    }
+
+    /// After a clean commit: the generation, its manifest (when fetched)
+    /// and the per-node answer's `ETag` are kept; the mounts keep no
+    /// listing. Nothing is written when nothing changed.
+    pub(super) fn remember_generation(&mut self, held: &Held, mounts: &[Mount]) {
+        self.report.generation = Some(held.id.to_hex());
+        if !held.changed {
+            return;
+        }
+        let vardir = &self.settings.vardir;
+        let mut record = held.record.clone();
+        record.generation = Some(held.id);
+        record.listings_only = None;
+        if let Err(e) = record.save(vardir, self.env.as_str(), held.fresh.as_deref()) {
+            tracing::warn!(vardir = %vardir.display(), error = %e, "cannot save the sync cache");
+        }
+        for &mount in mounts {
+            MountCache::forget_listing(vardir, mount);
+        }
+    }
+}
