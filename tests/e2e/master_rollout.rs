@@ -443,13 +443,22 @@ async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_t
         halt_on_load_failures = { percent = 50, min_nodes = 3 }\n";
     let (pa, pb) = (closed_port(), closed_port());
     let peer = |p: u16| vec![format!("https://localhost:{p}")];
-    let a = replica(dir.path(), "a", (&tree, &pki), pa, &peer(pb), policy);
+    let metrics = closed_port();
+    let with_metrics = format!("[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n{policy}");
+    let a = replica(dir.path(), "a", (&tree, &pki), pa, &peer(pb), &with_metrics);
     let b = replica(dir.path(), "b", (&tree, &pki), pb, &peer(pa), policy);
     let cfg = a.config.clone();
     let (_ma, _mb) = (
         MasterProcess::spawn(&a.config),
         MasterProcess::spawn(&b.config),
     );
+    let halted_series = || async {
+        let url = format!("http://127.0.0.1:{metrics}/metrics");
+        let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+        text.lines()
+            .find(|l| l.starts_with("pluginsync_rollout_halted{environment=\"production\"}"))
+            .map(str::to_owned)
+    };
     pluginsync_common::tls::install_default_provider();
     let c = reqwest::Client::new();
     let first = wait_for(PATIENCE, || async {
@@ -476,6 +485,10 @@ async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_t
     .await
     .expect("the change is published on both");
     let wave1: Vec<bool> = census(&c, &a, &b, &new).await;
+    assert_eq!(
+        halted_series().await.as_deref(),
+        Some("pluginsync_rollout_halted{environment=\"production\"} 0")
+    );
     check_wave(&wave1, 20.0);
     // Each node of the first wave reports the failing load, alternately
     // to each replica; the others report the old generation, healthy.
@@ -508,6 +521,10 @@ async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_t
             "halted before the second wave: {s}"
         );
     }
+    assert_eq!(
+        halted_series().await.as_deref(),
+        Some("pluginsync_rollout_halted{environment=\"production\"} 1")
+    );
     tokio::time::sleep(Duration::from_secs(26)).await;
     assert_eq!(
         census(&c, &a, &b, &new).await,
