@@ -82,6 +82,49 @@ fn rollout(config: &Path, action: &str, masters: &[&Replica]) -> Vec<Value> {
     list.into_iter().map(|v| v["status"].clone()).collect()
 }
 
+/// The newest generation's id once both replicas keep `n` generations
+/// (the same id on both: it is the digest of the tree).
+async fn newest_on_both(cfg: &Path, a: &Replica, b: &Replica, n: usize) -> String {
+    let s = wait_for(PATIENCE, || async {
+        let s = rollout(cfg, "status", &[a, b]);
+        s.iter()
+            .all(|s| s["generations"].as_array().is_some_and(|g| g.len() == n))
+            .then_some(s)
+    })
+    .await
+    .unwrap_or_else(|| panic!("{n} generations on both"));
+    let newest = s[0]["generations"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        s[1]["generations"][0]["id"],
+        newest.as_str(),
+        "one id on both"
+    );
+    newest
+}
+
+/// Two replicas on `tree`, peers of each other, with `policy` (and
+/// `extra_a` before it on the first).
+fn two_replicas(
+    dir: &Path,
+    tree: &EnvTree,
+    pki: &Pki,
+    extra_a: &str,
+    policy: &str,
+) -> (Replica, Replica) {
+    let (pa, pb) = (closed_port(), closed_port());
+    let peer = |p: u16| vec![format!("https://localhost:{p}")];
+    let a = replica(
+        dir,
+        "a",
+        (tree, pki),
+        pa,
+        &peer(pb),
+        &format!("{extra_a}{policy}"),
+    );
+    let b = replica(dir, "b", (tree, pki), pb, &peer(pa), policy);
+    (a, b)
+}
+
 /// The generation a replica's proxy listener serves `certname`.
 async fn served(c: &reqwest::Client, proxy: u16, certname: &str) -> String {
     let r = c
@@ -171,10 +214,7 @@ async fn waves_place_two_hundred_nodes_alike_and_the_commands_steer_both_replica
     let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
     tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
     let policy = format!("[[rollout]]\nenvironments = [\"prod*\"]\n{WAVES}\n");
-    let (pa, pb) = (closed_port(), closed_port());
-    let peer = |p: u16| vec![format!("https://localhost:{p}")];
-    let a = replica(dir.path(), "a", (&tree, &pki), pa, &peer(pb), &policy);
-    let b = replica(dir.path(), "b", (&tree, &pki), pb, &peer(pa), &policy);
+    let (a, b) = two_replicas(dir.path(), &tree, &pki, "", &policy);
     let cfg = a.config.clone();
     let ma = MasterProcess::spawn(&a.config);
     let mut mb = MasterProcess::spawn(&b.config);
@@ -182,34 +222,11 @@ async fn waves_place_two_hundred_nodes_alike_and_the_commands_steer_both_replica
     let c = reqwest::Client::new();
 
     // The first generation reaches everyone.
-    let first = wait_for(PATIENCE, || async {
-        let s = rollout(&cfg, "status", &[&a, &b]);
-        (s.iter()
-            .all(|s| s["generations"].as_array().is_some_and(|g| g.len() == 1)))
-        .then(|| s[0]["generations"][0]["id"].as_str().unwrap().to_owned())
-    })
-    .await
-    .expect("a first generation on both");
+    let first = newest_on_both(&cfg, &a, &b, 1).await;
     assert!(census(&c, &a, &b, &first).await.iter().all(|x| *x));
 
     tree.file("production", "app", "lib/facter/app.rb", "# two\n", 0o644);
-    let published = wait_for(PATIENCE, || async {
-        let s = rollout(&cfg, "status", &[&a, &b]);
-        s.iter()
-            .all(|s| s["generations"].as_array().is_some_and(|g| g.len() == 2))
-            .then_some(s)
-    })
-    .await
-    .expect("the change is published on both");
-    let new = published[0]["generations"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert_eq!(
-        published[1]["generations"][0]["id"],
-        new.as_str(),
-        "one id on both"
-    );
+    let new = newest_on_both(&cfg, &a, &b, 2).await;
 
     check_wave(&census_at(&cfg, &c, &a, &b, 1).await, 10.0);
     let second = census_at(&cfg, &c, &a, &b, 2).await;
@@ -441,12 +458,9 @@ async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_t
     let policy = "[[rollout]]\nenvironments = [\"production\"]\n\
         waves = [ { after = \"0s\", percent = 20 }, { after = \"25s\", percent = 100 } ]\n\
         halt_on_load_failures = { percent = 50, min_nodes = 3 }\n";
-    let (pa, pb) = (closed_port(), closed_port());
-    let peer = |p: u16| vec![format!("https://localhost:{p}")];
     let metrics = closed_port();
-    let with_metrics = format!("[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n{policy}");
-    let a = replica(dir.path(), "a", (&tree, &pki), pa, &peer(pb), &with_metrics);
-    let b = replica(dir.path(), "b", (&tree, &pki), pb, &peer(pa), policy);
+    let extra = format!("[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n");
+    let (a, b) = two_replicas(dir.path(), &tree, &pki, &extra, policy);
     let cfg = a.config.clone();
     let (_ma, _mb) = (
         MasterProcess::spawn(&a.config),
@@ -461,14 +475,7 @@ async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_t
     };
     pluginsync_common::tls::install_default_provider();
     let c = reqwest::Client::new();
-    let first = wait_for(PATIENCE, || async {
-        let s = rollout(&cfg, "status", &[&a, &b]);
-        (s.iter()
-            .all(|s| s["generations"].as_array().is_some_and(|g| g.len() == 1)))
-        .then(|| s[0]["generations"][0]["id"].as_str().unwrap().to_owned())
-    })
-    .await
-    .expect("a first generation on both");
+    let first = newest_on_both(&cfg, &a, &b, 1).await;
     tree.file(
         "production",
         "app",
@@ -476,14 +483,7 @@ async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_t
         "raise 'broken'\n",
         0o644,
     );
-    let new = wait_for(PATIENCE, || async {
-        let s = rollout(&cfg, "status", &[&a, &b]);
-        s.iter()
-            .all(|s| s["generations"].as_array().is_some_and(|g| g.len() == 2))
-            .then(|| s[0]["generations"][0]["id"].as_str().unwrap().to_owned())
-    })
-    .await
-    .expect("the change is published on both");
+    let new = newest_on_both(&cfg, &a, &b, 2).await;
     let wave1: Vec<bool> = census(&c, &a, &b, &new).await;
     assert_eq!(
         halted_series().await.as_deref(),
