@@ -43,7 +43,8 @@ pub use self::policy::{HaltOn, Policies, Policy, RolloutRule, WaveSpec};
 
 /// The state file's name under `[generations] dir`.
 const STATE_FILE: &str = "rollout.json";
-/// Generations remembered per environment as seen by this replica.
+/// Generations remembered per environment as seen by this replica (and
+/// withdrawn ones kept at most).
 const MAX_SEEN: usize = 256;
 
 /// How many nodes are on a generation and how many of them report
@@ -189,10 +190,13 @@ impl Rollouts {
     /// read from `dir` (the generation store's directory) if there.
     pub fn new(rules: &[RolloutRule], dir: &std::path::Path) -> Rollouts {
         let path = dir.join(STATE_FILE);
-        let mut persisted: Persisted = std::fs::read(&path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
+        let mut persisted: Persisted = match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+                tracing::error!(path = %path.display(), error = %e, "rollout state not read: starting without it");
+                Persisted::default()
+            }),
+            Err(_) => Persisted::default(),
+        };
         if persisted.origin.is_empty() {
             let seed = format!("{}-{}-{}", std::process::id(), now(), dir.display());
             persisted.origin =
@@ -388,6 +392,8 @@ impl Rollouts {
                 c.halted_at = None;
                 c.reason = None;
                 c.withdrawn.push(serving[0]);
+                let over = c.withdrawn.len().saturating_sub(MAX_SEEN);
+                c.withdrawn.drain(..over);
                 c.promoted = Some(serving[1]);
             }
         });
