@@ -509,6 +509,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_failure_stays_reported_until_it_loads_or_leaves_the_tree() {
+        let entry = |path: &str, status| LoadEntry {
+            path: path.into(),
+            loader: None,
+            status,
+            error: None,
+            duration_ms: 0,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut state = LoadState::load(dir.path(), "production");
+        state.update(&[
+            entry("plugins/a.rb", LoadStatus::Failed),
+            entry("plugins/b.rb", LoadStatus::Failed),
+            entry("plugins/c.rb", LoadStatus::Ok),
+        ]);
+        state.save(dir.path(), "production").unwrap();
+        // A run that loaded nothing changes nothing.
+        let mut again = LoadState::load(dir.path(), "production");
+        again.update(&[entry("plugins/d.rb", LoadStatus::Skipped)]);
+        assert_eq!(again, state);
+        let r = again.report(None, |_| true);
+        assert_eq!((r.loads_ok, r.loads_failed), (1, 2));
+        assert_eq!(r.failed, ["plugins/a.rb", "plugins/b.rb"]);
+        // a.rb loads now; b.rb left the tree.
+        again.update(&[entry("plugins/a.rb", LoadStatus::Ok)]);
+        let r = again.report(None, |p| p != "plugins/b.rb");
+        assert_eq!((r.loads_ok, r.loads_failed), (1, 0));
+        assert!(LoadState::load(dir.path(), "staging").failed.is_empty());
+    }
+
+    #[test]
     fn placeholders_are_substituted_in_one_pass() {
         let values = [
             ("path", "/lib/x{environment}.rb"),

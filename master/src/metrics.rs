@@ -562,6 +562,12 @@ mod tests {
             connections_refused_per_client: 3,
             listing_cache_hits: 5,
             server_certificate_expiry: Some(1_900_000_000),
+            fleet: vec![FleetCount {
+                environment: "production".into(),
+                generation: "other".into(),
+                nodes: 7,
+                failing: 2,
+            }],
             ..Snapshot::default()
         });
         for want in [
@@ -577,6 +583,9 @@ mod tests {
             "pluginsync_master_open_connections 2",
             "pluginsync_master_connections_refused_per_client_total 3",
             "pluginsync_master_listing_cache_hits_total 5",
+            "# TYPE pluginsync_fleet_nodes gauge",
+            "pluginsync_fleet_nodes{environment=\"production\",generation=\"other\"} 7",
+            "pluginsync_fleet_load_failures{environment=\"production\",generation=\"other\"} 2",
             "pluginsync_master_server_certificate_expiry_timestamp_seconds 1900000000",
             "# HELP pluginsync_master_http_requests_total HTTP requests answered",
             "pluginsync_master_http_request_duration_seconds_bucket{endpoint=\"file_metadatas\",le=\"0.005\"} 3",

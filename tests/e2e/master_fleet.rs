@@ -485,3 +485,80 @@ async fn ten_thousand_nodes_keep_the_series_bounded_and_bad_reports_change_nothi
     );
     assert_eq!(nodes["n00001"]["loads_ok"], 7, "it is the sender's own");
 }
+
+/// A peer that was down catches up when it comes back: started after the
+/// nodes reported to the other replica, it reads that replica's whole
+/// inventory; restarted (its memory empty) while nodes report elsewhere,
+/// it reads it again, and what it missed while down is replayed to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peer_that_was_down_catches_up_when_it_comes_back() {
+    let pki = Pki::new();
+    pki.add_server("master2");
+    let tree = tree();
+    let (l1, l2) = (
+        TcpListener::bind("127.0.0.1:0").unwrap(),
+        TcpListener::bind("127.0.0.1:0").unwrap(),
+    );
+    let port2 = l2.local_addr().unwrap().port();
+    let url = |p: u16| format!("https://localhost:{p}");
+    let (u1, u2) = (url(l1.local_addr().unwrap().port()), url(port2));
+    drop(l2);
+    let r1 = replica(
+        &tree,
+        &pki,
+        l1,
+        "localhost",
+        &["master2", "node2"],
+        std::slice::from_ref(&u2),
+    );
+    let generation = current(&pki, &u1).await;
+    let http = reqwest::Client::new();
+    let report = NodeReport {
+        generation: Some(generation),
+        ..NodeReport::default()
+    }
+    .to_header();
+    let heard = async |from: usize, to: usize| {
+        for i in from..to {
+            let status =
+                report_via_proxy(&http, r1.proxy, &format!("n{i:03}"), Some(&report)).await;
+            assert_eq!(status, 200);
+        }
+    };
+    heard(0, 50).await;
+    let lists = async |base: &str, n: usize| {
+        wait_for(PATIENCE, || async {
+            let (_, nodes) = inventory(&pki, Some("node2"), base).await;
+            (nodes.len() >= n && (0..n - 1).all(|i| nodes.contains_key(&format!("n{i:03}"))))
+                .then_some(())
+        })
+        .await
+        .is_some()
+    };
+    // node1 asked replica 1 for the current generation: 50 + 1 nodes.
+    let listener = TcpListener::bind(("127.0.0.1", port2)).unwrap();
+    let r2 = replica(
+        &tree,
+        &pki,
+        listener,
+        "master2",
+        &["localhost", "node2"],
+        std::slice::from_ref(&u1),
+    );
+    assert!(
+        lists(&u2, 51).await,
+        "a replica started late reads its peer's inventory"
+    );
+    drop(r2);
+    heard(50, 100).await;
+    let listener = TcpListener::bind(("127.0.0.1", port2)).unwrap();
+    let _r2 = replica(
+        &tree,
+        &pki,
+        listener,
+        "master2",
+        &["localhost", "node2"],
+        std::slice::from_ref(&u1),
+    );
+    assert!(lists(&u2, 101).await, "a restarted replica catches up");
+}
