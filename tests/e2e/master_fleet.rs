@@ -535,30 +535,27 @@ async fn a_peer_that_was_down_catches_up_when_it_comes_back() {
         .await
         .is_some()
     };
+    // Replica 2 on its port, as its peer knows it.
+    let start2 = || {
+        let listener = TcpListener::bind(("127.0.0.1", port2)).unwrap();
+        let peers = std::slice::from_ref(&u1);
+        replica(
+            &tree,
+            &pki,
+            listener,
+            "master2",
+            &["localhost", "node2"],
+            peers,
+        )
+    };
     // node1 asked replica 1 for the current generation: 50 + 1 nodes.
-    let listener = TcpListener::bind(("127.0.0.1", port2)).unwrap();
-    let r2 = replica(
-        &tree,
-        &pki,
-        listener,
-        "master2",
-        &["localhost", "node2"],
-        std::slice::from_ref(&u1),
-    );
+    let r2 = start2();
     assert!(
         lists(&u2, 51).await,
         "a replica started late reads its peer's inventory"
     );
     drop(r2);
     heard(50, 100).await;
-    let listener = TcpListener::bind(("127.0.0.1", port2)).unwrap();
-    let _r2 = replica(
-        &tree,
-        &pki,
-        listener,
-        "master2",
-        &["localhost", "node2"],
-        std::slice::from_ref(&u1),
-    );
+    let _r2 = start2();
     assert!(lists(&u2, 101).await, "a restarted replica catches up");
 }
