@@ -126,7 +126,8 @@ impl Client {
                     Attempt::Done(AssignmentAnswer::NotServed)
                 }
             },
-            Ok(Capped::Over) => problem(GenerationProblem::TooLarge(MAX_NODE_BYTES)),
+            // Too large to be one: not a per-node answer either.
+            Ok(Capped::Over) => Attempt::Done(AssignmentAnswer::NotServed),
             Err(e) => Attempt::transient(&e),
         }
     }
