@@ -16,6 +16,10 @@
 //!   hands them over as a [`Snapshot`] to [`Metrics::render`], so this
 //!   module imports nothing of the master's.
 //!
+//! The fleet's series (`pluginsync_fleet_*`, [`FleetCount`]) are written
+//! as text at each scrape, so a generation no longer kept leaves no
+//! stale series (docs/operating.md#the-fleet).
+//!
 //! Names follow Prometheus' conventions: the `pluginsync_master_` prefix,
 //! base units (seconds, bytes), `_total` on counters, timestamps as
 //! `_timestamp_seconds`; label values are bounded (endpoint names, status
