@@ -122,6 +122,16 @@ fn replica(
     }
 }
 
+/// Replica 1 (`localhost`'s certificate) or 2 (`master2`'s), peer of
+/// the other at `other`, each admitting the other and `node2`.
+fn peer(n: u8, tree: &EnvTree, pki: &Pki, listener: TcpListener, other: &str) -> Replica {
+    let (cert, admins) = match n {
+        1 => ("localhost", ["master2", "node2"]),
+        _ => ("master2", ["localhost", "node2"]),
+    };
+    replica(tree, pki, listener, cert, &admins, &[other.to_owned()])
+}
+
 /// The inventory as `certname` sees it: status and nodes by certname.
 async fn inventory(
     pki: &Pki,
@@ -224,22 +234,8 @@ async fn two_replicas_inventory_every_node_with_its_generation_and_load_failures
     );
     let url = |l: &TcpListener| format!("https://localhost:{}", l.local_addr().unwrap().port());
     let (u1, u2) = (url(&l1), url(&l2));
-    let r1 = replica(
-        &tree,
-        &pki,
-        l1,
-        "localhost",
-        &["master2", "node2"],
-        std::slice::from_ref(&u2),
-    );
-    let r2 = replica(
-        &tree,
-        &pki,
-        l2,
-        "master2",
-        &["localhost", "node2"],
-        std::slice::from_ref(&u1),
-    );
+    let r1 = peer(1, &tree, &pki, l1, &u2);
+    let r2 = peer(2, &tree, &pki, l2, &u1);
     let generation = current(&pki, &u1).await;
     assert_eq!(current(&pki, &u2).await, generation, "one tree, one id");
 
@@ -503,14 +499,7 @@ async fn a_peer_that_was_down_catches_up_when_it_comes_back() {
     let url = |p: u16| format!("https://localhost:{p}");
     let (u1, u2) = (url(l1.local_addr().unwrap().port()), url(port2));
     drop(l2);
-    let r1 = replica(
-        &tree,
-        &pki,
-        l1,
-        "localhost",
-        &["master2", "node2"],
-        std::slice::from_ref(&u2),
-    );
+    let r1 = peer(1, &tree, &pki, l1, &u2);
     let generation = current(&pki, &u1).await;
     let http = reqwest::Client::new();
     let report = NodeReport {
@@ -538,15 +527,7 @@ async fn a_peer_that_was_down_catches_up_when_it_comes_back() {
     // Replica 2 on its port, as its peer knows it.
     let start2 = || {
         let listener = TcpListener::bind(("127.0.0.1", port2)).unwrap();
-        let peers = std::slice::from_ref(&u1);
-        replica(
-            &tree,
-            &pki,
-            listener,
-            "master2",
-            &["localhost", "node2"],
-            peers,
-        )
+        peer(2, &tree, &pki, listener, &u1)
     };
     // node1 asked replica 1 for the current generation: 50 + 1 nodes.
     let r2 = start2();
