@@ -480,6 +480,24 @@ async fn ten_thousand_nodes_keep_the_series_bounded_and_bad_reports_change_nothi
         "a report never speaks for another node"
     );
     assert_eq!(nodes["n00001"]["loads_ok"], 7, "it is the sender's own");
+
+    // What an admin (a peer) sends is checked as strictly: not an
+    // inventory, or over a batch, is a 400 and changes nothing.
+    let admin = client(&pki, Some("node2"));
+    let post = async |body: String| {
+        let resp = admin
+            .post(format!("{base}{INVENTORY}"))
+            .body(body)
+            .send()
+            .await;
+        resp.expect("post").status().as_u16()
+    };
+    assert_eq!(post("{\"nodes\": 7}".into()).await, 400);
+    let entry = serde_json::to_string(&nodes["n00002"]).unwrap();
+    let batch = format!("{{\"nodes\":[{}]}}", vec![entry.as_str(); 1001].join(","));
+    assert_eq!(post(batch).await, 400);
+    let (_, after) = inventory(&pki, Some("node2"), &base).await;
+    assert_eq!(after["n00002"], before);
 }
 
 /// A peer that was down catches up when it comes back: started after the
