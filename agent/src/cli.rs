@@ -81,6 +81,12 @@ pub enum Command {
         /// guard, docs/agent.md#the-removal-guard).
         #[arg(long)]
         allow_mass_removal: bool,
+        /// Sync from this bundle (`pluginsync-master bundle`) instead of a
+        /// master, with no network at all: every digest is checked before
+        /// anything changes; the environment is the bundle's
+        /// (docs/agent.md#offline-from-a-bundle).
+        #[arg(long, value_name = "FILE")]
+        from_bundle: Option<PathBuf>,
     },
     /// Print the registry of loaded describe plugins (name, version, api,
     /// status, path).

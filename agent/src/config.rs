@@ -170,6 +170,10 @@ pub struct AgentConfig {
     /// and changes nothing, unless `--allow-mass-removal`; 100 turns it off.
     #[serde(default = "default_max_removal_percent")]
     pub max_removal_percent: u8,
+    /// Sync one generation where a master serves them (docs/protocol.md
+    /// §4.11); unset: yes.
+    #[serde(default)]
+    pub generations: Option<bool>,
     /// TLS identity and trust.
     #[serde(default)]
     pub tls: TlsConfig,
@@ -286,6 +290,8 @@ pub struct AgentFile {
     pub parallel_downloads: usize,
     /// `max_removal_percent`, at most 100.
     pub max_removal_percent: u8,
+    /// `generations`.
+    pub generations: bool,
     /// `[tls]`.
     pub tls: TlsSource,
     /// `[plugins] source_permissions`.
@@ -377,6 +383,7 @@ impl AgentConfig {
             retries: self.retries,
             parallel_downloads: self.parallel_downloads,
             max_removal_percent: self.max_removal_percent,
+            generations: self.generations.unwrap_or(true),
             tls,
             plugins_permissions: self.plugins.source_permissions,
             pluginfacts_permissions: self.pluginfacts.source_permissions,

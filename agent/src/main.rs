@@ -2,7 +2,7 @@
 //! subcommand, print through [`pluginsync_agent::output`], and exit with
 //! the documented status ([`pluginsync_agent::exit`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use pluginsync_agent::cli::{self, Command};
@@ -73,6 +73,7 @@ fn run(command: Command) -> Ended {
             detailed_exitcodes,
             load,
             allow_mass_removal,
+            from_bundle,
         } => sync(
             &config,
             Overrides {
@@ -86,6 +87,7 @@ fn run(command: Command) -> Ended {
                 load,
                 allow_mass_removal,
             },
+            from_bundle,
         ),
         Command::Plugins { config, format } => {
             let file = load_config(&config)?;
@@ -124,7 +126,8 @@ fn run(command: Command) -> Ended {
 }
 
 /// `pluginsync-agent sync`: one run, its report, its metrics.
-fn sync(config: &Path, overrides: Overrides) -> Ended {
+/// `sync`; with `bundle`, `--from-bundle` (docs/agent.md#offline-from-a-bundle).
+fn sync(config: &Path, overrides: Overrides, bundle: Option<PathBuf>) -> Ended {
     // The file is checked on load (78); what `resolve` refuses comes from
     // the command line (a usage error, 64) or from puppet.conf (78).
     let file = load_config(config)?;
@@ -144,7 +147,11 @@ fn sync(config: &Path, overrides: Overrides) -> Ended {
         tracing::warn!(error = %e, "cannot handle SIGTERM and SIGINT");
         Interrupts::none()
     });
-    let outcome = runtime.block_on(pluginsync_agent::sync::run(&settings, &interrupts));
+    let outcome = runtime.block_on(pluginsync_agent::sync::run(
+        &settings,
+        bundle.as_deref(),
+        &interrupts,
+    ));
     output::report(&outcome.report, settings.format);
     output::commit_failures(&outcome.report);
     output::load_failures(&outcome.report);

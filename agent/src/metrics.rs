@@ -210,6 +210,19 @@ fn identity(g: &Gauges, report: &Report, facts: RunFacts) {
         ],
         1.0,
     );
+    if let Some(generation) = &report.generation {
+        g.describe(
+            "pluginsync_agent_last_run_generation_info",
+            None,
+            "The generation the last run left in place (docs/protocol.md §4.11), first 12 hex digits.",
+        );
+        let short = generation.get(..12).unwrap_or(generation).to_owned();
+        g.set(
+            "pluginsync_agent_last_run_generation_info",
+            vec![Label::new("generation", short)],
+            1.0,
+        );
+    }
     if let Some(expiry) = facts.cert_expiry {
         g.describe(
             "pluginsync_agent_client_certificate_expiry_timestamp_seconds",

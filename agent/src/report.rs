@@ -137,7 +137,7 @@ impl Report {
         }
         let count = |k: ChangeKind| self.changes.iter().filter(|c| c.action == k).count();
         out.push_str(&format!(
-            "{}: {} created, {} updated, {} removed, {} mode, {} failed, {} unchanged ({} from {}, {:.2}s){}\n",
+            "{}: {} created, {} updated, {} removed, {} mode, {} failed, {} unchanged ({}{} from {}, {:.2}s){}\n",
             if self.noop { "noop, would apply" } else { "pluginsync" },
             count(ChangeKind::Created),
             count(ChangeKind::Updated),
@@ -146,6 +146,10 @@ impl Report {
             self.failures.len(),
             self.unchanged,
             escape(&self.environment),
+            match &self.generation {
+                Some(g) => format!(" generation {}", escape(g.get(..12).unwrap_or(g))),
+                None => String::new(),
+            },
             escape(self.server.as_deref().unwrap_or("no server")),
             self.duration_ms as f64 / 1000.0,
             if self.noop { "; nothing was changed" } else { "" },
@@ -233,6 +237,15 @@ mod tests {
             "pluginsync: 1 created, 0 updated, 0 removed, 1 mode, 0 failed, 3 unchanged"
         ));
         assert_eq!(lines.len(), 3);
+        assert!(lines[2].contains("unchanged (production from https://m:8140, 1.50s)"));
+        let mut g = r.clone();
+        g.generation = Some("0123456789abcdef".repeat(4));
+        assert!(
+            g.text()
+                .contains("(production generation 0123456789ab from https://m:8140, 1.50s)"),
+            "{}",
+            g.text()
+        );
     }
 
     #[test]

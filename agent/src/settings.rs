@@ -1,22 +1,19 @@
-//! Settings: the command line over agent.toml over puppet.conf over the
-//! defaults (docs/agent.md#on-a-puppet-node), resolved once; everything after
-//! this takes `&Settings`, and [`Settings::effective`] says where each
-//! value came from (`pluginsync-agent config`).
+//! Settings: the command line over agent.toml over puppet.conf over the defaults
+//! (docs/agent.md#on-a-puppet-node), resolved once; everything after this takes `&Settings`, and
+//! [`Settings::effective`] says where each value came from (`pluginsync-agent config`).
 //!
-//! puppet.conf is read with `puppetconf.rs` (`[agent]` over `[main]`):
-//! `server_list`, else `server` + `serverport` (or the older
-//! `masterport`); `certname`; `environment`; `ssldir`. Puppet's defaults
-//! depend on the layout: `/etc/puppet/puppet.conf` is Debian's
-//! (`ssldir = /var/lib/puppet/ssl`), any other is laid out as Puppet's AIO
-//! packages (`ssldir = $confdir/ssl`, `$confdir` being puppet.conf's
-//! directory). The default certname is this host's FQDN ([`fqdn`]).
+//! puppet.conf is read with `puppetconf.rs` (`[agent]` over `[main]`): `server_list`, else
+//! `server` + `serverport` (or the older `masterport`); `certname`; `environment`; `ssldir`.
+//! Puppet's defaults depend on the layout: `/etc/puppet/puppet.conf` is Debian's (`ssldir =
+//! /var/lib/puppet/ssl`), any other is laid out as Puppet's AIO packages (`ssldir =
+//! $confdir/ssl`, `$confdir` being puppet.conf's directory). The default certname is this host's
+//! FQDN ([`fqdn`]).
 //!
-//! The file was checked and compiled once, when it was loaded
-//! ([`crate::config::AgentFile`]): its values arrive here in working form
-//! and are not checked again. What the command line and puppet.conf bring,
-//! the masters and the environment, is checked here by the same rules
-//! ([`crate::config::servers`], [`crate::config::environment`]); the TLS
-//! files of an ssldir are resolved here.
+//! The file was checked and compiled once, when it was loaded ([`crate::config::AgentFile`]): its
+//! values arrive here in working form and are not checked again. What the command line and
+//! puppet.conf bring, the masters and the environment, is checked here by the same rules
+//! ([`crate::config::servers`], [`crate::config::environment`]); the TLS files of an ssldir are
+//! resolved here.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -158,6 +155,8 @@ pub struct Settings {
     pub puppet_lock: crate::lock::PuppetLock,
     /// Every setting with its source, for `pluginsync-agent config`.
     pub effective: Vec<Effective>,
+    /// `generations` (docs/protocol.md §4.11).
+    pub generations: bool,
 }
 
 /// Command-line overrides.
@@ -243,6 +242,7 @@ impl Settings {
             environment_origin,
             puppet_lock: file.puppet_lock.resolve(puppet.lockfile()),
             effective,
+            generations: file.generations,
         })
     }
 }
@@ -443,6 +443,7 @@ fn file_values(file: &AgentFile, effective: &mut Vec<Effective>) {
         ),
         ("retries", file.retries.to_string()),
         ("parallel_downloads", file.parallel_downloads.to_string()),
+        ("generations", file.generations.to_string()),
     ] {
         effective.push(Effective {
             name,

@@ -311,6 +311,30 @@ impl Staging {
     }
 }
 
+impl Staging {
+    /// Stages `writes` from a local content source instead of a master:
+    /// each file is a new copy (mode 0600, as a download) of `blob`'s file
+    /// for its digest, which the caller verified (a bundle's blobs,
+    /// `sync --from-bundle`, docs/agent.md#offline-from-a-bundle).
+    pub fn copy_in(
+        &mut self,
+        writes: Vec<(RelPath, Sha256)>,
+        blob: impl Fn(&Sha256) -> PathBuf,
+        progress: &Progress,
+    ) -> Result<(), StageError> {
+        let base = self.files.len();
+        for (i, (rel, digest)) in writes.into_iter().enumerate() {
+            let tmp = self.dir.join((base + i).to_string());
+            let mut from = std::fs::File::open(blob(&digest)).map_err(StageError::Copy)?;
+            let mut to = create(&tmp).map_err(StageError::Copy)?;
+            std::io::copy(&mut from, &mut to).map_err(StageError::Copy)?;
+            self.files.insert(rel, tmp);
+            progress.file_done();
+        }
+        Ok(())
+    }
+}
+
 /// Makes every staged file of the run durable before any rename (module
 /// docs): each [`Staging`] with the planned modes of its files (relative
 /// path → mode), all in one [`Durable`] set, so destinations on one

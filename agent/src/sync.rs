@@ -34,11 +34,13 @@
 //! run ends without its loads (kept in the pending-loads record).
 
 mod apply;
+mod bundle;
 mod generation;
 mod loads;
 mod outcome;
 mod pass;
 
+use std::path::Path;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pluginsync_common::envname::EnvName;
@@ -58,9 +60,10 @@ use crate::signals::Interrupts;
 pub use outcome::{Outcome, SyncError};
 
 /// Runs a sync; never panics on bad input, always returns a report (saved
-/// to `<vardir>` unless `--noop`). `interrupts`: SIGTERM/SIGINT, see the
-/// module docs.
-pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
+/// to `<vardir>` unless `--noop`). `bundle`: `--from-bundle`, the
+/// generation from that file and no request at all (`bundle.rs`).
+/// `interrupts`: SIGTERM/SIGINT, see the module docs.
+pub async fn run(settings: &Settings, bundle: Option<&Path>, interrupts: &Interrupts) -> Outcome {
     let started = Instant::now();
     let mut report = Report {
         environment: settings.environment.to_string(),
@@ -81,7 +84,9 @@ pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
         puppet_lock_waited_ms: None,
         generation: None,
     };
-    let error = Run::execute(settings, &mut report, interrupts).await.err();
+    let error = Run::execute(settings, bundle, &mut report, interrupts)
+        .await
+        .err();
     report.duration_ms = started.elapsed().as_millis() as u64;
     report.error = error.as_ref().map(ToString::to_string);
     // A skipped run leaves the running one's report alone.
@@ -104,9 +109,15 @@ pub async fn run(settings: &Settings, interrupts: &Interrupts) -> Outcome {
 /// assigns (docs/protocol.md §4.10), unless `--environment` named it (as
 /// Puppet's agent, which then does not ask). A server without the node
 /// endpoint (404) leaves the configured one, with one warning.
-async fn environment(settings: &Settings, servers: &Servers) -> Result<EnvName, SyncError> {
+/// A bundle names its own (`bundle.rs`).
+async fn environment(
+    settings: &Settings,
+    bundle: Option<&Path>,
+    servers: &Servers,
+) -> Result<EnvName, SyncError> {
     let configured = &settings.environment;
-    if settings.environment_source != EnvironmentSource::Server
+    if bundle.is_some()
+        || settings.environment_source != EnvironmentSource::Server
         || settings.environment_origin == crate::settings::Source::CommandLine
     {
         return Ok(configured.clone());
@@ -139,6 +150,8 @@ struct Run<'a> {
     servers: Servers,
     /// The environment, as sent.
     env: EnvName,
+    /// `--from-bundle`: the bundle the generation comes from.
+    bundle: Option<&'a Path>,
     /// For the phase timings in the debug log.
     started: Instant,
 }
@@ -147,6 +160,7 @@ impl<'a> Run<'a> {
     /// The whole run, phase by phase; see the module docs.
     async fn execute(
         settings: &'a Settings,
+        bundle: Option<&'a Path>,
         report: &'a mut Report,
         interrupts: &Interrupts,
     ) -> Result<(), SyncError> {
@@ -166,12 +180,15 @@ impl<'a> Run<'a> {
         }
         let catalog = catalog::build(settings);
         let deadline = Instant::now() + settings.timeout;
-        let client = Client::new(&settings.tls, settings.retries, deadline)?;
+        let client = match bundle {
+            Some(_) => Client::offline(&settings.tls, deadline),
+            None => Client::new(&settings.tls, settings.retries, deadline)?,
+        };
         let servers = Servers::new(client, settings.servers.clone());
         let env = tokio::select! {
             biased;
             signal = interrupts.wait() => return Err(SyncError::Interrupted { signal, committed: false }),
-            env = environment(settings, &servers) => env?,
+            env = environment(settings, bundle, &servers) => env?,
         };
         report.environment = env.to_string();
         let mut run = Run {
@@ -179,6 +196,7 @@ impl<'a> Run<'a> {
             report,
             servers,
             env,
+            bundle,
             started: Instant::now(),
         };
         let interrupted = |signal, committed| SyncError::Interrupted { signal, committed };
@@ -196,7 +214,7 @@ impl<'a> Run<'a> {
             }
             run.phase("planned");
             pass::guard(settings, &passes)?;
-            let stagings = run.stage_all(&passes).await?;
+            let stagings = run.stage(&passes, held.as_ref()).await?;
             run.phase("staged");
             // Never under a Puppet run using the tree; a run that changes
             // nothing does not look (docs/agent.md#a-puppet-run-in-progress).

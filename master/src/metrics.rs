@@ -16,6 +16,10 @@
 //!   hands them over as a [`Snapshot`] to [`Metrics::render`], so this
 //!   module imports nothing of the master's.
 //!
+//! The fleet's series (`pluginsync_fleet_*`, [`FleetCount`]) are written
+//! as text at each scrape, so a generation no longer kept leaves no
+//! stale series (docs/operating.md#the-fleet).
+//!
 //! Names follow Prometheus' conventions: the `pluginsync_master_` prefix,
 //! base units (seconds, bytes), `_total` on counters, timestamps as
 //! `_timestamp_seconds`; label values are bounded (endpoint names, status
@@ -580,6 +584,12 @@ mod tests {
             connections_refused_per_client: 3,
             listing_cache_hits: 5,
             server_certificate_expiry: Some(1_900_000_000),
+            fleet: vec![FleetCount {
+                environment: "production".into(),
+                generation: "other".into(),
+                nodes: 7,
+                failing: 2,
+            }],
             ..Snapshot::default()
         });
         for want in [
@@ -595,6 +605,9 @@ mod tests {
             "pluginsync_master_open_connections 2",
             "pluginsync_master_connections_refused_per_client_total 3",
             "pluginsync_master_listing_cache_hits_total 5",
+            "# TYPE pluginsync_fleet_nodes gauge",
+            "pluginsync_fleet_nodes{environment=\"production\",generation=\"other\"} 7",
+            "pluginsync_fleet_load_failures{environment=\"production\",generation=\"other\"} 2",
             "pluginsync_master_server_certificate_expiry_timestamp_seconds 1900000000",
             "# HELP pluginsync_master_http_requests_total HTTP requests answered",
             "pluginsync_master_http_request_duration_seconds_bucket{endpoint=\"file_metadatas\",le=\"0.005\"} 3",

@@ -130,7 +130,7 @@ fn routes(state: AppState, request_timeout: Duration) -> Router {
         // Added after that layer: a peer's POST carries a body
         // (docs/operating.md#the-fleet).
         .route(
-            crate::fleet::INVENTORY_PATH,
+            handlers::admin::INVENTORY,
             get(handlers::inventory).post(handlers::inventory_merge),
         )
         .fallback(fallback)
@@ -174,7 +174,7 @@ pub fn endpoint_of(path: &str) -> &'static str {
         "status"
     } else if path == handlers::admin::ENVIRONMENT_CACHE || path == rollout::api::ROLLOUT_PATH {
         "admin"
-    } else if path == crate::fleet::INVENTORY_PATH {
+    } else if path == handlers::admin::INVENTORY {
         "inventory"
     } else {
         "other"

@@ -92,13 +92,31 @@ fn master_config(dir: &Path, tree: &EnvTree, pki: &Pki) -> std::path::PathBuf {
 /// Master → agent bytes through `proxy` of a `--noop` run (handshake and
 /// both listings) and of a full first sync: a hold mark between the two
 /// is mid-download.
+/// Agents that sync Puppet's listings even from masters serving
+/// generations: these tests are about the listings' failover rules
+/// (by digest, any master with a generation's blob may serve it,
+/// docs/protocol.md §4.11).
+const LISTINGS: &str = "generations = false";
+
 fn calibrate(proxy: &CutProxy, pki: &Pki, servers: &[String], tree: &EnvTree) -> (u64, u64) {
+    calibrate_with(proxy, pki, servers, tree, "")
+}
+
+/// [`calibrate`] for agents configured with `extra` (`generations = false`:
+/// the tests of Puppet's listings, docs/protocol.md §4.7).
+fn calibrate_with(
+    proxy: &CutProxy,
+    pki: &Pki,
+    servers: &[String],
+    tree: &EnvTree,
+    extra: &str,
+) -> (u64, u64) {
     let before = proxy.sent();
-    let home = AgentHome::new(pki, servers, "");
+    let home = AgentHome::new(pki, servers, extra);
     let noop = home.sync(&["--noop"]);
     assert_eq!(noop.code, 0, "{noop:?}");
     let listings = proxy.sent() - before;
-    let home = AgentHome::new(pki, servers, "");
+    let home = AgentHome::new(pki, servers, extra);
     let before = proxy.sent();
     let run = home.sync(&[]);
     assert_eq!(run.code, 0, "{run:?}");
@@ -208,13 +226,13 @@ fn a_replica_with_another_tree_is_never_mixed_in() {
     let (first, other) = (start(&tree_a), start(&tree_b));
     let mut proxy = CutProxy::start(first.addr);
     let servers = [proxy.url(), other.url()];
-    let (listings, full) = calibrate(&proxy, &pki, &servers, &tree_a);
+    let (listings, full) = calibrate_with(&proxy, &pki, &servers, &tree_a, LISTINGS);
     let stats = &other.store.stats;
     assert_eq!(stats.contents_sent.load(SeqCst), 0);
 
     // The first master goes for good: the run can only wait for it, then
     // fail with one line, its destinations as they were.
-    let home = AgentHome::new(&pki, &servers, "");
+    let home = AgentHome::new(&pki, &servers, LISTINGS);
     let config = home.path().join("agent.toml");
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(
@@ -253,7 +271,7 @@ fn a_replica_with_another_tree_is_never_mixed_in() {
     // The first master comes back while the agent waits: the run
     // succeeds with the first tree, still nothing from the other.
     proxy.up(first.addr);
-    let home = AgentHome::new(&pki, &servers, "");
+    let home = AgentHome::new(&pki, &servers, LISTINGS);
     let probes = stats.listings_sent.load(SeqCst) + stats.listings_not_modified.load(SeqCst);
     proxy.hold_at(proxy.sent() + rng.range(listings + 2048, full - 16 * 1024));
     let run = sync_while(&home, || {
@@ -383,14 +401,14 @@ fn a_master_killed_during_the_listings_fails_over_to_its_replica() {
     let second = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
     let mut first = Killable::start(&tree, &pki);
     let servers = [first.proxy.url(), second.url()];
-    let (listings, full) = calibrate(&first.proxy, &pki, &servers, &tree);
+    let (listings, full) = calibrate_with(&first.proxy, &pki, &servers, &tree, LISTINGS);
     let stats = &second.store.stats;
     let listed = || stats.listings_sent.load(SeqCst) + stats.listings_not_modified.load(SeqCst);
     let before = listed();
     all_succeed(30, "the first master killed in the listings", seed, |i| {
         // Anywhere from the first handshake to the last listing byte.
         let mark = kill_mark(&mut rng, listings, full, true);
-        let home = AgentHome::new(&pki, &servers, "");
+        let home = AgentHome::new(&pki, &servers, LISTINGS);
         let context = format!("run {i} (byte {mark} of {listings}, seed {seed})");
         let run = first.killed_run(&home, mark, None, &context);
         whole(&run, &home, &tree, context)

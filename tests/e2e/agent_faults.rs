@@ -198,7 +198,8 @@ async fn a_signal_before_the_commit_changes_nothing() {
                 http_response("503 Service Unavailable", "text/plain", b"released")
             }),
         );
-        let home = AgentHome::new(&pki, &[fake.url()], "");
+        // The fake serves listings and stalls everything else.
+        let home = AgentHome::new(&pki, &[fake.url()], "generations = false");
         std::fs::create_dir_all(home.libdir().join("old")).unwrap();
         std::fs::write(home.libdir().join("old/x.rb"), "old\n").unwrap();
         let before = tree_snapshot(&home.libdir());

@@ -223,3 +223,168 @@ fn a_wrong_blob_from_whoever_delivered_it_fails_the_run_and_changes_nothing() {
     assert_eq!(home.sync(&[]).code, 0);
     assert_eq!(node(&home), reference(&pki, &master.url()));
 }
+
+/// The master's current generation of `production` as a bundle written
+/// with the common `BundleWriter`: the per-node answer, the manifest and
+/// every blob, each asked of the master over TLS.
+async fn bundle_of(pki: &Pki, master: &str, out: &std::path::Path) -> String {
+    use pluginsync_common::bundle::{BUNDLE_FORMAT, BundleHeader, BundleWriter};
+    use pluginsync_common::generation::{Assignment, assignment_url, manifest_url};
+    let c = client(pki, Some("node1"));
+    let get = async |url: String| {
+        let r = c.get(&url).send().await.expect("get");
+        assert_eq!(r.status().as_u16(), 200, "{url}");
+        r.bytes().await.expect("body")
+    };
+    let a: Assignment =
+        serde_json::from_slice(&get(assignment_url(master, "production")).await).unwrap();
+    let manifest = get(manifest_url(master, "production", &a.generation, None)).await;
+    let header = BundleHeader {
+        format: BUNDLE_FORMAT,
+        environment: "production".into(),
+        generation: a.generation,
+        published: a.published.clone(),
+    };
+    let mut w = BundleWriter::new(Vec::new(), &header, &manifest).unwrap();
+    while let Some(d) = w.remaining().first().copied() {
+        let blob = get(format!("{master}/pluginsync/v1/blobs/sha256/{d}")).await;
+        w.add_blob(&d, blob.len() as u64, &blob[..]).unwrap();
+    }
+    std::fs::write(out, w.finish().unwrap()).unwrap();
+    a.generation.to_hex()
+}
+
+/// The `generation` of a JSON report.
+fn generation_of(stdout: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(stdout).ok()?;
+    v["generation"].as_str().map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_commits_what_a_network_sync_of_its_generation_commits_and_a_flipped_byte_nothing()
+{
+    let pki = Pki::new();
+    let tree = EnvTree::new();
+    tree.generate("production", 3, 8, 24);
+    deploy(&tree, ("v1", 0o755), "v1");
+    let master = explicit_master(&tree, &pki);
+    let file = tree.outside().join("production.bundle");
+    let id = bundle_of(&pki, &master.url(), &file).await;
+    let bundle = file.to_str().unwrap().to_owned();
+
+    let online = AgentHome::new(&pki, &[master.url()], "");
+    let run = online.sync(&["--format", "json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(generation_of(&run.stdout).as_deref(), Some(id.as_str()));
+
+    // No master reachable: the bundle alone.
+    let nowhere = format!("https://localhost:{}", pluginsync_tests::closed_port());
+    let offline = AgentHome::new(&pki, std::slice::from_ref(&nowhere), "");
+    let run = offline.sync(&["--from-bundle", &bundle, "--format", "json"]);
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert_eq!(generation_of(&run.stdout).as_deref(), Some(id.as_str()));
+    assert_eq!(node(&offline), node(&online));
+    assert!(!offline.vardir().join("bundle-blobs").exists());
+    // The same bundle again: nothing to do.
+    let again = offline.sync(&["--from-bundle", &bundle]);
+    assert_eq!(
+        (again.code, again.stdout.as_str()),
+        (0, ""),
+        "{}",
+        again.stderr
+    );
+
+    // One flipped byte anywhere: refused with one line, nothing changed.
+    tree.file(
+        "production",
+        "alpha",
+        "lib/facter/version.rb",
+        "# v2\n",
+        0o644,
+    );
+    reindex(&pki, &master.url());
+    let newer = tree.outside().join("newer.bundle");
+    bundle_of(&pki, &master.url(), &newer).await;
+    let before = node(&offline);
+    let mut bytes = std::fs::read(&newer).unwrap();
+    for at in [100, bytes.len() / 2, bytes.len() - 700] {
+        bytes[at] ^= 0x20;
+        std::fs::write(&newer, &bytes).unwrap();
+        let run = offline.sync(&["--from-bundle", newer.to_str().unwrap()]);
+        assert_eq!(run.code, 1, "byte {at}: {}\n{}", run.stdout, run.stderr);
+        assert_eq!(run.stderr.lines().count(), 1, "byte {at}: {}", run.stderr);
+        assert!(run.stderr.contains("refused"), "{}", run.stderr);
+        assert_eq!(node(&offline), before, "byte {at}: nothing changed");
+        bytes[at] ^= 0x20;
+    }
+    // Another environment than --environment: refused.
+    let run = offline.sync(&["--from-bundle", &bundle, "--environment", "staging"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("is of environment 'production'"),
+        "{}",
+        run.stderr
+    );
+    // Back online, the node converges from where the bundle left it.
+    let toml = std::fs::read_to_string(offline.path().join("agent.toml")).unwrap();
+    std::fs::write(
+        offline.path().join("agent.toml"),
+        toml.replace(&nowhere, &master.url()),
+    )
+    .unwrap();
+    let run = offline.sync(&[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(node(&offline), reference(&pki, &master.url()));
+}
+
+/// Relays as is.
+struct Plain;
+
+impl Hook for Plain {}
+
+#[test]
+fn a_no_op_run_is_one_304_and_writes_nothing_and_a_change_comes_as_a_manifest_delta() {
+    let pki = Pki::new();
+    let tree = EnvTree::new();
+    tree.generate("production", 3, 8, 7);
+    deploy(&tree, ("v1", 0o755), "v1");
+    let master = explicit_master(&tree, &pki);
+    let relay = Interceptor::start(&pki, master.addr, "node1", Arc::new(Plain));
+    let home = AgentHome::new(&pki, &[relay.url()], "");
+    assert_eq!(home.sync(&[]).code, 0);
+    let seen = |f: &dyn Fn(&str) -> bool| -> Vec<String> {
+        let mut s = relay.seen.lock().unwrap();
+        let got = s.iter().filter(|t| f(t)).cloned().collect();
+        s.clear();
+        got
+    };
+    seen(&|_| true);
+    let cache = || tree_snapshot(&home.vardir().join("cache"));
+    let before = cache();
+    let run = home.sync(&["--detailed-exitcodes"]);
+    assert_eq!((run.code, run.stdout.as_str()), (0, ""), "{}", run.stderr);
+    let asked = seen(&|_| true);
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(
+        asked[0].starts_with("/pluginsync/v1/assignment?"),
+        "{asked:?}"
+    );
+    assert_eq!(cache(), before, "a no-op run writes nothing in the cache");
+
+    tree.file(
+        "production",
+        "alpha",
+        "lib/facter/version.rb",
+        "# v2\n",
+        0o644,
+    );
+    reindex(&pki, &master.url());
+    let run = home.sync(&["--format", "json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let manifests = seen(&|t| t.starts_with("/pluginsync/v1/generations/"));
+    assert_eq!(manifests.len(), 1, "{manifests:?}");
+    assert!(manifests[0].contains("&since="), "{manifests:?}");
+    assert_eq!(node(&home), reference(&pki, &master.url()));
+    let id = generation_of(&run.stdout).expect("the report names the generation");
+    assert!(manifests[0].contains(&id), "{manifests:?} {id}");
+}

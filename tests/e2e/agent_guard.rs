@@ -26,7 +26,9 @@ fn a_master_that_lost_most_files_cannot_wipe_the_node() {
         })
         .collect();
     let m = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
-    let home = AgentHome::new(&pki, &[m.url()], "");
+    // The line names modules from the last listing: Puppet's listings
+    // (a generation's manifest names no module, docs/agent.md#the-removal-guard).
+    let home = AgentHome::new(&pki, &[m.url()], "generations = false");
     assert_eq!(home.sync(&[]).code, 0);
     let env = tree.envpath().join("production");
     assert_eq!(tree_snapshot(&home.libdir()), merged_mount(&env, "lib"));

@@ -335,7 +335,8 @@ async fn the_agent_syncs_a_change_through_a_delta_and_converges() {
     let ((tree, files), pki) = (tree(), Pki::new());
     let master = start(&tree, &pki);
     let c = client(&pki, Some("node1"));
-    let home = AgentHome::new(&pki, &[master.url()], "");
+    // Delta listings are for Puppet's listings (docs/protocol.md §7.5).
+    let home = AgentHome::new(&pki, &[master.url()], "generations = false");
     let env_dir = tree.envpath().join("production");
     let first = home.sync(&[]);
     assert_eq!(first.code, 0, "{first:?}");

@@ -139,6 +139,17 @@ impl Client {
         })
     }
 
+    /// A client for a run that makes no request at all (`sync
+    /// --from-bundle`): no TLS files are read, and nothing may be asked.
+    pub fn offline(tls: &TlsFiles, deadline: std::time::Instant) -> Client {
+        pluginsync_common::tls::install_default_provider();
+        Client {
+            http: reqwest::Client::new(),
+            tls: tls.clone(),
+            retry: Retry::new(1, deadline),
+        }
+    }
+
     /// The retry policy.
     pub fn retry(&self) -> &Retry {
         &self.retry

@@ -145,7 +145,7 @@ impl Run<'_> {
 }
 
 /// Relative path → planned mode, for every file `plan` writes.
-fn write_modes(plan: &Plan) -> HashMap<&RelPath, u32> {
+pub(super) fn write_modes(plan: &Plan) -> HashMap<&RelPath, u32> {
     plan.actions
         .iter()
         .filter_map(|a| match a {

@@ -11,9 +11,15 @@
 //! is then fetched by digest and verified against it, whoever delivers it.
 
 use pluginsync_common::DEFAULT_IGNORE;
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::generation::{GenerationId, Manifest, ManifestDelta, ManifestError};
 use pluginsync_common::protocol::Mount;
+
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use pluginsync_common::bundle::BundleError;
 
 use super::pass::Pass;
 use super::{Run, SyncError};
@@ -39,6 +45,36 @@ pub enum GenerationError {
         /// What is wrong.
         source: ManifestError,
     },
+    /// A bundle that cannot be read, or its blobs written.
+    #[error("cannot read the bundle '{}': {source}", path.display())]
+    BundleIo {
+        /// The bundle.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A bundle refused (docs/protocol.md §7.7): nothing was changed.
+    #[error("'{}' refused: {source}; nothing was changed", path.display())]
+    Bundle {
+        /// The bundle.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: BundleError,
+    },
+    /// A bundle of another environment than `--environment` (or of an
+    /// invalid one).
+    #[error("the bundle '{}' is of environment '{bundle}'{}", path.display(), match asked {
+        Some(a) => format!(", not '{a}' (--environment)"),
+        None => ", not a valid name".to_owned(),
+    })]
+    BundleEnvironment {
+        /// The bundle.
+        path: PathBuf,
+        /// Its environment.
+        bundle: String,
+        /// `--environment`, when that is what it contradicts.
+        asked: Option<String>,
+    },
     /// No server keeps the generation the per-node answer names, asked
     /// twice.
     #[error("no server keeps generation {} of environment '{env}'", id.short())]
@@ -62,15 +98,17 @@ pub(super) struct Held {
     pub(super) id: GenerationId,
     /// Its manifest, once needed (a run whose destinations are unchanged
     /// never parses it).
-    manifest: Option<Manifest>,
+    pub(super) manifest: Option<Manifest>,
     /// Its canonical bytes when fetched in this run, to keep.
-    fresh: Option<Vec<u8>>,
+    pub(super) fresh: Option<Vec<u8>>,
     /// The record to keep after a clean commit.
-    record: GenerationRecord,
+    pub(super) record: GenerationRecord,
     /// Whether `record` differs from what is on disk.
-    changed: bool,
+    pub(super) changed: bool,
     /// The master that named it (content comes by digest from any).
-    origin: Origin,
+    pub(super) origin: Origin,
+    /// A bundle's blobs, the content source of `sync --from-bundle`.
+    pub(super) blobs: Option<Blobs>,
 }
 
 /// Whether every resource ignores at least Puppet's default patterns: a
@@ -93,7 +131,10 @@ impl Run<'_> {
         &mut self,
         resources: Vec<FileResource>,
     ) -> Result<(Vec<Pass>, Option<Held>), SyncError> {
-        let mut held = self.generation(&resources).await?;
+        let mut held = match self.bundle {
+            Some(path) => Some(self.bundled(path)?),
+            None => self.generation(&resources).await?,
+        };
         let mut passes = Vec::with_capacity(resources.len());
         for resource in resources {
             passes.push(match held.as_mut() {
@@ -114,6 +155,9 @@ impl Run<'_> {
         resources: &[FileResource],
     ) -> Result<Option<Held>, SyncError> {
         let (vardir, env) = (&self.settings.vardir, self.env.clone());
+        if !self.settings.generations {
+            return Ok(None);
+        }
         if !ignores_the_defaults(resources) {
             tracing::info!("an ignore list without Puppet's defaults: syncing listings");
             return Ok(None);
@@ -129,7 +173,8 @@ impl Run<'_> {
                 .then(|| record.assignment_etag.clone())
                 .flatten()
         };
-        let (server, answer) = self.servers.assignment(&env, &inm).await?;
+        let report = self.node_report(record.generation);
+        let (server, answer) = self.servers.assignment(&env, &inm, &report).await?;
         self.report.server.get_or_insert_with(|| server.clone());
         let (id, changed) = match answer {
             AssignmentAnswer::NotServed => {
@@ -165,6 +210,7 @@ impl Run<'_> {
                 server,
                 offers: Offers::generation(),
             },
+            blobs: None,
         };
         if held.record.generation != Some(id) {
             self.fetch_manifest(&mut held, &env).await?;
@@ -193,7 +239,8 @@ impl Run<'_> {
                 }
                 None if round < 2 => {
                     // Evicted everywhere: what does the node get now?
-                    let (_, again) = self.servers.assignment(env, &|_| None).await?;
+                    let report = self.node_report(held.record.generation);
+                    let (_, again) = self.servers.assignment(env, &|_| None, &report).await?;
                     match again {
                         AssignmentAnswer::Assigned { assignment, etag } => {
                             held.id = assignment.generation;
@@ -364,5 +411,46 @@ impl Run<'_> {
         for &mount in mounts {
             MountCache::forget_listing(vardir, mount);
         }
+    }
+}
+
+/// A bundle's blobs, one file per digest, removed with this value.
+pub(super) struct Blobs {
+    dir: PathBuf,
+}
+
+impl Blobs {
+    /// `<vardir>/bundle-blobs/`, fresh (what a killed run left goes).
+    pub(super) fn create(vardir: &Path) -> std::io::Result<Blobs> {
+        let dir = vardir.join("bundle-blobs");
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::fs::create_dir_all(vardir)?;
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        Ok(Blobs { dir })
+    }
+
+    /// The file holding `digest`'s content.
+    pub(super) fn path(&self, digest: &Sha256) -> PathBuf {
+        self.dir.join(digest.to_hex())
+    }
+
+    /// Writes one verified blob.
+    pub(super) fn put(&self, digest: &Sha256, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(self.path(digest))?
+            .write_all(bytes)
+    }
+}
+
+impl Drop for Blobs {
+    fn drop(&mut self) {
+        let _gone_is_fine = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -145,7 +145,10 @@ impl Node {
     /// time is never later than `now_ms` (a peer's clock ahead of ours
     /// must not pin a record).
     fn of_entry(e: &NodeEntry, now_ms: u64) -> Option<Node> {
-        let valid_name = crate::auth::is_valid_certname(&e.certname) && e.certname.len() <= 255;
+        // A certname as the gate admits one (printable ASCII, no `/`).
+        let valid_name = !e.certname.is_empty()
+            && e.certname.len() <= 255
+            && (e.certname.bytes()).all(|b| matches!(b, b' '..=b'.' | b'0'..=b'~'));
         let bounded = e.failed_plugins.len() <= MAX_FAILED_NAMED
             && e.failed_plugins
                 .iter()

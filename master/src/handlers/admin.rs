@@ -29,6 +29,8 @@ use crate::state::AppState;
 
 /// The endpoint's path, as Puppet Server spells it.
 pub const ENVIRONMENT_CACHE: &str = "/puppet-admin-api/v1/environment-cache";
+/// The inventory's path (`fleet/mod.rs`).
+pub use crate::fleet::INVENTORY_PATH as INVENTORY;
 /// The largest `POST` body of the inventory: a batch of [`MAX_BATCH`]
 /// nodes with every name at its bound fits.
 const MAX_BODY: usize = 16 << 20;

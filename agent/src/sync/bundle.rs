@@ -1,0 +1,127 @@
+//! `sync --from-bundle FILE` (docs/agent.md#offline-from-a-bundle,
+//! docs/protocol.md §7.7): a generation from a bundle instead of a master.
+//! The bundle is read and checked whole (`read_bundle`: every digest, the
+//! header's seal, every byte) while its blobs are written to
+//! `<vardir>/bundle-blobs/`; only then is anything planned. The run is a
+//! network run's from there on — plans from the manifest, the removal
+//! guard, staging (copies of the blobs), the commit, the report with the
+//! generation, the loads, the cache — and makes no request at all.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use pluginsync_common::bundle::read_bundle;
+use pluginsync_common::digest::Sha256;
+use pluginsync_common::relpath::RelPath;
+
+use super::generation::{Blobs, GenerationError, Held};
+use super::pass::Pass;
+use super::{Run, SyncError};
+use crate::cache::GenerationRecord;
+use crate::client::{MAX_LISTING_BYTES, Offers};
+use crate::progress::Progress;
+use crate::servers::Origin;
+use crate::settings::Source;
+use crate::stage::{self, Staging};
+
+/// The largest blob a bundle may hold (each is checked in memory).
+const MAX_BLOB: u64 = MAX_LISTING_BYTES as u64;
+
+impl Run<'_> {
+    /// The bundle at `path`, read and checked whole; the run's environment
+    /// becomes the bundle's (refused when `--environment` names another).
+    pub(super) fn bundled(&mut self, path: &Path) -> Result<Held, SyncError> {
+        let vardir = &self.settings.vardir;
+        let io = |source| GenerationError::BundleIo {
+            path: path.to_owned(),
+            source,
+        };
+        let blobs = Blobs::create(vardir).map_err(io)?;
+        let file = std::fs::File::open(path).map_err(io)?;
+        let read = read_bundle(std::io::BufReader::new(file), MAX_BLOB, |d, b| {
+            blobs.put(d, b)
+        })
+        .map_err(|source| GenerationError::Bundle {
+            path: path.to_owned(),
+            source,
+        })?;
+        let header = read.header;
+        let env = crate::config::environment(&header.environment).map_err(|_| {
+            GenerationError::BundleEnvironment {
+                path: path.to_owned(),
+                bundle: header.environment.clone(),
+                asked: None,
+            }
+        })?;
+        if self.settings.environment_origin == Source::CommandLine
+            && env != self.settings.environment
+        {
+            return Err(GenerationError::BundleEnvironment {
+                path: path.to_owned(),
+                bundle: header.environment,
+                asked: Some(self.settings.environment.to_string()),
+            }
+            .into());
+        }
+        tracing::info!(bundle = %path.display(), environment = %env, generation = %header.generation.short(), "syncing from a bundle");
+        self.report.environment = env.to_string();
+        let mut record = GenerationRecord::load(vardir, env.as_str());
+        record.server.clear();
+        record.assignment_etag = None;
+        self.env = env;
+        self.phase("bundle read");
+        Ok(Held {
+            id: header.generation,
+            manifest: Some(read.manifest),
+            fresh: Some(read.manifest_bytes),
+            record,
+            changed: true,
+            origin: Origin {
+                server: String::new(),
+                offers: Offers::generation(),
+            },
+            blobs: Some(blobs),
+        })
+    }
+
+    /// Phase 2 for `passes`: from the bundle's blobs when the run has
+    /// some, else downloads (`Run::stage_all`).
+    pub(super) async fn stage(
+        &self,
+        passes: &[Pass],
+        held: Option<&Held>,
+    ) -> Result<Vec<Option<Staging>>, SyncError> {
+        let Some(blobs) = held.and_then(|h| h.blobs.as_ref()) else {
+            return self.stage_all(passes).await;
+        };
+        let progress = Arc::new(Progress::default());
+        let mut stagings = Vec::with_capacity(passes.len());
+        for p in passes {
+            let dest = &p.resource.path;
+            let writes: Vec<(RelPath, Sha256)> =
+                p.plan.writes().map(|(r, d)| (r.clone(), *d)).collect();
+            if writes.is_empty() {
+                if let Err(e) = stage::clean_stale(dest) {
+                    tracing::warn!(dest = %dest.display(), error = %e, "cannot remove a stale staging directory");
+                }
+                stagings.push(None);
+                continue;
+            }
+            let mut staging = Staging::prepare(dest).map_err(|source| SyncError::Staging {
+                dest: dest.clone(),
+                source,
+            })?;
+            staging
+                .copy_in(writes, |d| blobs.path(d), &progress)
+                .map_err(SyncError::Download)?;
+            stagings.push(Some(staging));
+        }
+        let sealing: Vec<_> = passes
+            .iter()
+            .zip(&stagings)
+            .filter_map(|(p, s)| Some((s.as_ref()?, super::apply::write_modes(&p.plan))))
+            .collect();
+        stage::seal(&sealing).await.map_err(SyncError::Download)?;
+        Ok(stagings)
+    }
+}
