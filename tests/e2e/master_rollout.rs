@@ -318,15 +318,26 @@ async fn a_replica_that_never_held_a_nodes_generation_answers_503() {
     let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
     tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
     let policy = format!("[[rollout]]\nenvironments = [\"production\"]\n{WAVES}\n");
+    // A peer that is down: there is another replica to ask.
+    let down = [format!("https://localhost:{}", closed_port())];
     let with = replica(
         dir.path(),
         "with",
         (&tree, &pki),
         closed_port(),
-        &[],
+        &down,
         &policy,
     );
     let without = replica(dir.path(), "without", (&tree, &pki), closed_port(), &[], "");
+    let lone = replica(
+        dir.path(),
+        "lone",
+        (&tree, &pki),
+        closed_port(),
+        &[],
+        &policy,
+    );
+    let _m3 = MasterProcess::spawn(&lone.config);
     let (_m1, _m2) = (
         MasterProcess::spawn(&with.config),
         MasterProcess::spawn(&without.config),
@@ -375,6 +386,16 @@ async fn a_replica_that_never_held_a_nodes_generation_answers_503() {
         plain.map(|s| s.as_u16()),
         Some(200),
         "no policy: today's answer"
+    );
+    let alone = wait_for(PATIENCE, || async {
+        let s = ask(lone.proxy, Some(elsewhere)).await.ok()?.status();
+        (s != 503).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        alone.map(|s| s.as_u16()),
+        Some(200),
+        "a master without peers has no other replica to send the node to"
     );
 }
 

@@ -323,6 +323,7 @@ pub fn start(
         store.generations.dir(),
     ));
     rollouts.set_fleet(fleet);
+    rollouts.set_has_peers(!store.config().admin.peers.is_empty());
     let task = tokio::spawn(background(Arc::downgrade(store), Arc::downgrade(&rollouts)));
     (rollouts, task)
 }

@@ -159,6 +159,10 @@ pub struct Rollouts {
     path: PathBuf,
     state: Mutex<Persisted>,
     fleet: OnceLock<Arc<dyn FleetCounts>>,
+    /// `[admin] peers` names another replica: a node on a generation this
+    /// one never kept is sent there ([`Choice::Elsewhere`]); a lone master
+    /// serves its own choice.
+    has_peers: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Rollouts {
@@ -207,7 +211,14 @@ impl Rollouts {
             path,
             state: Mutex::new(persisted),
             fleet: OnceLock::new(),
+            has_peers: Default::default(),
         }
+    }
+
+    /// Says whether `[admin] peers` names other replicas.
+    pub fn set_has_peers(&self, yes: bool) {
+        self.has_peers
+            .store(yes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Hands the fleet's counts to the health gate (once).
@@ -248,6 +259,7 @@ impl Rollouts {
         let policy = self.policies.of(env.as_str());
         if let Some(r) = reported
             && policy.is_some()
+            && self.has_peers.load(std::sync::atomic::Ordering::Relaxed)
             && !kept.is_empty()
             && !kept.iter().any(|k| k.id == *r)
             && !self.seen(env, r)
