@@ -432,9 +432,112 @@ impl PendingLoads {
     }
 }
 
+/// What the loads did, as the master is told (docs/protocol.md §7.8):
+/// `<vardir>/loads.<environment>.json`, updated after each run that
+/// loaded anything. A plugin that failed stays failed until it loads or
+/// its file leaves the tree ([`LoadState::report`] leaves out a failed
+/// file that is gone).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadState {
+    /// Loads that succeeded in the last run that loaded anything.
+    pub loads_ok: u32,
+    /// Failing plugins: `<mount>/<relative path>` (or `after_load`).
+    pub failed: std::collections::BTreeSet<String>,
+}
+
+impl LoadState {
+    fn path(vardir: &Path, env: &str) -> std::path::PathBuf {
+        vardir.join(format!("loads.{env}.json"))
+    }
+
+    /// The state for `env`; anything unreadable is an empty one.
+    pub fn load(vardir: &Path, env: &str) -> LoadState {
+        std::fs::read(Self::path(vardir, env))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// Folds in one run's loads: a success clears that plugin's failure, a
+    /// failure is added; skipped loads change nothing.
+    pub fn update(&mut self, loads: &[LoadEntry]) {
+        let mut ok = 0;
+        for entry in loads {
+            match entry.status {
+                LoadStatus::Ok => {
+                    ok += 1;
+                    self.failed.remove(&entry.path);
+                }
+                LoadStatus::Failed => {
+                    self.failed.insert(entry.path.clone());
+                }
+                LoadStatus::Skipped => {}
+            }
+        }
+        if loads.iter().any(|e| e.status != LoadStatus::Skipped) {
+            self.loads_ok = ok;
+        }
+    }
+
+    /// Writes the state (atomically; a hint: a lost one reports nothing).
+    pub fn save(&self, vardir: &Path, env: &str) -> std::io::Result<()> {
+        std::fs::create_dir_all(vardir)?;
+        let json = serde_json::to_vec(self)?;
+        pluginsync_common::fsutil::replace_atomic(&Self::path(vardir, env), &json, 0o600)
+    }
+
+    /// The node report of `generation` with these loads, leaving out a
+    /// failed plugin whose file `exists` says is gone (it left the tree).
+    pub fn report(
+        &self,
+        generation: Option<pluginsync_common::generation::GenerationId>,
+        exists: impl Fn(&str) -> bool,
+    ) -> pluginsync_common::rollout::NodeReport {
+        let failed: Vec<String> = self.failed.iter().filter(|p| exists(p)).cloned().collect();
+        pluginsync_common::rollout::NodeReport {
+            generation,
+            loads_ok: self.loads_ok,
+            loads_failed: failed.len() as u32,
+            failed,
+        }
+        .bounded()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_stays_reported_until_it_loads_or_leaves_the_tree() {
+        let entry = |path: &str, status| LoadEntry {
+            path: path.into(),
+            loader: None,
+            status,
+            error: None,
+            duration_ms: 0,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut state = LoadState::load(dir.path(), "production");
+        state.update(&[
+            entry("plugins/a.rb", LoadStatus::Failed),
+            entry("plugins/b.rb", LoadStatus::Failed),
+            entry("plugins/c.rb", LoadStatus::Ok),
+        ]);
+        state.save(dir.path(), "production").unwrap();
+        // A run that loaded nothing changes nothing.
+        let mut again = LoadState::load(dir.path(), "production");
+        again.update(&[entry("plugins/d.rb", LoadStatus::Skipped)]);
+        assert_eq!(again, state);
+        let r = again.report(None, |_| true);
+        assert_eq!((r.loads_ok, r.loads_failed), (1, 2));
+        assert_eq!(r.failed, ["plugins/a.rb", "plugins/b.rb"]);
+        // a.rb loads now; b.rb left the tree.
+        again.update(&[entry("plugins/a.rb", LoadStatus::Ok)]);
+        let r = again.report(None, |p| p != "plugins/b.rb");
+        assert_eq!((r.loads_ok, r.loads_failed), (1, 0));
+        assert!(LoadState::load(dir.path(), "staging").failed.is_empty());
+    }
 
     #[test]
     fn placeholders_are_substituted_in_one_pass() {

@@ -108,6 +108,11 @@ impl ApiError {
         )
     }
 
+    /// 409: the command does not apply to the state (docs/rollouts.md#commands).
+    pub fn conflict(text: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "RUNTIME_ERROR", text)
+    }
+
     /// 503 with `Retry-After`.
     pub fn unavailable(text: impl Into<String>, retry_after: u32) -> Self {
         let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "RUNTIME_ERROR", text);
@@ -123,6 +128,7 @@ impl ApiError {
             StatusCode::METHOD_NOT_ALLOWED => "Method Not Allowed",
             StatusCode::NOT_ACCEPTABLE => "Not Acceptable",
             StatusCode::PAYLOAD_TOO_LARGE => "Payload Too Large",
+            StatusCode::CONFLICT => "Conflict",
             StatusCode::SERVICE_UNAVAILABLE => "Service Unavailable",
             _ => "Server Error",
         }

@@ -88,6 +88,29 @@ pub enum Command {
         /// The environment.
         environment: String,
     },
+    /// Show or steer ENVIRONMENT's rollout on every master named
+    /// (docs/rollouts.md#commands): `status`, `halt` (no node moves),
+    /// `resume`, `promote` (the newest generation to everyone now),
+    /// `rollback` (withdraw the newest, the previous one to everyone). An
+    /// admin API call as the master's own certificate; exit 0 only if
+    /// every master answered.
+    Rollout {
+        /// The config file (the TLS identity to present).
+        #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// A master's URL, `https://HOST:PORT`; repeat for each replica
+        /// (default: the first `listen` address of the config).
+        #[arg(long = "master")]
+        masters: Vec<String>,
+        /// `text` or `json` (one status per master).
+        #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+        format: String,
+        /// What to do.
+        #[arg(value_parser = ["status", "halt", "resume", "promote", "rollback"])]
+        action: String,
+        /// The environment.
+        environment: String,
+    },
 }
 
 impl Cli {

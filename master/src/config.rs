@@ -62,6 +62,29 @@ pub struct MasterConfig {
     /// (docs/deploys.md#generations).
     #[serde(default)]
     pub generations: GenerationsConfig,
+    /// Rollout policies (docs/rollouts.md).
+    #[serde(default)]
+    pub rollout: Vec<crate::rollout::RolloutRule>,
+    /// The nodes' last reports kept in memory (docs/operating.md#the-fleet).
+    #[serde(default)]
+    pub fleet: FleetConfig,
+}
+
+/// `[fleet]`: how many nodes' last reports the master keeps, and how
+/// often it shares them with `[admin] peers` (docs/operating.md#the-fleet).
+/// Its `Default` and its checks are in `fleet/mod.rs`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetConfig {
+    /// Nodes kept at most; beyond, the least recently seen are forgotten.
+    pub max_nodes: usize,
+    /// How often what this replica heard is sent to its peers.
+    #[serde(with = "humantime_serde")]
+    pub push_interval: Duration,
+    /// How often every peer's whole inventory is read (also at start);
+    /// `"0s"`: only at start.
+    #[serde(with = "humantime_serde")]
+    pub pull_interval: Duration,
 }
 
 /// `[generations]` (docs/deploys.md#generations).
@@ -141,45 +164,6 @@ fn default_cert_header() -> String {
     "X-Client-Cert".into()
 }
 
-impl ProxyConfig {
-    /// `trusted`, parsed: a CIDR or a bare address (a /32 or /128).
-    pub fn trusted_nets(&self) -> Result<Vec<ipnet::IpNet>, ConfigError> {
-        self.trusted
-            .iter()
-            .map(|t| {
-                t.parse::<ipnet::IpNet>()
-                    .or_else(|_| t.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-                    .map_err(|_| {
-                        ConfigError::Invalid(format!(
-                            "proxy.trusted: '{t}' is not a CIDR (like \"10.0.0.0/8\" or \"::1/128\")"
-                        ))
-                    })
-            })
-            .collect()
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let nets = self.trusted_nets()?;
-        if !self.listen.is_empty() && nets.is_empty() {
-            return Err(ConfigError::Invalid(
-                "proxy.trusted must name the proxies' addresses when proxy.listen is set".into(),
-            ));
-        }
-        for (key, name) in [
-            ("verify_header", &self.verify_header),
-            ("dn_header", &self.dn_header),
-            ("cert_header", &self.cert_header),
-        ] {
-            if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(ConfigError::Invalid(format!(
-                    "proxy.{key}: '{name}' is not an HTTP header name"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// `[admin]`: who may call the admin API (docs/protocol.md §1.10).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -190,6 +174,10 @@ pub struct AdminConfig {
     /// reindex` uses it).
     #[serde(default)]
     pub certnames: Vec<String>,
+    /// The other replicas (`https://HOST:PORT`), which hear what this one
+    /// hears from the nodes (docs/operating.md#the-fleet).
+    #[serde(default)]
+    pub peers: Vec<String>,
 }
 
 /// `index.publish`: what makes a changed tree served (docs/deploys.md#explicit-publishing).
@@ -526,7 +514,9 @@ impl MasterConfig {
                 "admin.certnames: '{bad}' is not a certname"
             )));
         }
-        self.proxy.validate()?;
+        crate::rollout::Policies::new(&self.rollout)?;
+        self.proxy.validate()?; // proxy.rs
+        self.fleet.validate(&self.admin.peers)?; // fleet/mod.rs
         if self.generations.keep == 0 || self.generations.max_mib == 0 {
             return Err(ConfigError::Invalid(
                 "generations.keep and generations.max_mib must be at least 1".into(),

@@ -6,7 +6,8 @@
 //! only read the index, each after the one authorization step of [`auth`],
 //! with the [`state`] they share. [`server`] ties listeners, TLS ([`tls`])
 //! and signals together, with the `[proxy]` listener's header identity in
-//! [`proxy`]; [`generations`] keeps what each publication made;
+//! [`proxy`]; [`generations`] keeps what each publication made, [`fleet`] what
+//! the nodes report;
 //! [`check`], [`devcerts`], [`csr`], [`reindex`] and [`bundle`] back the
 //! other subcommands.
 
@@ -23,6 +24,7 @@ pub mod devcerts;
 pub mod envconf;
 pub mod environments;
 pub mod exit;
+pub mod fleet;
 pub mod generations;
 pub mod handlers;
 pub mod index;
@@ -30,6 +32,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod reindex;
 pub mod request;
+pub mod rollout;
 pub mod routes;
 pub mod sample;
 pub mod server;

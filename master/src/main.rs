@@ -9,7 +9,8 @@ use std::sync::Arc;
 use pluginsync_master::cli::{self, Command};
 use pluginsync_master::config::MasterConfig;
 use pluginsync_master::exit::{ExitStatus, Failure};
-use pluginsync_master::{bundle, check, csr, devcerts, reindex, server};
+use pluginsync_master::rollout::api::{CommandError, RolloutStatus};
+use pluginsync_master::{bundle, check, csr, devcerts, reindex, rollout, server};
 
 fn main() -> ExitCode {
     let cli = match cli::parse() {
@@ -24,6 +25,7 @@ fn main() -> ExitCode {
             | Command::Csr { .. }
             | Command::Reindex { .. }
             | Command::Bundle { .. }
+            | Command::Rollout { .. }
     );
     pluginsync_common::logging::init_with(cli.log_level(quiet), cli.log_format);
     let result = match cli.command {
@@ -70,6 +72,18 @@ fn main() -> ExitCode {
             println!("{}", written.line(&out));
             Ok(())
         }),
+        Command::Rollout {
+            config,
+            masters,
+            format,
+            action,
+            environment,
+        } => load(&config).and_then(|c| {
+            let answers = tokio::runtime::Runtime::new()
+                .map_err(Failure::runtime)?
+                .block_on(rollout::api::run(&c, &action, &environment, &masters));
+            print_rollout(&answers, format == "json")
+        }),
         Command::Serve { config } => load(&config).and_then(|c| {
             tokio::runtime::Runtime::new()
                 .map_err(Failure::runtime)?
@@ -87,6 +101,35 @@ fn main() -> ExitCode {
             );
             f.status.into()
         }
+    }
+}
+
+/// Prints each master's rollout status (text, or one JSON array of
+/// `{master, status}` / `{master, error}`); fails with the first error.
+fn print_rollout(
+    answers: &[(String, Result<RolloutStatus, CommandError>)],
+    json: bool,
+) -> Result<(), Failure> {
+    if json {
+        let list: Vec<serde_json::Value> = answers
+            .iter()
+            .map(|(m, r)| match r {
+                Ok(s) => serde_json::json!({ "master": m, "status": s }),
+                Err(e) => serde_json::json!({ "master": m, "error": e.to_string() }),
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(list));
+    } else {
+        for (m, r) in answers {
+            match r {
+                Ok(s) => print!("{}", rollout::api::text(m, s)),
+                Err(e) => println!("{m}: error: {e}"),
+            }
+        }
+    }
+    match answers.iter().find_map(|(_, r)| r.as_ref().err()) {
+        Some(e) => Err(Failure::runtime(anyhow::anyhow!("{e}"))),
+        None => Ok(()),
     }
 }
 

@@ -16,6 +16,10 @@
 //!   hands them over as a [`Snapshot`] to [`Metrics::render`], so this
 //!   module imports nothing of the master's.
 //!
+//! The fleet's series (`pluginsync_fleet_*`, [`FleetCount`]) are written
+//! as text at each scrape, so a generation no longer kept leaves no
+//! stale series (docs/operating.md#the-fleet).
+//!
 //! Names follow Prometheus' conventions: the `pluginsync_master_` prefix,
 //! base units (seconds, bytes), `_total` on counters, timestamps as
 //! `_timestamp_seconds`; label values are bounded (endpoint names, status
@@ -89,6 +93,7 @@ const BUILD_DURATION: &str = "pluginsync_master_index_build_duration_seconds";
 const INDEX_FILES: &str = "pluginsync_master_index_files";
 const INDEX_BYTES: &str = "pluginsync_master_index_bytes";
 const GENERATIONS_KEPT: &str = "pluginsync_master_generations_kept";
+const ROLLOUT_HALTED: &str = "pluginsync_rollout_halted";
 
 /// What is read at scrape time (see the module doc).
 #[derive(Debug, Default, Clone)]
@@ -132,6 +137,23 @@ pub struct Snapshot {
     pub inconsistent_builds: u64,
     /// Generations kept, by environment.
     pub generations_kept: Vec<(String, u64)>,
+    /// Environments with a rollout policy, and whether halted.
+    pub rollout_halted: Vec<(String, bool)>,
+    /// Nodes per environment and generation (docs/operating.md#the-fleet).
+    pub fleet: Vec<FleetCount>,
+}
+
+/// One environment and generation label pair of the fleet series.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FleetCount {
+    /// The environment.
+    pub environment: String,
+    /// A kept generation's id, `other` or `none`.
+    pub generation: String,
+    /// Nodes on it.
+    pub nodes: u64,
+    /// Of those, nodes reporting load failures.
+    pub failing: u64,
 }
 
 /// The master's metrics.
@@ -226,6 +248,13 @@ impl Metrics {
             GENERATIONS_KEPT.into(),
             None,
             SharedString::const_str("Generations kept in the generation store, by environment."),
+        );
+        m.recorder.describe_gauge(
+            ROLLOUT_HALTED.into(),
+            None,
+            SharedString::const_str(
+                "1 while the rollout of an environment with a [[rollout]] policy is halted, else 0.",
+            ),
         );
         for (name, help) in SNAPSHOT_SERIES {
             if name.ends_with("_total") {
@@ -383,7 +412,50 @@ impl Metrics {
                 )
                 .set(*kept as f64);
         }
-        self.handle.render()
+        for (env, halted) in &snapshot.rollout_halted {
+            self.recorder
+                .register_gauge(
+                    &Self::key(ROLLOUT_HALTED, &[("environment", env.clone())]),
+                    &METADATA,
+                )
+                .set(if *halted { 1.0 } else { 0.0 });
+        }
+        let mut text = self.handle.render();
+        fleet_series(&mut text, &snapshot.fleet);
+        text
+    }
+}
+
+/// Appends the fleet series: written at each scrape from the fleet as it
+/// is, so a generation no longer kept leaves no stale series.
+fn fleet_series(text: &mut String, counts: &[FleetCount]) {
+    use std::fmt::Write;
+    if counts.is_empty() {
+        return;
+    }
+    for (name, help, value) in [
+        (
+            "pluginsync_fleet_nodes",
+            "Nodes by the generation they last reported (or were served), by environment; generations not kept are summed as other.",
+            (|c: &FleetCount| c.nodes) as fn(&FleetCount) -> u64,
+        ),
+        (
+            "pluginsync_fleet_load_failures",
+            "Nodes whose last report names failed loads, by environment and generation.",
+            |c: &FleetCount| c.failing,
+        ),
+    ] {
+        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for c in counts {
+            let _ = writeln!(
+                text,
+                "{name}{{environment=\"{}\",generation=\"{}\"}} {}",
+                c.environment,
+                c.generation,
+                value(c)
+            );
+        }
+        text.push('\n');
     }
 }
 
@@ -512,6 +584,12 @@ mod tests {
             connections_refused_per_client: 3,
             listing_cache_hits: 5,
             server_certificate_expiry: Some(1_900_000_000),
+            fleet: vec![FleetCount {
+                environment: "production".into(),
+                generation: "other".into(),
+                nodes: 7,
+                failing: 2,
+            }],
             ..Snapshot::default()
         });
         for want in [
@@ -527,6 +605,9 @@ mod tests {
             "pluginsync_master_open_connections 2",
             "pluginsync_master_connections_refused_per_client_total 3",
             "pluginsync_master_listing_cache_hits_total 5",
+            "# TYPE pluginsync_fleet_nodes gauge",
+            "pluginsync_fleet_nodes{environment=\"production\",generation=\"other\"} 7",
+            "pluginsync_fleet_load_failures{environment=\"production\",generation=\"other\"} 2",
             "pluginsync_master_server_certificate_expiry_timestamp_seconds 1900000000",
             "# HELP pluginsync_master_http_requests_total HTTP requests answered",
             "pluginsync_master_http_request_duration_seconds_bucket{endpoint=\"file_metadatas\",le=\"0.005\"} 3",

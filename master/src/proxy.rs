@@ -23,7 +23,7 @@ use crate::auth::{
     NoIdentity, PeerIdentity, ProxyRefused as Refused, Unidentified, Via, certname_of,
     is_valid_certname,
 };
-use crate::config::ProxyConfig;
+use crate::config::{ConfigError, ProxyConfig};
 use crate::sample::Sampler;
 
 /// What the proxy listener's layer needs: who is trusted, the header
@@ -208,6 +208,46 @@ fn rfc2253_attributes(dn: &str) -> Result<Vec<String>, &'static str> {
     out.into_iter()
         .map(|a| String::from_utf8(a).map_err(|_| "not UTF-8"))
         .collect()
+}
+
+impl ProxyConfig {
+    /// `trusted`, parsed: a CIDR or a bare address (a /32 or /128).
+    pub fn trusted_nets(&self) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+        self.trusted
+            .iter()
+            .map(|t| {
+                t.parse::<ipnet::IpNet>()
+                    .or_else(|_| t.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| {
+                        ConfigError::Invalid(format!(
+                            "proxy.trusted: '{t}' is not a CIDR (like \"10.0.0.0/8\" or \"::1/128\")"
+                        ))
+                    })
+            })
+            .collect()
+    }
+
+    /// Checks what serde cannot (`MasterConfig::validate` calls it).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let nets = self.trusted_nets()?;
+        if !self.listen.is_empty() && nets.is_empty() {
+            return Err(ConfigError::Invalid(
+                "proxy.trusted must name the proxies' addresses when proxy.listen is set".into(),
+            ));
+        }
+        for (key, name) in [
+            ("verify_header", &self.verify_header),
+            ("dn_header", &self.dn_header),
+            ("cert_header", &self.cert_header),
+        ] {
+            if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(ConfigError::Invalid(format!(
+                    "proxy.{key}: '{name}' is not an HTTP header name"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

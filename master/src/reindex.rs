@@ -138,8 +138,44 @@ pub async fn run(
     env: Option<&str>,
     server: Option<&str>,
 ) -> Result<String, ReindexError> {
-    pluginsync_common::tls::install_default_provider();
     let env: Option<EnvName> = env.map(str::parse).transpose()?;
+    let target = match &env {
+        Some(e) => format!("{ENVIRONMENT_CACHE}?environment={e}"),
+        None => ENVIRONMENT_CACHE.to_owned(),
+    };
+    let Answer { addr, status, body } = call(config, server, "DELETE", &target).await?;
+    let what = env.as_ref().map_or("every environment", EnvName::as_str);
+    match status {
+        204 => Ok(format!("re-indexed {what}")),
+        403 => Err(ReindexError::Refused { addr }),
+        status => {
+            let body: String = body.chars().filter(|c| !c.is_control()).take(200).collect();
+            Err(ReindexError::Status { addr, status, body })
+        }
+    }
+}
+
+/// A master's answer to an admin API call.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// The address that answered.
+    pub addr: String,
+    /// The HTTP status.
+    pub status: u16,
+    /// The body (at most 64 KiB, lossily UTF-8).
+    pub body: String,
+}
+
+/// Sends `METHOD target` (no body) to the master that `config` describes,
+/// or to `server` (`https://host:port`), as the master's own certificate
+/// (the admin API always allows it), and reads the whole answer.
+pub async fn call(
+    config: &MasterConfig,
+    server: Option<&str>,
+    method: &str,
+    target: &str,
+) -> Result<Answer, ReindexError> {
+    pluginsync_common::tls::install_default_provider();
     let (certs, key) =
         pluginsync_common::tls::load_identity("certificate", &config.tls.cert, &config.tls.key)?;
     let roots = pluginsync_common::tls::load_roots(&config.tls.ca)?;
@@ -155,10 +191,6 @@ pub async fn run(
         .map_err(ReindexError::KeyMismatch)?;
     let server_name =
         ServerName::try_from(name.clone()).map_err(|_| ReindexError::NotAHost(name.clone()))?;
-    let target = match &env {
-        Some(e) => format!("{ENVIRONMENT_CACHE}?environment={e}"),
-        None => ENVIRONMENT_CACHE.to_owned(),
-    };
     let call = async {
         // Every address the name resolves to, in turn: `localhost` is
         // `::1` first on some systems while the master listens on
@@ -181,11 +213,11 @@ pub async fn run(
                 source,
             })?;
         let request =
-            format!("DELETE {target} HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n");
+            format!("{method} {target} HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await?;
         let mut answer = Vec::new();
-        // The answer is a status line, headers and at most a short error
-        // body; 64 KiB is plenty.
+        // The answer is a status line, headers and a short body; 64 KiB
+        // is plenty.
         (&mut stream)
             .take(64 * 1024)
             .read_to_end(&mut answer)
@@ -202,16 +234,8 @@ pub async fn run(
         .nth(1)
         .and_then(|s| s.parse::<u16>().ok())
         .ok_or_else(|| ReindexError::NoAnswer { addr: addr.clone() })?;
-    let what = env.as_ref().map_or("every environment", EnvName::as_str);
-    match status {
-        204 => Ok(format!("re-indexed {what}")),
-        403 => Err(ReindexError::Refused { addr }),
-        status => {
-            let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
-            let body: String = body.chars().filter(|c| !c.is_control()).take(200).collect();
-            Err(ReindexError::Status { addr, status, body })
-        }
-    }
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    Ok(Answer { addr, status, body })
 }
 
 /// The first `listen` address, a wildcard taken as loopback.

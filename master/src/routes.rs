@@ -28,6 +28,7 @@ use crate::api_error::ApiError;
 use crate::auth::PeerIdentity;
 use crate::handlers;
 use crate::proxy::Trust;
+use crate::rollout;
 use crate::state::AppState;
 use crate::store::Store;
 
@@ -118,9 +119,20 @@ fn routes(state: AppState, request_timeout: Duration) -> Router {
             handlers::admin::ENVIRONMENT_CACHE,
             axum::routing::delete(handlers::environment_cache),
         )
+        // Rollout commands and status (docs/protocol.md §7.9).
+        .route(
+            rollout::api::ROLLOUT_PATH,
+            get(rollout::api::status).post(rollout::api::command),
+        )
         // Only matched routes refuse bodies: a POST to an endpoint we do not
         // serve (a stock agent's catalog request) is a plain 404.
         .route_layer(middleware::from_fn(refuse_bodies))
+        // Added after that layer: a peer's POST carries a body
+        // (docs/operating.md#the-fleet).
+        .route(
+            handlers::admin::INVENTORY,
+            get(handlers::inventory).post(handlers::inventory_merge),
+        )
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -160,8 +172,10 @@ pub fn endpoint_of(path: &str) -> &'static str {
         "generation"
     } else if path == protocol::STATUS_SIMPLE {
         "status"
-    } else if path == handlers::admin::ENVIRONMENT_CACHE {
+    } else if path == handlers::admin::ENVIRONMENT_CACHE || path == rollout::api::ROLLOUT_PATH {
         "admin"
+    } else if path == handlers::admin::INVENTORY {
+        "inventory"
     } else {
         "other"
     }
@@ -381,9 +395,18 @@ environments = ["*"]
             Authorizer::new(&config.authorization).unwrap(),
             config.tls.client_auth.into(),
         );
+        let config_fleet = config.fleet.clone();
         let store = Store::new(Arc::new(config));
         store.rebuild(crate::store::Scope::Every).await;
-        let app = router(AppState { store, gate }, Duration::from_secs(10));
+        let fleet = Arc::new(crate::fleet::Fleet::new(&config_fleet, 0));
+        let rollouts = Arc::new(crate::rollout::Rollouts::new(&[], store.generations.dir()));
+        let state = AppState {
+            store,
+            gate,
+            rollouts,
+            fleet,
+        };
+        let app = router(state, Duration::from_secs(10));
         Master { app, _tree: tree }
     }
 

@@ -40,7 +40,10 @@ pub use conns::{ConnStats, Connections, Limits};
 
 use crate::auth::{Authorizer, Gate};
 use crate::config::MasterConfig;
+use crate::fleet::Fleet;
+use crate::metrics::Snapshot;
 use crate::proxy::Trust;
+use crate::rollout::api;
 use crate::state::AppState;
 use crate::store::Store;
 
@@ -92,6 +95,9 @@ pub enum ServeError {
     /// The generation store cannot be opened (`[generations] dir`).
     #[error(transparent)]
     Generations(#[from] crate::generations::StoreError),
+    /// The client of `[admin] peers` cannot be set up.
+    #[error(transparent)]
+    Peers(#[from] crate::fleet::peers::PeerError),
     /// A listener could not be bound or set up.
     #[error("cannot listen on {0}")]
     Listen(Listener, #[source] std::io::Error),
@@ -197,9 +203,15 @@ pub async fn serve(
         Arc::downgrade(&store),
         config.index.idle_drop,
     )));
+    let fleet = Arc::new(Fleet::new(&config.fleet, config.admin.peers.len()));
+    background.extend(crate::fleet::peers::spawn(&config, &fleet)?);
+    let (rollouts, task) = api::start(&store, fleet.clone());
+    background.push(task);
     let state = AppState {
         store: store.clone(),
         gate: Gate::new(authorizer, config.tls.client_auth.into()),
+        rollouts,
+        fleet: fleet.clone(),
     };
     let proxy = if config.proxy.listen.is_empty() {
         None
@@ -221,9 +233,8 @@ pub async fn serve(
         });
         background.push(tokio::spawn(Connections::reap(Arc::downgrade(&own))));
         let metrics = Scrape {
-            store: store.clone(),
             connections: connections.clone(),
-            gate: state.gate.clone(),
+            state: state.clone(),
         };
         background.push(listening.metrics(addr, own, metrics)?);
     }
@@ -470,10 +481,10 @@ async fn watch_certificate(config: Arc<MasterConfig>) {
 /// What a scrape of the metrics listener reads.
 #[derive(Clone)]
 struct Scrape {
-    store: Arc<Store>,
     /// The agents' registry (mTLS and `[proxy]`), whose counts are served.
     connections: Arc<Connections>,
-    gate: Gate,
+    /// The gate's refusals and the rollouts' halts are served.
+    state: AppState,
 }
 
 impl Scrape {
@@ -483,14 +494,11 @@ impl Scrape {
         axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
-                let Scrape {
-                    store,
-                    connections,
-                    gate,
-                } = self.clone();
+                let Scrape { connections, state } = self.clone();
                 async move {
                     let text = tokio::task::spawn_blocking(move || {
-                        store.metrics.render(&snapshot(&store, &connections, &gate))
+                        let metrics = &state.store.metrics;
+                        metrics.render(&snapshot(&connections, &state))
                     })
                     .await
                     .unwrap_or_default();
@@ -508,12 +516,13 @@ impl Scrape {
 }
 
 /// What the metrics read at scrape time (`metrics::Snapshot`).
-fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::metrics::Snapshot {
+fn snapshot(connections: &Connections, state: &AppState) -> Snapshot {
+    let store = &*state.store;
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let s = &store.stats;
     let c = connections.stats();
     let tls = &store.config().tls;
-    crate::metrics::Snapshot {
+    Snapshot {
         open_connections: c.open as u64,
         connections_evicted: c.evicted,
         connections_refused: c.refused,
@@ -525,19 +534,23 @@ fn snapshot(store: &Store, connections: &Connections, gate: &Gate) -> crate::met
         listings_delta: load(&s.listings_delta),
         files_hashed: load(&s.files_hashed),
         watch_events: load(&s.watch_events),
-        authorization_refusals: gate.refusals(),
+        authorization_refusals: state.gate.refusals(),
         server_certificate_expiry: crate::tls::certificate_expiry(&tls.cert),
         crl_next_update: tls.crl.as_deref().and_then(crate::tls::crl_next_update),
         generation_store_bytes: store.generations.bytes(),
         generation_evictions: load(&store.generations.evictions),
         generation_store_errors: load(&store.generations.errors),
         inconsistent_builds: load(&s.inconsistent_builds),
+        rollout_halted: state.rollouts.halted(&store.generations),
         generations_kept: store
             .generations
             .counts()
             .into_iter()
             .map(|(e, n)| (e.to_string(), n as u64))
             .collect(),
+        fleet: state
+            .fleet
+            .counts(|e| store.generations.kept(e).iter().map(|k| k.id).collect()),
     }
 }
 

@@ -1,13 +1,15 @@
 //! What every handler shares: the indexes and the authorization step.
 //!
 //! Built once by the server's `serve`, handed to the router, and cloned
-//! (cheaply: two `Arc`s) into each request (docs/internals.md#state). It
+//! (cheaply: four `Arc`s) into each request (docs/internals.md#state). It
 //! imports only what it holds, so routes, handlers and server can all
 //! import it without importing each other.
 
 use std::sync::Arc;
 
 use crate::auth::Gate;
+use crate::fleet::Fleet;
+use crate::rollout::Rollouts;
 use crate::store::Store;
 
 /// Shared state of every handler.
@@ -18,4 +20,19 @@ pub struct AppState {
     /// `tls.client_auth` and the compiled `[[authorization]]`: who may
     /// read what.
     pub gate: Gate,
+    /// Rollout policies and state (docs/rollouts.md).
+    pub rollouts: Arc<Rollouts>,
+    /// What the nodes reported, here and to the peers (docs/operating.md#the-fleet).
+    pub fleet: Arc<Fleet>,
+}
+
+/// The health gate counts the fleet's nodes (docs/rollouts.md#the-health-gate).
+impl crate::rollout::FleetCounts for Fleet {
+    fn on_generation(
+        &self,
+        env: &pluginsync_common::envname::EnvName,
+        generation: &pluginsync_common::generation::GenerationId,
+    ) -> (u64, u64) {
+        Fleet::on_generation(self, env, generation)
+    }
 }

@@ -47,6 +47,10 @@ mod logs;
 mod master_blobs;
 // Generations: the per-node answer, manifests and deltas, kept generations outliving their trees and restarts, the store's dedupe, cache policies.
 mod master_generations;
+// Rollouts: waves placing 200 certnames alike on two replicas, the rollout commands, state kept and shared, 503 for a generation never held, bad policies.
+mod master_rollout;
+// The fleet: node reports and stock agents in the inventory of two peer replicas, bounded series, bad reports ignored.
+mod master_fleet;
 // Deploys: flipped environment links, r10k and scripted redeploys held until they settle, explicit publishing.
 mod master_deploy;
 // A hundred environments: indexed on demand and in the background, one build per environment, dropped when idle.

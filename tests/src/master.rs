@@ -82,6 +82,12 @@ impl TestMaster {
     /// while it still indexes and sets up its watches in the background.
     pub fn listening(config: MasterConfig) -> TestMaster {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        TestMaster::listening_on(config, listener)
+    }
+
+    /// [`TestMaster::listening`] on a listener bound already (a port its
+    /// peers' configs name before it starts).
+    pub fn listening_on(config: MasterConfig, listener: std::net::TcpListener) -> TestMaster {
         let addr = listener.local_addr().expect("addr");
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();

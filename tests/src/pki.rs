@@ -19,30 +19,39 @@ pub struct Pki {
 impl Pki {
     /// Server `localhost`, agents [`AGENTS`], `revoked` in the CRL.
     pub fn new() -> Pki {
-        Pki::make(
-            AGENTS.iter().map(|s| s.to_string()).collect(),
-            vec!["revoked".into()],
-        )
+        Pki::with_agents(&[])
     }
 
-    /// Server `localhost` and the agents `names`, none revoked: a fleet
-    /// of nodes with certnames of their own.
-    pub fn with_agents(names: &[String]) -> Pki {
-        Pki::make(names.to_vec(), Vec::new())
-    }
-
-    fn make(agents: Vec<String>, revoke: Vec<String>) -> Pki {
+    /// [`Pki::new`] with the agents `more` too (a fleet of certnames).
+    pub fn with_agents(more: &[String]) -> Pki {
         let dir = tempfile::tempdir().expect("tempdir");
         let ssldir = dir.path().join("ssl");
         devcerts::generate(&DevCertsOptions {
             out: ssldir.clone(),
             server_names: vec!["localhost".into()],
-            agents,
-            revoke,
+            agents: AGENTS
+                .iter()
+                .map(|s| s.to_string())
+                .chain(more.iter().cloned())
+                .collect(),
+            revoke: vec!["revoked".into()],
             days: 400,
         })
         .expect("dev certs");
         Pki { _dir: dir, ssldir }
+    }
+
+    /// Adds a server certificate `name` (SANs `name`, `localhost`,
+    /// `127.0.0.1`, `::1`) from the same CA: a second replica's identity.
+    pub fn add_server(&self, name: &str) {
+        devcerts::generate(&DevCertsOptions {
+            out: self.ssldir.clone(),
+            server_names: vec![name.into()],
+            agents: Vec::new(),
+            revoke: vec!["revoked".into()],
+            days: 400,
+        })
+        .expect("dev certs");
     }
 
     /// `certs/<name>.pem`.

@@ -58,7 +58,8 @@ pub enum GenerationProblem {
 
 impl Client {
     /// One attempt at `server`'s per-node answer for `env`, revalidating
-    /// `if_none_match`. `404`, `403` and `405` (a server without the
+    /// `if_none_match`, carrying the node report `report` (the header's
+    /// value, docs/protocol.md §7.8). `404`, `403` and `405` (a server without the
     /// endpoint; Puppet Server's default rule forbids unknown paths)
     /// are [`AssignmentAnswer::NotServed`], except an unknown environment,
     /// which stops the run as for a listing.
@@ -67,9 +68,12 @@ impl Client {
         server: &str,
         env: &EnvName,
         if_none_match: Option<&ETag>,
+        report: &str,
     ) -> Attempt<AssignmentAnswer> {
         let url = assignment_url(server, env.as_str());
-        let mut req = self.get(&url, "application/json");
+        let mut req = self
+            .get(&url, "application/json")
+            .header(pluginsync_common::rollout::HEADER_REPORT, report);
         if let Some(tag) = if_none_match {
             req = req.header("If-None-Match", tag.as_str());
         }

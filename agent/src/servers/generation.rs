@@ -15,12 +15,14 @@ impl Servers {
     /// The per-node answer for `env` (docs/protocol.md §7.6) from the first
     /// server that answers, as the first listing is asked
     /// ([`Servers::listing`]); `if_none_match` gives the `If-None-Match`
-    /// for a server. A server that serves generations becomes the run's
-    /// origin.
+    /// for a server; `report` is the node report's header value
+    /// (docs/protocol.md §7.8). A server that serves generations becomes
+    /// the run's origin.
     pub async fn assignment(
         &mut self,
         env: &EnvName,
         if_none_match: &dyn Fn(&str) -> Option<ETag>,
+        report: &str,
     ) -> Result<(String, AssignmentAnswer), FetchError> {
         let ring = self.ring();
         let answered = failover(
@@ -31,7 +33,9 @@ impl Servers {
             async |_| Some(true),
             async |server| {
                 let inm = if_none_match(server);
-                self.client.assignment(server, env, inm.as_ref()).await
+                self.client
+                    .assignment(server, env, inm.as_ref(), report)
+                    .await
             },
         )
         .await;

@@ -172,7 +172,8 @@ impl Run<'_> {
                 .then(|| record.assignment_etag.clone())
                 .flatten()
         };
-        let (server, answer) = self.servers.assignment(&env, &inm).await?;
+        let report = self.node_report(record.generation);
+        let (server, answer) = self.servers.assignment(&env, &inm, &report).await?;
         self.report.server.get_or_insert_with(|| server.clone());
         let (id, changed) = match answer {
             AssignmentAnswer::NotServed => {
@@ -240,7 +241,8 @@ impl Run<'_> {
                 }
                 None if round < 2 => {
                     // Evicted everywhere: what does the node get now?
-                    let (_, again) = self.servers.assignment(env, &|_| None).await?;
+                    let report = self.node_report(held.record.generation);
+                    let (_, again) = self.servers.assignment(env, &|_| None, &report).await?;
                     match again {
                         AssignmentAnswer::Assigned { assignment, etag } => {
                             held.id = assignment.generation;

@@ -1,14 +1,16 @@
 //! Phase 4 of a run, and what makes it survive a kill: the files the
 //! commit wrote go to the loaders (`load.rs`); the pending-loads record
 //! written before the commit hands them to the next run if this one dies
-//! in between.
+//! in between. What the loads did is kept for the node report the next
+//! per-node request carries (docs/protocol.md §7.8).
 
+use pluginsync_common::generation::GenerationId;
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
 
 use super::Run;
 use super::pass::Pass;
-use crate::load::{LoadEntry, Loaders, PendingLoads};
+use crate::load::{LoadEntry, LoadState, Loaders, PendingLoads};
 use crate::plugins::Registry;
 use crate::settings::Settings;
 
@@ -17,6 +19,9 @@ impl Run<'_> {
     /// each isolated; the plugin registry drops plugins whose file is gone.
     pub(super) async fn load_changed(&mut self, written: &[(Mount, RelPath)]) {
         let loads = load_files(self.settings, self.env.as_str(), written).await;
+        if !loads.is_empty() {
+            self.remember_loads(&loads);
+        }
         self.report.loads.extend(loads);
     }
 
@@ -69,6 +74,34 @@ impl Run<'_> {
         );
         self.load_changed(&present).await;
         PendingLoads::clear(vardir);
+    }
+
+    /// After the loads: what they did is kept in the vardir for the node
+    /// report ([`LoadState`]).
+    fn remember_loads(&self, loads: &[LoadEntry]) {
+        let (vardir, env) = (&self.settings.vardir, self.env.as_str());
+        let mut state = LoadState::load(vardir, env);
+        let before = state.clone();
+        state.update(loads);
+        if state != before
+            && let Err(e) = state.save(vardir, env)
+        {
+            tracing::warn!(vardir = %vardir.display(), error = %e, "cannot save the load state");
+        }
+    }
+
+    /// The node report's header value (docs/protocol.md §7.8): the
+    /// generation committed for the environment and what the loads did, a
+    /// failed plugin whose file is gone left out.
+    pub(super) fn node_report(&self, generation: Option<GenerationId>) -> String {
+        let s = self.settings;
+        let state = LoadState::load(&s.vardir, self.env.as_str());
+        let exists = |path: &str| match path.split_once('/') {
+            Some(("plugins", rel)) => s.libdir.join(rel).exists(),
+            Some(("pluginfacts", rel)) => s.factsdir.as_ref().is_some_and(|d| d.join(rel).exists()),
+            _ => true,
+        };
+        state.report(generation, exists).to_header()
     }
 }
 

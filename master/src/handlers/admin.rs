@@ -4,7 +4,11 @@
 //! re-index the named environment (or every one) and answer once the new
 //! index is served, so r10k's `postrun` hook returns to a published tree.
 //!
-//! Who may call it: the certnames of `[admin] certnames` (exact names; the
+//! pluginsync's own admin calls, allowed alike: the fleet's inventory,
+//! `GET /pluginsync/v1/inventory`, and what a peer heard, `POST` to the
+//! same path (docs/operating.md#the-fleet).
+//!
+//! Who may call them: the certnames of `[admin] certnames` (exact names; the
 //! list is empty by default, so everyone gets 403, as Puppet Server without
 //! an allowlist entry), and the master's own certificate, known by its
 //! public key, which `pluginsync-master reindex` presents. The identity is the TLS client
@@ -13,24 +17,49 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum_server::tls::TlsInfo;
 use pluginsync_common::envname::EnvName;
 
 use crate::api_error::ApiError;
+use crate::fleet::{Inventory, MAX_BATCH};
 use crate::request::Query;
 use crate::state::AppState;
 
 /// The endpoint's path, as Puppet Server spells it.
 pub const ENVIRONMENT_CACHE: &str = "/puppet-admin-api/v1/environment-cache";
+/// The inventory's path (`fleet/mod.rs`).
+pub use crate::fleet::INVENTORY_PATH as INVENTORY;
+/// The largest `POST` body of the inventory: a batch of [`MAX_BATCH`]
+/// nodes with every name at its bound fits.
+const MAX_BODY: usize = 16 << 20;
 
 /// `DELETE /puppet-admin-api/v1/environment-cache`: 204 once re-indexed;
 /// 403 for a client not on the allowlist (or without a certificate); 400
 /// for a malformed `environment`. An environment that does not exist is a
 /// 204 too (Puppet Server's answer; its index, if any, is dropped).
 pub async fn environment_cache(State(state): State<AppState>, req: Request) -> Response {
-    let path = req.uri().path().to_owned();
+    let certname = match admitted(&state, &req) {
+        Ok(c) => c,
+        Err(refused) => return refused.into_response(),
+    };
+    let query = Query::parse(req.uri().query());
+    let env = match query.get("environment") {
+        None => None,
+        Some(name) => match name.parse::<EnvName>() {
+            Ok(env) => Some(env),
+            Err(e) => return ApiError::bad_request(e.to_string()).into_response(),
+        },
+    };
+    let by = format!("admin API ({certname})");
+    state.store.reindex(env, &by).await;
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// Who may call the admin API (module docs): the caller's certname, or
+/// the 403 (logged).
+pub fn admitted(state: &AppState, req: &Request) -> Result<String, ApiError> {
     let leaf = req
         .extensions()
         .get::<Arc<TlsInfo>>()
@@ -43,23 +72,59 @@ pub async fn environment_cache(State(state): State<AppState>, req: Request) -> R
         config.admin.certnames.iter().any(|c| c == name)
             || leaf.as_ref().is_some_and(|der| is_own(config, der))
     });
-    if !allowed {
-        tracing::warn!(
-            certname = certname.as_deref().unwrap_or("-"),
-            "admin API refused: not in [admin] certnames"
-        );
-        return ApiError::forbidden(&path).into_response();
+    match certname {
+        Some(name) if allowed => Ok(name),
+        _ => {
+            tracing::warn!(
+                certname = certname.as_deref().unwrap_or("-"),
+                "admin API refused: not in [admin] certnames"
+            );
+            Err(ApiError::forbidden(req.uri().path()))
+        }
     }
-    let query = Query::parse(req.uri().query());
-    let env = match query.get("environment") {
-        None => None,
-        Some(name) => match name.parse::<EnvName>() {
-            Ok(env) => Some(env),
-            Err(e) => return ApiError::bad_request(e.to_string()).into_response(),
-        },
+}
+
+/// `GET /pluginsync/v1/inventory`: every node the fleet knows, as JSON
+/// (docs/operating.md#the-fleet); 403 like the admin API.
+pub async fn inventory(State(state): State<AppState>, req: Request) -> Response {
+    if let Err(refused) = admitted(&state, &req) {
+        return refused.into_response();
+    }
+    let fleet = state.fleet.clone();
+    let body = tokio::task::spawn_blocking(move || serde_json::to_vec(&fleet.inventory())).await;
+    match body {
+        Ok(Ok(body)) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        _ => ApiError::internal().into_response(),
+    }
+}
+
+/// `POST /pluginsync/v1/inventory`: what a peer heard
+/// ([`crate::fleet::Inventory`], at most [`MAX_BATCH`] nodes), merged;
+/// 204. 403 like the admin API, 400 for a body that is not one.
+pub async fn inventory_merge(State(state): State<AppState>, req: Request) -> Response {
+    let peer = match admitted(&state, &req) {
+        Ok(c) => c,
+        Err(refused) => return refused.into_response(),
     };
-    let by = format!("admin API ({})", certname.unwrap_or_default());
-    state.store.reindex(env, &by).await;
+    let Ok(body) = axum::body::to_bytes(req.into_body(), MAX_BODY).await else {
+        return ApiError::bad_request("the body is larger than an inventory batch").into_response();
+    };
+    let batch: Inventory = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return ApiError::bad_request(format!("not an inventory: {e}")).into_response(),
+    };
+    if batch.nodes.len() > MAX_BATCH {
+        return ApiError::bad_request(format!("more than {MAX_BATCH} nodes")).into_response();
+    }
+    let refused = state.fleet.merge(&batch.nodes);
+    if refused > 0 {
+        tracing::warn!(peer, refused, "fleet: a peer sent nodes that do not parse");
+    }
     StatusCode::NO_CONTENT.into_response()
 }
 

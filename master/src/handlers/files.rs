@@ -135,6 +135,13 @@ pub async fn file_metadatas(
     .await?;
     let (params, max_files) = request::search_params(&a.query)?;
     let mount = a.target.mount;
+    // A stock agent is heard here: the generation its listing is served
+    // from, the environment's current one (docs/operating.md#the-fleet).
+    let node = req.extensions.get::<crate::auth::PeerIdentity>();
+    if let Some(certname) = node.and_then(crate::auth::PeerIdentity::certname) {
+        let served = state.store.generations.current(&a.index.name).map(|k| k.id);
+        state.fleet.heard(certname, &a.index.name, None, served);
+    }
     let listing = listing_for(state, &a.index, mount, &params).await?;
     let stats = &state.store.stats;
     if let Some(max) = max_files

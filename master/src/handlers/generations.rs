@@ -9,7 +9,8 @@
 //! names its bytes): `public` for a shared cache where no
 //! `[[authorization]]` rule applies, `private` otherwise (§7.4). The
 //! per-node answer is `private, no-cache`, revalidated each run: an
-//! unchanged answer is one `304`.
+//! unchanged answer is one `304`. It is also where a node is heard: its
+//! report, or what it is served, goes to the fleet (`fleet/mod.rs`).
 
 use axum::extract::State;
 use axum::http::request::Parts;
@@ -20,12 +21,13 @@ use pluginsync_common::envname::EnvName;
 use pluginsync_common::etag::ETag;
 use pluginsync_common::generation::{Assignment, GenerationId};
 use pluginsync_common::protocol;
+use pluginsync_common::rollout::{HEADER_REPORT, NodeReport};
 
 use crate::api_error::ApiError;
 use crate::auth::PeerIdentity;
-use crate::generations::Kept;
 use crate::index::EnvIndex;
 use crate::request::{self, Query};
+use crate::rollout::Choice;
 use crate::state::AppState;
 
 use super::blobs::shareable;
@@ -43,23 +45,37 @@ fn environment(state: &AppState, req: &Parts, query: &Query) -> Result<EnvName, 
     state.gate.authorize(req, env)
 }
 
-/// The generation of `env` this node is served: the seam where a rollout
-/// chooses per certname. Today every node is served the generation of the
+/// The generation of `env` this node is served: the rollout's choice by
+/// certname and by the generation the node reports having
+/// (docs/rollouts.md#placement). Without a policy, the generation of the
 /// index the environment serves now (`current`), so the answer never names
 /// a generation before its listings do (docs/protocol.md §7.6).
-pub fn chosen(
-    state: &AppState,
-    env: &EnvName,
-    current: &EnvIndex,
-    _node: Option<&PeerIdentity>,
-) -> Option<Kept> {
-    let id = current.generation.get()?;
+pub fn chosen(state: &AppState, env: &EnvName, current: &EnvIndex, req: &Parts) -> Choice {
+    if state.rollouts.policy(env.as_str()).is_none() {
+        let Some(id) = current.generation.get() else {
+            return Choice::Nothing;
+        };
+        return state
+            .store
+            .generations
+            .kept(env)
+            .into_iter()
+            .find(|k| k.id == *id)
+            .map_or(Choice::Nothing, Choice::Serve);
+    }
+    let certname = req
+        .extensions
+        .get::<PeerIdentity>()
+        .and_then(|n| n.certname.as_deref().ok());
+    let reported = req
+        .headers
+        .get(HEADER_REPORT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| NodeReport::from_header(v).ok())
+        .and_then(|r| r.generation);
     state
-        .store
-        .generations
-        .kept(env)
-        .into_iter()
-        .find(|k| k.id == *id)
+        .rollouts
+        .choose(&state.store.generations, env, certname, reported.as_ref())
 }
 
 /// `GET /pluginsync/v1/assignment?environment=<env>`: see the module docs.
@@ -73,12 +89,30 @@ pub async fn assignment(State(state): State<AppState>, req: Parts) -> Result<Res
     // The environment exists and its index (so its current generation) is
     // published; an unknown or deploying one is answered as for listings.
     let current = index_of(&state, &env).await?;
-    let Some(kept) = chosen(&state, &env, &current, req.extensions.get::<PeerIdentity>()) else {
-        return Err(ApiError::unavailable(
-            format!("environment '{env}' has no generation yet; try again shortly"),
-            5,
-        ));
+    let kept = match chosen(&state, &env, &current, &req) {
+        Choice::Serve(kept) => kept,
+        Choice::Nothing => {
+            return Err(ApiError::unavailable(
+                format!("environment '{env}' has no generation yet; try again shortly"),
+                5,
+            ));
+        }
+        Choice::Elsewhere(id) => {
+            return Err(ApiError::unavailable(
+                format!(
+                    "this master does not hold generation {} of '{env}'; ask another master",
+                    id.short()
+                ),
+                5,
+            ));
+        }
     };
+    let node = req.extensions.get::<PeerIdentity>();
+    if let Some(certname) = node.and_then(PeerIdentity::certname) {
+        let report = req.headers.get(pluginsync_common::rollout::HEADER_REPORT);
+        let report = report.map(axum::http::HeaderValue::as_bytes);
+        state.fleet.heard(certname, &env, report, Some(kept.id));
+    }
     let etag = ETag::of_digest(&Sha256::of(format!("{env}\n{}", kept.id).as_bytes()).0[..20]);
     let mut headers = HeaderMap::new();
     headers.insert(header::ETAG, header_value(etag.as_str()));

@@ -11,7 +11,7 @@
 //! - [`generations`]: the per-node answer and generation manifests.
 //! - [`mod@status`]: the health check.
 //! - [`admin`]: Puppet Server's admin API (`environment-cache`), for deploy
-//!   tools.
+//!   tools, and the fleet's inventory.
 //!
 //! Every file and blob endpoint passes the same authorization step,
 //! [`crate::auth::Gate`], before it looks at an environment.
@@ -23,7 +23,7 @@ pub mod files;
 pub mod generations;
 pub mod status;
 
-pub use admin::environment_cache;
+pub use admin::{environment_cache, inventory, inventory_merge};
 pub use blobs::{blob, blobs_batch};
 pub use files::{file_content, file_metadata, file_metadatas};
 pub use generations::{assignment, manifest};

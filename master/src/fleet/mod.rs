@@ -1,0 +1,547 @@
+//! The fleet: the last thing the master heard from each node, in memory
+//! (docs/operating.md#the-fleet).
+//!
+//! A node is heard on its per-node request: pluginsync's agent sends its
+//! report there (`X-Pluginsync-Report`, docs/protocol.md §7.8: the
+//! generation it committed and what its loads did); a stock Puppet agent
+//! is recorded with the generation the master served its listing. The
+//! record is keyed by the request's identity, never by anything the
+//! report says, and a report that does not parse or breaks its bounds is
+//! ignored (logged as a sample). What a replica hears is also sent to
+//! its `[admin] peers` ([`peers`]), and what they send is merged here,
+//! the most recently seen record of a node winning, so every replica's
+//! inventory, metrics and [`Fleet::on_generation`] count the whole fleet.
+//!
+//! Bounded: at most `[fleet] max_nodes` nodes, the least recently seen
+//! forgotten first; per node at most 16 failing plugins' names.
+
+pub mod peers;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pluginsync_common::config::ConfigError;
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::generation::GenerationId;
+use pluginsync_common::rollout::{MAX_FAILED_NAMED, MAX_NAME_CHARS, NodeReport};
+use serde::{Deserialize, Serialize};
+
+use crate::config::FleetConfig;
+use crate::metrics::FleetCount;
+use crate::sample::Sampler;
+
+/// `GET` (the inventory) and `POST` (what a peer heard) of the fleet,
+/// an admin API call (docs/operating.md#the-fleet).
+pub const INVENTORY_PATH: &str = "/pluginsync/v1/inventory";
+/// The most nodes one `POST` to [`INVENTORY_PATH`] may carry.
+pub const MAX_BATCH: usize = 1000;
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig {
+            max_nodes: 100_000,
+            push_interval: Duration::from_secs(1),
+            pull_interval: Duration::from_secs(600),
+        }
+    }
+}
+
+impl FleetConfig {
+    /// Checks `[fleet]` and `[admin] peers` (`MasterConfig::validate`).
+    pub(crate) fn validate(&self, peers: &[String]) -> Result<(), ConfigError> {
+        if let Some(bad) = peers.iter().find(|p| {
+            !p.strip_prefix("https://").is_some_and(|rest| {
+                rest.trim_end_matches('/')
+                    .rsplit_once(':')
+                    .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok())
+            })
+        }) {
+            return Err(ConfigError::Invalid(format!(
+                "admin.peers: '{bad}' is not https://HOST:PORT"
+            )));
+        }
+        if self.max_nodes == 0 || self.push_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "fleet.max_nodes must be at least 1 and fleet.push_interval longer than 0s".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a node's record rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// pluginsync's agent's report: the generation it committed, its loads.
+    Report,
+    /// What the master served (a stock Puppet agent): no load data.
+    Served,
+}
+
+/// One node of the inventory, as `GET /pluginsync/v1/inventory` lists it
+/// and as peers send it to each other (docs/operating.md#the-fleet).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeEntry {
+    /// The node's certname (its request's identity).
+    pub certname: String,
+    /// Its environment.
+    pub environment: String,
+    /// The generation it has (or was served); `null`: none yet.
+    pub generation: Option<GenerationId>,
+    /// When a replica last heard it (RFC 3339, UTC, milliseconds).
+    pub last_seen: String,
+    /// `report` or `served`.
+    pub source: Source,
+    /// Loads that succeeded.
+    #[serde(default)]
+    pub loads_ok: u32,
+    /// Loads still failing.
+    #[serde(default)]
+    pub load_failures: u32,
+    /// The failing plugins' names (at most 16).
+    #[serde(default)]
+    pub failed_plugins: Vec<String>,
+}
+
+/// The inventory's JSON: every node, by certname.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Inventory {
+    /// The nodes.
+    pub nodes: Vec<NodeEntry>,
+}
+
+/// A node as kept.
+#[derive(Debug, Clone)]
+struct Node {
+    env: EnvName,
+    generation: Option<GenerationId>,
+    /// Unix milliseconds.
+    seen_ms: u64,
+    source: Source,
+    loads_ok: u32,
+    loads_failed: u32,
+    failed: Vec<String>,
+}
+
+impl Node {
+    fn entry(&self, certname: &str) -> NodeEntry {
+        let when = UNIX_EPOCH + Duration::from_millis(self.seen_ms);
+        NodeEntry {
+            certname: certname.to_owned(),
+            environment: self.env.to_string(),
+            generation: self.generation,
+            last_seen: humantime::format_rfc3339_millis(when).to_string(),
+            source: self.source,
+            loads_ok: self.loads_ok,
+            load_failures: self.loads_failed,
+            failed_plugins: self.failed.clone(),
+        }
+    }
+
+    /// A peer's entry, checked as strictly as a node's own report; its
+    /// time is never later than `now_ms` (a peer's clock ahead of ours
+    /// must not pin a record).
+    fn of_entry(e: &NodeEntry, now_ms: u64) -> Option<Node> {
+        // A certname as the gate admits one (printable ASCII, no `/`).
+        let valid_name = !e.certname.is_empty()
+            && e.certname.len() <= 255
+            && (e.certname.bytes()).all(|b| matches!(b, b' '..=b'.' | b'0'..=b'~'));
+        let bounded = e.failed_plugins.len() <= MAX_FAILED_NAMED
+            && e.failed_plugins
+                .iter()
+                .all(|n| n.chars().count() <= MAX_NAME_CHARS);
+        let seen = humantime::parse_rfc3339(&e.last_seen).ok()?;
+        let seen_ms = seen.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64;
+        (valid_name && bounded).then_some(())?;
+        Some(Node {
+            env: e.environment.parse().ok()?,
+            generation: e.generation,
+            seen_ms: seen_ms.min(now_ms),
+            source: e.source,
+            loads_ok: e.loads_ok,
+            loads_failed: e.load_failures,
+            failed: e.failed_plugins.clone(),
+        })
+    }
+}
+
+/// Nodes, with their age order and the tally per environment and
+/// generation kept in step.
+#[derive(Debug, Default)]
+struct Nodes {
+    by_name: HashMap<String, Node>,
+    by_age: BTreeSet<(u64, String)>,
+    /// `(nodes, failing nodes)` per environment and generation.
+    tally: HashMap<(EnvName, Option<GenerationId>), (u64, u64)>,
+}
+
+impl Nodes {
+    fn count(&mut self, node: &Node, add: bool) {
+        let key = (node.env.clone(), node.generation);
+        let t = self.tally.entry(key.clone()).or_default();
+        let failing = u64::from(node.loads_failed > 0);
+        if add {
+            t.0 += 1;
+            t.1 += failing;
+        } else {
+            t.0 = t.0.saturating_sub(1);
+            t.1 = t.1.saturating_sub(failing);
+            if t.0 == 0 {
+                self.tally.remove(&key);
+            }
+        }
+    }
+
+    fn remove(&mut self, certname: &str) {
+        if let Some(old) = self.by_name.remove(certname) {
+            self.by_age.remove(&(old.seen_ms, certname.to_owned()));
+            self.count(&old, false);
+        }
+    }
+
+    /// Keeps `node` unless a later record of `certname` is kept; then
+    /// forgets the least recently seen beyond `max`.
+    fn upsert(&mut self, certname: &str, node: Node, max: usize) -> bool {
+        if self
+            .by_name
+            .get(certname)
+            .is_some_and(|old| old.seen_ms > node.seen_ms)
+        {
+            return false;
+        }
+        self.remove(certname);
+        self.by_age.insert((node.seen_ms, certname.to_owned()));
+        self.count(&node, true);
+        self.by_name.insert(certname.to_owned(), node);
+        while self.by_name.len() > max {
+            let Some((_, oldest)) = self.by_age.first().cloned() else {
+                break;
+            };
+            self.remove(&oldest);
+        }
+        true
+    }
+}
+
+/// The fleet (module docs). One per master, in the handlers' shared state.
+#[derive(Debug)]
+pub struct Fleet {
+    max_nodes: usize,
+    nodes: Mutex<Nodes>,
+    /// Per peer, what it has not been sent yet, by certname (the latest
+    /// record only): bounded by `max_nodes` each.
+    outboxes: Vec<Mutex<HashMap<String, Node>>>,
+    /// Reports ignored (malformed, oversized).
+    pub bad_reports: Sampler,
+    /// Records not queued for a peer whose queue was full.
+    pub outbox_dropped: AtomicU64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Fleet {
+    /// An empty fleet for `config`, sharing with `peers` peers.
+    pub fn new(config: &FleetConfig, peers: usize) -> Fleet {
+        Fleet {
+            max_nodes: config.max_nodes,
+            nodes: Mutex::default(),
+            outboxes: (0..peers).map(|_| Mutex::default()).collect(),
+            bad_reports: Sampler::default(),
+            outbox_dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Records a node heard on its per-node request or a listing:
+    /// `certname` is the request's identity; `report` the value of its
+    /// `X-Pluginsync-Report` header, if any (a report that cannot be read
+    /// is ignored and logged as a sample: nothing is recorded); without
+    /// one, `served` is what the master served it (nothing: nothing
+    /// recorded).
+    pub fn heard(
+        &self,
+        certname: &str,
+        env: &EnvName,
+        report: Option<&[u8]>,
+        served: Option<GenerationId>,
+    ) {
+        let node = match report {
+            Some(raw) => {
+                let parsed = std::str::from_utf8(raw)
+                    .map_err(|e| pluginsync_common::rollout::ReportError::Malformed(e.to_string()))
+                    .and_then(NodeReport::from_header);
+                match parsed {
+                    Ok(r) => Node {
+                        env: env.clone(),
+                        generation: r.generation,
+                        seen_ms: now_ms(),
+                        source: Source::Report,
+                        loads_ok: r.loads_ok,
+                        loads_failed: r.loads_failed,
+                        failed: r.failed,
+                    },
+                    Err(e) => {
+                        if let Some(n) = self.bad_reports.note() {
+                            tracing::warn!(
+                                certname,
+                                error = %e,
+                                ignored_since_last_line = n,
+                                "node report ignored"
+                            );
+                        }
+                        return;
+                    }
+                }
+            }
+            None => match served {
+                Some(generation) => Node {
+                    env: env.clone(),
+                    generation: Some(generation),
+                    seen_ms: now_ms(),
+                    source: Source::Served,
+                    loads_ok: 0,
+                    loads_failed: 0,
+                    failed: Vec::new(),
+                },
+                None => return,
+            },
+        };
+        for outbox in &self.outboxes {
+            let mut q = outbox.lock().unwrap_or_else(|e| e.into_inner());
+            if q.len() < self.max_nodes || q.contains_key(certname) {
+                q.insert(certname.to_owned(), node.clone());
+            } else {
+                self.outbox_dropped.fetch_add(1, Relaxed);
+            }
+        }
+        self.lock().upsert(certname, node, self.max_nodes);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Nodes> {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Merges what a peer heard (never sent on: every replica sends only
+    /// what it heard itself). Returns how many entries were refused as
+    /// malformed.
+    pub fn merge(&self, entries: &[NodeEntry]) -> usize {
+        let now = now_ms();
+        let mut refused = 0;
+        let mut nodes = self.lock();
+        for e in entries {
+            match Node::of_entry(e, now) {
+                Some(node) => {
+                    nodes.upsert(&e.certname, node, self.max_nodes);
+                }
+                None => refused += 1,
+            }
+        }
+        refused
+    }
+
+    /// Nodes of `env` on `generation`, and how many of them report load
+    /// failures, over the whole fleet (what peers shared included).
+    pub fn on_generation(&self, env: &EnvName, generation: &GenerationId) -> (u64, u64) {
+        self.lock()
+            .tally
+            .get(&(env.clone(), Some(*generation)))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Nodes kept now.
+    pub fn len(&self) -> usize {
+        self.lock().by_name.len()
+    }
+
+    /// Whether no node is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every node, by certname.
+    pub fn inventory(&self) -> Inventory {
+        let nodes = self.lock();
+        let mut list: Vec<NodeEntry> = nodes.by_name.iter().map(|(c, n)| n.entry(c)).collect();
+        drop(nodes);
+        list.sort_by(|a, b| a.certname.cmp(&b.certname));
+        Inventory { nodes: list }
+    }
+
+    /// The fleet series (docs/operating.md#master-metrics): per
+    /// environment with generations kept here (`kept`), nodes and failing
+    /// nodes per kept generation; the others are summed as `other`, nodes
+    /// with none yet as `none`. So at most `keep + 2` series per such
+    /// environment, whatever the nodes report.
+    pub fn counts(&self, kept: impl Fn(&EnvName) -> Vec<GenerationId>) -> Vec<FleetCount> {
+        let tally: Vec<_> = self
+            .lock()
+            .tally
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let mut known: HashMap<EnvName, Vec<GenerationId>> = HashMap::new();
+        let mut sums: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+        for ((env, generation), (n, failing)) in tally {
+            let ids = known.entry(env.clone()).or_insert_with(|| kept(&env));
+            if ids.is_empty() {
+                continue;
+            }
+            let label = match generation {
+                None => "none".to_owned(),
+                Some(g) if ids.contains(&g) => g.to_hex(),
+                Some(_) => "other".to_owned(),
+            };
+            let s = sums.entry((env.to_string(), label)).or_default();
+            s.0 += n;
+            s.1 += failing;
+        }
+        sums.into_iter()
+            .map(|((environment, generation), (nodes, failing))| FleetCount {
+                environment,
+                generation,
+                nodes,
+                failing,
+            })
+            .collect()
+    }
+
+    /// Takes up to `max` records not yet sent to peer `peer`.
+    pub fn take_outbox(&self, peer: usize, max: usize) -> Vec<NodeEntry> {
+        let Some(outbox) = self.outboxes.get(peer) else {
+            return Vec::new();
+        };
+        let mut q = outbox.lock().unwrap_or_else(|e| e.into_inner());
+        let names: Vec<String> = q.keys().take(max).cloned().collect();
+        names
+            .into_iter()
+            .filter_map(|c| q.remove(&c).map(|n| n.entry(&c)))
+            .collect()
+    }
+
+    /// Puts back records a peer did not take, unless a later one of the
+    /// same node is queued.
+    pub fn requeue(&self, peer: usize, entries: &[NodeEntry]) {
+        let Some(outbox) = self.outboxes.get(peer) else {
+            return;
+        };
+        let now = now_ms();
+        let mut q = outbox.lock().unwrap_or_else(|e| e.into_inner());
+        for e in entries {
+            if let Some(node) = Node::of_entry(e, now) {
+                q.entry(e.certname.clone()).or_insert(node);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(s: &str) -> EnvName {
+        s.parse().unwrap()
+    }
+
+    fn g(n: u8) -> GenerationId {
+        GenerationId(pluginsync_common::digest::Sha256::of(&[n]))
+    }
+
+    fn fleet(max: usize, peers: usize) -> Fleet {
+        let config = FleetConfig {
+            max_nodes: max,
+            ..FleetConfig::default()
+        };
+        Fleet::new(&config, peers)
+    }
+
+    fn report(generation: GenerationId, failed: &[&str]) -> String {
+        NodeReport {
+            generation: Some(generation),
+            loads_ok: 2,
+            loads_failed: failed.len() as u32,
+            failed: failed.iter().map(|s| s.to_string()).collect(),
+        }
+        .to_header()
+    }
+
+    #[test]
+    fn reports_are_counted_per_generation_keyed_by_identity_and_bounded() {
+        let f = fleet(3, 0);
+        let prod = env("production");
+        let r = report(g(1), &["facter/bad.rb"]);
+        let tick = || std::thread::sleep(Duration::from_millis(3));
+        f.heard("a", &prod, Some(r.as_bytes()), Some(g(2)));
+        tick();
+        f.heard("b", &prod, Some(report(g(1), &[]).as_bytes()), None);
+        tick();
+        f.heard("c", &prod, None, Some(g(2)));
+        tick();
+        assert_eq!(f.on_generation(&prod, &g(1)), (2, 1));
+        assert_eq!(f.on_generation(&prod, &g(2)), (1, 0));
+        // A report that cannot be read changes nothing, for anyone.
+        f.heard("b", &prod, Some(b"%7Bnot json"), Some(g(2)));
+        f.heard("b", &prod, Some("x".repeat(5000).as_bytes()), Some(g(2)));
+        assert_eq!(f.on_generation(&prod, &g(1)), (2, 1));
+        assert_eq!(f.bad_reports.total(), 2);
+        // A node moves: counted once, on its new generation.
+        f.heard("a", &prod, Some(report(g(2), &[]).as_bytes()), None);
+        assert_eq!(f.on_generation(&prod, &g(1)), (1, 0));
+        assert_eq!(f.on_generation(&prod, &g(2)), (2, 0));
+        // Beyond max_nodes the least recently seen go.
+        tick();
+        f.heard("d", &prod, None, Some(g(2)));
+        assert_eq!(f.len(), 3);
+        let names: Vec<_> = f
+            .inventory()
+            .nodes
+            .into_iter()
+            .map(|n| n.certname)
+            .collect();
+        assert!(!names.contains(&"b".to_owned()), "{names:?}");
+    }
+
+    #[test]
+    fn peers_merge_the_latest_and_series_are_bounded_by_kept_generations() {
+        let here = fleet(100, 1);
+        let there = fleet(100, 1);
+        let prod = env("production");
+        here.heard("n1", &prod, Some(report(g(1), &["x"]).as_bytes()), None);
+        let sent = here.take_outbox(0, 10);
+        assert_eq!(sent.len(), 1);
+        assert!(here.take_outbox(0, 10).is_empty());
+        assert_eq!(there.merge(&sent), 0);
+        assert_eq!(there.on_generation(&prod, &g(1)), (1, 1));
+        // Older news of the same node does not win.
+        std::thread::sleep(Duration::from_millis(3));
+        there.heard("n1", &prod, Some(report(g(2), &[]).as_bytes()), None);
+        there.merge(&sent);
+        assert_eq!(there.on_generation(&prod, &g(2)), (1, 0));
+        let mut bad = sent[0].clone();
+        bad.certname = "a\nb".into();
+        assert_eq!(there.merge(&[bad]), 1);
+        for i in 0..50u8 {
+            there.heard(&format!("m{i}"), &prod, None, Some(g(10 + i)));
+        }
+        there.heard("s", &env("staging"), None, Some(g(3)));
+        let counts = there.counts(|e| {
+            if e.as_str() == "production" {
+                vec![g(2), g(10)]
+            } else {
+                Vec::new()
+            }
+        });
+        let labels: Vec<_> = counts
+            .iter()
+            .map(|c| (c.generation.as_str(), c.nodes))
+            .collect();
+        assert_eq!(counts.len(), 3, "{labels:?}");
+        assert!(labels.contains(&("other", 49)), "{labels:?}");
+    }
+}

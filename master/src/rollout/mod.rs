@@ -1,0 +1,698 @@
+//! Rollouts (docs/rollouts.md): which kept generation each node is served
+//! when an environment has a `[[rollout]]` policy, the health gate that
+//! halts one, and the operator's commands (halt, resume, promote,
+//! rollback), kept on disk beside the generation store.
+//!
+//! **Placement.** A node at position `p` (`pluginsync_common::rollout::position`
+//! of the environment and its certname) is served the newest kept,
+//! not withdrawn generation that has reached it: the oldest such
+//! generation reaches everyone (the first a master publishes), a promoted
+//! one reaches everyone, and any other reaches the nodes inside the share
+//! its timed waves have opened since its publication. While halted, the
+//! shares are those open at the halt: no node moves. Without a policy the
+//! newest not-withdrawn generation is everyone's (today's behaviour).
+//!
+//! **State.** The commands' state per environment ([`Command`]) carries a
+//! logical clock: a replica applies a command with a clock one above the
+//! highest it knows, and adopts a peer's state whose `(clock, origin)` is
+//! higher than its own (docs/rollouts.md#replicas).
+//!
+//! | file | answers |
+//! |---|---|
+//! | `mod.rs` | [`Rollouts`]: placement, the gate, the commands, the state file. |
+//! | `policy.rs` | `[[rollout]]`: parsed, checked, compiled. |
+//! | `api.rs` | The admin API calls and `pluginsync-master rollout`. |
+
+pub mod api;
+mod policy;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::generation::GenerationId;
+use pluginsync_common::rollout::{in_share, position};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::generations::{Generations, Kept};
+
+pub use self::policy::{HaltOn, Policies, Policy, RolloutRule, WaveSpec};
+
+/// The state file's name under `[generations] dir`.
+const STATE_FILE: &str = "rollout.json";
+/// Generations remembered per environment as seen by this replica (and
+/// withdrawn ones kept at most).
+const MAX_SEEN: usize = 256;
+
+/// How many nodes are on a generation and how many of them report
+/// failing loads, over the whole fleet (the fleet's reports, its peers'
+/// included). The server hands one to [`Rollouts::set_fleet`].
+pub trait FleetCounts: Send + Sync {
+    /// `(nodes, failing_nodes)` on `generation` of `env`.
+    fn on_generation(&self, env: &EnvName, generation: &GenerationId) -> (u64, u64);
+}
+
+/// One environment's rollout commands, as persisted and shared with peers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Command {
+    /// Logical clock of the last command (or automatic halt).
+    pub clock: u64,
+    /// The replica that applied it (tie-break between equal clocks).
+    pub origin: String,
+    /// No node moves.
+    pub halted: bool,
+    /// When the halt came (unix seconds): shares are frozen there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted_at: Option<i64>,
+    /// Why (the gate's reason or the operator's certname).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The generation everyone is served (promote, or rollback's target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoted: Option<GenerationId>,
+    /// Generations rolled back: never served again until promoted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub withdrawn: Vec<GenerationId>,
+    /// A generation the operator resumed: the gate no longer halts on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waived: Option<GenerationId>,
+}
+
+/// What the state file holds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Persisted {
+    /// This replica's name for [`Command::origin`].
+    origin: String,
+    environments: BTreeMap<String, Command>,
+    /// Generations this replica has kept, per environment (newest last).
+    #[serde(default)]
+    seen: BTreeMap<String, Vec<GenerationId>>,
+}
+
+/// An operator's command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Freeze every share: no node moves.
+    Halt,
+    /// Lift a halt; waves open with time again.
+    Resume,
+    /// The newest kept generation to everyone now (un-withdrawn).
+    Promote,
+    /// Withdraw the newest served generation; the previous one to everyone.
+    Rollback,
+}
+
+impl std::str::FromStr for Action {
+    type Err = RolloutError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "halt" => Ok(Action::Halt),
+            "resume" => Ok(Action::Resume),
+            "promote" => Ok(Action::Promote),
+            "rollback" => Ok(Action::Rollback),
+            other => Err(RolloutError::UnknownAction(other.to_owned())),
+        }
+    }
+}
+
+/// A command that could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    /// Not halt, resume, promote or rollback.
+    #[error("unknown rollout action '{0}' (halt, resume, promote, rollback)")]
+    UnknownAction(String),
+    /// The environment keeps no generation.
+    #[error("environment '{0}' keeps no generation")]
+    NoGeneration(String),
+    /// Rollback with a single generation left to serve.
+    #[error("environment '{0}' keeps no earlier generation to roll back to")]
+    NothingEarlier(String),
+    /// The state file could not be written.
+    #[error("rollout state {}: {source}", path.display())]
+    Persist {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// What a node is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// This kept generation.
+    Serve(Kept),
+    /// The node has a generation this replica never kept: another replica
+    /// must answer (docs/rollouts.md#a-replica-that-lacks-a-generation).
+    Elsewhere(GenerationId),
+    /// The environment keeps no generation yet.
+    Nothing,
+}
+
+/// The rollout policies, the commands' state and the fleet's counts.
+/// See the module docs.
+pub struct Rollouts {
+    policies: Policies,
+    path: PathBuf,
+    state: Mutex<Persisted>,
+    fleet: OnceLock<Arc<dyn FleetCounts>>,
+    /// `[admin] peers` names another replica: a node on a generation this
+    /// one never kept is sent there ([`Choice::Elsewhere`]); a lone master
+    /// serves its own choice.
+    has_peers: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Rollouts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rollouts")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// RFC 3339 → unix seconds.
+fn unix_of(rfc3339: &str) -> Option<i64> {
+    OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(OffsetDateTime::unix_timestamp)
+}
+
+/// Now, unix seconds.
+pub fn now() -> i64 {
+    OffsetDateTime::now_utc().unix_timestamp()
+}
+
+impl Rollouts {
+    /// The rollouts of `rules` (already checked by the config), their state
+    /// read from `dir` (the generation store's directory) if there.
+    pub fn new(rules: &[RolloutRule], dir: &std::path::Path) -> Rollouts {
+        let path = dir.join(STATE_FILE);
+        let mut persisted: Persisted = match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+                tracing::error!(path = %path.display(), error = %e, "rollout state not read: starting without it");
+                Persisted::default()
+            }),
+            Err(_) => Persisted::default(),
+        };
+        if persisted.origin.is_empty() {
+            let seed = format!("{}-{}-{}", std::process::id(), now(), dir.display());
+            persisted.origin =
+                pluginsync_common::digest::Sha256::of(seed.as_bytes()).to_hex()[..16].to_owned();
+        }
+        Rollouts {
+            policies: Policies::new(rules).unwrap_or_default(),
+            path,
+            state: Mutex::new(persisted),
+            fleet: OnceLock::new(),
+            has_peers: Default::default(),
+        }
+    }
+
+    /// Says whether `[admin] peers` names other replicas.
+    pub fn set_has_peers(&self, yes: bool) {
+        self.has_peers
+            .store(yes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Hands the fleet's counts to the health gate (once).
+    pub fn set_fleet(&self, fleet: Arc<dyn FleetCounts>) {
+        let _ = self.fleet.set(fleet);
+    }
+
+    /// The policy of `env`, if any.
+    pub fn policy(&self, env: &str) -> Option<&Policy> {
+        self.policies.of(env)
+    }
+
+    /// `env`'s commands' state.
+    pub fn command(&self, env: &str) -> Command {
+        lock(&self.state)
+            .environments
+            .get(env)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Every environment's commands' state (for peers).
+    pub fn commands(&self) -> BTreeMap<String, Command> {
+        lock(&self.state).environments.clone()
+    }
+
+    /// The generation of `env` served to `certname`, which reports having
+    /// `reported`. See the module docs.
+    pub fn choose(
+        &self,
+        gens: &Generations,
+        env: &EnvName,
+        certname: Option<&str>,
+        reported: Option<&GenerationId>,
+    ) -> Choice {
+        let kept = gens.kept(env);
+        let cmd = self.command(env.as_str());
+        let policy = self.policies.of(env.as_str());
+        if let Some(r) = reported
+            && policy.is_some()
+            && self.has_peers.load(std::sync::atomic::Ordering::Relaxed)
+            && !kept.is_empty()
+            && !kept.iter().any(|k| k.id == *r)
+            && !self.seen(env, r)
+        {
+            return Choice::Elsewhere(*r);
+        }
+        let p = position(env.as_str(), certname.unwrap_or_default());
+        match pick(&kept, &cmd, policy, p, now()) {
+            Some(k) => Choice::Serve(k.clone()),
+            None => Choice::Nothing,
+        }
+    }
+
+    fn seen(&self, env: &EnvName, id: &GenerationId) -> bool {
+        lock(&self.state)
+            .seen
+            .get(env.as_str())
+            .is_some_and(|s| s.contains(id))
+    }
+
+    /// Records the generations `gens` keeps as seen (a restarted replica
+    /// whose store was lost then knows what it never held), runs the
+    /// health gate of every environment with a policy, and returns the
+    /// environments it halted now. Called every second by the server.
+    pub fn tick(&self, gens: &Generations) -> Vec<String> {
+        let mut halted = Vec::new();
+        let mut changed = false;
+        for (env, _) in gens.counts() {
+            let kept = gens.kept(&env);
+            {
+                let mut st = lock(&self.state);
+                let seen = st.seen.entry(env.to_string()).or_default();
+                for k in kept.iter().rev() {
+                    if !seen.contains(&k.id) {
+                        seen.push(k.id);
+                        changed = true;
+                    }
+                }
+                let over = seen.len().saturating_sub(MAX_SEEN);
+                seen.drain(..over);
+            }
+            if let Some(reason) = self.gate(&env, &kept) {
+                tracing::error!(env = %env, "rollout halted: {reason}");
+                self.update(env.as_str(), |c| {
+                    c.halted = true;
+                    c.halted_at = Some(now());
+                    c.reason = Some(reason);
+                });
+                halted.push(env.to_string());
+                changed = true;
+            }
+        }
+        if changed && let Err(e) = self.save() {
+            tracing::error!(error = %e, "rollout state not written");
+        }
+        halted
+    }
+
+    /// Why `env`'s rollout must halt now, if the gate trips: the newest
+    /// generation being rolled out (not the only one, not promoted, not
+    /// waived) has too many failing nodes.
+    fn gate(&self, env: &EnvName, kept: &[Kept]) -> Option<String> {
+        let gate = self.policies.of(env.as_str())?.halt_on?;
+        let fleet = self.fleet.get()?;
+        let cmd = self.command(env.as_str());
+        if cmd.halted {
+            return None;
+        }
+        let mut serving = kept.iter().filter(|k| !cmd.withdrawn.contains(&k.id));
+        let newest = serving.next()?;
+        serving.next()?;
+        if cmd.promoted == Some(newest.id) || cmd.waived == Some(newest.id) {
+            return None;
+        }
+        let (nodes, failing) = fleet.on_generation(env, &newest.id);
+        gate.trips(nodes, failing).then(|| {
+            format!(
+                "{failing} of {nodes} nodes on generation {} report load failures \
+                 (halt_on_load_failures: {} percent, {} nodes)",
+                newest.id.short(),
+                gate.percent,
+                gate.min_nodes
+            )
+        })
+    }
+
+    /// Applies an operator's `action` on `env`, issued by `by`; persisted
+    /// before it returns.
+    pub fn apply(
+        &self,
+        gens: &Generations,
+        env: &EnvName,
+        action: Action,
+        by: &str,
+    ) -> Result<Command, RolloutError> {
+        self.apply_to(&gens.kept(env), env, action, by)
+    }
+
+    /// [`Rollouts::apply`] on `kept`, `env`'s kept generations newest first.
+    fn apply_to(
+        &self,
+        kept: &[Kept],
+        env: &EnvName,
+        action: Action,
+        by: &str,
+    ) -> Result<Command, RolloutError> {
+        let newest = kept
+            .first()
+            .ok_or_else(|| RolloutError::NoGeneration(env.to_string()))?
+            .id;
+        let cmd = self.command(env.as_str());
+        let serving: Vec<GenerationId> = kept
+            .iter()
+            .map(|k| k.id)
+            .filter(|id| !cmd.withdrawn.contains(id))
+            .collect();
+        if action == Action::Rollback && serving.len() < 2 {
+            return Err(RolloutError::NothingEarlier(env.to_string()));
+        }
+        tracing::warn!(env = %env, by, "rollout {action:?}");
+        let next = self.update(env.as_str(), |c| match action {
+            Action::Halt => {
+                c.halted = true;
+                c.halted_at = Some(now());
+                c.reason = Some(format!("halted by {by}"));
+            }
+            Action::Resume => {
+                c.halted = false;
+                c.halted_at = None;
+                c.reason = None;
+                c.waived = serving.first().copied();
+            }
+            Action::Promote => {
+                c.halted = false;
+                c.halted_at = None;
+                c.reason = None;
+                c.withdrawn.retain(|w| *w != newest);
+                c.promoted = Some(newest);
+            }
+            Action::Rollback => {
+                c.halted = false;
+                c.halted_at = None;
+                c.reason = None;
+                c.withdrawn.push(serving[0]);
+                let over = c.withdrawn.len().saturating_sub(MAX_SEEN);
+                c.withdrawn.drain(..over);
+                c.promoted = Some(serving[1]);
+            }
+        });
+        self.save()?;
+        Ok(next)
+    }
+
+    /// Adopts a peer's state of `env` if it is newer by `(clock, origin)`;
+    /// true if it was.
+    pub fn merge(&self, env: &str, theirs: Command) -> bool {
+        let mut st = lock(&self.state);
+        let mine = st.environments.get(env);
+        let newer = mine.is_none_or(|m| (theirs.clock, &theirs.origin) > (m.clock, &m.origin));
+        if newer {
+            st.environments.insert(env.to_owned(), theirs);
+        }
+        newer
+    }
+
+    /// Changes `env`'s state with `f` under the next clock; returns it.
+    fn update(&self, env: &str, f: impl FnOnce(&mut Command)) -> Command {
+        let mut st = lock(&self.state);
+        let origin = st.origin.clone();
+        let c = st.environments.entry(env.to_owned()).or_default();
+        f(c);
+        c.clock += 1;
+        c.origin = origin;
+        c.clone()
+    }
+
+    /// Writes the state file (atomically, durably).
+    pub fn save(&self) -> Result<(), RolloutError> {
+        let bytes = serde_json::to_vec_pretty(&*lock(&self.state)).unwrap_or_default();
+        pluginsync_common::fsutil::write_atomic(&self.path, &bytes, 0o644).map_err(|source| {
+            RolloutError::Persist {
+                path: self.path.clone(),
+                source,
+            }
+        })
+    }
+
+    /// Environments with a policy and whether each is halted (for
+    /// `pluginsync_rollout_halted{environment}`): those with kept
+    /// generations in `gens`.
+    pub fn halted(&self, gens: &Generations) -> Vec<(String, bool)> {
+        gens.counts()
+            .into_iter()
+            .filter(|(e, _)| self.policies.of(e.as_str()).is_some())
+            .map(|(e, _)| {
+                let halted = self.command(e.as_str()).halted;
+                (e.to_string(), halted)
+            })
+            .collect()
+    }
+}
+
+/// The generation of `kept` (newest first) served at position `p` at
+/// `now` (unix s): the newest not withdrawn that reached `p` (module
+/// docs); the newest kept if every one is withdrawn.
+fn pick<'a>(
+    kept: &'a [Kept],
+    cmd: &Command,
+    policy: Option<&Policy>,
+    p: f64,
+    now: i64,
+) -> Option<&'a Kept> {
+    let candidates: Vec<&Kept> = kept
+        .iter()
+        .filter(|k| !cmd.withdrawn.contains(&k.id))
+        .collect();
+    let newest = candidates.first().copied().or(kept.first())?;
+    let Some(policy) = policy else {
+        return Some(newest);
+    };
+    let as_of = cmd.halted_at.filter(|_| cmd.halted).unwrap_or(now);
+    let last = candidates.len().saturating_sub(1);
+    let reached = candidates.iter().enumerate().find(|(i, k)| {
+        *i == last
+            || cmd.promoted == Some(k.id)
+            || in_share(p, policy.open_percent(elapsed(k, as_of)))
+    });
+    Some(reached.map_or(newest, |(_, k)| *k))
+}
+
+/// Time from `k`'s publication to `as_of` (unix s); `None` before it.
+fn elapsed(k: &Kept, as_of: i64) -> Option<Duration> {
+    unix_of(&k.published)
+        .and_then(|p| u64::try_from(as_of - p).ok())
+        .map(Duration::from_secs)
+}
+
+/// The share `k` has opened now under `policy`, and its timed waves
+/// open, for status.
+pub fn status_of(policy: Option<&Policy>, cmd: &Command, k: &Kept) -> (f64, usize) {
+    let Some(policy) = policy else {
+        return (100.0, 0);
+    };
+    let as_of = cmd.halted_at.filter(|_| cmd.halted).unwrap_or_else(now);
+    let e = elapsed(k, as_of);
+    (policy.open_percent(e), policy.waves_open(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pluginsync_common::digest::Sha256;
+
+    fn kept(name: &str, published: i64) -> Kept {
+        let t = OffsetDateTime::from_unix_timestamp(published).unwrap();
+        Kept {
+            id: GenerationId(Sha256::of(name.as_bytes())),
+            published: t
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap(),
+            files: 1,
+            bytes: 1,
+        }
+    }
+
+    fn rules(text: &str) -> Vec<RolloutRule> {
+        #[derive(Deserialize)]
+        struct Doc {
+            rollout: Vec<RolloutRule>,
+        }
+        toml::from_str::<Doc>(text).unwrap().rollout
+    }
+
+    const POLICY: &str = "[[rollout]]\nenvironments = [\"production\"]\n\
+        waves = [ { after = \"0s\", percent = 10 }, { after = \"60s\", percent = 50 }, { after = \"120s\", percent = 100 } ]\n\
+        halt_on_load_failures = { percent = 20, min_nodes = 2 }\n";
+
+    /// Positions of 1000 nodes, and the share served `id` by `pick`.
+    fn share(
+        list: &[Kept],
+        cmd: &Command,
+        policy: Option<&Policy>,
+        now: i64,
+        id: GenerationId,
+    ) -> f64 {
+        let n = 1000;
+        let on = (0..n)
+            .filter(|i| {
+                let p = position("production", &format!("node{i}"));
+                pick(list, cmd, policy, p, now).unwrap().id == id
+            })
+            .count();
+        on as f64 / n as f64
+    }
+
+    #[test]
+    fn waves_open_with_time_and_a_halt_freezes_them() {
+        let ps = Policies::new(&rules(POLICY)).unwrap();
+        let policy = ps.of("production");
+        let (old, new) = (kept("old", 1000), kept("new", 2000));
+        let list = vec![new.clone(), old.clone()];
+        let mut cmd = Command::default();
+        assert_eq!(share(&list, &cmd, policy, 1999, new.id), 0.0);
+        let first = share(&list, &cmd, policy, 2000, new.id);
+        assert!((0.06..0.14).contains(&first), "{first}");
+        let second = share(&list, &cmd, policy, 2060, new.id);
+        assert!((0.44..0.56).contains(&second), "{second}");
+        assert_eq!(share(&list, &cmd, policy, 2120, new.id), 1.0);
+        assert_eq!(
+            share(&list, &cmd, None, 2000, new.id),
+            1.0,
+            "no policy: everyone"
+        );
+        assert_eq!(
+            share(std::slice::from_ref(&old), &cmd, policy, 0, old.id),
+            1.0,
+            "the first reaches everyone"
+        );
+        cmd.halted = true;
+        cmd.halted_at = Some(2030);
+        assert_eq!(
+            share(&list, &cmd, policy, 9999, new.id),
+            first,
+            "halted: no node moves"
+        );
+        cmd.promoted = Some(new.id);
+        assert_eq!(
+            share(&list, &cmd, policy, 2000, new.id),
+            1.0,
+            "promoted: everyone"
+        );
+    }
+
+    #[test]
+    fn overlapping_rollouts_keep_the_newest_that_reached_a_node() {
+        let ps = Policies::new(&rules(POLICY)).unwrap();
+        let policy = ps.of("production");
+        let list = vec![kept("c", 2060), kept("b", 2000), kept("a", 1000)];
+        let cmd = Command::default();
+        for i in 0..500 {
+            let p = position("production", &format!("node{i}"));
+            let got = pick(&list, &cmd, policy, p, 2060).unwrap();
+            let want = if in_share(p, 10.0) {
+                &list[0]
+            } else if in_share(p, 50.0) {
+                &list[1]
+            } else {
+                &list[2]
+            };
+            assert_eq!(got.id, want.id, "node{i} at {p}");
+        }
+    }
+
+    struct Counts(u64, u64);
+    impl FleetCounts for Counts {
+        fn on_generation(&self, _: &EnvName, _: &GenerationId) -> (u64, u64) {
+            (self.0, self.1)
+        }
+    }
+
+    #[test]
+    fn the_gate_halts_once_and_commands_persist() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Rollouts::new(&rules(POLICY), dir.path());
+        let env: EnvName = "production".parse().unwrap();
+        let list = vec![kept("new", 2000), kept("old", 1000)];
+        assert_eq!(r.gate(&env, &list), None, "no fleet, no gate");
+        r.set_fleet(Arc::new(Counts(10, 2)));
+        let reason = r
+            .gate(&env, &list)
+            .expect("2 of 10 trips 20 percent, 2 nodes");
+        assert!(reason.contains("2 of 10 nodes"), "{reason}");
+        assert_eq!(
+            r.gate(&env, &list[1..]),
+            None,
+            "the only generation never halts"
+        );
+        r.apply_to(&list, &env, Action::Halt, "op").unwrap();
+        assert_eq!(r.gate(&env, &list), None, "already halted");
+        r.apply_to(&list, &env, Action::Resume, "op").unwrap();
+        assert_eq!(
+            r.gate(&env, &list),
+            None,
+            "resumed: waived for that generation"
+        );
+        let c = r.apply_to(&list, &env, Action::Rollback, "op").unwrap();
+        assert_eq!(
+            (c.withdrawn.clone(), c.promoted),
+            (vec![list[0].id], Some(list[1].id))
+        );
+        assert!(matches!(
+            r.apply_to(&list, &env, Action::Rollback, "op"),
+            Err(RolloutError::NothingEarlier(_))
+        ));
+        let again = Rollouts::new(&rules(POLICY), dir.path());
+        assert_eq!(again.command("production"), c, "a restart keeps the state");
+        assert_eq!(
+            pick(&list, &c, again.policy("production"), 0.0, 9999)
+                .unwrap()
+                .id,
+            list[1].id
+        );
+        let c = again.apply_to(&list, &env, Action::Promote, "op").unwrap();
+        assert!(c.withdrawn.is_empty() && c.promoted == Some(list[0].id));
+        assert_eq!(c.clock, 4, "halt, resume, rollback, promote");
+    }
+
+    #[test]
+    fn peers_converge_on_the_highest_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Rollouts::new(&[], dir.path());
+        let mut theirs = Command {
+            clock: 3,
+            origin: "b".into(),
+            halted: true,
+            ..Command::default()
+        };
+        assert!(r.merge("production", theirs.clone()));
+        assert!(!r.merge(
+            "production",
+            Command {
+                clock: 2,
+                ..theirs.clone()
+            }
+        ));
+        theirs.origin = "a".into();
+        assert!(
+            !r.merge("production", theirs.clone()),
+            "tie: the higher origin stays"
+        );
+        theirs.origin = "c".into();
+        theirs.halted = false;
+        assert!(r.merge("production", theirs));
+        assert!(!r.command("production").halted);
+    }
+}

@@ -1,0 +1,560 @@
+//! Rollouts on the master (docs/rollouts.md): a policy refused with one
+//! line by `check` and `serve`; 200 certnames placed in waves alike by two
+//! replicas (peers of each other) within binomial bounds; `pluginsync-master
+//! rollout` halting, resuming, rolling back and promoting on both; a
+//! restarted replica keeping its state; a replica that missed a command
+//! converging from its peer; a replica that never held a node's generation
+//! answering 503.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use pluginsync_common::digest::Sha256;
+use pluginsync_common::generation::GenerationId;
+use pluginsync_common::rollout::{HEADER_REPORT, NodeReport, in_share, position};
+use pluginsync_tests::{EnvTree, MasterProcess, Pki, bin_path, closed_port, config_toml, wait_for};
+use serde_json::Value;
+
+/// Long enough for any bounded wait here on a loaded machine.
+const PATIENCE: Duration = Duration::from_secs(60);
+/// The simulated fleet.
+const NODES: usize = 200;
+/// Waves 5 s apart: a round of 400 answers takes well under a second.
+const WAVES: &str = "waves = [ { after = \"0s\", percent = 10 }, { after = \"6s\", percent = 50 }, { after = \"12s\", percent = 100 } ]";
+
+/// One replica's ports and files.
+struct Replica {
+    tls: u16,
+    proxy: u16,
+    config: PathBuf,
+}
+
+impl Replica {
+    fn url(&self) -> String {
+        format!("https://localhost:{}", self.tls)
+    }
+}
+
+/// A config for a replica listening on port `tls` (and a proxy port),
+/// its store under `dir`, `peers` its peers, with `rollout` appended.
+fn replica(
+    dir: &Path,
+    name: &str,
+    (tree, pki): (&EnvTree, &Pki),
+    tls: u16,
+    peers: &[String],
+    rollout: &str,
+) -> Replica {
+    let proxy = closed_port();
+    let store = dir.join(format!("store-{name}"));
+    let tables = format!(
+        "[generations]\ndir = {store:?}\n[admin]\npeers = {peers:?}\n\
+         [proxy]\nlisten = [\"127.0.0.1:{proxy}\"]\ntrusted = [\"127.0.0.1\"]\n{rollout}\n"
+    );
+    let text = config_toml(&tree.envpath(), pki, "", &tables)
+        .replace("127.0.0.1:0", &format!("127.0.0.1:{tls}"));
+    let config = dir.join(format!("{name}.toml"));
+    std::fs::write(&config, text).unwrap();
+    Replica { tls, proxy, config }
+}
+
+/// `pluginsync-master rollout ACTION production --format json` against
+/// `masters`: each master's status (panics on any error).
+fn rollout(config: &Path, action: &str, masters: &[&Replica]) -> Vec<Value> {
+    let mut cmd = Command::new(bin_path("pluginsync-master"));
+    cmd.args(["rollout", "--config"]).arg(config);
+    for m in masters {
+        cmd.args(["--master", &m.url()]);
+    }
+    let out = cmd
+        .args(["--format", "json", action, "production"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "rollout {action}: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: Vec<Value> = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(list.len(), masters.len(), "{text}");
+    list.into_iter().map(|v| v["status"].clone()).collect()
+}
+
+/// The newest generation's id once both replicas keep `n` generations
+/// (the same id on both: it is the digest of the tree).
+async fn newest_on_both(cfg: &Path, a: &Replica, b: &Replica, n: usize) -> String {
+    let s = wait_for(PATIENCE, || async {
+        let s = rollout(cfg, "status", &[a, b]);
+        s.iter()
+            .all(|s| s["generations"].as_array().is_some_and(|g| g.len() == n))
+            .then_some(s)
+    })
+    .await
+    .unwrap_or_else(|| panic!("{n} generations on both"));
+    let newest = s[0]["generations"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        s[1]["generations"][0]["id"],
+        newest.as_str(),
+        "one id on both"
+    );
+    newest
+}
+
+/// Two replicas on `tree`, peers of each other, with `policy` (and
+/// `extra_a` before it on the first).
+fn two_replicas(
+    dir: &Path,
+    tree: &EnvTree,
+    pki: &Pki,
+    extra_a: &str,
+    policy: &str,
+) -> (Replica, Replica) {
+    let (pa, pb) = (closed_port(), closed_port());
+    let peer = |p: u16| vec![format!("https://localhost:{p}")];
+    let a = replica(
+        dir,
+        "a",
+        (tree, pki),
+        pa,
+        &peer(pb),
+        &format!("{extra_a}{policy}"),
+    );
+    let b = replica(dir, "b", (tree, pki), pb, &peer(pa), policy);
+    (a, b)
+}
+
+/// The generation a replica's proxy listener serves `certname`.
+async fn served(c: &reqwest::Client, proxy: u16, certname: &str) -> String {
+    let r = c
+        .get(format!(
+            "http://127.0.0.1:{proxy}/pluginsync/v1/assignment?environment=production"
+        ))
+        .header("X-Client-Verify", "SUCCESS")
+        .header("X-Client-DN", format!("/CN={certname}"))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 200, "{certname}");
+    let v: Value = r.json().await.expect("JSON");
+    v["generation"].as_str().unwrap().to_owned()
+}
+
+fn certname(i: usize) -> String {
+    format!("node{i:03}.example.org")
+}
+
+/// Every certname's generation on both replicas: asserts they agree and
+/// returns how many have `new`.
+async fn census(c: &reqwest::Client, a: &Replica, b: &Replica, new: &str) -> Vec<bool> {
+    let mut on_new = Vec::with_capacity(NODES);
+    for i in 0..NODES {
+        let (x, y) = (
+            served(c, a.proxy, &certname(i)).await,
+            served(c, b.proxy, &certname(i)).await,
+        );
+        assert_eq!(x, y, "both replicas answer {} alike", certname(i));
+        on_new.push(x == new);
+    }
+    on_new
+}
+
+/// The share `percent` as placement gives it, checked against `got` node
+/// by node, and the count within 4.5 standard deviations of the binomial.
+fn check_wave(got: &[bool], percent: f64) {
+    let want: Vec<bool> = (0..NODES)
+        .map(|i| in_share(position("production", &certname(i)), percent))
+        .collect();
+    assert_eq!(got, &want[..], "nodes on the new generation at {percent} %");
+    let n = got.iter().filter(|x| **x).count() as f64;
+    let (mean, p) = (NODES as f64 * percent / 100.0, percent / 100.0);
+    let sd = (NODES as f64 * p * (1.0 - p)).sqrt();
+    assert!(
+        (n - mean).abs() <= 4.5 * sd + 0.5,
+        "{n} of {NODES} at {percent} %"
+    );
+}
+
+/// Waits until both replicas report their newest generation's waves at
+/// `waves` open, then takes the census (again if a wave opened meanwhile).
+async fn census_at(
+    cfg: &Path,
+    c: &reqwest::Client,
+    a: &Replica,
+    b: &Replica,
+    waves: u64,
+) -> Vec<bool> {
+    for _ in 0..5 {
+        let both = |s: &[Value]| s.iter().all(|s| s["generations"][0]["waves_open"] == waves);
+        let ok = wait_for(PATIENCE, || async {
+            both(&rollout(cfg, "status", &[a, b])).then_some(())
+        })
+        .await;
+        assert!(ok.is_some(), "wave {waves} opens on both");
+        let new = rollout(cfg, "status", &[a])[0]["generations"][0]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let got = census(c, a, b, &new).await;
+        if both(&rollout(cfg, "status", &[a, b])) {
+            return got;
+        }
+    }
+    panic!("the census never fit inside wave {waves}");
+}
+
+/// 200 certnames on two replicas through a change: each wave's share as
+/// placement says, alike on both; halt freezes it past the last wave,
+/// resume opens it, rollback brings everyone back and survives a re-index
+/// and a restart, a halt sent to one replica reaches the other, promote
+/// gives everyone the new generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waves_place_two_hundred_nodes_alike_and_the_commands_steer_both_replicas() {
+    let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
+    tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+    let policy = format!("[[rollout]]\nenvironments = [\"prod*\"]\n{WAVES}\n");
+    let (a, b) = two_replicas(dir.path(), &tree, &pki, "", &policy);
+    let cfg = a.config.clone();
+    let ma = MasterProcess::spawn(&a.config);
+    let mut mb = MasterProcess::spawn(&b.config);
+    pluginsync_common::tls::install_default_provider();
+    let c = reqwest::Client::new();
+
+    // The first generation reaches everyone.
+    let first = newest_on_both(&cfg, &a, &b, 1).await;
+    assert!(census(&c, &a, &b, &first).await.iter().all(|x| *x));
+
+    tree.file("production", "app", "lib/facter/app.rb", "# two\n", 0o644);
+    let new = newest_on_both(&cfg, &a, &b, 2).await;
+
+    check_wave(&census_at(&cfg, &c, &a, &b, 1).await, 10.0);
+    let second = census_at(&cfg, &c, &a, &b, 2).await;
+    check_wave(&second, 50.0);
+
+    let halted = rollout(&cfg, "halt", &[&a, &b]);
+    assert!(halted.iter().all(|s| s["halted"] == true), "{halted:?}");
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    let status = rollout(&cfg, "status", &[&a, &b]);
+    assert!(
+        status
+            .iter()
+            .all(|s| s["halted"] == true && s["generations"][0]["waves_open"] == 2),
+        "{status:?}"
+    );
+    assert_eq!(
+        census(&c, &a, &b, &new).await,
+        second,
+        "halted: no node moves"
+    );
+
+    let resumed = rollout(&cfg, "resume", &[&a, &b]);
+    assert!(resumed.iter().all(|s| s["halted"] == false));
+    assert!(
+        census(&c, &a, &b, &new).await.iter().all(|x| *x),
+        "resumed: the last wave is open"
+    );
+
+    let rolled = rollout(&cfg, "rollback", &[&a, &b]);
+    assert!(
+        rolled
+            .iter()
+            .all(|s| s["generations"][0]["withdrawn"] == true),
+        "{rolled:?}"
+    );
+    assert!(
+        census(&c, &a, &b, &first).await.iter().all(|x| *x),
+        "rolled back: everyone on the first"
+    );
+    let reindex = Command::new(bin_path("pluginsync-master"))
+        .args(["reindex", "--config"])
+        .arg(&cfg)
+        .args(["--server", &a.url(), "production"])
+        .output()
+        .unwrap();
+    assert!(reindex.status.success(), "{reindex:?}");
+    drop(mb);
+    mb = MasterProcess::spawn(&b.config);
+    let after = rollout(&cfg, "status", &[&a, &b]);
+    assert!(
+        after
+            .iter()
+            .all(|s| s["generations"][0]["withdrawn"] == true),
+        "a re-index and a restart keep the rollback: {after:?}"
+    );
+    assert!(census(&c, &a, &b, &first).await.iter().all(|x| *x));
+
+    // A command only one replica heard reaches the other from its peer.
+    rollout(&cfg, "halt", &[&a]);
+    let converged = wait_for(PATIENCE, || async {
+        (rollout(&cfg, "status", &[&b])[0]["halted"] == true).then_some(())
+    })
+    .await;
+    assert!(
+        converged.is_some(),
+        "the halt reached the replica that missed it"
+    );
+
+    let promoted = rollout(&cfg, "promote", &[&a, &b]);
+    assert!(
+        promoted
+            .iter()
+            .all(|s| s["halted"] == false && s["generations"][0]["promoted"] == true),
+        "{promoted:?}"
+    );
+    assert!(
+        census(&c, &a, &b, &new).await.iter().all(|x| *x),
+        "promoted: everyone on the new"
+    );
+    drop((ma, mb));
+}
+
+/// A node that reports a generation this replica never held gets 503 and
+/// `Retry-After` (so the shipped nginx configuration and our agent ask
+/// another replica); one on a generation it holds, or on a replica
+/// without a policy, is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_never_held_a_nodes_generation_answers_503() {
+    let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
+    tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+    let policy = format!("[[rollout]]\nenvironments = [\"production\"]\n{WAVES}\n");
+    // A peer that is down: there is another replica to ask.
+    let down = [format!("https://localhost:{}", closed_port())];
+    let with = replica(
+        dir.path(),
+        "with",
+        (&tree, &pki),
+        closed_port(),
+        &down,
+        &policy,
+    );
+    let without = replica(dir.path(), "without", (&tree, &pki), closed_port(), &[], "");
+    let lone = replica(
+        dir.path(),
+        "lone",
+        (&tree, &pki),
+        closed_port(),
+        &[],
+        &policy,
+    );
+    let _m3 = MasterProcess::spawn(&lone.config);
+    let (_m1, _m2) = (
+        MasterProcess::spawn(&with.config),
+        MasterProcess::spawn(&without.config),
+    );
+    pluginsync_common::tls::install_default_provider();
+    let c = reqwest::Client::new();
+    let ask = |proxy: u16, report: Option<GenerationId>| {
+        let mut r = c
+            .get(format!(
+                "http://127.0.0.1:{proxy}/pluginsync/v1/assignment?environment=production"
+            ))
+            .header("X-Client-Verify", "SUCCESS")
+            .header("X-Client-DN", "/CN=node1");
+        if let Some(g) = report {
+            let rep = NodeReport {
+                generation: Some(g),
+                ..NodeReport::default()
+            };
+            r = r.header(HEADER_REPORT, rep.to_header());
+        }
+        r.send()
+    };
+    let held = wait_for(PATIENCE, || async {
+        let r = ask(with.proxy, None).await.ok()?;
+        if r.status() != 200 {
+            return None;
+        }
+        let v: Value = r.json().await.ok()?;
+        v["generation"].as_str()?.parse::<GenerationId>().ok()
+    })
+    .await
+    .expect("served");
+    let elsewhere = GenerationId(Sha256::of(b"a generation published elsewhere"));
+    let r = ask(with.proxy, Some(elsewhere)).await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "5");
+    let body = r.text().await.unwrap();
+    assert!(body.contains("does not hold generation"), "{body}");
+    assert_eq!(ask(with.proxy, Some(held)).await.unwrap().status(), 200);
+    let plain = wait_for(PATIENCE, || async {
+        let s = ask(without.proxy, Some(elsewhere)).await.ok()?.status();
+        (s != 503).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        plain.map(|s| s.as_u16()),
+        Some(200),
+        "no policy: today's answer"
+    );
+    let alone = wait_for(PATIENCE, || async {
+        let s = ask(lone.proxy, Some(elsewhere)).await.ok()?.status();
+        (s != 503).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        alone.map(|s| s.as_u16()),
+        Some(200),
+        "a master without peers has no other replica to send the node to"
+    );
+}
+
+/// A policy whose shares do not increase, or whose last wave is not 100,
+/// is refused by `check` and `serve` with one line (78); a good one passes
+/// `check`.
+#[test]
+fn a_bad_policy_is_refused_with_one_line_by_check_and_serve() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            WAVES.replace("percent = 50", "percent = 10"),
+            Some("[[rollout]] #1: wave shares must increase (10 then 10)"),
+        ),
+        (
+            WAVES.replace("percent = 100", "percent = 90"),
+            Some("[[rollout]] #1: the last wave opens 90 percent, not 100"),
+        ),
+        (
+            WAVES.replace("\"6s\"", "\"1h\""),
+            Some("[[rollout]] #1: wave after must not decrease (1h then 12s)"),
+        ),
+        (WAVES.to_owned(), None),
+    ];
+    for (waves, refused) in cases {
+        let text = config_toml(
+            &tree.envpath(),
+            &pki,
+            "",
+            &format!("[[rollout]]\nenvironments = [\"production\"]\n{waves}\n"),
+        );
+        let cfg = dir.path().join("master.toml");
+        std::fs::write(&cfg, text).unwrap();
+        for verb in ["check", "serve"] {
+            if refused.is_none() && verb == "serve" {
+                continue;
+            }
+            let out = Command::new(bin_path("pluginsync-master"))
+                .args([verb, "--config"])
+                .arg(&cfg)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            match refused {
+                Some(line) => {
+                    assert_eq!(out.status.code(), Some(78), "{verb} {waves}: {err}");
+                    assert_eq!(err.lines().count(), 1, "one line: {err}");
+                    assert!(err.contains(line), "{verb}: {err}");
+                }
+                None => assert!(out.status.success(), "{verb} {waves}: {err}"),
+            }
+        }
+    }
+}
+
+/// The per-node answer for `certname` from `proxy`, sending `report`.
+async fn report(c: &reqwest::Client, proxy: u16, certname: &str, report: &NodeReport) -> u16 {
+    c.get(format!(
+        "http://127.0.0.1:{proxy}/pluginsync/v1/assignment?environment=production"
+    ))
+    .header("X-Client-Verify", "SUCCESS")
+    .header("X-Client-DN", format!("/CN={certname}"))
+    .header(HEADER_REPORT, report.to_header())
+    .send()
+    .await
+    .expect("request")
+    .status()
+    .as_u16()
+}
+
+/// A change whose plugin fails on every node that takes it: the first
+/// wave's nodes report it, half to each replica; both replicas halt from
+/// the fleet-wide counts before the next wave opens (no node moves), and
+/// `rollback` brings the first wave back to the old generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_the_first_wave() {
+    let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
+    tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+    let policy = "[[rollout]]\nenvironments = [\"production\"]\n\
+        waves = [ { after = \"0s\", percent = 20 }, { after = \"25s\", percent = 100 } ]\n\
+        halt_on_load_failures = { percent = 50, min_nodes = 3 }\n";
+    let metrics = closed_port();
+    let extra = format!("[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n");
+    let (a, b) = two_replicas(dir.path(), &tree, &pki, &extra, policy);
+    let cfg = a.config.clone();
+    let (_ma, _mb) = (
+        MasterProcess::spawn(&a.config),
+        MasterProcess::spawn(&b.config),
+    );
+    let halted_series = || async {
+        let url = format!("http://127.0.0.1:{metrics}/metrics");
+        let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+        text.lines()
+            .find(|l| l.starts_with("pluginsync_rollout_halted{environment=\"production\"}"))
+            .map(str::to_owned)
+    };
+    pluginsync_common::tls::install_default_provider();
+    let c = reqwest::Client::new();
+    let first = newest_on_both(&cfg, &a, &b, 1).await;
+    tree.file(
+        "production",
+        "app",
+        "lib/facter/app.rb",
+        "raise 'broken'\n",
+        0o644,
+    );
+    let new = newest_on_both(&cfg, &a, &b, 2).await;
+    let wave1: Vec<bool> = census(&c, &a, &b, &new).await;
+    assert_eq!(
+        halted_series().await.as_deref(),
+        Some("pluginsync_rollout_halted{environment=\"production\"} 0")
+    );
+    check_wave(&wave1, 20.0);
+    // Each node of the first wave reports the failing load, alternately
+    // to each replica; the others report the old generation, healthy.
+    for (i, on_new) in wave1.iter().enumerate() {
+        let (generation, failed) = if *on_new { (&new, 1) } else { (&first, 0) };
+        let r = NodeReport {
+            generation: Some(generation.parse().unwrap()),
+            loads_ok: 3,
+            loads_failed: failed,
+            failed: if failed > 0 {
+                vec!["facter/app.rb".into()]
+            } else {
+                vec![]
+            },
+        };
+        let proxy = if i % 2 == 0 { a.proxy } else { b.proxy };
+        assert_eq!(report(&c, proxy, &certname(i), &r).await, 200);
+    }
+    let halted = wait_for(PATIENCE, || async {
+        let s = rollout(&cfg, "status", &[&a, &b]);
+        s.iter().all(|s| s["halted"] == true).then_some(s)
+    })
+    .await
+    .expect("both replicas halt");
+    for s in &halted {
+        let reason = s["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("report load failures"), "{s}");
+        assert_eq!(
+            s["generations"][0]["waves_open"], 1,
+            "halted before the second wave: {s}"
+        );
+    }
+    assert_eq!(
+        halted_series().await.as_deref(),
+        Some("pluginsync_rollout_halted{environment=\"production\"} 1")
+    );
+    tokio::time::sleep(Duration::from_secs(26)).await;
+    assert_eq!(
+        census(&c, &a, &b, &new).await,
+        wave1,
+        "halted: no node moves past the second wave's time"
+    );
+    rollout(&cfg, "rollback", &[&a, &b]);
+    assert!(
+        census(&c, &a, &b, &first).await.iter().all(|x| *x),
+        "rolled back: the first wave is on the old generation again"
+    );
+}
