@@ -310,11 +310,25 @@ async fn two_replicas_inventory_every_node_with_its_generation_and_load_failures
 
     // And node1, which asked each replica for the current generation.
     let expected = AGENTS + REQUESTS + stock.len() + 1;
+    let reporters: Vec<String> = names
+        .iter()
+        .cloned()
+        .chain((0..REQUESTS).map(|i| format!("req{i:03}.example")))
+        .collect();
     for base in [&u1, &u2] {
+        // Every node listed, and every reporter's latest report arrived: a
+        // node's run on the other replica reaches this one on the next
+        // push (docs/operating.md#the-fleet), so wait for it, bounded.
         let nodes = wait_for(PATIENCE, || async {
             let (status, nodes) = inventory(&pki, Some("node2"), base).await;
             assert_eq!(status, 200);
-            (nodes.len() == expected).then_some(nodes)
+            let settled = nodes.len() == expected
+                && reporters.iter().all(|n| {
+                    nodes.get(n).is_some_and(|node| {
+                        node["generation"] == generation.to_hex() && node["load_failures"] == 1
+                    })
+                });
+            settled.then_some(nodes)
         })
         .await
         .unwrap_or_else(|| panic!("{base}: the inventory lists all {expected} nodes"));
