@@ -401,7 +401,7 @@ fn readme_and_architecture_md_stay_short() {
     over.extend(too_big(
         "ARCHITECTURE.md",
         &read("ARCHITECTURE.md"),
-        14_000,
+        12_000,
         200,
     ));
     assert!(
