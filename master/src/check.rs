@@ -46,6 +46,15 @@ pub enum CheckError {
     /// Writing the summary failed.
     #[error(transparent)]
     Output(#[from] std::io::Error),
+    /// The generation store (`[generations] dir`) cannot be created or
+    /// written by this user: `serve` would exit before publishing.
+    #[error("generation store {}: {source}: `serve` as this user would exit", dir.display())]
+    Store {
+        /// The configured directory.
+        dir: std::path::PathBuf,
+        /// What creating or writing in it said.
+        source: std::io::Error,
+    },
     /// Parts of the served trees cannot be read.
     #[error(
         "{count} path(s) of the environments cannot be read by this user, first {}: the master would not publish their environments' indexes",
@@ -77,6 +86,15 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
     {
         writeln!(out, "warning: {w}")?;
         warnings += 1;
+    }
+    if let Some(dir) = &config.generations.dir
+        && let Err(source) = store_writable(dir)
+    {
+        writeln!(out, "FAILED: the generation store cannot be written")?;
+        return Err(CheckError::Store {
+            dir: dir.clone(),
+            source,
+        });
     }
     let store = Generations::new(&config.generations);
     if config.generations.dir.is_some()
@@ -146,6 +164,35 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
         writeln!(out, "OK, with {warnings} warnings")?;
     }
     Ok(())
+}
+
+/// Whether this user can write in the store `dir`, or create it: a
+/// temporary file is made (and removed) in `dir`, or in its nearest existing
+/// ancestor when `dir` does not exist yet (`serve` creates it).
+fn store_writable(dir: &Path) -> std::io::Result<()> {
+    let mut at = dir;
+    while !at.exists() {
+        at = match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        if at == Path::new(".") {
+            break;
+        }
+    }
+    if !at.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            format!("{} is not a directory", at.display()),
+        ));
+    }
+    tempfile::Builder::new()
+        .prefix(".pluginsync-check-")
+        .tempfile_in(at)
+        .map(drop)
+        .map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot write in {}: {e}", at.display()))
+        })
 }
 
 /// The effective modulepath of the environment at `dir`, entry by entry

@@ -622,3 +622,52 @@ async fn a_bundle_of_the_tree_is_the_generation_a_master_publishes() {
         "{err}"
     );
 }
+
+/// A store the master cannot create (here under a regular file; on a host,
+/// a directory the master's user may not write) fails `check` (78) with one
+/// line naming it, and `serve` exits at once with that line rather than
+/// listening without a store.
+#[test]
+fn a_store_that_cannot_be_written_fails_check_and_serve() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 1, 2, 3);
+    let file = tree.outside().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let store = file.join("generations");
+    let tables = format!("[generations]\ndir = {store:?}\n");
+    let (_cfg_dir, cfg) = config_file(&config_toml(&tree.envpath(), &pki, "", &tables));
+    let check = std::process::Command::new(bin_path("pluginsync-master"))
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert_eq!(check.status.code(), Some(78), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("generation store {}", store.display())),
+        "{err}"
+    );
+    let mut serve = std::process::Command::new(bin_path("pluginsync-master"))
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = serve.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            serve.kill().ok();
+            panic!("serve kept running without a store");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("generation store"), "{err}");
+}
