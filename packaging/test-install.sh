@@ -145,6 +145,14 @@ user_exists() {
         in_root getent passwd pluginsync | grep -q ':/usr/sbin/nologin$'
 }
 check "the pluginsync system user and group exist (no login shell)" user_exists
+# The master's generation store ([generations] dir in the shipped
+# master.toml) exists before any unit ran, owned by the user the master runs
+# as: a master started without systemd can write it.
+store_owned() {
+    [ "$(in_root stat -c '%U:%G %a' /var/lib/pluginsync/generations)" = "pluginsync:pluginsync 750" ] &&
+        grep -q '^dir = "/var/lib/pluginsync/generations"$' "$root/etc/pluginsync/master.toml"
+}
+check "the generation store /var/lib/pluginsync/generations belongs to pluginsync (0750)" store_owned
 
 conffiles() {
     in_root dpkg-query -W -f='${Conffiles}\n' pluginsync-master | grep -q '/etc/pluginsync/master.toml' &&
@@ -199,6 +207,19 @@ check_passes() {
 }
 check "pluginsync-master check passes on the shipped config with throwaway certificates (as pluginsync)" \
     check_passes
+# A store the pluginsync user cannot write (here handed to root) fails the
+# check with one line, as `serve` would fail (the control: the check above).
+check_refuses_unwritable_store() {
+    local out code
+    in_root chown root:root /var/lib/pluginsync/generations
+    out=$(in_root runuser -u pluginsync -- /usr/sbin/pluginsync-master check 2>&1 >/dev/null)
+    code=$?
+    in_root chown pluginsync:pluginsync /var/lib/pluginsync/generations
+    echo "$out"
+    [ "$code" -eq 78 ] && grep -q '^error: generation store /var/lib/pluginsync/generations: ' <<<"$out"
+}
+check "pluginsync-master check refuses a generation store the pluginsync user cannot write (exit 78)" \
+    check_refuses_unwritable_store
 agent_config_loads() {
     # No run yet: `report` fails (1) after loading the config, where a bad
     # config would exit 78.
@@ -377,13 +398,21 @@ textfile_written() {
 check "the metrics textfile the shipped agent.toml shows is written under the unit's sandbox" textfile_written
 stop_master
 
+# The agent's purge leaves the master's store (pluginsync-master is still
+# installed); the master's purge then removes it and the emptied parent.
 purge() {
     in_root dpkg --purge pluginsync-agent &&
-        [ ! -e "$root/var/lib/pluginsync" ] &&
+        [ "$(ls -A "$root/var/lib/pluginsync")" = generations ] &&
         [ ! -e "$root/etc/systemd/system/timers.target.wants/pluginsync-agent.timer" ] &&
         [ ! -e "$root/etc/pluginsync/agent.toml" ]
 }
 check "dpkg --purge pluginsync-agent removes its state, timer link and conffile" purge
+purge_master() {
+    in_root dpkg --purge pluginsync-master &&
+        [ ! -e "$root/var/lib/pluginsync" ] &&
+        [ ! -e "$root/etc/pluginsync/master.toml" ]
+}
+check "dpkg --purge pluginsync-master removes the generation store" purge_master
 
 if [ "$failed" -eq 0 ]; then
     echo "test-install: all checks passed"
