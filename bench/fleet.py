@@ -20,12 +20,18 @@ through the relay (TLS records: handshakes, certificates, tickets; not TCP/IP he
 wall and CPU time. Derived: nodes per 2-core master at a 30-minute interval = 2 x 1,800 s / CPU
 per run. The master's TLS counters (its `[metrics]` port), where it has any, are kept as read.
 
+A fourth column, "ECDSA, a rollout in its first wave", is the ECDSA master with a `[[rollout]]` policy
+(ROLLOUT) and a second generation published before its no-op runs, so each of its requests is placed
+(docs/rollouts.md#placement); its 1 % runs are not made (they depend on the node's wave). For it and the
+plain ECDSA master, the 304 rate of bench/run.py's load figures (64 connections, `--load-seconds`) is
+measured after the no-op runs: the Targets table compares both with and without the rollout.
+
 Imported by bench/run.py, which also adds the Puppet Server column (`puppet_server_column`).
 """
-import os, statistics, urllib.request
+import json, os, statistics, subprocess, urllib.request
 
 import certs
-from common import (LISTING_QUERY, agent_config, cpu_between, cpu_seconds, free_port, https_conn, https_get,
+from common import (LISTING_QUERY, LOAD, agent_config, cpu_between, cpu_seconds, free_port, https_conn, https_get,
                     log, master_config, reindex, start_master, stop, thread_cpu, timed_rusage, tls_context,
                     wait_idle)
 from relay import CountingRelay
@@ -34,7 +40,16 @@ KINDS = [
     ("ecdsa", "throwaway ECDSA P-256 (dev-certs)"),
     ("rsa", "Puppet-style RSA 4,096"),
     ("rsa-p256", "RSA 4,096 CA, P-256 master key"),
+    ("ecdsa-rollout", "ECDSA, a rollout in its first wave"),
 ]
+# The rollout column (docs/rollouts.md): the ECDSA master with this policy on the bench environment,
+# and a change published before the no-op runs, so every request is placed while two generations are
+# served (the node is in the 1 % wave or, likelier, not; either way the master places it per request).
+ROLLOUT = ('[[rollout]]\nenvironments = ["production"]\n'
+           'waves = [ { after = "0s", percent = 1 }, { after = "24h", percent = 100 } ]\n')
+# The 304 rate with and without a rollout (bench/run.py's "listing 304, 64 connections"), measured
+# against the ECDSA masters of this scenario, one after the other in the same run.
+RATE_KINDS = ("ecdsa", "ecdsa-rollout")
 INTERVAL_S = 1800
 CORES = 2
 
@@ -90,12 +105,26 @@ def prime(port, ssl_dir, env):
     conn.close()
 
 
+def rate_304(a, port, ssl_dir):
+    """Conditional listings (If-None-Match, answered 304) per second over 64 connections."""
+    listing = f"https://localhost:{port}/puppet/v3/file_metadatas/plugins?{LISTING_QUERY}&environment=production"
+    cmd = [LOAD, "--ca", f"{ssl_dir}/certs/ca.pem", "--cert", f"{ssl_dir}/certs/{certs.NODE}.pem",
+           "--key", f"{ssl_dir}/private_keys/{certs.NODE}.pem", "--duration", f"{a.load_seconds}s",
+           "--url", listing, "--connections", "64", "--if-none-match", "auto"]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)["rps"]
+
+
 def measure(ctx, kind, ssl_dir):
     a = ctx.a
     work = ctx.work
     conf = os.path.join(work, f"fleet-{kind}.toml")
     mport = free_port()
-    master_config(conf, ctx.envs, ssl_dir, publish="explicit", metrics=f"127.0.0.1:{mport}")
+    rollout = kind.endswith("-rollout")
+    # 64 connections of one certificate for the 304 rate (docs/master.md#connection-limits).
+    http = "max_connections_per_client = 0\n" if kind in RATE_KINDS else ""
+    master_config(conf, ctx.envs, ssl_dir, publish="explicit", metrics=f"127.0.0.1:{mport}",
+                  extra=ROLLOUT if rollout else "", http=http)
     master, port = start_master(conf)
     relay = CountingRelay(port).start()
     node = os.path.join(work, f"fleet-node-{kind}")
@@ -105,29 +134,37 @@ def measure(ctx, kind, ssl_dir):
     try:
         os.sync()  # what the bench wrote is not the agent's to write back
         out["initial"] = summarise([measured_run(cmd, master.pid, relay)])
+        if rollout:  # a second generation, published under the policy: the node is placed from now on
+            ctx.mutate()
+            reindex(conf, port, "production")
         timed_rusage(cmd)  # warm-up no-op, untimed
         log(f"fleet [{kind}]: {a.fleet_runs} no-op runs")
         t0 = cpu_seconds(master.pid)
         out["noop"] = summarise([measured_run(cmd, master.pid, relay) for _ in range(a.fleet_runs)])
         # The same from /proc/<pid>/stat's ticks over all the runs (idle waits included), as a check.
         out["noop"]["master_cpu_s_from_ticks"] = (cpu_seconds(master.pid) - t0) / a.fleet_runs
-        log(f"fleet [{kind}]: {a.fleet_change_runs} runs after a 1 % change")
-        runs, per_change, content = [], [], []
-        for _ in range(a.fleet_change_runs):
-            changed = ctx.mutate()
-            content.append(changed["content_bytes"])
-            wait_idle(master.pid)
-            c0 = thread_cpu(master.pid)
-            reindex(conf, port, "production")
-            prime(port, ssl_dir, "production")
-            wait_idle(master.pid)
-            per_change.append(cpu_between(c0, thread_cpu(master.pid)))
-            runs.append(measured_run(cmd, master.pid, relay))
-        out["1%"] = summarise(runs)
-        out["1%"]["changed_files"] = changed["changed"]
-        out["1%"]["changed_content_bytes"] = statistics.median(content)
-        out["1%"]["overhead_bytes"] = out["1%"]["bytes"] - out["1%"]["changed_content_bytes"]
-        out["per_change_master_cpu_s"] = statistics.median(per_change)
+        if kind in RATE_KINDS:
+            log(f"fleet [{kind}]: listing 304, 64 connections, {a.load_seconds} s")
+            out["rate_304"] = rate_304(a, port, ssl_dir)
+        # The rollout column measures placement on no-op runs; its node's 1 % runs depend on its wave.
+        if not rollout:
+            log(f"fleet [{kind}]: {a.fleet_change_runs} runs after a 1 % change")
+            runs, per_change, content = [], [], []
+            for _ in range(a.fleet_change_runs):
+                changed = ctx.mutate()
+                content.append(changed["content_bytes"])
+                wait_idle(master.pid)
+                c0 = thread_cpu(master.pid)
+                reindex(conf, port, "production")
+                prime(port, ssl_dir, "production")
+                wait_idle(master.pid)
+                per_change.append(cpu_between(c0, thread_cpu(master.pid)))
+                runs.append(measured_run(cmd, master.pid, relay))
+            out["1%"] = summarise(runs)
+            out["1%"]["changed_files"] = changed["changed"]
+            out["1%"]["changed_content_bytes"] = statistics.median(content)
+            out["1%"]["overhead_bytes"] = out["1%"]["bytes"] - out["1%"]["changed_content_bytes"]
+            out["per_change_master_cpu_s"] = statistics.median(per_change)
         out["tls_counters"] = tls_counters(mport)
     finally:
         relay.stop()
@@ -140,7 +177,8 @@ def run(ctx, results):
     fleet = results.setdefault("fleet", {})
     log("fleet: making Puppet-style RSA 4,096 certificates (openssl)")
     rsa = certs.puppet_rsa(os.path.join(ctx.work, "ssl-rsa"))
-    dirs = {"ecdsa": ctx.ssl, "rsa": rsa, "rsa-p256": certs.p256_master(rsa, os.path.join(ctx.work, "ssl-rsa-p256"))}
+    dirs = {"ecdsa": ctx.ssl, "rsa": rsa, "rsa-p256": certs.p256_master(rsa, os.path.join(ctx.work, "ssl-rsa-p256")),
+            "ecdsa-rollout": ctx.ssl}
     for kind, label in KINDS:
         fleet[kind] = measure(ctx, kind, dirs[kind])
         fleet[kind]["label"] = label
@@ -195,6 +233,7 @@ def print_table(r):
     row("… the rest (listings, requests, TLS)", lambda f: b(f["1%"]["overhead_bytes"]))
     row("bytes, initial sync of a new node", lambda f: b(f["initial"]["bytes"]))
     row("TCP connections per no-op run", lambda f: f"{f['noop']['connections']:.0f}")
+    row("listing 304, 64 connections", lambda f: f"{f['rate_304']:,.0f} req/s")
     row("agent wall time, no-op / 1 % (median)",
         lambda f: f"{f['noop']['wall_s']*1000:.0f} / {f['1%']['wall_s']*1000:.0f} ms")
     row("agent CPU, no-op / 1 % (median)",

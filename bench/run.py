@@ -522,8 +522,19 @@ def targets(r):
         lambda: (f"{fl['rsa-p256']['noop']['master_cpu_s']*1000:.2f} ms "
                  f"({fl['rsa-p256']['noop']['nodes_per_2core_master']/1e6:.2f} M nodes)", None))
 
+    def rollout_noise():
+        plain, placed = fl["ecdsa"], fl["ecdsa-rollout"]
+        cpu = placed["noop"]["master_cpu_s"] / plain["noop"]["master_cpu_s"]
+        rate = placed["rate_304"] / plain["rate_304"]
+        return (f"CPU per no-op {placed['noop']['master_cpu_s']*1000:.2f} vs {plain['noop']['master_cpu_s']*1000:.2f} ms "
+                f"({cpu:.2f}×); 304 rate {placed['rate_304']:,.0f} vs {plain['rate_304']:,.0f} req/s ({rate:.2f}×)",
+                cpu <= 1.25 and rate >= 0.8)
+    if "ecdsa-rollout" in fl:
+        add("a rollout active: master CPU per no-op run ≤ 1.25× and the 304 rate ≥ 0.8× without one (ECDSA)",
+            rollout_noise)
+
     def wire():
-        kinds = [k for k, _ in fleet.KINDS if k in fl]
+        kinds = [k for k, _ in fleet.KINDS if k in fl and "1%" in fl[k]]
         worst = max(fl[k]["1%"]["overhead_bytes"] for k in kinds)
         shown = ", ".join(f"{k} {fl[k]['1%']['overhead_bytes']/1000:,.1f} KB" for k in kinds)
         content = fl[kinds[0]]["1%"]["changed_content_bytes"]
