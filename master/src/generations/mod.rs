@@ -100,11 +100,21 @@ pub struct Generations {
     /// until its generation is recorded.
     publishing: Mutex<()>,
     state: Mutex<State>,
+    /// The last [`DELTAS_KEPT`] deltas served, newest last: after a change
+    /// every node asks for the same one (docs/protocol.md §7.6).
+    deltas: Mutex<Vec<KeptDelta>>,
     /// Generations evicted since start.
     pub evictions: AtomicU64,
     /// Publications the store failed since start.
     pub errors: AtomicU64,
 }
+
+/// A computed delta: from, to, its bytes.
+type KeptDelta = (GenerationId, GenerationId, std::sync::Arc<[u8]>);
+
+/// Deltas kept computed ([`Generations::delta`]): a change's, and those
+/// of nodes a few generations behind.
+const DELTAS_KEPT: usize = 8;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -162,6 +172,7 @@ impl Generations {
             max_bytes: config.max_mib.saturating_mul(1 << 20),
             publishing: Mutex::new(()),
             state: Mutex::new(State::default()),
+            deltas: Mutex::new(Vec::new()),
             evictions: AtomicU64::new(0),
             errors: AtomicU64::new(0),
         }
@@ -482,13 +493,24 @@ impl Generations {
     }
 
     /// The delta from `since` to `id` (docs/protocol.md §7.6), if `env`
-    /// keeps both.
+    /// keeps both. Computed once for the fleet: the last [`DELTAS_KEPT`]
+    /// are kept (ids name contents, so a kept delta is never stale).
     pub fn delta(
         &self,
         env: &EnvName,
         since: &GenerationId,
         id: &GenerationId,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
+    ) -> Result<Option<std::sync::Arc<[u8]>>, StoreError> {
+        let kept = self.kept(env);
+        if !(kept.iter().any(|k| k.id == *since) && kept.iter().any(|k| k.id == *id)) {
+            return Ok(None);
+        }
+        if let Some((_, _, d)) = lock(&self.deltas)
+            .iter()
+            .find(|(s, t, _)| s == since && t == id)
+        {
+            return Ok(Some(d.clone()));
+        }
         let (Some(base), Some(target)) = (self.manifest(env, since)?, self.manifest(env, id)?)
         else {
             return Ok(None);
@@ -497,7 +519,13 @@ impl Generations {
             Manifest::parse(b, id).map_err(|e| StoreError::Manifest(*id, e))
         };
         let (base, target) = (parse(&base, since)?, parse(&target, id)?);
-        Ok(Some(base.diff(*since, &target, *id).to_bytes()))
+        let bytes: std::sync::Arc<[u8]> = base.diff(*since, &target, *id).to_bytes().into();
+        let mut deltas = lock(&self.deltas);
+        if deltas.len() >= DELTAS_KEPT {
+            deltas.remove(0);
+        }
+        deltas.push((*since, *id, bytes.clone()));
+        Ok(Some(bytes))
     }
 
     /// The stored content of `digest` and its size, if a generation of an
@@ -643,6 +671,48 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn a_delta_is_computed_once_applies_to_its_target_and_goes_with_an_evicted_side() {
+        let (dir, src) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let env: EnvName = "production".parse().unwrap();
+        let g = store(dir.path(), 2, 2048);
+        let gens: Vec<Candidate> = (0..3u8)
+            .map(|i| {
+                candidate(
+                    src.path(),
+                    &[("a.rb", b"same\n"), ("b.rb", &[b'0' + i; 10])],
+                )
+            })
+            .collect();
+        g.publish(&env, &gens[0], &|_| true).unwrap();
+        g.publish(&env, &gens[1], &|_| true).unwrap();
+        let (from, to) = (gens[0].id, gens[1].id);
+        let d = g.delta(&env, &from, &to).unwrap().expect("both kept");
+        let (_, bytes) = pluginsync_common::generation::ManifestDelta::parse(&d)
+            .unwrap()
+            .apply(&gens[0].manifest, from)
+            .unwrap();
+        assert_eq!(bytes, gens[1].bytes, "the delta leads to its target");
+        let again = g.delta(&env, &from, &to).unwrap().unwrap();
+        assert!(
+            std::sync::Arc::ptr_eq(&d, &again),
+            "served from the kept delta"
+        );
+        // Another environment that does not keep them gets none.
+        let other: EnvName = "staging".parse().unwrap();
+        assert!(g.delta(&other, &from, &to).unwrap().is_none());
+        // The third publication evicts the first (keep 2): no delta from it,
+        // though one was computed.
+        g.publish(&env, &gens[2], &|_| true).unwrap();
+        assert!(g.delta(&env, &from, &to).unwrap().is_none());
+        // Bounded: more pairs than are kept.
+        for _ in 0..2 * DELTAS_KEPT {
+            g.delta(&env, &to, &gens[2].id).unwrap().unwrap();
+            g.delta(&env, &gens[2].id, &to).unwrap().unwrap();
+        }
+        assert!(lock(&g.deltas).len() <= DELTAS_KEPT);
     }
 
     #[test]
