@@ -6,6 +6,7 @@
 //! <dir>/blobs/<2 hex>/<64 hex>    a file's content, named by its sha256
 //! <dir>/manifests/<64 hex>        a generation's canonical manifest, named by its id
 //! <dir>/environments/<env>.json   the kept generations of one environment, oldest first
+//! <dir>/indexes/<env>/<64 hex>    the index a generation of <env> was made from (gzipped JSON)
 //! ```
 //!
 //! A blob is copied from the indexed file only through
@@ -63,6 +64,9 @@ impl StoreError {
     }
 }
 
+/// A stored index's environment and generation.
+pub(super) type IndexKey = (EnvName, GenerationId);
+
 /// The record of one environment's kept generations, as stored.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Record {
@@ -70,7 +74,7 @@ struct Record {
 }
 
 /// The store's directory layout.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Layout {
     root: PathBuf,
     /// False for the temporary store of a development run (removed on
@@ -90,7 +94,12 @@ impl Layout {
     /// Creates the directories (and removes temporary files a killed
     /// master left in them).
     pub(super) fn create(&self) -> Result<(), StoreError> {
-        for d in [self.blobs_dir(), self.manifests_dir(), self.envs_dir()] {
+        for d in [
+            self.blobs_dir(),
+            self.manifests_dir(),
+            self.envs_dir(),
+            self.indexes_dir(),
+        ] {
             std::fs::create_dir_all(&d).map_err(|e| StoreError::io(&d, e))?;
             fsutil::remove_leftovers(&d);
         }
@@ -107,6 +116,53 @@ impl Layout {
 
     fn envs_dir(&self) -> PathBuf {
         self.root.join("environments")
+    }
+
+    fn indexes_dir(&self) -> PathBuf {
+        self.root.join("indexes")
+    }
+
+    /// Where the index that generation `id` of `env` was made from lives
+    /// (docs/rollouts.md#stock-puppet-agents).
+    pub(super) fn index(&self, env: &EnvName, id: &GenerationId) -> PathBuf {
+        self.indexes_dir().join(env.as_str()).join(id.to_hex())
+    }
+
+    /// Writes the index of `id` of `env`, durably, unless it is there
+    /// (it records the tree of the generation's first publication).
+    pub(super) fn store_index(
+        &self,
+        env: &EnvName,
+        id: &GenerationId,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        let path = self.index(env, id);
+        if path.is_file() {
+            return Ok(());
+        }
+        let dir = self.indexes_dir().join(env.as_str());
+        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
+        self.write(&path, bytes, 0o444)
+    }
+
+    /// Every stored index on disk: (path, environment, generation, size).
+    pub(super) fn indexes_on_disk(&self) -> Vec<(PathBuf, Option<IndexKey>, u64)> {
+        let mut out = Vec::new();
+        let Ok(envs) = std::fs::read_dir(self.indexes_dir()) else {
+            return out;
+        };
+        for env in envs.flatten() {
+            let name = env.file_name().to_str().and_then(|n| n.parse().ok());
+            let Ok(files) = std::fs::read_dir(env.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let id = f.file_name().to_str().and_then(|n| n.parse().ok());
+                let size = f.metadata().map_or(0, |m| m.len());
+                out.push((f.path(), name.clone().zip(id), size));
+            }
+        }
+        out
     }
 
     /// Where the blob `digest` lives.

@@ -81,8 +81,14 @@ struct State {
     blobs: HashMap<Sha256, (u32, u64)>,
     /// Generation → (environment records keeping it, manifest size).
     manifests: HashMap<GenerationId, (u32, u64)>,
-    /// Bytes of the blobs and manifests referenced (an entry at 0 is
-    /// deleted at the end of the publication that dropped it).
+    /// (Environment, generation) → the size of the index it was made
+    /// from, stored beside it (docs/rollouts.md#stock-puppet-agents).
+    indexes: HashMap<(EnvName, GenerationId), u64>,
+    /// Stored indexes of generations evicted, deleted at the end of the
+    /// publication.
+    unlinked: Vec<(EnvName, GenerationId)>,
+    /// Bytes of the blobs, manifests and indexes referenced (an entry at 0
+    /// is deleted at the end of the publication that dropped it).
     bytes: u64,
 }
 
@@ -222,6 +228,7 @@ impl Generations {
                 }
             }
         }
+        self.load_indexes(st);
     }
 
     /// The manifest of `id` and its size, if every blob it names is in
@@ -256,6 +263,7 @@ impl Generations {
                 let _ = std::fs::remove_file(path);
             }
         }
+        self.sweep_indexes(st);
     }
 
     /// Publishes `candidate` as `env`'s current generation: its blobs
@@ -272,6 +280,8 @@ impl Generations {
         let _one = lock(&self.publishing);
         self.open(true)?;
         if let Some(cur) = self.current(env).filter(|k| k.id == candidate.id) {
+            // A store from before indexes were kept gets the current one.
+            self.keep_index(env, candidate)?;
             return Ok(Published::Unchanged(cur));
         }
         let sizes = digest_sizes(&candidate.manifest);
@@ -287,6 +297,7 @@ impl Generations {
         self.layout.sync(durable)?;
         self.layout
             .store_manifest(&candidate.id, &candidate.bytes)?;
+        self.keep_index(env, candidate)?;
         let (files, bytes) = candidate.manifest.totals();
         let kept = Kept {
             id: candidate.id,
@@ -411,6 +422,11 @@ impl Generations {
                 st.bytes = st.bytes.saturating_sub(m.1);
             }
         }
+        let key = (env.clone(), *id);
+        if let Some(size) = st.indexes.remove(&key) {
+            st.bytes = st.bytes.saturating_sub(size);
+            st.unlinked.push(key);
+        }
     }
 
     /// Deletes the blobs and manifests nothing references any more.
@@ -434,6 +450,9 @@ impl Generations {
         for id in manifests {
             st.manifests.remove(&id);
             let _ = std::fs::remove_file(self.layout.manifest(&id));
+        }
+        for (env, id) in std::mem::take(&mut st.unlinked) {
+            let _ = std::fs::remove_file(self.layout.index(&env, &id));
         }
         st.envs.retain(|_, g| !g.kept.is_empty());
     }
@@ -620,6 +639,7 @@ mod tests {
             id,
             manifest,
             source: Box::new(move |d| sources.get(d).cloned()),
+            index: None,
         }
     }
 
