@@ -21,7 +21,7 @@
 //! |---|---|
 //! | `mod.rs` | [`Generations`]: publish, evict, look up; the in-memory references. |
 //! | `disk.rs` | Where each file lives; durable writes; records read back. |
-//! | `of_index.rs` | An index's manifest; was its tree consistent. |
+//! | `of_index.rs` | An index's manifest; was its tree consistent; the index kept beside its generation. |
 
 mod disk;
 mod of_index;
@@ -87,9 +87,11 @@ struct State {
     /// Stored indexes of generations evicted, deleted at the end of the
     /// publication.
     unlinked: Vec<(EnvName, GenerationId)>,
-    /// Bytes of the blobs, manifests and indexes referenced (an entry at 0
-    /// is deleted at the end of the publication that dropped it).
+    /// Bytes of the blobs and manifests referenced (an entry at 0 is
+    /// deleted at the end of the publication that dropped it).
     bytes: u64,
+    /// Bytes of the stored indexes: with `bytes`, under `max_mib`.
+    index_bytes: u64,
 }
 
 /// The kept generations of every environment and their store. See the
@@ -351,7 +353,7 @@ impl Generations {
             self.remove(st, &env, &id);
             touched.push(env);
         }
-        while st.bytes > self.max_bytes {
+        while st.bytes + st.index_bytes > self.max_bytes {
             let oldest = st
                 .envs
                 .iter()
@@ -424,7 +426,7 @@ impl Generations {
         }
         let key = (env.clone(), *id);
         if let Some(size) = st.indexes.remove(&key) {
-            st.bytes = st.bytes.saturating_sub(size);
+            st.index_bytes = st.index_bytes.saturating_sub(size);
             st.unlinked.push(key);
         }
     }
@@ -486,6 +488,12 @@ impl Generations {
     /// Bytes of blobs and manifests in the store.
     pub fn bytes(&self) -> u64 {
         lock(&self.state).bytes
+    }
+
+    /// Bytes of the indexes stored beside the generations
+    /// (docs/rollouts.md#stock-puppet-agents).
+    pub fn index_bytes(&self) -> u64 {
+        lock(&self.state).index_bytes
     }
 
     /// The canonical manifest of `id` if `env` keeps it.

@@ -149,7 +149,7 @@ impl Generations {
                     .is_some_and(|g| g.kept.iter().any(|k| k.id == id))
             {
                 st.indexes.insert((env, id), size);
-                st.bytes += size;
+                st.index_bytes += size;
             }
         }
     }
@@ -182,7 +182,7 @@ impl Generations {
         let mut st = lock(&self.state);
         st.unlinked.retain(|k| *k != key);
         if st.indexes.insert(key, bytes.len() as u64).is_none() {
-            st.bytes += bytes.len() as u64;
+            st.index_bytes += bytes.len() as u64;
         }
         Ok(())
     }

@@ -78,7 +78,11 @@ async fn accept(
     // mount: a new run (docs/protocol.md §7.6).
     let starts_run = endpoint == "file_metadatas" && target.mount == protocol::Mount::Pluginfacts;
     let stock = stock_agent(req);
-    let index = match super::generations::placed(state, &env, &current, req)? {
+    let certname = req
+        .extensions
+        .get::<crate::auth::PeerIdentity>()
+        .and_then(crate::auth::PeerIdentity::certname);
+    let index = match state.placed(&env, certname) {
         Some(id) => {
             let stock = stock.map(|c| (c, starts_run));
             placed_index(state, &env, current.clone(), stock, id).await?
@@ -122,7 +126,13 @@ async fn placed_index(
         .map_err(|_| ApiError::internal())?
         .map_err(|e| {
             tracing::error!(env = %env, generation = %id.short(), error = %e, "cannot answer from the generation a rollout placed the client on");
-            super::generations::elsewhere(env, &id)
+            ApiError::unavailable(
+                format!(
+                    "this master cannot serve generation {} of '{env}'; ask another master",
+                    id.short()
+                ),
+                5,
+            )
         })
 }
 

@@ -78,39 +78,6 @@ pub fn chosen(state: &AppState, env: &EnvName, current: &EnvIndex, req: &Parts) 
         .choose(&state.store.generations, env, certname, reported.as_ref())
 }
 
-/// The 503 for a node on generation `id` of `env` that another master
-/// must answer (docs/rollouts.md#a-replica-that-lacks-a-generation).
-pub fn elsewhere(env: &EnvName, id: &GenerationId) -> ApiError {
-    ApiError::unavailable(
-        format!(
-            "this master does not hold generation {} of '{env}'; ask another master",
-            id.short()
-        ),
-        5,
-    )
-}
-
-/// The generation a v3 request for `env` is answered from when a
-/// `[[rollout]]` policy places its client (docs/rollouts.md#stock-puppet-agents):
-/// the rollout's choice for its certname, as for the per-node answer;
-/// `None` without a policy (today's answers: the current index) or before
-/// any generation is kept.
-pub fn placed(
-    state: &AppState,
-    env: &EnvName,
-    current: &EnvIndex,
-    req: &Parts,
-) -> Result<Option<GenerationId>, ApiError> {
-    if state.rollouts.policy(env.as_str()).is_none() {
-        return Ok(None);
-    }
-    match chosen(state, env, current, req) {
-        Choice::Serve(kept) => Ok(Some(kept.id)),
-        Choice::Nothing => Ok(None),
-        Choice::Elsewhere(id) => Err(elsewhere(env, &id)),
-    }
-}
-
 /// `GET /pluginsync/v1/assignment?environment=<env>`: see the module docs.
 /// Its `ETag` names the environment and the generation only, so every
 /// replica that serves the same generation answers a revalidation `304`
@@ -130,7 +97,15 @@ pub async fn assignment(State(state): State<AppState>, req: Parts) -> Result<Res
                 5,
             ));
         }
-        Choice::Elsewhere(id) => return Err(elsewhere(&env, &id)),
+        Choice::Elsewhere(id) => {
+            return Err(ApiError::unavailable(
+                format!(
+                    "this master does not hold generation {} of '{env}'; ask another master",
+                    id.short()
+                ),
+                5,
+            ));
+        }
     };
     let node = req.extensions.get::<PeerIdentity>();
     if let Some(certname) = node.and_then(PeerIdentity::certname) {
@@ -206,10 +181,13 @@ pub async fn manifest(State(state): State<AppState>, req: Parts) -> Result<Respo
             None => None,
         };
         match delta {
-            Some(d) => Ok(Some((d, protocol::MANIFEST_DELTA_MEDIA_TYPE))),
+            Some(d) => Ok(Some((
+                axum::body::Bytes::from_owner(d),
+                protocol::MANIFEST_DELTA_MEDIA_TYPE,
+            ))),
             None => Ok(g
                 .manifest(&env, &id)?
-                .map(|m| (m, protocol::MANIFEST_MEDIA_TYPE))),
+                .map(|m| (m.into(), protocol::MANIFEST_MEDIA_TYPE))),
         }
     })
     .await
