@@ -791,4 +791,56 @@ mod tests {
         assert!(g.current(&env).is_none());
         assert!(blobs_on_disk(&g).is_empty());
     }
+
+    /// An index of a one-module tree under `root` whose `a.rb` holds `body`.
+    fn index_of(root: &Path, body: &str) -> crate::index::EnvIndex {
+        let lib = root.join("envs/production/modules/m/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join("a.rb"), body).unwrap();
+        let config = crate::config::MasterConfig::parse(
+            &format!(
+                "environmentpath = [{:?}]\n[tls]\ncert = \"c\"\nkey = \"k\"\nca = \"a\"\n",
+                root.join("envs")
+            ),
+            Path::new("/etc/pluginsync/master.toml"),
+        )
+        .unwrap();
+        let hashed = AtomicU64::new(0);
+        let hashing = crate::index::Hashing::Hash {
+            files_hashed: &hashed,
+            kept: None,
+        };
+        let dir = root.join("envs/production");
+        crate::index::EnvIndex::build(&config, "production".parse().unwrap(), dir, None, hashing)
+    }
+
+    #[test]
+    fn the_index_of_each_generation_is_kept_beside_it_and_goes_with_it() {
+        let (dir, src) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let env: EnvName = "production".parse().unwrap();
+        let g = store(dir.path(), 1, 2048);
+        let one = index_of(src.path(), "# one\n");
+        let c1 = Candidate::of(&one).unwrap();
+        g.publish(&env, &c1, &|_| true).unwrap();
+        let stored = g.index_record(&env, &c1.id).unwrap().expect("stored");
+        assert_eq!(stored, one.record());
+        assert_eq!(g.index_bytes(), stored.len() as u64);
+        let path = g.layout.index(&env, &c1.id);
+        assert!(path.is_file());
+
+        let two = index_of(src.path(), "# two\n");
+        let c2 = Candidate::of(&two).unwrap();
+        g.publish(&env, &c2, &|_| true).unwrap();
+        assert!(!path.exists(), "evicted with its generation");
+        assert!(g.index_record(&env, &c1.id).unwrap().is_none());
+        let kept = g.index_record(&env, &c2.id).unwrap().expect("stored");
+        assert_eq!(g.index_bytes(), kept.len() as u64);
+
+        // A restart counts it again and sweeps what no kept generation names.
+        std::fs::write(path.with_file_name("stray"), b"x").unwrap();
+        drop(g);
+        let g = store(dir.path(), 1, 2048);
+        assert_eq!(g.index_bytes(), kept.len() as u64);
+        assert!(!path.with_file_name("stray").exists());
+    }
 }

@@ -275,3 +275,30 @@ impl Store {
         Ok(idx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pluginsync_common::digest::Sha256;
+
+    #[test]
+    fn a_placed_stock_run_stays_on_the_generation_its_first_request_was_placed_on() {
+        let env: EnvName = "production".parse().unwrap();
+        let (a, b) = (
+            GenerationId(Sha256::of(b"a")),
+            GenerationId(Sha256::of(b"b")),
+        );
+        let pins = Pins::new(Duration::from_secs(60));
+        assert_eq!(pins.generation_for(&env, "n1", true, a), a, "a run starts");
+        assert_eq!(
+            pins.generation_for(&env, "n1", false, b),
+            a,
+            "a wave opened during the run: it stays"
+        );
+        assert_eq!(pins.generation_for(&env, "n2", false, b), b, "not pinned");
+        assert_eq!(pins.generation_for(&env, "n1", true, b), b, "the next run");
+        let off = Pins::new(Duration::ZERO);
+        off.generation_for(&env, "n1", true, a);
+        assert_eq!(off.generation_for(&env, "n1", false, b), b, "pin off");
+    }
+}

@@ -100,7 +100,7 @@ async fn a_v3_client_outside_the_wave_keeps_the_old_generation_byte_for_byte() {
         tempfile::tempdir().unwrap(),
     );
     let (a, b) = two_replicas(dir.path(), &tree, &pki, "", HALF);
-    let (_ma, _mb) = (
+    let (_ma, mut mb) = (
         MasterProcess::spawn(&a.config),
         MasterProcess::spawn(&b.config),
     );
@@ -136,10 +136,18 @@ async fn a_v3_client_outside_the_wave_keeps_the_old_generation_byte_for_byte() {
         answers(&pki, &b, &inside[0]).await,
         "replicas alike inside the wave"
     );
+    // The old generation's index is on disk beside it: a restarted replica
+    // answers from it too (the old bytes are in no tree any more).
+    let stored = dir.path().join("store-b/indexes/production");
+    assert_eq!(std::fs::read_dir(&stored).unwrap().count(), 2, "one each");
+    drop(mb);
+    mb = MasterProcess::spawn(&b.config);
+    assert_eq!(answers(&pki, &b, &outside[0]).await, old, "after a restart");
     let promoted = rollout(&a.config, "promote", &[&a, &b]);
     assert!(promoted.iter().all(|s| s["halted"] == false));
     let after = answers(&pki, &a, &outside[0]).await;
     assert_eq!(after[5], (200, b"# two\n".to_vec()), "promoted: the new");
+    drop(mb);
 }
 
 /// What `puppet plugin download` left in `agent`'s libdir and facts.d for
