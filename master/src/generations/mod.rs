@@ -496,16 +496,21 @@ impl Generations {
         lock(&self.state).index_bytes
     }
 
+    /// Whether `env` keeps generation `id`.
+    fn keeps(&self, env: &EnvName, id: &GenerationId) -> bool {
+        self.kept(env).iter().any(|k| k.id == *id)
+    }
+
     /// The canonical manifest of `id` if `env` keeps it.
     pub fn manifest(
         &self,
         env: &EnvName,
         id: &GenerationId,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        if !self.kept(env).iter().any(|k| k.id == *id) {
-            return Ok(None);
+        match self.keeps(env, id) {
+            true => self.layout.read_manifest(id).map(Some),
+            false => Ok(None),
         }
-        self.layout.read_manifest(id).map(Some)
     }
 
     /// The delta from `since` to `id` (docs/protocol.md §7.6), if `env`

@@ -201,7 +201,7 @@ impl Generations {
         env: &EnvName,
         id: &GenerationId,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        if !self.kept(env).iter().any(|k| k.id == *id) {
+        if !self.keeps(env, id) {
             return Ok(None);
         }
         let path = self.layout.index(env, id);

@@ -73,6 +73,17 @@ fn change(tree: &EnvTree) {
     tree.file("production", "app", "lib/facter/new.rb", "# new\n", 0o644);
 }
 
+/// Two replicas (peers, [`HALF`]) on [`tree`], with certificates for `names`.
+fn setup(names: &[String]) -> (EnvTree, Pki, tempfile::TempDir, Replica, Replica) {
+    let (tree, pki, dir) = (
+        tree(),
+        Pki::with_agents(names),
+        tempfile::tempdir().unwrap(),
+    );
+    let (a, b) = two_replicas(dir.path(), &tree, &pki, "", HALF);
+    (tree, pki, dir, a, b)
+}
+
 /// Every target's status and body for `certname` from `replica`, as a
 /// stock agent asks (its `User-Agent`).
 async fn answers(pki: &Pki, replica: &Replica, certname: &str) -> Vec<(u16, Vec<u8>)> {
@@ -94,12 +105,7 @@ async fn answers(pki: &Pki, replica: &Replica, certname: &str) -> Vec<(u16, Vec<
 async fn a_v3_client_outside_the_wave_keeps_the_old_generation_byte_for_byte() {
     let (inside, outside) = split(1);
     let names: Vec<String> = inside.iter().chain(&outside).cloned().collect();
-    let (tree, pki, dir) = (
-        tree(),
-        Pki::with_agents(&names),
-        tempfile::tempdir().unwrap(),
-    );
-    let (a, b) = two_replicas(dir.path(), &tree, &pki, "", HALF);
+    let (tree, pki, dir, a, b) = setup(&names);
     let (_ma, mut mb) = (
         MasterProcess::spawn(&a.config),
         MasterProcess::spawn(&b.config),
@@ -168,12 +174,7 @@ async fn stock_agents_in_the_wave_get_the_new_plugins_and_the_others_keep_the_ol
     };
     let (inside, outside) = split(2);
     let names: Vec<String> = inside.iter().chain(&outside).cloned().collect();
-    let (tree, pki, dir) = (
-        tree(),
-        Pki::with_agents(&names),
-        tempfile::tempdir().unwrap(),
-    );
-    let (a, b) = two_replicas(dir.path(), &tree, &pki, "", HALF);
+    let (tree, pki, dir, a, b) = setup(&names);
     let (_ma, _mb) = (
         MasterProcess::spawn(&a.config),
         MasterProcess::spawn(&b.config),
