@@ -110,13 +110,13 @@ async fn a_v3_client_outside_the_wave_keeps_the_old_generation_byte_for_byte() {
         MasterProcess::spawn(&a.config),
         MasterProcess::spawn(&b.config),
     );
-    newest_on_both(&a.config, &a, &b, 1).await;
+    let first = newest_on_both(&a.config, &a, &b, 1).await;
     let old = answers(&pki, &a, &outside[0]).await;
     assert!(old.iter().all(|(s, _)| *s == 200), "{old:?}");
     assert_eq!(answers(&pki, &b, &outside[0]).await, old, "replicas alike");
 
     change(&tree);
-    newest_on_both(&a.config, &a, &b, 2).await;
+    let second = newest_on_both(&a.config, &a, &b, 2).await;
     for r in [&a, &b] {
         let got = answers(&pki, r, &outside[0]).await;
         for ((t, want), got) in TARGETS.iter().zip(&old).zip(&got) {
@@ -142,6 +142,20 @@ async fn a_v3_client_outside_the_wave_keeps_the_old_generation_byte_for_byte() {
         answers(&pki, &b, &inside[0]).await,
         "replicas alike inside the wave"
     );
+    // The fleet records what each stock node was served.
+    let fleet = client(&pki, Some("localhost"))
+        .get(format!("{}/pluginsync/v1/inventory", a.url()))
+        .send()
+        .await
+        .expect("inventory");
+    let fleet: serde_json::Value = fleet.json().await.expect("JSON");
+    let on = |c: &str| {
+        let nodes = fleet["nodes"].as_array().expect("nodes");
+        let node = nodes.iter().find(|n| n["certname"] == c);
+        node.map(|n| n["generation"].clone())
+    };
+    assert_eq!(on(&outside[0]), Some(first.as_str().into()), "{fleet}");
+    assert_eq!(on(&inside[0]), Some(second.as_str().into()), "{fleet}");
     // The old generation's index is on disk beside it: a restarted replica
     // answers from it too (the old bytes are in no tree any more).
     let stored = dir.path().join("store-b/indexes/production");
