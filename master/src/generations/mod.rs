@@ -490,14 +490,8 @@ impl Generations {
         lock(&self.state).bytes
     }
 
-    /// Bytes of the indexes stored beside the generations
-    /// (docs/rollouts.md#stock-puppet-agents).
-    pub fn index_bytes(&self) -> u64 {
-        lock(&self.state).index_bytes
-    }
-
     /// Whether `env` keeps generation `id`.
-    fn keeps(&self, env: &EnvName, id: &GenerationId) -> bool {
+    pub(super) fn keeps(&self, env: &EnvName, id: &GenerationId) -> bool {
         self.kept(env).iter().any(|k| k.id == *id)
     }
 

@@ -187,6 +187,11 @@ impl Generations {
         Ok(())
     }
 
+    /// Bytes of the indexes stored beside the generations.
+    pub fn index_bytes(&self) -> u64 {
+        lock(&self.state).index_bytes
+    }
+
     /// Where an index made back from the store reads its files: the blobs.
     pub fn stored_blobs(&self) -> StoredBlobs {
         let layout = self.layout.clone();
