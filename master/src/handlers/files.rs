@@ -125,7 +125,9 @@ async fn placed_index(
         .await
         .map_err(|_| ApiError::internal())?
         .map_err(|e| {
-            tracing::error!(env = %env, generation = %id.short(), error = %e, "cannot answer from the generation a rollout placed the client on");
+            if state.store.placed_failed(env, id) {
+                tracing::error!(env = %env, generation = %id.short(), error = %e, "cannot answer from the generation a rollout placed the client on");
+            }
             ApiError::unavailable(
                 format!(
                     "this master cannot serve generation {} of '{env}'; ask another master",

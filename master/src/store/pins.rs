@@ -69,6 +69,8 @@ pub(super) struct Pins {
     pins: Mutex<HashMap<(EnvName, String), (GenerationId, Instant)>>,
     /// Indexes made back from the store, and when each was last used.
     placed: Mutex<HashMap<(EnvName, GenerationId), Placed>>,
+    /// Generations that could not be made back, logged once each.
+    failed: Mutex<std::collections::HashSet<(EnvName, GenerationId)>>,
 }
 
 /// An index made back from the store, and when it was last used.
@@ -83,6 +85,7 @@ impl Pins {
             previous: Mutex::new(HashMap::new()),
             pins: Mutex::new(HashMap::new()),
             placed: Mutex::new(HashMap::new()),
+            failed: Mutex::new(Default::default()),
         }
     }
 
@@ -243,6 +246,16 @@ impl Store {
             }
             found => found,
         }
+    }
+
+    /// True the first time generation `id` of `name` could not be made
+    /// back (then logged; at most [`MAX_PINS`] remembered).
+    pub fn placed_failed(&self, name: &EnvName, id: GenerationId) -> bool {
+        let mut failed = lock(&self.pins.failed);
+        if failed.len() >= MAX_PINS {
+            failed.clear();
+        }
+        failed.insert((name.clone(), id))
     }
 
     fn stored_index(

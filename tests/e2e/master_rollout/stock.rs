@@ -3,7 +3,10 @@
 //! waits for an operator, the v3 answers to a certname outside the wave
 //! (listings of every checksum type, one entry, the content) stay the old
 //! generation's, byte for byte, after the tree changed in place; a
-//! certname inside gets the new; both replicas answer alike. Then stock
+//! certname inside gets the new; both replicas answer alike, the fleet
+//! records what each was served, a restarted replica answers from the
+//! stored index, and one without it answers 503, never another
+//! generation. Then stock
 //! `puppet plugin download` nodes: those in the wave get the new plugin,
 //! the others keep the old, through either replica (skipped with a
 //! message when `puppet` is missing).
@@ -163,6 +166,22 @@ async fn a_v3_client_outside_the_wave_keeps_the_old_generation_byte_for_byte() {
     drop(mb);
     mb = MasterProcess::spawn(&b.config);
     assert_eq!(answers(&pki, &b, &outside[0]).await, old, "after a restart");
+    // Without the old generation's index (a store from before indexes were
+    // kept), a replica never answers that node from another generation.
+    drop(mb);
+    std::fs::remove_file(stored.join(&first)).unwrap();
+    mb = MasterProcess::spawn(&b.config);
+    let refused = answers(&pki, &b, &outside[0]).await;
+    for (t, (status, body)) in TARGETS.iter().zip(&refused) {
+        let body = String::from_utf8_lossy(body);
+        assert_eq!(*status, 503, "{t}: {body}");
+        assert!(body.contains("cannot serve generation"), "{t}: {body}");
+    }
+    assert_eq!(
+        answers(&pki, &b, &inside[0]).await[5].0,
+        200,
+        "inside: served"
+    );
     let promoted = rollout(&a.config, "promote", &[&a, &b]);
     assert!(promoted.iter().all(|s| s["halted"] == false));
     let after = answers(&pki, &a, &outside[0]).await;
