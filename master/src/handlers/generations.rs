@@ -181,13 +181,10 @@ pub async fn manifest(State(state): State<AppState>, req: Parts) -> Result<Respo
             None => None,
         };
         match delta {
-            Some(d) => Ok(Some((
-                axum::body::Bytes::from_owner(d),
-                protocol::MANIFEST_DELTA_MEDIA_TYPE,
-            ))),
+            Some(d) => Ok(Some((d, protocol::MANIFEST_DELTA_MEDIA_TYPE))),
             None => Ok(g
                 .manifest(&env, &id)?
-                .map(|m| (m.into(), protocol::MANIFEST_MEDIA_TYPE))),
+                .map(|m| (m, protocol::MANIFEST_MEDIA_TYPE))),
         }
     })
     .await
