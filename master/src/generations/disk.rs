@@ -14,6 +14,7 @@
 //! and hashed as it is copied: bytes that do not hash to the digest the
 //! index holds are never stored.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
@@ -22,11 +23,11 @@ use std::path::{Path, PathBuf};
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::fsutil;
-use pluginsync_common::generation::{GenerationId, ManifestError};
+use pluginsync_common::generation::{GenerationId, Manifest, ManifestError};
 
 use crate::walk::FileSig;
 
-use super::Kept;
+use super::{Generations, Kept, State, digest_sizes};
 
 /// The generation store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -363,4 +364,43 @@ fn copy_hashing(mut from: impl Read, to: &mut std::fs::File) -> std::io::Result<
         to.write_all(&buf[..n])?;
     }
     Ok(Sha256(hasher.finalize().into()))
+}
+
+/// The store read back when the master starts.
+impl Generations {
+    /// The manifest of `id` and its size, if every blob it names is in
+    /// `present`.
+    pub(super) fn complete(
+        &self,
+        id: &GenerationId,
+        present: &HashMap<Sha256, u64>,
+    ) -> Result<(Manifest, u64), StoreError> {
+        let bytes = self.layout.read_manifest(id)?;
+        let m = Manifest::parse(&bytes, id).map_err(|e| StoreError::Manifest(*id, e))?;
+        if let Some((d, _)) = digest_sizes(&m)
+            .into_iter()
+            .find(|(d, size)| present.get(d) != Some(size))
+        {
+            return Err(StoreError::io(
+                &self.layout.blob(&d),
+                std::io::ErrorKind::NotFound.into(),
+            ));
+        }
+        Ok((m, bytes.len() as u64))
+    }
+
+    /// Removes what no kept generation names (files a killed master left).
+    pub(super) fn sweep_unreferenced(&self, st: &State) {
+        for (path, digest, _) in self.layout.blobs_on_disk() {
+            if !digest.is_some_and(|d| st.blobs.contains_key(&d)) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        for (path, id) in self.layout.manifests_on_disk() {
+            if !id.is_some_and(|id| st.manifests.contains_key(&id)) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        self.sweep_indexes(st);
+    }
 }

@@ -81,17 +81,11 @@ struct State {
     blobs: HashMap<Sha256, (u32, u64)>,
     /// Generation → (environment records keeping it, manifest size).
     manifests: HashMap<GenerationId, (u32, u64)>,
-    /// (Environment, generation) → the size of the index it was made
-    /// from, stored beside it (docs/rollouts.md#stock-puppet-agents).
-    indexes: HashMap<(EnvName, GenerationId), u64>,
-    /// Stored indexes of generations evicted, deleted at the end of the
-    /// publication.
-    unlinked: Vec<(EnvName, GenerationId)>,
+    /// The indexes stored beside the generations.
+    indexes: of_index::StoredIndexes,
     /// Bytes of the blobs and manifests referenced (an entry at 0 is
     /// deleted at the end of the publication that dropped it).
     bytes: u64,
-    /// Bytes of the stored indexes: with `bytes`, under `max_mib`.
-    index_bytes: u64,
 }
 
 /// The kept generations of every environment and their store. See the
@@ -233,41 +227,6 @@ impl Generations {
         self.load_indexes(st);
     }
 
-    /// The manifest of `id` and its size, if every blob it names is in
-    /// `present`.
-    fn complete(
-        &self,
-        id: &GenerationId,
-        present: &HashMap<Sha256, u64>,
-    ) -> Result<(Manifest, u64), StoreError> {
-        let bytes = self.layout.read_manifest(id)?;
-        let m = Manifest::parse(&bytes, id).map_err(|e| StoreError::Manifest(*id, e))?;
-        if let Some((d, _)) = digest_sizes(&m)
-            .into_iter()
-            .find(|(d, size)| present.get(d) != Some(size))
-        {
-            return Err(StoreError::io(
-                &self.layout.blob(&d),
-                std::io::ErrorKind::NotFound.into(),
-            ));
-        }
-        Ok((m, bytes.len() as u64))
-    }
-
-    fn sweep_unreferenced(&self, st: &State) {
-        for (path, digest, _) in self.layout.blobs_on_disk() {
-            if !digest.is_some_and(|d| st.blobs.contains_key(&d)) {
-                let _ = std::fs::remove_file(path);
-            }
-        }
-        for (path, id) in self.layout.manifests_on_disk() {
-            if !id.is_some_and(|id| st.manifests.contains_key(&id)) {
-                let _ = std::fs::remove_file(path);
-            }
-        }
-        self.sweep_indexes(st);
-    }
-
     /// Publishes `candidate` as `env`'s current generation: its blobs
     /// copied in (those not there yet), its manifest, its record, then
     /// eviction (`on_disk` says which environments still exist: the
@@ -353,7 +312,7 @@ impl Generations {
             self.remove(st, &env, &id);
             touched.push(env);
         }
-        while st.bytes + st.index_bytes > self.max_bytes {
+        while st.bytes + st.indexes.bytes > self.max_bytes {
             let oldest = st
                 .envs
                 .iter()
@@ -424,11 +383,7 @@ impl Generations {
                 st.bytes = st.bytes.saturating_sub(m.1);
             }
         }
-        let key = (env.clone(), *id);
-        if let Some(size) = st.indexes.remove(&key) {
-            st.index_bytes = st.index_bytes.saturating_sub(size);
-            st.unlinked.push(key);
-        }
+        st.indexes.forget(env, id);
     }
 
     /// Deletes the blobs and manifests nothing references any more.
@@ -453,9 +408,7 @@ impl Generations {
             st.manifests.remove(&id);
             let _ = std::fs::remove_file(self.layout.manifest(&id));
         }
-        for (env, id) in std::mem::take(&mut st.unlinked) {
-            let _ = std::fs::remove_file(self.layout.index(&env, &id));
-        }
+        self.unlink_indexes(st);
         st.envs.retain(|_, g| !g.kept.is_empty());
     }
 
@@ -490,21 +443,16 @@ impl Generations {
         lock(&self.state).bytes
     }
 
-    /// Whether `env` keeps generation `id`.
-    pub(super) fn keeps(&self, env: &EnvName, id: &GenerationId) -> bool {
-        self.kept(env).iter().any(|k| k.id == *id)
-    }
-
     /// The canonical manifest of `id` if `env` keeps it.
     pub fn manifest(
         &self,
         env: &EnvName,
         id: &GenerationId,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.keeps(env, id) {
-            true => self.layout.read_manifest(id).map(Some),
-            false => Ok(None),
+        if !self.kept(env).iter().any(|k| k.id == *id) {
+            return Ok(None);
         }
+        self.layout.read_manifest(id).map(Some)
     }
 
     /// The delta from `since` to `id` (docs/protocol.md §7.6), if `env`

@@ -136,9 +136,39 @@ pub fn consistent(idx: &EnvIndex, before: &Path) -> bool {
     })
 }
 
+/// The indexes stored beside the generations, as the store counts them
+/// (docs/rollouts.md#stock-puppet-agents).
+#[derive(Debug, Default)]
+pub(super) struct StoredIndexes {
+    /// (Environment, generation) → the size of its stored index.
+    sizes: std::collections::HashMap<(EnvName, GenerationId), u64>,
+    /// Of generations evicted: deleted at the end of the publication.
+    unlinked: Vec<(EnvName, GenerationId)>,
+    /// Their bytes: with the blobs' and manifests', under `max_mib`.
+    pub(super) bytes: u64,
+}
+
+impl StoredIndexes {
+    /// Generation `id` of `env` is evicted: its index goes with it.
+    pub(super) fn forget(&mut self, env: &EnvName, id: &GenerationId) {
+        let key = (env.clone(), *id);
+        if let Some(size) = self.sizes.remove(&key) {
+            self.bytes = self.bytes.saturating_sub(size);
+            self.unlinked.push(key);
+        }
+    }
+}
+
 /// The index each generation was made from, kept beside it
 /// (docs/rollouts.md#stock-puppet-agents).
 impl Generations {
+    /// Deletes the stored indexes of the generations evicted.
+    pub(super) fn unlink_indexes(&self, st: &mut State) {
+        for (env, id) in std::mem::take(&mut st.indexes.unlinked) {
+            let _ = std::fs::remove_file(self.layout.index(&env, &id));
+        }
+    }
+
     /// Counts the stored indexes of the kept generations (at start).
     pub(super) fn load_indexes(&self, st: &mut State) {
         for (_, key, size) in self.layout.indexes_on_disk() {
@@ -148,8 +178,8 @@ impl Generations {
                     .get(&env)
                     .is_some_and(|g| g.kept.iter().any(|k| k.id == id))
             {
-                st.indexes.insert((env, id), size);
-                st.index_bytes += size;
+                st.indexes.sizes.insert((env, id), size);
+                st.indexes.bytes += size;
             }
         }
     }
@@ -157,7 +187,7 @@ impl Generations {
     /// Removes the stored indexes of generations not kept.
     pub(super) fn sweep_indexes(&self, st: &State) {
         for (path, key, _) in self.layout.indexes_on_disk() {
-            if !key.is_some_and(|k| st.indexes.contains_key(&k)) {
+            if !key.is_some_and(|k| st.indexes.sizes.contains_key(&k)) {
                 let _ = std::fs::remove_file(path);
             }
         }
@@ -174,22 +204,22 @@ impl Generations {
         let Some(idx) = candidate.index else {
             return Ok(());
         };
-        if lock(&self.state).indexes.contains_key(&key) {
+        if lock(&self.state).indexes.sizes.contains_key(&key) {
             return Ok(());
         }
         let bytes = idx.record();
         self.layout.store_index(env, &candidate.id, &bytes)?;
         let mut st = lock(&self.state);
-        st.unlinked.retain(|k| *k != key);
-        if st.indexes.insert(key, bytes.len() as u64).is_none() {
-            st.index_bytes += bytes.len() as u64;
+        st.indexes.unlinked.retain(|k| *k != key);
+        if st.indexes.sizes.insert(key, bytes.len() as u64).is_none() {
+            st.indexes.bytes += bytes.len() as u64;
         }
         Ok(())
     }
 
     /// Bytes of the indexes stored beside the generations.
     pub fn index_bytes(&self) -> u64 {
-        lock(&self.state).index_bytes
+        lock(&self.state).indexes.bytes
     }
 
     /// Where an index made back from the store reads its files: the blobs.
@@ -206,12 +236,10 @@ impl Generations {
         env: &EnvName,
         id: &GenerationId,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        if !self.keeps(env, id) {
-            return Ok(None);
-        }
+        let kept = self.kept(env).into_iter().any(|k| k.id == *id);
         let path = self.layout.index(env, id);
         match std::fs::read(&path) {
-            Ok(b) => Ok(Some(b)),
+            Ok(b) => Ok(kept.then_some(b)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(StoreError::io(&path, e)),
         }
