@@ -154,6 +154,21 @@ impl RelPath {
     }
 }
 
+/// Written as its string; read back through [`RelPath::parse`], so a
+/// stored path is checked as one from the wire.
+impl serde::Serialize for RelPath {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for RelPath {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        RelPath::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
 impl fmt::Display for RelPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -520,7 +520,7 @@ const SNAPSHOT_SERIES: [(&str, &str); 18] = [
     ),
     (
         "pluginsync_master_generation_store_bytes",
-        "Bytes of file contents and manifests in the generation store.",
+        "Bytes of file contents, manifests and stored indexes in the generation store.",
     ),
     (
         "pluginsync_master_generation_evictions_total",

@@ -537,7 +537,7 @@ fn snapshot(connections: &Connections, state: &AppState) -> Snapshot {
         authorization_refusals: state.gate.refusals(),
         server_certificate_expiry: crate::tls::certificate_expiry(&tls.cert),
         crl_next_update: tls.crl.as_deref().and_then(crate::tls::crl_next_update),
-        generation_store_bytes: store.generations.bytes(),
+        generation_store_bytes: store.generations.bytes() + store.generations.index_bytes(),
         generation_evictions: load(&store.generations.evictions),
         generation_store_errors: load(&store.generations.errors),
         inconsistent_builds: load(&s.inconsistent_builds),

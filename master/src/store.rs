@@ -54,6 +54,8 @@ mod idle;
 mod pins;
 mod publish;
 
+pub use self::pins::PlacedError;
+
 /// One indexed environment and when it was last asked for.
 #[derive(Debug)]
 struct Slot {

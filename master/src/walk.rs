@@ -54,7 +54,7 @@ impl ReadError {
 }
 
 /// One view (`follow` or `manage`) of an entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct View {
     /// File, directory or link.
     pub kind: FileType,
@@ -73,7 +73,7 @@ pub struct View {
 }
 
 /// One entry of a served root.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Node {
     /// Path relative to the root; `"."` for the root itself.
     pub rel: RelPath,
@@ -92,7 +92,8 @@ pub struct Node {
     /// `<canonical root>/<rel>`: the canonical target of a followed link, or
     /// an entry below a followed directory link. Always inside the module
     /// root. Read it with [`Node::real_path`]. (Not storing the common case
-    /// saves a path per entry: ~6 MB for 50,000 files.)
+    /// saves a path per entry: ~6 MB for 50,000 files.) Never stored.
+    #[serde(skip)]
     real: Option<Box<Path>>,
     /// Stat signature of `real` (files only), for digest reuse.
     pub sig: Option<FileSig>,

@@ -4,7 +4,9 @@
 //! rollout` halting, resuming, rolling back and promoting on both; a
 //! restarted replica keeping its state; a replica that missed a command
 //! converging from its peer; a replica that never held a node's generation
-//! answering 503.
+//! answering 503. Stock agents placed like ours: `master_rollout/stock.rs`.
+
+mod stock;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

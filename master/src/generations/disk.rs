@@ -6,6 +6,7 @@
 //! <dir>/blobs/<2 hex>/<64 hex>    a file's content, named by its sha256
 //! <dir>/manifests/<64 hex>        a generation's canonical manifest, named by its id
 //! <dir>/environments/<env>.json   the kept generations of one environment, oldest first
+//! <dir>/indexes/<env>/<64 hex>    the index a generation of <env> was made from (gzipped JSON)
 //! ```
 //!
 //! A blob is copied from the indexed file only through
@@ -13,6 +14,7 @@
 //! and hashed as it is copied: bytes that do not hash to the digest the
 //! index holds are never stored.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
@@ -21,11 +23,11 @@ use std::path::{Path, PathBuf};
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::fsutil;
-use pluginsync_common::generation::{GenerationId, ManifestError};
+use pluginsync_common::generation::{GenerationId, Manifest, ManifestError};
 
 use crate::walk::FileSig;
 
-use super::Kept;
+use super::{Generations, Kept, State, digest_sizes};
 
 /// The generation store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +65,9 @@ impl StoreError {
     }
 }
 
+/// A stored index's environment and generation.
+pub(super) type IndexKey = (EnvName, GenerationId);
+
 /// The record of one environment's kept generations, as stored.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Record {
@@ -70,7 +75,7 @@ struct Record {
 }
 
 /// The store's directory layout.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Layout {
     root: PathBuf,
     /// False for the temporary store of a development run (removed on
@@ -90,7 +95,12 @@ impl Layout {
     /// Creates the directories (and removes temporary files a killed
     /// master left in them).
     pub(super) fn create(&self) -> Result<(), StoreError> {
-        for d in [self.blobs_dir(), self.manifests_dir(), self.envs_dir()] {
+        for d in [
+            self.blobs_dir(),
+            self.manifests_dir(),
+            self.envs_dir(),
+            self.indexes_dir(),
+        ] {
             std::fs::create_dir_all(&d).map_err(|e| StoreError::io(&d, e))?;
             fsutil::remove_leftovers(&d);
         }
@@ -107,6 +117,53 @@ impl Layout {
 
     fn envs_dir(&self) -> PathBuf {
         self.root.join("environments")
+    }
+
+    fn indexes_dir(&self) -> PathBuf {
+        self.root.join("indexes")
+    }
+
+    /// Where the index that generation `id` of `env` was made from lives
+    /// (docs/rollouts.md#stock-puppet-agents).
+    pub(super) fn index(&self, env: &EnvName, id: &GenerationId) -> PathBuf {
+        self.indexes_dir().join(env.as_str()).join(id.to_hex())
+    }
+
+    /// Writes the index of `id` of `env`, durably, unless it is there
+    /// (it records the tree of the generation's first publication).
+    pub(super) fn store_index(
+        &self,
+        env: &EnvName,
+        id: &GenerationId,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        let path = self.index(env, id);
+        if path.is_file() {
+            return Ok(());
+        }
+        let dir = self.indexes_dir().join(env.as_str());
+        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
+        self.write(&path, bytes, 0o444)
+    }
+
+    /// Every stored index on disk: (path, environment, generation, size).
+    pub(super) fn indexes_on_disk(&self) -> Vec<(PathBuf, Option<IndexKey>, u64)> {
+        let mut out = Vec::new();
+        let Ok(envs) = std::fs::read_dir(self.indexes_dir()) else {
+            return out;
+        };
+        for env in envs.flatten() {
+            let name = env.file_name().to_str().and_then(|n| n.parse().ok());
+            let Ok(files) = std::fs::read_dir(env.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let id = f.file_name().to_str().and_then(|n| n.parse().ok());
+                let size = f.metadata().map_or(0, |m| m.len());
+                out.push((f.path(), name.clone().zip(id), size));
+            }
+        }
+        out
     }
 
     /// Where the blob `digest` lives.
@@ -307,4 +364,43 @@ fn copy_hashing(mut from: impl Read, to: &mut std::fs::File) -> std::io::Result<
         to.write_all(&buf[..n])?;
     }
     Ok(Sha256(hasher.finalize().into()))
+}
+
+/// The store read back when the master starts.
+impl Generations {
+    /// The manifest of `id` and its size, if every blob it names is in
+    /// `present`.
+    pub(super) fn complete(
+        &self,
+        id: &GenerationId,
+        present: &HashMap<Sha256, u64>,
+    ) -> Result<(Manifest, u64), StoreError> {
+        let bytes = self.layout.read_manifest(id)?;
+        let m = Manifest::parse(&bytes, id).map_err(|e| StoreError::Manifest(*id, e))?;
+        if let Some((d, _)) = digest_sizes(&m)
+            .into_iter()
+            .find(|(d, size)| present.get(d) != Some(size))
+        {
+            return Err(StoreError::io(
+                &self.layout.blob(&d),
+                std::io::ErrorKind::NotFound.into(),
+            ));
+        }
+        Ok((m, bytes.len() as u64))
+    }
+
+    /// Removes what no kept generation names (files a killed master left).
+    pub(super) fn sweep_unreferenced(&self, st: &State) {
+        for (path, digest, _) in self.layout.blobs_on_disk() {
+            if !digest.is_some_and(|d| st.blobs.contains_key(&d)) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        for (path, id) in self.layout.manifests_on_disk() {
+            if !id.is_some_and(|id| st.manifests.contains_key(&id)) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        self.sweep_indexes(st);
+    }
 }

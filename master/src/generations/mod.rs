@@ -21,7 +21,7 @@
 //! |---|---|
 //! | `mod.rs` | [`Generations`]: publish, evict, look up; the in-memory references. |
 //! | `disk.rs` | Where each file lives; durable writes; records read back. |
-//! | `of_index.rs` | An index's manifest; was its tree consistent. |
+//! | `of_index.rs` | An index's manifest; was its tree consistent; the index kept beside its generation. |
 
 mod disk;
 mod of_index;
@@ -81,6 +81,8 @@ struct State {
     blobs: HashMap<Sha256, (u32, u64)>,
     /// Generation → (environment records keeping it, manifest size).
     manifests: HashMap<GenerationId, (u32, u64)>,
+    /// The indexes stored beside the generations.
+    indexes: of_index::StoredIndexes,
     /// Bytes of the blobs and manifests referenced (an entry at 0 is
     /// deleted at the end of the publication that dropped it).
     bytes: u64,
@@ -233,40 +235,7 @@ impl Generations {
                 }
             }
         }
-    }
-
-    /// The manifest of `id` and its size, if every blob it names is in
-    /// `present`.
-    fn complete(
-        &self,
-        id: &GenerationId,
-        present: &HashMap<Sha256, u64>,
-    ) -> Result<(Manifest, u64), StoreError> {
-        let bytes = self.layout.read_manifest(id)?;
-        let m = Manifest::parse(&bytes, id).map_err(|e| StoreError::Manifest(*id, e))?;
-        if let Some((d, _)) = digest_sizes(&m)
-            .into_iter()
-            .find(|(d, size)| present.get(d) != Some(size))
-        {
-            return Err(StoreError::io(
-                &self.layout.blob(&d),
-                std::io::ErrorKind::NotFound.into(),
-            ));
-        }
-        Ok((m, bytes.len() as u64))
-    }
-
-    fn sweep_unreferenced(&self, st: &State) {
-        for (path, digest, _) in self.layout.blobs_on_disk() {
-            if !digest.is_some_and(|d| st.blobs.contains_key(&d)) {
-                let _ = std::fs::remove_file(path);
-            }
-        }
-        for (path, id) in self.layout.manifests_on_disk() {
-            if !id.is_some_and(|id| st.manifests.contains_key(&id)) {
-                let _ = std::fs::remove_file(path);
-            }
-        }
+        self.load_indexes(st);
     }
 
     /// Publishes `candidate` as `env`'s current generation: its blobs
@@ -283,6 +252,8 @@ impl Generations {
         let _one = lock(&self.publishing);
         self.open(true)?;
         if let Some(cur) = self.current(env).filter(|k| k.id == candidate.id) {
+            // A store from before indexes were kept gets the current one.
+            self.keep_index(env, candidate)?;
             return Ok(Published::Unchanged(cur));
         }
         let sizes = digest_sizes(&candidate.manifest);
@@ -298,6 +269,7 @@ impl Generations {
         self.layout.sync(durable)?;
         self.layout
             .store_manifest(&candidate.id, &candidate.bytes)?;
+        self.keep_index(env, candidate)?;
         let (files, bytes) = candidate.manifest.totals();
         let kept = Kept {
             id: candidate.id,
@@ -351,7 +323,7 @@ impl Generations {
             self.remove(st, &env, &id);
             touched.push(env);
         }
-        while st.bytes > self.max_bytes {
+        while st.bytes + st.indexes.bytes > self.max_bytes {
             let oldest = st
                 .envs
                 .iter()
@@ -422,6 +394,7 @@ impl Generations {
                 st.bytes = st.bytes.saturating_sub(m.1);
             }
         }
+        st.indexes.forget(env, id);
     }
 
     /// Deletes the blobs and manifests nothing references any more.
@@ -446,6 +419,7 @@ impl Generations {
             st.manifests.remove(&id);
             let _ = std::fs::remove_file(self.layout.manifest(&id));
         }
+        self.unlink_indexes(st);
         st.envs.retain(|_, g| !g.kept.is_empty());
     }
 
@@ -648,6 +622,7 @@ mod tests {
             id,
             manifest,
             source: Box::new(move |d| sources.get(d).cloned()),
+            index: None,
         }
     }
 
@@ -832,5 +807,57 @@ mod tests {
         ));
         assert!(g.current(&env).is_none());
         assert!(blobs_on_disk(&g).is_empty());
+    }
+
+    /// An index of a one-module tree under `root` whose `a.rb` holds `body`.
+    fn index_of(root: &Path, body: &str) -> crate::index::EnvIndex {
+        let lib = root.join("envs/production/modules/m/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join("a.rb"), body).unwrap();
+        let config = crate::config::MasterConfig::parse(
+            &format!(
+                "environmentpath = [{:?}]\n[tls]\ncert = \"c\"\nkey = \"k\"\nca = \"a\"\n",
+                root.join("envs")
+            ),
+            Path::new("/etc/pluginsync/master.toml"),
+        )
+        .unwrap();
+        let hashed = AtomicU64::new(0);
+        let hashing = crate::index::Hashing::Hash {
+            files_hashed: &hashed,
+            kept: None,
+        };
+        let dir = root.join("envs/production");
+        crate::index::EnvIndex::build(&config, "production".parse().unwrap(), dir, None, hashing)
+    }
+
+    #[test]
+    fn the_index_of_each_generation_is_kept_beside_it_and_goes_with_it() {
+        let (dir, src) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let env: EnvName = "production".parse().unwrap();
+        let g = store(dir.path(), 1, 2048);
+        let one = index_of(src.path(), "# one\n");
+        let c1 = Candidate::of(&one).unwrap();
+        g.publish(&env, &c1, &|_| true).unwrap();
+        let stored = g.index_record(&env, &c1.id).unwrap().expect("stored");
+        assert_eq!(stored, one.record());
+        assert_eq!(g.index_bytes(), stored.len() as u64);
+        let path = g.layout.index(&env, &c1.id);
+        assert!(path.is_file());
+
+        let two = index_of(src.path(), "# two\n");
+        let c2 = Candidate::of(&two).unwrap();
+        g.publish(&env, &c2, &|_| true).unwrap();
+        assert!(!path.exists(), "evicted with its generation");
+        assert!(g.index_record(&env, &c1.id).unwrap().is_none());
+        let kept = g.index_record(&env, &c2.id).unwrap().expect("stored");
+        assert_eq!(g.index_bytes(), kept.len() as u64);
+
+        // A restart counts it again and sweeps what no kept generation names.
+        std::fs::write(path.with_file_name("stray"), b"x").unwrap();
+        drop(g);
+        let g = store(dir.path(), 1, 2048);
+        assert_eq!(g.index_bytes(), kept.len() as u64);
+        assert!(!path.with_file_name("stray").exists());
     }
 }

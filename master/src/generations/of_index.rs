@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use pluginsync_common::digest::Sha256;
+use pluginsync_common::envname::EnvName;
 use pluginsync_common::generation::{
     EntryKind, GenerationId, Manifest, ManifestEntry, ManifestError,
 };
@@ -13,10 +14,10 @@ use pluginsync_common::ignore::IgnoreSet;
 use pluginsync_common::metadata::{FileType, Links};
 use pluginsync_common::relpath::RelPath;
 
-use crate::index::{EnvIndex, Mount};
+use crate::index::{EnvIndex, Mount, StoredBlobs};
 use crate::walk::{FileSig, View};
 
-use super::Source;
+use super::{Generations, Source, State, StoreError, lock};
 
 /// A generation made from an index, not yet published.
 pub struct Candidate<'a> {
@@ -28,6 +29,9 @@ pub struct Candidate<'a> {
     pub manifest: Manifest,
     /// Where each digest's file is read from.
     pub source: Box<Source<'a>>,
+    /// The index it was made from: stored beside it for the v3 answers
+    /// (docs/rollouts.md#stock-puppet-agents).
+    pub index: Option<&'a EnvIndex>,
 }
 
 impl std::fmt::Debug for Candidate<'_> {
@@ -49,6 +53,7 @@ impl<'a> Candidate<'a> {
                 let (root, node) = idx.blob(d)?;
                 Some((node.real_path(&root.canon).into_owned(), node.sig?))
             }),
+            index: Some(idx),
         })
     }
 }
@@ -129,4 +134,114 @@ pub fn consistent(idx: &EnvIndex, before: &Path) -> bool {
             .chain(outside)
             .all(|(dir, real)| std::fs::canonicalize(dir).is_ok_and(|now| now == real))
     })
+}
+
+/// The indexes stored beside the generations, as the store counts them
+/// (docs/rollouts.md#stock-puppet-agents).
+#[derive(Debug, Default)]
+pub(super) struct StoredIndexes {
+    /// (Environment, generation) → the size of its stored index.
+    sizes: std::collections::HashMap<(EnvName, GenerationId), u64>,
+    /// Of generations evicted: deleted at the end of the publication.
+    unlinked: Vec<(EnvName, GenerationId)>,
+    /// Their bytes: with the blobs' and manifests', under `max_mib`.
+    pub(super) bytes: u64,
+}
+
+impl StoredIndexes {
+    /// Generation `id` of `env` is evicted: its index goes with it.
+    pub(super) fn forget(&mut self, env: &EnvName, id: &GenerationId) {
+        let key = (env.clone(), *id);
+        if let Some(size) = self.sizes.remove(&key) {
+            self.bytes = self.bytes.saturating_sub(size);
+            self.unlinked.push(key);
+        }
+    }
+}
+
+/// The index each generation was made from, kept beside it
+/// (docs/rollouts.md#stock-puppet-agents).
+impl Generations {
+    /// Deletes the stored indexes of the generations evicted.
+    pub(super) fn unlink_indexes(&self, st: &mut State) {
+        for (env, id) in std::mem::take(&mut st.indexes.unlinked) {
+            let _ = std::fs::remove_file(self.layout.index(&env, &id));
+        }
+    }
+
+    /// Counts the stored indexes of the kept generations (at start).
+    pub(super) fn load_indexes(&self, st: &mut State) {
+        for (_, key, size) in self.layout.indexes_on_disk() {
+            if let Some((env, id)) = key
+                && st
+                    .envs
+                    .get(&env)
+                    .is_some_and(|g| g.kept.iter().any(|k| k.id == id))
+            {
+                st.indexes.sizes.insert((env, id), size);
+                st.indexes.bytes += size;
+            }
+        }
+    }
+
+    /// Removes the stored indexes of generations not kept.
+    pub(super) fn sweep_indexes(&self, st: &State) {
+        for (path, key, _) in self.layout.indexes_on_disk() {
+            if !key.is_some_and(|k| st.indexes.sizes.contains_key(&k)) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
+    /// Stores the index `candidate` was made from beside generation `id`
+    /// of `env`, unless there, and counts its bytes.
+    pub(super) fn keep_index(
+        &self,
+        env: &EnvName,
+        candidate: &Candidate,
+    ) -> Result<(), StoreError> {
+        let key = (env.clone(), candidate.id);
+        let Some(idx) = candidate.index else {
+            return Ok(());
+        };
+        if lock(&self.state).indexes.sizes.contains_key(&key) {
+            return Ok(());
+        }
+        let bytes = idx.record();
+        self.layout.store_index(env, &candidate.id, &bytes)?;
+        let mut st = lock(&self.state);
+        st.indexes.unlinked.retain(|k| *k != key);
+        if st.indexes.sizes.insert(key, bytes.len() as u64).is_none() {
+            st.indexes.bytes += bytes.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Bytes of the indexes stored beside the generations.
+    pub fn index_bytes(&self) -> u64 {
+        lock(&self.state).indexes.bytes
+    }
+
+    /// Where an index made back from the store reads its files: the blobs.
+    pub fn stored_blobs(&self) -> StoredBlobs {
+        let layout = self.layout.clone();
+        StoredBlobs(std::sync::Arc::new(move |d: &Sha256| layout.blob(d)))
+    }
+
+    /// The index generation `id` of `env` was made from, as stored
+    /// ([`crate::index::EnvIndex::record`]), if `env` keeps `id` and it
+    /// was stored.
+    pub fn index_record(
+        &self,
+        env: &EnvName,
+        id: &GenerationId,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let kept = self.kept(env).into_iter().any(|k| k.id == *id);
+        let path = self.layout.index(env, id);
+        match std::fs::read(&path) {
+            Ok(b) => Ok(kept.then_some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::io(&path, e)),
+        }
+    }
 }

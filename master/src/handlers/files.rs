@@ -39,10 +39,13 @@ const JSON: &str = "application/json; charset=utf-8";
 /// What every file endpoint needs once the request is accepted.
 struct Accepted {
     index: Arc<EnvIndex>,
-    /// A stock agent: its content comes from the generation store, the
+    /// A stock agent, or a client placed on a generation other than the
+    /// current one: its content comes from the generation store, the
     /// exact bytes of the generation it is served, whatever the tree is
     /// now (docs/protocol.md §7.6).
     stock: bool,
+    /// A `[[rollout]]` policy placed the client (docs/rollouts.md#stock-puppet-agents).
+    placed: bool,
     target: MountPath,
     query: Query,
 }
@@ -74,16 +77,65 @@ async fn accept(
     // Puppet's pluginsync starts with the search of the pluginfacts
     // mount: a new run (docs/protocol.md §7.6).
     let starts_run = endpoint == "file_metadatas" && target.mount == protocol::Mount::Pluginfacts;
-    let index = match stock_agent(req) {
-        Some(certname) => state.store.index_for(&env, current, certname, starts_run),
-        None => current,
+    let stock = stock_agent(req);
+    let certname = req
+        .extensions
+        .get::<crate::auth::PeerIdentity>()
+        .and_then(crate::auth::PeerIdentity::certname);
+    let index = match state.placed(&env, certname) {
+        Some(id) => {
+            let stock = stock.map(|c| (c, starts_run));
+            placed_index(state, &env, current.clone(), stock, id).await?
+        }
+        None => match stock {
+            Some(certname) => state
+                .store
+                .index_for(&env, current.clone(), certname, starts_run),
+            None => current.clone(),
+        },
     };
     Ok(Accepted {
-        stock: stock_agent(req).is_some() && index.generation.get().is_some(),
+        stock: (stock.is_some() || !Arc::ptr_eq(&index, &current))
+            && index.generation.get().is_some(),
+        placed: state.rollouts.policy(env.as_str()).is_some(),
         index,
         target,
         query,
     })
+}
+
+/// The index of generation `chosen` of `env` for a client a rollout
+/// places there (docs/rollouts.md#stock-puppet-agents), a stock agent's run
+/// kept on one generation; made back from the generation store off the
+/// connection's thread when not at hand; 503 when this master cannot (it
+/// never stored that generation's index).
+async fn placed_index(
+    state: &AppState,
+    env: &EnvName,
+    current: Arc<EnvIndex>,
+    stock: Option<(&str, bool)>,
+    chosen: pluginsync_common::generation::GenerationId,
+) -> Result<Arc<EnvIndex>, ApiError> {
+    let id = state.store.placed_generation(env, stock, chosen);
+    if let Some(idx) = state.store.placed_at_hand(env, &current, id) {
+        return Ok(idx);
+    }
+    let (store, name) = (state.store.clone(), env.clone());
+    tokio::task::spawn_blocking(move || store.placed_index(&name, &current, id, chosen))
+        .await
+        .map_err(|_| ApiError::internal())?
+        .map_err(|e| {
+            if state.store.placed_failed(env, id) {
+                tracing::error!(env = %env, generation = %id.short(), error = %e, "cannot answer from the generation a rollout placed the client on");
+            }
+            ApiError::unavailable(
+                format!(
+                    "this master cannot serve generation {} of '{env}'; ask another master",
+                    id.short()
+                ),
+                5,
+            )
+        })
 }
 
 /// The certname of a stock Puppet agent (its `User-Agent` starts with
@@ -136,10 +188,14 @@ pub async fn file_metadatas(
     let (params, max_files) = request::search_params(&a.query)?;
     let mount = a.target.mount;
     // A stock agent is heard here: the generation its listing is served
-    // from, the environment's current one (docs/operating.md#the-fleet).
+    // from, the environment's current one or, placed by a rollout, the
+    // one it was placed on (docs/operating.md#the-fleet).
     let node = req.extensions.get::<crate::auth::PeerIdentity>();
     if let Some(certname) = node.and_then(crate::auth::PeerIdentity::certname) {
-        let served = state.store.generations.current(&a.index.name).map(|k| k.id);
+        let served = match a.placed {
+            true => a.index.generation.get().copied(),
+            false => state.store.generations.current(&a.index.name).map(|k| k.id),
+        };
         state.fleet.heard(certname, &a.index.name, None, served);
     }
     let listing = listing_for(state, &a.index, mount, &params).await?;

@@ -13,9 +13,10 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use pluginsync_common::checksum::ChecksumType;
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::metadata::{Checksum, FileMetadata, FileType, Links, Principal};
 
 use super::mount::Root;
@@ -80,29 +81,51 @@ impl Identity {
 /// listings, and so ETags, identical on every replica of the same tree.
 pub const DIRECTORY_CTIME: i64 = 0;
 
+/// Where an index restored from the generation store reads a file's
+/// bytes: the stored blob of its sha256 (docs/rollouts.md#stock-puppet-agents).
+#[derive(Clone)]
+pub struct StoredBlobs(pub Arc<dyn Fn(&Sha256) -> PathBuf + Send + Sync>);
+
+impl std::fmt::Debug for StoredBlobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoredBlobs")
+    }
+}
+
 /// Digests of types the index does not hold (md5, sha1, …), computed on
 /// demand: (real path, type) → value. Kept for the index's lifetime: a
-/// rebuild starts empty, so a changed file is read again.
+/// rebuild starts empty, so a changed file is read again. A restored
+/// index reads them from the store's blobs (`stored`).
 #[derive(Debug, Default)]
-pub(super) struct OtherChecksums(Mutex<HashMap<(PathBuf, ChecksumType), String>>);
+pub(super) struct OtherChecksums {
+    values: Mutex<HashMap<(PathBuf, ChecksumType), String>>,
+    pub(super) stored: Option<StoredBlobs>,
+}
 
 impl OtherChecksums {
-    /// The `ty` digest of the file at `real`, read now unless known. It is
-    /// read only if it is still the indexed inode with the indexed stat
-    /// `sig` ([`crate::walk::open_indexed`]); otherwise
-    /// [`ListingError::Changed`].
+    /// The `ty` digest of the file at `real` (content `sha`), read now
+    /// unless known. It is read only if it is still the indexed inode with
+    /// the indexed stat `sig` ([`crate::walk::open_indexed`]); otherwise
+    /// [`ListingError::Changed`]. A restored index reads the stored blob.
     fn get_or_read(
         &self,
         real: PathBuf,
-        sig: FileSig,
+        (sig, sha): (FileSig, Sha256),
         ty: ChecksumType,
     ) -> Result<String, ListingError> {
-        let key = (real, ty);
+        let key = match &self.stored {
+            Some(blob) => ((blob.0)(&sha), ty),
+            None => (real, ty),
+        };
         if let Some(v) = self.lock().get(&key) {
             return Ok(v.clone());
         }
-        let value = crate::walk::open_indexed(&key.0, sig)
-            .and_then(|(f, _)| ty.digest_reader(f))
+        let opened = match self.stored {
+            Some(_) => std::fs::File::open(&key.0),
+            None => crate::walk::open_indexed(&key.0, sig).map(|(f, _)| f),
+        };
+        let value = opened
+            .and_then(|f| ty.digest_reader(f))
             .map_err(|e| {
                 tracing::info!(path = %key.0.display(), error = %e, "file changed since it was indexed");
                 ListingError::Changed
@@ -112,7 +135,7 @@ impl OtherChecksums {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(PathBuf, ChecksumType), String>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.values.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -176,10 +199,10 @@ pub(super) fn checksum(
         ChecksumType::Ctime => ty.format_time(view.ctime),
         ChecksumType::None => "{none}".to_owned(),
         _ => {
-            let (Some(_), Some(sig)) = (node.sha256, node.sig) else {
+            let (Some(sha), Some(sig)) = (node.sha256, node.sig) else {
                 return Ok(None);
             };
-            other.get_or_read(node.real_path(&root.canon).into_owned(), sig, ty)?
+            other.get_or_read(node.real_path(&root.canon).into_owned(), (sig, sha), ty)?
         }
     };
     Ok(Some(Checksum {

@@ -48,6 +48,7 @@ use std::sync::Arc;
 use pluginsync_common::checksum::ChecksumType;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
+use pluginsync_common::generation::GenerationId;
 use pluginsync_common::ignore::IgnoreSet;
 use pluginsync_common::metadata::{Checksum, FileMetadata, Links};
 use pluginsync_common::relpath::RelPath;
@@ -55,7 +56,8 @@ use pluginsync_common::relpath::RelPath;
 use crate::environments::{self, Module};
 use crate::walk::{Digests, Node, ReadError, View};
 
-pub use self::entry::{DIRECTORY_CTIME, Identity, ListingError, SearchParams};
+pub use self::entry::{DIRECTORY_CTIME, Identity, ListingError, SearchParams, StoredBlobs};
+
 pub use self::history::{DeltaListing, History};
 pub use self::listing::{CachedListing, gzip};
 pub use self::mount::{Collision, Loc, MountIndex, Root};
@@ -64,6 +66,32 @@ pub use pluginsync_common::protocol::Mount;
 
 use self::entry::OtherChecksums;
 use self::listing::{ListingCache, Serialiser};
+
+/// The version of [`EnvIndex::record`]'s form.
+const RECORD_FORMAT: u32 = 1;
+
+/// What [`EnvIndex::record`] writes: the environment directory and each
+/// mount's roots and fallback (borrowed to write, owned when read).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Stored<R, F> {
+    format: u32,
+    dir: PathBuf,
+    mounts: [(R, F); 2],
+}
+
+/// A stored index that cannot be made back ([`EnvIndex::restore`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Not gzip.
+    #[error("stored index: {0}")]
+    Read(#[from] std::io::Error),
+    /// Not the JSON of an index.
+    #[error("stored index: {0}")]
+    Parse(#[from] serde_json::Error),
+    /// Written by another version.
+    #[error("stored index: format {0}, not {RECORD_FORMAT}")]
+    Format(u32),
+}
 
 /// Where [`EnvIndex::listing`] found its answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +169,21 @@ impl EnvIndex {
             let before = previous.map(|p| p.mounts[i].collisions.as_slice());
             log_collisions(&name, m.mount, &new_collisions(before, &m.collisions));
         }
+        let mut idx = EnvIndex::assemble(config, name, dir, mounts, OtherChecksums::default());
+        idx.modules = modules;
+        idx.history = previous.map(|p| p.history.clone()).unwrap_or_default();
+        idx.unreadable = unreadable;
+        idx
+    }
+
+    /// An index of `mounts`, its blob lookup made, its caches empty.
+    fn assemble(
+        config: &crate::config::MasterConfig,
+        name: EnvName,
+        dir: PathBuf,
+        mounts: [MountIndex; 2],
+        other_checksums: OtherChecksums,
+    ) -> EnvIndex {
         let mut blobs = HashMap::new();
         for (mi, m) in mounts.iter().enumerate() {
             for &loc in &m.lookup {
@@ -153,18 +196,66 @@ impl EnvIndex {
             blobs,
             name,
             dir,
-            modules,
+            modules: Vec::new(),
             mounts,
             identity: Identity::current(),
             responses: ListingCache::new(
                 config.index.cached_responses.max(1),
                 config.index.cache_mib.saturating_mul(1 << 20),
             ),
-            other_checksums: OtherChecksums::default(),
-            history: previous.map(|p| p.history.clone()).unwrap_or_default(),
-            unreadable,
+            other_checksums,
+            history: Arc::default(),
+            unreadable: Vec::new(),
             generation: std::sync::OnceLock::new(),
         }
+    }
+
+    /// This index as stored beside its generation
+    /// (docs/rollouts.md#stock-puppet-agents): every root's walked entries
+    /// with their views and digests, and each mount's fallback, as gzipped
+    /// JSON. [`EnvIndex::restore`] makes the index back without the tree,
+    /// so its v3 answers are the ones this index gives, byte for byte.
+    pub fn record(&self) -> Vec<u8> {
+        let stored = Stored {
+            format: RECORD_FORMAT,
+            dir: self.dir.clone(),
+            mounts: [0, 1].map(|i| (&self.mounts[i].roots[..], &self.mounts[i].fallback)),
+        };
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        // Writing to a Vec cannot fail. Buffered: serde writes a token at a
+        // time, and each write to the encoder is a deflate call (20,000
+        // files: 3.9 s unbuffered at level 6, 41 ms buffered at level 1).
+        let _ = serde_json::to_writer(std::io::BufWriter::new(&mut enc), &stored);
+        enc.finish().unwrap_or_default()
+    }
+
+    /// The index of generation `id` of `name` from its [`EnvIndex::record`]
+    /// `bytes`; the content of its files, and digests other than sha256,
+    /// come from `stored` (the generation store's blobs), never the tree.
+    pub fn restore(
+        config: &crate::config::MasterConfig,
+        name: EnvName,
+        id: GenerationId,
+        bytes: &[u8],
+        stored: StoredBlobs,
+    ) -> Result<EnvIndex, RecordError> {
+        use std::io::Read;
+        let mut json = Vec::new();
+        flate2::read::GzDecoder::new(bytes).read_to_end(&mut json)?;
+        let s: Stored<Vec<Root>, (String, View)> = serde_json::from_slice(&json)?;
+        if s.format != RECORD_FORMAT {
+            return Err(RecordError::Format(s.format));
+        }
+        let [(p, pf), (f, ff)] = s.mounts;
+        let mounts = [
+            MountIndex::restore(Mount::ALL[0], p, pf),
+            MountIndex::restore(Mount::ALL[1], f, ff),
+        ];
+        let mut other = OtherChecksums::default();
+        other.stored = Some(stored);
+        let idx = EnvIndex::assemble(config, name, s.dir, mounts, other);
+        let _once = idx.generation.set(id);
+        Ok(idx)
     }
 
     /// Every file digest of this index, for the next build to reuse.
@@ -471,6 +562,124 @@ mod collision_tests {
             new_collisions(Some(&first), &second),
             vec![&second[1], &second[2]],
             "a changed winner and a new path are new"
+        );
+    }
+}
+
+#[cfg(test)]
+mod record_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn put(root: &std::path::Path, rel: &str, body: &str, mode: u32) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, body).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// Every parameter set a client may send that shapes a listing.
+    fn params() -> Vec<SearchParams> {
+        let mut v: Vec<SearchParams> = EnvIndex::standard_params().map(|(_, p)| p).collect();
+        let base = v[0].clone();
+        for (links, ty, recurse, limit, ignore) in [
+            (Links::Manage, ChecksumType::Md5, true, None, vec![]),
+            (
+                Links::Follow,
+                ChecksumType::Mtime,
+                true,
+                None,
+                vec!["b*".to_owned()],
+            ),
+            (Links::Manage, ChecksumType::Ctime, true, Some(1), vec![]),
+            (Links::Follow, ChecksumType::Sha1, false, None, vec![]),
+            (Links::Follow, ChecksumType::None, true, None, vec![]),
+        ] {
+            v.push(SearchParams {
+                links,
+                checksum_type: ty,
+                recurse,
+                recurselimit: limit,
+                ignore,
+                ..base.clone()
+            });
+        }
+        v
+    }
+
+    #[test]
+    fn a_restored_index_answers_every_listing_and_entry_byte_for_byte_without_the_tree() {
+        let t = tempfile::tempdir().unwrap();
+        let env = t.path().join("envs/production");
+        let m = env.join("modules");
+        put(&m, "alpha/lib/facter/a.rb", "# alpha\n", 0o644);
+        put(&m, "alpha/lib/facter/common.rb", "# alpha wins\n", 0o640);
+        put(&m, "alpha/lib/.git/HEAD", "ref\n", 0o644);
+        put(&m, "beta/lib/facter/common.rb", "# hidden\n", 0o644);
+        put(&m, "beta/lib/puppet/type/b.rb", "# type\n", 0o600);
+        put(&m, "beta/facts.d/b.sh", "#!/bin/sh\necho b=1\n", 0o750);
+        std::os::unix::fs::symlink("a.rb", m.join("alpha/lib/facter/link.rb")).unwrap();
+        std::os::unix::fs::symlink("nowhere", m.join("beta/lib/dangling.rb")).unwrap();
+        let config = crate::config::MasterConfig::parse(
+            &format!(
+                "environmentpath = [{:?}]\n[tls]\ncert = \"c\"\nkey = \"k\"\nca = \"a\"\n",
+                t.path().join("envs")
+            ),
+            std::path::Path::new("/etc/pluginsync/master.toml"),
+        )
+        .unwrap();
+        let hashed = std::sync::atomic::AtomicU64::new(0);
+        let name: EnvName = "production".parse().unwrap();
+        let hashing = Hashing::Hash {
+            files_hashed: &hashed,
+            kept: None,
+        };
+        let live = EnvIndex::build(&config, name.clone(), env, None, hashing);
+        assert!(live.unreadable.is_empty());
+        // The blobs as the generation store keeps them; then the tree goes.
+        let blobs = t.path().join("blobs");
+        std::fs::create_dir_all(&blobs).unwrap();
+        for mount in &live.mounts {
+            for &loc in &mount.lookup {
+                let (root, node) = (mount.root(loc), mount.node(loc));
+                if let Some(d) = node.sha256 {
+                    std::fs::copy(node.real_path(&root.canon), blobs.join(d.to_hex())).unwrap();
+                }
+            }
+        }
+        let record = live.record();
+        let listed = |idx: &EnvIndex| -> Vec<String> {
+            let all = Mount::ALL
+                .into_iter()
+                .flat_map(|m| params().into_iter().map(move |p| (m, p)));
+            all.map(|(m, p)| {
+                String::from_utf8_lossy(&idx.serialise(m, &p).unwrap().plain()).into_owned()
+            })
+            .collect()
+        };
+        let want = listed(&live);
+        std::fs::remove_dir_all(&m).unwrap();
+        let stored = StoredBlobs(Arc::new(move |d: &Sha256| blobs.join(d.to_hex())));
+        let id = GenerationId(Sha256::of(b"g"));
+        let back = EnvIndex::restore(&config, name, id, &record, stored).unwrap();
+        assert_eq!(back.generation.get(), Some(&id));
+        let got = listed(&back);
+        for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(got, want, "listing {i}");
+            assert!(want.len() > 2, "listing {i} is not empty");
+        }
+        for mount in Mount::ALL {
+            assert_eq!(back.mount(mount).lookup, live.mount(mount).lookup);
+        }
+        let rel = RelPath::parse("facter/common.rb").unwrap();
+        let (root, node) = back.find(Mount::Plugins, &rel).unwrap();
+        assert_eq!(root.module, "alpha");
+        let md5 = back.checksum(root, node, node.follow.as_ref().unwrap(), ChecksumType::Md5);
+        assert_eq!(
+            md5.unwrap().unwrap().value,
+            ChecksumType::Md5
+                .digest_reader(&b"# alpha wins\n"[..])
+                .unwrap()
         );
     }
 }

@@ -30,8 +30,9 @@ use pluginsync_common::protocol::Mount;
 use crate::environments::{Module, Modulepath, Outside};
 use crate::walk::{self, Digests, Hashing, Node, ReadError, View};
 
-/// One served root: a module's `lib/` or `facts.d/`.
-#[derive(Debug)]
+/// One served root: a module's `lib/` or `facts.d/`. Stored beside its
+/// generation as it is (`EnvIndex::record`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Root {
     /// The module name.
     pub module: String,
@@ -162,13 +163,22 @@ impl MountIndex {
                 Err(e) => errors.push(ReadError::new(dir, e)),
             }
         }
+        let mut index = MountIndex::restore(mount, roots, fallback(modulepath, env_dir));
+        index.outside = outside;
+        index
+    }
+
+    /// The mount of `roots` (in module order) and `fallback`, as walked
+    /// or as stored beside a generation: the lookup and the collisions
+    /// are made from them.
+    pub fn restore(mount: Mount, roots: Vec<Root>, fallback: (String, View)) -> MountIndex {
         let mut index = MountIndex {
             mount,
             roots,
-            fallback: fallback(modulepath, env_dir),
+            fallback,
             lookup: Vec::new(),
             collisions: Vec::new(),
-            outside,
+            outside: Vec::new(),
         };
         let mut collisions = Vec::new();
         let mut lookup = index.merge(

@@ -15,6 +15,14 @@
 //! Pins are in memory only, at most [`MAX_PINS`]; past the window (or once
 //! the pinned generation is neither current nor the previous one) the node
 //! gets the current generation.
+//!
+//! **Placed clients** (docs/rollouts.md#stock-puppet-agents): where a
+//! `[[rollout]]` policy places a v3 client on a generation other than the
+//! current one, its requests are answered from that generation's index
+//! made back from the generation store ([`Store::placed_index`]; at most
+//! [`MAX_PLACED`] kept in memory, the least recently used dropped). A
+//! stock agent's run is pinned to the generation its first request was
+//! placed on, whichever it is.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,8 +31,29 @@ use std::time::{Duration, Instant};
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::generation::GenerationId;
 
-use super::lock;
-use crate::index::EnvIndex;
+use super::{Store, lock};
+use crate::generations::StoreError;
+use crate::index::{EnvIndex, RecordError};
+
+/// Indexes of generations other than the current ones kept in memory at
+/// most (docs/rollouts.md#stock-puppet-agents).
+pub const MAX_PLACED: usize = 8;
+
+/// A generation a rollout places a client on that this master cannot
+/// answer from.
+#[derive(Debug, thiserror::Error)]
+pub enum PlacedError {
+    /// Not kept, or kept without its index (published by a master from
+    /// before indexes were stored beside generations).
+    #[error("generation {0} is not kept with its index")]
+    NotStored(GenerationId),
+    /// The store could not be read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The stored index does not read back.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+}
 
 /// Pins kept at most; beyond it the expired ones are dropped, then all.
 pub const MAX_PINS: usize = 100_000;
@@ -38,7 +67,16 @@ pub(super) struct Pins {
     previous: Mutex<HashMap<EnvName, (Arc<EnvIndex>, Instant)>>,
     /// (environment, certname) → the generation pinned, and since when.
     pins: Mutex<HashMap<(EnvName, String), (GenerationId, Instant)>>,
+    /// Indexes made back from the store, and when each was last used.
+    placed: Mutex<HashMap<(EnvName, GenerationId), Placed>>,
+    /// Generations that could not be made back, logged once each.
+    failed: Mutex<std::collections::HashSet<(EnvName, GenerationId)>>,
 }
+
+/// An index made back from the store, and when it was last used.
+type Placed = (Arc<EnvIndex>, Instant);
+
+type PinMap = HashMap<(EnvName, String), (GenerationId, Instant)>;
 
 impl Pins {
     pub(super) fn new(window: Duration) -> Pins {
@@ -46,6 +84,46 @@ impl Pins {
             window,
             previous: Mutex::new(HashMap::new()),
             pins: Mutex::new(HashMap::new()),
+            placed: Mutex::new(HashMap::new()),
+            failed: Mutex::new(Default::default()),
+        }
+    }
+
+    /// Pins `key` to `generation` now, within [`MAX_PINS`] (the expired
+    /// dropped first, then all).
+    fn pin(&self, pins: &mut PinMap, key: (EnvName, String), generation: GenerationId) {
+        if pins.len() >= MAX_PINS {
+            pins.retain(|_, (_, at)| at.elapsed() < self.window);
+            if pins.len() >= MAX_PINS {
+                pins.clear();
+            }
+        }
+        pins.insert(key, (generation, Instant::now()));
+    }
+
+    /// The generation a stock agent `certname` placed on `chosen` (the
+    /// rollout's choice now) is answered from: the one its run was pinned
+    /// to at its first request, within the window; a run's first request
+    /// (`starts_run`) pins `chosen`.
+    pub(super) fn generation_for(
+        &self,
+        env: &EnvName,
+        certname: &str,
+        starts_run: bool,
+        chosen: GenerationId,
+    ) -> GenerationId {
+        if self.window.is_zero() {
+            return chosen;
+        }
+        let key = (env.clone(), certname.to_owned());
+        let mut pins = lock(&self.pins);
+        match pins.get(&key) {
+            Some(&(g, at)) if !starts_run && at.elapsed() < self.window => g,
+            _ if !starts_run => chosen,
+            _ => {
+                self.pin(&mut pins, key, chosen);
+                chosen
+            }
         }
     }
 
@@ -98,13 +176,7 @@ impl Pins {
             // it serves the current generation.
             _ if !starts_run => return current,
             _ => {
-                if pins.len() >= MAX_PINS {
-                    pins.retain(|_, (_, at)| at.elapsed() < self.window);
-                    if pins.len() >= MAX_PINS {
-                        pins.clear();
-                    }
-                }
-                pins.insert(key, (now_gen, Instant::now()));
+                self.pin(&mut pins, key, now_gen);
                 return current;
             }
         };
@@ -121,5 +193,125 @@ impl Pins {
             None => None,
         }
         .unwrap_or(current)
+    }
+}
+
+impl Store {
+    /// The generation a v3 client placed on `chosen` of `name` by a
+    /// rollout is answered from (docs/rollouts.md#stock-puppet-agents):
+    /// for a stock agent (`stock`: its certname, and whether the request
+    /// starts a run) the generation its run is pinned to; else `chosen`.
+    pub fn placed_generation(
+        &self,
+        name: &EnvName,
+        stock: Option<(&str, bool)>,
+        chosen: GenerationId,
+    ) -> GenerationId {
+        stock.map_or(chosen, |(certname, starts_run)| {
+            self.pins.generation_for(name, certname, starts_run, chosen)
+        })
+    }
+
+    /// The index of generation `id` of `name` if it is at hand: `current`
+    /// when it is that generation, or one made back from the store before.
+    pub fn placed_at_hand(
+        &self,
+        name: &EnvName,
+        current: &Arc<EnvIndex>,
+        id: GenerationId,
+    ) -> Option<Arc<EnvIndex>> {
+        if current.generation.get() == Some(&id) {
+            return Some(current.clone());
+        }
+        let mut placed = lock(&self.pins.placed);
+        let (idx, used) = placed.get_mut(&(name.clone(), id))?;
+        *used = Instant::now();
+        Some(idx.clone())
+    }
+
+    /// The index of generation `id` of `name` (`chosen` when `id`, a
+    /// pinned one, is no longer kept): at hand, or made back from the
+    /// generation store and kept ([`MAX_PLACED`] at most). Blocking: reads
+    /// and parses the stored index on a miss.
+    pub fn placed_index(
+        &self,
+        name: &EnvName,
+        current: &Arc<EnvIndex>,
+        id: GenerationId,
+        chosen: GenerationId,
+    ) -> Result<Arc<EnvIndex>, PlacedError> {
+        match self.stored_index(name, current, id) {
+            Err(PlacedError::NotStored(_)) if id != chosen => {
+                self.stored_index(name, current, chosen)
+            }
+            found => found,
+        }
+    }
+
+    /// True the first time generation `id` of `name` could not be made
+    /// back (then logged; at most [`MAX_PINS`] remembered).
+    pub fn placed_failed(&self, name: &EnvName, id: GenerationId) -> bool {
+        let mut failed = lock(&self.pins.failed);
+        if failed.len() >= MAX_PINS {
+            failed.clear();
+        }
+        failed.insert((name.clone(), id))
+    }
+
+    fn stored_index(
+        &self,
+        name: &EnvName,
+        current: &Arc<EnvIndex>,
+        id: GenerationId,
+    ) -> Result<Arc<EnvIndex>, PlacedError> {
+        if let Some(idx) = self.placed_at_hand(name, current, id) {
+            return Ok(idx);
+        }
+        let bytes = self
+            .generations
+            .index_record(name, &id)?
+            .ok_or(PlacedError::NotStored(id))?;
+        let blobs = self.generations.stored_blobs();
+        let idx = EnvIndex::restore(&self.config, name.clone(), id, &bytes, blobs)?;
+        idx.warm();
+        let idx = Arc::new(idx);
+        let mut placed = lock(&self.pins.placed);
+        if placed.len() >= MAX_PLACED
+            && let Some(oldest) = placed
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| k.clone())
+        {
+            placed.remove(&oldest);
+        }
+        placed.insert((name.clone(), id), (idx.clone(), Instant::now()));
+        Ok(idx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pluginsync_common::digest::Sha256;
+
+    #[test]
+    fn a_placed_stock_run_stays_on_the_generation_its_first_request_was_placed_on() {
+        let env: EnvName = "production".parse().unwrap();
+        let (a, b) = (
+            GenerationId(Sha256::of(b"a")),
+            GenerationId(Sha256::of(b"b")),
+        );
+        let pins = Pins::new(Duration::from_secs(60));
+        assert_eq!(pins.generation_for(&env, "n1", true, a), a, "a run starts");
+        assert_eq!(
+            pins.generation_for(&env, "n1", false, b),
+            a,
+            "a wave opened during the run: it stays"
+        );
+        assert_eq!(pins.generation_for(&env, "n2", false, b), b, "not pinned");
+        assert_eq!(pins.generation_for(&env, "n1", true, b), b, "the next run");
+        let off = Pins::new(Duration::ZERO);
+        off.generation_for(&env, "n1", true, a);
+        assert_eq!(off.generation_for(&env, "n1", false, b), b, "pin off");
     }
 }
