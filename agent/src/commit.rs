@@ -257,11 +257,23 @@ fn commit_into(
     created: &[PathBuf],
     resource: &FileResource,
 ) -> Committed {
+    let out = apply_plan(&mut dirs, plan, staged, resource);
+    durable::make_durable(dirs, created);
+    out
+}
+
+/// The steps of [`commit_into`], without the durability step.
+fn apply_plan(
+    dirs: &mut Dirs<'_>,
+    plan: &Plan,
+    staged: &HashMap<RelPath, PathBuf>,
+    resource: &FileResource,
+) -> Committed {
     let dest = dirs.dest;
     let mut out = Committed::default();
     for action in &plan.actions {
         let change = action.change();
-        match apply(&mut dirs, action, staged, resource) {
+        match apply(dirs, action, staged, resource) {
             Ok(()) => {
                 if let Action::Write { rel, .. } = action {
                     out.written.push(rel.clone());
@@ -285,7 +297,6 @@ fn commit_into(
             }
         }
     }
-    durable::make_durable(dirs, created);
     out
 }
 
@@ -312,6 +323,9 @@ pub enum PrepareError {
     /// Making the standby equal to the live tree.
     #[error(transparent)]
     Mirror(#[from] MirrorError),
+    /// The staged files could not join the standby's durability step.
+    #[error("cannot sync the staged files: {0}")]
+    Sealed(#[source] std::io::Error),
 }
 
 /// The standby trees of `dest`, or `None` (said in one warning) where
@@ -340,23 +354,39 @@ fn standby_for(dest: &Path) -> Option<Standby> {
     None
 }
 
+/// The staged files of a destination, for [`prepare`].
+pub struct Staged<'a> {
+    /// Relative path → staged file, with its mode.
+    pub files: &'a HashMap<RelPath, PathBuf>,
+    /// The destination directories its staging made (deepest first).
+    pub created: &'a [PathBuf],
+    /// The staged files, not synced yet (`stage.rs`): taken into the
+    /// standby's durability step when there is a switch, left to the
+    /// caller to sync before an in-place commit otherwise.
+    pub sealed: &'a mut Durable,
+}
+
 /// Prepares the next generation of `dest` in its standby
 /// (docs/internals.md#the-switch): the standby made equal to the live
 /// tree where it differs (`mirror.rs`: only the paths its [`GenState`]
 /// names when the live tree (`local`, its scan) is still the one it was
 /// recorded against, else all of it), then `plan` applied to it with the
-/// live tree's staged files, all of it durable. `Ok(None)`: no switch here
-/// ([`standby_for`]); the caller commits in place. `keep`: `[switch]
-/// keep_previous`.
+/// live tree's staged files, all of it durable in one step, staged files
+/// included. `Ok(None)`: no switch here ([`standby_for`]); the caller
+/// commits in place. `keep`: `[switch] keep_previous`.
 pub fn prepare(
     dest: &Path,
     plan: &Plan,
     local: &LocalTree,
-    staged: &HashMap<RelPath, PathBuf>,
-    created: &[PathBuf],
+    staged: Staged<'_>,
     resource: &FileResource,
     keep: usize,
 ) -> Result<Option<Prepared>, PrepareError> {
+    let Staged {
+        files: staged,
+        created,
+        sealed,
+    } = staged;
     let Some(standby) = standby_for(dest) else {
         return Ok(None);
     };
@@ -385,18 +415,39 @@ pub fn prepare(
         .iter()
         .filter_map(|(rel, _)| RelPath::parse(rel).ok().map(LocalName::Rel))
         .collect();
-    let dirs = Dirs::new(&slot, dest, mirror.durable);
-    let committed = commit_into(dirs, plan, staged, created, resource);
+    // Renamed into the standby, the staged files are visible to nobody
+    // until the switch: synced with it, in one step (stage.rs).
+    let mut durable = mirror.durable;
+    if let Err(e) = durable.absorb(std::mem::take(sealed)) {
+        return Err(PrepareError::Sealed(e));
+    }
+    let mut dirs = Dirs::new(&slot, dest, durable);
+    let committed = apply_plan(&mut dirs, plan, staged, resource);
+    tracing::debug!(dest = %dest.display(), "plan applied to the standby");
     let changed: Vec<LocalName> = plan
         .actions
         .iter()
         .filter_map(|a| Some(a.change()?.0))
         .collect();
     touched.extend(changed.iter().cloned());
-    let after = match (known, fast) {
-        (Some(k), Ok(())) => Some(k.scan.updated(&slot, &touched)),
-        _ => scan::scan(&slot, &resource.ignore).ok(),
-    };
+    // The standby's scan is read while the sync writes it back.
+    let after = std::thread::scope(|s| {
+        let walk = s.spawn(|| {
+            let started = std::time::Instant::now();
+            let after = match (known, fast) {
+                (Some(k), Ok(())) => Some(k.scan.updated(&slot, &touched)),
+                _ => scan::scan(&slot, &resource.ignore).ok(),
+            };
+            let ms = started.elapsed().as_secs_f64() * 1000.0;
+            tracing::debug!(dest = %dest.display(), ms, "standby scanned");
+            after
+        });
+        let started = std::time::Instant::now();
+        durable::make_durable(dirs, created);
+        let ms = started.elapsed().as_secs_f64() * 1000.0;
+        tracing::debug!(dest = %dest.display(), ms, "standby durable");
+        walk.join().ok().flatten()
+    });
     let state = after
         .as_ref()
         .filter(|_| committed.failures.is_empty())

@@ -205,6 +205,9 @@ impl<'a> Run<'a> {
             }
         }
         let catalog = catalog::build(settings);
+        // The destinations are walked while the client is set up and the
+        // servers answer (`pass::Scanning`).
+        let scans: Vec<_> = catalog.resources.iter().map(pass::start_scan).collect();
         let servers = servers_of(settings, bundle)?;
         let env = tokio::select! {
             biased;
@@ -228,7 +231,7 @@ impl<'a> Run<'a> {
             if !settings.noop {
                 run.recover_loads().await;
             }
-            let (passes, held) = run.plan_all(catalog.resources).await?;
+            let (passes, held) = run.plan_all(catalog.resources, scans).await?;
             if settings.noop {
                 run.report_plans(&passes);
                 run.report.generation = held.map(|g| g.id.to_hex());
