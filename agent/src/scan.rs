@@ -392,11 +392,22 @@ impl LocalTree {
             .collect();
         let mut stats = stat_all(&paths).into_iter();
         // In plan order: a path's stale subtree goes before its new stat.
+        // A created or replaced directory's contents are touched paths of
+        // their own, later in the plan. A directory that stays one (its
+        // mode changed, its entries did) keeps what is below it: what
+        // changed there is touched by itself, before or after it
+        // (`tests/e2e/agent_switch.rs`, the fast path).
         for name in touched {
-            t.forget(name);
-            // A created or replaced directory's contents are touched paths
-            // of their own, later in the plan.
-            if let Some(entry) = stats.next().flatten() {
+            let entry = stats.next().flatten();
+            let is_dir = |e: Option<&LocalEntry>| e.is_some_and(|e| e.kind == LocalKind::Dir);
+            let was = match name {
+                LocalName::Rel(rel) => t.entries.get(rel),
+                LocalName::Stray(stray) => t.strays.get(stray),
+            };
+            if !(is_dir(was) && is_dir(entry.as_ref())) {
+                t.forget(name);
+            }
+            if let Some(entry) = entry {
                 t.insert(name.clone(), entry);
             }
         }
@@ -596,6 +607,12 @@ mod tests {
         touched.push(name("mode.rb"));
         std::fs::remove_file(dest.join("gone.rb")).unwrap();
         touched.push(name("gone.rb"));
+        // A directory whose mode changes after what is below it was
+        // touched (a standby's mirrored paths, then the plan's chmod): it
+        // keeps its entries.
+        std::fs::set_permissions(dest.join("new/sub"), std::fs::Permissions::from_mode(0o700))
+            .unwrap();
+        touched.push(name("new/sub"));
 
         let updated = before.updated(&dest, &touched);
         let rescan = scan(&dest, &ignore).unwrap();
