@@ -311,6 +311,24 @@ pub struct Prepared {
     pub after: Option<LocalTree>,
     /// What will be known of the generation the switch retires.
     state: Option<GenState>,
+    /// Its durability step, running (`Prepared::durable`).
+    syncing: Option<std::thread::JoinHandle<Result<(), PrepareError>>>,
+}
+
+impl Prepared {
+    /// Waits until the standby is on disk, staged files included: the
+    /// switch may come only then (docs/internals.md#the-switch). A failed
+    /// sync fails the run before the switch: the live tree stays.
+    pub fn durable(&mut self) -> Result<(), PrepareError> {
+        match self.syncing.take().map(std::thread::JoinHandle::join) {
+            None => Ok(()),
+            Some(Ok(synced)) => synced,
+            Some(Err(_)) => Err(PrepareError::Sync {
+                path: self.standby.dir.clone(),
+                source: std::io::Error::other("the sync thread panicked"),
+            }),
+        }
+    }
 }
 
 /// Why the next generation could not be prepared; the live tree is as it
@@ -326,6 +344,14 @@ pub enum PrepareError {
     /// The staged files could not join the standby's durability step.
     #[error("cannot sync the staged files: {0}")]
     Sealed(#[source] std::io::Error),
+    /// The standby could not be made durable.
+    #[error("cannot sync '{}': {source}", path.display())]
+    Sync {
+        /// What failed to sync.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
 }
 
 /// The standby trees of `dest`, or `None` (said in one warning) where
@@ -423,31 +449,27 @@ pub fn prepare(
     }
     let mut dirs = Dirs::new(&slot, dest, durable);
     let committed = apply_plan(&mut dirs, plan, staged, resource);
-    tracing::debug!(dest = %dest.display(), "plan applied to the standby");
     let changed: Vec<LocalName> = plan
         .actions
         .iter()
         .filter_map(|a| Some(a.change()?.0))
         .collect();
     touched.extend(changed.iter().cloned());
-    // The standby's scan is read while the sync writes it back.
-    let after = std::thread::scope(|s| {
-        let walk = s.spawn(|| {
-            let started = std::time::Instant::now();
-            let after = match (known, fast) {
-                (Some(k), Ok(())) => Some(k.scan.updated(&slot, &touched)),
-                _ => scan::scan(&slot, &resource.ignore).ok(),
-            };
-            let ms = started.elapsed().as_secs_f64() * 1000.0;
-            tracing::debug!(dest = %dest.display(), ms, "standby scanned");
-            after
-        });
-        let started = std::time::Instant::now();
-        durable::make_durable(dirs, created);
-        let ms = started.elapsed().as_secs_f64() * 1000.0;
-        tracing::debug!(dest = %dest.display(), ms, "standby durable");
-        walk.join().ok().flatten()
-    });
+    // Synced on a thread of its own: the standby's scan is read, and the
+    // next destination prepared, while it is written back; the switch
+    // waits for it (`Prepared::durable`).
+    let durable = durable::collect(dirs, created);
+    let syncing = std::thread::Builder::new()
+        .name("standby sync".into())
+        .spawn(move || sync_standby(durable))
+        .map_err(|source| PrepareError::Sync {
+            path: slot.clone(),
+            source,
+        })?;
+    let after = match (known, fast) {
+        (Some(k), Ok(())) => Some(k.scan.updated(&slot, &touched)),
+        _ => scan::scan(&slot, &resource.ignore).ok(),
+    };
     let state = after
         .as_ref()
         .filter(|_| committed.failures.is_empty())
@@ -467,7 +489,25 @@ pub fn prepare(
         committed,
         after,
         state,
+        syncing: Some(syncing),
     }))
+}
+
+/// A standby's durability step; its first failure is the error.
+fn sync_standby(durable: Durable) -> Result<(), PrepareError> {
+    if durable.is_empty() {
+        return Ok(());
+    }
+    let synced = durable.sync().map_err(|mut failures| {
+        let (path, source) = failures.swap_remove(0);
+        PrepareError::Sync { path, source }
+    })?;
+    tracing::debug!(
+        each = synced.each,
+        syncfs = synced.syncfs,
+        "standby durable"
+    );
+    Ok(())
 }
 
 /// What the mirror leaves to the plan (`mirror.rs`, `skip`): the files
@@ -491,6 +531,7 @@ fn left_to_the_plan(plan: &Plan, purge: bool) -> std::collections::HashSet<&str>
 /// tree kept as the newest previous generation (`keep` at most), the
 /// switch on disk before this returns.
 pub fn switch(prepared: &Prepared, keep: usize) -> Result<(), SwitchError> {
+    debug_assert!(prepared.syncing.is_none(), "switched before it was durable");
     prepared.standby.exchange(switch::NEXT)?;
     let name = prepared.standby.retire(switch::NEXT, keep)?;
     if let Some(state) = &prepared.state {

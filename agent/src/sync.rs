@@ -205,9 +205,7 @@ impl<'a> Run<'a> {
             }
         }
         let catalog = catalog::build(settings);
-        // The destinations are walked while the client is set up and the
-        // servers answer (`pass::Scanning`).
-        let scans: Vec<_> = catalog.resources.iter().map(pass::start_scan).collect();
+        let scans = pass::start_scans(&catalog.resources);
         let servers = servers_of(settings, bundle)?;
         let env = tokio::select! {
             biased;

@@ -143,6 +143,15 @@ impl Run<'_> {
             prepared.push(standby);
         }
         stage::sync_sealed(in_place).map_err(SyncError::Download)?;
+        // Each standby on disk (synced while the next was prepared).
+        for (p, standby) in passes.iter().zip(prepared.iter_mut()) {
+            if let Some(standby) = standby {
+                standby.durable().map_err(|source| SyncError::Prepare {
+                    dest: p.resource.path.clone(),
+                    source,
+                })?;
+            }
+        }
         self.phase("prepared");
         Ok(prepared)
     }

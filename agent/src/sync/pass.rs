@@ -26,8 +26,14 @@ use crate::settings::Settings;
 /// while the master answers (BENCHMARKS.md, the 1 % run).
 pub(super) type Scanning = tokio::task::JoinHandle<Result<(LocalTree, Sha256), ScanError>>;
 
+/// Starts the scan of every destination: walked while the client is set
+/// up and the servers answer.
+pub(super) fn start_scans(resources: &[FileResource]) -> Vec<Scanning> {
+    resources.iter().map(start_scan).collect()
+}
+
 /// Starts the scan of `resource`'s destination on a blocking thread.
-pub(super) fn start_scan(resource: &FileResource) -> Scanning {
+fn start_scan(resource: &FileResource) -> Scanning {
     let (dest, ignore) = (resource.path.clone(), resource.ignore.clone());
     tokio::task::spawn_blocking(move || {
         let tree = scan::scan(&dest, &ignore)?;
