@@ -495,19 +495,9 @@ pub fn prepare(
 
 /// A standby's durability step; its first failure is the error.
 fn sync_standby(durable: Durable) -> Result<(), PrepareError> {
-    if durable.is_empty() {
-        return Ok(());
-    }
-    let synced = durable.sync().map_err(|mut failures| {
-        let (path, source) = failures.swap_remove(0);
-        PrepareError::Sync { path, source }
-    })?;
-    tracing::debug!(
-        each = synced.each,
-        syncfs = synced.syncfs,
-        "standby durable"
-    );
-    Ok(())
+    durable
+        .sync_logged("standby durable")
+        .map_err(|(path, source)| PrepareError::Sync { path, source })
 }
 
 /// What the mirror leaves to the plan (`mirror.rs`, `skip`): the files

@@ -400,19 +400,9 @@ impl Staging {
 /// all in one [`Durable`] set (module docs), so destinations on one
 /// filesystem share its count. Nothing sealed, no call.
 pub fn sync_sealed(durable: Durable) -> Result<(), StageError> {
-    if durable.is_empty() {
-        return Ok(());
-    }
-    let synced = durable.sync().map_err(|mut failures| {
-        let (path, source) = failures.swap_remove(0);
-        StageError::Sync { path, source }
-    })?;
-    tracing::debug!(
-        each = synced.each,
-        syncfs = synced.syncfs,
-        "staged files durable"
-    );
-    Ok(())
+    durable
+        .sync_logged("staged files durable")
+        .map_err(|(path, source)| StageError::Sync { path, source })
 }
 
 impl Drop for Staging {

@@ -310,6 +310,19 @@ impl Durable {
             .collect()
     }
 
+    /// [`Durable::sync`] for a step that fails on its first failure: an
+    /// empty set makes no call; what was done is logged as `what`.
+    pub fn sync_logged(self, what: &str) -> Result<(), (PathBuf, std::io::Error)> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let synced = self
+            .sync()
+            .map_err(|mut failures| failures.swap_remove(0))?;
+        tracing::debug!(each = synced.each, syncfs = synced.syncfs, "{what}");
+        Ok(())
+    }
+
     /// Makes every member durable, [`Durable::plan`]'s way; returns what
     /// it did, or every failure (path, error) when any failed. An empty set
     /// makes no call.
