@@ -249,7 +249,14 @@ pub fn remember(
         .iter()
         .filter_map(|a| a.change().map(|(name, _)| name))
         .collect();
-    let after = before.updated(dest, &touched);
+    // Nothing touched (a switched tree, scanned already): no copy of it.
+    let updated;
+    let after = if touched.is_empty() {
+        before
+    } else {
+        updated = before.updated(dest, &touched);
+        &updated
+    };
     let written: HashSet<&RelPath> = plan.writes().map(|(r, _)| r).collect();
     let mut files = HashMap::new();
     for (rel, entry) in remote.entries.iter() {

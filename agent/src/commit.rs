@@ -257,11 +257,23 @@ fn commit_into(
     created: &[PathBuf],
     resource: &FileResource,
 ) -> Committed {
+    let out = apply_plan(&mut dirs, plan, staged, resource);
+    durable::make_durable(dirs, created);
+    out
+}
+
+/// The steps of [`commit_into`], without the durability step.
+fn apply_plan(
+    dirs: &mut Dirs<'_>,
+    plan: &Plan,
+    staged: &HashMap<RelPath, PathBuf>,
+    resource: &FileResource,
+) -> Committed {
     let dest = dirs.dest;
     let mut out = Committed::default();
     for action in &plan.actions {
         let change = action.change();
-        match apply(&mut dirs, action, staged, resource) {
+        match apply(dirs, action, staged, resource) {
             Ok(()) => {
                 if let Action::Write { rel, .. } = action {
                     out.written.push(rel.clone());
@@ -285,7 +297,6 @@ fn commit_into(
             }
         }
     }
-    durable::make_durable(dirs, created);
     out
 }
 
@@ -300,6 +311,24 @@ pub struct Prepared {
     pub after: Option<LocalTree>,
     /// What will be known of the generation the switch retires.
     state: Option<GenState>,
+    /// Its durability step, running (`Prepared::durable`).
+    syncing: Option<std::thread::JoinHandle<Result<(), PrepareError>>>,
+}
+
+impl Prepared {
+    /// Waits until the standby is on disk, staged files included: the
+    /// switch may come only then (docs/internals.md#the-switch). A failed
+    /// sync fails the run before the switch: the live tree stays.
+    pub fn durable(&mut self) -> Result<(), PrepareError> {
+        match self.syncing.take().map(std::thread::JoinHandle::join) {
+            None => Ok(()),
+            Some(Ok(synced)) => synced,
+            Some(Err(_)) => Err(PrepareError::Sync {
+                path: self.standby.dir.clone(),
+                source: std::io::Error::other("the sync thread panicked"),
+            }),
+        }
+    }
 }
 
 /// Why the next generation could not be prepared; the live tree is as it
@@ -312,6 +341,17 @@ pub enum PrepareError {
     /// Making the standby equal to the live tree.
     #[error(transparent)]
     Mirror(#[from] MirrorError),
+    /// The staged files could not join the standby's durability step.
+    #[error("cannot sync the staged files: {0}")]
+    Sealed(#[source] std::io::Error),
+    /// The standby could not be made durable.
+    #[error("cannot sync '{}': {source}", path.display())]
+    Sync {
+        /// What failed to sync.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
 }
 
 /// The standby trees of `dest`, or `None` (said in one warning) where
@@ -340,23 +380,39 @@ fn standby_for(dest: &Path) -> Option<Standby> {
     None
 }
 
+/// The staged files of a destination, for [`prepare`].
+pub struct Staged<'a> {
+    /// Relative path → staged file, with its mode.
+    pub files: &'a HashMap<RelPath, PathBuf>,
+    /// The destination directories its staging made (deepest first).
+    pub created: &'a [PathBuf],
+    /// The staged files, not synced yet (`stage.rs`): taken into the
+    /// standby's durability step when there is a switch, left to the
+    /// caller to sync before an in-place commit otherwise.
+    pub sealed: &'a mut Durable,
+}
+
 /// Prepares the next generation of `dest` in its standby
 /// (docs/internals.md#the-switch): the standby made equal to the live
 /// tree where it differs (`mirror.rs`: only the paths its [`GenState`]
 /// names when the live tree (`local`, its scan) is still the one it was
 /// recorded against, else all of it), then `plan` applied to it with the
-/// live tree's staged files, all of it durable. `Ok(None)`: no switch here
-/// ([`standby_for`]); the caller commits in place. `keep`: `[switch]
-/// keep_previous`.
+/// live tree's staged files, all of it durable in one step, staged files
+/// included. `Ok(None)`: no switch here ([`standby_for`]); the caller
+/// commits in place. `keep`: `[switch] keep_previous`.
 pub fn prepare(
     dest: &Path,
     plan: &Plan,
     local: &LocalTree,
-    staged: &HashMap<RelPath, PathBuf>,
-    created: &[PathBuf],
+    staged: Staged<'_>,
     resource: &FileResource,
     keep: usize,
 ) -> Result<Option<Prepared>, PrepareError> {
+    let Staged {
+        files: staged,
+        created,
+        sealed,
+    } = staged;
     let Some(standby) = standby_for(dest) else {
         return Ok(None);
     };
@@ -385,14 +441,31 @@ pub fn prepare(
         .iter()
         .filter_map(|(rel, _)| RelPath::parse(rel).ok().map(LocalName::Rel))
         .collect();
-    let dirs = Dirs::new(&slot, dest, mirror.durable);
-    let committed = commit_into(dirs, plan, staged, created, resource);
+    // Renamed into the standby, the staged files are visible to nobody
+    // until the switch: synced with it, in one step (stage.rs).
+    let mut durable = mirror.durable;
+    if let Err(e) = durable.absorb(std::mem::take(sealed)) {
+        return Err(PrepareError::Sealed(e));
+    }
+    let mut dirs = Dirs::new(&slot, dest, durable);
+    let committed = apply_plan(&mut dirs, plan, staged, resource);
     let changed: Vec<LocalName> = plan
         .actions
         .iter()
         .filter_map(|a| Some(a.change()?.0))
         .collect();
     touched.extend(changed.iter().cloned());
+    // Synced on a thread of its own: the standby's scan is read, and the
+    // next destination prepared, while it is written back; the switch
+    // waits for it (`Prepared::durable`).
+    let durable = durable::collect(dirs, created);
+    let syncing = std::thread::Builder::new()
+        .name("standby sync".into())
+        .spawn(move || sync_standby(durable))
+        .map_err(|source| PrepareError::Sync {
+            path: slot.clone(),
+            source,
+        })?;
     let after = match (known, fast) {
         (Some(k), Ok(())) => Some(k.scan.updated(&slot, &touched)),
         _ => scan::scan(&slot, &resource.ignore).ok(),
@@ -416,7 +489,15 @@ pub fn prepare(
         committed,
         after,
         state,
+        syncing: Some(syncing),
     }))
+}
+
+/// A standby's durability step; its first failure is the error.
+fn sync_standby(durable: Durable) -> Result<(), PrepareError> {
+    durable
+        .sync_logged("standby durable")
+        .map_err(|(path, source)| PrepareError::Sync { path, source })
 }
 
 /// What the mirror leaves to the plan (`mirror.rs`, `skip`): the files
@@ -440,6 +521,7 @@ fn left_to_the_plan(plan: &Plan, purge: bool) -> std::collections::HashSet<&str>
 /// tree kept as the newest previous generation (`keep` at most), the
 /// switch on disk before this returns.
 pub fn switch(prepared: &Prepared, keep: usize) -> Result<(), SwitchError> {
+    debug_assert!(prepared.syncing.is_none(), "switched before it was durable");
     prepared.standby.exchange(switch::NEXT)?;
     let name = prepared.standby.retire(switch::NEXT, keep)?;
     if let Some(state) = &prepared.state {

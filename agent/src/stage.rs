@@ -5,11 +5,15 @@
 //! written here: the client only hands over bodies.
 //!
 //! Staged files are written through a buffer. Once every download of the
-//! run is verified, [`seal`] gives each staged file its planned mode and
-//! makes it durable — content and mode, before any rename makes it
-//! visible — at the cost of those files only: one `fsync` each, or one
-//! `syncfs` per filesystem above [`SYNCFS_ABOVE`] files
-//! ([`pluginsync_common::fsutil`] has the measurement). A run that
+//! run is verified, [`Staging::seal_into`] gives each staged file its
+//! planned mode and adds it to a durability set: content and mode are on
+//! disk before any rename makes the file visible, at the cost of those
+//! files only: one `fsync` each, or one `syncfs` per filesystem above
+//! [`SYNCFS_ABOVE`] files ([`pluginsync_common::fsutil`] has the
+//! measurement). A destination committed in place syncs that set
+//! ([`sync_sealed`]) before its first rename; one that switches syncs it
+//! with its standby, before the exchange (renamed into the standby, a file
+//! is visible to nobody yet: docs/internals.md#the-switch). A run that
 //! downloads nothing seals nothing and makes no sync call.
 //!
 //! The staging directory is `<dest>/.pluginsync-staging` (0700), never
@@ -61,9 +65,61 @@ pub enum StageError {
         /// The error.
         source: std::io::Error,
     },
-    /// The task making the staged files durable died.
-    #[error("sync task: {0}")]
-    SyncTask(#[source] tokio::task::JoinError),
+}
+
+/// Above this many files staged for one destination (a first sync, a big
+/// deploy), their data is written back while the rest downloads
+/// ([`Writeback`]).
+pub const WRITEBACK_ABOVE: usize = 1024;
+
+/// How often [`Writeback`] starts the staged data on its way to the disk.
+const WRITEBACK_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Writes the staged data back while the downloads go on: a `syncfs` of
+/// the staging directory's filesystem every [`WRITEBACK_EVERY`] on a
+/// thread of its own, until dropped. Only a head start: the files are
+/// made durable by their seal as always (module docs), whose `syncfs`
+/// (above [`SYNCFS_ABOVE`] files their filesystem is synced whole anyway)
+/// then finds little left to write; its error is the one that counts.
+pub struct Writeback {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Writeback {
+    /// Starts it for `staging` when it will hold more than
+    /// [`WRITEBACK_ABOVE`] files.
+    pub fn start(staging: &Staging, files: usize) -> Option<Writeback> {
+        use rustix::fs::{Mode, OFlags};
+        if files <= WRITEBACK_ABOVE {
+            return None;
+        }
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let dir = rustix::fs::open(&staging.dir, flags, Mode::empty()).ok()?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let spawned = std::thread::Builder::new()
+            .name("writeback".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(WRITEBACK_EVERY);
+                    if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    if let Err(e) = rustix::fs::syncfs(&dir) {
+                        tracing::debug!(error = %e, "early writeback failed");
+                        break;
+                    }
+                }
+            });
+        spawned.ok().map(|_| Writeback { stop })
+    }
+}
+
+impl Drop for Writeback {
+    /// Stops it (not waited for: a `syncfs` in flight only writes back).
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Removes a staging directory left by an interrupted run, if any.
@@ -139,10 +195,11 @@ impl Staging {
     }
 
     /// Gives every staged file its mode from `modes` (relative path →
-    /// planned mode, masked with [`MODE_MASK`]) and adds it to `durable`.
-    /// Every file is opened from the staging directory without following
-    /// a link (as the commit does, docs/internals.md#commit).
-    fn seal_into(
+    /// planned mode, masked with [`MODE_MASK`]) and adds it to `durable`
+    /// (synced by the caller, module docs). Every file is opened from the
+    /// staging directory without following a link (as the commit does,
+    /// docs/internals.md#commit).
+    pub fn seal_into(
         &self,
         modes: &HashMap<&RelPath, u32>,
         durable: &mut Durable,
@@ -339,31 +396,13 @@ impl Staging {
     }
 }
 
-/// Makes every staged file of the run durable before any rename (module
-/// docs): each [`Staging`] with the planned modes of its files (relative
-/// path → mode), all in one [`Durable`] set, so destinations on one
-/// filesystem share its count. Nothing staged, no call.
-pub async fn seal(stagings: &[(&Staging, HashMap<&RelPath, u32>)]) -> Result<(), StageError> {
-    let mut durable = Durable::new();
-    for (staging, modes) in stagings {
-        staging.seal_into(modes, &mut durable)?;
-    }
-    if durable.is_empty() {
-        return Ok(());
-    }
-    let synced = tokio::task::spawn_blocking(move || durable.sync())
-        .await
-        .map_err(StageError::SyncTask)?
-        .map_err(|mut failures| {
-            let (path, source) = failures.swap_remove(0);
-            StageError::Sync { path, source }
-        })?;
-    tracing::debug!(
-        each = synced.each,
-        syncfs = synced.syncfs,
-        "staged files durable"
-    );
-    Ok(())
+/// Syncs the sealed staged files of the destinations committed in place,
+/// all in one [`Durable`] set (module docs), so destinations on one
+/// filesystem share its count. Nothing sealed, no call.
+pub fn sync_sealed(durable: Durable) -> Result<(), StageError> {
+    durable
+        .sync_logged("staged files durable")
+        .map_err(|(path, source)| StageError::Sync { path, source })
 }
 
 impl Drop for Staging {

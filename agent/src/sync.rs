@@ -205,6 +205,7 @@ impl<'a> Run<'a> {
             }
         }
         let catalog = catalog::build(settings);
+        let scans = pass::start_scans(&catalog.resources);
         let servers = servers_of(settings, bundle)?;
         let env = tokio::select! {
             biased;
@@ -228,7 +229,7 @@ impl<'a> Run<'a> {
             if !settings.noop {
                 run.recover_loads().await;
             }
-            let (passes, held) = run.plan_all(catalog.resources).await?;
+            let (passes, held) = run.plan_all(catalog.resources, scans).await?;
             if settings.noop {
                 run.report_plans(&passes);
                 run.report.generation = held.map(|g| g.id.to_hex());

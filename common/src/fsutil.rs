@@ -269,6 +269,21 @@ impl Durable {
         Ok(())
     }
 
+    /// Adds every member of `other`: its descriptors one by one, and the
+    /// filesystems it syncs whole as such (a commit's set taking in the
+    /// staged files it renames, so both are synced in one step).
+    pub fn absorb(&mut self, other: Durable) -> std::io::Result<()> {
+        for dev in other.devices.into_values() {
+            if let Some(whole) = dev.whole {
+                self.add_whole(whole.fd.as_fd(), dev.count, &whole.path)?;
+            }
+            for item in dev.items {
+                self.add(item.fd.as_fd(), item.need, &item.path)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Opens `path` (a file or a directory, read-only, following links:
     /// only for trusted paths) and adds it.
     pub fn add_path(&mut self, path: &Path, need: Need) -> std::io::Result<()> {
@@ -293,6 +308,19 @@ impl Durable {
             .iter()
             .map(|(&dev, d)| (dev, Strategy::for_items(d.count)))
             .collect()
+    }
+
+    /// [`Durable::sync`] for a step that fails on its first failure: an
+    /// empty set makes no call; what was done is logged as `what`.
+    pub fn sync_logged(self, what: &str) -> Result<(), (PathBuf, std::io::Error)> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let synced = self
+            .sync()
+            .map_err(|mut failures| failures.swap_remove(0))?;
+        tracing::debug!(each = synced.each, syncfs = synced.syncfs, "{what}");
+        Ok(())
     }
 
     /// Makes every member durable, [`Durable::plan`]'s way; returns what
@@ -399,6 +427,31 @@ mod tests {
         assert_eq!(set.plan(), HashMap::from([(dev, Strategy::Each)]));
         assert_eq!(set.sync().unwrap(), Synced { each: 2, syncfs: 0 });
         assert_eq!(Durable::new().sync().unwrap(), Synced::default());
+    }
+
+    #[test]
+    fn a_set_absorbs_another_member_by_member_or_whole() {
+        let disk = tempfile::tempdir().unwrap();
+        let f = disk.path().join("f");
+        std::fs::write(&f, b"x").unwrap();
+        let (mut commit, mut staged) = (Durable::new(), Durable::new());
+        commit.add_path(disk.path(), Need::All).unwrap();
+        staged.add_path(&f, Need::All).unwrap();
+        // The same directory in both: one member.
+        staged.add_path(disk.path(), Need::All).unwrap();
+        commit.absorb(staged).unwrap();
+        assert_eq!(commit.len(), 2);
+        assert_eq!(commit.sync().unwrap(), Synced { each: 2, syncfs: 0 });
+        // A set synced whole makes the other's filesystem synced whole.
+        let mut big = Durable::new();
+        let dir = std::fs::File::open(disk.path()).unwrap();
+        big.add_whole(dir.as_fd(), SYNCFS_ABOVE + 1, disk.path())
+            .unwrap();
+        let mut commit = Durable::new();
+        commit.add_path(&f, Need::All).unwrap();
+        commit.absorb(big).unwrap();
+        assert_eq!(commit.open_descriptors(), 1);
+        assert_eq!(commit.sync().unwrap(), Synced { each: 0, syncfs: 1 });
     }
 
     #[test]

@@ -17,7 +17,10 @@
 //! - the switch waits for a Puppet run holding its lock, its next
 //!   generation prepared and the live tree the old one meanwhile;
 //! - edits by hand and ignored names follow every switch; `[switch]
-//!   keep_previous` keeps that many whole generations.
+//!   keep_previous` keeps that many whole generations;
+//! - a standby brought to the live tree by the paths of the last change
+//!   alone (the fast path) leaves every previous generation whole, through
+//!   changed, added, removed files and mode-only changes.
 //!
 //! Each state of the node is an environment of one tree; the agent moves
 //! between them with `--environment`, so the master never re-indexes.
@@ -445,4 +448,48 @@ fn keep_previous_keeps_that_many_whole_generations() {
             .contains("keep_previous must be between 1 and 16, not 0"),
         "{run:?}"
     );
+}
+
+/// The newest previous generation of `dest` (`prev.<n>`, highest `n`).
+fn newest_previous(dest: &Path) -> std::path::PathBuf {
+    let name = dest.file_name().unwrap().to_string_lossy();
+    let kept = dest.parent().unwrap().join(format!(".{name}.pluginsync"));
+    let newest = std::fs::read_dir(&kept)
+        .unwrap()
+        .filter_map(|e| {
+            let n = e.unwrap().file_name().to_string_lossy().into_owned();
+            n.strip_prefix("prev.")?.parse::<u64>().ok()
+        })
+        .max()
+        .expect("a previous generation");
+    kept.join(format!("prev.{newest}"))
+}
+
+#[test]
+fn the_fast_path_leaves_every_previous_generation_whole() {
+    let (_pki, t, _master, home) = two_state_node("");
+    let mut before: Option<&str> = None;
+    for (k, env) in ["one", "two", "one", "two", "one", "two"]
+        .into_iter()
+        .enumerate()
+    {
+        let run = home.run(&["-vv", "sync", "--environment", env]);
+        assert_eq!(run.code, 0, "{run:?}");
+        assert_eq!(synced(&home), mounts(&t, env), "run {k} ({env})");
+        let Some(was) = before.replace(env) else {
+            continue;
+        };
+        // Only the paths of the change before were mirrored: the standby
+        // was the generation before that one.
+        assert!(
+            run.stderr.contains("standby mirrored") && !run.stderr.contains("fast=false"),
+            "run {k} did not take the fast path: {}",
+            run.stderr
+        );
+        let previous = [
+            tree_snapshot(&newest_previous(&home.libdir())),
+            tree_snapshot(&newest_previous(&home.factsdir())),
+        ];
+        assert_eq!(previous, mounts(&t, was), "run {k}: the generation retired");
+    }
 }

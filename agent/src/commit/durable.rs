@@ -15,7 +15,7 @@
 
 use std::path::PathBuf;
 
-use pluginsync_common::fsutil::Need;
+use pluginsync_common::fsutil::{Durable, Need};
 
 use super::dirs::Dirs;
 
@@ -24,14 +24,7 @@ use super::dirs::Dirs;
 /// destination and the parent that holds its entry (trusted paths: the
 /// destination and its ancestors are configuration).
 pub fn make_durable(dirs: Dirs<'_>, created: &[PathBuf]) {
-    let mut durable = dirs.durable;
-    for dir in created.iter().chain(&dirs.created) {
-        for p in [Some(dir.as_path()), dir.parent()].into_iter().flatten() {
-            if let Err(e) = durable.add_path(p, Need::All) {
-                tracing::warn!(dir = %p.display(), error = %e, "cannot open a directory to sync");
-            }
-        }
-    }
+    let durable = collect(dirs, created);
     if durable.is_empty() {
         return;
     }
@@ -45,4 +38,19 @@ pub fn make_durable(dirs: Dirs<'_>, created: &[PathBuf]) {
             }
         }
     }
+}
+
+/// What [`make_durable`] syncs, not synced yet: for a standby, synced on
+/// a thread of its own while the next destination is prepared
+/// (`super::prepare`).
+pub fn collect(dirs: Dirs<'_>, created: &[PathBuf]) -> Durable {
+    let mut durable = dirs.durable;
+    for dir in created.iter().chain(&dirs.created) {
+        for p in [Some(dir.as_path()), dir.parent()].into_iter().flatten() {
+            if let Err(e) = durable.add_path(p, Need::All) {
+                tracing::warn!(dir = %p.display(), error = %e, "cannot open a directory to sync");
+            }
+        }
+    }
+    durable
 }

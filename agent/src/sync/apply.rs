@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use pluginsync_common::digest::Sha256;
+use pluginsync_common::fsutil::Durable;
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
 
@@ -64,6 +65,7 @@ impl Run<'_> {
                 dest: dest.clone(),
                 source,
             })?;
+            let _writeback = stage::Writeback::start(&staging, writes.len());
             let src = Source {
                 origin: &p.origin,
                 mount: p.resource.mount,
@@ -84,21 +86,16 @@ impl Run<'_> {
                 .map_err(SyncError::Download)?;
             stagings.push(Some(staging));
         }
-        // Every staged file durable with its mode before any rename
-        // (stage.rs, module docs).
-        let sealing: Vec<_> = passes
-            .iter()
-            .zip(&stagings)
-            .filter_map(|(p, s)| Some((s.as_ref()?, write_modes(&p.plan))))
-            .collect();
-        stage::seal(&sealing).await.map_err(SyncError::Download)?;
+        // Sealed by `prepare_all` (stage.rs, module docs).
         Ok(stagings)
     }
 
     /// prepare: each pass that changes something gets its next generation
-    /// complete and durable beside the live tree (`commit::prepare`);
-    /// `None` where it commits in place. The live trees are untouched: an
-    /// error here changes nothing.
+    /// complete and durable beside the live tree (`commit::prepare`), its
+    /// staged files sealed and synced with it; `None` where it commits in
+    /// place, its staged files then synced here, before any rename
+    /// (stage.rs, module docs). The live trees are untouched: an error here
+    /// changes nothing.
     pub(super) fn prepare_all(
         &self,
         passes: &[Pass],
@@ -106,32 +103,57 @@ impl Run<'_> {
     ) -> Result<Vec<Option<Prepared>>, SyncError> {
         let keep = self.settings.keep_previous;
         let empty = HashMap::new();
-        let prepared = passes
-            .iter()
-            .zip(stagings)
-            .map(|(p, staging)| {
-                if p.plan.actions.is_empty() {
-                    return Ok(None);
-                }
-                let staged = staging.as_ref().map_or(&empty, |s| &s.files);
-                let created = staging.as_ref().map_or(&[][..], |s| s.created());
-                commit::prepare(
-                    &p.resource.path,
-                    &p.plan,
-                    &p.local,
-                    staged,
+        let mut in_place = Durable::new();
+        let mut prepared = Vec::with_capacity(passes.len());
+        for (p, staging) in passes.iter().zip(stagings) {
+            let mut sealed = Durable::new();
+            if let Some(s) = staging {
+                s.seal_into(&write_modes(&p.plan), &mut sealed)
+                    .map_err(SyncError::Download)?;
+            }
+            if p.plan.actions.is_empty() {
+                prepared.push(None);
+                continue;
+            }
+            let staged = staging.as_ref().map_or(&empty, |s| &s.files);
+            let created = staging.as_ref().map_or(&[][..], |s| s.created());
+            let standby = commit::prepare(
+                &p.resource.path,
+                &p.plan,
+                &p.local,
+                commit::Staged {
+                    files: staged,
                     created,
-                    &p.resource,
-                    keep,
-                )
-                .map_err(|source| SyncError::Prepare {
-                    dest: p.resource.path.clone(),
+                    sealed: &mut sealed,
+                },
+                &p.resource,
+                keep,
+            )
+            .map_err(|source| SyncError::Prepare {
+                dest: p.resource.path.clone(),
+                source,
+            })?;
+            // What the standby did not take is synced before the commit.
+            in_place.absorb(sealed).map_err(|source| {
+                SyncError::Download(stage::StageError::Sync {
+                    path: p.resource.path.clone(),
                     source,
                 })
-            })
-            .collect();
+            })?;
+            prepared.push(standby);
+        }
+        stage::sync_sealed(in_place).map_err(SyncError::Download)?;
+        // Each standby on disk (synced while the next was prepared).
+        for (p, standby) in passes.iter().zip(prepared.iter_mut()) {
+            if let Some(standby) = standby {
+                standby.durable().map_err(|source| SyncError::Prepare {
+                    dest: p.resource.path.clone(),
+                    source,
+                })?;
+            }
+        }
         self.phase("prepared");
-        prepared
+        Ok(prepared)
     }
 
     /// switch (or commit in place) → report: each resource in catalog

@@ -116,12 +116,7 @@ impl Run<'_> {
                 .map_err(SyncError::Download)?;
             stagings.push(Some(staging));
         }
-        let sealing: Vec<_> = passes
-            .iter()
-            .zip(&stagings)
-            .filter_map(|(p, s)| Some((s.as_ref()?, super::apply::write_modes(&p.plan))))
-            .collect();
-        stage::seal(&sealing).await.map_err(SyncError::Download)?;
+        // Sealed by `prepare_all` (stage.rs, module docs).
         Ok(stagings)
     }
 }

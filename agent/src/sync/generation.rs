@@ -27,7 +27,6 @@ use crate::catalog::FileResource;
 use crate::client::{AssignmentAnswer, ManifestAnswer, Offers};
 use crate::listing;
 use crate::plan::Plan;
-use crate::scan;
 use crate::servers::Origin;
 
 /// A generation refused or not to be had; the run stops before anything
@@ -126,19 +125,22 @@ fn ignores_the_defaults(resources: &[FileResource]) -> bool {
 impl Run<'_> {
     /// Phase 1 for every resource, from one generation when the servers
     /// serve them, else from Puppet's listings.
+    /// `scans`: each resource's scan, started before the servers were
+    /// asked anything (`pass::Scanning`).
     pub(super) async fn plan_all(
         &mut self,
         resources: Vec<FileResource>,
+        scans: Vec<super::pass::Scanning>,
     ) -> Result<(Vec<Pass>, Option<Held>), SyncError> {
         let mut held = match self.bundle {
             Some(path) => Some(self.bundled(path)?),
             None => self.generation(&resources).await?,
         };
         let mut passes = Vec::with_capacity(resources.len());
-        for resource in resources {
+        for (resource, scanning) in resources.into_iter().zip(scans) {
             passes.push(match held.as_mut() {
-                Some(g) => self.plan_from(resource, g).await?,
-                None => self.plan(resource).await?,
+                Some(g) => self.plan_from(resource, g, scanning).await?,
+                None => self.plan(resource, scanning).await?,
             });
         }
         if held.is_none() {
@@ -309,11 +311,11 @@ impl Run<'_> {
         &mut self,
         resource: FileResource,
         held: &mut Held,
+        scanning: super::pass::Scanning,
     ) -> Result<Pass, SyncError> {
         let (vardir, mount) = (&self.settings.vardir, resource.mount);
         let mut cache = MountCache::load(vardir, mount);
-        let mut local = scan::scan(&resource.path, &resource.ignore)?;
-        let digest = local.digest();
+        let (mut local, digest) = super::pass::scanned(scanning, &resource).await?;
         self.phase("scanned");
         let query = super::pass::query_of(&resource, &self.env).to_query();
         let key = format!("generation {}|{mount}|{query}", held.id);

@@ -17,9 +17,43 @@ use crate::config::SourcePermissions;
 use crate::delta;
 use crate::listing::{self, RemoteTree};
 use crate::plan::{self, Plan};
-use crate::scan::{self, LocalTree};
+use crate::scan::{self, LocalTree, ScanError};
 use crate::servers::Origin;
 use crate::settings::Settings;
+
+/// A destination's scan and its digest, started before the master is asked
+/// (`Run::plan_all`): the walk needs nothing from the network, so it runs
+/// while the master answers (BENCHMARKS.md#the-switch-made-cheaper).
+pub(super) type Scanning = tokio::task::JoinHandle<Result<(LocalTree, Sha256), ScanError>>;
+
+/// Starts the scan of every destination: walked while the client is set
+/// up and the servers answer.
+pub(super) fn start_scans(resources: &[FileResource]) -> Vec<Scanning> {
+    resources.iter().map(start_scan).collect()
+}
+
+/// Starts the scan of `resource`'s destination on a blocking thread.
+fn start_scan(resource: &FileResource) -> Scanning {
+    let (dest, ignore) = (resource.path.clone(), resource.ignore.clone());
+    tokio::task::spawn_blocking(move || {
+        let tree = scan::scan(&dest, &ignore)?;
+        let digest = tree.digest();
+        Ok((tree, digest))
+    })
+}
+
+/// The scan [`start_scan`] started, once done.
+pub(super) async fn scanned(
+    scanning: Scanning,
+    resource: &FileResource,
+) -> Result<(LocalTree, Sha256), ScanError> {
+    scanning.await.unwrap_or_else(|e| {
+        Err(ScanError::Io {
+            path: resource.path.clone(),
+            source: std::io::Error::other(e),
+        })
+    })
+}
 
 /// One resource after the reading phases: its plan and what it was made
 /// from.
@@ -68,14 +102,17 @@ struct Ask<'q> {
 
 impl Run<'_> {
     /// listing + local scan → plan, for one resource; reads only.
-    pub(super) async fn plan(&mut self, resource: FileResource) -> Result<Pass, SyncError> {
+    pub(super) async fn plan(
+        &mut self,
+        resource: FileResource,
+        scanning: Scanning,
+    ) -> Result<Pass, SyncError> {
         let settings = self.settings;
         let (vardir, mount) = (&settings.vardir, resource.mount);
         let ignore = &resource.ignore;
         let mut cache = MountCache::load(vardir, mount);
         self.phase("cache loaded");
-        let mut local = scan::scan(&resource.path, ignore)?;
-        let digest = local.digest();
+        let (mut local, digest) = scanned(scanning, &resource).await?;
         self.phase("scanned");
         let env = self.env.clone();
         let query = query_of(&resource, &env);
