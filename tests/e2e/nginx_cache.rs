@@ -503,6 +503,60 @@ fn a_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
     );
 }
 
+/// An initial sync of a few hundred files through the cache (batches of
+/// them, which the cache answers 404 itself) sends nginx no request line
+/// longer than it reads: nginx answers one over its 8 KiB
+/// `large_client_header_buffers` with `414` and closes the connection
+/// mid-request (docs/protocol.md §7.2.1), so a batch that long costs a
+/// connection, and a reset can overtake that answer.
+#[test]
+fn batches_fit_the_request_line_a_cache_reads() {
+    let Some(nginx) = require("nginx", "nginx", TEST) else {
+        return;
+    };
+    let names = vec!["node000".to_owned()];
+    let setup = Setup::new(&names, 4, 80, 11);
+    let master = setup.master("");
+    let cache = Balancer::nginx_cache(&nginx, setup.tls(), std::slice::from_ref(&master.proxy));
+    let lib = setup.env_dir().join("modules/mod00/lib");
+    let rel = setup.libs[0].strip_prefix(&lib).expect("mod00's");
+    let text = std::fs::read_to_string(&setup.libs[0]).expect("read a lib file");
+    let rel = rel.to_str().expect("utf-8");
+    wait_served(
+        std::slice::from_ref(&master),
+        "node000",
+        "plugins",
+        rel,
+        &text,
+    );
+    let server = format!("https://localhost:{}", cache.port);
+    let home = AgentHome::with_ssldir(&setup.pki.ssldir, "node000", &[server], "");
+    let runs = sync_all(std::slice::from_ref(&home));
+    assert_converged(
+        "initial sync",
+        std::slice::from_ref(&home),
+        &runs,
+        &setup.env_dir(),
+    );
+    let log = cache.cache_log();
+    let batches = log
+        .iter()
+        .filter(|e| e["uri"].as_str().is_some_and(|u| u.starts_with(BATCH_PATH)))
+        .count();
+    assert!(
+        batches >= 3,
+        "{batches} batch requests reached nginx: the tree is too small to test"
+    );
+    let too_long: Vec<_> = log.iter().filter(|e| e["status"] == 414).collect();
+    assert!(
+        too_long.is_empty(),
+        "nginx refused {} of {} requests as too long (414), e.g. {}",
+        too_long.len(),
+        log.len(),
+        too_long[0]
+    );
+}
+
 #[test]
 fn private_answers_always_reach_a_master() {
     let Some(nginx) = require("nginx", "nginx", TEST) else {
