@@ -33,7 +33,7 @@ Imported by bench/run.py.
 """
 import hashlib, http.client, json, os, ssl, subprocess, sys, tempfile, time
 
-from common import (LISTING_QUERY, MASTER, cpu_between, free_port, https_conn, https_get, log, master_config,
+from common import (LISTING_QUERY, MASTER, MASTER_ENV, cpu_between, free_port, https_conn, https_get, log, master_config,
                     procs, reindex, rmtree, rss, start_master, stop, thread_cpu, tls_context, wait_idle)
 
 HEADERS = {"Accept": "application/json, text/pson", "Accept-Encoding": "gzip"}
@@ -203,7 +203,7 @@ def run(ctx, results):
         log(f"environments: starting a master on all {n}")
         t0 = time.perf_counter()
         m = subprocess.Popen([MASTER, "serve", "--config", conf], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                             stderr=subprocess.DEVNULL, env=MASTER_ENV)
         procs.append(m)
         deadline = t0 + 600
         while not status_ok(port):
