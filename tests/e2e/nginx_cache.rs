@@ -90,6 +90,23 @@ impl Setup {
     fn env_dir(&self) -> PathBuf {
         self.tree.envpath().join("production")
     }
+
+    /// Waits until `master` serves mod00's first lib file to `node000`;
+    /// that file's text.
+    fn wait_first_served(&self, master: &ProxyBackend) -> String {
+        let lib = self.env_dir().join("modules/mod00/lib");
+        let rel = self.libs[0].strip_prefix(&lib).expect("mod00's");
+        let rel = rel.to_str().expect("utf-8");
+        let text = std::fs::read_to_string(&self.libs[0]).expect("read a lib file");
+        wait_served(
+            std::slice::from_ref(master),
+            "node000",
+            "plugins",
+            rel,
+            &text,
+        );
+        text
+    }
 }
 
 /// Runs `f` on a runtime of its own (reqwest's clients need one).
@@ -518,17 +535,7 @@ fn batches_fit_the_request_line_a_cache_reads() {
     let setup = Setup::new(&names, 4, 80, 11);
     let master = setup.master("");
     let cache = Balancer::nginx_cache(&nginx, setup.tls(), std::slice::from_ref(&master.proxy));
-    let lib = setup.env_dir().join("modules/mod00/lib");
-    let rel = setup.libs[0].strip_prefix(&lib).expect("mod00's");
-    let text = std::fs::read_to_string(&setup.libs[0]).expect("read a lib file");
-    let rel = rel.to_str().expect("utf-8");
-    wait_served(
-        std::slice::from_ref(&master),
-        "node000",
-        "plugins",
-        rel,
-        &text,
-    );
+    setup.wait_first_served(&master);
     let server = format!("https://localhost:{}", cache.port);
     let home = AgentHome::with_ssldir(&setup.pki.ssldir, "node000", &[server], "");
     let runs = sync_all(std::slice::from_ref(&home));
@@ -568,18 +575,9 @@ fn private_answers_always_reach_a_master() {
     let rule = "[[authorization]]\ncertname = \"node*\"\nenvironments = [\"production\"]\n";
     let master = setup.master(rule);
     let cache = Balancer::nginx_cache(&nginx, setup.tls(), std::slice::from_ref(&master.proxy));
-    let text = std::fs::read_to_string(&setup.libs[0]).expect("read a lib file");
-    let hex = sha256_hex(text.as_bytes());
     // Blobs are looked up in the environments indexed: wait for it.
-    let rel = setup.libs[0].strip_prefix(setup.env_dir().join("modules/mod00/lib"));
-    let rel = rel.expect("mod00's").to_str().expect("utf-8");
-    wait_served(
-        std::slice::from_ref(&master),
-        "node000",
-        "plugins",
-        rel,
-        &text,
-    );
+    let text = setup.wait_first_served(&master);
+    let hex = sha256_hex(text.as_bytes());
     let url = format!("https://localhost:{}{BLOB_PREFIX}{hex}", cache.port);
     for name in names.iter().chain(&names) {
         let resp = block_on(async { client(&setup.pki, Some(name)).get(&url).send().await })
