@@ -19,7 +19,7 @@ Imported by bench/run.py (`--scenarios cache`, or `--fleet`).
 """
 import json, os, re, shutil, subprocess, threading, time, urllib.request
 
-from common import (AGENT, MASTER, ROOT, agent_config, free_port, log, master_config, procs, reindex, rmtree,
+from common import (AGENT, MASTER, MASTER_ENV, ROOT, agent_config, free_port, log, master_config, procs, reindex, rmtree,
                     start, stop, timed_rusage, wait_port)
 
 PARALLEL = 8
@@ -35,7 +35,8 @@ def node_name(i):
 def start_master(conf):
     """`pluginsync-master serve`; (proc, mTLS port): the first `listening on` line that is not the proxy's."""
     p, m = start([MASTER, "serve", "--config", conf],
-                 lambda l: None if "proxy listening" in l else re.search(r"listening on 127\.0\.0\.1:(\d+)", l))
+                 lambda l: None if "proxy listening" in l else re.search(r"listening on 127\.0\.0\.1:(\d+)", l),
+                 env=MASTER_ENV)
     return p, int(m.group(1))
 
 

@@ -12,6 +12,22 @@ REL = os.environ.get("PLUGINSYNC_BENCH_BINDIR") or os.path.join(ROOT, "target", 
 MASTER = os.path.join(REL, "pluginsync-master")
 AGENT = os.path.join(REL, "pluginsync-agent")
 LOAD = os.path.join(REL, "pluginsync-load")
+
+
+def unit_environment():
+    """The `Environment=` settings of packaging/pluginsync-master.service: the bench runs the master
+    as the package does (its malloc settings, docs/operating.md#memory-and-tasks)."""
+    out = {}
+    with open(os.path.join(ROOT, "packaging", "pluginsync-master.service")) as f:
+        for line in f:
+            if line.startswith("Environment="):
+                k, _, v = line.strip()[len("Environment="):].partition("=")
+                out[k] = v
+    return out
+
+
+# The environment every bench master runs with.
+MASTER_ENV = {**os.environ, **unit_environment()}
 # The query a pluginsync agent (and Puppet's) sends for a recursive listing (docs/protocol.md §1.2).
 LISTING_QUERY = ("recurse=true&max_files=-1&ignore=.svn&ignore=CVS&ignore=.git&ignore=.hg&links=follow"
                  "&checksum_type=sha256&source_permissions=ignore")
@@ -243,7 +259,7 @@ def start_master(conf, timeout=120):
     """Starts `pluginsync-master serve`; returns (proc, port) once it says it listens."""
     import re
     p, m = start([MASTER, "serve", "--config", conf],
-                 lambda l: re.search(r"listening on 127\.0\.0\.1:(\d+)", l), timeout=timeout)
+                 lambda l: re.search(r"listening on 127\.0\.0\.1:(\d+)", l), timeout=timeout, env=MASTER_ENV)
     return p, int(m.group(1))
 
 

@@ -15,15 +15,25 @@ Figures:
   - re-index after a 1 % change in one environment: master CPU for `pluginsync-master reindex ENV`
     (its answer waits for the new index, docs/protocol.md §1.10), for the same call on an unchanged
     environment, and for the changed environment's listings asked for once afterwards.
-Targets: ready <= 10 s, RSS <= 256 MiB, re-index of the 1 % change <= 0.1x the full index of one
-environment (the bench's reading of "costs what that environment's changed files cost": the walk
-may remain, re-reading and re-serialising the unchanged 99 % may not).
+  - the generation store (`[generations] dir` under the work directory, docs/deploys.md#generations):
+    its blob and manifest bytes once every environment is published, against one tree (the distinct
+    contents of the default tree's `lib/` and `facts.d/` files) plus the differences (the distinct
+    contents every 1 % change wrote): the store holds identical files once;
+  - keep generations: every environment published --envs-keep (`[generations] keep`, default 5)
+    times in all, a 1 % change between (its own files again, revisions 101, 102, …; the re-indexed
+    environment above has one more, so its oldest is evicted), then every environment's per-node
+    answer, its manifest and both listings asked once: the master's RSS and peak RSS, and the
+    store's bytes against one tree plus every difference.
+Targets: ready <= 10 s, RSS <= 256 MiB (with one generation each, and with keep generations each),
+re-index of the 1 % change <= 0.1x the full index of one environment (the bench's reading of "costs
+what that environment's changed files cost": the walk may remain, re-reading and re-serialising the
+unchanged 99 % may not), store bytes <= 1.1x one tree plus the differences.
 
 Imported by bench/run.py.
 """
-import http.client, os, ssl, subprocess, sys, tempfile, time
+import hashlib, http.client, json, os, ssl, subprocess, sys, tempfile, time
 
-from common import (LISTING_QUERY, MASTER, cpu_between, free_port, https_conn, https_get, log, master_config,
+from common import (LISTING_QUERY, MASTER, MASTER_ENV, cpu_between, free_port, https_conn, https_get, log, master_config,
                     procs, reindex, rmtree, rss, start_master, stop, thread_cpu, tls_context, wait_idle)
 
 HEADERS = {"Accept": "application/json, text/pson", "Accept-Encoding": "gzip"}
@@ -49,10 +59,90 @@ def make(ctx, root, n):
                     "--seed", str(a.seed)], check=True, stdout=subprocess.DEVNULL)
     for i in range(1, n):
         subprocess.run(["cp", "-a", base, os.path.join(envs, name(i))], check=True)
+    contents = Contents(base)
     for i in range(n):
-        subprocess.run([sys.executable, ctx.mutate_py, os.path.join(envs, name(i)), "--layout", "env",
-                        "--percent", "1", "--seed", str(1000 + i), "--rev", "1"], check=True, stdout=subprocess.DEVNULL)
-    return envs
+        contents.mutate(ctx, os.path.join(envs, name(i)), 1000 + i, 1)
+    return envs, contents
+
+
+class Contents:
+    """The distinct file contents the environments' mounts have held (by sha256): what an ideal
+    content-addressed store of every generation holds. `tree` is the default tree's bytes, `diffs`
+    the bytes of contents the 1 % changes made that no earlier tree had."""
+
+    def __init__(self, base):
+        self.seen, self.tree, self.diffs = set(), 0, 0
+        for mod in os.listdir(os.path.join(base, "modules")):
+            for mount in ("lib", "facts.d"):
+                for dp, _, fn in os.walk(os.path.join(base, "modules", mod, mount)):
+                    for f in fn:
+                        self.tree += self.add(os.path.join(dp, f))
+
+    def add(self, path):
+        with open(path, "rb") as f:
+            data = f.read()
+        digest = hashlib.sha256(data).digest()
+        if digest in self.seen:
+            return 0
+        self.seen.add(digest)
+        return len(data)
+
+    def mutate(self, ctx, env, seed, rev):
+        """bench/vendor/mutate.py on `env` (its plugin files, first module wins); counts the new contents."""
+        r = subprocess.run([sys.executable, ctx.mutate_py, env, "--layout", "env", "--percent", "1", "--seed",
+                            str(seed), "--rev", str(rev), "--list"], check=True, stdout=subprocess.PIPE, text=True)
+        mods = sorted(os.listdir(os.path.join(env, "modules")))
+        for rel in r.stdout.splitlines()[1:]:
+            for mod in mods:
+                p = os.path.join(env, "modules", mod, "lib", rel)
+                if os.path.isfile(p):
+                    self.diffs += self.add(p)
+                    break
+
+
+def store_bytes(store):
+    """{blobs, manifests}: bytes of the files of a generation store (docs/deploys.md#generations)."""
+    out = {}
+    for part in ("blobs", "manifests"):
+        total = 0
+        for dp, _, fn in os.walk(os.path.join(store, part)):
+            total += sum(os.path.getsize(os.path.join(dp, f)) for f in fn)
+        out[part] = total
+    return out
+
+
+def ask_generation(conn, env):
+    """The per-node answer of `env` and its generation's manifest, as an agent asks (docs/protocol.md §7.6)."""
+    status, body = https_get(conn, f"/pluginsync/v1/assignment?environment={env}", {"Accept": "application/json"})
+    if status != 200:
+        raise SystemExit(f"error: the per-node answer of environment {env} answered {status}")
+    gen = json.loads(body)["generation"]
+    status, _ = https_get(conn, f"/pluginsync/v1/generations/{gen}?environment={env}",
+                          {"Accept": "application/x-pluginsync-manifest"})
+    if status != 200:
+        raise SystemExit(f"error: the manifest of environment {env}'s generation answered {status}")
+
+
+def keep_generations(ctx, out, conf, port, m, envs, contents, store):
+    """Every environment published --envs-keep times in all, a 1 % change between; then RSS and the store."""
+    a = ctx.a
+    t = time.perf_counter()
+    for k in range(1, a.envs_keep):
+        log(f"environments: generation {k + 1} of {a.envs_keep} of each")
+        for i in range(a.envs):
+            contents.mutate(ctx, os.path.join(envs, name(i)), 1000 + i, 100 + k)
+            reindex(conf, port, name(i))
+    out["keep_publish_s"] = time.perf_counter() - t
+    conn = https_conn(port, tls_context(ctx.ssl, "bench-node"))
+    for i in range(a.envs):
+        ask_generation(conn, name(i))
+        query_env(conn, name(i))
+    conn.close()
+    wait_idle(m.pid)
+    out["keep"] = a.envs_keep
+    out["rss_keep"] = rss(m.pid)
+    out["store_keep"] = store_bytes(store)
+    out["tree_bytes"], out["diff_bytes_keep"] = contents.tree, contents.diffs
 
 
 def full_index_of_one(ctx, root, envs):
@@ -99,18 +189,21 @@ def run(ctx, results):
     try:
         log(f"{n} environments: making them in {root}")
         t = time.perf_counter()
-        envs = make(ctx, root, n)
+        envs, contents = make(ctx, root, n)
+        out["tree_bytes"], out["diff_bytes_ready"] = contents.tree, contents.diffs
         out["make_s"] = time.perf_counter() - t
         log("environments: the full index of one environment")
         out["full_index_one_env_cpu_s"] = full_index_of_one(ctx, root, envs)
         conf = os.path.join(root, "master.toml")
         port = free_port()
-        master_config(conf, envs, ctx.ssl, listen=f"127.0.0.1:{port}", publish="explicit")
+        store = os.path.join(root, "store")
+        master_config(conf, envs, ctx.ssl, listen=f"127.0.0.1:{port}", publish="explicit",
+                      extra=f'[generations]\ndir = "{store}"\nkeep = {a.envs_keep}\n')
         os.sync()
         log(f"environments: starting a master on all {n}")
         t0 = time.perf_counter()
         m = subprocess.Popen([MASTER, "serve", "--config", conf], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                             stderr=subprocess.DEVNULL, env=MASTER_ENV)
         procs.append(m)
         deadline = t0 + 600
         while not status_ok(port):
@@ -130,11 +223,12 @@ def run(ctx, results):
         out["query_all_s"] = time.perf_counter() - t
         wait_idle(m.pid)
         out["rss_after_all"] = rss(m.pid)
+        # Each environment is indexed, and so published, when first asked for.
+        out["store_ready"] = store_bytes(store)
         out["cpu_after_all_s"] = cpu_between({}, thread_cpu(m.pid))
         # Re-index: one environment changed by 1 % (its own 30 files again, a new revision).
         changed, unchanged = name(n // 2), name(n // 2 + 1 if n > 1 else 0)
-        subprocess.run([sys.executable, ctx.mutate_py, os.path.join(envs, changed), "--layout", "env", "--percent",
-                        "1", "--seed", str(1000 + n // 2), "--rev", "2"], check=True, stdout=subprocess.DEVNULL)
+        contents.mutate(ctx, os.path.join(envs, changed), 1000 + n // 2, 2)
         for key, env in (("reindex_unchanged_cpu_s", unchanged), ("reindex_1pct_cpu_s", changed)):
             wait_idle(m.pid)
             c0 = thread_cpu(m.pid)
@@ -148,6 +242,8 @@ def run(ctx, results):
         conn.close()
         out["rss_end"] = rss(m.pid)
         out["reindex_ratio"] = out["reindex_1pct_cpu_s"] / out["full_index_one_env_cpu_s"]
+        if a.envs_keep > 1:
+            keep_generations(ctx, out, conf, port, m, envs, contents, store)
         stop(m)
     finally:
         rmtree(root)
@@ -170,3 +266,22 @@ def print_table(r):
     print(f"| re-index of an unchanged environment | {ms(e['reindex_unchanged_cpu_s'])} CPU |")
     print(f"| the changed environment's listings, first asked after its re-index | "
           f"{ms(e['listings_after_reindex_cpu_s'])} CPU |")
+    mb = lambda x: f"{x / 1e6:,.1f} MB"
+    if "store_ready" in e:
+        st = e["store_ready"]
+        print(f"| generation store, one generation each: blobs / manifests | {mb(st['blobs'])} / "
+              f"{mb(st['manifests'])} (one tree {mb(e['tree_bytes'])} + differences "
+              f"{mb(e['diff_bytes_ready'])}: {store_ratio(e, 'ready'):.2f}×) |")
+    if "rss_keep" in e:
+        st = e["store_keep"]
+        print(f"| {e['keep']} generations each ({e['keep_publish_s']:.0f} s to publish them): RSS after every "
+              f"answer, manifest and listing asked once | {e['rss_keep'].get('VmRSS')} MiB "
+              f"(peak {e['rss_keep'].get('VmHWM')} MiB) |")
+        print(f"| {e['keep']} generations each: store blobs / manifests | {mb(st['blobs'])} / {mb(st['manifests'])} "
+              f"(one tree {mb(e['tree_bytes'])} + differences {mb(e['diff_bytes_keep'])}: "
+              f"{store_ratio(e, 'keep'):.2f}×) |")
+
+
+def store_ratio(e, when):
+    """The store's blob bytes over one tree plus the differences made by then."""
+    return e[f"store_{when}"]["blobs"] / (e["tree_bytes"] + e[f"diff_bytes_{when}"])

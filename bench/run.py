@@ -26,7 +26,9 @@ summary of every target with PASS/MISS; the figures also go to target/bench-resu
          Server's column (with speed, where installed).
   big    a 50,000-file environment (--big-files): master memory and the agent's no-op time.
   envs   --envs environments, each the default tree changed by 1 %, on one master (bench/envs.py):
-         time to ready, RSS with all queried, re-index cost of one changed environment.
+         time to ready, RSS with all queried, re-index cost of one changed environment; the
+         generation store's bytes vs one tree + the differences; then --envs-keep generations of each
+         (a 1 % change between): RSS and the store again.
   cache  (not in the default run: --scenarios cache, or --fleet) --cache-nodes nodes sync a 1 % change
          from two masters directly, then through nginx with packaging/nginx-pluginsync-cache.conf
          (bench/cache.py; needs nginx): the bytes the masters send, with and without the cache.
@@ -153,6 +155,9 @@ def main():
     ap.add_argument("--busy-runs", type=int, help=f"runs of each busy-node figure (default {FULL['busy_runs']})")
     ap.add_argument("--busy-mib", type=int, help=f"dirty data the busy node's writer keeps (default {FULL['busy_mib']})")
     ap.add_argument("--envs", type=int, help=f"environments of the envs scenario (default {FULL['envs']})")
+    ap.add_argument("--envs-keep", type=int, default=5,
+                    help="generations of each environment of the envs scenario, its [generations] keep (default 5; "
+                         "1: one generation each)")
     ap.add_argument("--big-files", type=int, help=f"files of the big environment (default {FULL['big_files']})")
     ap.add_argument("--cache-nodes", type=int, help=f"nodes of the cache scenario (default {FULL['cache_nodes']})")
     ap.add_argument("--big", action="store_true", help="kept for old command lines: big is in the default run")
@@ -545,6 +550,20 @@ def targets(r):
         lambda: (f"{e['ready_s']:.2f} s", e["ready_s"] <= 10))
     add(f"{e.get('count', 100)} environments: RSS ≤ 256 MiB with all queried once",
         lambda: (f"{e['rss_after_all']['VmRSS']} MiB", e["rss_after_all"]["VmRSS"] <= 256))
+    add(f"{e.get('count', 100)} environments × keep {e.get('keep', a_keep(r))} generations: master RSS ≤ 256 MiB "
+        "(every answer, manifest and listing asked once)",
+        lambda: (f"{e['rss_keep']['VmRSS']} MiB (peak {e['rss_keep']['VmHWM']} MiB)",
+                 max(e["rss_keep"]["VmRSS"], e["rss_keep"]["VmHWM"]) <= 256))
+
+    def store(when):
+        st = e[f"store_{when}"]
+        ratio = envs.store_ratio(e, when)
+        return (f"{st['blobs']/1e6:,.1f} MB vs one tree {e['tree_bytes']/1e6:,.1f} MB + differences "
+                f"{e[f'diff_bytes_{when}']/1e6:,.1f} MB ({ratio:.2f}×)", ratio <= 1.1)
+    add(f"{e.get('count', 100)} environments, each 1 % apart: generation store ≤ 1.1× one tree + the differences",
+        lambda: store("ready"))
+    add(f"{e.get('count', 100)} environments × keep {e.get('keep', a_keep(r))}: generation store ≤ 1.1× one tree "
+        "+ the differences", lambda: store("keep"))
     add("re-index of one environment after a 1 % change ≤ 0.1× its full index",
         lambda: (f"{e['reindex_1pct_cpu_s']*1000:.0f} ms vs {e['full_index_one_env_cpu_s']*1000:.0f} ms "
                  f"({e['reindex_ratio']:.2f}×)", e["reindex_ratio"] <= 0.1))
@@ -589,6 +608,11 @@ def targets(r):
     add("50,000-file environment: agent no-op ≤ 300 ms",
         lambda: (fmt_s(r["big_noop"]["median"]), r["big_noop"]["median"] <= 0.3))
     return out
+
+
+def a_keep(r):
+    """The --envs-keep of a run, for a row's name when the envs scenario did not run."""
+    return r.get("params", {}).get("envs_keep", 5)
 
 
 def print_summary(r):

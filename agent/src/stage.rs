@@ -46,6 +46,16 @@ use crate::servers::{Servers, Source};
 /// Batch requests in flight.
 pub const BATCHES_IN_FLIGHT: usize = 4;
 
+/// Digests per batch request: 100 × 72 bytes of query (`sha256=`, 64 hex
+/// digits, `&`) keep the request line under 8 KiB with a batch path of up
+/// to ~700 bytes, the line a cache or balancer in front reads by default
+/// (nginx's `large_client_header_buffers`, which answers a longer one
+/// `414` and closes the connection; Apache's `LimitRequestLine`), test
+/// `nginx_cache::batches_fit_the_request_line_a_cache_reads`. The master
+/// takes up to [`MAX_BATCH`].
+pub const BATCH_PER_REQUEST: usize = 100;
+const _: () = assert!(BATCH_PER_REQUEST <= MAX_BATCH);
+
 /// Staging failed; nothing in the destination changed.
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
@@ -270,7 +280,7 @@ impl Staging {
     }
 
     /// Fetches the distinct checksums of `writes` through the master's
-    /// batch endpoint, [`MAX_BATCH`] per request, [`BATCHES_IN_FLIGHT`] at a
+    /// batch endpoint, [`BATCH_PER_REQUEST`] per request, [`BATCHES_IN_FLIGHT`] at a
     /// time; each frame is written straight to its staged file (plain
     /// blocking writes: small and local, and far cheaper than a thread
     /// hand-off per operation) and verified. Returns the writes still to
@@ -290,7 +300,7 @@ impl Staging {
         let shas: Vec<Sha256> = by_sha.keys().copied().collect();
         let dir = &self.dir;
         let jobs = shas
-            .chunks(MAX_BATCH)
+            .chunks(BATCH_PER_REQUEST)
             .enumerate()
             .map(|(n, chunk)| async move {
                 let got = fetch_batch(client, src, chunk, &dir.join(format!("b{n}"))).await;

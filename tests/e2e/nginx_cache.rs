@@ -90,6 +90,23 @@ impl Setup {
     fn env_dir(&self) -> PathBuf {
         self.tree.envpath().join("production")
     }
+
+    /// Waits until `master` serves mod00's first lib file to `node000`;
+    /// that file's text.
+    fn wait_first_served(&self, master: &ProxyBackend) -> String {
+        let lib = self.env_dir().join("modules/mod00/lib");
+        let rel = self.libs[0].strip_prefix(&lib).expect("mod00's");
+        let rel = rel.to_str().expect("utf-8");
+        let text = std::fs::read_to_string(&self.libs[0]).expect("read a lib file");
+        wait_served(
+            std::slice::from_ref(master),
+            "node000",
+            "plugins",
+            rel,
+            &text,
+        );
+        text
+    }
 }
 
 /// Runs `f` on a runtime of its own (reqwest's clients need one).
@@ -503,6 +520,50 @@ fn a_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
     );
 }
 
+/// An initial sync of a few hundred files through the cache (batches of
+/// them, which the cache answers 404 itself) sends nginx no request line
+/// longer than it reads: nginx answers one over its 8 KiB
+/// `large_client_header_buffers` with `414` and closes the connection
+/// mid-request (docs/protocol.md §7.2.1), so a batch that long costs a
+/// connection, and a reset can overtake that answer.
+#[test]
+fn batches_fit_the_request_line_a_cache_reads() {
+    let Some(nginx) = require("nginx", "nginx", TEST) else {
+        return;
+    };
+    let names = vec!["node000".to_owned()];
+    let setup = Setup::new(&names, 4, 80, 11);
+    let master = setup.master("");
+    let cache = Balancer::nginx_cache(&nginx, setup.tls(), std::slice::from_ref(&master.proxy));
+    setup.wait_first_served(&master);
+    let server = format!("https://localhost:{}", cache.port);
+    let home = AgentHome::with_ssldir(&setup.pki.ssldir, "node000", &[server], "");
+    let runs = sync_all(std::slice::from_ref(&home));
+    assert_converged(
+        "initial sync",
+        std::slice::from_ref(&home),
+        &runs,
+        &setup.env_dir(),
+    );
+    let log = cache.cache_log();
+    let batches = log
+        .iter()
+        .filter(|e| e["uri"].as_str().is_some_and(|u| u.starts_with(BATCH_PATH)))
+        .count();
+    assert!(
+        batches >= 3,
+        "{batches} batch requests reached nginx: the tree is too small to test"
+    );
+    let too_long: Vec<_> = log.iter().filter(|e| e["status"] == 414).collect();
+    assert!(
+        too_long.is_empty(),
+        "nginx refused {} of {} requests as too long (414), e.g. {}",
+        too_long.len(),
+        log.len(),
+        too_long[0]
+    );
+}
+
 #[test]
 fn private_answers_always_reach_a_master() {
     let Some(nginx) = require("nginx", "nginx", TEST) else {
@@ -514,18 +575,9 @@ fn private_answers_always_reach_a_master() {
     let rule = "[[authorization]]\ncertname = \"node*\"\nenvironments = [\"production\"]\n";
     let master = setup.master(rule);
     let cache = Balancer::nginx_cache(&nginx, setup.tls(), std::slice::from_ref(&master.proxy));
-    let text = std::fs::read_to_string(&setup.libs[0]).expect("read a lib file");
-    let hex = sha256_hex(text.as_bytes());
     // Blobs are looked up in the environments indexed: wait for it.
-    let rel = setup.libs[0].strip_prefix(setup.env_dir().join("modules/mod00/lib"));
-    let rel = rel.expect("mod00's").to_str().expect("utf-8");
-    wait_served(
-        std::slice::from_ref(&master),
-        "node000",
-        "plugins",
-        rel,
-        &text,
-    );
+    let text = setup.wait_first_served(&master);
+    let hex = sha256_hex(text.as_bytes());
     let url = format!("https://localhost:{}{BLOB_PREFIX}{hex}", cache.port);
     for name in names.iter().chain(&names) {
         let resp = block_on(async { client(&setup.pki, Some(name)).get(&url).send().await })
