@@ -4,8 +4,10 @@
 //! rollout` halting, resuming, rolling back and promoting on both; a
 //! restarted replica keeping its state; a replica that missed a command
 //! converging from its peer; a replica that never held a node's generation
-//! answering 503. Stock agents placed like ours: `master_rollout/stock.rs`.
+//! answering 503. Stock agents placed like ours: `master_rollout/stock.rs`;
+//! real `pluginsync-agent` runs through a rollout: `master_rollout/agents.rs`.
 
+mod agents;
 mod stock;
 
 use std::path::{Path, PathBuf};
