@@ -51,20 +51,10 @@ impl Run<'_> {
             progress::wanted(self.settings.format == Format::Text),
         );
         for p in passes {
-            let dest = &p.resource.path;
-            let writes: Vec<(RelPath, Sha256)> =
-                p.plan.writes().map(|(r, d)| (r.clone(), *d)).collect();
-            if writes.is_empty() {
-                if let Err(e) = stage::clean_stale(dest) {
-                    tracing::warn!(dest = %dest.display(), error = %e, "cannot remove a stale staging directory");
-                }
+            let Some((mut staging, writes)) = begin_staging(p)? else {
                 stagings.push(None);
                 continue;
-            }
-            let mut staging = Staging::prepare(dest).map_err(|source| SyncError::Staging {
-                dest: dest.clone(),
-                source,
-            })?;
+            };
             let _writeback = stage::Writeback::start(&staging, writes.len());
             let src = Source {
                 origin: &p.origin,
@@ -270,4 +260,28 @@ fn change(resource: &FileResource, name: &LocalName, action: ChangeKind) -> Chan
         action,
         file: name.to_path(&resource.path).display().to_string(),
     }
+}
+
+/// A pass's files to write: where, and the content's digest.
+pub(super) type Writes = Vec<(RelPath, Sha256)>;
+
+/// The staging directory of a pass that writes files, with its writes; a
+/// pass that writes none gets `None`, and a staging directory an earlier
+/// run left there is removed (stage.rs, module docs). Shared by network
+/// runs and `--from-bundle` runs, which differ only in where content
+/// comes from.
+pub(super) fn begin_staging(p: &Pass) -> Result<Option<(Staging, Writes)>, SyncError> {
+    let dest = &p.resource.path;
+    let writes: Writes = p.plan.writes().map(|(r, d)| (r.clone(), *d)).collect();
+    if writes.is_empty() {
+        if let Err(e) = stage::clean_stale(dest) {
+            tracing::warn!(dest = %dest.display(), error = %e, "cannot remove a stale staging directory");
+        }
+        return Ok(None);
+    }
+    let staging = Staging::prepare(dest).map_err(|source| SyncError::Staging {
+        dest: dest.clone(),
+        source,
+    })?;
+    Ok(Some((staging, writes)))
 }

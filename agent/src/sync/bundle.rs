@@ -11,9 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use pluginsync_common::bundle::read_bundle;
-use pluginsync_common::digest::Sha256;
-use pluginsync_common::relpath::RelPath;
 
+use super::apply::begin_staging;
 use super::generation::{Blobs, GenerationError, Held};
 use super::pass::Pass;
 use super::{Run, SyncError};
@@ -22,7 +21,7 @@ use crate::client::{MAX_LISTING_BYTES, Offers};
 use crate::progress::Progress;
 use crate::servers::Origin;
 use crate::settings::Source;
-use crate::stage::{self, Staging};
+use crate::stage::Staging;
 
 /// The largest blob a bundle may hold (each is checked in memory).
 const MAX_BLOB: u64 = MAX_LISTING_BYTES as u64;
@@ -97,20 +96,10 @@ impl Run<'_> {
         let progress = Arc::new(Progress::default());
         let mut stagings = Vec::with_capacity(passes.len());
         for p in passes {
-            let dest = &p.resource.path;
-            let writes: Vec<(RelPath, Sha256)> =
-                p.plan.writes().map(|(r, d)| (r.clone(), *d)).collect();
-            if writes.is_empty() {
-                if let Err(e) = stage::clean_stale(dest) {
-                    tracing::warn!(dest = %dest.display(), error = %e, "cannot remove a stale staging directory");
-                }
+            let Some((mut staging, writes)) = begin_staging(p)? else {
                 stagings.push(None);
                 continue;
-            }
-            let mut staging = Staging::prepare(dest).map_err(|source| SyncError::Staging {
-                dest: dest.clone(),
-                source,
-            })?;
+            };
             staging
                 .copy_in(writes, |d| blobs.path(d), &progress)
                 .map_err(SyncError::Download)?;
