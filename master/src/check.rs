@@ -170,16 +170,10 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
 /// temporary file is made (and removed) in `dir`, or in its nearest existing
 /// ancestor when `dir` does not exist yet (`serve` creates it).
 fn store_writable(dir: &Path) -> std::io::Result<()> {
-    let mut at = dir;
-    while !at.exists() {
-        at = match at.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        if at == Path::new(".") {
-            break;
-        }
-    }
+    let at = dir
+        .ancestors()
+        .find(|a| a.exists())
+        .unwrap_or(Path::new("."));
     if !at.is_dir() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::NotADirectory,
