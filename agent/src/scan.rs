@@ -179,25 +179,37 @@ impl LocalTree {
     /// A digest of everything the scan saw (paths, kinds, modes, stats):
     /// equal digests mean nothing in the destination changed.
     pub fn digest(&self) -> Sha256 {
-        use std::fmt::Write;
-        // One buffer, no string per entry: it runs on every scan.
-        let mut text = String::with_capacity(128 * (self.entries.len() + self.strays.len() + 1));
-        let _ = writeln!(text, "root {:o} {}", self.root_mode, self.exists);
-        let mut line = |p: &dyn fmt::Display, e: &LocalEntry| {
+        // Fixed-width binary fields after a NUL-ended name (no name holds a
+        // NUL), one buffer, hashed once: it runs on every scan, and text
+        // formatting of 3,000 stats cost more than the hash.
+        let mut buf: Vec<u8> =
+            Vec::with_capacity(96 * (self.entries.len() + self.strays.len() + 1));
+        buf.extend_from_slice(b"scan 2\0");
+        buf.extend_from_slice(&self.root_mode.to_le_bytes());
+        buf.push(u8::from(self.exists));
+        let mut line = |name: &[u8], e: &LocalEntry| {
             let s = &e.stat;
-            let _ = writeln!(
-                text,
-                "{p}\0{:?} {:o} {} {} {} {} {}",
-                e.kind, e.mode, s.size, s.mtime_ns, s.ctime_ns, s.ino, s.dev
-            );
+            buf.extend_from_slice(name);
+            buf.push(0);
+            buf.push(e.kind as u8);
+            buf.extend_from_slice(&e.mode.to_le_bytes());
+            for n in [s.size, s.ino, s.dev] {
+                buf.extend_from_slice(&n.to_le_bytes());
+            }
+            for n in [s.mtime_ns, s.ctime_ns] {
+                buf.extend_from_slice(&n.to_le_bytes());
+            }
         };
         for (p, e) in &self.entries {
-            line(p, e);
+            line(p.as_str().as_bytes(), e);
         }
         for (p, e) in &self.strays {
-            line(p, e);
+            // Its bytes as they are: two names no listing can hold may
+            // look alike once made printable.
+            use std::os::unix::ffi::OsStrExt;
+            line(p.to_path(Path::new("")).as_os_str().as_bytes(), e);
         }
-        Sha256::of(text.as_bytes())
+        Sha256::of(&buf)
     }
 
     /// Adds (or replaces) one entry.
@@ -228,107 +240,227 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
         root_mode: md.permissions().mode() & 0o777,
         ..LocalTree::default()
     };
-    // Top-level entries here; each top-level directory's subtree is walked
-    // by one of a few threads.
-    let mut top: Vec<std::fs::DirEntry> = std::fs::read_dir(dest)
-        .map_err(io(dest))?
-        .collect::<Result<_, _>>()
-        .map_err(io(dest))?;
-    top.sort_by_key(|e| e.file_name());
-    let skipped = std::sync::atomic::AtomicBool::new(false);
-    top.retain(|e| {
-        let name = e.file_name();
-        let name = name.to_str().unwrap_or_default();
-        if ignore.is_ignored(name) {
-            skipped.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        !(ignore.is_ignored(name) || name == STAGING_DIR)
-    });
-    let subtrees: Vec<std::sync::Mutex<Option<Subtree>>> =
-        top.iter().map(|_| std::sync::Mutex::new(None)).collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
+    // Every directory is one job of a queue that a few threads share:
+    // a Puppet libdir has one big top-level directory (`puppet/`), so
+    // splitting by top-level entries left one thread doing two thirds
+    // of the work (BENCHMARKS.md#the-scan).
+    let walk = Walk {
+        state: std::sync::Mutex::new(WalkState {
+            jobs: vec![Job {
+                parent: None,
+                path: dest.to_owned(),
+                name: LocalName::Rel(RelPath::root()),
+            }],
+            busy: 0,
+            failed: None,
+        }),
+        ready: std::sync::Condvar::new(),
+        ignore,
+        skipped: std::sync::atomic::AtomicBool::new(false),
+    };
     let workers = stat_threads();
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(entry) = top.get(i) else { break };
-                    let result = walk_one(entry, ignore, &skipped);
-                    if let Ok(mut slot) = subtrees[i].lock() {
-                        *slot = Some(result);
-                    }
-                }
-            });
-        }
+    let found: Vec<Vec<(LocalName, LocalEntry)>> = std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..workers).map(|_| scope.spawn(|| walk.work())).collect();
+        let mut found = vec![walk.work()];
+        // A helper that panicked leaves its part unknown: an error below.
+        found.extend(helpers.into_iter().filter_map(|h| h.join().ok()));
+        found
     });
-    for slot in subtrees {
-        let result = slot
-            .into_inner()
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| Ok(Vec::new()));
-        for (name, entry) in result? {
-            tree.insert(name, entry);
+    let state = walk
+        .state
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(e) = state.failed {
+        return Err(e);
+    }
+    if found.len() != workers || state.busy != 0 || !state.jobs.is_empty() {
+        return Err(io(dest)(std::io::Error::other("a scan thread failed")));
+    }
+    let (mut rels, mut strays) = (Vec::new(), Vec::new());
+    for (name, entry) in found.into_iter().flatten() {
+        match name {
+            LocalName::Rel(rel) => rels.push((rel, entry)),
+            LocalName::Stray(stray) => strays.push((stray, entry)),
         }
     }
-    tree.ignored = skipped.into_inner();
+    // Built sorted in bulk, not entry by entry.
+    tree.entries = rels.into_iter().collect();
+    tree.strays = strays.into_iter().collect();
+    tree.ignored = walk.skipped.into_inner();
     Ok(tree)
 }
 
-/// What walking one top-level entry produced.
-type Subtree = Result<Vec<(LocalName, LocalEntry)>, ScanError>;
-
-/// One top-level entry of `dest` and, for a real directory, everything
-/// below it, in walk order. Every entry is stat'ed by its name relative to
-/// the directory that holds it (std's `DirEntry::metadata`: `statx` on the
-/// open directory, not following a link), never by its whole path: a deep
-/// tree costs no path walk per file (BENCHMARKS.md#the-switch-made-cheaper).
-fn walk_one(
-    top: &std::fs::DirEntry,
-    ignore: &IgnoreSet,
-    skipped: &std::sync::atomic::AtomicBool,
-) -> Subtree {
-    let io = |path: PathBuf| move |source| ScanError::Io { path, source };
-    let md = top.metadata().map_err(io(top.path()))?;
-    let name = LocalName::Rel(RelPath::root()).child(&top.file_name());
-    let mut out = vec![(name.clone(), entry_of(&md))];
-    if md.is_dir() {
-        walk_dir(&top.path(), &name, ignore, skipped, &mut out)?;
-    }
-    Ok(out)
+/// The shared walk of [`scan`]: directories still to read, and how many
+/// are being read.
+struct Walk<'a> {
+    state: std::sync::Mutex<WalkState>,
+    /// Signalled when jobs are added or the last busy reader finishes.
+    ready: std::sync::Condvar,
+    ignore: &'a IgnoreSet,
+    /// An ignored name was skipped.
+    skipped: std::sync::atomic::AtomicBool,
 }
 
-/// The entries below the directory `dir` (named `name`), sorted by name,
-/// each directory followed by its own; ignored names are skipped without
-/// descending into them.
-fn walk_dir(
-    dir: &Path,
-    name: &LocalName,
-    ignore: &IgnoreSet,
-    skipped: &std::sync::atomic::AtomicBool,
-    out: &mut Vec<(LocalName, LocalEntry)>,
-) -> Result<(), ScanError> {
-    let io = |path: PathBuf| move |source| ScanError::Io { path, source };
-    let mut entries: Vec<(std::ffi::OsString, std::fs::DirEntry)> = std::fs::read_dir(dir)
-        .map_err(io(dir.to_owned()))?
-        .map(|e| e.map(|e| (e.file_name(), e)))
-        .collect::<Result<_, _>>()
-        .map_err(io(dir.to_owned()))?;
-    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    for (file_name, entry) in entries {
-        if ignore.is_ignored(file_name.to_str().unwrap_or_default()) {
-            skipped.store(true, std::sync::atomic::Ordering::Relaxed);
-            continue;
-        }
-        let md = entry.metadata().map_err(io(entry.path()))?;
-        let child = name.child(&file_name);
-        out.push((child.clone(), entry_of(&md)));
-        if md.is_dir() {
-            walk_dir(&entry.path(), &child, ignore, skipped, out)?;
+/// A directory to read.
+struct Job {
+    /// The open directory holding it (`None`: the destination itself,
+    /// opened by its path): opened relative to it, without following a
+    /// link, so a directory swapped for a link during the walk is never
+    /// gone through.
+    parent: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// Its path, for messages (and to open the destination).
+    path: PathBuf,
+    /// Its name in the tree.
+    name: LocalName,
+}
+
+struct WalkState {
+    /// Directories to read.
+    jobs: Vec<Job>,
+    /// Directories being read now.
+    busy: usize,
+    /// The first error: every thread stops at its next job.
+    failed: Option<ScanError>,
+}
+
+impl Walk<'_> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WalkState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Reads directories until none is left (or one failed); returns the
+    /// entries this thread found.
+    fn work(&self) -> Vec<(LocalName, LocalEntry)> {
+        let mut out = Vec::new();
+        loop {
+            let job = {
+                let mut st = self.lock();
+                loop {
+                    if st.failed.is_some() {
+                        return out;
+                    }
+                    if let Some(job) = st.jobs.pop() {
+                        st.busy += 1;
+                        break job;
+                    }
+                    if st.busy == 0 {
+                        return out;
+                    }
+                    st = self
+                        .ready
+                        .wait(st)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+            };
+            let mut subdirs = Vec::new();
+            let read = self.read_dir(&job, &mut out, &mut subdirs);
+            let mut st = self.lock();
+            st.busy -= 1;
+            let wake = match read {
+                Ok(()) => {
+                    let more = !subdirs.is_empty();
+                    st.jobs.extend(subdirs);
+                    more || st.busy == 0
+                }
+                Err(e) => {
+                    st.failed.get_or_insert(e);
+                    true
+                }
+            };
+            drop(st);
+            // Only new jobs, an error or the end are news to a waiter.
+            if wake {
+                self.ready.notify_all();
+            }
         }
     }
-    Ok(())
+
+    /// The entries of the directory of `job` into `out`, its
+    /// subdirectories into `subdirs`; ignored names (and the agent's
+    /// staging directory at the top) are skipped without descending into
+    /// them. Every entry is stat'ed by its name relative to the open
+    /// directory that holds it, not following a link, never by its whole
+    /// path: a deep tree costs no path walk per file.
+    fn read_dir(
+        &self,
+        job: &Job,
+        out: &mut Vec<(LocalName, LocalEntry)>,
+        subdirs: &mut Vec<Job>,
+    ) -> Result<(), ScanError> {
+        use rustix::fs::{AtFlags, Mode, OFlags};
+        use std::os::unix::ffi::OsStrExt;
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |e: rustix::io::Errno| ScanError::Io {
+                path,
+                source: e.into(),
+            }
+        };
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = match &job.parent {
+            None => rustix::fs::open(&job.path, flags.difference(OFlags::NOFOLLOW), Mode::empty()),
+            Some(parent) => {
+                let name = job.path.file_name().unwrap_or_default();
+                rustix::fs::openat(parent, name, flags, Mode::empty())
+            }
+        }
+        .map_err(io(&job.path))?;
+        let fd = std::sync::Arc::new(fd);
+        let top = job.parent.is_none();
+        let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+        let mut dir = rustix::fs::RawDir::new(&*fd, buf.spare_capacity_mut());
+        while let Some(entry) = dir.next() {
+            let entry = entry.map_err(io(&job.path))?;
+            let raw = entry.file_name();
+            let bytes = raw.to_bytes();
+            if bytes == b"." || bytes == b".." {
+                continue;
+            }
+            let file_name = std::ffi::OsStr::from_bytes(bytes);
+            let text = file_name.to_str().unwrap_or_default();
+            if top && text == STAGING_DIR {
+                continue;
+            }
+            if self.ignore.is_ignored(text) {
+                self.skipped
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                continue;
+            }
+            let st = rustix::fs::statat(&*fd, raw, AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(io(&job.path.join(file_name)))?;
+            let child = job.name.child(file_name);
+            let entry = entry_of_stat(&st);
+            if entry.kind == LocalKind::Dir {
+                subdirs.push(Job {
+                    parent: Some(fd.clone()),
+                    path: job.path.join(file_name),
+                    name: child.clone(),
+                });
+            }
+            out.push((child, entry));
+        }
+        Ok(())
+    }
+}
+
+/// The entry for a raw (non-following) stat; the same as [`entry_of`]
+/// gives for the same file.
+fn entry_of_stat(st: &rustix::fs::Stat) -> LocalEntry {
+    use rustix::fs::FileType;
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::Symlink => LocalKind::Symlink,
+        FileType::Directory => LocalKind::Dir,
+        FileType::RegularFile => LocalKind::File,
+        _ => LocalKind::Other,
+    };
+    LocalEntry {
+        kind,
+        mode: st.st_mode & 0o777,
+        sha256: None,
+        stat: FileSig::of_stat(st),
+    }
 }
 
 /// The entry for a (non-following) stat.

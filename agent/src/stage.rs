@@ -83,14 +83,15 @@ pub enum StageError {
 pub const WRITEBACK_ABOVE: usize = 1024;
 
 /// How often [`Writeback`] starts the staged data on its way to the disk.
-const WRITEBACK_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+const WRITEBACK_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// Writes the staged data back while the downloads go on: a `syncfs` of
-/// the staging directory's filesystem every [`WRITEBACK_EVERY`] on a
-/// thread of its own, until dropped. Only a head start: the files are
+/// Writes the staged data back while the downloads go on and the standby
+/// is prepared: a `syncfs` of the staging directory's filesystem every
+/// [`WRITEBACK_EVERY`] on a thread of its own, until stopped or dropped. Only a head start: the files are
 /// made durable by their seal as always (module docs), whose `syncfs`
 /// (above [`SYNCFS_ABOVE`] files their filesystem is synced whole anyway)
 /// then finds little left to write; its error is the one that counts.
+#[derive(Debug)]
 pub struct Writeback {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
@@ -125,10 +126,16 @@ impl Writeback {
     }
 }
 
-impl Drop for Writeback {
+impl Writeback {
     /// Stops it (not waited for: a `syncfs` in flight only writes back).
-    fn drop(&mut self) {
+    pub fn stop(&self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Writeback {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -163,6 +170,9 @@ pub struct Staging {
     created: Vec<PathBuf>,
     /// Relative path → staged file, for every verified download.
     pub files: HashMap<RelPath, PathBuf>,
+    /// The early writeback of a big staging ([`Writeback`]), kept running
+    /// until the standby is prepared, then stopped ([`Staging::stop_writeback`]).
+    pub writeback: Option<Writeback>,
 }
 
 impl Staging {
@@ -184,12 +194,21 @@ impl Staging {
             dir: dest.join(STAGING_DIR),
             created,
             files: HashMap::new(),
+            writeback: None,
         };
         clean_stale(dest)?;
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&staging.dir)?;
         Ok(staging)
+    }
+
+    /// Stops its early writeback, if any: the durability step that
+    /// follows syncs what is left.
+    pub fn stop_writeback(&self) {
+        if let Some(w) = &self.writeback {
+            w.stop();
+        }
     }
 
     /// Ends the transaction after a commit: removes the (now empty) staging

@@ -40,6 +40,20 @@ impl FileSig {
             dev: md.dev(),
         }
     }
+
+    /// From a raw stat (rustix's `fstat`/`statat`): the same fields as
+    /// [`FileSig::of`] gives for the same file.
+    pub fn of_stat(st: &rustix::fs::Stat) -> FileSig {
+        let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+        #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
+        FileSig {
+            size: st.st_size as u64,
+            mtime_ns: ns(st.st_mtime as i64, st.st_mtime_nsec as i64),
+            ctime_ns: ns(st.st_ctime as i64, st.st_ctime_nsec as i64),
+            ino: st.st_ino as u64,
+            dev: st.st_dev as u64,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -57,5 +71,17 @@ mod tests {
         let b = FileSig::of(&std::fs::metadata(&p).unwrap());
         assert_ne!(a, b);
         assert_eq!(b.size, 4);
+    }
+
+    #[test]
+    fn a_raw_stat_gives_the_signature_std_gives() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"one").unwrap();
+        let raw = rustix::fs::stat(&p).unwrap();
+        assert_eq!(
+            FileSig::of_stat(&raw),
+            FileSig::of(&std::fs::metadata(&p).unwrap())
+        );
     }
 }

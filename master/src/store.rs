@@ -545,6 +545,10 @@ impl Store {
             "index built"
         );
         self.stats.index_builds.fetch_add(1, Ordering::Relaxed);
+        let (was, now) = (
+            previous.as_ref().and_then(|p| p.generation.get().copied()),
+            idx.generation.get().copied(),
+        );
         let slot = Slot {
             index: Arc::new(idx),
             used: AtomicU64::new(self.now_ms()),
@@ -557,6 +561,15 @@ impl Store {
                     .environments_indexed
                     .fetch_add(1, Ordering::Relaxed)
             }
+        }
+        // Every node that held the previous generation asks for this
+        // delta next (docs/protocol.md §7.6): computed now, once, off the
+        // first node's run, while the index is already served.
+        if let (Some(was), Some(now)) = (was, now)
+            && was != now
+            && let Err(e) = self.generations.delta(&name, &was, &now)
+        {
+            tracing::debug!(env = %name, error = %e, "delta from the previous generation not computed");
         }
     }
 }

@@ -55,7 +55,7 @@ impl Run<'_> {
                 stagings.push(None);
                 continue;
             };
-            let _writeback = stage::Writeback::start(&staging, writes.len());
+            staging.writeback = stage::Writeback::start(&staging, writes.len());
             let src = Source {
                 origin: &p.origin,
                 mount: p.resource.mount,
@@ -131,6 +131,11 @@ impl Run<'_> {
                 })
             })?;
             prepared.push(standby);
+        }
+        // Everything is written: what the early writeback has not written
+        // yet, the durability steps do.
+        for s in stagings.iter().flatten() {
+            s.stop_writeback();
         }
         stage::sync_sealed(in_place).map_err(SyncError::Download)?;
         // Each standby on disk (synced while the next was prepared).
