@@ -122,31 +122,31 @@ impl ManifestEntry {
     }
 
     fn write_line(&self, out: &mut String) {
+        use std::fmt::Write;
         let (kind, sha, size, target) = match &self.kind {
             EntryKind::Directory => ("directory", None, None, None),
             EntryKind::File { sha256, size } => ("file", Some(sha256), Some(*size), None),
             EntryKind::Link { target } => ("link", None, None, Some(target.as_str())),
         };
-        out.push_str(self.mount.as_str());
-        out.push('\t');
-        out.push_str(kind);
-        out.push('\t');
-        out.push_str(&format!("{:o}", self.mode));
-        out.push('\t');
+        // Written into `out` directly: a manifest is thousands of lines,
+        // encoded on every change (no string per field).
+        let _ = write!(out, "{}\t{kind}\t{:o}\t", self.mount.as_str(), self.mode);
         match sha {
-            Some(d) => out.push_str(&d.to_hex()),
+            Some(d) => push_hex(out, &d.0),
             None => out.push('-'),
         }
         out.push('\t');
         match size {
-            Some(n) => out.push_str(&n.to_string()),
+            Some(n) => {
+                let _ = write!(out, "{n}");
+            }
             None => out.push('-'),
         }
         out.push('\t');
-        out.push_str(&escape_field(self.path.as_str()));
+        push_escaped(out, self.path.as_str());
         out.push('\t');
         match target {
-            Some(t) => out.push_str(&escape_field(t)),
+            Some(t) => push_escaped(out, t),
             None => out.push('-'),
         }
         out.push('\n');
@@ -154,17 +154,35 @@ impl ManifestEntry {
 
     fn parse_line(line: &str) -> Result<ManifestEntry, ManifestError> {
         let bad = |why: &str| ManifestError::Malformed(format!("{why}: {line:?}"));
-        let f: Vec<&str> = line.split('\t').collect();
-        let [mount, kind, mode, sha, size, path, target] = f[..] else {
+        let mut f = line.split('\t');
+        let mut field = || f.next().ok_or_else(|| bad("not 7 tab-separated fields"));
+        let [mount, kind, mode, sha, size, path, target] = [
+            field()?,
+            field()?,
+            field()?,
+            field()?,
+            field()?,
+            field()?,
+            field()?,
+        ];
+        if f.next().is_some() {
             return Err(bad("not 7 tab-separated fields"));
-        };
+        }
         let mount: Mount = mount.parse().map_err(|_| bad("unknown mount"))?;
         let mode = u32::from_str_radix(mode, 8)
             .ok()
             .filter(|m| *m <= 0o7777)
             .ok_or_else(|| bad("bad mode"))?;
-        let path = unescape_field(path).ok_or_else(|| bad("bad path escape"))?;
-        let path = RelPath::parse(&path).map_err(|e| bad(&e.to_string()))?;
+        let path = match path.contains('%') {
+            true => RelPath::parse(&unescape_field(path).ok_or_else(|| bad("bad path escape"))?),
+            // Nothing escaped: unescaping would only refuse what the
+            // path rules refuse too (spaces, control characters).
+            false if path.bytes().all(|b| b != b' ' && b != 0x7f && b >= 0x20) => {
+                RelPath::parse(path)
+            }
+            false => return Err(bad("bad path escape")),
+        }
+        .map_err(|e| bad(&e.to_string()))?;
         let kind = match (kind, sha, size, target) {
             ("directory", "-", "-", "-") => EntryKind::Directory,
             ("file", sha, size, "-") => EntryKind::File {
@@ -458,20 +476,27 @@ impl ManifestDelta {
                 held: held_id,
             });
         }
-        let mut map: BTreeMap<(Mount, RelPath), ManifestEntry> = held
-            .entries
-            .iter()
-            .map(|e| ((e.mount, e.path.clone()), e.clone()))
-            .collect();
-        for (mount, path) in &self.removes {
-            map.remove(&(*mount, path.clone()));
+        // Both sides are in canonical order: one merge, no map. A delta
+        // out of order gives a manifest out of order or another digest,
+        // refused below either way.
+        let mut entries = Vec::with_capacity(held.entries.len() + self.upserts.len());
+        let mut ups = self.upserts.iter().peekable();
+        let mut rms = self.removes.iter().peekable();
+        for e in &held.entries {
+            let k = e.key();
+            while let Some(u) = ups.next_if(|u| u.key() < k) {
+                entries.push(u.clone());
+            }
+            while rms.next_if(|(m, p)| (*m, p) < k).is_some() {}
+            let removed = rms.next_if(|(m, p)| (*m, p) == k).is_some();
+            match ups.next_if(|u| u.key() == k) {
+                Some(u) => entries.push(u.clone()),
+                None if !removed => entries.push(e.clone()),
+                None => {}
+            }
         }
-        for e in &self.upserts {
-            map.insert((e.mount, e.path.clone()), e.clone());
-        }
-        let m = Manifest {
-            entries: map.into_values().collect(),
-        };
+        entries.extend(ups.cloned());
+        let m = Manifest { entries };
         m.check()?;
         let (bytes, actual) = m.encode();
         if actual != self.target {
@@ -488,14 +513,34 @@ impl ManifestDelta {
 /// and every control byte become `%XX`; everything else stays.
 pub fn escape_field(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
+    push_escaped(&mut out, s);
+    out
+}
+
+/// [`escape_field`] of `s`, appended to `out`.
+fn push_escaped(out: &mut String, s: &str) {
+    let escaped = |c: char| c == '%' || c == ' ' || c == '\u{7f}' || (c as u32) < 0x20;
+    if !s.chars().any(escaped) {
+        out.push_str(s);
+        return;
+    }
     for c in s.chars() {
-        if c == '%' || c == ' ' || c == '\u{7f}' || (c as u32) < 0x20 {
-            out.push_str(&format!("%{:02X}", c as u32));
+        if escaped(c) {
+            use std::fmt::Write;
+            let _ = write!(out, "%{:02X}", c as u32);
         } else {
             out.push(c);
         }
     }
-    out
+}
+
+/// Lowercase hex of `bytes`, appended to `out`.
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
+    }
 }
 
 /// The inverse of [`escape_field`]; `None` for a malformed escape or a
@@ -698,6 +743,57 @@ mod tests {
             tampered.apply(&old, old_id),
             Err(ManifestError::Digest { .. })
         ));
+    }
+
+    /// The merge in `apply` against many shapes of change: entries added
+    /// before the first and after the last, removed at both ends, a
+    /// directory turned into a file, both mounts; and a delta out of
+    /// order is refused, never applied.
+    #[test]
+    fn a_delta_merges_every_shape_of_change_and_out_of_order_is_refused() {
+        let base: Vec<ManifestEntry> = (0..40)
+            .map(|i| file(Mount::Plugins, &format!("m{i:02}.rb"), &[i]))
+            .chain((0..5).map(|i| file(Mount::Pluginfacts, &format!("f{i}.sh"), &[i])))
+            .chain([
+                entry(Mount::Plugins, ".", EntryKind::Directory),
+                entry(Mount::Pluginfacts, ".", EntryKind::Directory),
+                entry(Mount::Plugins, "d", EntryKind::Directory),
+            ])
+            .collect();
+        let old = Manifest::new(base.clone()).unwrap();
+        let (_, old_id) = old.encode();
+        for variant in 0..6u8 {
+            let mut e = base.clone();
+            match variant {
+                0 => e.retain(|e| e.path.as_str() != "m00.rb" && e.path.as_str() != "m39.rb"),
+                1 => e.push(file(Mount::Plugins, "a.rb", b"first")),
+                2 => e.push(file(Mount::Plugins, "z.rb", b"last")),
+                3 => {
+                    e.retain(|e| e.path.as_str() != "d");
+                    e.push(file(Mount::Plugins, "d", b"was a directory"));
+                }
+                4 => e.retain(|e| e.mount == Mount::Plugins || e.path.is_root()),
+                _ => {
+                    for x in e.iter_mut().filter(|e| e.path.as_str().ends_with('5')) {
+                        x.mode = 0o600;
+                    }
+                    e.push(file(Mount::Pluginfacts, "g.sh", b"new"));
+                }
+            }
+            let new = Manifest::new(e).unwrap();
+            let (new_bytes, new_id) = new.encode();
+            let delta = old.diff(old_id, &new, new_id);
+            let (applied, bytes) = delta.apply(&old, old_id).unwrap();
+            assert_eq!((applied, bytes), (new, new_bytes), "variant {variant}");
+            if delta.upserts.len() + delta.removes.len() > 1 {
+                let mut shuffled = delta.clone();
+                shuffled.upserts.reverse();
+                shuffled.removes.reverse();
+                if shuffled != delta {
+                    assert!(shuffled.apply(&old, old_id).is_err(), "variant {variant}");
+                }
+            }
+        }
     }
 
     #[test]
