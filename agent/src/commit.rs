@@ -413,10 +413,13 @@ pub fn prepare(
         created,
         sealed,
     } = staged;
+    let started = std::time::Instant::now();
+    let ms = || started.elapsed().as_secs_f64() * 1000.0;
     let Some(standby) = standby_for(dest) else {
         return Ok(None);
     };
     let (slot, known) = standby.take_next(keep)?;
+    tracing::debug!(dest = %dest.display(), known = known.is_some(), elapsed_ms = ms(), "standby taken");
     let known = known
         .filter(|k| k.live_digest == local.digest() && !local.ignored && local.strays.is_empty());
     let skip = left_to_the_plan(plan, resource.purge);
@@ -435,7 +438,7 @@ pub fn prepare(
         tracing::warn!(dest = %dest.display(), below = %below, "a mount point below the destination: committing in place, file by file (no rollback)");
         return Ok(None);
     }
-    tracing::debug!(dest = %dest.display(), fast = fast.is_ok(), mirrored = mirror.diffs.len(), "standby mirrored");
+    tracing::debug!(dest = %dest.display(), fast = fast.is_ok(), mirrored = mirror.diffs.len(), elapsed_ms = ms(), "standby mirrored");
     let mut touched: Vec<LocalName> = mirror
         .diffs
         .iter()
@@ -449,6 +452,7 @@ pub fn prepare(
     }
     let mut dirs = Dirs::new(&slot, dest, durable);
     let committed = apply_plan(&mut dirs, plan, staged, resource);
+    tracing::debug!(dest = %dest.display(), elapsed_ms = ms(), "plan applied to the standby");
     let changed: Vec<LocalName> = plan
         .actions
         .iter()
@@ -484,6 +488,7 @@ pub fn prepare(
                 scan: local.clone(),
             })
         });
+    tracing::debug!(dest = %dest.display(), elapsed_ms = ms(), "standby prepared, syncing");
     Ok(Some(Prepared {
         standby,
         committed,

@@ -183,10 +183,28 @@ impl<'a> Mirror<'a> {
         let mut paths: Vec<&RelPath> = paths.iter().filter(|p| !p.is_root()).collect();
         paths.sort();
         paths.dedup();
+        // Sorted, so siblings come together: their parents are opened
+        // once (a sibling can remove or replace only itself).
+        let mut last: Option<(RelPath, OwnedFd, OwnedFd)> = None;
         for rel in paths {
             let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
                 continue;
             };
+            let prel = if parent.is_root() {
+                ""
+            } else {
+                parent.as_str()
+            };
+            if let Some((p, sp, dp)) = &last
+                && *p == parent
+            {
+                let (sp, dp) = (sp.as_fd(), dp.as_fd());
+                if self.one(sp, dp, rel, prel, name)? {
+                    self.keep(dp, prel);
+                }
+                continue;
+            }
+            last = None;
             let open = |fd: &OwnedFd| -> Result<OwnedFd, Errno> {
                 let mut cur = rustix::fs::openat(fd, ".", DIR_FLAGS, Mode::empty())?;
                 for seg in parent.segments() {
@@ -201,28 +219,11 @@ impl<'a> Mirror<'a> {
                 Err(Errno::NOENT) => continue,
                 Err(e) => return Err(self.err("open", parent.as_str())(e)),
             };
-            let prel = if parent.is_root() {
-                ""
-            } else {
-                parent.as_str()
-            };
             let dp = open(&dst).map_err(self.err("open", prel))?;
-            let at = |fd: &OwnedFd| rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW);
-            let changed = if matches!(at(&sp), Err(Errno::NOENT)) {
-                // The source has no such entry: neither may the target.
-                let there = at(&dp).is_ok();
-                if there {
-                    self.diffs
-                        .push((rel.as_str().to_owned(), ChangeKind::Removed));
-                    self.remove(dp.as_fd(), OsStr::new(name), rel.as_str())?;
-                }
-                there
-            } else {
-                self.entry(sp.as_fd(), Some(dp.as_fd()), prel, name.as_bytes())?
-            };
-            if changed {
+            if self.one(sp.as_fd(), dp.as_fd(), rel, prel, name)? {
                 self.keep(dp.as_fd(), prel);
             }
+            last = Some((parent, sp, dp));
         }
         let ds = rustix::fs::fstat(&dst).map_err(self.err("stat", ""))?;
         if !same_meta(&ss, &ds) {
@@ -230,6 +231,32 @@ impl<'a> Mirror<'a> {
             self.set_meta(dst.as_fd(), &ss, "")?;
         }
         Ok(())
+    }
+
+    /// One path of [`Mirror::run_paths`], `name` in the open parents `sp`
+    /// (source) and `dp` (target, `prel`); returns whether the target
+    /// parent's entries changed.
+    fn one(
+        &mut self,
+        sp: BorrowedFd<'_>,
+        dp: BorrowedFd<'_>,
+        rel: &RelPath,
+        prel: &str,
+        name: &str,
+    ) -> Result<bool, MirrorError> {
+        let at = |fd: BorrowedFd<'_>| rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW);
+        if matches!(at(sp), Err(Errno::NOENT)) {
+            // The source has no such entry: neither may the target.
+            let there = at(dp).is_ok();
+            if there {
+                self.diffs
+                    .push((rel.as_str().to_owned(), ChangeKind::Removed));
+                self.remove(dp, OsStr::new(name), rel.as_str())?;
+            }
+            Ok(there)
+        } else {
+            self.entry(sp, Some(dp), prel, name.as_bytes())
+        }
     }
 
     /// Adds `fd` (`rel`) to the durable set.

@@ -376,6 +376,7 @@ impl GenState {
             root_mode: u32::from_str_radix(mode, 8).ok()?,
             ..LocalTree::default()
         };
+        let mut entries = Vec::new();
         for line in lines {
             let mut f = line.splitn(8, ' ');
             let kind = match f.next()? {
@@ -401,8 +402,10 @@ impl GenState {
                 sha256: None,
                 stat,
             };
-            scan.entries.insert(rel, entry);
+            entries.push((rel, entry));
         }
+        // Built in bulk (the file is in order; a map sorts anyway).
+        scan.entries = entries.into_iter().collect();
         Some(scan).map(|scan| GenState {
             live_digest,
             changed,
