@@ -352,8 +352,14 @@ impl<'a> Mirror<'a> {
         };
         let ds = dst.and_then(|d| rustix::fs::statat(d, os, AtFlags::SYMLINK_NOFOLLOW).ok());
         if self.skip.contains(rel_n.as_str()) {
-            // The caller writes or removes it: only clear the place.
-            return match dst.filter(|_| self.apply && ds.is_some()) {
+            // The caller writes or removes it: only a directory's place is
+            // cleared (a rename replaces anything else in one step, and a
+            // removal removes it): a removal here frees the old copy's
+            // blocks once, not twice.
+            let dir_there = ds
+                .as_ref()
+                .is_some_and(|d| FileType::from_raw_mode(d.st_mode) == FileType::Directory);
+            return match dst.filter(|_| self.apply && dir_there) {
                 Some(d) => self.remove(d, os, &rel_n).map(|()| true),
                 None => Ok(false),
             };
@@ -624,5 +630,24 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o750, "a listing changed a mode");
+    }
+
+    /// A planned path's place in the standby: an old file stays for the
+    /// rename to replace in one step; a directory there is cleared (no
+    /// rename can replace one with a file).
+    #[test]
+    fn a_planned_path_is_cleared_only_of_a_directory() {
+        let t = tempfile::tempdir().unwrap();
+        let (live, standby) = (t.path().join("live"), t.path().join("standby"));
+        std::fs::create_dir_all(&live).unwrap();
+        std::fs::write(live.join("file.rb"), "live").unwrap();
+        std::fs::write(live.join("was_dir.rb"), "live").unwrap();
+        std::fs::create_dir_all(standby.join("was_dir.rb/below")).unwrap();
+        std::fs::write(standby.join("file.rb"), "previous").unwrap();
+        let skip: HashSet<&str> = ["file.rb", "was_dir.rb"].into_iter().collect();
+        let mut m = Mirror::new(&standby, &skip, true);
+        m.run(&live, &standby).unwrap();
+        assert_eq!(std::fs::read(standby.join("file.rb")).unwrap(), b"previous");
+        assert!(!standby.join("was_dir.rb").exists());
     }
 }

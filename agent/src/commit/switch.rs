@@ -218,9 +218,9 @@ impl Standby {
             && let Some((_, oldest)) = previous.first()
         {
             let file = self.path(&format!("{oldest}{STATE}"));
-            state = std::fs::read_to_string(&file)
+            state = std::fs::read(&file)
                 .ok()
-                .and_then(|t| GenState::decode(&t))
+                .and_then(|b| GenState::decode(&b))
                 .filter(|_| keep == 1);
             rustix::fs::renameat(&self.fd, oldest.as_str(), &self.fd, NEXT)
                 .map_err(self.io("rename", oldest))?;
@@ -281,9 +281,9 @@ impl Standby {
     /// Records what is known of the previous generation `name` (a hint:
     /// not synced; a lost or unreadable one costs a whole mirror).
     pub fn write_state(&self, name: &str, state: &GenState) {
-        let Some(text) = state.encode() else { return };
+        let Some(bytes) = state.encode() else { return };
         let file = self.path(&format!("{name}{STATE}"));
-        if let Err(e) = replace_atomic(&file, text.as_bytes(), 0o600) {
+        if let Err(e) = replace_atomic(&file, &bytes, 0o600) {
             tracing::debug!(file = %file.display(), error = %e, "cannot record a generation");
         }
     }
@@ -314,103 +314,145 @@ pub struct GenState {
     pub scan: LocalTree,
 }
 
-/// The first line of a [`GenState`] file, and its last (a cut file is
-/// none).
-const STATE_HEADER: &str = "pluginsync-generation 1";
-const STATE_END: &str = "end\n";
+/// The first bytes of a [`GenState`] file.
+const STATE_MAGIC: &[u8] = b"pluginsync-generation 2\n";
 
 impl GenState {
-    /// The file's text; `None` for what it cannot hold (a name no listing
-    /// can hold, a name with a line break, something neither file,
-    /// directory nor symlink, an ignored name).
-    pub fn encode(&self) -> Option<String> {
-        use std::fmt::Write;
+    /// The file's bytes: [`STATE_MAGIC`], the digest, the root's mode and
+    /// whether it existed, the changed paths, then per entry its kind,
+    /// mode, size, mtime, ctime, inode, device and path (little-endian,
+    /// paths after their u16 length), then the sha256 of all of it, so a
+    /// cut or torn file is none. Binary, not text: it is written at every
+    /// switch and read at the next change, 3,600 entries on the bench
+    /// tree (BENCHMARKS.md#the-scan). `None` for what it cannot hold (a
+    /// name no listing can hold, something neither file, directory nor
+    /// symlink, an ignored name).
+    pub fn encode(&self) -> Option<Vec<u8>> {
         let t = &self.scan;
-        let lines = |r: &RelPath| !r.as_str().contains('\n');
-        if !t.strays.is_empty() || t.ignored || !self.changed.iter().all(lines) {
+        if !t.strays.is_empty() || t.ignored {
             return None;
         }
-        let mut out = format!(
-            "{STATE_HEADER}\ndigest {}\nroot {:o} {}\nchanged {}\n",
-            self.live_digest.to_hex(),
-            t.root_mode,
-            u8::from(t.exists),
-            self.changed.len()
-        );
+        let mut out = Vec::with_capacity(64 + 100 * t.entries.len());
+        out.extend_from_slice(STATE_MAGIC);
+        out.extend_from_slice(&self.live_digest.0);
+        out.extend_from_slice(&t.root_mode.to_le_bytes());
+        out.push(u8::from(t.exists));
+        let path = |out: &mut Vec<u8>, rel: &RelPath| -> Option<()> {
+            let len = u16::try_from(rel.as_str().len()).ok()?;
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(rel.as_str().as_bytes());
+            Some(())
+        };
+        out.extend_from_slice(&u32::try_from(self.changed.len()).ok()?.to_le_bytes());
         for rel in &self.changed {
-            let _ = writeln!(out, "{rel}");
+            path(&mut out, rel)?;
         }
+        out.extend_from_slice(&u32::try_from(t.entries.len()).ok()?.to_le_bytes());
         for (rel, e) in &t.entries {
-            let kind = match e.kind {
-                LocalKind::Dir => 'd',
-                LocalKind::File => 'f',
-                LocalKind::Symlink => 'l',
+            out.push(match e.kind {
+                LocalKind::Dir => b'd',
+                LocalKind::File => b'f',
+                LocalKind::Symlink => b'l',
                 LocalKind::Other => return None,
-            };
-            if !lines(rel) {
-                return None;
-            }
+            });
             let s = &e.stat;
-            let _ = writeln!(
-                out,
-                "{kind} {:o} {} {} {} {} {} {rel}",
-                e.mode, s.size, s.mtime_ns, s.ctime_ns, s.ino, s.dev
-            );
+            out.extend_from_slice(&e.mode.to_le_bytes());
+            out.extend_from_slice(&s.size.to_le_bytes());
+            out.extend_from_slice(&s.mtime_ns.to_le_bytes());
+            out.extend_from_slice(&s.ctime_ns.to_le_bytes());
+            out.extend_from_slice(&s.ino.to_le_bytes());
+            out.extend_from_slice(&s.dev.to_le_bytes());
+            path(&mut out, rel)?;
         }
-        out.push_str(STATE_END);
+        let seal = Sha256::of(&out);
+        out.extend_from_slice(&seal.0);
         Some(out)
     }
 
-    /// Reads [`GenState::encode`]'s text; `None` if it is not one.
-    pub fn decode(text: &str) -> Option<GenState> {
-        let mut lines = text.strip_suffix(STATE_END)?.lines();
-        (lines.next()? == STATE_HEADER).then_some(())?;
-        let live_digest = Sha256::from_hex(lines.next()?.strip_prefix("digest ")?).ok()?;
-        let (mode, exists) = lines.next()?.strip_prefix("root ")?.split_once(' ')?;
-        let n: usize = lines.next()?.strip_prefix("changed ")?.parse().ok()?;
-        let changed = (0..n)
-            .map(|_| RelPath::parse(lines.next()?).ok())
-            .collect::<Option<Vec<_>>>()?;
-        let mut scan = LocalTree {
-            exists: exists == "1",
-            root_mode: u32::from_str_radix(mode, 8).ok()?,
-            ..LocalTree::default()
+    /// Reads [`GenState::encode`]'s bytes; `None` if they are not one.
+    pub fn decode(bytes: &[u8]) -> Option<GenState> {
+        let (body, seal) = bytes.split_at_checked(bytes.len().checked_sub(32)?)?;
+        if Sha256::of(body).0 != seal {
+            return None;
+        }
+        let mut cursor = Cursor {
+            r: body.strip_prefix(STATE_MAGIC)?,
         };
-        let mut entries = Vec::new();
-        for line in lines {
-            let mut f = line.splitn(8, ' ');
-            let kind = match f.next()? {
-                "d" => LocalKind::Dir,
-                "f" => LocalKind::File,
-                "l" => LocalKind::Symlink,
+        let live_digest = Sha256(cursor.take(32)?.try_into().ok()?);
+        let root_mode = cursor.u32()?;
+        let exists = cursor.take(1)?[0] == 1;
+        let n = cursor.u32()? as usize;
+        let mut changed = Vec::with_capacity(n.min(1 << 16));
+        for _ in 0..n {
+            changed.push(cursor.path()?);
+        }
+        let n = cursor.u32()? as usize;
+        let mut entries = Vec::with_capacity(n.min(1 << 20));
+        for _ in 0..n {
+            let kind = match cursor.take(1)?[0] {
+                b'd' => LocalKind::Dir,
+                b'f' => LocalKind::File,
+                b'l' => LocalKind::Symlink,
                 _ => return None,
             };
-            let mode = u32::from_str_radix(f.next()?, 8).ok()?;
-            let mut num = || f.next()?.parse::<i64>().ok();
-            let (size, mtime_ns, ctime_ns, ino, dev) = (num()?, num()?, num()?, num()?, num()?);
+            let mode = cursor.u32()?;
+            let f = cursor.take(40)?;
+            let at = |i: usize| u64::from_le_bytes(f[i..i + 8].try_into().expect("8 bytes"));
             let stat = FileSig {
-                size: size as u64,
-                mtime_ns,
-                ctime_ns,
-                ino: ino as u64,
-                dev: dev as u64,
+                size: at(0),
+                mtime_ns: at(8) as i64,
+                ctime_ns: at(16) as i64,
+                ino: at(24),
+                dev: at(32),
             };
-            let rel = RelPath::parse(f.next()?).ok()?;
-            let entry = LocalEntry {
-                kind,
-                mode,
-                sha256: None,
-                stat,
-            };
-            entries.push((rel, entry));
+            let rel = cursor.path()?;
+            entries.push((
+                rel,
+                LocalEntry {
+                    kind,
+                    mode,
+                    sha256: None,
+                    stat,
+                },
+            ));
         }
-        // Built in bulk (the file is in order; a map sorts anyway).
-        scan.entries = entries.into_iter().collect();
-        Some(scan).map(|scan| GenState {
+        if !cursor.r.is_empty() {
+            return None;
+        }
+        Some(GenState {
             live_digest,
             changed,
-            scan,
+            scan: LocalTree {
+                exists,
+                root_mode,
+                // The file is in order; built in bulk.
+                entries: entries.into_iter().collect(),
+                ..LocalTree::default()
+            },
         })
+    }
+}
+
+/// Reads [`GenState`]'s bytes front to back.
+struct Cursor<'a> {
+    r: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = self.r.split_at_checked(n)?;
+        self.r = rest;
+        Some(head)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    /// A u16 length, then that many bytes of a [`RelPath`].
+    fn path(&mut self) -> Option<RelPath> {
+        let len = u16::from_le_bytes(self.take(2)?.try_into().ok()?);
+        RelPath::parse(std::str::from_utf8(self.take(usize::from(len))?).ok()?).ok()
     }
 }
 
@@ -431,18 +473,24 @@ mod tests {
             changed: vec![RelPath::parse("a b/c/x.rb").unwrap()],
             scan,
         };
-        let text = state.encode().unwrap();
-        assert_eq!(GenState::decode(&text), Some(state.clone()));
-        assert_eq!(
-            GenState::decode(&text.replacen("generation 1", "generation 2", 1)),
-            None
-        );
-        assert_eq!(
-            GenState::decode(&text[..text.len() - 3]).map(|s| s.scan),
-            None
-        );
+        let bytes = state.encode().unwrap();
+        assert_eq!(GenState::decode(&bytes), Some(state.clone()));
+        let mut other = bytes.clone();
+        other[STATE_MAGIC.len() - 2] = b'1';
+        assert_eq!(GenState::decode(&other), None, "another format");
+        for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
+            assert_eq!(GenState::decode(&bytes[..cut]), None, "cut at {cut}");
+        }
+        let mut flipped = bytes;
+        flipped[STATE_MAGIC.len() + 40] ^= 1;
+        assert_eq!(GenState::decode(&flipped), None, "altered");
+        // A line break in a name is held now; a name no listing can hold
+        // is not.
+        let mut more = state.clone();
+        more.changed.push(RelPath::parse("line\nbreak").unwrap());
+        assert_eq!(GenState::decode(&more.encode().unwrap()), Some(more));
         let mut broken = state;
-        broken.changed.push(RelPath::parse("line\nbreak").unwrap());
+        broken.scan.ignored = true;
         assert_eq!(broken.encode(), None);
     }
 }

@@ -232,9 +232,11 @@ impl Run<'_> {
             let m = Manifest::parse_unverified(&bytes).ok()?;
             Some((since, m))
         });
+        self.phase("held manifest read");
         let mut since = base.as_ref().map(|(id, _)| *id);
         for round in 0..3 {
             let got = self.servers.manifest(env, &held.id, since.as_ref()).await?;
+            self.phase("manifest fetched");
             let (server, answer) = match got {
                 Some(g) => g,
                 None if since.is_some() => {
