@@ -170,6 +170,13 @@ pub struct Staging {
     created: Vec<PathBuf>,
     /// Relative path → staged file, for every verified download.
     pub files: HashMap<RelPath, PathBuf>,
+    /// The planned mode of each file to stage (relative path → mode),
+    /// when known before the downloads: a batch's files are given it as
+    /// they are written, through their open descriptor.
+    pub modes: HashMap<RelPath, u32>,
+    /// Staged files given their mode as they were written (file → mode):
+    /// [`Staging::seal_into`] sets only the others.
+    preset: HashMap<PathBuf, u32>,
     /// The early writeback of a big staging ([`Writeback`]), kept running
     /// until the standby is prepared, then stopped ([`Staging::stop_writeback`]).
     pub writeback: Option<Writeback>,
@@ -194,6 +201,8 @@ impl Staging {
             dir: dest.join(STAGING_DIR),
             created,
             files: HashMap::new(),
+            modes: HashMap::new(),
+            preset: HashMap::new(),
             writeback: None,
         };
         clean_stale(dest)?;
@@ -256,7 +265,9 @@ impl Staging {
         let ours = st.st_uid == rustix::process::geteuid().as_raw() && st.st_mode & 0o077 == 0;
         if ours && self.files.len() > SYNCFS_ABOVE {
             for (rel, tmp) in &self.files {
-                if let Some(mode) = modes.get(rel) {
+                if let Some(mode) = modes.get(rel)
+                    && self.preset.get(tmp) != Some(&(mode & MODE_MASK))
+                {
                     let name = tmp.file_name().unwrap_or_default();
                     rustix::fs::chmodat(
                         &dir,
@@ -317,12 +328,20 @@ impl Staging {
             by_sha.entry(digest).or_default().push(rel);
         }
         let shas: Vec<Sha256> = by_sha.keys().copied().collect();
-        let dir = &self.dir;
+        // Each content's file gets the mode of its first path as it is
+        // written (one `fchmod`, no lookup by name in a staging directory
+        // of thousands later); a copy for another path keeps it.
+        let mode_of: HashMap<Sha256, u32> = by_sha
+            .iter()
+            .filter_map(|(sha, rels)| Some((*sha, self.modes.get(rels.first()?)? & MODE_MASK)))
+            .collect();
+        let (dir, mode_of) = (&self.dir, &mode_of);
         let jobs = shas
             .chunks(BATCH_PER_REQUEST)
             .enumerate()
             .map(|(n, chunk)| async move {
-                let got = fetch_batch(client, src, chunk, &dir.join(format!("b{n}"))).await;
+                let got =
+                    fetch_batch(client, src, chunk, &dir.join(format!("b{n}")), mode_of).await;
                 (chunk, got)
             });
         let mut stream = futures_util::stream::iter(jobs).buffer_unordered(BATCHES_IN_FLIGHT);
@@ -335,6 +354,9 @@ impl Staging {
                 let rels = by_sha.remove(sha).unwrap_or_default();
                 match got.get(sha) {
                     Some(first) => {
+                        if let Some(mode) = mode_of.get(sha) {
+                            self.preset.insert(first.clone(), *mode);
+                        }
                         for (k, rel) in rels.into_iter().enumerate() {
                             let tmp = if k == 0 {
                                 first.clone()
@@ -344,7 +366,11 @@ impl Staging {
                                 let mut copy = first.clone().into_os_string();
                                 copy.push(format!(".c{k}"));
                                 let copy = PathBuf::from(copy);
+                                // Its permission bits too.
                                 std::fs::copy(first, &copy).map_err(StageError::Copy)?;
+                                if let Some(mode) = mode_of.get(sha) {
+                                    self.preset.insert(copy.clone(), *mode);
+                                }
                                 copy
                             };
                             self.files.insert(rel, tmp);
@@ -526,6 +552,7 @@ async fn fetch_batch(
     src: &Source<'_>,
     hashes: &[Sha256],
     prefix: &Path,
+    modes: &HashMap<Sha256, u32>,
 ) -> Result<HashMap<Sha256, PathBuf>, FetchError> {
     use std::io::Write;
     let Some(body) = client.batch(src, hashes).await else {
@@ -567,10 +594,16 @@ async fn fetch_batch(
                 }
                 FrameEvent::End(sha) => {
                     let (file, path, hasher) = current.take().expect("end of a frame");
-                    drop(file);
                     if hasher.digest() == sha {
+                        if let Some(mode) = modes.get(&sha) {
+                            use std::os::unix::fs::PermissionsExt;
+                            file.set_permissions(std::fs::Permissions::from_mode(*mode))
+                                .map_err(|e| fail(format!("cannot chmod a staged file: {e}")))?;
+                        }
+                        drop(file);
                         got.insert(sha, path);
                     } else {
+                        drop(file);
                         let _ = std::fs::remove_file(&path);
                     }
                 }

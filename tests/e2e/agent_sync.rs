@@ -840,3 +840,42 @@ fn two_groups_of_equal_files_in_one_batch_each_land_with_their_content() {
         merged_mount(&t.envpath().join("production"), "lib")
     );
 }
+
+/// Above a few hundred files a batch's files get their modes as they are
+/// written, each from the first path of its content: equal contents
+/// whose paths want other modes (0755, 0600 beside 0644) must still land
+/// with each path's own mode.
+#[test]
+fn a_big_first_sync_gives_every_path_its_own_mode_even_for_equal_contents() {
+    let pki = Pki::new();
+    let t = EnvTree::new();
+    let modes = [0o644, 0o755, 0o600];
+    for i in 0..300 {
+        t.file(
+            "production",
+            "big",
+            &format!("lib/puppet/type/t{i:03}.rb"),
+            &format!("# type {i}\n"),
+            modes[i % 3],
+        );
+    }
+    for (i, m) in ["a", "b", "c"].into_iter().enumerate() {
+        t.file(
+            "production",
+            m,
+            &format!("lib/{m}/same.rb"),
+            "# same\n",
+            modes[i],
+        );
+    }
+    let master = start(&t, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let want = merged_mount(&t.envpath().join("production"), "lib");
+    assert_eq!(tree_snapshot(&home.libdir()), want);
+    assert!(
+        want.values().filter(|v| v.contains("755")).count() >= 100,
+        "the tree has the modes it should test: {want:?}"
+    );
+}

@@ -56,6 +56,10 @@ impl Run<'_> {
                 continue;
             };
             staging.writeback = stage::Writeback::start(&staging, writes.len());
+            staging.modes = write_modes(&p.plan)
+                .into_iter()
+                .map(|(rel, mode)| (rel.clone(), mode))
+                .collect();
             let src = Source {
                 origin: &p.origin,
                 mount: p.resource.mount,
