@@ -317,6 +317,23 @@ impl Run<'_> {
     ) -> Result<Pass, SyncError> {
         let (vardir, mount) = (&self.settings.vardir, resource.mount);
         let mut cache = MountCache::load(vardir, mount);
+        // A manifest fetched in this run means a change: its listing and
+        // the stat cache are made while the scan is still running (a
+        // run that keeps its generation parses neither unless it must).
+        let early = match held.manifest.as_ref() {
+            Some(manifest) => {
+                let remote = listing::from_manifest(manifest, mount, &resource.ignore).map_err(
+                    |source| SyncError::Listing {
+                        server: held.origin.server.clone(),
+                        mount,
+                        source,
+                    },
+                )?;
+                cache.load_files(vardir, mount);
+                Some(remote)
+            }
+            None => None,
+        };
         let (mut local, digest) = super::pass::scanned(scanning, &resource).await?;
         self.phase("scanned");
         let query = super::pass::query_of(&resource, &self.env).to_query();
@@ -332,15 +349,19 @@ impl Run<'_> {
             self.report.unchanged += cache.entries;
             (Plan::default(), None)
         } else {
-            let manifest = self.manifest_of(held).await?;
-            let remote =
-                listing::from_manifest(manifest, mount, &resource.ignore).map_err(|source| {
-                    SyncError::Listing {
-                        server: held.origin.server.clone(),
-                        mount,
-                        source,
-                    }
-                })?;
+            let remote = match early {
+                Some(remote) => remote,
+                None => {
+                    let manifest = self.manifest_of(held).await?;
+                    listing::from_manifest(manifest, mount, &resource.ignore).map_err(|source| {
+                        SyncError::Listing {
+                            server: held.origin.server.clone(),
+                            mount,
+                            source,
+                        }
+                    })?
+                }
+            };
             self.phase("manifest mount checked");
             let plan = self.planned(&resource, &mut local, &mut cache, &remote)?;
             (plan, Some(remote))
