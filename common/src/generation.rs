@@ -37,6 +37,11 @@ use crate::protocol::{self, Mount};
 use crate::relpath::RelPath;
 use crate::urlpath::encode_query_value;
 
+mod escape;
+
+pub use escape::{escape_field, unescape_field};
+use escape::{push_escaped, push_hex};
+
 /// The first line of a canonical manifest.
 pub const MANIFEST_MAGIC: &str = "pluginsync-manifest 1";
 /// The first line of a manifest delta.
@@ -507,67 +512,6 @@ impl ManifestDelta {
         }
         Ok((m, bytes))
     }
-}
-
-/// Escapes a path or link target for a manifest field: `%`, space, DEL
-/// and every control byte become `%XX`; everything else stays.
-pub fn escape_field(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    push_escaped(&mut out, s);
-    out
-}
-
-/// [`escape_field`] of `s`, appended to `out`.
-fn push_escaped(out: &mut String, s: &str) {
-    let escaped = |c: char| c == '%' || c == ' ' || c == '\u{7f}' || (c as u32) < 0x20;
-    if !s.chars().any(escaped) {
-        out.push_str(s);
-        return;
-    }
-    for c in s.chars() {
-        if escaped(c) {
-            use std::fmt::Write;
-            let _ = write!(out, "%{:02X}", c as u32);
-        } else {
-            out.push(c);
-        }
-    }
-}
-
-/// Lowercase hex of `bytes`, appended to `out`.
-fn push_hex(out: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 15)] as char);
-    }
-}
-
-/// The inverse of [`escape_field`]; `None` for a malformed escape or a
-/// field that could not have been written by it.
-pub fn unescape_field(s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = s.get(i + 1..i + 3)?;
-                let v = u8::from_str_radix(hex, 16).ok()?;
-                if !(v == b'%' || v == b' ' || v == 0x7f || v < 0x20) {
-                    return None;
-                }
-                out.push(v);
-                i += 3;
-            }
-            c if c == b' ' || c == 0x7f || c < 0x20 => return None,
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// The per-node answer (docs/protocol.md §7.6): which generation of its
