@@ -592,7 +592,7 @@ mod tests {
         for cut in [0, 1, 20, bytes.len() / 2, bytes.len() - 1] {
             assert_eq!(decode_stat_cache(&bytes[..cut]), None, "cut at {cut}");
         }
-        let mut altered = bytes.clone();
+        let mut altered = bytes;
         altered[40] ^= 1;
         assert_eq!(decode_stat_cache(&altered), None);
         let d = tempfile::tempdir().unwrap();

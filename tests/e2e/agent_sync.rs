@@ -855,7 +855,7 @@ fn a_big_first_sync_gives_every_path_its_own_mode_even_for_equal_contents() {
             "production",
             "big",
             &format!("lib/puppet/type/t{i:03}.rb"),
-            &format!("# type {i}\n"),
+            format!("# type {i}\n"),
             modes[i % 3],
         );
     }
