@@ -25,7 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use pluginsync_common::digest::Sha256;
+use pluginsync_common::digest::{Sealed, Sha256, Unsealed};
 use pluginsync_common::etag::ETag;
 use pluginsync_common::fsutil::replace_atomic;
 use pluginsync_common::generation::GenerationId;
@@ -304,61 +304,32 @@ const STAT_MAGIC: &[u8] = b"pluginsync-stat 1\n";
 /// file, not JSON: a 1 % run reads and writes the stat cache of every
 /// file, and JSON cost ~10 ms of it on 3,000 files (BENCHMARKS.md).
 pub fn encode_stat_cache(files: &HashMap<String, (FileSig, Sha256)>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(STAT_MAGIC.len() + 36 + files.len() * 128);
-    out.extend_from_slice(STAT_MAGIC);
+    let mut out = Sealed::new(STAT_MAGIC, 4 + files.len() * 128);
     let kept: Vec<_> = files
         .iter()
         .filter(|(p, _)| p.len() <= usize::from(u16::MAX))
         .collect();
-    out.extend_from_slice(&(kept.len() as u32).to_le_bytes());
+    out.u32(kept.len() as u32);
     for (path, (sig, sha)) in kept {
-        out.extend_from_slice(&(path.len() as u16).to_le_bytes());
-        out.extend_from_slice(path.as_bytes());
-        out.extend_from_slice(&sig.size.to_le_bytes());
-        out.extend_from_slice(&sig.mtime_ns.to_le_bytes());
-        out.extend_from_slice(&sig.ctime_ns.to_le_bytes());
-        out.extend_from_slice(&sig.ino.to_le_bytes());
-        out.extend_from_slice(&sig.dev.to_le_bytes());
-        out.extend_from_slice(&sha.0);
+        let _fits = out.text(path);
+        out.bytes.extend_from_slice(&sig.to_le_bytes());
+        out.bytes.extend_from_slice(&sha.0);
     }
-    let seal = Sha256::of(&out);
-    out.extend_from_slice(&seal.0);
-    out
+    out.seal()
 }
 
 /// [`encode_stat_cache`]'s bytes back; `None` for anything else (cut,
 /// torn, another format): the cache is only a hint.
 pub fn decode_stat_cache(bytes: &[u8]) -> Option<HashMap<String, (FileSig, Sha256)>> {
-    let (body, seal) = bytes.split_at_checked(bytes.len().checked_sub(32)?)?;
-    if Sha256::of(body).0 != seal {
-        return None;
-    }
-    let mut r = body.strip_prefix(STAT_MAGIC)?;
-    let mut take = |n: usize| -> Option<&[u8]> {
-        let (head, rest) = r.split_at_checked(n)?;
-        r = rest;
-        Some(head)
-    };
-    let u64_at = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+    let mut r = Unsealed::open(bytes, STAT_MAGIC)?;
+    let count = r.u32()? as usize;
     let mut files = HashMap::with_capacity(count.min(1 << 20));
     for _ in 0..count {
-        let len = u16::from_le_bytes(take(2)?.try_into().ok()?);
-        let path = std::str::from_utf8(take(usize::from(len))?)
-            .ok()?
-            .to_owned();
-        let f = take(40 + 32)?;
-        let sig = FileSig {
-            size: u64_at(f, 0),
-            mtime_ns: u64_at(f, 8) as i64,
-            ctime_ns: u64_at(f, 16) as i64,
-            ino: u64_at(f, 24),
-            dev: u64_at(f, 32),
-        };
-        let sha = Sha256(f[40..72].try_into().ok()?);
-        files.insert(path, (sig, sha));
+        let path = r.text()?.to_owned();
+        let sig = FileSig::from_le_bytes(&r.array()?);
+        files.insert(path, (sig, Sha256(r.array()?)));
     }
-    take(1).is_none().then_some(files)
+    r.is_done().then_some(files)
 }
 
 /// What the agent remembers of the generation it committed, per

@@ -72,6 +72,92 @@ pub fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// A record the agent keeps without fsync (its stat cache, a kept
+/// generation's record: docs/internals.md#cache), sealed by the sha256 of
+/// its bytes so that a file cut or torn by a crash reads as none. Built
+/// by pushing fields onto `bytes` after a magic line, then [`Sealed::seal`].
+#[derive(Debug, Default)]
+pub struct Sealed {
+    /// The bytes so far.
+    pub bytes: Vec<u8>,
+}
+
+impl Sealed {
+    /// A record starting with `magic` (its format and version).
+    pub fn new(magic: &[u8], capacity: usize) -> Sealed {
+        let mut bytes = Vec::with_capacity(magic.len() + capacity + 32);
+        bytes.extend_from_slice(magic);
+        Sealed { bytes }
+    }
+
+    /// Appends a `u32`, little-endian.
+    pub fn u32(&mut self, n: u32) {
+        self.bytes.extend_from_slice(&n.to_le_bytes());
+    }
+
+    /// Appends `text` after its length as a `u16`; `None` (nothing
+    /// appended) for a text longer than that can say.
+    pub fn text(&mut self, text: &str) -> Option<()> {
+        let len = u16::try_from(text.len()).ok()?;
+        self.bytes.extend_from_slice(&len.to_le_bytes());
+        self.bytes.extend_from_slice(text.as_bytes());
+        Some(())
+    }
+
+    /// The record's bytes, the seal appended.
+    pub fn seal(mut self) -> Vec<u8> {
+        let seal = Sha256::of(&self.bytes);
+        self.bytes.extend_from_slice(&seal.0);
+        self.bytes
+    }
+}
+
+/// Reads a [`Sealed`] record front to back.
+#[derive(Debug)]
+pub struct Unsealed<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Unsealed<'a> {
+    /// The fields of `bytes` when they are a record with `magic` whose
+    /// seal holds; `None` otherwise.
+    pub fn open(bytes: &'a [u8], magic: &[u8]) -> Option<Unsealed<'a>> {
+        let (body, seal) = bytes.split_at_checked(bytes.len().checked_sub(32)?)?;
+        (Sha256::of(body).0 == seal).then_some(())?;
+        Some(Unsealed {
+            rest: body.strip_prefix(magic)?,
+        })
+    }
+
+    /// The next `n` bytes.
+    pub fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = self.rest.split_at_checked(n)?;
+        self.rest = rest;
+        Some(head)
+    }
+
+    /// The next `N` bytes, as an array.
+    pub fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
+    }
+
+    /// The next `u32` ([`Sealed::u32`]).
+    pub fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.array()?))
+    }
+
+    /// The next text ([`Sealed::text`]).
+    pub fn text(&mut self) -> Option<&'a str> {
+        let len = u16::from_le_bytes(self.array()?);
+        std::str::from_utf8(self.take(usize::from(len))?).ok()
+    }
+
+    /// Whether every field was read.
+    pub fn is_done(&self) -> bool {
+        self.rest.is_empty()
+    }
+}
+
 impl fmt::Display for Sha256 {
     /// Bare lowercase hex.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -41,6 +41,38 @@ impl FileSig {
         }
     }
 
+    /// Its five fields, little-endian, for the agent's binary records.
+    pub fn to_le_bytes(&self) -> [u8; 40] {
+        let mut out = [0u8; 40];
+        let fields = [
+            self.size.to_le_bytes(),
+            self.mtime_ns.to_le_bytes(),
+            self.ctime_ns.to_le_bytes(),
+            self.ino.to_le_bytes(),
+            self.dev.to_le_bytes(),
+        ];
+        for (chunk, field) in out.chunks_exact_mut(8).zip(fields) {
+            chunk.copy_from_slice(&field);
+        }
+        out
+    }
+
+    /// [`FileSig::to_le_bytes`] back.
+    pub fn from_le_bytes(b: &[u8; 40]) -> FileSig {
+        let at = |i: usize| {
+            let mut f = [0u8; 8];
+            f.copy_from_slice(&b[i..i + 8]);
+            f
+        };
+        FileSig {
+            size: u64::from_le_bytes(at(0)),
+            mtime_ns: i64::from_le_bytes(at(8)),
+            ctime_ns: i64::from_le_bytes(at(16)),
+            ino: u64::from_le_bytes(at(24)),
+            dev: u64::from_le_bytes(at(32)),
+        }
+    }
+
     /// From a raw stat (rustix's `fstat`/`statat`): the same fields as
     /// [`FileSig::of`] gives for the same file.
     pub fn of_stat(st: &rustix::fs::Stat) -> FileSig {
@@ -71,6 +103,7 @@ mod tests {
         let b = FileSig::of(&std::fs::metadata(&p).unwrap());
         assert_ne!(a, b);
         assert_eq!(b.size, 4);
+        assert_eq!(FileSig::from_le_bytes(&b.to_le_bytes()), b);
     }
 
     #[test]

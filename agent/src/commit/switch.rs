@@ -26,7 +26,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use pluginsync_common::digest::Sha256;
+use pluginsync_common::digest::{Sealed, Sha256, Unsealed};
 use pluginsync_common::filesig::FileSig;
 use pluginsync_common::fsutil::replace_atomic;
 use pluginsync_common::relpath::RelPath;
@@ -332,94 +332,58 @@ impl GenState {
         if !t.strays.is_empty() || t.ignored {
             return None;
         }
-        let mut out = Vec::with_capacity(64 + 100 * t.entries.len());
-        out.extend_from_slice(STATE_MAGIC);
-        out.extend_from_slice(&self.live_digest.0);
-        out.extend_from_slice(&t.root_mode.to_le_bytes());
-        out.push(u8::from(t.exists));
-        let path = |out: &mut Vec<u8>, rel: &RelPath| -> Option<()> {
-            let len = u16::try_from(rel.as_str().len()).ok()?;
-            out.extend_from_slice(&len.to_le_bytes());
-            out.extend_from_slice(rel.as_str().as_bytes());
-            Some(())
-        };
-        out.extend_from_slice(&u32::try_from(self.changed.len()).ok()?.to_le_bytes());
+        let mut out = Sealed::new(STATE_MAGIC, 64 + 100 * t.entries.len());
+        out.bytes.extend_from_slice(&self.live_digest.0);
+        out.u32(t.root_mode);
+        out.bytes.push(u8::from(t.exists));
+        out.u32(u32::try_from(self.changed.len()).ok()?);
         for rel in &self.changed {
-            path(&mut out, rel)?;
+            out.text(rel.as_str())?;
         }
-        out.extend_from_slice(&u32::try_from(t.entries.len()).ok()?.to_le_bytes());
+        out.u32(u32::try_from(t.entries.len()).ok()?);
         for (rel, e) in &t.entries {
-            out.push(match e.kind {
+            out.bytes.push(match e.kind {
                 LocalKind::Dir => b'd',
                 LocalKind::File => b'f',
                 LocalKind::Symlink => b'l',
                 LocalKind::Other => return None,
             });
-            let s = &e.stat;
-            out.extend_from_slice(&e.mode.to_le_bytes());
-            out.extend_from_slice(&s.size.to_le_bytes());
-            out.extend_from_slice(&s.mtime_ns.to_le_bytes());
-            out.extend_from_slice(&s.ctime_ns.to_le_bytes());
-            out.extend_from_slice(&s.ino.to_le_bytes());
-            out.extend_from_slice(&s.dev.to_le_bytes());
-            path(&mut out, rel)?;
+            out.u32(e.mode);
+            out.bytes.extend_from_slice(&e.stat.to_le_bytes());
+            out.text(rel.as_str())?;
         }
-        let seal = Sha256::of(&out);
-        out.extend_from_slice(&seal.0);
-        Some(out)
+        Some(out.seal())
     }
 
     /// Reads [`GenState::encode`]'s bytes; `None` if they are not one.
     pub fn decode(bytes: &[u8]) -> Option<GenState> {
-        let (body, seal) = bytes.split_at_checked(bytes.len().checked_sub(32)?)?;
-        if Sha256::of(body).0 != seal {
-            return None;
-        }
-        let mut cursor = Cursor {
-            r: body.strip_prefix(STATE_MAGIC)?,
-        };
-        let live_digest = Sha256(cursor.take(32)?.try_into().ok()?);
-        let root_mode = cursor.u32()?;
-        let exists = cursor.take(1)?[0] == 1;
-        let n = cursor.u32()? as usize;
-        let mut changed = Vec::with_capacity(n.min(1 << 16));
-        for _ in 0..n {
-            changed.push(cursor.path()?);
-        }
-        let n = cursor.u32()? as usize;
+        let mut r = Unsealed::open(bytes, STATE_MAGIC)?;
+        let path = |r: &mut Unsealed<'_>| RelPath::parse(r.text()?).ok();
+        let live_digest = Sha256(r.array()?);
+        let root_mode = r.u32()?;
+        let exists = r.take(1)?[0] == 1;
+        let n = r.u32()? as usize;
+        let changed = (0..n).map(|_| path(&mut r)).collect::<Option<Vec<_>>>()?;
+        let n = r.u32()? as usize;
         let mut entries = Vec::with_capacity(n.min(1 << 20));
         for _ in 0..n {
-            let kind = match cursor.take(1)?[0] {
+            let kind = match r.take(1)?[0] {
                 b'd' => LocalKind::Dir,
                 b'f' => LocalKind::File,
                 b'l' => LocalKind::Symlink,
                 _ => return None,
             };
-            let mode = cursor.u32()?;
-            let f = cursor.take(40)?;
-            let at = |i: usize| u64::from_le_bytes(f[i..i + 8].try_into().expect("8 bytes"));
-            let stat = FileSig {
-                size: at(0),
-                mtime_ns: at(8) as i64,
-                ctime_ns: at(16) as i64,
-                ino: at(24),
-                dev: at(32),
+            let mode = r.u32()?;
+            let stat = FileSig::from_le_bytes(&r.array()?);
+            let entry = LocalEntry {
+                kind,
+                mode,
+                sha256: None,
+                stat,
             };
-            let rel = cursor.path()?;
-            entries.push((
-                rel,
-                LocalEntry {
-                    kind,
-                    mode,
-                    sha256: None,
-                    stat,
-                },
-            ));
+            entries.push((path(&mut r)?, entry));
         }
-        if !cursor.r.is_empty() {
-            return None;
-        }
-        Some(GenState {
+        r.is_done().then(|| GenState {
             live_digest,
             changed,
             scan: LocalTree {
@@ -430,29 +394,6 @@ impl GenState {
                 ..LocalTree::default()
             },
         })
-    }
-}
-
-/// Reads [`GenState`]'s bytes front to back.
-struct Cursor<'a> {
-    r: &'a [u8],
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let (head, rest) = self.r.split_at_checked(n)?;
-        self.r = rest;
-        Some(head)
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-
-    /// A u16 length, then that many bytes of a [`RelPath`].
-    fn path(&mut self) -> Option<RelPath> {
-        let len = u16::from_le_bytes(self.take(2)?.try_into().ok()?);
-        RelPath::parse(std::str::from_utf8(self.take(usize::from(len))?).ok()?).ok()
     }
 }
 
