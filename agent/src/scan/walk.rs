@@ -55,6 +55,8 @@ impl Walk<'_> {
     /// entries this thread found.
     pub(super) fn work(&self) -> Vec<(LocalName, LocalEntry)> {
         let mut out = Vec::new();
+        // The getdents buffer, one per thread for all its directories.
+        let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
         loop {
             let job = {
                 let mut st = self.lock();
@@ -76,7 +78,7 @@ impl Walk<'_> {
                 }
             };
             let mut subdirs = Vec::new();
-            let read = self.read_dir(&job, &mut out, &mut subdirs);
+            let read = self.read_dir(&job, &mut buf, &mut out, &mut subdirs);
             let mut st = self.lock();
             st.busy -= 1;
             let wake = match read {
@@ -107,6 +109,7 @@ impl Walk<'_> {
     fn read_dir(
         &self,
         job: &Job,
+        buf: &mut Vec<u8>,
         out: &mut Vec<(LocalName, LocalEntry)>,
         subdirs: &mut Vec<Job>,
     ) -> Result<(), ScanError> {
@@ -130,7 +133,6 @@ impl Walk<'_> {
         .map_err(io(&job.path))?;
         let fd = std::sync::Arc::new(fd);
         let top = job.parent.is_none();
-        let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
         let mut dir = rustix::fs::RawDir::new(&*fd, buf.spare_capacity_mut());
         while let Some(entry) = dir.next() {
             let entry = entry.map_err(io(&job.path))?;
