@@ -146,8 +146,12 @@ fn mkdir(
     }
     let parent = dirs.fd(depth);
     let io = |what| CommitError::io(what, rel.to_path(dest));
-    rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(mode & MODE_MASK))
-        .map_err(io("create"))?;
+    match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(mode & MODE_MASK)) {
+        // Made by the downloads that filled it (`Dirs::in_place`); the
+        // open below refuses anything but a directory.
+        Err(Errno::EXIST) if dirs.in_place => {}
+        made => made.map_err(io("create"))?,
+    }
     // mkdir's mode went through the umask: set it exactly, on the
     // directory just made (opened without following a link).
     let fd = rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty()).map_err(io("open"))?;
@@ -184,6 +188,12 @@ fn write(
     force: bool,
 ) -> Result<(), CommitError> {
     let dest = dirs.dest;
+    if dirs.in_place && !replace_dir && tmp == rel.to_path(dest) {
+        // Written there by its download: only its directory's entry is
+        // left to make durable.
+        dirs.parent_changed(rel)?;
+        return Ok(());
+    }
     let tmp_name = match (tmp.parent(), tmp.file_name()) {
         (Some(dir), Some(name)) if dir == dirs.staged_in.join(STAGING_DIR) => name,
         _ => return Err(CommitError::NotStaged(tmp.to_owned())),
@@ -354,30 +364,54 @@ pub enum PrepareError {
     },
 }
 
-/// The standby trees of `dest`, or `None` (said in one warning) where
-/// there can be no switch: no live directory, a mount point, no room
-/// for them beside it, a filesystem without `RENAME_EXCHANGE`.
-fn standby_for(dest: &Path) -> Option<Standby> {
+/// A first sync's standby, to be filled by its downloads (`stage.rs`):
+/// `Some(slot)` when `dest` will switch, its live tree (`local`, its
+/// scan) holds nothing, and the standby taken for its next generation
+/// is empty. Nothing then needs mirroring, and every downloaded file
+/// can be written straight to its place there instead of into a staging
+/// directory and renamed in one by one: on a first sync of thousands of
+/// files, the renames and the staging directory's size were a third of
+/// the time after the downloads (BENCHMARKS.md#the-first-sync-fills-its-standby).
+/// [`prepare`] is then called with [`Staged::in_standby`].
+pub fn fresh_standby(dest: &Path, local: &LocalTree, keep: usize) -> Option<PathBuf> {
+    if !local.entries.is_empty() || !local.strays.is_empty() || local.ignored {
+        return None;
+    }
+    let standby = standby_for(dest).ok()?;
+    // A kept generation would be recycled, and is left to `prepare`.
+    if standby.previous().ok()?.len() >= keep.max(1) {
+        return None;
+    }
+    let (slot, _) = standby.take_next(keep).ok()?;
+    let empty = std::fs::read_dir(&slot).ok()?.next().is_none();
+    empty.then_some(slot)
+}
+
+/// The standby trees of `dest`, or why it has none and commits in place
+/// (docs/internals.md#the-switch): a mount point, a filesystem without
+/// `RENAME_EXCHANGE`, a container that is not this user's alone; `None`
+/// when there is no live directory (made in place, nothing to say).
+fn standby_for(dest: &Path) -> Result<Standby, Option<String>> {
     let dev = |p: &Path| {
         std::fs::symlink_metadata(p)
             .ok()
             .map(|m| (m.is_dir(), m.dev()))
     };
     let Some((true, dest_dev)) = dev(dest) else {
-        return None;
+        // Nothing live to keep: made in place, without a word.
+        return Err(None);
     };
     let parent = dest.parent().filter(|p| !p.as_os_str().is_empty());
-    let why = if parent.and_then(dev).map(|(_, d)| d) != Some(dest_dev) {
-        "the destination is a mount point".to_owned()
-    } else {
-        match Standby::open(dest, true) {
-            Ok(Some(s)) if s.exchange_works() => return Some(s),
-            Ok(_) => "the filesystem cannot exchange two directories (RENAME_EXCHANGE)".to_owned(),
-            Err(e) => format!("no standby tree ({e})"),
-        }
-    };
-    tracing::warn!(dest = %dest.display(), "{why}: committing in place, file by file (no rollback)");
-    None
+    if parent.and_then(dev).map(|(_, d)| d) != Some(dest_dev) {
+        return Err(Some("the destination is a mount point".to_owned()));
+    }
+    match Standby::open(dest, true) {
+        Ok(Some(s)) if s.exchange_works() => Ok(s),
+        Ok(_) => Err(Some(
+            "the filesystem cannot exchange two directories (RENAME_EXCHANGE)".to_owned(),
+        )),
+        Err(e) => Err(Some(format!("no standby tree ({e})"))),
+    }
 }
 
 /// The staged files of a destination, for [`prepare`].
@@ -390,6 +424,10 @@ pub struct Staged<'a> {
     /// standby's durability step when there is a switch, left to the
     /// caller to sync before an in-place commit otherwise.
     pub sealed: &'a mut Durable,
+    /// The files were downloaded straight into the standby
+    /// [`fresh_standby`] gave, their directories made on the way: nothing
+    /// to mirror, nothing to rename.
+    pub in_standby: bool,
 }
 
 /// Prepares the next generation of `dest` in its standby
@@ -412,10 +450,11 @@ pub fn prepare(
         files: staged,
         created,
         sealed,
+        in_standby,
     } = staged;
     let started = std::time::Instant::now();
     let ms = || started.elapsed().as_secs_f64() * 1000.0;
-    let Some(standby) = standby_for(dest) else {
+    let Some(standby) = open_standby(dest, in_standby)? else {
         return Ok(None);
     };
     let (slot, known) = standby.take_next(keep)?;
@@ -428,6 +467,8 @@ pub fn prepare(
         Some(k) => mirror.run_paths(dest, &slot, &k.changed).map_err(|e| {
             tracing::debug!(error = %e, "the standby is walked whole");
         }),
+        // The live tree is empty and the standby holds the downloads.
+        None if in_standby => Ok(()),
         None => Err(()),
     };
     if fast.is_err() {
@@ -451,6 +492,7 @@ pub fn prepare(
         return Err(PrepareError::Sealed(e));
     }
     let mut dirs = Dirs::new(&slot, dest, durable);
+    dirs.in_place = in_standby;
     let committed = apply_plan(&mut dirs, plan, staged, resource);
     tracing::debug!(dest = %dest.display(), elapsed_ms = ms(), "plan applied to the standby");
     let changed: Vec<LocalName> = plan
@@ -496,6 +538,25 @@ pub fn prepare(
         state,
         syncing: Some(syncing),
     }))
+}
+
+/// [`standby_for`] in [`prepare`]: `None` (said in one warning, unless
+/// there is no live directory) commits in place; but files downloaded
+/// into the standby (`in_standby`) have no other way in.
+fn open_standby(dest: &Path, in_standby: bool) -> Result<Option<Standby>, PrepareError> {
+    match standby_for(dest) {
+        Ok(standby) => Ok(Some(standby)),
+        Err(why) if in_standby => {
+            let why = why.unwrap_or_else(|| "the destination is gone".to_owned());
+            Err(PrepareError::Sealed(std::io::Error::other(why)))
+        }
+        Err(why) => {
+            if let Some(why) = why {
+                tracing::warn!(dest = %dest.display(), "{why}: committing in place, file by file (no rollback)");
+            }
+            Ok(None)
+        }
+    }
 }
 
 /// A standby's durability step; its first failure is the error.

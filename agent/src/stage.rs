@@ -30,15 +30,13 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use futures_util::StreamExt;
-use tokio::io::{AsyncSeekExt, AsyncWriteExt, BufWriter};
 
-use pluginsync_common::checksum::Sha256Stream;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::fsutil::{Durable, Need, SYNCFS_ABOVE};
-use pluginsync_common::protocol::{FrameDecoder, FrameEvent, MAX_BATCH};
+use pluginsync_common::protocol::MAX_BATCH;
 use pluginsync_common::relpath::RelPath;
 
-use crate::client::{Body, BodyError, FetchError, Undelivered};
+use crate::client::{Body, FetchError};
 use crate::listing::{MODE_MASK, STAGING_DIR};
 use crate::progress::Progress;
 use crate::servers::{Servers, Source};
@@ -77,7 +75,10 @@ pub enum StageError {
     },
 }
 
+mod fetch;
 mod writeback;
+
+use fetch::{StagedFile, fetch_batch};
 
 pub use writeback::{WRITEBACK_ABOVE, Writeback};
 
@@ -92,13 +93,39 @@ pub fn clean_stale(dest: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Creates a staged file: new, owner-only.
-fn create(path: &Path) -> std::io::Result<std::fs::File> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
+/// Creates a staged file: new, owner-only. In a standby being filled
+/// (`in_standby`, [`Staging::fill_standby`]) its directories are made on
+/// the way: the standby's container is this user's alone (0700), so no
+/// other user can have put a link there.
+fn create(path: &Path, in_standby: bool) -> std::io::Result<std::fs::File> {
+    let open = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+    };
+    match open() {
+        Err(e) if in_standby && e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(path.parent().unwrap_or(path))?;
+            open()
+        }
+        // Left by a batch that failed part-way, to be fetched again.
+        Err(e) if in_standby && e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(path)?;
+            open()
+        }
+        made => made,
+    }
+}
+
+/// A new copy of the staged file `from` at `to`, its permission bits
+/// too.
+fn copy_staged(from: &Path, to: &Path, in_standby: bool) -> std::io::Result<()> {
+    let mut src = std::fs::File::open(from)?;
+    let mut dst = create(to, in_standby)?;
+    std::io::copy(&mut src, &mut dst)?;
+    dst.set_permissions(src.metadata()?.permissions())
 }
 
 /// The staged downloads of one destination; see the module docs for what
@@ -122,6 +149,11 @@ pub struct Staging {
     /// The early writeback of a big staging ([`Writeback`]), kept running
     /// until the standby is prepared, then stopped ([`Staging::stop_writeback`]).
     pub writeback: Option<Writeback>,
+    /// `dir` is a first sync's standby, each file written at its place
+    /// there ([`Staging::fill_standby`]).
+    pub in_standby: bool,
+    /// Committed ([`Staging::finish`]): a drop removes nothing more.
+    finished: bool,
 }
 
 impl Staging {
@@ -146,12 +178,37 @@ impl Staging {
             modes: HashMap::new(),
             preset: HashMap::new(),
             writeback: None,
+            in_standby: false,
+            finished: false,
         };
         clean_stale(dest)?;
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&staging.dir)?;
         Ok(staging)
+    }
+
+    /// Stages into `slot` instead, the empty standby of a first sync
+    /// (`commit::fresh_standby`): each file is written at its relative
+    /// path there, and the commit renames nothing. The standby is not
+    /// live until its switch, so a file there is as invisible as in the
+    /// staging directory; dropped before [`Staging::finish`], the staging
+    /// removes the standby it filled.
+    pub fn fill_standby(&mut self, slot: PathBuf) -> std::io::Result<()> {
+        std::fs::remove_dir(&self.dir)?;
+        self.dir = slot;
+        self.in_standby = true;
+        Ok(())
+    }
+
+    /// Where the file of `rel` is staged, the `n`th of this staging:
+    /// `<dir>/<rel>` in a standby, else `<dir>/<name>`.
+    fn place(&self, rel: &RelPath, name: impl FnOnce() -> String) -> PathBuf {
+        if self.in_standby {
+            rel.to_path(&self.dir)
+        } else {
+            self.dir.join(name())
+        }
     }
 
     /// Stops its early writeback, if any: the durability step that
@@ -166,6 +223,7 @@ impl Staging {
     /// directory and keeps the destination directories it created.
     pub fn finish(mut self) {
         self.created.clear();
+        self.finished = true;
     }
 
     /// The destination directories [`Staging::prepare`] created, deepest
@@ -210,7 +268,7 @@ impl Staging {
                 if let Some(mode) = modes.get(rel)
                     && self.preset.get(tmp) != Some(&(mode & MODE_MASK))
                 {
-                    let name = tmp.file_name().unwrap_or_default();
+                    let name = self.name_of(tmp);
                     rustix::fs::chmodat(
                         &dir,
                         name,
@@ -228,7 +286,7 @@ impl Staging {
                 });
         }
         for (rel, tmp) in &self.files {
-            let name = tmp.file_name().unwrap_or_default();
+            let name = self.name_of(tmp);
             let fd = rustix::fs::openat(
                 &dir,
                 name,
@@ -249,6 +307,12 @@ impl Staging {
                 })?;
         }
         Ok(())
+    }
+
+    /// A staged file's name relative to the staging directory (a path
+    /// below it in a standby, whose directories are all this run's).
+    fn name_of<'p>(&self, staged: &'p Path) -> &'p Path {
+        staged.strip_prefix(&self.dir).unwrap_or(staged)
     }
 
     /// Fetches the distinct checksums of `writes` through the master's
@@ -277,21 +341,44 @@ impl Staging {
             .iter()
             .filter_map(|(sha, rels)| Some((*sha, self.modes.get(rels.first()?)? & MODE_MASK)))
             .collect();
-        let (dir, mode_of) = (&self.dir, &mode_of);
+        // A content's file goes where its first path's would.
+        let first: HashMap<Sha256, PathBuf> = match self.in_standby {
+            true => (by_sha.iter())
+                .filter_map(|(sha, rels)| Some((*sha, rels.first()?.to_path(&self.dir))))
+                .collect(),
+            false => HashMap::new(),
+        };
+        let writer = fetch::Writer::start();
+        let (dir, in_standby) = (&self.dir, self.in_standby);
+        let (mode_of, first, w) = (&mode_of, &first, writer.as_ref());
         let jobs = shas
             .chunks(BATCH_PER_REQUEST)
             .enumerate()
             .map(|(n, chunk)| async move {
-                let got =
-                    fetch_batch(client, src, chunk, &dir.join(format!("b{n}")), mode_of).await;
+                let place = |sha: &Sha256, i: usize| match in_standby {
+                    true => first.get(sha).cloned().unwrap_or_default(),
+                    false => dir.join(format!("b{n}.{i}")),
+                };
+                let got = fetch_batch(client, src, chunk, place, in_standby, mode_of, w).await;
                 (chunk, got)
             });
-        let mut stream = futures_util::stream::iter(jobs).buffer_unordered(BATCHES_IN_FLIGHT);
-        while let Some((chunk, got)) = stream.next().await {
-            let got = got.unwrap_or_else(|e| {
+        let answers: Vec<_> = futures_util::stream::iter(jobs)
+            .buffer_unordered(BATCHES_IN_FLIGHT)
+            .collect()
+            .await;
+        // Every file written before any is copied or counted.
+        let unwritten = writer.map(fetch::Writer::finish).unwrap_or_default();
+        for (sha, e) in &unwritten {
+            tracing::info!(digest = %sha, error = %e, "cannot write a staged file; fetching it singly");
+        }
+        for (chunk, got) in answers {
+            let mut got = got.unwrap_or_else(|e| {
                 tracing::info!(error = %e, "batch failed, fetching its files singly");
                 HashMap::new()
             });
+            for (sha, _) in &unwritten {
+                got.remove(sha);
+            }
             for sha in chunk {
                 let rels = by_sha.remove(sha).unwrap_or_default();
                 match got.get(sha) {
@@ -305,11 +392,12 @@ impl Staging {
                             } else {
                                 // Named after its frame's file, whole: two
                                 // groups' copies never share a name.
-                                let mut copy = first.clone().into_os_string();
-                                copy.push(format!(".c{k}"));
-                                let copy = PathBuf::from(copy);
-                                // Its permission bits too.
-                                std::fs::copy(first, &copy).map_err(StageError::Copy)?;
+                                let copy = self.place(&rel, || {
+                                    let name = first.file_name().unwrap_or_default();
+                                    format!("{}.c{k}", name.to_string_lossy())
+                                });
+                                copy_staged(first, &copy, self.in_standby)
+                                    .map_err(StageError::Copy)?;
                                 if let Some(mode) = mode_of.get(sha) {
                                     self.preset.insert(copy.clone(), *mode);
                                 }
@@ -345,11 +433,18 @@ impl Staging {
             writes
         };
         let base = self.files.len();
-        let dir = &self.dir;
-        let jobs = writes.into_iter().enumerate().map(|(i, (rel, digest))| {
+        let in_standby = self.in_standby;
+        let writes: Vec<_> = (writes.into_iter().enumerate())
+            .map(|(i, (rel, digest))| {
+                let path = self.place(&rel, || (base + i).to_string());
+                (rel, digest, path)
+            })
+            .collect();
+        let jobs = writes.into_iter().map(|(rel, digest, path)| {
             let mut staged = StagedFile {
-                path: dir.join((base + i).to_string()),
+                path,
                 file: None,
+                in_standby,
             };
             async move {
                 let mut take = async |body: Body| staged.take(body, digest).await;
@@ -382,9 +477,9 @@ impl Staging {
     ) -> Result<(), StageError> {
         let base = self.files.len();
         for (i, (rel, digest)) in writes.into_iter().enumerate() {
-            let tmp = self.dir.join((base + i).to_string());
+            let tmp = self.place(&rel, || (base + i).to_string());
             let mut from = std::fs::File::open(blob(&digest)).map_err(StageError::Copy)?;
-            let mut to = create(&tmp).map_err(StageError::Copy)?;
+            let mut to = create(&tmp, self.in_standby).map_err(StageError::Copy)?;
             std::io::copy(&mut from, &mut to).map_err(StageError::Copy)?;
             self.files.insert(rel, tmp);
             progress.file_done();
@@ -407,6 +502,10 @@ impl Drop for Staging {
     /// and, unless [`Staging::finish`] kept them, the destination
     /// directories created for it (if still empty).
     fn drop(&mut self) {
+        // A standby it filled stays once committed: it is live, or kept.
+        if self.in_standby && self.finished {
+            return;
+        }
         match std::fs::remove_dir_all(&self.dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -418,152 +517,6 @@ impl Drop for Staging {
             let _not_empty_is_fine = std::fs::remove_dir(d);
         }
     }
-}
-
-/// One single download's staged file: created on the first answer, started
-/// over on every retry.
-struct StagedFile {
-    path: PathBuf,
-    /// Buffered: a small file is one write, not one per frame.
-    file: Option<BufWriter<tokio::fs::File>>,
-}
-
-impl StagedFile {
-    /// Writes `body` into the staged file from its start, hashing as it
-    /// goes; succeeds only when the bytes hash to `want`.
-    async fn take(&mut self, mut body: Body, want: Sha256) -> Result<u64, BodyError> {
-        let refused = |what: &str, e: std::io::Error| BodyError::Refused(format!("{what}: {e}"));
-        let file = match self.file.take() {
-            Some(mut file) => {
-                // A retry starts the staged file over.
-                file.flush()
-                    .await
-                    .map_err(|e| refused("cannot write the staged file", e))?;
-                file.get_mut()
-                    .set_len(0)
-                    .await
-                    .map_err(|e| refused("cannot truncate the staged file", e))?;
-                file.get_mut()
-                    .rewind()
-                    .await
-                    .map_err(|e| refused("cannot rewind the staged file", e))?;
-                file
-            }
-            None => {
-                let std_file = create(&self.path).map_err(|e| {
-                    refused(
-                        &format!("cannot create the staged file '{}'", self.path.display()),
-                        e,
-                    )
-                })?;
-                BufWriter::with_capacity(256 * 1024, tokio::fs::File::from_std(std_file))
-            }
-        };
-        let file = self.file.insert(file);
-        let mut hasher = Sha256Stream::new();
-        let mut size = 0u64;
-        while let Some(chunk) = body.chunk().await.map_err(BodyError::Cut)? {
-            hasher.update(&chunk);
-            size += chunk.len() as u64;
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| refused("cannot write the staged file", e))?;
-        }
-        let got = hasher.digest();
-        if want != got {
-            return Err(BodyError::Refused(format!(
-                "content does not match its listed checksum (expected {}, got {})",
-                want.to_checksum(),
-                got.to_checksum()
-            )));
-        }
-        file.flush()
-            .await
-            .map_err(|e| refused("cannot write the staged file", e))?;
-        Ok(size)
-    }
-}
-
-/// Reads one batch answer into staged files named `<prefix>.<i>`; returns
-/// digest → staged file for every frame that arrived whole and verified.
-/// A missing frame (`-`) is simply absent; a broken stream ends the batch
-/// early with what it has, and the partial file is removed. The frames are
-/// decoded by the common [`FrameDecoder`] (docs/protocol.md §7.2).
-async fn fetch_batch(
-    client: &Servers,
-    src: &Source<'_>,
-    hashes: &[Sha256],
-    prefix: &Path,
-    modes: &HashMap<Sha256, u32>,
-) -> Result<HashMap<Sha256, PathBuf>, FetchError> {
-    use std::io::Write;
-    let Some(body) = client.batch(src, hashes).await else {
-        // The replica serving this mount now has no batches.
-        return Ok(HashMap::new());
-    };
-    let mut body = body?;
-    let mut got = HashMap::new();
-    let mut decoder = FrameDecoder::new();
-    // The frame being written: (file, path, hasher).
-    let mut current: Option<(std::fs::File, PathBuf, Sha256Stream)> = None;
-    let mut n = 0usize;
-    let fail = |detail: String| FetchError::Download {
-        server: src.origin.server.clone(),
-        what: format!("a {} batch", src.mount),
-        detail: Undelivered::Rejected(detail),
-    };
-    loop {
-        while let Some(event) = decoder.next_event().map_err(|e| fail(e.to_string()))? {
-            match event {
-                FrameEvent::Missing(sha) | FrameEvent::Begin { digest: sha, .. }
-                    if !hashes.contains(&sha) =>
-                {
-                    return Err(fail(format!("unrequested blob {sha}")));
-                }
-                FrameEvent::Missing(_) => {}
-                FrameEvent::Begin { .. } => {
-                    let path = prefix.with_extension(n.to_string());
-                    n += 1;
-                    let file = create(&path)
-                        .map_err(|e| fail(format!("cannot create '{}': {e}", path.display())))?;
-                    current = Some((file, path, Sha256Stream::new()));
-                }
-                FrameEvent::Data(bytes) => {
-                    let (file, _, hasher) = current.as_mut().expect("data inside a frame");
-                    hasher.update(bytes);
-                    file.write_all(bytes)
-                        .map_err(|e| fail(format!("cannot write a staged file: {e}")))?;
-                }
-                FrameEvent::End(sha) => {
-                    let (file, path, hasher) = current.take().expect("end of a frame");
-                    if hasher.digest() == sha {
-                        if let Some(mode) = modes.get(&sha) {
-                            use std::os::unix::fs::PermissionsExt;
-                            file.set_permissions(std::fs::Permissions::from_mode(*mode))
-                                .map_err(|e| fail(format!("cannot chmod a staged file: {e}")))?;
-                        }
-                        drop(file);
-                        got.insert(sha, path);
-                    } else {
-                        drop(file);
-                        let _ = std::fs::remove_file(&path);
-                    }
-                }
-            }
-        }
-        match body.chunk().await {
-            Ok(Some(chunk)) => decoder.feed(&chunk),
-            Ok(None) => break,
-            Err(e) => {
-                tracing::info!(error = %e, "batch cut; the rest is fetched singly");
-                break;
-            }
-        }
-    }
-    if let Some((_, path, _)) = current.take() {
-        let _ = std::fs::remove_file(path);
-    }
-    Ok(got)
 }
 
 #[cfg(test)]
@@ -593,7 +546,7 @@ mod tests {
         assert!(staging.dir.is_dir());
         for (i, rel) in ["a.rb", "facter/b.rb", "c.sh"].into_iter().enumerate() {
             let path = staging.dir.join(i.to_string());
-            std::io::Write::write_all(&mut create(&path).unwrap(), rel.as_bytes()).unwrap();
+            std::io::Write::write_all(&mut create(&path, false).unwrap(), rel.as_bytes()).unwrap();
             staging.files.insert(RelPath::parse(rel).unwrap(), path);
         }
         assert_eq!(tree(tmp.path()).len(), 6, "{:?}", tree(tmp.path()));
@@ -605,9 +558,40 @@ mod tests {
         std::fs::create_dir(tmp.path().join("lib")).unwrap();
         let dest = tmp.path().join("lib");
         let staging = Staging::prepare(&dest).unwrap();
-        create(&staging.dir.join("0")).unwrap();
+        create(&staging.dir.join("0"), false).unwrap();
         drop(staging);
         assert_eq!(tree(tmp.path()), vec!["lib".to_owned()]);
+
+        // Filling a standby: files at their paths there, their directories
+        // made on the way; dropped before its commit, the standby goes.
+        let slot = tmp.path().join(".lib.pluginsync/next");
+        std::fs::create_dir_all(&slot).unwrap();
+        let mut staging = Staging::prepare(&dest).unwrap();
+        staging.fill_standby(slot.clone()).unwrap();
+        for rel in ["a.rb", "puppet/type/b.rb", "puppet/type/c.rb"] {
+            let rel = RelPath::parse(rel).unwrap();
+            let path = staging.place(&rel, || unreachable!("a standby's paths are its own"));
+            assert_eq!(path, slot.join(rel.as_str()));
+            create(&path, true).unwrap();
+            assert!(create(&path, true).is_err(), "never over an existing file");
+        }
+        assert_eq!(
+            tree(&slot),
+            vec![
+                "a.rb",
+                "puppet",
+                "puppet/type",
+                "puppet/type/b.rb",
+                "puppet/type/c.rb"
+            ]
+        );
+        assert!(
+            !dest.join(STAGING_DIR).exists(),
+            "no staging directory left in the live tree"
+        );
+        drop(staging);
+        assert!(!slot.exists());
+        std::fs::remove_dir(tmp.path().join(".lib.pluginsync")).unwrap();
 
         // Finished (after a commit), the created directories stay.
         let dest = tmp.path().join("other/lib");

@@ -72,6 +72,10 @@ pub struct Dirs<'a> {
     pub durable: Durable,
     /// The destination and those of its ancestors that `CreateRoot` made.
     pub created: Vec<PathBuf>,
+    /// The staged files are already in their places in `dest`, and so are
+    /// the directories holding them: a first sync's standby, built by the
+    /// downloads themselves (`stage.rs`, docs/internals.md#the-switch).
+    pub in_place: bool,
 }
 
 impl<'a> Dirs<'a> {
@@ -88,6 +92,7 @@ impl<'a> Dirs<'a> {
             staging_marked: false,
             durable,
             created: Vec::new(),
+            in_place: false,
         }
     }
 

@@ -51,7 +51,7 @@ impl Run<'_> {
             progress::wanted(self.settings.format == Format::Text),
         );
         for p in passes {
-            let Some((mut staging, writes)) = begin_staging(p)? else {
+            let Some((mut staging, writes)) = begin_staging(p, self.settings.keep_previous)? else {
                 stagings.push(None);
                 continue;
             };
@@ -119,6 +119,7 @@ impl Run<'_> {
                     files: staged,
                     created,
                     sealed: &mut sealed,
+                    in_standby: staging.as_ref().is_some_and(|s| s.in_standby),
                 },
                 &p.resource,
                 keep,
@@ -276,10 +277,11 @@ pub(super) type Writes = Vec<(RelPath, Sha256)>;
 
 /// The staging directory of a pass that writes files, with its writes; a
 /// pass that writes none gets `None`, and a staging directory an earlier
-/// run left there is removed (stage.rs, module docs). Shared by network
-/// runs and `--from-bundle` runs, which differ only in where content
-/// comes from.
-pub(super) fn begin_staging(p: &Pass) -> Result<Option<(Staging, Writes)>, SyncError> {
+/// run left there is removed (stage.rs, module docs). A first sync
+/// stages into its standby instead (`commit::fresh_standby`; `keep`:
+/// `[switch] keep_previous`). Shared by network runs and `--from-bundle`
+/// runs, which differ only in where content comes from.
+pub(super) fn begin_staging(p: &Pass, keep: usize) -> Result<Option<(Staging, Writes)>, SyncError> {
     let dest = &p.resource.path;
     let writes: Writes = p.plan.writes().map(|(r, d)| (r.clone(), *d)).collect();
     if writes.is_empty() {
@@ -288,9 +290,14 @@ pub(super) fn begin_staging(p: &Pass) -> Result<Option<(Staging, Writes)>, SyncE
         }
         return Ok(None);
     }
-    let staging = Staging::prepare(dest).map_err(|source| SyncError::Staging {
+    let failed = |source| SyncError::Staging {
         dest: dest.clone(),
         source,
-    })?;
+    };
+    let mut staging = Staging::prepare(dest).map_err(failed)?;
+    if let Some(slot) = commit::fresh_standby(dest, &p.local, keep) {
+        tracing::debug!(dest = %dest.display(), "a first sync: downloads go straight into the standby");
+        staging.fill_standby(slot).map_err(failed)?;
+    }
     Ok(Some((staging, writes)))
 }

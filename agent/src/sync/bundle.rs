@@ -96,7 +96,7 @@ impl Run<'_> {
         let progress = Arc::new(Progress::default());
         let mut stagings = Vec::with_capacity(passes.len());
         for p in passes {
-            let Some((mut staging, writes)) = begin_staging(p)? else {
+            let Some((mut staging, writes)) = begin_staging(p, self.settings.keep_previous)? else {
                 stagings.push(None);
                 continue;
             };
