@@ -200,16 +200,31 @@ fn wanted_digests(req: &Parts) -> Result<Vec<Sha256>, ApiError> {
     Ok(wanted)
 }
 
+/// Frames are gathered into buffers of about this size before they are
+/// handed to the connection: a plugin file is a few KiB, and one message,
+/// one HTTP/2 DATA frame and one TLS record per file (and per header) cost
+/// both ends more than the bytes (BENCHMARKS.md#the-first-sync-fills-its-standby).
+const GATHER: usize = 64 * 1024;
+
 /// Sends the frames of `items` in order on `tx` (blocking: run it on the
 /// blocking pool): a blob while the answer stays within
 /// [`BATCH_MAX_BYTES`] and the file is still the indexed one, else a
-/// missing frame. Stops when the client is gone; ends the stream with an
-/// error if a file shrank under us. Each blob sent counts in `sent`.
+/// missing frame. Small blobs are read whole into a buffer of frames sent
+/// once it holds [`GATHER`] bytes (one that reads short gets a missing
+/// frame instead); a bigger one is streamed in [`CHUNK`]s, and one that
+/// shrinks under us ends the stream with an error (the client sees a
+/// short frame and fetches the rest singly). Stops when the client is
+/// gone. Each blob sent counts in `sent`.
 fn send_frames(
     items: Vec<Wanted>,
     tx: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
     sent: &AtomicU64,
 ) {
+    let send = |buf: &mut Vec<u8>| {
+        let full = std::mem::replace(buf, Vec::with_capacity(GATHER + CHUNK));
+        full.is_empty() || tx.blocking_send(Ok(Bytes::from(full))).is_ok()
+    };
+    let mut out: Vec<u8> = Vec::with_capacity(GATHER + CHUNK);
     // Blob bytes promised so far, against BATCH_MAX_BYTES.
     let mut promised: u64 = 0;
     for (digest, found) in items {
@@ -222,36 +237,165 @@ fn send_frames(
                     .ok()
                     .map(|(f, _)| (f, sig.size))
             });
-        let Some((mut file, size)) = opened else {
-            if tx
-                .blocking_send(Ok(Bytes::from(protocol::frame_header(&digest, None))))
-                .is_err()
-            {
+        let Some((file, size)) = opened else {
+            out.extend_from_slice(protocol::frame_header(&digest, None).as_bytes());
+            if out.len() >= GATHER && !send(&mut out) {
                 return;
             }
             continue;
         };
         promised = promised.saturating_add(size);
-        if tx
-            .blocking_send(Ok(Bytes::from(protocol::frame_header(&digest, Some(size)))))
-            .is_err()
-        {
+        let header = protocol::frame_header(&digest, Some(size));
+        if size <= CHUNK as u64 {
+            let start = out.len();
+            out.extend_from_slice(header.as_bytes());
+            let body = out.len();
+            if read_whole(file, size, &mut out).is_err() {
+                out.truncate(start);
+                out.extend_from_slice(protocol::frame_header(&digest, None).as_bytes());
+            } else {
+                debug_assert_eq!(out.len() - body, size as usize);
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+            if out.len() >= GATHER && !send(&mut out) {
+                return;
+            }
+            continue;
+        }
+        out.extend_from_slice(header.as_bytes());
+        if !send(&mut out) || !stream_blob(file, size, tx) {
             return;
         }
-        let mut left = size;
-        while left > 0 {
-            let mut buf = vec![0u8; CHUNK.min(left as usize)];
-            // A file that shrank under us ends the stream early: the
-            // client sees a short frame and fetches the rest singly.
-            if let Err(e) = file.read_exact(&mut buf) {
-                let _ = tx.blocking_send(Err(e));
-                return;
+        sent.fetch_add(1, Ordering::Relaxed);
+    }
+    send(&mut out);
+}
+
+/// Appends exactly `size` bytes of `file` to `out`, without zeroing them
+/// first; an error (the file shrank) leaves `out` longer, for the caller
+/// to cut.
+fn read_whole(file: std::fs::File, size: u64, out: &mut Vec<u8>) -> std::io::Result<()> {
+    out.reserve(size as usize);
+    let got = file.take(size).read_to_end(out)?;
+    if got as u64 != size {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
+/// Streams a big blob in [`CHUNK`]s; `false` once the stream is over (the
+/// client gone, or the file shrank: the stream then ends with an error).
+fn stream_blob(
+    mut file: std::fs::File,
+    size: u64,
+    tx: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+) -> bool {
+    let mut left = size;
+    while left > 0 {
+        let want = CHUNK.min(left as usize) as u64;
+        let mut buf = Vec::with_capacity(want as usize);
+        match (&mut file).take(want).read_to_end(&mut buf) {
+            Ok(n) if n as u64 == want => {}
+            Ok(_) => {
+                let _ = tx.blocking_send(Err(std::io::ErrorKind::UnexpectedEof.into()));
+                return false;
             }
-            left -= buf.len() as u64;
-            if tx.blocking_send(Ok(Bytes::from(buf))).is_err() {
-                return;
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                return false;
             }
         }
-        sent.fetch_add(1, Ordering::Relaxed);
+        left -= want;
+        if tx.blocking_send(Ok(Bytes::from(buf))).is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pluginsync_common::protocol::{FrameDecoder, FrameEvent};
+
+    /// A frame decoded: its digest, its content or `None` when missing.
+    type Decoded = (Sha256, Option<Vec<u8>>);
+
+    /// The frames `send_frames` sends for `items`, decoded, and how many
+    /// messages carried them.
+    fn sent(items: Vec<Wanted>) -> (Vec<Decoded>, usize) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1 << 12);
+        let count = AtomicU64::new(0);
+        send_frames(items, &tx, &count);
+        drop(tx);
+        let (mut decoder, mut out, mut messages) = (FrameDecoder::new(), Vec::new(), 0);
+        while let Ok(msg) = rx.try_recv() {
+            messages += 1;
+            decoder.feed(&msg.expect("no stream error"));
+            while let Some(event) = decoder.next_event().unwrap() {
+                match event {
+                    FrameEvent::Missing(d) => out.push((d, None)),
+                    FrameEvent::Begin { digest, .. } => out.push((digest, Some(Vec::new()))),
+                    FrameEvent::Data(b) => out.last_mut().unwrap().1.as_mut().unwrap().extend(b),
+                    FrameEvent::End(_) => {}
+                }
+            }
+        }
+        decoder.finish().unwrap();
+        assert_eq!(
+            count.load(Ordering::Relaxed) as usize,
+            out.iter().filter(|(_, c)| c.is_some()).count()
+        );
+        (out, messages)
+    }
+
+    #[test]
+    fn small_blobs_share_messages_big_ones_stream_and_a_shrunk_one_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut items: Vec<Wanted> = Vec::new();
+        let mut want = Vec::new();
+        let file = |i: usize, bytes: Vec<u8>| {
+            let path = dir.path().join(i.to_string());
+            std::fs::write(&path, &bytes).unwrap();
+            let sig = crate::walk::sig_of(&std::fs::metadata(&path).unwrap());
+            (Sha256::of(&bytes), path, sig, bytes)
+        };
+        // 300 small files, one big one among them, one never found.
+        for i in 0..300 {
+            let (d, path, sig, bytes) = file(i, format!("file {i}\n").repeat(i % 50 + 1).into());
+            items.push((d, Some((path, sig))));
+            want.push((d, Some(bytes)));
+            if i == 100 {
+                let (d, path, sig, bytes) = file(1000, vec![7u8; CHUNK * 2 + 5]);
+                items.push((d, Some((path, sig))));
+                want.push((d, Some(bytes)));
+                let gone = Sha256::of(b"gone");
+                items.push((gone, None));
+                want.push((gone, None));
+            }
+        }
+        let (got, messages) = sent(items.clone());
+        assert_eq!(got, want);
+        // Gathered: far fewer messages than frames (one per file before).
+        assert!(messages < 20, "{messages} messages");
+
+        // A file that is no longer the one indexed (its size differs): a
+        // missing frame, and the frames around it are whole.
+        let (_, path, _) = match &items[5] {
+            (d, Some((p, s))) => (d, p.clone(), s),
+            _ => unreachable!(),
+        };
+        let sig = match &items[5].1 {
+            Some((_, s)) => *s,
+            None => unreachable!(),
+        };
+        let longer = FileSig {
+            size: sig.size + 10,
+            ..sig
+        };
+        items[5].1 = Some((path, longer));
+        want[5].1 = None;
+        let (got, _) = sent(items);
+        assert_eq!(got, want);
     }
 }
