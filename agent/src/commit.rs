@@ -55,7 +55,7 @@ use dirs::{DIR_FLAGS, Dirs, chmod_entry, remove_entry};
 pub use error::CommitError;
 pub use mirror::{Mirror, MirrorError};
 pub use space::{SpaceError, check_space};
-pub use switch::{GenState, NO_EXCHANGE_ENV, Standby, SwitchError, container_of};
+pub use switch::{GenState, NO_EXCHANGE_ENV, Standby, SwitchError, container_of, sweep_trash};
 
 /// What a commit did.
 #[derive(Debug, Default)]
@@ -206,6 +206,7 @@ fn write(
         clear(dirs, depth, rel, name)?;
     }
     dirs.staging(tmp)?;
+    dirs.move_to_trash(depth, name);
     // renameat(2) replaces a file or a symlink itself, never a link's
     // target.
     rustix::fs::renameat(dirs.staging_fd(), tmp_name, dirs.fd(depth), name)
@@ -493,6 +494,7 @@ pub fn prepare(
     }
     let mut dirs = Dirs::new(&slot, dest, durable);
     dirs.in_place = in_standby;
+    dirs.trash = standby.trash().map(|fd| (fd, 0));
     let committed = apply_plan(&mut dirs, plan, staged, resource);
     tracing::debug!(dest = %dest.display(), elapsed_ms = ms(), "plan applied to the standby");
     let changed: Vec<LocalName> = plan

@@ -572,8 +572,15 @@ mod tests {
             let rel = RelPath::parse(rel).unwrap();
             let path = staging.place(&rel, || unreachable!("a standby's paths are its own"));
             assert_eq!(path, slot.join(rel.as_str()));
-            create(&path, true).unwrap();
-            assert!(create(&path, true).is_err(), "never over an existing file");
+            std::io::Write::write_all(&mut create(&path, true).unwrap(), b"cut").unwrap();
+            // Again (a batch cut part-way, fetched singly): a new file,
+            // never a write into the old one.
+            let old = std::fs::File::open(&path).unwrap();
+            std::io::Write::write_all(&mut create(&path, true).unwrap(), b"whole").unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), b"whole");
+            let mut was = String::new();
+            std::io::Read::read_to_string(&mut &old, &mut was).unwrap();
+            assert_eq!(was, "cut", "written into the old file");
         }
         assert_eq!(
             tree(&slot),

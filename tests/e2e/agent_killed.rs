@@ -231,8 +231,10 @@ impl World {
                         dest.display()
                     );
                 } else {
+                    // `trash`: the files a standby's commit replaced,
+                    // freed by the next run (docs/internals.md#the-switch).
                     assert!(
-                        ["next", "probe.a", "probe.b"].contains(&n.as_str()),
+                        ["next", "probe.a", "probe.b", "trash"].contains(&n.as_str()),
                         "{ctx}: '{n}' written in {}",
                         container.display()
                     );

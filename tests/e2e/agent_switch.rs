@@ -493,3 +493,43 @@ fn the_fast_path_leaves_every_previous_generation_whole() {
         assert_eq!(previous, mounts(&t, was), "run {k}: the generation retired");
     }
 }
+
+#[test]
+fn a_replaced_file_waits_in_the_trash_until_the_next_run_frees_it() {
+    let (_pki, t, _master, home) = two_state_node("");
+    for env in ["one", "two", "one"] {
+        let run = home.sync(&["--environment", env]);
+        assert_eq!(run.code, 0, "{run:?}");
+    }
+    assert_eq!(synced(&home), mounts(&t, "one"));
+    // The third run's standby was the first tree: its copies of what the
+    // change writes were moved aside, not freed in the commit.
+    let trash = home.path().join(".lib.pluginsync/trash");
+    let trashed = |trash: &Path| -> Vec<String> {
+        let mut all: Vec<String> = std::fs::read_dir(trash)
+            .unwrap()
+            .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+            .collect();
+        all.sort();
+        all
+    };
+    assert_eq!(trashed(&trash), vec!["# one\n".to_owned()]);
+    let facts = home.path().join(".facts.d.pluginsync/trash");
+    assert_eq!(trashed(&facts), vec!["f=1\n".to_owned()]);
+    // The next run frees them off its own path (a thread its exit may cut
+    // short: what is left, the run after it frees).
+    let mut runs = 0;
+    while !(trashed(&trash).is_empty() && trashed(&facts).is_empty()) {
+        runs += 1;
+        assert!(runs <= 5, "the trash is never emptied");
+        let run = home.sync(&["--environment", "one"]);
+        assert_eq!(run.code, 0, "{run:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(synced(&home), mounts(&t, "one"));
+    assert_eq!(
+        tree_snapshot(&newest_previous(&home.libdir())),
+        mounts(&t, "two")[0],
+        "the kept generation is whole"
+    );
+}

@@ -76,6 +76,10 @@ pub struct Dirs<'a> {
     /// the directories holding them: a first sync's standby, built by the
     /// downloads themselves (`stage.rs`, docs/internals.md#the-switch).
     pub in_place: bool,
+    /// A standby's trash ([`super::Standby::trash`]) and how many files
+    /// went there: a file the plan replaces is renamed there first, so
+    /// its blocks are not freed in this run.
+    pub trash: Option<(OwnedFd, u64)>,
 }
 
 impl<'a> Dirs<'a> {
@@ -93,6 +97,7 @@ impl<'a> Dirs<'a> {
             durable,
             created: Vec::new(),
             in_place: false,
+            trash: None,
         }
     }
 
@@ -261,6 +266,21 @@ impl<'a> Dirs<'a> {
             tracing::warn!(dir = %staged.display(), error = %e, "cannot keep a directory to sync");
         }
         Ok(())
+    }
+
+    /// Moves the entry `name` of the open directory at `depth` (a file
+    /// about to be replaced) into the trash, if there is one and it is
+    /// there; else leaves it for the rename to replace.
+    pub fn move_to_trash(&mut self, depth: usize, name: &OsStr) {
+        let Some((trash, n)) = self.trash.take() else {
+            return;
+        };
+        let to = format!("{}.{}", std::process::id(), n + 1);
+        match rustix::fs::renameat(self.fd(depth), name, &trash, to.as_str()) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => tracing::debug!(error = %e, "not moved to the trash; replaced in place"),
+        }
+        self.trash = Some((trash, n + 1));
     }
 
     /// The staging directory; valid after [`Dirs::staging`] succeeded.

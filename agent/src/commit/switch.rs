@@ -41,6 +41,11 @@ use crate::scan::{LocalEntry, LocalKind, LocalTree};
 pub const NEXT: &str = "next";
 /// The prefix of a previous generation's name, `prev.<seq>`.
 const PREV: &str = "prev.";
+
+/// The container's entry for the files a standby's commit replaced
+/// ([`Standby::trash`]): removed by the next run, off its critical path
+/// ([`sweep_trash`]).
+pub const TRASH: &str = "trash";
 /// The suffix of a previous generation's [`GenState`] file.
 const STATE: &str = ".state";
 /// The test hook that makes the exchange unsupported (module docs).
@@ -170,6 +175,18 @@ impl Standby {
         }
         out.sort();
         Ok(out)
+    }
+
+    /// The container's trash, made if missing (0700): a standby's commit
+    /// renames the old copy of a file it replaces there instead of
+    /// freeing it in the rename (docs/internals.md#the-switch). `None` if
+    /// it cannot be had: the rename then frees it.
+    pub fn trash(&self) -> Option<OwnedFd> {
+        match rustix::fs::mkdirat(&self.fd, TRASH, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(_) => return None,
+        }
+        rustix::fs::openat(&self.fd, TRASH, DIR_FLAGS, Mode::empty()).ok()
     }
 
     /// Whether `RENAME_EXCHANGE` works here: two empty directories of the
@@ -397,9 +414,80 @@ impl GenState {
     }
 }
 
+/// Empties the trash of each of `dests`' containers ([`Standby::trash`])
+/// on a thread of its own, not waited for: freeing a file's blocks is
+/// slow on a filesystem mounted `discard` (each freed extent discarded
+/// before `unlink` returns), so the files the last change replaced are
+/// freed while this run waits on its master, not in its commit. What a
+/// run's exit cuts short, the next one removes. Called under the run
+/// lock: no other run writes to a container.
+pub fn sweep_trash(dests: Vec<PathBuf>) {
+    if let Err(e) = std::thread::Builder::new()
+        .name("trash".into())
+        .spawn(move || sweep(&dests))
+    {
+        tracing::debug!(error = %e, "cannot start the trash sweep");
+    }
+}
+
+/// [`sweep_trash`]'s work, done here.
+fn sweep(dests: &[PathBuf]) {
+    {
+        for dest in dests {
+            let Some((dir, _, _)) = container_of(dest) else {
+                continue;
+            };
+            let trash = dir.join(TRASH);
+            let Ok(fd) = rustix::fs::open(&trash, DIR_FLAGS, Mode::empty()) else {
+                continue;
+            };
+            // Only a directory of this user's alone (as its container).
+            match rustix::fs::fstat(&fd) {
+                Ok(st) if st.st_uid == rustix::process::geteuid().as_raw() => {}
+                _ => continue,
+            }
+            let names: Vec<OsString> = match rustix::fs::Dir::read_from(&fd) {
+                Ok(entries) => entries
+                    .filter_map(Result::ok)
+                    .map(|e| {
+                        OsString::from({
+                            use std::os::unix::ffi::OsStrExt;
+                            OsStr::from_bytes(e.file_name().to_bytes())
+                        })
+                    })
+                    .filter(|n| n != "." && n != "..")
+                    .collect(),
+                Err(_) => continue,
+            };
+            for name in names {
+                let _ = remove_entry(fd.as_fd(), &name);
+            }
+        }
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sweep_empties_each_trash_and_nothing_else() {
+        let t = tempfile::tempdir().unwrap();
+        let dest = t.path().join("lib");
+        std::fs::create_dir(&dest).unwrap();
+        std::fs::write(dest.join("live.rb"), "live").unwrap();
+        let container = t.path().join(".lib.pluginsync");
+        let trash = container.join(TRASH);
+        std::fs::create_dir_all(trash.join("a/b")).unwrap();
+        std::fs::write(trash.join("1.1"), "old").unwrap();
+        std::fs::write(trash.join("a/b/1.2"), "old").unwrap();
+        std::fs::create_dir(container.join("prev.1")).unwrap();
+        std::fs::write(container.join("prev.1/kept.rb"), "kept").unwrap();
+        // A destination without a container is passed over.
+        sweep(&[t.path().join("other"), dest.clone()]);
+        assert_eq!(std::fs::read_dir(&trash).unwrap().count(), 0);
+        assert_eq!(std::fs::read(dest.join("live.rb")).unwrap(), b"live");
+        assert_eq!(std::fs::read(container.join("prev.1/kept.rb")).unwrap(), b"kept");
+    }
 
     #[test]
     fn a_generation_state_reads_back_and_refuses_what_it_cannot_hold() {
