@@ -89,6 +89,10 @@ const GATHER_AT_MOST: u64 = 256 * 1024;
 /// [`GATHER_AT_MOST`], 16 MiB of memory.
 const QUEUED_AT_MOST: usize = 64;
 
+/// Threads writing a batch's files: creating a file costs the filesystem
+/// more than receiving it costs this one.
+const WRITERS: usize = 2;
+
 /// A verified file's whole content, to be written at `path`.
 struct Job {
     sha: Sha256,
@@ -106,30 +110,39 @@ struct Job {
 /// singly, it fails with its own error.
 pub(super) struct Writer {
     jobs: Option<std::sync::mpsc::SyncSender<Job>>,
-    thread: Option<std::thread::JoinHandle<Vec<(Sha256, std::io::Error)>>>,
+    threads: Vec<std::thread::JoinHandle<Vec<(Sha256, std::io::Error)>>>,
 }
 
 impl Writer {
-    /// Starts its thread; `None` if it cannot (frames are then written as
-    /// they stream).
+    /// Starts its threads; `None` if none can start (frames are then
+    /// written as they stream).
     pub(super) fn start() -> Option<Writer> {
         let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(QUEUED_AT_MOST);
-        let thread = std::thread::Builder::new()
-            .name("staged writes".into())
-            .spawn(move || {
-                let mut failed = Vec::new();
-                for job in queue {
-                    if let Err(e) = write_whole(&job) {
-                        let _ = std::fs::remove_file(&job.path);
-                        failed.push((job.sha, e));
-                    }
-                }
-                failed
+        let queue = std::sync::Arc::new(std::sync::Mutex::new(queue));
+        let threads: Vec<_> = (0..WRITERS)
+            .filter_map(|_| {
+                let queue = queue.clone();
+                std::thread::Builder::new()
+                    .name("staged writes".into())
+                    .spawn(move || {
+                        let mut failed = Vec::new();
+                        loop {
+                            let next = queue.lock().map(|q| q.recv());
+                            let Ok(Ok(job)) = next else {
+                                break failed;
+                            };
+                            if let Err(e) = write_whole(&job) {
+                                let _ = std::fs::remove_file(&job.path);
+                                failed.push((job.sha, e));
+                            }
+                        }
+                    })
+                    .ok()
             })
-            .ok()?;
-        Some(Writer {
+            .collect();
+        (!threads.is_empty()).then_some(Writer {
             jobs: Some(jobs),
-            thread: Some(thread),
+            threads,
         })
     }
 
@@ -146,10 +159,11 @@ impl Writer {
     /// those that could not be, with why.
     pub(super) fn finish(mut self) -> Vec<(Sha256, std::io::Error)> {
         drop(self.jobs.take());
-        match self.thread.take().map(std::thread::JoinHandle::join) {
-            Some(Ok(failed)) => failed,
-            _ => Vec::new(),
-        }
+        std::mem::take(&mut self.threads)
+            .into_iter()
+            .filter_map(|t| t.join().ok())
+            .flatten()
+            .collect()
     }
 }
 
