@@ -443,16 +443,15 @@ pub fn prepare(
     dest: &Path,
     plan: &Plan,
     local: &LocalTree,
-    staged: Staged<'_>,
-    resource: &FileResource,
-    keep: usize,
-) -> Result<Option<Prepared>, PrepareError> {
-    let Staged {
+    Staged {
         files: staged,
         created,
         sealed,
         in_standby,
-    } = staged;
+    }: Staged<'_>,
+    resource: &FileResource,
+    keep: usize,
+) -> Result<Option<Prepared>, PrepareError> {
     let started = std::time::Instant::now();
     let ms = || started.elapsed().as_secs_f64() * 1000.0;
     let Some(standby) = open_standby(dest, in_standby)? else {
@@ -493,8 +492,7 @@ pub fn prepare(
         return Err(PrepareError::Sealed(e));
     }
     let mut dirs = Dirs::new(&slot, dest, durable);
-    dirs.in_place = in_standby;
-    dirs.trash = standby.trash().map(|fd| (fd, 0));
+    (dirs.in_place, dirs.trash) = (in_standby, standby.trash().map(|fd| (fd, 0)));
     let committed = apply_plan(&mut dirs, plan, staged, resource);
     tracing::debug!(dest = %dest.display(), elapsed_ms = ms(), "plan applied to the standby");
     let changed: Vec<LocalName> = plan

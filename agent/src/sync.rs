@@ -206,7 +206,6 @@ impl<'a> Run<'a> {
         }
         let catalog = catalog::build(settings);
         let scans = pass::start_scans(&catalog.resources);
-        let dests: Vec<_> = catalog.resources.iter().map(|r| r.path.clone()).collect();
         let servers = servers_of(settings, bundle)?;
         let env = tokio::select! {
             biased;
@@ -237,7 +236,6 @@ impl<'a> Run<'a> {
                 return Ok(None);
             }
             run.phase("planned");
-            crate::commit::sweep_trash(dests);
             pass::guard(settings, &passes)?;
             let stagings = run.stage(&passes, held.as_ref()).await?;
             run.phase("staged");

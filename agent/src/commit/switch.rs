@@ -486,7 +486,10 @@ mod tests {
         sweep(&[t.path().join("other"), dest.clone()]);
         assert_eq!(std::fs::read_dir(&trash).unwrap().count(), 0);
         assert_eq!(std::fs::read(dest.join("live.rb")).unwrap(), b"live");
-        assert_eq!(std::fs::read(container.join("prev.1/kept.rb")).unwrap(), b"kept");
+        assert_eq!(
+            std::fs::read(container.join("prev.1/kept.rb")).unwrap(),
+            b"kept"
+        );
     }
 
     #[test]

@@ -179,6 +179,17 @@ fn write_whole(job: &Job) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Why a frame received whole could not be kept.
+#[derive(Debug, thiserror::Error)]
+enum FrameWriteError {
+    /// Its staged file could not be written.
+    #[error("cannot write a staged file: {0}")]
+    Write(#[source] std::io::Error),
+    /// Its staged file could not be given its mode.
+    #[error("cannot chmod a staged file: {0}")]
+    Chmod(#[source] std::io::Error),
+}
+
 /// A frame just received whole.
 struct Frame {
     sha: Sha256,
@@ -193,7 +204,11 @@ impl Frame {
     /// handed to `writer` (or written here if there is none) when it was
     /// gathered, given its mode when it was written as it streamed;
     /// else removed. An error is said in one line.
-    fn end(self, sink: Sink, writer: Option<&Writer>) -> Result<Option<(Sha256, PathBuf)>, String> {
+    fn end(
+        self,
+        sink: Sink,
+        writer: Option<&Writer>,
+    ) -> Result<Option<(Sha256, PathBuf)>, FrameWriteError> {
         let Frame {
             sha,
             path,
@@ -218,7 +233,7 @@ impl Frame {
                 if let Err(job) = sent {
                     write_whole(&job).map_err(|e| {
                         let _ = std::fs::remove_file(&job.path);
-                        format!("cannot write a staged file: {e}")
+                        FrameWriteError::Write(e)
                     })?;
                 }
                 Ok(Some((sha, path)))
@@ -228,7 +243,7 @@ impl Frame {
                 if let Some(mode) = mode {
                     use std::os::unix::fs::PermissionsExt;
                     file.set_permissions(std::fs::Permissions::from_mode(mode))
-                        .map_err(|e| format!("cannot chmod a staged file: {e}"))?;
+                        .map_err(FrameWriteError::Chmod)?;
                 }
                 Ok(Some((sha, path)))
             }
@@ -321,7 +336,9 @@ pub(super) async fn fetch_batch(
                         mode: modes.get(&sha).copied(),
                         in_standby,
                     };
-                    if let Some((sha, path)) = frame.end(sink, writer).map_err(&fail)? {
+                    if let Some((sha, path)) =
+                        frame.end(sink, writer).map_err(|e| fail(e.to_string()))?
+                    {
                         got.insert(sha, path);
                     }
                 }

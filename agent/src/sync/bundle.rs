@@ -84,12 +84,14 @@ impl Run<'_> {
     }
 
     /// Phase 2 for `passes`: from the bundle's blobs when the run has
-    /// some, else downloads (`Run::stage_all`).
+    /// some, else downloads (`Run::stage_all`). The files the last change
+    /// replaced are freed meanwhile (`commit::sweep_trash`).
     pub(super) async fn stage(
         &self,
         passes: &[Pass],
         held: Option<&Held>,
     ) -> Result<Vec<Option<Staging>>, SyncError> {
+        crate::commit::sweep_trash(passes.iter().map(|p| p.resource.path.clone()).collect());
         let Some(blobs) = held.and_then(|h| h.blobs.as_ref()) else {
             return self.stage_all(passes).await;
         };
