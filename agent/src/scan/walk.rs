@@ -122,13 +122,20 @@ impl Walk<'_> {
                 source: e.into(),
             }
         };
+        // O_NOATIME: reading a directory changed since it was last read
+        // would otherwise dirty its inode (relatime) on every scan after a
+        // change; refused (EPERM) where the agent does not own it.
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = match &job.parent {
+        let open = |flags: OFlags| match &job.parent {
             None => rustix::fs::open(&job.path, flags.difference(OFlags::NOFOLLOW), Mode::empty()),
             Some(parent) => {
                 let name = job.path.file_name().unwrap_or_default();
                 rustix::fs::openat(parent, name, flags, Mode::empty())
             }
+        };
+        let fd = match open(flags | OFlags::NOATIME) {
+            Err(rustix::io::Errno::PERM) => open(flags),
+            opened => opened,
         }
         .map_err(io(&job.path))?;
         let fd = std::sync::Arc::new(fd);
