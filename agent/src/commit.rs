@@ -38,7 +38,6 @@ mod switch;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use pluginsync_common::fsutil::Durable;
@@ -55,7 +54,10 @@ use dirs::{DIR_FLAGS, Dirs, chmod_entry, remove_entry};
 pub use error::CommitError;
 pub use mirror::{Mirror, MirrorError};
 pub use space::{SpaceError, check_space};
-pub use switch::{GenState, NO_EXCHANGE_ENV, Standby, SwitchError, container_of, sweep_trash};
+pub use switch::{
+    GenState, NO_EXCHANGE_ENV, Standby, SwitchError, container_of, fresh_standby, sweep_trash,
+};
+use switch::{as_recorded, standby_for};
 
 /// What a commit did.
 #[derive(Debug, Default)]
@@ -365,56 +367,6 @@ pub enum PrepareError {
     },
 }
 
-/// A first sync's standby, to be filled by its downloads (`stage.rs`):
-/// `Some(slot)` when `dest` will switch, its live tree (`local`, its
-/// scan) holds nothing, and the standby taken for its next generation
-/// is empty. Nothing then needs mirroring, and every downloaded file
-/// can be written straight to its place there instead of into a staging
-/// directory and renamed in one by one: on a first sync of thousands of
-/// files, the renames and the staging directory's size were a third of
-/// the time after the downloads (BENCHMARKS.md#the-first-sync-fills-its-standby).
-/// [`prepare`] is then called with [`Staged::in_standby`].
-pub fn fresh_standby(dest: &Path, local: &LocalTree, keep: usize) -> Option<PathBuf> {
-    if !local.entries.is_empty() || !local.strays.is_empty() || local.ignored {
-        return None;
-    }
-    let standby = standby_for(dest).ok()?;
-    // A kept generation would be recycled, and is left to `prepare`.
-    if standby.previous().ok()?.len() >= keep.max(1) {
-        return None;
-    }
-    let (slot, _) = standby.take_next(keep).ok()?;
-    let empty = std::fs::read_dir(&slot).ok()?.next().is_none();
-    empty.then_some(slot)
-}
-
-/// The standby trees of `dest`, or why it has none and commits in place
-/// (docs/internals.md#the-switch): a mount point, a filesystem without
-/// `RENAME_EXCHANGE`, a container that is not this user's alone; `None`
-/// when there is no live directory (made in place, nothing to say).
-fn standby_for(dest: &Path) -> Result<Standby, Option<String>> {
-    let dev = |p: &Path| {
-        std::fs::symlink_metadata(p)
-            .ok()
-            .map(|m| (m.is_dir(), m.dev()))
-    };
-    let Some((true, dest_dev)) = dev(dest) else {
-        // Nothing live to keep: made in place, without a word.
-        return Err(None);
-    };
-    let parent = dest.parent().filter(|p| !p.as_os_str().is_empty());
-    if parent.and_then(dev).map(|(_, d)| d) != Some(dest_dev) {
-        return Err(Some("the destination is a mount point".to_owned()));
-    }
-    match Standby::open(dest, true) {
-        Ok(Some(s)) if s.exchange_works() => Ok(s),
-        Ok(_) => Err(Some(
-            "the filesystem cannot exchange two directories (RENAME_EXCHANGE)".to_owned(),
-        )),
-        Err(e) => Err(Some(format!("no standby tree ({e})"))),
-    }
-}
-
 /// The staged files of a destination, for [`prepare`].
 pub struct Staged<'a> {
     /// Relative path → staged file, with its mode.
@@ -459,8 +411,12 @@ pub fn prepare(
     };
     let (slot, known) = standby.take_next(keep)?;
     tracing::debug!(dest = %dest.display(), known = known.is_some(), elapsed_ms = ms(), "standby taken");
-    let known = known
-        .filter(|k| k.live_digest == local.digest() && !local.ignored && local.strays.is_empty());
+    let known = known.filter(|k| {
+        k.live_digest == local.digest()
+            && !local.ignored
+            && local.strays.is_empty()
+            && as_recorded(&slot, &k.scan)
+    });
     let skip = left_to_the_plan(plan, resource.purge);
     let mut mirror = Mirror::new(&slot, &skip, true);
     let fast = match &known {

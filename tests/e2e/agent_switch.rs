@@ -533,3 +533,24 @@ fn a_replaced_file_waits_in_the_trash_until_the_next_run_frees_it() {
         "the kept generation is whole"
     );
 }
+
+#[test]
+fn a_kept_generation_changed_after_its_record_is_walked_whole() {
+    let (_pki, t, _master, home) = two_state_node("");
+    for env in ["one", "two"] {
+        let run = home.sync(&["--environment", env]);
+        assert_eq!(run.code, 0, "{run:?}");
+    }
+    // A user racing the switch (a path taken, or a descriptor held,
+    // before the first tree was retired) renames a file no change touched.
+    let kept = newest_previous(&home.libdir());
+    std::fs::rename(kept.join("a/kept.rb"), kept.join("a/kept.rb.away")).unwrap();
+    let run = home.run(&["-vv", "sync", "--environment", "one"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr.contains("fast=false"),
+        "the standby was trusted: {}",
+        run.stderr
+    );
+    assert_eq!(synced(&home), mounts(&t, "one"), "a stale tree went live");
+}

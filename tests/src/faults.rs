@@ -144,16 +144,9 @@ impl Racer {
                     dirs.extend(subdirs(&d));
                 }
                 for dir in dirs {
-                    let away = PathBuf::from(format!("{}.away", dir.display()));
-                    if std::fs::rename(&dir, &away).is_err() {
-                        continue;
-                    }
-                    if std::os::unix::fs::symlink(&target, &dir).is_ok() {
+                    if swap(&dir, &target) {
                         n.fetch_add(1, Ordering::Relaxed);
-                        std::thread::yield_now();
-                        let _ = std::fs::remove_file(&dir);
                     }
-                    let _ = std::fs::rename(&away, &dir);
                 }
             }
         });
@@ -178,6 +171,34 @@ impl Drop for Racer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
+}
+
+/// Swaps `dir` for a symlink to `target` for a moment, then puts it back;
+/// whether the link was planted. Every step is relative to `dir`'s parent,
+/// opened without following a link: the racer plays a user who redirects
+/// the agent, and must not write through a link itself (a switch can make
+/// a tree live whose `dir`'s parent is one of its earlier links).
+fn swap(dir: &Path, target: &Path) -> bool {
+    use rustix::fs::{Mode, OFlags};
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+        return false;
+    };
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let Ok(p) = rustix::fs::open(parent, flags, Mode::empty()) else {
+        return false;
+    };
+    let mut away = name.to_owned();
+    away.push(".away");
+    if rustix::fs::renameat(&p, name, &p, &away).is_err() {
+        return false;
+    }
+    let planted = rustix::fs::symlinkat(target, &p, name).is_ok();
+    if planted {
+        std::thread::yield_now();
+        let _ = rustix::fs::unlinkat(&p, name, rustix::fs::AtFlags::empty());
+    }
+    let _ = rustix::fs::renameat(&p, &away, &p, name);
+    planted
 }
 
 /// The real directories directly in `dir` (not links, not `*.away`).

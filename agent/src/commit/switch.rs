@@ -465,6 +465,84 @@ fn sweep(dests: &[PathBuf]) {
         }
     }
 }
+
+/// A first sync's standby, to be filled by its downloads (`stage.rs`):
+/// `Some(slot)` when `dest` will switch, its live tree (`local`, its
+/// scan) holds nothing, and the standby taken for its next generation
+/// is empty. Nothing then needs mirroring, and every downloaded file
+/// can be written straight to its place there instead of into a staging
+/// directory and renamed in one by one: on a first sync of thousands of
+/// files, the renames and the staging directory's size were a third of
+/// the time after the downloads (BENCHMARKS.md#the-first-sync-fills-its-standby).
+/// [`super::prepare`] is then called with [`super::Staged::in_standby`].
+pub fn fresh_standby(dest: &Path, local: &LocalTree, keep: usize) -> Option<PathBuf> {
+    if !local.entries.is_empty() || !local.strays.is_empty() || local.ignored {
+        return None;
+    }
+    let standby = standby_for(dest).ok()?;
+    // A kept generation would be recycled, and is left to `prepare`.
+    if standby.previous().ok()?.len() >= keep.max(1) {
+        return None;
+    }
+    let (slot, _) = standby.take_next(keep).ok()?;
+    let empty = std::fs::read_dir(&slot).ok()?.next().is_none();
+    empty.then_some(slot)
+}
+
+/// The standby trees of `dest`, or why it has none and commits in place
+/// (docs/internals.md#the-switch): a mount point, a filesystem without
+/// `RENAME_EXCHANGE`, a container that is not this user's alone; `None`
+/// when there is no live directory (made in place, nothing to say).
+pub(super) fn standby_for(dest: &Path) -> Result<Standby, Option<String>> {
+    let dev = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .ok()
+            .map(|m| (m.is_dir(), std::os::unix::fs::MetadataExt::dev(&m)))
+    };
+    let Some((true, dest_dev)) = dev(dest) else {
+        // Nothing live to keep: made in place, without a word.
+        return Err(None);
+    };
+    let parent = dest.parent().filter(|p| !p.as_os_str().is_empty());
+    if parent.and_then(dev).map(|(_, d)| d) != Some(dest_dev) {
+        return Err(Some("the destination is a mount point".to_owned()));
+    }
+    match Standby::open(dest, true) {
+        Ok(Some(s)) if s.exchange_works() => Ok(s),
+        Ok(_) => Err(Some(
+            "the filesystem cannot exchange two directories (RENAME_EXCHANGE)".to_owned(),
+        )),
+        Err(e) => Err(Some(format!("no standby tree ({e})"))),
+    }
+}
+
+/// Whether every directory of a standby's record (`scan`, taken of it
+/// while it was live, before the switch that retired it) still has the
+/// stat recorded. A user who renamed, made or removed an entry in one
+/// after that scan (racing the switch, by path or through a descriptor
+/// held across it) moved its mtime and ctime: the record is then no
+/// longer the standby's, and it is walked whole
+/// (docs/internals.md#what-the-switch-trusts).
+pub(super) fn as_recorded(slot: &Path, scan: &LocalTree) -> bool {
+    use rustix::fs::{AtFlags, OFlags};
+    let flags = DIR_FLAGS.difference(OFlags::NOFOLLOW);
+    let Ok(root) = rustix::fs::open(slot, flags, Mode::empty()) else {
+        return false;
+    };
+    let same = |rel: &RelPath, recorded: &LocalEntry| {
+        rustix::fs::statat(&root, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| pluginsync_common::filesig::FileSig::of_stat(&st) == recorded.stat)
+    };
+    let dirs = scan.entries.iter();
+    let unchanged = dirs
+        .filter(|(_, e)| e.kind == LocalKind::Dir)
+        .all(|(rel, e)| same(rel, e));
+    if !unchanged {
+        tracing::debug!("the standby changed since it was recorded");
+    }
+    unchanged
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
