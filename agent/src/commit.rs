@@ -468,24 +468,9 @@ pub fn prepare(
             path: slot.clone(),
             source,
         })?;
-    let after = match (known, fast) {
-        (Some(k), Ok(())) => Some(k.scan.updated(&slot, &touched)),
-        _ => scan::scan(&slot, &resource.ignore).ok(),
-    };
-    let state = after
-        .as_ref()
-        .filter(|_| committed.failures.is_empty())
-        .and_then(|after| {
-            let changed = changed.into_iter().map(|n| match n {
-                LocalName::Rel(rel) => Some(rel),
-                LocalName::Stray(_) => None,
-            });
-            Some(GenState {
-                live_digest: after.digest(),
-                changed: changed.collect::<Option<Vec<_>>>()?,
-                scan: local.clone(),
-            })
-        });
+    let clean = committed.failures.is_empty();
+    let fast = known.filter(|_| fast.is_ok());
+    let (after, state) = record(&slot, fast, &touched, changed, local, resource, clean);
     tracing::debug!(dest = %dest.display(), elapsed_ms = ms(), "standby prepared, syncing");
     Ok(Some(Prepared {
         standby,
@@ -494,6 +479,38 @@ pub fn prepare(
         state,
         syncing: Some(syncing),
     }))
+}
+
+/// What [`prepare`] leaves known once `slot` is prepared: its scan, the
+/// live tree's after the switch (the standby's record `fast`, taken when
+/// the mirror could trust it, with the `touched` paths stat'ed again; else
+/// a scan of it), and, after a `clean` commit, the record of the tree the
+/// switch retires (`local`, and the paths the plan `changed`).
+fn record(
+    slot: &Path,
+    fast: Option<GenState>,
+    touched: &[LocalName],
+    changed: Vec<LocalName>,
+    local: &LocalTree,
+    resource: &FileResource,
+    clean: bool,
+) -> (Option<LocalTree>, Option<GenState>) {
+    let after = match fast {
+        Some(k) => Some(k.scan.updated(slot, touched)),
+        None => scan::scan(slot, &resource.ignore).ok(),
+    };
+    let state = after.as_ref().filter(|_| clean).and_then(|after| {
+        let changed = changed.into_iter().map(|n| match n {
+            LocalName::Rel(rel) => Some(rel),
+            LocalName::Stray(_) => None,
+        });
+        Some(GenState {
+            live_digest: after.digest(),
+            changed: changed.collect::<Option<Vec<_>>>()?,
+            scan: local.clone(),
+        })
+    });
+    (after, state)
 }
 
 /// [`standby_for`] in [`prepare`]: `None` (said in one warning, unless
