@@ -524,7 +524,6 @@ fn a_replaced_file_waits_in_the_trash_until_the_next_run_frees_it() {
         assert!(runs <= 5, "the trash is never emptied");
         let run = home.sync(&["--environment", "one"]);
         assert_eq!(run.code, 0, "{run:?}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
     }
     assert_eq!(synced(&home), mounts(&t, "one"));
     assert_eq!(

@@ -336,7 +336,7 @@ pub fn remove_entry(parent: BorrowedFd<'_>, name: &OsStr) -> std::io::Result<()>
 }
 
 /// Removes everything in the open directory `dir`.
-fn empty_dir(dir: &OwnedFd) -> std::io::Result<()> {
+pub fn empty_dir(dir: &OwnedFd) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     // Names first, removals after: a directory is not changed while it is
     // being read.

@@ -33,7 +33,7 @@ use pluginsync_common::relpath::RelPath;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
-use super::dirs::{DIR_FLAGS, remove_entry};
+use super::dirs::{DIR_FLAGS, empty_dir, remove_entry};
 use crate::listing::STAGING_DIR;
 use crate::scan::{LocalEntry, LocalKind, LocalTree};
 
@@ -432,36 +432,16 @@ pub fn sweep_trash(dests: Vec<PathBuf>) {
 
 /// [`sweep_trash`]'s work, done here.
 fn sweep(dests: &[PathBuf]) {
-    {
-        for dest in dests {
-            let Some((dir, _, _)) = container_of(dest) else {
-                continue;
-            };
-            let trash = dir.join(TRASH);
-            let Ok(fd) = rustix::fs::open(&trash, DIR_FLAGS, Mode::empty()) else {
-                continue;
-            };
-            // Only a directory of this user's alone (as its container).
-            match rustix::fs::fstat(&fd) {
-                Ok(st) if st.st_uid == rustix::process::geteuid().as_raw() => {}
-                _ => continue,
-            }
-            let names: Vec<OsString> = match rustix::fs::Dir::read_from(&fd) {
-                Ok(entries) => entries
-                    .filter_map(Result::ok)
-                    .map(|e| {
-                        OsString::from({
-                            use std::os::unix::ffi::OsStrExt;
-                            OsStr::from_bytes(e.file_name().to_bytes())
-                        })
-                    })
-                    .filter(|n| n != "." && n != "..")
-                    .collect(),
-                Err(_) => continue,
-            };
-            for name in names {
-                let _ = remove_entry(fd.as_fd(), &name);
-            }
+    for dest in dests {
+        let Some((dir, _, _)) = container_of(dest) else {
+            continue;
+        };
+        let Ok(fd) = rustix::fs::open(dir.join(TRASH), DIR_FLAGS, Mode::empty()) else {
+            continue;
+        };
+        // Only a directory of this user's alone (as its container).
+        if rustix::fs::fstat(&fd).is_ok_and(|st| st.st_uid == rustix::process::geteuid().as_raw()) {
+            let _left_for_the_next_run = empty_dir(&fd);
         }
     }
 }
