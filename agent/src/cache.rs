@@ -262,21 +262,28 @@ pub fn remember(
         &updated
     };
     let written: HashSet<&RelPath> = plan.writes().map(|(r, _)| r).collect();
-    let mut files = HashMap::new();
+    let mut files = HashMap::with_capacity(remote.entries.len());
+    // The three maps are sorted by path: one walk of each, no lookups.
+    let (mut now_at, mut then_at) = (
+        after.entries.iter().peekable(),
+        before.entries.iter().peekable(),
+    );
     for (rel, entry) in remote.entries.iter() {
         let RemoteKind::File { digest } = &entry.kind else {
             continue;
         };
-        let Some(now) = after.entries.get(rel) else {
+        while now_at.next_if(|(k, _)| *k < rel).is_some() {}
+        let Some((_, now)) = now_at.next_if(|(k, _)| *k == rel) else {
             continue;
         };
         // A file we did not write must still be the one we hashed (or
         // found in the cache); otherwise it changed under us: not cached.
-        let unchanged = written.contains(rel)
-            || before
-                .entries
-                .get(rel)
-                .is_some_and(|before| before.stat == now.stat);
+        let unchanged = written.contains(rel) || {
+            while then_at.next_if(|(k, _)| *k < rel).is_some() {}
+            then_at
+                .peek()
+                .is_some_and(|(k, then)| *k == rel && then.stat == now.stat)
+        };
         if unchanged {
             files.insert(rel.as_str().to_owned(), (now.stat, *digest));
         }

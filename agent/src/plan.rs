@@ -191,8 +191,12 @@ pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Pl
     // Local paths that go away wholesale (replaced by a remote entry of
     // another type): nothing below them needs its own removal.
     let mut replaced: Vec<&RelPath> = Vec::new();
+    // Both maps are sorted by path: each is walked once beside the other,
+    // no lookups.
+    let mut scanned = local.entries.iter().peekable();
     for (rel, r) in &remote.entries {
-        let l = local.entries.get(rel);
+        while scanned.next_if(|(k, _)| *k < rel).is_some() {}
+        let l = scanned.next_if(|(k, _)| *k == rel).map(|(_, l)| l);
         match (&r.kind, l.map(|l| l.kind)) {
             (RemoteKind::Dir, None) => mkdirs.push(Action::Mkdir {
                 rel: rel.clone(),
@@ -260,9 +264,11 @@ pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Pl
     // far made 8,000 sibling purges cost seconds). Parents sort before
     // their children, so a directory is decided before what is below it.
     let mut gone: HashSet<&str> = replaced.iter().map(|r| r.as_str()).collect();
+    let mut listed = remote.entries.keys().peekable();
     for (rel, l) in &local.entries {
         probe();
-        if remote.entries.contains_key(rel) {
+        while listed.next_if(|k| *k < rel).is_some() {}
+        if listed.next_if(|k| *k == rel).is_some() {
             continue;
         }
         let covered = ancestors(rel).any(|a| {
@@ -325,14 +331,19 @@ impl Removal {
             removed: 0,
             total: 0,
         };
+        // Both maps are sorted by path: one walk of each, no lookups.
+        let mut listed = remote.entries.iter().peekable();
         for (rel, l) in &local.entries {
             if l.kind == LocalKind::Dir {
                 continue;
             }
             r.total += 1;
-            if taken(remote, rel, purge) {
-                r.removed += 1;
-            }
+            while listed.next_if(|(k, _)| *k < rel).is_some() {}
+            let taken = match listed.peek() {
+                Some((k, e)) if *k == rel => !matches!(e.kind, RemoteKind::File { .. }),
+                _ => purge,
+            };
+            r.removed += usize::from(taken);
         }
         // A name the listing cannot hold is purged like any extra.
         for l in local.strays.values() {
