@@ -264,9 +264,16 @@ impl<'a> Run<'a> {
         run.record_loads(&passes);
         // From here on a signal is only noted (see the module docs).
         run.phase("commit started");
-        let written = run.commit_all(&passes, stagings, prepared);
-        run.phase("committed");
-        run.remember_generation(held.as_ref(), &passes);
+        // The caches are written on threads of the scope while the run's
+        // record is; all of them before the loads.
+        let written = std::thread::scope(|scope| {
+            let written = run.commit_all(scope, &passes, stagings, prepared);
+            run.phase("committed");
+            run.remember_generation(held.as_ref());
+            written
+        });
+        run.phase("remembered");
+        run.forget_listings(held.as_ref(), &passes);
         if let Some(signal) = interrupts.received() {
             return Err(interrupted(signal, true));
         }

@@ -24,7 +24,7 @@ use crate::scan::LocalName;
 use crate::servers::Source;
 use crate::stage::{self, Staging};
 
-impl Run<'_> {
+impl<'a> Run<'a> {
     /// `--noop`: the plans, reported as changes.
     pub(super) fn report_plans(&mut self, passes: &[Pass]) {
         for p in passes {
@@ -158,14 +158,19 @@ impl Run<'_> {
 
     /// switch (or commit in place) → report: each resource in catalog
     /// order, its changes and failures reported; the cache remembers a
-    /// clean commit and forgets a failed one. Returns the files written,
-    /// for the loaders.
-    pub(super) fn commit_all(
+    /// clean commit (written on a thread of `scope`, while the next
+    /// resource switches and the run's record is written) and forgets a
+    /// failed one. Returns the files written, for the loaders.
+    pub(super) fn commit_all<'s>(
         &mut self,
-        passes: &[Pass],
+        scope: &'s std::thread::Scope<'s, '_>,
+        passes: &'s [Pass],
         stagings: Vec<Option<Staging>>,
         prepared: Vec<Option<Prepared>>,
-    ) -> Vec<(Mount, RelPath)> {
+    ) -> Vec<(Mount, RelPath)>
+    where
+        'a: 's,
+    {
         let settings = self.settings;
         let vardir = &settings.vardir;
         self.report.applied = true;
@@ -206,7 +211,7 @@ impl Run<'_> {
                 if let Some(remote) = &p.remote {
                     // After a switch the live tree is the standby's, with
                     // its own inodes: its scan is the stat cache's.
-                    match &after {
+                    scope.spawn(move || match &after {
                         Some(after) => cache::remember(
                             vardir,
                             mount,
@@ -219,9 +224,8 @@ impl Run<'_> {
                         None => cache::remember(
                             vardir, mount, dest, &p.stamp, remote, &p.plan, &p.local,
                         ),
-                    }
+                    });
                 }
-                self.phase("remembered");
             } else {
                 MountCache::clear(vardir, mount);
             }

@@ -224,18 +224,33 @@ impl Run<'_> {
     /// master keeps that one, else whole; a generation no server keeps is
     /// asked of the per-node answer once more.
     async fn fetch_manifest(&mut self, held: &mut Held, env: &EnvName) -> Result<(), SyncError> {
-        let vardir = &self.settings.vardir;
-        // Not hashed here: a delta applied to it must hash to its target
-        // (`ManifestDelta::apply`), which a wrong base never does.
-        let base = held.record.generation.and_then(|since| {
-            let bytes = GenerationRecord::load_manifest(vardir, env.as_str())?;
-            let m = Manifest::parse_unverified(&bytes).ok()?;
-            Some((since, m))
+        // The held manifest is read and parsed on a thread while the
+        // first request is answered: a delta is asked for whenever one is
+        // held, and a base that turns out unreadable sends the next round
+        // for the whole manifest.
+        let mut reading = held.record.generation.map(|since| {
+            let (vardir, env) = (self.settings.vardir.clone(), env.to_string());
+            tokio::task::spawn_blocking(move || {
+                // Not hashed here: a delta applied to it must hash to its
+                // target (`ManifestDelta::apply`), which a wrong base never does.
+                let bytes = GenerationRecord::load_manifest(&vardir, &env)?;
+                let m = Manifest::parse_unverified(&bytes).ok()?;
+                Some((since, m))
+            })
         });
-        self.phase("held manifest read");
-        let mut since = base.as_ref().map(|(id, _)| *id);
+        let mut since = held.record.generation;
+        let mut base = None;
         for round in 0..3 {
-            let got = self.servers.manifest(env, &held.id, since.as_ref()).await?;
+            let asked = self.servers.manifest(env, &held.id, since.as_ref());
+            let got = match reading.take() {
+                Some(reading) => {
+                    let (got, read) = tokio::join!(asked, reading);
+                    base = read.ok().flatten();
+                    self.phase("held manifest read");
+                    got?
+                }
+                None => asked.await?,
+            };
             self.phase("manifest fetched");
             let (server, answer) = match got {
                 Some(g) => g,
@@ -269,18 +284,20 @@ impl Run<'_> {
                     (m, b.to_vec())
                 }
                 ManifestAnswer::Delta(d) => {
-                    let rebuilt = base.as_ref().ok_or(ManifestError::Malformed(
-                        "a delta that was not asked for".into(),
-                    ));
-                    match rebuilt.and_then(|(bid, bm)| {
-                        let delta = ManifestDelta::parse(&d)?;
+                    let Some((bid, bm)) = base.as_ref() else {
+                        tracing::info!(server = %server, "the held manifest cannot be read; fetching the whole manifest");
+                        since = None;
+                        continue;
+                    };
+                    let applied = ManifestDelta::parse(&d).and_then(|delta| {
                         if delta.target != held.id {
                             return Err(ManifestError::Malformed(
                                 "a delta to another generation".into(),
                             ));
                         }
                         delta.apply(bm, *bid)
-                    }) {
+                    });
+                    match applied {
                         Ok(pair) => pair,
                         Err(e) => {
                             tracing::info!(server = %server, error = %e, "manifest delta not used; fetching the whole manifest");
@@ -322,14 +339,16 @@ impl Run<'_> {
         // run that keeps its generation parses neither unless it must).
         let early = match held.manifest.as_ref() {
             Some(manifest) => {
-                let remote = listing::from_manifest(manifest, mount, &resource.ignore).map_err(
-                    |source| SyncError::Listing {
-                        server: held.origin.server.clone(),
-                        mount,
-                        source,
-                    },
-                )?;
-                cache.load_files(vardir, mount);
+                // The stat cache is decoded on a thread meanwhile.
+                let remote = std::thread::scope(|s| {
+                    let _loading = s.spawn(|| cache.load_files(vardir, mount));
+                    listing::from_manifest(manifest, mount, &resource.ignore)
+                })
+                .map_err(|source| SyncError::Listing {
+                    server: held.origin.server.clone(),
+                    mount,
+                    source,
+                })?;
                 Some(remote)
             }
             None => None,
@@ -422,10 +441,10 @@ impl Run<'_> {
     }
 
     /// After a clean commit: the generation, its manifest (when fetched)
-    /// and the per-node answer's `ETag` are kept; the mounts keep no
-    /// listing. Nothing is written when nothing changed. After a commit
-    /// with failures, the `ETag` is forgotten.
-    pub(super) fn remember_generation(&mut self, held: Option<&Held>, passes: &[Pass]) {
+    /// and the per-node answer's `ETag` are kept (the mounts' listings go
+    /// in [`Run::forget_listings`]). Nothing is written when nothing
+    /// changed. After a commit with failures, the `ETag` is forgotten.
+    pub(super) fn remember_generation(&mut self, held: Option<&Held>) {
         let Some(held) = held else { return };
         let vardir = &self.settings.vardir;
         if !self.report.failures.is_empty() {
@@ -449,8 +468,16 @@ impl Run<'_> {
         if let Err(e) = record.save(vardir, self.env.as_str(), held.fresh.as_deref()) {
             tracing::warn!(vardir = %vardir.display(), error = %e, "cannot save the sync cache");
         }
-        for p in passes {
-            MountCache::forget_listing(vardir, p.resource.mount);
+    }
+
+    /// A pass planned from a generation keeps no listing: the one a
+    /// listings-only run cached goes (after the pass's own cache is
+    /// written, which never writes one then).
+    pub(super) fn forget_listings(&self, held: Option<&Held>, passes: &[Pass]) {
+        if held.is_some_and(|h| h.changed) && self.report.failures.is_empty() {
+            for p in passes {
+                MountCache::forget_listing(&self.settings.vardir, p.resource.mount);
+            }
         }
     }
 }
