@@ -308,6 +308,8 @@ pub struct AgentFile {
     pub puppet_lock: PuppetLockConfig,
     /// `[switch] keep_previous`.
     pub keep_previous: usize,
+    /// `[switch] syncfs_below_dirty_mib`.
+    pub syncfs_below_dirty_mib: u64,
     /// The top-level keys the file sets.
     pub keys: BTreeSet<String>,
 }
@@ -394,6 +396,7 @@ impl AgentConfig {
             metrics_textfile: self.metrics.textfile.clone(),
             puppet_lock: self.puppet_lock.clone(),
             keep_previous: self.switch.keep_previous,
+            syncfs_below_dirty_mib: self.switch.syncfs_below_dirty_mib,
             keys: self.keys.clone(),
         })
     }

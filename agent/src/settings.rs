@@ -155,6 +155,8 @@ pub struct Settings {
     pub puppet_lock: crate::lock::PuppetLock,
     /// `[switch] keep_previous`.
     pub keep_previous: usize,
+    /// `[switch] syncfs_below_dirty_mib`.
+    pub syncfs_below_dirty_mib: u64,
     /// Every setting with its source, for `pluginsync-agent config`.
     pub effective: Vec<Effective>,
     /// `generations` (docs/protocol.md §4.11).
@@ -244,6 +246,7 @@ impl Settings {
             environment_origin,
             puppet_lock: file.puppet_lock.resolve(puppet.lockfile()),
             keep_previous: file.keep_previous,
+            syncfs_below_dirty_mib: file.syncfs_below_dirty_mib,
             effective,
             generations: file.generations,
         })
@@ -444,6 +447,10 @@ fn file_values(file: &AgentFile, effective: &mut Vec<Effective>) {
         ("parallel_downloads", file.parallel_downloads.to_string()),
         ("generations", file.generations.to_string()),
         ("switch.keep_previous", file.keep_previous.to_string()),
+        (
+            "switch.syncfs_below_dirty_mib",
+            file.syncfs_below_dirty_mib.to_string(),
+        ),
     ] {
         effective.push(Effective {
             name,

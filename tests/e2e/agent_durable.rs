@@ -12,7 +12,9 @@
 //!   — and never the whole filesystem;
 //! - a change above `SYNCFS_ABOVE` files syncs its staged files and the
 //!   standby with one `syncfs` of their filesystem, and no staged file one
-//!   by one.
+//!   by one;
+//! - on a quiet machine (`[switch] syncfs_below_dirty_mib`), a small
+//!   change is synced with one `syncfs` too.
 //!
 //! Each environment of one tree is a state of the node's libdir; the agent
 //! moves between them with `--environment`, so the master never has to
@@ -113,6 +115,12 @@ fn picture(calls: &[Call], root: &Path) -> Vec<String> {
     all
 }
 
+/// The agent's setting that syncs every set of up to `SYNCFS_ABOVE`
+/// members one by one, whatever the machine's dirty data: these tests
+/// picture each call, which must not depend on what else the machine
+/// writes meanwhile.
+const ONE_BY_ONE: &str = "[switch]\nsyncfs_below_dirty_mib = 0\n";
+
 /// The node's first state (`production`): a few modules' plugins and facts.
 fn base(tree: &EnvTree, env: &str) {
     for (rel, body) in [
@@ -130,9 +138,9 @@ fn base(tree: &EnvTree, env: &str) {
 /// agent synced to `production` through `warm` first: the standby beside
 /// the libdir then holds the last of them, as on a node that changes
 /// between states (docs/internals.md#the-switch).
-fn synced_node(tree: &EnvTree, pki: &Pki, warm: &[&str]) -> (TestMaster, AgentHome) {
+fn synced_node(tree: &EnvTree, pki: &Pki, warm: &[&str], extra: &str) -> (TestMaster, AgentHome) {
     let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), pki, "", "")));
-    let home = AgentHome::new(pki, &[master.url()], "");
+    let home = AgentHome::new(pki, &[master.url()], extra);
     for env in warm.iter().chain(&["production"]) {
         let run = home.sync(&["--environment", env, "--allow-mass-removal"]);
         assert_eq!(run.code, 0, "{}", run.stderr);
@@ -152,7 +160,7 @@ fn a_run_that_changes_nothing_makes_no_sync_call() {
     let home = AgentHome::new(
         &pki,
         &[master.url()],
-        "[metrics]\ntextfile = \"node.prom\"\n",
+        &format!("[metrics]\ntextfile = \"node.prom\"\n{ONE_BY_ONE}"),
     );
 
     // The first run changes the node: it syncs (the trace sees the calls).
@@ -191,7 +199,7 @@ fn a_small_change_syncs_exactly_what_it_touched() {
             .join("lib/puppet/type/gadget.rb"),
     )
     .unwrap();
-    let (_master, home) = synced_node(&tree, &pki, &["production", "changed"]);
+    let (_master, home) = synced_node(&tree, &pki, &["production", "changed"], ONE_BY_ONE);
 
     let (run, calls) = traced_sync(&strace, &home, "changed");
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -254,7 +262,7 @@ fn a_change_above_the_threshold_syncs_its_filesystem_once() {
             if i % 2 == 0 { 0o755 } else { 0o644 },
         );
     }
-    let (_master, home) = synced_node(&tree, &pki, &["production", "big"]);
+    let (_master, home) = synced_node(&tree, &pki, &["production", "big"], ONE_BY_ONE);
 
     let (run, calls) = traced_sync(&strace, &home, "big");
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -287,6 +295,43 @@ fn a_change_above_the_threshold_syncs_its_filesystem_once() {
             "syncfs .pluginsync-staging",
         ],
         "{calls:#?}"
+    );
+}
+
+#[test]
+fn a_small_change_on_a_quiet_machine_syncs_its_filesystem_once() {
+    let Some(strace) = require("strace", "strace", "agent_durable") else {
+        return;
+    };
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    base(&tree, "production");
+    base(&tree, "changed");
+    tree.file("changed", "m", "lib/facter/a.rb", "# a, changed\n", 0o644);
+    tree.file("changed", "m", "lib/newdir/c.rb", "# c\n", 0o644);
+    // Any dirty data counts as quiet: the standby's files and directories
+    // go to the disk with one syncfs of their filesystem.
+    let always = "[switch]\nsyncfs_below_dirty_mib = 1048576\n";
+    let (_master, home) = synced_node(&tree, &pki, &["production", "changed"], always);
+
+    let (run, calls) = traced_sync(&strace, &home, "changed");
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        std::fs::read_to_string(home.libdir().join("newdir/c.rb")).unwrap(),
+        "# c\n"
+    );
+    let picture = picture(&calls, &home.libdir());
+    assert!(
+        picture.iter().any(|c| c.starts_with("syncfs ")),
+        "{picture:#?}"
+    );
+    // Nothing of the standby's tree, and no staged file, synced by itself:
+    // only a set of one member still gets its own fsync (the container
+    // when the standby is taken, say).
+    assert!(
+        picture
+            .iter()
+            .all(|c| c.starts_with("syncfs ") || c == "fsync <parent>" || c == "fsync standby:"),
+        "{picture:#?}"
     );
 }
 
