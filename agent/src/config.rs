@@ -306,10 +306,8 @@ pub struct AgentFile {
     pub metrics_textfile: Option<PathBuf>,
     /// `[puppet_lock]`.
     pub puppet_lock: PuppetLockConfig,
-    /// `[switch] keep_previous`.
-    pub keep_previous: usize,
-    /// `[switch] syncfs_below_dirty_mib`.
-    pub syncfs_below_dirty_mib: u64,
+    /// `[switch]`.
+    pub switch: crate::lock::SwitchConfig,
     /// The top-level keys the file sets.
     pub keys: BTreeSet<String>,
 }
@@ -395,8 +393,7 @@ impl AgentConfig {
             loaders,
             metrics_textfile: self.metrics.textfile.clone(),
             puppet_lock: self.puppet_lock.clone(),
-            keep_previous: self.switch.keep_previous,
-            syncfs_below_dirty_mib: self.switch.syncfs_below_dirty_mib,
+            switch: self.switch.clone(),
             keys: self.keys.clone(),
         })
     }

@@ -132,6 +132,19 @@ fn keep_previous<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Err
     Ok(n)
 }
 
+impl SwitchConfig {
+    /// Each setting by its dotted name, as `pluginsync-agent config` shows it.
+    pub fn values(&self) -> [(&'static str, String); 2] {
+        [
+            ("switch.keep_previous", self.keep_previous.to_string()),
+            (
+                "switch.syncfs_below_dirty_mib",
+                self.syncfs_below_dirty_mib.to_string(),
+            ),
+        ]
+    }
+}
+
 impl Default for SwitchConfig {
     fn default() -> Self {
         SwitchConfig {

@@ -155,7 +155,7 @@ fn sync_or_rollback(
     // the command line (a usage error, 64) or from puppet.conf (78).
     let file = load_config(config)?;
     let settings = Settings::resolve(file, overrides).map_err(resolve_error)?;
-    pluginsync_common::fsutil::set_quiet_dirty(settings.syncfs_below_dirty_mib << 20);
+    pluginsync_common::fsutil::set_quiet_dirty(settings.switch.syncfs_below_dirty_mib << 20);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -153,10 +153,8 @@ pub struct Settings {
     pub environment_origin: Source,
     /// Puppet's run lock, waited for before a commit (`lock.rs`).
     pub puppet_lock: crate::lock::PuppetLock,
-    /// `[switch] keep_previous`.
-    pub keep_previous: usize,
-    /// `[switch] syncfs_below_dirty_mib`.
-    pub syncfs_below_dirty_mib: u64,
+    /// `[switch]`: `keep_previous`, `syncfs_below_dirty_mib`.
+    pub switch: crate::lock::SwitchConfig,
     /// Every setting with its source, for `pluginsync-agent config`.
     pub effective: Vec<Effective>,
     /// `generations` (docs/protocol.md §4.11).
@@ -245,8 +243,7 @@ impl Settings {
             environment_source: file.environment_source,
             environment_origin,
             puppet_lock: file.puppet_lock.resolve(puppet.lockfile()),
-            keep_previous: file.keep_previous,
-            syncfs_below_dirty_mib: file.syncfs_below_dirty_mib,
+            switch: file.switch,
             effective,
             generations: file.generations,
         })
@@ -437,7 +434,7 @@ fn file_values(file: &AgentFile, effective: &mut Vec<Effective>) {
     let path = |p: &Path| p.display().to_string();
     let factsdir = file.factsdir.as_deref().map(path).unwrap_or_default();
     let timeout = humantime_serde::re::humantime::format_duration(file.timeout);
-    for (name, value) in [
+    let own = [
         ("libdir", path(&file.libdir)),
         ("factsdir", factsdir),
         ("vardir", path(&file.vardir)),
@@ -446,12 +443,8 @@ fn file_values(file: &AgentFile, effective: &mut Vec<Effective>) {
         ("retries", file.retries.to_string()),
         ("parallel_downloads", file.parallel_downloads.to_string()),
         ("generations", file.generations.to_string()),
-        ("switch.keep_previous", file.keep_previous.to_string()),
-        (
-            "switch.syncfs_below_dirty_mib",
-            file.syncfs_below_dirty_mib.to_string(),
-        ),
-    ] {
+    ];
+    for (name, value) in own.into_iter().chain(file.switch.values()) {
         effective.push(Effective {
             name,
             value,

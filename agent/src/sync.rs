@@ -262,18 +262,32 @@ impl<'a> Run<'a> {
             return Err(interrupted(signal, false));
         }
         run.record_loads(&passes);
-        // From here on a signal is only noted (see the module docs).
-        run.phase("commit started");
+        run.commit_and_load(&passes, stagings, prepared, held.as_ref(), interrupts)
+            .await
+    }
+
+    /// switch → cache → report → load, once everything is prepared; from
+    /// here on a signal is only noted (see the module docs).
+    async fn commit_and_load(
+        &mut self,
+        passes: &[pass::Pass],
+        stagings: Vec<Option<crate::stage::Staging>>,
+        prepared: Vec<Option<commit::Prepared>>,
+        held: Option<&generation::Held>,
+        interrupts: &Interrupts,
+    ) -> Result<(), SyncError> {
+        let interrupted = |signal, committed| SyncError::Interrupted { signal, committed };
+        self.phase("commit started");
         // The caches are written on threads of the scope while the run's
         // record is; all of them before the loads.
         let written = std::thread::scope(|scope| {
-            let written = run.commit_all(scope, &passes, stagings, prepared);
-            run.phase("committed");
-            run.remember_generation(held.as_ref());
+            let written = self.commit_all(scope, passes, stagings, prepared);
+            self.phase("committed");
+            self.remember_generation(held);
             written
         });
-        run.phase("remembered");
-        run.forget_listings(held.as_ref(), &passes);
+        self.phase("remembered");
+        self.forget_listings(held, passes);
         if let Some(signal) = interrupts.received() {
             return Err(interrupted(signal, true));
         }
@@ -282,12 +296,12 @@ impl<'a> Run<'a> {
             // The loaders' groups are killed by the signal thread; what
             // they did not finish stays in the pending-loads record.
             signal = interrupts.wait() => return Err(interrupted(signal, true)),
-            () = run.load_changed(&written) => {}
+            () = self.load_changed(&written) => {}
         }
-        PendingLoads::clear(&settings.vardir);
-        if settings.load.rollback_on_failure {
-            let switched = std::mem::take(&mut run.switched);
-            run.rollback_on_failure(&switched);
+        PendingLoads::clear(&self.settings.vardir);
+        if self.settings.load.rollback_on_failure {
+            let switched = std::mem::take(&mut self.switched);
+            self.rollback_on_failure(&switched);
         }
         Ok(())
     }

@@ -51,7 +51,8 @@ impl<'a> Run<'a> {
             progress::wanted(self.settings.format == Format::Text),
         );
         for p in passes {
-            let Some((mut staging, writes)) = begin_staging(p, self.settings.keep_previous)? else {
+            let Some((mut staging, writes)) = begin_staging(p, self.settings.switch.keep_previous)?
+            else {
                 stagings.push(None);
                 continue;
             };
@@ -95,7 +96,7 @@ impl<'a> Run<'a> {
         passes: &[Pass],
         stagings: &[Option<Staging>],
     ) -> Result<Vec<Option<Prepared>>, SyncError> {
-        let keep = self.settings.keep_previous;
+        let keep = self.settings.switch.keep_previous;
         let empty = HashMap::new();
         let mut in_place = Durable::new();
         let mut prepared = Vec::with_capacity(passes.len());
@@ -180,7 +181,7 @@ impl<'a> Run<'a> {
             // Durable before it returns, so before the cache and the
             // report below claim it.
             let (done, after) = match prepared {
-                Some(prepared) => match commit::switch(&prepared, settings.keep_previous) {
+                Some(prepared) => match commit::switch(&prepared, settings.switch.keep_previous) {
                     Ok(()) => {
                         self.note_switch(SwitchKind::Exchange);
                         self.switched.insert(mount);

@@ -98,7 +98,8 @@ impl Run<'_> {
         let progress = Arc::new(Progress::default());
         let mut stagings = Vec::with_capacity(passes.len());
         for p in passes {
-            let Some((mut staging, writes)) = begin_staging(p, self.settings.keep_previous)? else {
+            let Some((mut staging, writes)) = begin_staging(p, self.settings.switch.keep_previous)?
+            else {
                 stagings.push(None);
                 continue;
             };
