@@ -148,6 +148,24 @@ fn synced_node(tree: &EnvTree, pki: &Pki, warm: &[&str], extra: &str) -> (TestMa
     (master, home)
 }
 
+/// A node synced to `production`, and `changed`: three files change,
+/// one updated in place, one created in a new directory, one removed.
+/// The tree and the certificates are returned to be kept: their
+/// directories go when they are dropped.
+fn changed_node(extra: &str) -> (EnvTree, Pki, TestMaster, AgentHome) {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    base(&tree, "production");
+    base(&tree, "changed");
+    tree.file("changed", "m", "lib/facter/a.rb", "# a, changed\n", 0o644);
+    tree.file("changed", "m", "lib/newdir/c.rb", "# c\n", 0o644);
+    let gadget = tree
+        .module("changed", "m")
+        .join("lib/puppet/type/gadget.rb");
+    std::fs::remove_file(gadget).unwrap();
+    let (master, home) = synced_node(&tree, &pki, &["production", "changed"], extra);
+    (tree, pki, master, home)
+}
+
 #[test]
 fn a_run_that_changes_nothing_makes_no_sync_call() {
     let Some(strace) = require("strace", "strace", "agent_durable") else {
@@ -187,19 +205,7 @@ fn a_small_change_syncs_exactly_what_it_touched() {
     let Some(strace) = require("strace", "strace", "agent_durable") else {
         return;
     };
-    let (tree, pki) = (EnvTree::new(), Pki::new());
-    base(&tree, "production");
-    // Three files change: one updated in place, one created in a new
-    // directory, one removed.
-    base(&tree, "changed");
-    tree.file("changed", "m", "lib/facter/a.rb", "# a, changed\n", 0o644);
-    tree.file("changed", "m", "lib/newdir/c.rb", "# c\n", 0o644);
-    std::fs::remove_file(
-        tree.module("changed", "m")
-            .join("lib/puppet/type/gadget.rb"),
-    )
-    .unwrap();
-    let (_master, home) = synced_node(&tree, &pki, &["production", "changed"], ONE_BY_ONE);
+    let (_tree, _pki, _master, home) = changed_node(ONE_BY_ONE);
 
     let (run, calls) = traced_sync(&strace, &home, "changed");
     assert_eq!(run.code, 0, "{}", run.stderr);
@@ -303,15 +309,9 @@ fn a_small_change_on_a_quiet_machine_syncs_its_filesystem_once() {
     let Some(strace) = require("strace", "strace", "agent_durable") else {
         return;
     };
-    let (tree, pki) = (EnvTree::new(), Pki::new());
-    base(&tree, "production");
-    base(&tree, "changed");
-    tree.file("changed", "m", "lib/facter/a.rb", "# a, changed\n", 0o644);
-    tree.file("changed", "m", "lib/newdir/c.rb", "# c\n", 0o644);
     // Any dirty data counts as quiet: the standby's files and directories
     // go to the disk with one syncfs of their filesystem.
-    let always = "[switch]\nsyncfs_below_dirty_mib = 1048576\n";
-    let (_master, home) = synced_node(&tree, &pki, &["production", "changed"], always);
+    let (_tree, _pki, _master, home) = changed_node("[switch]\nsyncfs_below_dirty_mib = 1048576\n");
 
     let (run, calls) = traced_sync(&strace, &home, "changed");
     assert_eq!(run.code, 0, "{}", run.stderr);
