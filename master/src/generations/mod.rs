@@ -96,6 +96,13 @@ pub struct Generations {
     /// True for the temporary directory used when `dir` is unset: removed
     /// with the store.
     temporary: bool,
+    /// That directory, made by `tempfile` under a name of its own, mode
+    /// 0700: a name made of the process id alone was a path another user
+    /// could make first (and a killed master's leftover, found again by a
+    /// later process with the same id, stopped its start).
+    _temporary_dir: Option<tempfile::TempDir>,
+    /// Why that directory could not be made: [`Generations::open`] says it.
+    unmade: Option<(std::io::ErrorKind, String)>,
     keep: usize,
     max_bytes: u64,
     /// One publication at a time: a blob found present stays present
@@ -150,26 +157,33 @@ fn now() -> String {
         .unwrap_or_default()
 }
 
-static TEMPORARY: AtomicU64 = AtomicU64::new(0);
-
 impl Generations {
-    /// The store `config` describes; nothing is read or created before
-    /// the first use ([`Generations::open`]).
+    /// The store `config` describes: a configured directory is neither
+    /// read nor created before the first use ([`Generations::open`]);
+    /// without one, a private temporary directory is made now.
     pub fn new(config: &GenerationsConfig) -> Generations {
-        let (root, temporary) = match &config.dir {
-            Some(d) => (d.clone(), false),
-            None => (
-                std::env::temp_dir().join(format!(
-                    "pluginsync-generations-{}-{}",
-                    std::process::id(),
-                    TEMPORARY.fetch_add(1, Ordering::Relaxed)
-                )),
-                true,
-            ),
+        let temporary_dir = || {
+            use std::os::unix::fs::PermissionsExt;
+            tempfile::Builder::new()
+                .prefix("pluginsync-generations-")
+                .permissions(std::fs::Permissions::from_mode(0o700))
+                .tempdir()
+        };
+        let (root, temporary, made, unmade) = match &config.dir {
+            Some(d) => (d.clone(), false, None, None),
+            None => match temporary_dir() {
+                Ok(t) => (t.path().to_owned(), true, Some(t), None),
+                Err(e) => {
+                    let why = (e.kind(), e.to_string());
+                    (std::env::temp_dir(), false, None, Some(why))
+                }
+            },
         };
         Generations {
             layout: Layout::new(root, !temporary),
             temporary,
+            _temporary_dir: made,
+            unmade,
             keep: config.keep.max(1),
             max_bytes: config.max_mib.saturating_mul(1 << 20),
             publishing: Mutex::new(()),
@@ -194,10 +208,13 @@ impl Generations {
         if st.loaded {
             return Ok(());
         }
+        if let Some((kind, why)) = &self.unmade {
+            return Err(StoreError::Io {
+                path: self.layout.root().to_owned(),
+                source: std::io::Error::new(*kind, why.clone()),
+            });
+        }
         if sweep {
-            if self.temporary {
-                let _ = std::fs::remove_dir_all(self.layout.root());
-            }
             self.layout.create()?;
         }
         self.load(&mut st);
@@ -624,6 +641,22 @@ mod tests {
             source: Box::new(move |d| sources.get(d).cloned()),
             index: None,
         }
+    }
+
+    #[test]
+    fn a_store_without_a_directory_gets_a_private_one_of_its_own_removed_with_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let (a, b) = (
+            Generations::new(&GenerationsConfig::default()),
+            Generations::new(&GenerationsConfig::default()),
+        );
+        assert_ne!(a.dir(), b.dir());
+        a.open(true).unwrap();
+        let root = a.dir().to_owned();
+        let mode = std::fs::metadata(&root).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{}", root.display());
+        drop(a);
+        assert!(!root.exists(), "{}", root.display());
     }
 
     fn store(dir: &Path, keep: usize, max_mib: u64) -> Generations {
