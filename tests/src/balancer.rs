@@ -363,6 +363,28 @@ impl ProxyBackend {
         [cert, key, ca, crl]: [&Path; 4],
         extra: &str,
     ) -> ProxyBackend {
+        // The proxy's port is found closed, then bound by the master: a
+        // test starting meanwhile can take it. Another port then, a few
+        // times at most.
+        let mut taken = String::new();
+        for _ in 0..5 {
+            match Self::spawn_once(envpath, basemodulepath, [cert, key, ca, crl], extra) {
+                Ok(backend) => return backend,
+                Err(text) if text.contains("Address already in use") => taken = text,
+                Err(text) => panic!("pluginsync-master exited {text}"),
+            }
+        }
+        panic!("pluginsync-master's proxy port was taken 5 times; the last: {taken}")
+    }
+
+    /// One start of [`ProxyBackend::spawn_with`]: the backend, or the
+    /// master's log when it exited.
+    fn spawn_once(
+        envpath: &Path,
+        basemodulepath: &Path,
+        [cert, key, ca, crl]: [&Path; 4],
+        extra: &str,
+    ) -> Result<ProxyBackend, String> {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = crate::closed_port();
         let config = dir.path().join("master.toml");
@@ -396,17 +418,17 @@ impl ProxyBackend {
                 break;
             }
             if let Some(status) = child.try_wait().expect("wait") {
-                panic!("pluginsync-master exited ({status}):\n{text}");
+                return Err(format!("({status}):\n{text}"));
             }
             assert!(Instant::now() < end, "master did not start:\n{text}");
             std::thread::sleep(Duration::from_millis(50));
         }
-        ProxyBackend {
+        Ok(ProxyBackend {
             child,
             proxy: format!("127.0.0.1:{port}"),
             log,
             _dir: dir,
-        }
+        })
     }
 
     /// A plain HTTP GET of `target` on its `[proxy]` listener as a
