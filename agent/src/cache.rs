@@ -237,8 +237,9 @@ impl MountCache {
 /// Records what a clean commit of `mount` into `dest` left: the listing
 /// (`stamp`, `remote`), the stat of every synced file with its (verified)
 /// sha256, and the digest of the destination's scan. `before` is the scan
-/// the `plan` was made from; the paths the plan touched (and their parent
-/// directories) are stat'ed again, with no second walk.
+/// the `plan` was made from, with its digest (taken when it was scanned);
+/// the paths the plan touched (and their parent directories) are stat'ed
+/// again, with no second walk.
 pub fn remember(
     vardir: &Path,
     mount: Mount,
@@ -246,7 +247,7 @@ pub fn remember(
     stamp: &ListingStamp,
     remote: &RemoteTree,
     plan: &Plan,
-    before: &LocalTree,
+    (before, before_digest): (&LocalTree, Sha256),
 ) {
     let touched: Vec<_> = plan
         .actions
@@ -255,11 +256,11 @@ pub fn remember(
         .collect();
     // Nothing touched (a switched tree, scanned already): no copy of it.
     let updated;
-    let after = if touched.is_empty() {
-        before
+    let (after, after_digest) = if touched.is_empty() {
+        (before, before_digest)
     } else {
         updated = before.updated(dest, &touched);
-        &updated
+        (&updated, updated.digest())
     };
     let written: HashSet<&RelPath> = plan.writes().map(|(r, _)| r).collect();
     let mut files = HashMap::with_capacity(remote.entries.len());
@@ -291,7 +292,7 @@ pub fn remember(
     let cache = MountCache {
         key: stamp.key.clone(),
         etag: stamp.etag.clone(),
-        scan_digest: Some(after.digest()),
+        scan_digest: Some(after_digest),
         entries: remote.entries.len(),
         listing_sha256: stamp.listing_sha256,
         files,

@@ -40,6 +40,7 @@ use std::ffi::OsStr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
+use pluginsync_common::digest::Sha256;
 use pluginsync_common::fsutil::Durable;
 use pluginsync_common::relpath::RelPath;
 use rustix::fs::Mode;
@@ -319,9 +320,9 @@ pub struct Prepared {
     standby: Standby,
     /// What the commit into the standby did (the report's changes).
     pub committed: Committed,
-    /// The standby's scan once prepared: the live tree's after the
-    /// switch (the cache's stat cache follows the switch with it).
-    pub after: Option<LocalTree>,
+    /// The standby's scan once prepared, with its digest: the live tree's
+    /// after the switch (the cache's stat cache follows the switch with it).
+    pub after: Option<(LocalTree, Sha256)>,
     /// What will be known of the generation the switch retires.
     state: Option<GenState>,
     /// Its durability step, running (`Prepared::durable`).
@@ -394,7 +395,7 @@ pub struct Staged<'a> {
 pub fn prepare(
     dest: &Path,
     plan: &Plan,
-    local: &LocalTree,
+    (local, local_digest): (&LocalTree, Sha256),
     Staged {
         files: staged,
         created,
@@ -412,7 +413,7 @@ pub fn prepare(
     let (slot, known) = standby.take_next(keep)?;
     tracing::debug!(dest = %dest.display(), known = known.is_some(), elapsed_ms = ms(), "standby taken");
     let known = known.filter(|k| {
-        k.live_digest == local.digest()
+        k.live_digest == local_digest
             && !local.ignored
             && local.strays.is_empty()
             && as_recorded(&slot, &k.scan)
@@ -481,11 +482,11 @@ pub fn prepare(
     }))
 }
 
-/// What [`prepare`] leaves known once `slot` is prepared: its scan, the
-/// live tree's after the switch (the standby's record `fast`, taken when
-/// the mirror could trust it, with the `touched` paths stat'ed again; else
-/// a scan of it), and, after a `clean` commit, the record of the tree the
-/// switch retires (`local`, and the paths the plan `changed`).
+/// What [`prepare`] leaves known once `slot` is prepared: its scan and its
+/// digest, the live tree's after the switch (the standby's record `fast`,
+/// taken when the mirror could trust it, with the `touched` paths stat'ed
+/// again; else a scan of it), and, after a `clean` commit, the record of
+/// the tree the switch retires (`local`, and the paths the plan `changed`).
 fn record(
     slot: &Path,
     fast: Option<GenState>,
@@ -494,18 +495,22 @@ fn record(
     local: &LocalTree,
     resource: &FileResource,
     clean: bool,
-) -> (Option<LocalTree>, Option<GenState>) {
+) -> (Option<(LocalTree, Sha256)>, Option<GenState>) {
     let after = match fast {
         Some(k) => Some(k.scan.updated(slot, touched)),
         None => scan::scan(slot, &resource.ignore).ok(),
     };
-    let state = after.as_ref().filter(|_| clean).and_then(|after| {
+    let after = after.map(|tree| {
+        let digest = tree.digest();
+        (tree, digest)
+    });
+    let state = after.as_ref().filter(|_| clean).and_then(|(_, digest)| {
         let changed = changed.into_iter().map(|n| match n {
             LocalName::Rel(rel) => Some(rel),
             LocalName::Stray(_) => None,
         });
         Some(GenState {
-            live_digest: after.digest(),
+            live_digest: *digest,
             changed: changed.collect::<Option<Vec<_>>>()?,
             scan: local.clone(),
         })

@@ -115,7 +115,7 @@ impl<'a> Run<'a> {
             let standby = commit::prepare(
                 &p.resource.path,
                 &p.plan,
-                &p.local,
+                (&p.local, p.local_digest),
                 commit::Staged {
                     files: staged,
                     created,
@@ -212,18 +212,24 @@ impl<'a> Run<'a> {
                 if let Some(remote) = &p.remote {
                     // After a switch the live tree is the standby's, with
                     // its own inodes: its scan is the stat cache's.
-                    scope.spawn(move || match &after {
-                        Some(after) => cache::remember(
+                    scope.spawn(move || match after {
+                        Some((after, digest)) => cache::remember(
                             vardir,
                             mount,
                             dest,
                             &p.stamp,
                             remote,
                             &Plan::default(),
-                            after,
+                            (&after, digest),
                         ),
                         None => cache::remember(
-                            vardir, mount, dest, &p.stamp, remote, &p.plan, &p.local,
+                            vardir,
+                            mount,
+                            dest,
+                            &p.stamp,
+                            remote,
+                            &p.plan,
+                            (&p.local, p.local_digest),
                         ),
                     });
                 }

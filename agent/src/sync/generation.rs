@@ -390,6 +390,7 @@ impl Run<'_> {
             plan,
             remote,
             local,
+            local_digest: digest,
             stamp,
             query,
             origin: held.origin.clone(),

@@ -65,6 +65,9 @@ pub(super) struct Pass {
     pub(super) remote: Option<RemoteTree>,
     /// The scan before any change.
     pub(super) local: LocalTree,
+    /// Its digest, taken once when it was scanned (the sha256s hashing
+    /// adds to it are not in it).
+    pub(super) local_digest: Sha256,
     /// The listing as the cache records it.
     pub(super) stamp: ListingStamp,
     /// The listing's query string: a replica must answer it with the same
@@ -141,6 +144,7 @@ impl Run<'_> {
                     plan: Plan::default(),
                     remote: None,
                     local,
+                    local_digest: digest,
                     stamp: ListingStamp {
                         key,
                         etag,
@@ -172,6 +176,7 @@ impl Run<'_> {
             plan,
             remote: Some(remote),
             local,
+            local_digest: digest,
             stamp: ListingStamp {
                 key,
                 etag,
