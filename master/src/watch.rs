@@ -1,63 +1,45 @@
 //! Keeping the indexes current: inotify events, debounced, held while an
 //! environment is being deployed, plus a periodic stat-only rescan as a
-//! backstop (docs/deploys.md).
+//! backstop (docs/internals.md#watch, docs/deploys.md).
 //!
 //! **What is watched.** Each environmentpath entry itself (not recursively:
 //! environments appear, vanish and are flipped there), each environment's
 //! *real* directory recursively, and each basemodulepath entry recursively.
-//! An environment's directory is watched before any build walks it (the
-//! store calls [`watch_env`] first: `Store::watch_before_walk`), so a file
-//! written while the master builds its first index is an event like any
-//! other (`files_written_during_the_first_build_are_served_without_a_rescan`);
-//! the background setup watches the others.
-//! inotify watches an inode, so a watch added through `production ->
-//! releases/3` stays on `releases/3` after the link is flipped; the
-//! environments' real paths are therefore resolved again after every burst
-//! of events, and a changed one is unwatched and its new target watched
-//! (`a_flipped_environment_link_is_watched_at_its_new_target`). Events carry
-//! real paths, mapped back to environment
-//! names through that table.
+//! An environment's directory is watched before any build walks it
+//! (`Store::watch_before_walk` calls [`watch_env`]), so a file written while
+//! the master builds its first index is an event like any other. inotify
+//! watches an inode: the real paths are resolved again after every burst,
+//! and a flipped link's new target (`production -> releases/3`), or a new
+//! directory moved in under an environment's name (another inode at the
+//! same path), is watched anew, the old one unwatched. Events carry real
+//! paths, mapped back to environment names through that table.
 //!
-//! **Events.** Mapped to the environments they touch (a path in an
-//! environment's real directory, or `<environmentpath>/<name>`, names it;
-//! anything under a basemodulepath entry, or an event that cannot be placed,
-//! touches every environment). Access events are dropped: the master's own
-//! reads produce them, and reacting to them would rebuild forever. After the
-//! last event of a burst and a quiet `debounce` (at most 10 × `debounce`),
-//! the touched environments are rebuilt; unchanged files keep their
-//! digests, so only what changed is read again. Only *indexed* environments,
-//! and those whose first build is running (rebuilt once it is done), are
-//! rebuilt (`Store::refresh`; docs/master.md#many-environments): one not
-//! indexed yet, or dropped for being idle, is read as it is on its next
-//! request, so a rescan never indexes every environment. An environment
-//! nothing changed in sees no event and is built once
-//! (`an_untouched_tree_is_indexed_once_at_startup`).
+//! **Events.** Mapped to the environments they touch (anything under a
+//! basemodulepath entry, or an event that cannot be placed, touches every
+//! environment); access events are dropped (the master's own reads make
+//! them). After a burst and a quiet `debounce` (at most 10 × `debounce`)
+//! the touched environments are rebuilt, only if indexed (`Store::refresh`;
+//! docs/master.md#many-environments); unchanged files keep their digests.
 //!
-//! **Deploys** (docs/deploys.md). r10k and Code Manager redeploy modules in
-//! place, deleting and re-creating their directories over tens of seconds;
-//! an index built in between lacks whole modules, and agents purge them for
-//! a run. An environment is taken to be deploying when, in a burst, one of
-//! its directories was removed or renamed away (a module, its `lib/` or
-//! `facts.d/`, or `modules/` itself: depth 3 or less for renames), git wrote
-//! inside it (a `.git` component), or the burst never paused for
-//! `debounce` (the tree keeps changing). Its last complete index then stays
-//! served until it has been quiet for `index.settle`, or `index.settle_max`
-//! has passed since the deploy was noticed, or r10k wrote the environment's
-//! `.r10k-deploy.json` (r10k's last act for an environment). Ordinary edits
-//! are none of these, and are served after `debounce` as before. A held
-//! environment is never dropped for being idle (`Store::hold`); one that
-//! is not indexed when its deploy starts has no complete index to keep,
-//! and a request for it during the deploy reads the tree as it is.
+//! **Deploys** (docs/deploys.md). An environment is taken to be deploying
+//! when, in a burst, one of its directories was removed or renamed away
+//! (depth 3 or less for renames: a module, its `lib/` or `facts.d/`,
+//! `modules/`), git wrote inside it, or the burst never paused for
+//! `debounce`. Its last complete index stays served until it has been
+//! quiet for `index.settle`, `index.settle_max` has passed, or r10k wrote
+//! its `.r10k-deploy.json`; a held environment is never dropped for being
+//! idle (`Store::hold`). Ordinary edits are served after `debounce`.
 //!
 //! With `index.publish = "explicit"` nothing here runs: only the admin API,
 //! `pluginsync-master reindex` and SIGHUP re-index.
+
+mod events;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use notify::event::{ModifyKind, RemoveKind, RenameMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use pluginsync_common::envname::EnvName;
 use tokio::sync::mpsc;
@@ -66,29 +48,10 @@ use tokio::time::Instant;
 use crate::config::Publish;
 use crate::environments;
 use crate::store::{Scope, Store};
-
-/// r10k writes this file into an environment when its deploy is done.
-const R10K_DEPLOY_INFO: &str = ".r10k-deploy.json";
-
-/// Renames away at this depth or less (relative to the environment) are
-/// directories of the module layout (`modules/<m>/lib`), not edited files.
-const LAYOUT_DEPTH: usize = 3;
+use events::{Pending, Roots, classify};
 
 /// An event as the watcher thread received it, stamped on arrival.
 type Stamped = (Instant, notify::Result<notify::Event>);
-
-/// What a burst of events asks for.
-#[derive(Debug, Default)]
-struct Pending {
-    /// Every environment (basemodulepath, an unplaceable event, a rescan).
-    all: bool,
-    /// Environments touched.
-    envs: BTreeSet<EnvName>,
-    /// Environments that show a deploy in progress.
-    deploying: BTreeSet<EnvName>,
-    /// Environments whose deploy r10k reported done.
-    deployed: BTreeSet<EnvName>,
-}
 
 /// A deploy in progress: when it was noticed and when it last changed.
 #[derive(Debug, Clone, Copy)]
@@ -97,62 +60,26 @@ struct Deploy {
     last: Instant,
 }
 
-/// Where events come from: environments' real directories (the watched
-/// paths) and the environmentpath entries.
-#[derive(Debug, Default, Clone)]
-struct Roots {
-    /// Real directory → the environments it is (usually one).
-    envs: BTreeMap<PathBuf, BTreeSet<EnvName>>,
-    /// The environmentpath entries, as configured and resolved.
-    envpaths: Vec<PathBuf>,
-}
-
 /// The watcher and the table of what it watches, shared by the watcher's
 /// task and the builds that call [`watch_env`] before walking.
 struct Watched {
     /// `None` with `index.watch = false` (the rescan still runs).
     watcher: Option<notify::RecommendedWatcher>,
     roots: Roots,
+    /// The inode (device, number) of each watched real directory.
+    inodes: BTreeMap<PathBuf, (u64, u64)>,
+}
+
+/// The inode of the directory at `path`, if it can be had.
+fn inode_of(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// The shared [`Watched`], through poisoning (each holder changes it in
 /// one step).
 fn lock(shared: &Mutex<Watched>) -> std::sync::MutexGuard<'_, Watched> {
     shared.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// What an event path belongs to.
-#[derive(Debug, PartialEq, Eq)]
-enum Place {
-    /// Inside these environments, at this path relative to their directory.
-    Env(Vec<EnvName>, PathBuf),
-    /// Under an environmentpath entry, but not a valid environment name.
-    NotAnEnv,
-    /// Anything else: every environment.
-    Unknown,
-}
-
-impl Roots {
-    fn place(&self, path: &Path) -> Place {
-        // The deepest root wins (an environment inside another's tree).
-        for (root, names) in self.envs.iter().rev() {
-            if let Ok(rel) = path.strip_prefix(root) {
-                return Place::Env(names.iter().cloned().collect(), rel.to_owned());
-            }
-        }
-        for entry in &self.envpaths {
-            if let Ok(rest) = path.strip_prefix(entry) {
-                let Some(first) = rest.components().next() else {
-                    return Place::Unknown;
-                };
-                return match first.as_os_str().to_str().and_then(|s| s.parse().ok()) {
-                    Some(env) => Place::Env(vec![env], PathBuf::new()),
-                    None => Place::NotAnEnv,
-                };
-            }
-        }
-        Place::Unknown
-    }
 }
 
 /// Keeps the watcher task alive; dropping it stops watching.
@@ -234,7 +161,11 @@ pub fn spawn(store: Arc<Store>) -> Result<Option<WatchGuard>, WatchError> {
     } else {
         None
     };
-    let shared = Arc::new(Mutex::new(Watched { watcher, roots }));
+    let shared = Arc::new(Mutex::new(Watched {
+        watcher,
+        roots,
+        inodes: BTreeMap::new(),
+    }));
     if lock(&shared).watcher.is_some() {
         // Weak both ways: the store outlives no watcher, and the hook keeps
         // neither alive once the task is gone.
@@ -463,13 +394,14 @@ fn resync(store: &Store, shared: &Mutex<Watched>) {
             tracing::debug!(dir = %gone.display(), error = %e, "unwatch");
         }
         w.roots.envs.remove(&gone);
+        w.inodes.remove(&gone);
         tracing::debug!(dir = %gone.display(), "no longer an environment's directory: unwatched");
     }
     for (real, names) in now {
         let mut w = lock(shared);
         // One that cannot be watched is tried again after the next event
         // or rescan.
-        if w.roots.envs.contains_key(&real) || w.watch(&real, &names) {
+        if w.is_watched(&real) || w.watch(&real, &names) {
             w.roots.envs.insert(real, names);
         }
     }
@@ -489,7 +421,9 @@ fn watch_env(store: &Store, shared: &Mutex<Watched>, name: &EnvName, dir: &Path)
         return; // the build finds no environment there either
     };
     let mut w = lock(shared);
-    if let Some(names) = w.roots.envs.get_mut(&real) {
+    if w.is_watched(&real)
+        && let Some(names) = w.roots.envs.get_mut(&real)
+    {
         names.insert(name.clone());
         return;
     }
@@ -505,14 +439,43 @@ fn watch_env(store: &Store, shared: &Mutex<Watched>, name: &EnvName, dir: &Path)
 }
 
 impl Watched {
+    /// Whether `real` is watched, and still the directory that was: one
+    /// replaced under the same path since is not (its watches stayed
+    /// with the old inode), and its stale watches are dropped here.
+    fn is_watched(&mut self, real: &Path) -> bool {
+        if !self.roots.envs.contains_key(real) {
+            return false;
+        }
+        let now = inode_of(real);
+        if now.is_some() && self.inodes.get(real) == now.as_ref() {
+            return true;
+        }
+        tracing::debug!(dir = %real.display(), "an environment's directory was replaced: watching the new one");
+        if let Some(watcher) = self.watcher.as_mut()
+            && let Err(e) = watcher.unwatch(real)
+        {
+            // Gone with the old inode already.
+            tracing::debug!(dir = %real.display(), error = %e, "unwatch");
+        }
+        self.roots.envs.remove(real);
+        self.inodes.remove(real);
+        false
+    }
+
     /// Adds a recursive watch on `real`, the directory of `names`; false
     /// (said, with what to do about the watch limit) if it cannot be.
     fn watch(&mut self, real: &Path, names: &BTreeSet<EnvName>) -> bool {
         let Some(watcher) = self.watcher.as_mut() else {
             return false;
         };
+        // Taken before the watch: a directory replaced in between looks
+        // replaced at the next burst, and is watched again then.
+        let inode = inode_of(real);
         match watcher.watch(real, RecursiveMode::Recursive) {
             Ok(()) => {
+                if let Some(inode) = inode {
+                    self.inodes.insert(real.to_owned(), inode);
+                }
                 let envs: Vec<&str> = names.iter().map(EnvName::as_str).collect();
                 tracing::debug!(dir = %real.display(), envs = %envs.join(","), "watching");
                 true
@@ -526,147 +489,5 @@ impl Watched {
                 false
             }
         }
-    }
-}
-
-fn classify(ev: &notify::Result<notify::Event>, roots: &Roots, pending: &mut Pending) {
-    let ev = match ev {
-        Ok(ev) => ev,
-        Err(e) => {
-            tracing::warn!(error = %e, "watch error, rescanning everything");
-            pending.all = true;
-            return;
-        }
-    };
-    if matches!(ev.kind, EventKind::Access(_)) {
-        return;
-    }
-    if ev.need_rescan() {
-        pending.all = true;
-        return;
-    }
-    for (i, path) in ev.paths.iter().enumerate() {
-        match roots.place(path) {
-            Place::Env(envs, rel) => {
-                let signal = signal(&ev.kind, i, &rel);
-                for env in envs {
-                    match signal {
-                        Signal::Deploying => {
-                            pending.deploying.insert(env.clone());
-                        }
-                        Signal::Deployed => {
-                            pending.deployed.insert(env.clone());
-                        }
-                        Signal::Edit => {}
-                    }
-                    pending.envs.insert(env);
-                }
-            }
-            Place::NotAnEnv => {}
-            Place::Unknown => pending.all = true,
-        }
-    }
-}
-
-/// What one event path says about a deploy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Signal {
-    Edit,
-    Deploying,
-    Deployed,
-}
-
-/// `kind` on the `index`-th path of an event, at `rel` inside an
-/// environment (empty: the environment itself, seen from its
-/// environmentpath entry).
-fn signal(kind: &EventKind, index: usize, rel: &Path) -> Signal {
-    let depth = rel.components().count();
-    if rel.components().any(|c| c.as_os_str() == ".git") {
-        return Signal::Deploying;
-    }
-    let renamed_away = matches!(kind, EventKind::Modify(ModifyKind::Name(RenameMode::From)))
-        || (index == 0 && matches!(kind, EventKind::Modify(ModifyKind::Name(RenameMode::Both))));
-    match kind {
-        EventKind::Remove(RemoveKind::Folder) if depth > 0 => Signal::Deploying,
-        _ if renamed_away && (1..=LAYOUT_DEPTH).contains(&depth) => Signal::Deploying,
-        EventKind::Create(_) | EventKind::Modify(_)
-            if depth == 1 && rel.as_os_str() == R10K_DEPLOY_INFO && !renamed_away =>
-        {
-            Signal::Deployed
-        }
-        _ => Signal::Edit,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use notify::event::{CreateKind, DataChange};
-
-    fn env(s: &str) -> EnvName {
-        s.parse().unwrap()
-    }
-
-    #[test]
-    fn events_map_to_environments_through_real_paths() {
-        let mut roots = Roots {
-            envpaths: vec![PathBuf::from("/envs")],
-            ..Roots::default()
-        };
-        roots.envs.insert(
-            PathBuf::from("/releases/3"),
-            [env("production")].into_iter().collect(),
-        );
-        roots.envs.insert(
-            PathBuf::from("/envs/dev"),
-            [env("dev")].into_iter().collect(),
-        );
-        assert_eq!(
-            roots.place(Path::new("/releases/3/modules/a/lib/x.rb")),
-            Place::Env(vec![env("production")], PathBuf::from("modules/a/lib/x.rb"))
-        );
-        // The old target of a flipped link belongs to no environment.
-        assert_eq!(
-            roots.place(Path::new("/releases/2/modules/a")),
-            Place::Unknown
-        );
-        assert_eq!(
-            roots.place(Path::new("/envs/production")),
-            Place::Env(vec![env("production")], PathBuf::new())
-        );
-        assert_eq!(roots.place(Path::new("/envs/not-an-env")), Place::NotAnEnv);
-        assert_eq!(roots.place(Path::new("/envs")), Place::Unknown);
-        assert_eq!(roots.place(Path::new("/base/mod/lib/x.rb")), Place::Unknown);
-    }
-
-    #[test]
-    fn deploy_signals() {
-        let rm_dir = EventKind::Remove(RemoveKind::Folder);
-        let rm_file = EventKind::Remove(RemoveKind::File);
-        let from = EventKind::Modify(ModifyKind::Name(RenameMode::From));
-        let write = EventKind::Modify(ModifyKind::Data(DataChange::Any));
-        let create = EventKind::Create(CreateKind::File);
-        let p = Path::new;
-        // A module directory removed or moved away: a deploy.
-        assert_eq!(signal(&rm_dir, 0, p("modules/stdlib")), Signal::Deploying);
-        assert_eq!(signal(&from, 0, p("modules/stdlib")), Signal::Deploying);
-        assert_eq!(signal(&from, 0, p("modules/stdlib/lib")), Signal::Deploying);
-        // git at work inside the environment: a deploy.
-        assert_eq!(
-            signal(&write, 0, p("modules/a/.git/index")),
-            Signal::Deploying
-        );
-        // r10k's last word.
-        assert_eq!(signal(&create, 0, p(".r10k-deploy.json")), Signal::Deployed);
-        assert_eq!(signal(&write, 0, p(".r10k-deploy.json")), Signal::Deployed);
-        // Ordinary edits, an editor's rename of a file, a flipped link.
-        assert_eq!(signal(&rm_file, 0, p("modules/a/lib/x.rb")), Signal::Edit);
-        assert_eq!(signal(&write, 0, p("modules/a/lib/x.rb")), Signal::Edit);
-        assert_eq!(
-            signal(&from, 0, p("modules/a/lib/facter/x.rb")),
-            Signal::Edit
-        );
-        assert_eq!(signal(&from, 0, p("")), Signal::Edit);
-        assert_eq!(signal(&rm_file, 0, p("")), Signal::Edit);
     }
 }

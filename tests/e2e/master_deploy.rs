@@ -138,6 +138,40 @@ async fn a_flipped_environment_link_is_watched_at_its_new_target() {
     );
 }
 
+/// A deploy that replaces the environment's directory by another under
+/// the same path (`mv production old; mv new production`): an edit inside
+/// the new directory is served, within the test's patience, not only at
+/// the next rescan (off here): its watches are the new directory's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_environment_directory_replaced_under_its_name_is_watched_anew() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    let env = tree.envpath().join("production");
+    let fact = |root: &Path| root.join("modules/app/lib/facter/app.rb");
+    let write = |root: &Path, text: &str| {
+        std::fs::create_dir_all(fact(root).parent().unwrap()).unwrap();
+        std::fs::write(fact(root), text).unwrap();
+    };
+    write(&env, "# first\n");
+    let m = master(&tree.envpath(), &pki, "", "");
+    let (c, url) = (client(&pki, Some("node1")), m.url());
+    wait_served(&c, &url, &env).await;
+
+    let (new, old) = (tree.outside().join("new"), tree.outside().join("old"));
+    write(&new, "# second\n");
+    std::fs::rename(&env, &old).unwrap();
+    std::fs::rename(&new, &env).unwrap();
+    std::fs::remove_dir_all(&old).unwrap();
+    wait_served(&c, &url, &env).await;
+
+    std::fs::write(fact(&env), "# second, edited in place\n").unwrap();
+    wait_served(&c, &url, &env).await;
+    assert_eq!(
+        served(&c, &url).await["facter/app.rb"],
+        sha256_hex(b"# second, edited in place\n")
+    );
+    assert_eq!(m.store.stats.watched_environments.load(Ordering::SeqCst), 1);
+}
+
 /// A master for the redeploy tests: watch mode at the default `settle`.
 fn agent(pki: &Pki, m: &TestMaster) -> Arc<AgentHome> {
     Arc::new(AgentHome::new(pki, &[m.url()], ""))
