@@ -55,10 +55,11 @@ use dirs::{DIR_FLAGS, Dirs, chmod_entry, remove_entry};
 pub use error::CommitError;
 pub use mirror::{Mirror, MirrorError};
 pub use space::{SpaceError, check_space};
+use switch::standby_for;
 pub use switch::{
-    GenState, NO_EXCHANGE_ENV, Standby, SwitchError, container_of, fresh_standby, sweep_trash,
+    Foreseen, GenState, NO_EXCHANGE_ENV, Standby, SwitchError, container_of, foresee,
+    fresh_standby, sweep_trash,
 };
-use switch::{as_recorded, standby_for};
 
 /// What a commit did.
 #[derive(Debug, Default)]
@@ -382,6 +383,9 @@ pub struct Staged<'a> {
     /// [`fresh_standby`] gave, their directories made on the way: nothing
     /// to mirror, nothing to rename.
     pub in_standby: bool,
+    /// The standby's record, read while the files were downloaded
+    /// ([`foresee`]).
+    pub foreseen: Option<Foreseen>,
 }
 
 /// Prepares the next generation of `dest` in its standby
@@ -401,6 +405,7 @@ pub fn prepare(
         created,
         sealed,
         in_standby,
+        foreseen,
     }: Staged<'_>,
     resource: &FileResource,
     keep: usize,
@@ -410,14 +415,10 @@ pub fn prepare(
     let Some(standby) = open_standby(dest, in_standby)? else {
         return Ok(None);
     };
-    let (slot, known) = standby.take_next(keep)?;
+    let (slot, known) = standby.take_next(keep, foreseen)?;
     tracing::debug!(dest = %dest.display(), known = known.is_some(), elapsed_ms = ms(), "standby taken");
-    let known = known.filter(|k| {
-        k.live_digest == local_digest
-            && !local.ignored
-            && local.strays.is_empty()
-            && as_recorded(&slot, &k.scan)
-    });
+    let known = known
+        .filter(|k| k.live_digest == local_digest && !local.ignored && local.strays.is_empty());
     let skip = left_to_the_plan(plan, resource.purge);
     let mut mirror = Mirror::new(&slot, &skip, true);
     let fast = match &known {
@@ -497,7 +498,7 @@ fn record(
     clean: bool,
 ) -> (Option<(LocalTree, Sha256)>, Option<GenState>) {
     let after = match fast {
-        Some(k) => Some(k.scan.updated(slot, touched)),
+        Some(k) => Some(k.scan.into_updated(slot, touched)),
         None => scan::scan(slot, &resource.ignore).ok(),
     };
     let after = after.map(|tree| {
@@ -563,15 +564,31 @@ fn left_to_the_plan(plan: &Plan, purge: bool) -> std::collections::HashSet<&str>
 
 /// The switch of a prepared destination: one exchange, then the old live
 /// tree kept as the newest previous generation (`keep` at most), the
-/// switch on disk before this returns.
-pub fn switch(prepared: &Prepared, keep: usize) -> Result<(), SwitchError> {
+/// switch on disk before this returns. Returns what is known of that
+/// generation, to be recorded after the switch ([`Retired::record`]).
+pub fn switch(prepared: &mut Prepared, keep: usize) -> Result<Option<Retired>, SwitchError> {
     debug_assert!(prepared.syncing.is_none(), "switched before it was durable");
     prepared.standby.exchange(switch::NEXT)?;
     let name = prepared.standby.retire(switch::NEXT, keep)?;
-    if let Some(state) = &prepared.state {
-        prepared.standby.write_state(&name, state);
+    Ok(prepared.state.take().map(|state| Retired {
+        file: prepared.standby.state_file(&name),
+        state,
+    }))
+}
+
+/// What is known of the generation a switch retired, not recorded yet:
+/// a hint the switch need not wait for (`Retired::record`, on a thread
+/// while the next destination switches; docs/internals.md#the-switch).
+pub struct Retired {
+    file: PathBuf,
+    state: GenState,
+}
+
+impl Retired {
+    /// Records it beside the generation (`prev.<n>.state`).
+    pub fn record(self) {
+        switch::write_state(&self.file, &self.state);
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -321,7 +321,12 @@ impl LocalTree {
     /// concurrent change this misses only makes the next run's digest
     /// differ, never match.
     pub fn updated(&self, dest: &Path, touched: &[LocalName]) -> LocalTree {
-        let mut t = self.clone();
+        self.clone().into_updated(dest, touched)
+    }
+
+    /// [`LocalTree::updated`], without a copy of the tree.
+    pub fn into_updated(self, dest: &Path, touched: &[LocalName]) -> LocalTree {
+        let mut t = self;
         let touched: Vec<&LocalName> = touched
             .iter()
             .filter(|n| !matches!(n, LocalName::Rel(r) if r.is_root()))

@@ -237,10 +237,11 @@ impl<'a> Run<'a> {
             }
             run.phase("planned");
             pass::guard(settings, &passes)?;
+            let foresight = apply::foresee(&passes, settings.switch.keep_previous);
             let stagings = run.stage(&passes, held.as_ref()).await?;
             run.phase("staged");
             commit::check_space(passes.iter().map(|p| (p.resource.path.as_path(), &p.plan)))?;
-            let prepared = run.prepare_all(&passes, &stagings)?;
+            let prepared = run.prepare_all(&passes, &stagings, foresight)?;
             // Never under a Puppet run using the tree, just before the
             // switch; a run that changes nothing does not look
             // (docs/agent.md#a-puppet-run-in-progress).

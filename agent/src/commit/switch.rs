@@ -163,18 +163,7 @@ impl Standby {
 
     /// The previous generations, oldest first: (seq, name).
     pub fn previous(&self) -> Result<Vec<(u64, String)>, SwitchError> {
-        let mut out = Vec::new();
-        let dir = rustix::fs::openat(&self.fd, ".", DIR_FLAGS, Mode::empty())
-            .map_err(self.io("open", ""))?;
-        for entry in rustix::fs::Dir::read_from(&dir).map_err(self.io("read", ""))? {
-            let entry = entry.map_err(self.io("read", ""))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(seq) = name.strip_prefix(PREV).and_then(|s| s.parse().ok()) {
-                out.push((seq, name));
-            }
-        }
-        out.sort();
-        Ok(out)
+        previous_in(self.fd.as_fd()).map_err(self.io("read", ""))
     }
 
     /// The container's trash, made if missing (0700): a standby's commit
@@ -218,8 +207,14 @@ impl Standby {
     /// The tree to prepare: a `next` left by an earlier run, else the
     /// oldest previous generation when `keep` are kept already (renamed
     /// `next`, durably, before anything in it changes; with what is known
-    /// of it, [`GenState`], when `keep` is 1), else a new empty one.
-    pub fn take_next(&self, keep: usize) -> Result<(PathBuf, Option<GenState>), SwitchError> {
+    /// of it when `keep` is 1: its [`GenState`], if it still matches it,
+    /// as [`foresee`] found it when `foreseen` names it, else read now),
+    /// else a new empty one.
+    pub fn take_next(
+        &self,
+        keep: usize,
+        foreseen: Option<Foreseen>,
+    ) -> Result<(PathBuf, Option<GenState>), SwitchError> {
         match rustix::fs::statat(&self.fd, NEXT, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() => {
                 return Ok((self.path(NEXT), None));
@@ -235,10 +230,12 @@ impl Standby {
             && let Some((_, oldest)) = previous.first()
         {
             let file = self.path(&format!("{oldest}{STATE}"));
-            state = std::fs::read(&file)
-                .ok()
-                .and_then(|b| GenState::decode(&b))
-                .filter(|_| keep == 1);
+            if keep == 1 {
+                state = match foreseen {
+                    Some(f) if f.name == *oldest => f.state,
+                    _ => read_state(&self.dir, oldest),
+                };
+            }
             rustix::fs::renameat(&self.fd, oldest.as_str(), &self.fd, NEXT)
                 .map_err(self.io("rename", oldest))?;
             // No longer a complete generation, on disk before it changes.
@@ -295,14 +292,9 @@ impl Standby {
         Ok(name)
     }
 
-    /// Records what is known of the previous generation `name` (a hint:
-    /// not synced; a lost or unreadable one costs a whole mirror).
-    pub fn write_state(&self, name: &str, state: &GenState) {
-        let Some(bytes) = state.encode() else { return };
-        let file = self.path(&format!("{name}{STATE}"));
-        if let Err(e) = replace_atomic(&file, &bytes, 0o600) {
-            tracing::debug!(file = %file.display(), error = %e, "cannot record a generation");
-        }
+    /// Where what is known of the previous generation `name` is kept.
+    pub fn state_file(&self, name: &str) -> PathBuf {
+        self.path(&format!("{name}{STATE}"))
     }
 
     /// Syncs the destination's parent and the container (their entries).
@@ -313,6 +305,15 @@ impl Standby {
             source: e.into(),
         })?;
         rustix::fs::fsync(&self.fd).map_err(self.io("sync", ""))
+    }
+}
+
+/// Records `state` in `file` ([`Standby::state_file`]): a hint, not
+/// synced; a lost or unreadable one costs a whole mirror.
+pub fn write_state(file: &Path, state: &GenState) {
+    let Some(bytes) = state.encode() else { return };
+    if let Err(e) = replace_atomic(file, &bytes, 0o600) {
+        tracing::debug!(file = %file.display(), error = %e, "cannot record a generation");
     }
 }
 
@@ -464,7 +465,7 @@ pub fn fresh_standby(dest: &Path, local: &LocalTree, keep: usize) -> Option<Path
     if standby.previous().ok()?.len() >= keep.max(1) {
         return None;
     }
-    let (slot, _) = standby.take_next(keep).ok()?;
+    let (slot, _) = standby.take_next(keep, None).ok()?;
     let empty = std::fs::read_dir(&slot).ok()?.next().is_none();
     empty.then_some(slot)
 }
@@ -494,6 +495,58 @@ pub(super) fn standby_for(dest: &Path) -> Result<Standby, Option<String>> {
         )),
         Err(e) => Err(Some(format!("no standby tree ({e})"))),
     }
+}
+
+/// A previous generation's record, read and checked against it ahead of
+/// [`Standby::take_next`] ([`foresee`]).
+pub struct Foreseen {
+    /// The generation it describes, `prev.<seq>`.
+    name: String,
+    /// Its record; `None` if it has none or no longer matches it.
+    state: Option<GenState>,
+}
+
+/// What [`Standby::take_next`] would read of `dest`'s standby when it
+/// takes the oldest previous generation with `keep` 1: its [`GenState`],
+/// if it still matches it ([`as_recorded`]). Reads only, and only what
+/// the run's own preparation leaves alone, so it runs on a thread of its
+/// own while the downloads do (docs/internals.md#the-switch): decoding a
+/// 3,000-file record and stat'ing its directories took 1.5 ms of a 1 %
+/// run's critical path. `None`: nothing to read ahead.
+pub fn foresee(dest: &Path, keep: usize) -> Option<Foreseen> {
+    if keep != 1 {
+        return None;
+    }
+    let (dir, _, _) = container_of(dest)?;
+    let fd = rustix::fs::open(&dir, DIR_FLAGS, Mode::empty()).ok()?;
+    if rustix::fs::statat(&fd, NEXT, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+        return None; // taken as it is, with nothing known of it
+    }
+    let (_, name) = previous_in(fd.as_fd()).ok()?.into_iter().next()?;
+    let state = read_state(&dir, &name);
+    Some(Foreseen { name, state })
+}
+
+/// The record of the previous generation `name` in the container `dir`,
+/// if it has one that still matches it.
+fn read_state(dir: &Path, name: &str) -> Option<GenState> {
+    let state = GenState::decode(&std::fs::read(dir.join(format!("{name}{STATE}"))).ok()?)?;
+    as_recorded(&dir.join(name), &state.scan).then_some(state)
+}
+
+/// The previous generations in the container open as `dir`, oldest
+/// first: (seq, name).
+fn previous_in(dir: std::os::fd::BorrowedFd<'_>) -> Result<Vec<(u64, String)>, Errno> {
+    let mut out = Vec::new();
+    let dir = rustix::fs::openat(dir, ".", DIR_FLAGS, Mode::empty())?;
+    for entry in rustix::fs::Dir::read_from(&dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if let Some(seq) = name.strip_prefix(PREV).and_then(|s| s.parse().ok()) {
+            out.push((seq, name));
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// Whether every directory of a standby's record (`scan`, taken of it
@@ -548,6 +601,51 @@ mod tests {
             std::fs::read(container.join("prev.1/kept.rb")).unwrap(),
             b"kept"
         );
+    }
+
+    #[test]
+    fn the_record_read_ahead_is_the_one_take_next_would_read() {
+        let t = tempfile::tempdir().unwrap();
+        let dest = t.path().join("lib");
+        std::fs::create_dir(&dest).unwrap();
+        let container = t.path().join(".lib.pluginsync");
+        let prev = container.join("prev.1");
+        std::fs::create_dir_all(prev.join("a/b")).unwrap();
+        std::fs::write(prev.join("a/b/x.rb"), "x").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let private = std::fs::Permissions::from_mode(0o700);
+        std::fs::set_permissions(&container, private).unwrap();
+        let ignore = pluginsync_common::ignore::IgnoreSet::empty();
+        let state = GenState {
+            live_digest: Sha256::of(b"live"),
+            changed: vec![RelPath::parse("a/b/x.rb").unwrap()],
+            scan: crate::scan::scan(&prev, &ignore).unwrap(),
+        };
+        write_state(&container.join("prev.1.state"), &state);
+        // Nothing to read ahead with more than one generation kept.
+        assert!(foresee(&dest, 2).is_none());
+        let ahead = foresee(&dest, 1).expect("read ahead");
+        assert_eq!(
+            (ahead.name.as_str(), ahead.state.as_ref()),
+            ("prev.1", Some(&state))
+        );
+        // What take_next finds is what was read ahead, without the file.
+        std::fs::remove_file(container.join("prev.1.state")).unwrap();
+        let standby = Standby::open(&dest, false).unwrap().unwrap();
+        let (slot, known) = standby.take_next(1, Some(ahead)).unwrap();
+        assert_eq!((slot, known), (container.join(NEXT), Some(state.clone())));
+        // A `next` is taken as it is: nothing read ahead.
+        assert!(foresee(&dest, 1).is_none());
+
+        // A generation changed since its record: read ahead as unknown,
+        // as take_next would find it.
+        std::fs::rename(container.join(NEXT), &prev).unwrap();
+        write_state(&container.join("prev.1.state"), &state);
+        std::fs::create_dir(prev.join("a/new")).unwrap();
+        let ahead = foresee(&dest, 1).expect("read ahead");
+        assert_eq!(ahead.state, None);
+        let (_, known) = standby.take_next(1, None).unwrap();
+        assert_eq!(known, None);
     }
 
     #[test]

@@ -24,6 +24,26 @@ use crate::scan::LocalName;
 use crate::servers::Source;
 use crate::stage::{self, Staging};
 
+/// A pass's standby record, being read ahead ([`foresee`]).
+pub(super) type Foresight = std::thread::JoinHandle<Option<commit::Foreseen>>;
+
+/// Reads ahead, on a thread per pass that changes something, what its
+/// `prepare` would read of its standby (`commit::foresee`), while the
+/// downloads run; a thread that cannot be had leaves it to `prepare`.
+pub(super) fn foresee(passes: &[Pass], keep: usize) -> Vec<Option<Foresight>> {
+    passes
+        .iter()
+        .map(|p| {
+            let dest = p.resource.path.clone();
+            let spawn = std::thread::Builder::new().name("foresee".into());
+            let changes = !p.plan.actions.is_empty() && keep == 1;
+            changes
+                .then(|| spawn.spawn(move || commit::foresee(&dest, keep)).ok())
+                .flatten()
+        })
+        .collect()
+}
+
 impl<'a> Run<'a> {
     /// `--noop`: the plans, reported as changes.
     pub(super) fn report_plans(&mut self, passes: &[Pass]) {
@@ -95,12 +115,13 @@ impl<'a> Run<'a> {
         &self,
         passes: &[Pass],
         stagings: &[Option<Staging>],
+        foresight: Vec<Option<Foresight>>,
     ) -> Result<Vec<Option<Prepared>>, SyncError> {
         let keep = self.settings.switch.keep_previous;
         let empty = HashMap::new();
         let mut in_place = Durable::new();
         let mut prepared = Vec::with_capacity(passes.len());
-        for (p, staging) in passes.iter().zip(stagings) {
+        for ((p, staging), foresight) in passes.iter().zip(stagings).zip(foresight) {
             let mut sealed = Durable::new();
             if let Some(s) = staging {
                 s.seal_into(&write_modes(&p.plan), &mut sealed)
@@ -121,6 +142,7 @@ impl<'a> Run<'a> {
                     created,
                     sealed: &mut sealed,
                     in_standby: staging.as_ref().is_some_and(|s| s.in_standby),
+                    foreseen: foresight.and_then(|f| f.join().ok().flatten()),
                 },
                 &p.resource,
                 keep,
@@ -181,18 +203,23 @@ impl<'a> Run<'a> {
             // Durable before it returns, so before the cache and the
             // report below claim it.
             let (done, after) = match prepared {
-                Some(prepared) => match commit::switch(&prepared, settings.switch.keep_previous) {
-                    Ok(()) => {
-                        self.note_switch(SwitchKind::Exchange);
-                        self.switched.insert(mount);
-                        (prepared.committed, prepared.after)
+                Some(mut prepared) => {
+                    match commit::switch(&mut prepared, settings.switch.keep_previous) {
+                        Ok(retired) => {
+                            self.note_switch(SwitchKind::Exchange);
+                            self.switched.insert(mount);
+                            if let Some(retired) = retired {
+                                scope.spawn(move || retired.record());
+                            }
+                            (prepared.committed, prepared.after)
+                        }
+                        Err(e) => {
+                            let mut failed = commit::Committed::default();
+                            failed.failures.push((None, commit::CommitError::Switch(e)));
+                            (failed, None)
+                        }
                     }
-                    Err(e) => {
-                        let mut failed = commit::Committed::default();
-                        failed.failures.push((None, commit::CommitError::Switch(e)));
-                        (failed, None)
-                    }
-                },
+                }
                 None => {
                     let empty = HashMap::new();
                     let staged = staging.as_ref().map_or(&empty, |s| &s.files);
