@@ -179,22 +179,26 @@ impl Standby {
     }
 
     /// Whether `RENAME_EXCHANGE` works here: two empty directories of the
-    /// container exchanged (module docs).
+    /// container exchanged (module docs). They are kept for the next
+    /// probe: made and removed each time, they cost 0.3 ms a run here,
+    /// where every freed block is discarded (`discard`).
     pub fn exchange_works(&self) -> bool {
         if std::env::var_os(NO_EXCHANGE_ENV).is_some_and(|v| v == "1") {
             return false;
         }
         let (a, b) = ("probe.a", "probe.b");
         for n in [a, b] {
+            let is_dir = rustix::fs::statat(&self.fd, n, AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir());
+            if is_dir {
+                continue;
+            }
             let _ = remove_entry(self.fd.as_fd(), OsStr::new(n));
             if rustix::fs::mkdirat(&self.fd, n, Mode::from_raw_mode(0o700)).is_err() {
                 return false;
             }
         }
         let result = rustix::fs::renameat_with(&self.fd, a, &self.fd, b, RenameFlags::EXCHANGE);
-        for n in [a, b] {
-            let _ = rustix::fs::unlinkat(&self.fd, n, AtFlags::REMOVEDIR);
-        }
         match result {
             Ok(()) => true,
             Err(e) => {
