@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use pluginsync_common::digest::{Sealed, Sha256, Unsealed};
 use pluginsync_common::etag::ETag;
-use pluginsync_common::fsutil::replace_atomic;
+use pluginsync_common::fsutil::{Written, replace_atomic, write_beside};
 use pluginsync_common::generation::GenerationId;
 use pluginsync_common::metadata::FileMetadata;
 use pluginsync_common::protocol::Mount;
@@ -197,13 +197,24 @@ impl MountCache {
     /// Writes the cache (and the listing body, when given), each file
     /// atomically and durably.
     pub fn save(&self, vardir: &Path, mount: Mount, listing: Option<&[u8]>) -> std::io::Result<()> {
+        let stat = write_stat(vardir, mount, &encode_stat_cache(&self.files))?;
+        self.finish(vardir, mount, listing, stat)
+    }
+
+    /// [`MountCache::save`] with its stat cache written already (`stat`).
+    fn finish(
+        &self,
+        vardir: &Path,
+        mount: Mount,
+        listing: Option<&[u8]>,
+        stat: Written,
+    ) -> std::io::Result<()> {
         let dir = Self::dir(vardir);
-        std::fs::create_dir_all(&dir)?;
         let write = |name: String, bytes: &[u8]| replace_atomic(&dir.join(name), bytes, 0o600);
         if let Some(body) = listing {
             write(format!("{mount}.listing.json"), body)?;
         }
-        write(format!("{mount}.stat"), &encode_stat_cache(&self.files))?;
+        stat.put()?;
         let _gone_is_fine = std::fs::remove_file(dir.join(format!("{mount}.stat.json")));
         write(format!("{mount}.json"), &serde_json::to_vec(self)?)
     }
@@ -247,8 +258,64 @@ pub fn remember(
     stamp: &ListingStamp,
     remote: &RemoteTree,
     plan: &Plan,
-    (before, before_digest): (&LocalTree, Sha256),
+    before: (&LocalTree, Sha256),
 ) {
+    learn(vardir, mount, dest, stamp, remote, plan, before).save_logged(vardir, mount, stamp);
+}
+
+/// A stat cache's `bytes` written beside its place (`<mount>.stat`), not
+/// in place yet (`MountCache::finish` puts it there).
+fn write_stat(vardir: &Path, mount: Mount, bytes: &[u8]) -> std::io::Result<Written> {
+    let dir = MountCache::dir(vardir);
+    std::fs::create_dir_all(&dir)?;
+    write_beside(&dir.join(format!("{mount}.stat")), bytes, 0o600)
+}
+
+/// A mount's cache made, its stat cache written beside its place, not
+/// saved yet ([`learn`]); dropped, it leaves nothing.
+pub struct Learned {
+    cache: MountCache,
+    stat: std::io::Result<Written>,
+}
+
+impl Learned {
+    /// Saves it; a failure is only logged (the cache is a hint).
+    pub fn save_logged(self, vardir: &Path, mount: Mount, stamp: &ListingStamp) {
+        let listing = stamp.fresh.as_deref();
+        let saved = (self.stat).and_then(|stat| self.cache.finish(vardir, mount, listing, stat));
+        if let Err(e) = saved {
+            tracing::warn!(vardir = %vardir.display(), error = %e, "cannot save the sync cache");
+        }
+    }
+}
+
+/// What [`remember`] saves, not saved yet: after a standby is prepared,
+/// made (and its stat cache written) on a thread while it is switched,
+/// and saved once the switch succeeded (docs/internals.md#the-switch).
+pub fn learn(
+    vardir: &Path,
+    mount: Mount,
+    dest: &Path,
+    stamp: &ListingStamp,
+    remote: &RemoteTree,
+    plan: &Plan,
+    before: (&LocalTree, Sha256),
+) -> Learned {
+    let (cache, bytes) = learn_cache(dest, stamp, remote, plan, before);
+    let stat = write_stat(vardir, mount, &bytes);
+    Learned { cache, stat }
+}
+
+/// The cache [`learn`] saves, its stat cache as bytes (not in its
+/// `files`: a map of 3,000 paths built only to be encoded cost a 1 % run
+/// a millisecond).
+fn learn_cache(
+    dest: &Path,
+    stamp: &ListingStamp,
+    remote: &RemoteTree,
+    plan: &Plan,
+    (before, before_digest): (&LocalTree, Sha256),
+) -> (MountCache, Vec<u8>) {
     let touched: Vec<_> = plan
         .actions
         .iter()
@@ -263,7 +330,7 @@ pub fn remember(
         (&updated, updated.digest())
     };
     let written: HashSet<&RelPath> = plan.writes().map(|(r, _)| r).collect();
-    let mut files = HashMap::with_capacity(remote.entries.len());
+    let mut files = StatEncoder::new(remote.entries.len());
     // The three maps are sorted by path: one walk of each, no lookups.
     let (mut now_at, mut then_at) = (
         after.entries.iter().peekable(),
@@ -286,7 +353,7 @@ pub fn remember(
                 .is_some_and(|(k, then)| *k == rel && then.stat == now.stat)
         };
         if unchanged {
-            files.insert(rel.as_str().to_owned(), (now.stat, *digest));
+            files.push(rel.as_str(), &now.stat, digest);
         }
     }
     let cache = MountCache {
@@ -295,11 +362,9 @@ pub fn remember(
         scan_digest: Some(after_digest),
         entries: remote.entries.len(),
         listing_sha256: stamp.listing_sha256,
-        files,
+        files: HashMap::new(),
     };
-    if let Err(e) = cache.save(vardir, mount, stamp.fresh.as_deref()) {
-        tracing::warn!(vardir = %vardir.display(), error = %e, "cannot save the sync cache");
-    }
+    (cache, files.finish())
 }
 
 /// The first bytes of a stat cache file (`<mount>.stat`).
@@ -312,18 +377,47 @@ const STAT_MAGIC: &[u8] = b"pluginsync-stat 1\n";
 /// file, not JSON: a 1 % run reads and writes the stat cache of every
 /// file, and JSON cost ~10 ms of it on 3,000 files (BENCHMARKS.md).
 pub fn encode_stat_cache(files: &HashMap<String, (FileSig, Sha256)>) -> Vec<u8> {
-    let mut out = Sealed::new(STAT_MAGIC, 4 + files.len() * 128);
-    let kept: Vec<_> = files
-        .iter()
-        .filter(|(p, _)| p.len() <= usize::from(u16::MAX))
-        .collect();
-    out.u32(kept.len() as u32);
-    for (path, (sig, sha)) in kept {
-        let _fits = out.text(path);
-        out.bytes.extend_from_slice(&sig.to_le_bytes());
-        out.bytes.extend_from_slice(&sha.0);
+    let mut out = StatEncoder::new(files.len());
+    for (path, (sig, sha)) in files {
+        out.push(path, sig, sha);
     }
-    out.seal()
+    out.finish()
+}
+
+/// A stat cache's bytes ([`encode_stat_cache`]) built entry by entry, the
+/// count filled in at the end: no map of paths needed to write one.
+struct StatEncoder {
+    out: Sealed,
+    count_at: usize,
+    count: u32,
+}
+
+impl StatEncoder {
+    fn new(capacity: usize) -> StatEncoder {
+        let mut out = Sealed::new(STAT_MAGIC, 4 + capacity * 128);
+        let count_at = out.bytes.len();
+        out.u32(0);
+        StatEncoder {
+            out,
+            count_at,
+            count: 0,
+        }
+    }
+
+    /// One entry; a path longer than the format holds is left out.
+    fn push(&mut self, path: &str, sig: &FileSig, sha: &Sha256) {
+        if self.out.text(path).is_some() {
+            self.out.bytes.extend_from_slice(&sig.to_le_bytes());
+            self.out.bytes.extend_from_slice(&sha.0);
+            self.count += 1;
+        }
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        let at = self.count_at..self.count_at + 4;
+        self.out.bytes[at].copy_from_slice(&self.count.to_le_bytes());
+        self.out.seal()
+    }
 }
 
 /// [`encode_stat_cache`]'s bytes back; `None` for anything else (cut,
@@ -386,9 +480,27 @@ impl GenerationRecord {
     /// Writes the manifest (when given) and then the record, each
     /// atomically (not synced: a hint, as the rest of the cache).
     pub fn save(&self, vardir: &Path, env: &str, manifest: Option<&[u8]>) -> std::io::Result<()> {
+        let written = manifest.map(|bytes| Self::write_manifest(vardir, env, bytes));
+        self.save_written(vardir, env, written.transpose()?)
+    }
+
+    /// The manifest for `env` written beside its place, not in place yet:
+    /// [`GenerationRecord::save_written`] puts it there.
+    pub fn write_manifest(vardir: &Path, env: &str, bytes: &[u8]) -> std::io::Result<Written> {
         std::fs::create_dir_all(MountCache::dir(vardir))?;
-        if let Some(bytes) = manifest {
-            replace_atomic(&Self::path(vardir, env, "manifest"), bytes, 0o600)?;
+        write_beside(&Self::path(vardir, env, "manifest"), bytes, 0o600)
+    }
+
+    /// [`GenerationRecord::save`] with the manifest written already.
+    pub fn save_written(
+        &self,
+        vardir: &Path,
+        env: &str,
+        manifest: Option<Written>,
+    ) -> std::io::Result<()> {
+        std::fs::create_dir_all(MountCache::dir(vardir))?;
+        if let Some(written) = manifest {
+            written.put()?;
         }
         let json = serde_json::to_vec(self)?;
         replace_atomic(&Self::path(vardir, env, "json"), &json, 0o600)
@@ -571,6 +683,15 @@ mod tests {
         for cut in [0, 1, 20, bytes.len() / 2, bytes.len() - 1] {
             assert_eq!(decode_stat_cache(&bytes[..cut]), None, "cut at {cut}");
         }
+        // A path the format cannot hold is left out, and counted out.
+        let mut with_long = files.clone();
+        let long = "x".repeat(usize::from(u16::MAX) + 1);
+        let sig = files["dir/é/1.rb"].0;
+        with_long.insert(long, (sig, Sha256::of(b"long")));
+        assert_eq!(
+            decode_stat_cache(&encode_stat_cache(&with_long)),
+            Some(files.clone())
+        );
         let mut altered = bytes;
         altered[40] ^= 1;
         assert_eq!(decode_stat_cache(&altered), None);

@@ -281,10 +281,14 @@ impl<'a> Run<'a> {
         self.phase("commit started");
         // The caches are written on threads of the scope while the run's
         // record is; all of them before the loads.
+        let (settings, env) = (self.settings, self.env.clone());
         let written = std::thread::scope(|scope| {
+            // The new manifest is written beside its place while the
+            // switches run, and put there after them.
+            let manifest = generation::write_manifest_ahead(scope, settings, &env, held);
             let written = self.commit_all(scope, passes, stagings, prepared);
             self.phase("committed");
-            self.remember_generation(held);
+            self.remember_generation(held, manifest.and_then(|m| m.join().ok()));
             written
         });
         self.phase("remembered");

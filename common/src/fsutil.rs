@@ -116,25 +116,56 @@ pub fn replace_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<(
     write(path, bytes, mode, false)
 }
 
-fn write(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+/// [`replace_atomic`] in two steps: `bytes` written now beside `path`
+/// under a temporary name (what [`remove_leftovers`] removes after a
+/// kill), put in place by [`Written::put`], removed if dropped instead.
+/// For a file whose content is known before the step that lets it be
+/// written (the agent's cache, before its switch).
+pub fn write_beside(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<Written> {
     let mut tmp = tempfile::Builder::new()
         .prefix(TMP_PREFIX)
-        .tempfile_in(dir)?;
+        .tempfile_in(parent_of(path))?;
     tmp.write_all(bytes)?;
     tmp.as_file()
         .set_permissions(std::fs::Permissions::from_mode(mode))?;
-    if durable {
-        tmp.as_file().sync_all()?;
+    Ok(Written {
+        tmp: tmp.into_temp_path(),
+        path: path.to_owned(),
+    })
+}
+
+/// A file [`write_beside`] wrote, not in place yet.
+#[derive(Debug)]
+pub struct Written {
+    tmp: tempfile::TempPath,
+    path: PathBuf,
+}
+
+impl Written {
+    /// Renames it over its path (not synced, as [`replace_atomic`]).
+    pub fn put(self) -> std::io::Result<()> {
+        self.tmp.persist(&self.path).map_err(|e| e.error)
     }
-    tmp.persist(path).map_err(|e| e.error)?;
+}
+
+fn write(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> std::io::Result<()> {
+    let written = write_beside(path, bytes, mode)?;
     if durable {
-        std::fs::File::open(dir)?.sync_all()?;
+        std::fs::File::open(&written.tmp)?.sync_all()?;
+    }
+    written.put()?;
+    if durable {
+        std::fs::File::open(parent_of(path))?.sync_all()?;
     }
     Ok(())
+}
+
+/// The directory holding `path` (`.` for a bare name).
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
 }
 
 /// Above this many files and directories to make durable on one

@@ -198,11 +198,14 @@ impl<'a> Run<'a> {
         let vardir = &settings.vardir;
         self.report.applied = true;
         let mut written = Vec::new();
-        for ((p, staging), prepared) in passes.iter().zip(stagings).zip(prepared) {
+        let mut prepared = prepared;
+        let learned = learn_all(scope, passes, &mut prepared, vardir);
+        let all = passes.iter().zip(stagings).zip(prepared).zip(learned);
+        for (((p, staging), prepared), learned) in all {
             let (dest, mount) = (&p.resource.path, p.resource.mount);
             // Durable before it returns, so before the cache and the
             // report below claim it.
-            let (done, after) = match prepared {
+            let done = match prepared {
                 Some(mut prepared) => {
                     match commit::switch(&mut prepared, settings.switch.keep_previous) {
                         Ok(retired) => {
@@ -211,12 +214,12 @@ impl<'a> Run<'a> {
                             if let Some(retired) = retired {
                                 scope.spawn(move || retired.record());
                             }
-                            (prepared.committed, prepared.after)
+                            prepared.committed
                         }
                         Err(e) => {
                             let mut failed = commit::Committed::default();
                             failed.failures.push((None, commit::CommitError::Switch(e)));
-                            (failed, None)
+                            failed
                         }
                     }
                 }
@@ -227,8 +230,7 @@ impl<'a> Run<'a> {
                     if !p.plan.actions.is_empty() {
                         self.note_switch(SwitchKind::InPlace);
                     }
-                    let done = commit::commit(dest, &p.plan, staged, created, &p.resource);
-                    (done, None)
+                    commit::commit(dest, &p.plan, staged, created, &p.resource)
                 }
             };
             for (name, kind) in done.changes {
@@ -237,18 +239,9 @@ impl<'a> Run<'a> {
             self.phase("renamed");
             if done.failures.is_empty() {
                 if let Some(remote) = &p.remote {
-                    // After a switch the live tree is the standby's, with
-                    // its own inodes: its scan is the stat cache's.
-                    scope.spawn(move || match after {
-                        Some((after, digest)) => cache::remember(
-                            vardir,
-                            mount,
-                            dest,
-                            &p.stamp,
-                            remote,
-                            &Plan::default(),
-                            (&after, digest),
-                        ),
+                    scope.spawn(move || match learned.map(|l| l.join()) {
+                        Some(Ok(learned)) => learned.save_logged(vardir, mount, &p.stamp),
+                        Some(Err(_)) => MountCache::clear(vardir, mount),
                         None => cache::remember(
                             vardir,
                             mount,
@@ -278,6 +271,28 @@ impl<'a> Run<'a> {
         }
         written
     }
+}
+
+/// After a switch the live tree is the standby's, with its own inodes:
+/// its scan is the stat cache's, learned on threads of `scope` while the
+/// switches run (`cache::learn`), saved after each one that succeeds.
+fn learn_all<'s>(
+    scope: &'s std::thread::Scope<'s, '_>,
+    passes: &'s [Pass],
+    prepared: &mut [Option<Prepared>],
+    vardir: &'s std::path::Path,
+) -> Vec<Option<std::thread::ScopedJoinHandle<'s, cache::Learned>>> {
+    (passes.iter().zip(prepared.iter_mut()))
+        .map(|(p, prepared)| {
+            let remote = p.remote.as_ref()?;
+            let (after, digest) = prepared.as_mut()?.after.take()?;
+            let (dest, stamp, mount) = (&p.resource.path, &p.stamp, p.resource.mount);
+            let plan = Plan::default();
+            let learn =
+                move || cache::learn(vardir, mount, dest, stamp, remote, &plan, (&after, digest));
+            Some(scope.spawn(learn))
+        })
+        .collect()
 }
 
 impl Run<'_> {

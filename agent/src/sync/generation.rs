@@ -13,6 +13,7 @@
 use pluginsync_common::DEFAULT_IGNORE;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
+use pluginsync_common::fsutil::Written;
 use pluginsync_common::generation::{GenerationId, Manifest, ManifestDelta, ManifestError};
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -28,6 +29,7 @@ use crate::client::{AssignmentAnswer, ManifestAnswer, Offers};
 use crate::listing;
 use crate::plan::Plan;
 use crate::servers::Origin;
+use crate::settings::Settings;
 
 /// A generation refused or not to be had; the run stops before anything
 /// changes.
@@ -107,6 +109,20 @@ pub(super) struct Held {
     pub(super) origin: Origin,
     /// A bundle's blobs, the content source of `sync --from-bundle`.
     pub(super) blobs: Option<Blobs>,
+}
+
+/// The manifest of `held`, when this run fetched a new one, written
+/// beside its place in the cache on a thread of `scope`, to be put there
+/// by `Run::remember_generation` after the switches, which it runs beside.
+pub(super) fn write_manifest_ahead<'s>(
+    scope: &'s std::thread::Scope<'s, '_>,
+    settings: &'s Settings,
+    env: &'s EnvName,
+    held: Option<&'s Held>,
+) -> Option<std::thread::ScopedJoinHandle<'s, std::io::Result<Written>>> {
+    let bytes = held.filter(|h| h.changed)?.fresh.as_deref()?;
+    let write = move || GenerationRecord::write_manifest(&settings.vardir, env.as_str(), bytes);
+    Some(scope.spawn(write))
 }
 
 /// Whether every resource ignores at least Puppet's default patterns: a
@@ -445,7 +461,11 @@ impl Run<'_> {
     /// and the per-node answer's `ETag` are kept (the mounts' listings go
     /// in [`Run::forget_listings`]). Nothing is written when nothing
     /// changed. After a commit with failures, the `ETag` is forgotten.
-    pub(super) fn remember_generation(&mut self, held: Option<&Held>) {
+    pub(super) fn remember_generation(
+        &mut self,
+        held: Option<&Held>,
+        manifest: Option<std::io::Result<Written>>,
+    ) {
         let Some(held) = held else { return };
         let vardir = &self.settings.vardir;
         if !self.report.failures.is_empty() {
@@ -466,7 +486,12 @@ impl Run<'_> {
         let mut record = held.record.clone();
         record.generation = Some(held.id);
         record.listings_only = None;
-        if let Err(e) = record.save(vardir, self.env.as_str(), held.fresh.as_deref()) {
+        let env = self.env.as_str();
+        let saved = match manifest {
+            Some(Ok(written)) => record.save_written(vardir, env, Some(written)),
+            _ => record.save(vardir, env, held.fresh.as_deref()),
+        };
+        if let Err(e) = saved {
             tracing::warn!(vardir = %vardir.display(), error = %e, "cannot save the sync cache");
         }
     }
