@@ -245,24 +245,6 @@ impl MountCache {
     }
 }
 
-/// Records what a clean commit of `mount` into `dest` left: the listing
-/// (`stamp`, `remote`), the stat of every synced file with its (verified)
-/// sha256, and the digest of the destination's scan. `before` is the scan
-/// the `plan` was made from, with its digest (taken when it was scanned);
-/// the paths the plan touched (and their parent directories) are stat'ed
-/// again, with no second walk.
-pub fn remember(
-    vardir: &Path,
-    mount: Mount,
-    dest: &Path,
-    stamp: &ListingStamp,
-    remote: &RemoteTree,
-    plan: &Plan,
-    before: (&LocalTree, Sha256),
-) {
-    learn(vardir, mount, dest, stamp, remote, plan, before).save_logged(vardir, mount, stamp);
-}
-
 /// A stat cache's `bytes` written beside its place (`<mount>.stat`), not
 /// in place yet (`MountCache::finish` puts it there).
 fn write_stat(vardir: &Path, mount: Mount, bytes: &[u8]) -> std::io::Result<Written> {
@@ -289,9 +271,15 @@ impl Learned {
     }
 }
 
-/// What [`remember`] saves, not saved yet: after a standby is prepared,
-/// made (and its stat cache written) on a thread while it is switched,
-/// and saved once the switch succeeded (docs/internals.md#the-switch).
+/// What a clean commit of `mount` into `dest` left, to save
+/// ([`Learned::save_logged`]): the listing (`stamp`, `remote`), the stat
+/// of every synced file with its (verified) sha256, and the digest of the
+/// destination's scan. `before` is the scan the `plan` was made from,
+/// with its digest (taken when it was scanned); the paths the plan
+/// touched (and their parent directories) are stat'ed again, with no
+/// second walk. After a switch (the standby's scan, an empty plan) it is
+/// made, its stat cache written, on a thread while the switch runs, and
+/// saved once it succeeded (docs/internals.md#the-switch).
 pub fn learn(
     vardir: &Path,
     mount: Mount,

@@ -242,15 +242,11 @@ impl<'a> Run<'a> {
                     scope.spawn(move || match learned.map(|l| l.join()) {
                         Some(Ok(learned)) => learned.save_logged(vardir, mount, &p.stamp),
                         Some(Err(_)) => MountCache::clear(vardir, mount),
-                        None => cache::remember(
-                            vardir,
-                            mount,
-                            dest,
-                            &p.stamp,
-                            remote,
-                            &p.plan,
-                            (&p.local, p.local_digest),
-                        ),
+                        None => {
+                            let before = (&p.local, p.local_digest);
+                            cache::learn(vardir, mount, dest, &p.stamp, remote, &p.plan, before)
+                                .save_logged(vardir, mount, &p.stamp)
+                        }
                     });
                 }
             } else {
