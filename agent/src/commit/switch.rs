@@ -233,7 +233,7 @@ impl Standby {
         if previous.len() >= keep.max(1)
             && let Some((_, oldest)) = previous.first()
         {
-            let file = self.path(&format!("{oldest}{STATE}"));
+            let file = self.state_file(oldest);
             if keep == 1 {
                 state = match foreseen {
                     Some(f) if f.name == *oldest => f.state,
@@ -289,9 +289,9 @@ impl Standby {
             if let Err(e) = remove_entry(self.fd.as_fd(), OsStr::new(old)) {
                 tracing::warn!(dir = %self.path(old).display(), error = %e, "cannot remove an old generation");
             }
-            let _gone_is_fine = std::fs::remove_file(self.path(&format!("{old}{STATE}")));
+            let _gone_is_fine = std::fs::remove_file(self.state_file(old));
         }
-        let _gone_is_fine = std::fs::remove_file(self.path(&format!("{slot}{STATE}")));
+        let _gone_is_fine = std::fs::remove_file(self.state_file(slot));
         self.sync()?;
         Ok(name)
     }

@@ -189,7 +189,7 @@ impl<'a> Run<'a> {
         scope: &'s std::thread::Scope<'s, '_>,
         passes: &'s [Pass],
         stagings: Vec<Option<Staging>>,
-        prepared: Vec<Option<Prepared>>,
+        mut prepared: Vec<Option<Prepared>>,
     ) -> Vec<(Mount, RelPath)>
     where
         'a: 's,
@@ -198,7 +198,6 @@ impl<'a> Run<'a> {
         let vardir = &settings.vardir;
         self.report.applied = true;
         let mut written = Vec::new();
-        let mut prepared = prepared;
         let learned = learn_all(scope, passes, &mut prepared, vardir);
         let all = passes.iter().zip(stagings).zip(prepared).zip(learned);
         for (((p, staging), prepared), learned) in all {
