@@ -192,3 +192,61 @@ async fn batches_stream_frames_in_order_and_mark_the_missing() {
     );
     assert_eq!(status(url, client(&pki, None)).await, 403);
 }
+
+/// A blob is read from the generation store's copy (docs/deploys.md#generations),
+/// not from the environment's tree: a file changed in the tree since it was
+/// indexed is still answered, whole and as indexed, singly and in a batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blobs_come_from_the_generation_store_not_the_tree() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
+    tree.file("production", "alpha", "lib/a.rb", "alpha\n", 0o644);
+    tree.file("production", "alpha", "lib/big.bin", &big, 0o644);
+    // Frozen: nothing re-indexes the tree once it changes.
+    let frozen = "[index]\nwatch = false\nrescan_interval = \"0s\"\n";
+    let master = TestMaster::start(parse_config(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        frozen,
+    )));
+    let c = client(&pki, Some("node1"));
+    let (a, b) = (sha256_hex(b"alpha\n"), sha256_hex(&big));
+    // Both listed, so both indexed and stored.
+    let (status, _, entries) = listing(
+        &c,
+        &master.url(),
+        "plugins",
+        &pluginsync_query("use", "follow", "production"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(entry(&entries, "a.rb").is_some() && entry(&entries, "big.bin").is_some());
+    tree.file(
+        "production",
+        "alpha",
+        "lib/a.rb",
+        "changed in the tree\n",
+        0o644,
+    );
+    tree.file("production", "alpha", "lib/big.bin", b"shrunk", 0o644);
+
+    let url = format!(
+        "{}{}?sha256={a}&sha256={b}",
+        master.url(),
+        protocol::BATCH_PATH
+    );
+    let body = c.get(&url).send().await.unwrap().bytes().await.unwrap();
+    let mut want = format!("{a} 6\nalpha\n{b} {}\n", big.len()).into_bytes();
+    want.extend_from_slice(&big);
+    assert!(
+        body.as_ref() == want.as_slice(),
+        "the batch is not the stored content"
+    );
+    for (hex, bytes) in [(&a, b"alpha\n".to_vec()), (&b, big.clone())] {
+        let url = format!("{}{}{hex}", master.url(), protocol::BLOB_PREFIX);
+        let r = c.get(url).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        assert!(r.bytes().await.unwrap().as_ref() == bytes.as_slice());
+    }
+}

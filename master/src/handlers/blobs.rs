@@ -44,9 +44,8 @@ use crate::api_error::ApiError;
 use crate::config::ClientAuth;
 use crate::request::{self, Query};
 use crate::state::AppState;
-use crate::walk::FileSig;
 
-use super::content::{CacheControl, send_file, send_path, stored_sig};
+use super::content::{BlobSource, CacheControl, send_file, send_path};
 
 /// Bytes read and sent per chunk of a large blob.
 const CHUNK: usize = 256 * 1024;
@@ -90,14 +89,27 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
     let cache = CacheControl::Immutable {
         public: shareable(&state),
     };
+    let sent = &state.store.stats.contents_sent;
+    // The store's copy first (content.rs, `BlobSource`); one evicted since
+    // it was looked up leaves the trees to search.
+    if let Some((path, size)) = state
+        .store
+        .generations
+        .blob(&digest, |env| client.may_read(env))
+    {
+        let stored = BlobSource::Stored { path, size };
+        match send_path(&req, stored, &digest, cache, sent).await {
+            Err(e) if e.status == axum::http::StatusCode::SERVICE_UNAVAILABLE => {}
+            answer => return answer,
+        }
+    }
     let mut changed = None;
     for index in state.store.all() {
         if client.may_read(index.name.as_str())
             && let Some((root, node)) = index.blob(&digest)
         {
-            let sent = &state.store.stats.contents_sent;
             match send_file(&req, root, node, cache, sent).await {
-                // Changed since it was indexed: the store may hold it.
+                // Changed since it was indexed.
                 Err(e) if e.status == axum::http::StatusCode::SERVICE_UNAVAILABLE => {
                     changed = Some(e);
                     break;
@@ -105,16 +117,6 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
                 answer => return answer,
             }
         }
-    }
-    // A kept generation's content outlives its tree (docs/deploys.md#generations).
-    if let Some((path, _)) = state
-        .store
-        .generations
-        .blob(&digest, |env| client.may_read(env))
-        && let Some(sig) = stored_sig(&path)
-    {
-        let sent = &state.store.stats.contents_sent;
-        return send_path(&req, path, sig, &digest, cache, sent).await;
     }
     Err(changed.unwrap_or_else(|| ApiError::not_found("blob", hex_digest)))
 }
@@ -137,20 +139,22 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
     let items: Vec<Wanted> = wanted
         .into_iter()
         .map(|digest| {
-            let found = envs
-                .iter()
-                .find_map(|idx| {
+            // The store's copy first (content.rs, `BlobSource`).
+            let stored = state
+                .store
+                .generations
+                .blob(&digest, |env| client.may_read(env))
+                .map(|(path, size)| BlobSource::Stored { path, size });
+            let found = stored.or_else(|| {
+                envs.iter().find_map(|idx| {
                     let (root, node) = idx.blob(&digest)?;
-                    Some((node.real_path(&root.canon).into_owned(), node.sig?))
+                    let path = node.real_path(&root.canon).into_owned();
+                    Some(BlobSource::Indexed {
+                        path,
+                        sig: node.sig?,
+                    })
                 })
-                .or_else(|| {
-                    let (path, _) = state
-                        .store
-                        .generations
-                        .blob(&digest, |env| client.may_read(env))?;
-                    let sig = stored_sig(&path)?;
-                    Some((path, sig))
-                });
+            });
             (digest, found)
         })
         .collect();
@@ -176,9 +180,8 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
         .into_response())
 }
 
-/// A digest a batch asks for, and where the index found it (the real path
-/// and the signature it must still have), if it did.
-type Wanted = (Sha256, Option<(std::path::PathBuf, FileSig)>);
+/// A digest a batch asks for, and where its bytes are, if anywhere.
+type Wanted = (Sha256, Option<BlobSource>);
 
 /// The distinct digests a batch asks for, in the order of their first
 /// mention (a repeated value gets no second frame); 400 for none, more
@@ -229,14 +232,10 @@ fn send_frames(
     let mut promised: u64 = 0;
     for (digest, found) in items {
         let opened = found
-            .filter(|(_, sig)| {
-                promised == 0 || promised.saturating_add(sig.size) <= BATCH_MAX_BYTES
+            .filter(|source| {
+                promised == 0 || promised.saturating_add(source.size()) <= BATCH_MAX_BYTES
             })
-            .and_then(|(path, sig)| {
-                crate::walk::open_indexed(&path, sig)
-                    .ok()
-                    .map(|(f, _)| (f, sig.size))
-            });
+            .and_then(|source| source.open().ok().map(|f| (f, source.size())));
         let Some((file, size)) = opened else {
             out.extend_from_slice(protocol::frame_header(&digest, None).as_bytes());
             if out.len() >= GATHER && !send(&mut out) {
@@ -363,11 +362,20 @@ mod tests {
         // 300 small files, one big one among them, one never found.
         for i in 0..300 {
             let (d, path, sig, bytes) = file(i, format!("file {i}\n").repeat(i % 50 + 1).into());
-            items.push((d, Some((path, sig))));
+            // Every third one is a stored copy, the others indexed files.
+            let source = if i % 3 == 0 {
+                BlobSource::Stored {
+                    path,
+                    size: sig.size,
+                }
+            } else {
+                BlobSource::Indexed { path, sig }
+            };
+            items.push((d, Some(source)));
             want.push((d, Some(bytes)));
             if i == 100 {
                 let (d, path, sig, bytes) = file(1000, vec![7u8; CHUNK * 2 + 5]);
-                items.push((d, Some((path, sig))));
+                items.push((d, Some(BlobSource::Indexed { path, sig })));
                 want.push((d, Some(bytes)));
                 let gone = Sha256::of(b"gone");
                 items.push((gone, None));
@@ -379,22 +387,27 @@ mod tests {
         // Gathered: far fewer messages than frames (one per file before).
         assert!(messages < 20, "{messages} messages");
 
-        // A file that is no longer the one indexed (its size differs): a
-        // missing frame, and the frames around it are whole.
-        let (_, path, _) = match &items[5] {
-            (d, Some((p, s))) => (d, p.clone(), s),
-            _ => unreachable!(),
-        };
-        let sig = match &items[5].1 {
-            Some((_, s)) => *s,
-            None => unreachable!(),
-        };
-        let longer = FileSig {
-            size: sig.size + 10,
-            ..sig
-        };
-        items[5].1 = Some((path, longer));
-        want[5].1 = None;
+        // A file that is no longer the one indexed (its size differs), and
+        // a stored copy of another size than the store recorded: missing
+        // frames, and the frames around them are whole.
+        for i in [5, 6] {
+            items[i].1 = match items[i].1.take() {
+                Some(BlobSource::Indexed { path, sig }) => Some(BlobSource::Indexed {
+                    path,
+                    sig: crate::walk::FileSig {
+                        size: sig.size + 10,
+                        ..sig
+                    },
+                }),
+                Some(BlobSource::Stored { path, size }) => Some(BlobSource::Stored {
+                    path,
+                    size: size - 1,
+                }),
+                None => unreachable!(),
+            };
+            want[i].1 = None;
+        }
+        assert!(matches!(items[6].1, Some(BlobSource::Stored { .. })));
         let (got, _) = sent(items);
         assert_eq!(got, want);
     }

@@ -4,6 +4,7 @@
 //! [`send_path`], [`send_stored`], and the cache policy of each answer.
 
 use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::body::Body;
@@ -70,17 +71,73 @@ pub(super) async fn send_file(
     let (Some(sig), Some(digest)) = (node.sig, node.sha256) else {
         return Err(ApiError::internal());
     };
-    let real = node.real_path(&root.canon).into_owned();
-    send_path(req, real, sig, &digest, cache, sent).await
+    let path = node.real_path(&root.canon).into_owned();
+    send_path(req, BlobSource::Indexed { path, sig }, &digest, cache, sent).await
 }
 
-/// Sends the file at `real` as the content of `digest`, only if it is
-/// still the inode (and stat) `sig` names; `send_file`'s second half, and
-/// how a blob of the generation store is sent.
+/// Where the bytes of a file are read from.
+#[derive(Debug, Clone)]
+pub(super) enum BlobSource {
+    /// The generation store's copy (docs/deploys.md#generations):
+    /// immutable, hashed as it was copied in, and outside the watched
+    /// trees, so reading it raises no watch event (the watcher's inotify
+    /// watches are given `IN_OPEN` too: docs/internals.md#watch).
+    Stored {
+        /// Its path in the store.
+        path: PathBuf,
+        /// Its size, as the store recorded it.
+        size: u64,
+    },
+    /// The indexed file itself, read only while it is still the inode
+    /// (and stat) the index vouched for.
+    Indexed {
+        /// Its real path.
+        path: PathBuf,
+        /// Its stat when it was indexed.
+        sig: crate::walk::FileSig,
+    },
+}
+
+impl BlobSource {
+    /// The size of the bytes it holds.
+    pub(super) fn size(&self) -> u64 {
+        match self {
+            BlobSource::Stored { size, .. } => *size,
+            BlobSource::Indexed { sig, .. } => sig.size,
+        }
+    }
+
+    /// Where it is.
+    pub(super) fn path(&self) -> &Path {
+        match self {
+            BlobSource::Stored { path, .. } | BlobSource::Indexed { path, .. } => path,
+        }
+    }
+
+    /// Opens it (blocking), without following a link; an error when it is
+    /// not the file it should be (a stored copy of another size, an
+    /// indexed file changed since).
+    pub(super) fn open(&self) -> std::io::Result<std::fs::File> {
+        match self {
+            BlobSource::Stored { path, size } => {
+                let (file, md) = crate::walk::open_regular(path)?;
+                if md.size() != *size {
+                    return Err(std::io::Error::other("the stored copy has another size"));
+                }
+                Ok(file)
+            }
+            BlobSource::Indexed { path, sig } => {
+                crate::walk::open_indexed(path, *sig).map(|(file, _)| file)
+            }
+        }
+    }
+}
+
+/// Sends `source` as the content of `digest`, only if it is still the
+/// file it should be ([`BlobSource::open`]); a 503 `CHANGED` if not.
 pub(super) async fn send_path(
     req: &Parts,
-    real: std::path::PathBuf,
-    sig: crate::walk::FileSig,
+    source: BlobSource,
     digest: &pluginsync_common::digest::Sha256,
     cache: CacheControl,
     sent: &AtomicU64,
@@ -93,13 +150,14 @@ pub(super) async fn send_path(
         )
             .into_response());
     }
-    let path = real.clone();
+    let size = source.size();
+    let opening = source.clone();
     let opened = tokio::task::spawn_blocking(
         move || -> std::io::Result<(std::fs::File, Option<Vec<u8>>)> {
-            let (file, md) = crate::walk::open_indexed(&path, sig)?;
-            let small = if md.size() <= SMALL_FILE {
+            let file = opening.open()?;
+            let small = if size <= SMALL_FILE {
                 use std::io::Read;
-                let mut buf = Vec::with_capacity(md.size() as usize);
+                let mut buf = Vec::with_capacity(size as usize);
                 (&file).take(SMALL_FILE + 1).read_to_end(&mut buf)?;
                 Some(buf)
             } else {
@@ -113,12 +171,12 @@ pub(super) async fn send_path(
     let (file, small) = match opened {
         Ok(o) => o,
         Err(e) => {
-            tracing::info!(path = %real.display(), error = %e, "file changed since it was indexed");
+            tracing::info!(path = %source.path().display(), error = %e, "file changed since it was indexed");
             return Err(ApiError::unavailable(CHANGED, 1));
         }
     };
-    if small.as_ref().is_some_and(|b| b.len() as u64 != sig.size) {
-        tracing::info!(path = %real.display(), "file changed since it was indexed");
+    if small.as_ref().is_some_and(|b| b.len() as u64 != size) {
+        tracing::info!(path = %source.path().display(), "file changed since it was indexed");
         return Err(ApiError::unavailable(CHANGED, 1));
     }
     sent.fetch_add(1, Ordering::Relaxed);
@@ -134,7 +192,7 @@ pub(super) async fn send_path(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/octet-stream"),
             ),
-            (header::CONTENT_LENGTH, HeaderValue::from(sig.size)),
+            (header::CONTENT_LENGTH, HeaderValue::from(size)),
             (header::ETAG, header_value(etag.as_str())),
             (
                 header::CACHE_CONTROL,
@@ -155,13 +213,12 @@ pub(super) async fn send_stored(
     cache: CacheControl,
 ) -> Result<Response, ApiError> {
     let path = state.store.generations.blob_path(digest);
-    let Some(sig) = stored_sig(&path) else {
+    let Some(size) = stored_size(&path) else {
         return Err(ApiError::not_found("blob", &digest.to_hex()));
     };
     send_path(
         req,
-        path,
-        sig,
+        BlobSource::Stored { path, size },
         digest,
         cache,
         &state.store.stats.contents_sent,
@@ -169,11 +226,11 @@ pub(super) async fn send_stored(
     .await
 }
 
-/// The stat of a stored blob, read without following a link (the store
+/// The size of a stored blob, read without following a link (the store
 /// writes files only).
-pub(super) fn stored_sig(path: &std::path::Path) -> Option<crate::walk::FileSig> {
+fn stored_size(path: &Path) -> Option<u64> {
     std::fs::symlink_metadata(path)
         .ok()
         .filter(|md| md.is_file())
-        .map(|md| crate::walk::sig_of(&md))
+        .map(|md| md.len())
 }
