@@ -50,6 +50,7 @@ use crate::catalog::FileResource;
 use crate::listing::{MODE_MASK, STAGING_DIR};
 use crate::plan::{Action, ChangeKind, Plan};
 use crate::scan::{self, LocalName, LocalTree, Stray};
+pub use dirs::Premade;
 use dirs::{DIR_FLAGS, Dirs, chmod_entry, remove_entry};
 
 pub use error::CommitError;
@@ -150,16 +151,25 @@ fn mkdir(
     }
     let parent = dirs.fd(depth);
     let io = |what| CommitError::io(what, rel.to_path(dest));
-    match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(mode & MODE_MASK)) {
-        // Made by the downloads that filled it (`Dirs::in_place`); the
-        // open below refuses anything but a directory.
-        Err(Errno::EXIST) if dirs.in_place => {}
-        made => made.map_err(io("create"))?,
+    // Made with its planned mode while the downloads ran (`Premade`).
+    let premade = dirs.in_place && !replace && dirs.premade.contains(rel);
+    if premade && dirs.synced_whole {
+        return Ok(());
+    }
+    if !premade {
+        match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(mode & MODE_MASK)) {
+            // Made by the downloads that filled it (`Dirs::in_place`); the
+            // open below refuses anything but a directory.
+            Err(Errno::EXIST) if dirs.in_place => {}
+            made => made.map_err(io("create"))?,
+        }
     }
     // mkdir's mode went through the umask: set it exactly, on the
     // directory just made (opened without following a link).
     let fd = rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty()).map_err(io("open"))?;
-    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK)).map_err(io("chmod"))?;
+    if !premade {
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK)).map_err(io("chmod"))?;
+    }
     dirs.changed_entry(fd.as_fd(), rel);
     let name = rel.file_name().unwrap_or_default();
     dirs.made(depth, name, fd);
@@ -194,8 +204,10 @@ fn write(
     let dest = dirs.dest;
     if dirs.in_place && !replace_dir && tmp == rel.to_path(dest) {
         // Written there by its download: only its directory's entry is
-        // left to make durable.
-        dirs.parent_changed(rel)?;
+        // left to make durable, unless its filesystem is synced whole.
+        if !dirs.synced_whole {
+            dirs.parent_changed(rel)?;
+        }
         return Ok(());
     }
     let tmp_name = match (tmp.parent(), tmp.file_name()) {
@@ -386,6 +398,9 @@ pub struct Staged<'a> {
     /// The standby's record, read while the files were downloaded
     /// ([`foresee`]).
     pub foreseen: Option<Foreseen>,
+    /// With `in_standby`: the directories made with their planned mode
+    /// while the files were downloaded ([`Premade`]).
+    pub premade: std::collections::HashSet<RelPath>,
 }
 
 /// Prepares the next generation of `dest` in its standby
@@ -406,6 +421,7 @@ pub fn prepare(
         sealed,
         in_standby,
         foreseen,
+        premade,
     }: Staged<'_>,
     resource: &FileResource,
     keep: usize,
@@ -451,6 +467,10 @@ pub fn prepare(
     }
     let mut dirs = Dirs::new(&slot, dest, durable);
     (dirs.in_place, dirs.trash) = (in_standby, standby.trash().map(|fd| (fd, 0)));
+    dirs.premade = premade;
+    // A failed stat only leaves the commit its usual steps.
+    let dev = in_standby.then(|| rustix::fs::stat(&slot).ok()).flatten();
+    dirs.synced_whole = dev.is_some_and(|st| dirs.durable.syncs_whole(st.st_dev));
     let committed = apply_plan(&mut dirs, plan, staged, resource);
     tracing::debug!(dest = %dest.display(), elapsed_ms = ms(), "plan applied to the standby");
     let changed: Vec<LocalName> = plan

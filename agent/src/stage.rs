@@ -98,11 +98,19 @@ pub fn clean_stale(dest: &Path) -> std::io::Result<()> {
 /// the way: the standby's container is this user's alone (0700), so no
 /// other user can have put a link there.
 fn create(path: &Path, in_standby: bool) -> std::io::Result<std::fs::File> {
+    create_with(path, in_standby, None)
+}
+
+/// [`create`], asking for `mode` (its planned one, when known) instead of
+/// owner-only: the staging directory and the standby's container are this
+/// user's alone (0700), so no other user can open it before it is whole,
+/// and the umask most often leaves it exact ([`give_mode`]).
+fn create_with(path: &Path, in_standby: bool, mode: Option<u32>) -> std::io::Result<std::fs::File> {
     let open = || {
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o600)
+            .mode(mode.map_or(0o600, |m| m & MODE_MASK))
             .open(path)
     };
     match open() {
@@ -117,6 +125,18 @@ fn create(path: &Path, in_standby: bool) -> std::io::Result<std::fs::File> {
         }
         made => made,
     }
+}
+
+/// Gives the open staged `file` its planned `mode`, unless it has it
+/// already ([`create_with`]): an `fstat` costs less than the `fchmod`
+/// (a write of the inode) on each of a first sync's thousands of files.
+fn give_mode(file: &std::fs::File, mode: u32) -> std::io::Result<()> {
+    let mode = mode & MODE_MASK;
+    if rustix::fs::fstat(file)?.st_mode & 0o7777 == mode {
+        return Ok(());
+    }
+    rustix::fs::fchmod(file, rustix::fs::Mode::from_raw_mode(mode))?;
+    Ok(())
 }
 
 /// A new copy of the staged file `from` at `to`, its permission bits
@@ -152,6 +172,11 @@ pub struct Staging {
     /// `dir` is a first sync's standby, each file written at its place
     /// there ([`Staging::fill_standby`]).
     pub in_standby: bool,
+    /// In a standby: its directories being made while the files download
+    /// (`commit::Premade`), then the ones made with their planned mode
+    /// ([`Staging::premade`]).
+    premaking: Option<crate::commit::Premade>,
+    premade: std::collections::HashSet<RelPath>,
     /// Committed ([`Staging::finish`]): a drop removes nothing more.
     finished: bool,
 }
@@ -179,6 +204,8 @@ impl Staging {
             preset: HashMap::new(),
             writeback: None,
             in_standby: false,
+            premaking: None,
+            premade: std::collections::HashSet::new(),
             finished: false,
         };
         clean_stale(dest)?;
@@ -194,11 +221,32 @@ impl Staging {
     /// live until its switch, so a file there is as invisible as in the
     /// staging directory; dropped before [`Staging::finish`], the staging
     /// removes the standby it filled.
-    pub fn fill_standby(&mut self, slot: PathBuf) -> std::io::Result<()> {
+    /// `dirs` (relative path, planned mode; parents first) are made there
+    /// on a thread meanwhile (`commit::Premade`).
+    pub fn fill_standby(
+        &mut self,
+        slot: PathBuf,
+        dirs: Vec<(RelPath, u32)>,
+    ) -> std::io::Result<()> {
         std::fs::remove_dir(&self.dir)?;
+        self.premaking = crate::commit::Premade::start(slot.clone(), dirs);
         self.dir = slot;
         self.in_standby = true;
         Ok(())
+    }
+
+    /// Waits for the standby's directories to be made (once the files are
+    /// in: long done by then), for [`Staging::premade`].
+    pub fn wait_premade(&mut self) {
+        if let Some(p) = self.premaking.take() {
+            self.premade = p.join();
+        }
+    }
+
+    /// The standby's directories made with their planned mode while the
+    /// files downloaded (after [`Staging::wait_premade`]).
+    pub fn premade(&self) -> &std::collections::HashSet<RelPath> {
+        &self.premade
     }
 
     /// Where the file of `rel` is staged, the `n`th of this staging:
@@ -506,6 +554,8 @@ impl Drop for Staging {
         if self.in_standby && self.finished {
             return;
         }
+        // Nothing is made in it any more once it is removed.
+        self.wait_premade();
         match std::fs::remove_dir_all(&self.dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -522,6 +572,28 @@ impl Drop for Staging {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_staged_file_gets_its_mode_and_one_that_has_it_is_left_alone() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let t = tempfile::tempdir().unwrap();
+        let owner_only = create(&t.path().join("a"), false).unwrap();
+        give_mode(&owner_only, 0o755).unwrap();
+        let md = owner_only.metadata().unwrap();
+        assert_eq!(md.permissions().mode() & 0o7777, 0o755);
+        // Already 0o700 (no umask takes owner bits): no chmod, so its
+        // status-change time stays.
+        let exact = create_with(&t.path().join("b"), false, Some(0o700)).unwrap();
+        let before = exact.metadata().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        give_mode(&exact, 0o700).unwrap();
+        let after = exact.metadata().unwrap();
+        assert_eq!(after.permissions().mode() & 0o7777, 0o700);
+        assert_eq!(
+            (after.ctime(), after.ctime_nsec()),
+            (before.ctime(), before.ctime_nsec())
+        );
+    }
 
     /// Everything under `root`, relative, sorted.
     fn tree(root: &Path) -> Vec<String> {
@@ -567,7 +639,7 @@ mod tests {
         let slot = tmp.path().join(".lib.pluginsync/next");
         std::fs::create_dir_all(&slot).unwrap();
         let mut staging = Staging::prepare(&dest).unwrap();
-        staging.fill_standby(slot.clone()).unwrap();
+        staging.fill_standby(slot.clone(), Vec::new()).unwrap();
         for rel in ["a.rb", "puppet/type/b.rb", "puppet/type/c.rb"] {
             let rel = RelPath::parse(rel).unwrap();
             let path = staging.place(&rel, || unreachable!("a standby's paths are its own"));

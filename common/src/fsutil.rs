@@ -313,6 +313,12 @@ impl Durable {
         Ok(())
     }
 
+    /// Whether the filesystem `dev` (a stat's `st_dev`) is synced whole:
+    /// anything on it is made durable without being added.
+    pub fn syncs_whole(&self, dev: u64) -> bool {
+        self.devices.get(&dev).is_some_and(|d| d.whole.is_some())
+    }
+
     /// Adds every member of `other`: its descriptors one by one, and the
     /// filesystems it syncs whole as such (a commit's set taking in the
     /// staged files it renames, so both are synced in one step).

@@ -3,6 +3,7 @@
 //! symlink (`commit.rs`, module docs: "No path is ever resolved through a
 //! link").
 
+use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -38,6 +39,83 @@ pub fn path_of(dest: &Path, rel: &RelPath) -> PathBuf {
     } else {
         rel.to_path(dest)
     }
+}
+
+/// The directories of a first sync's plan, made in its empty standby on a
+/// thread while the downloads fill it (docs/internals.md#the-switch):
+/// parents first, each with its planned mode, so a download finds its
+/// directory made and the commit's `Mkdir` step finds it exact (`mkdir`
+/// in `commit.rs`). Only directories whose mode lets their owner write
+/// into them are made exact here; the others stay for the commit, which
+/// sets their modes once every file is in.
+#[derive(Debug)]
+pub struct Premade {
+    thread: std::thread::JoinHandle<Result<HashSet<RelPath>, CommitError>>,
+}
+
+impl Premade {
+    /// Starts making `dirs` (relative path, planned mode; parents first)
+    /// below `slot`; `None` when there are none or no thread can start.
+    pub fn start(slot: PathBuf, dirs: Vec<(RelPath, u32)>) -> Option<Premade> {
+        if dirs.is_empty() {
+            return None;
+        }
+        std::thread::Builder::new()
+            .name("standby dirs".into())
+            .spawn(move || make_dirs(&slot, dirs))
+            .ok()
+            .map(|thread| Premade { thread })
+    }
+
+    /// The directories made with their planned mode. One that failed
+    /// leaves the rest to the commit, which makes them as ever (its error
+    /// is the commit's to say).
+    pub fn join(self) -> HashSet<RelPath> {
+        match self.thread.join() {
+            Ok(Ok(made)) => made,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "the standby's directories are left to the commit");
+                HashSet::new()
+            }
+            Err(_) => HashSet::new(),
+        }
+    }
+}
+
+/// [`Premade`]'s thread: each directory made (or found made by a
+/// download) and opened without following a link, its mode set when it
+/// is not the planned one.
+fn make_dirs(slot: &Path, dirs: Vec<(RelPath, u32)>) -> Result<HashSet<RelPath>, CommitError> {
+    let mut d = Dirs::new(slot, slot, Durable::new());
+    let mut made = HashSet::with_capacity(dirs.len());
+    for (rel, mode) in dirs {
+        let mode = mode & MODE_MASK;
+        let (depth, name) = d.parent_of(&rel)?;
+        let parent = d.fd(depth);
+        let io = |what| CommitError::io(what, rel.to_path(slot));
+        // A mode the owner cannot write through is set by the commit, once
+        // the downloads are in.
+        let exact = mode & 0o700 == 0o700;
+        let asked = if exact { mode } else { 0o700 };
+        match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(asked)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(io("create")(e)),
+        }
+        let fd = rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty()).map_err(io("open"))?;
+        if exact {
+            // mkdir's mode went through the umask (or a default ACL).
+            let st = rustix::fs::fstat(&fd).map_err(io("stat"))?;
+            if st.st_mode & 0o7777 != mode {
+                rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(io("chmod"))?;
+            }
+        }
+        let last = rel.file_name().unwrap_or_default().to_owned();
+        d.made(depth, &last, fd);
+        if exact {
+            made.insert(rel);
+        }
+    }
+    Ok(made)
 }
 
 /// The open directories of one commit: the destination's root and the
@@ -80,6 +158,13 @@ pub struct Dirs<'a> {
     /// went there: a file the plan replaces is renamed there first, so
     /// its blocks are not freed in this run.
     pub trash: Option<(OwnedFd, u64)>,
+    /// With `in_place`: the directories [`Premade`] made with their
+    /// planned mode, for `Mkdir` only to open.
+    pub premade: HashSet<RelPath>,
+    /// With `in_place`: the standby's filesystem is synced whole
+    /// ([`Durable::syncs_whole`]), so a premade directory or a file
+    /// downloaded in place leaves the commit nothing to do.
+    pub synced_whole: bool,
 }
 
 impl<'a> Dirs<'a> {
@@ -98,6 +183,8 @@ impl<'a> Dirs<'a> {
             created: Vec::new(),
             in_place: false,
             trash: None,
+            premade: HashSet::new(),
+            synced_whole: false,
         }
     }
 
@@ -359,4 +446,67 @@ pub fn chmod_entry(parent: BorrowedFd<'_>, name: &OsStr, mode: u32) -> Result<Ow
     let fd = rustix::fs::openat(parent, name, ENTRY_FLAGS, Mode::empty())?;
     rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & MODE_MASK))?;
     Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn rp(rel: &str) -> RelPath {
+        RelPath::parse(rel).unwrap()
+    }
+
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    }
+
+    #[test]
+    fn premade_directories_get_their_planned_modes_except_those_their_owner_cannot_write() {
+        let t = tempfile::tempdir().unwrap();
+        let slot = t.path().join("next");
+        std::fs::create_dir(&slot).unwrap();
+        // A download got there first, with the umask's mode.
+        std::fs::create_dir(slot.join("a")).unwrap();
+        std::fs::set_permissions(slot.join("a"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let dirs = vec![
+            (rp("a"), 0o755),
+            (rp("a/b"), 0o750),
+            (rp("a/b/c"), 0o700),
+            (rp("ro"), 0o555),
+            (rp("ro/x"), 0o755),
+        ];
+        let made = Premade::start(slot.clone(), dirs).unwrap().join();
+        for (rel, mode) in [
+            ("a", 0o755),
+            ("a/b", 0o750),
+            ("a/b/c", 0o700),
+            ("ro/x", 0o755),
+        ] {
+            assert_eq!(mode_of(&slot.join(rel)), mode, "{rel}");
+            assert!(made.contains(&rp(rel)), "{rel}");
+        }
+        // Left to the commit, which sets its mode once the files are in:
+        // made writable by its owner meanwhile.
+        assert!(!made.contains(&rp("ro")));
+        assert_eq!(mode_of(&slot.join("ro")), 0o700);
+    }
+
+    #[test]
+    fn premaking_stops_at_a_symlink_and_leaves_everything_to_the_commit() {
+        let t = tempfile::tempdir().unwrap();
+        let slot = t.path().join("next");
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(&slot).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, slot.join("a")).unwrap();
+        let dirs = vec![(rp("a"), 0o755), (rp("a/b"), 0o755)];
+        let made = Premade::start(slot, dirs).unwrap().join();
+        assert!(made.is_empty());
+        assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
+    }
 }

@@ -11,7 +11,7 @@ use pluginsync_common::checksum::Sha256Stream;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::protocol::{FrameDecoder, FrameEvent};
 
-use super::create;
+use super::{create, create_with, give_mode};
 use crate::client::{Body, BodyError, FetchError, Undelivered};
 use crate::servers::{Servers, Source};
 
@@ -170,11 +170,10 @@ impl Writer {
 /// Creates `job`'s file, writes it and gives it its mode.
 fn write_whole(job: &Job) -> std::io::Result<()> {
     use std::io::Write;
-    let mut file = create(&job.path, job.in_standby)?;
+    let mut file = create_with(&job.path, job.in_standby, job.mode)?;
     file.write_all(&job.bytes)?;
     if let Some(mode) = job.mode {
-        use std::os::unix::fs::PermissionsExt;
-        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        give_mode(&file, mode)?;
     }
     Ok(())
 }
@@ -241,9 +240,7 @@ impl Frame {
             Sink::Gathered(_) => Ok(None),
             Sink::File(file) if verified => {
                 if let Some(mode) = mode {
-                    use std::os::unix::fs::PermissionsExt;
-                    file.set_permissions(std::fs::Permissions::from_mode(mode))
-                        .map_err(FrameWriteError::Chmod)?;
+                    give_mode(&file, mode).map_err(FrameWriteError::Chmod)?;
                 }
                 Ok(Some((sha, path)))
             }
@@ -311,9 +308,11 @@ pub(super) async fn fetch_batch(
                         Some(_) if len <= GATHER_AT_MOST => {
                             Sink::Gathered(Vec::with_capacity(len as usize))
                         }
-                        _ => Sink::File(create(&path, in_standby).map_err(|e| {
-                            fail(format!("cannot create '{}': {e}", path.display()))
-                        })?),
+                        _ => Sink::File(
+                            create_with(&path, in_standby, modes.get(&digest).copied()).map_err(
+                                |e| fail(format!("cannot create '{}': {e}", path.display())),
+                            )?,
+                        ),
                     };
                     current = Some((sink, path, Sha256Stream::new()));
                 }

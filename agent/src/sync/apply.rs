@@ -99,6 +99,7 @@ impl<'a> Run<'a> {
                 )
                 .await
                 .map_err(SyncError::Download)?;
+            staging.wait_premade();
             stagings.push(Some(staging));
         }
         // Sealed by `prepare_all` (stage.rs, module docs).
@@ -143,6 +144,10 @@ impl<'a> Run<'a> {
                     sealed: &mut sealed,
                     in_standby: staging.as_ref().is_some_and(|s| s.in_standby),
                     foreseen: foresight.and_then(|f| f.join().ok().flatten()),
+                    premade: staging
+                        .as_ref()
+                        .map(|s| s.premade().clone())
+                        .unwrap_or_default(),
                 },
                 &p.resource,
                 keep,
@@ -345,7 +350,11 @@ pub(super) fn begin_staging(p: &Pass, keep: usize) -> Result<Option<(Staging, Wr
     let mut staging = Staging::prepare(dest).map_err(failed)?;
     if let Some(slot) = commit::fresh_standby(dest, &p.local, keep) {
         tracing::debug!(dest = %dest.display(), "a first sync: downloads go straight into the standby");
-        staging.fill_standby(slot).map_err(failed)?;
+        let dirs = p.plan.actions.iter().filter_map(|a| match a {
+            Action::Mkdir { rel, mode, .. } => Some((rel.clone(), *mode)),
+            _ => None,
+        });
+        staging.fill_standby(slot, dirs.collect()).map_err(failed)?;
     }
     Ok(Some((staging, writes)))
 }

@@ -106,6 +106,7 @@ impl Run<'_> {
             staging
                 .copy_in(writes, |d| blobs.path(d), &progress)
                 .map_err(SyncError::Download)?;
+            staging.wait_premade();
             stagings.push(Some(staging));
         }
         // Sealed by `prepare_all` (stage.rs, module docs).
