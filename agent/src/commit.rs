@@ -50,7 +50,7 @@ use crate::catalog::FileResource;
 use crate::listing::{MODE_MASK, STAGING_DIR};
 use crate::plan::{Action, ChangeKind, Plan};
 use crate::scan::{self, LocalName, LocalTree, Stray};
-pub use dirs::Premade;
+pub use dirs::premake;
 use dirs::{DIR_FLAGS, Dirs, chmod_entry, remove_entry};
 
 pub use error::CommitError;
@@ -151,7 +151,7 @@ fn mkdir(
     }
     let parent = dirs.fd(depth);
     let io = |what| CommitError::io(what, rel.to_path(dest));
-    // Made with its planned mode while the downloads ran (`Premade`).
+    // Made with its planned mode while the downloads ran (`premake`).
     let premade = dirs.in_place && !replace && dirs.premade.contains(rel);
     if premade && dirs.synced_whole {
         return Ok(());
@@ -399,7 +399,7 @@ pub struct Staged<'a> {
     /// ([`foresee`]).
     pub foreseen: Option<Foreseen>,
     /// With `in_standby`: the directories made with their planned mode
-    /// while the files were downloaded ([`Premade`]).
+    /// while the files were downloaded ([`premake`]).
     pub premade: std::collections::HashSet<RelPath>,
 }
 
@@ -435,7 +435,7 @@ pub fn prepare(
     tracing::debug!(dest = %dest.display(), known = known.is_some(), elapsed_ms = ms(), "standby taken");
     let known = known
         .filter(|k| k.live_digest == local_digest && !local.ignored && local.strays.is_empty());
-    let skip = left_to_the_plan(plan, resource.purge);
+    let skip = mirror::left_to_the_plan(plan, resource.purge);
     let mut mirror = Mirror::new(&slot, &skip, true);
     let fast = match &known {
         Some(k) => mirror.run_paths(dest, &slot, &k.changed).map_err(|e| {
@@ -485,7 +485,7 @@ pub fn prepare(
     let durable = durable::collect(dirs, created);
     let syncing = std::thread::Builder::new()
         .name("standby sync".into())
-        .spawn(move || sync_standby(durable))
+        .spawn(move || durable::sync_standby(durable))
         .map_err(|source| PrepareError::Sync {
             path: slot.clone(),
             source,
@@ -556,30 +556,6 @@ fn open_standby(dest: &Path, in_standby: bool) -> Result<Option<Standby>, Prepar
             Ok(None)
         }
     }
-}
-
-/// A standby's durability step; its first failure is the error.
-fn sync_standby(durable: Durable) -> Result<(), PrepareError> {
-    durable
-        .sync_logged("standby durable")
-        .map_err(|(path, source)| PrepareError::Sync { path, source })
-}
-
-/// What the mirror leaves to the plan (`mirror.rs`, `skip`): the files
-/// it writes over no directory, and with `purge` what it removes.
-fn left_to_the_plan(plan: &Plan, purge: bool) -> std::collections::HashSet<&str> {
-    plan.actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Write {
-                rel,
-                replace_dir: false,
-                ..
-            } => Some(rel.as_str()),
-            Action::Remove { rel, .. } if purge => Some(rel.as_str()),
-            _ => None,
-        })
-        .collect()
 }
 
 /// The switch of a prepared destination: one exchange, then the old live

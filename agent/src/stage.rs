@@ -148,6 +148,10 @@ fn copy_staged(from: &Path, to: &Path, in_standby: bool) -> std::io::Result<()> 
     dst.set_permissions(src.metadata()?.permissions())
 }
 
+/// A thread making a standby's directories, giving those it made with
+/// their planned mode (`commit::premake`).
+pub type Premaking = std::thread::JoinHandle<std::collections::HashSet<RelPath>>;
+
 /// The staged downloads of one destination; see the module docs for what
 /// dropping it undoes.
 #[derive(Debug)]
@@ -173,9 +177,9 @@ pub struct Staging {
     /// there ([`Staging::fill_standby`]).
     pub in_standby: bool,
     /// In a standby: its directories being made while the files download
-    /// (`commit::Premade`), then the ones made with their planned mode
+    /// (`commit::premake`), then the ones made with their planned mode
     /// ([`Staging::premade`]).
-    premaking: Option<crate::commit::Premade>,
+    premaking: Option<Premaking>,
     premade: std::collections::HashSet<RelPath>,
     /// Committed ([`Staging::finish`]): a drop removes nothing more.
     finished: bool,
@@ -221,15 +225,15 @@ impl Staging {
     /// live until its switch, so a file there is as invisible as in the
     /// staging directory; dropped before [`Staging::finish`], the staging
     /// removes the standby it filled.
-    /// `dirs` (relative path, planned mode; parents first) are made there
-    /// on a thread meanwhile (`commit::Premade`).
+    /// `premaking`: the thread making its directories meanwhile
+    /// (`commit::premake`).
     pub fn fill_standby(
         &mut self,
         slot: PathBuf,
-        dirs: Vec<(RelPath, u32)>,
+        premaking: Option<Premaking>,
     ) -> std::io::Result<()> {
         std::fs::remove_dir(&self.dir)?;
-        self.premaking = crate::commit::Premade::start(slot.clone(), dirs);
+        self.premaking = premaking;
         self.dir = slot;
         self.in_standby = true;
         Ok(())
@@ -239,7 +243,7 @@ impl Staging {
     /// in: long done by then), for [`Staging::premade`].
     pub fn wait_premade(&mut self) {
         if let Some(p) = self.premaking.take() {
-            self.premade = p.join();
+            self.premade = p.join().unwrap_or_default();
         }
     }
 
@@ -639,7 +643,7 @@ mod tests {
         let slot = tmp.path().join(".lib.pluginsync/next");
         std::fs::create_dir_all(&slot).unwrap();
         let mut staging = Staging::prepare(&dest).unwrap();
-        staging.fill_standby(slot.clone(), Vec::new()).unwrap();
+        staging.fill_standby(slot.clone(), None).unwrap();
         for rel in ["a.rb", "puppet/type/b.rb", "puppet/type/c.rb"] {
             let rel = RelPath::parse(rel).unwrap();
             let path = staging.place(&rel, || unreachable!("a standby's paths are its own"));

@@ -41,48 +41,36 @@ pub fn path_of(dest: &Path, rel: &RelPath) -> PathBuf {
     }
 }
 
-/// The directories of a first sync's plan, made in its empty standby on a
+/// Makes the directories of a first sync's plan in its empty standby on a
 /// thread while the downloads fill it (docs/internals.md#the-switch):
-/// parents first, each with its planned mode, so a download finds its
-/// directory made and the commit's `Mkdir` step finds it exact (`mkdir`
-/// in `commit.rs`). Only directories whose mode lets their owner write
-/// into them are made exact here; the others stay for the commit, which
-/// sets their modes once every file is in.
-#[derive(Debug)]
-pub struct Premade {
-    thread: std::thread::JoinHandle<Result<HashSet<RelPath>, CommitError>>,
+/// `dirs` (relative path, planned mode) parents first, each with its
+/// planned mode, so a download finds its directory made and the commit's
+/// `Mkdir` step finds it exact (`mkdir` in `commit.rs`). Only directories
+/// whose mode lets their owner write into them are made exact here; the
+/// others stay for the commit, which sets their modes once every file is
+/// in. The thread gives the directories it made exact; one that failed
+/// leaves the rest to the commit, which makes them as ever (its error is
+/// the commit's to say). `None` when there are none or no thread starts.
+pub fn premake(
+    slot: PathBuf,
+    dirs: Vec<(RelPath, u32)>,
+) -> Option<std::thread::JoinHandle<HashSet<RelPath>>> {
+    if dirs.is_empty() {
+        return None;
+    }
+    let make = move || {
+        make_dirs(&slot, dirs).unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "the standby's directories are left to the commit");
+            HashSet::new()
+        })
+    };
+    std::thread::Builder::new()
+        .name("standby dirs".into())
+        .spawn(make)
+        .ok()
 }
 
-impl Premade {
-    /// Starts making `dirs` (relative path, planned mode; parents first)
-    /// below `slot`; `None` when there are none or no thread can start.
-    pub fn start(slot: PathBuf, dirs: Vec<(RelPath, u32)>) -> Option<Premade> {
-        if dirs.is_empty() {
-            return None;
-        }
-        std::thread::Builder::new()
-            .name("standby dirs".into())
-            .spawn(move || make_dirs(&slot, dirs))
-            .ok()
-            .map(|thread| Premade { thread })
-    }
-
-    /// The directories made with their planned mode. One that failed
-    /// leaves the rest to the commit, which makes them as ever (its error
-    /// is the commit's to say).
-    pub fn join(self) -> HashSet<RelPath> {
-        match self.thread.join() {
-            Ok(Ok(made)) => made,
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "the standby's directories are left to the commit");
-                HashSet::new()
-            }
-            Err(_) => HashSet::new(),
-        }
-    }
-}
-
-/// [`Premade`]'s thread: each directory made (or found made by a
+/// [`premake`]'s thread: each directory made (or found made by a
 /// download) and opened without following a link, its mode set when it
 /// is not the planned one.
 fn make_dirs(slot: &Path, dirs: Vec<(RelPath, u32)>) -> Result<HashSet<RelPath>, CommitError> {
@@ -158,7 +146,7 @@ pub struct Dirs<'a> {
     /// went there: a file the plan replaces is renamed there first, so
     /// its blocks are not freed in this run.
     pub trash: Option<(OwnedFd, u64)>,
-    /// With `in_place`: the directories [`Premade`] made with their
+    /// With `in_place`: the directories [`premake`] made with their
     /// planned mode, for `Mkdir` only to open.
     pub premade: HashSet<RelPath>,
     /// With `in_place`: the standby's filesystem is synced whole
@@ -480,7 +468,7 @@ mod tests {
             (rp("ro"), 0o555),
             (rp("ro/x"), 0o755),
         ];
-        let made = Premade::start(slot.clone(), dirs).unwrap().join();
+        let made = premake(slot.clone(), dirs).unwrap().join().unwrap();
         for (rel, mode) in [
             ("a", 0o755),
             ("a/b", 0o750),
@@ -505,7 +493,7 @@ mod tests {
         std::fs::create_dir(&outside).unwrap();
         std::os::unix::fs::symlink(&outside, slot.join("a")).unwrap();
         let dirs = vec![(rp("a"), 0o755), (rp("a/b"), 0o755)];
-        let made = Premade::start(slot, dirs).unwrap().join();
+        let made = premake(slot, dirs).unwrap().join().unwrap();
         assert!(made.is_empty());
         assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
     }

@@ -54,3 +54,10 @@ pub fn collect(dirs: Dirs<'_>, created: &[PathBuf]) -> Durable {
     }
     durable
 }
+
+/// A standby's durability step; its first failure is the error.
+pub fn sync_standby(durable: Durable) -> Result<(), super::PrepareError> {
+    durable
+        .sync_logged("standby durable")
+        .map_err(|(path, source)| super::PrepareError::Sync { path, source })
+}

@@ -552,6 +552,23 @@ impl<'a> Mirror<'a> {
     }
 }
 
+/// What the mirror leaves to the plan (`mirror.rs`, `skip`): the files
+/// it writes over no directory, and with `purge` what it removes.
+pub fn left_to_the_plan(plan: &crate::plan::Plan, purge: bool) -> HashSet<&str> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match a {
+            crate::plan::Action::Write {
+                rel,
+                replace_dir: false,
+                ..
+            } => Some(rel.as_str()),
+            crate::plan::Action::Remove { rel, .. } if purge => Some(rel.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -354,7 +354,8 @@ pub(super) fn begin_staging(p: &Pass, keep: usize) -> Result<Option<(Staging, Wr
             Action::Mkdir { rel, mode, .. } => Some((rel.clone(), *mode)),
             _ => None,
         });
-        staging.fill_standby(slot, dirs.collect()).map_err(failed)?;
+        let premaking = commit::premake(slot.clone(), dirs.collect());
+        staging.fill_standby(slot, premaking).map_err(failed)?;
     }
     Ok(Some((staging, writes)))
 }
