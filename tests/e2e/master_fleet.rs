@@ -61,8 +61,35 @@ kind = "command"
 command = ["true"]
 "#;
 
-/// A free loopback port (bound, then released for the master to take).
+/// A free loopback port for a listener the master binds itself (bound
+/// here, then released for the master to take). Taken below the kernel's
+/// ephemeral range (`net.ipv4.ip_local_port_range`), where no client
+/// socket of a concurrent test and no `:0` bind can be given it between
+/// this check and the master's bind; a port from that range could be.
+/// Where the range starts too low for that, any free port.
 fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    if low > 11_000 {
+        let span = (low - 10_000).min(12_000);
+        let seed = std::process::id()
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+        for _ in 0..1_000 {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let port = low - span + seed.wrapping_add(n.wrapping_mul(7_919)) % span;
+            if let Ok(port) = u16::try_from(port)
+                && TcpListener::bind(("127.0.0.1", port)).is_ok()
+            {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
