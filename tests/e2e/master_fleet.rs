@@ -12,8 +12,8 @@ use std::time::Duration;
 use pluginsync_common::generation::GenerationId;
 use pluginsync_common::rollout::{HEADER_REPORT, NodeReport};
 use pluginsync_tests::{
-    AgentHome, EnvTree, Pki, TestMaster, client, config_toml, parse_config, promtool_accepts,
-    require, wait_for,
+    AgentHome, EnvTree, Pki, TestMaster, client, closed_port, config_toml, parse_config,
+    promtool_accepts, require, wait_for,
 };
 use serde_json::Value;
 
@@ -61,42 +61,6 @@ kind = "command"
 command = ["true"]
 "#;
 
-/// A free loopback port for a listener the master binds itself (bound
-/// here, then released for the master to take). Taken below the kernel's
-/// ephemeral range (`net.ipv4.ip_local_port_range`), where no client
-/// socket of a concurrent test and no `:0` bind can be given it between
-/// this check and the master's bind; a port from that range could be.
-/// Where the range starts too low for that, any free port.
-fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    if low > 11_000 {
-        let span = (low - 10_000).min(12_000);
-        let seed = std::process::id()
-            ^ std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos());
-        for _ in 0..1_000 {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let port = low - span + seed.wrapping_add(n.wrapping_mul(7_919)) % span;
-            if let Ok(port) = u16::try_from(port)
-                && TcpListener::bind(("127.0.0.1", port)).is_ok()
-            {
-                return port;
-            }
-        }
-    }
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A replica on `listener` presenting `cert`, admitting `admins`, sharing
 /// with `peers`, with a `[proxy]` listener (loopback trusted) and metrics.
 struct Replica {
@@ -113,7 +77,7 @@ fn replica(
     admins: &[&str],
     peers: &[String],
 ) -> Replica {
-    let (proxy, metrics) = (free_port(), free_port());
+    let (proxy, metrics) = (closed_port(), closed_port());
     let q = |v: &[String]| {
         v.iter()
             .map(|s| format!("{s:?}"))
