@@ -126,6 +126,11 @@ pub enum ServeError {
 pub struct Running {
     /// The indexes and counters.
     pub store: Arc<Store>,
+    /// The `[proxy]` listeners' bound addresses (a configured port 0 is
+    /// the one the kernel chose).
+    pub proxy: Vec<SocketAddr>,
+    /// The metrics listener's bound address, if any.
+    pub metrics: Option<SocketAddr>,
     /// What SIGHUP reloads.
     pub tls: Reload,
 }
@@ -225,6 +230,7 @@ pub async fn serve(
         connections: &connections,
         handle: &handle,
     };
+    let mut metrics_bound = None;
     if let Some(addr) = config.metrics.listen {
         let own = Connections::new(Limits {
             max_connections: METRICS_CONNECTIONS,
@@ -236,11 +242,16 @@ pub async fn serve(
             connections: connections.clone(),
             state: state.clone(),
         };
-        background.push(listening.metrics(addr, own, metrics)?);
+        let (task, bound) = listening.metrics(addr, own, metrics)?;
+        background.push(task);
+        metrics_bound = Some(bound);
     }
     let mut servers = listening.tls(listeners, &tls, &store, state.clone())?;
+    let mut proxy_bound = Vec::new();
     if let Some(trust) = &proxy {
-        servers.extend(listening.proxy(&config.proxy.listen, state, trust)?);
+        let (tasks, bound) = listening.proxy(&config.proxy.listen, state, trust)?;
+        servers.extend(tasks);
+        proxy_bound = bound;
     }
     tracing::info!(
         max_connections = connections.limits().max_connections,
@@ -251,6 +262,8 @@ pub async fn serve(
     );
     ready(Running {
         store: store.clone(),
+        proxy: proxy_bound,
+        metrics: metrics_bound,
         tls: Reload {
             config: tls,
             connections,
@@ -337,15 +350,15 @@ impl Listening<'_> {
     /// The `[proxy]` listeners (docs/protocol.md §5.5): plain HTTP, the
     /// same routes, state and connection registry (so `max_connections`
     /// and the idle and write timeouts count them too), the identity from
-    /// a trusted proxy's headers.
+    /// a trusted proxy's headers. Returns them and their bound addresses.
     fn proxy(
         &self,
         addrs: &[SocketAddr],
         state: AppState,
         trust: &Arc<Trust>,
-    ) -> Result<Vec<ServerTask>, ServeError> {
+    ) -> Result<(Vec<ServerTask>, Vec<SocketAddr>), ServeError> {
         let app = crate::routes::proxy_router(state, self.http.request_timeout, trust.clone());
-        let mut servers = Vec::new();
+        let (mut servers, mut bounds) = (Vec::new(), Vec::new());
         for addr in addrs {
             let listener = TcpListener::bind(addr)
                 .map_err(|e| ServeError::Listen(Listener::Proxy(*addr), e))?;
@@ -361,8 +374,9 @@ impl Listening<'_> {
                 .into_make_service_with_connect_info::<SocketAddr>();
             servers.push(spawn(server.serve(service), Listener::Proxy(bound)));
             tracing::info!("proxy listening on {bound}");
+            bounds.push(bound);
         }
-        Ok(servers)
+        Ok((servers, bounds))
     }
 
     /// Serves `GET /metrics` in the Prometheus text format on `addr`, plain
@@ -371,13 +385,13 @@ impl Listening<'_> {
     /// [`METRICS_CONNECTIONS`], idle ones shed, `idle_timeout`,
     /// `write_timeout`) and under `header_timeout`: idle or dribbling
     /// connections to it can neither take the descriptors agents need nor
-    /// shed an agent's connection.
+    /// shed an agent's connection. Returns its task and bound address.
     fn metrics(
         &self,
         addr: SocketAddr,
         own: Arc<Connections>,
         scrape: Scrape,
-    ) -> Result<tokio::task::JoinHandle<()>, ServeError> {
+    ) -> Result<(tokio::task::JoinHandle<()>, SocketAddr), ServeError> {
         let which = Listener::Metrics(addr);
         let listener = TcpListener::bind(addr).map_err(|e| ServeError::Listen(which, e))?;
         listener
@@ -389,11 +403,12 @@ impl Listening<'_> {
             .acceptor(accept::AdmitPlain::new(own));
         let app = scrape.router();
         tracing::info!("metrics on http://{bound}/metrics");
-        Ok(tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             if let Err(e) = server.serve(app.into_make_service()).await {
                 tracing::error!(error = %e, "metrics listener failed");
             }
-        }))
+        });
+        Ok((task, bound))
     }
 
     /// An axum server on `listener` (which is `which`) with the `[http]`

@@ -12,8 +12,8 @@ use std::time::Duration;
 use pluginsync_common::generation::GenerationId;
 use pluginsync_common::rollout::{HEADER_REPORT, NodeReport};
 use pluginsync_tests::{
-    AgentHome, EnvTree, Pki, TestMaster, client, closed_port, config_toml, parse_config,
-    promtool_accepts, require, wait_for,
+    AgentHome, EnvTree, Pki, TestMaster, client, config_toml, parse_config, promtool_accepts,
+    require, wait_for,
 };
 use serde_json::Value;
 
@@ -77,7 +77,6 @@ fn replica(
     admins: &[&str],
     peers: &[String],
 ) -> Replica {
-    let (proxy, metrics) = (closed_port(), closed_port());
     let q = |v: &[String]| {
         v.iter()
             .map(|s| format!("{s:?}"))
@@ -91,8 +90,8 @@ fn replica(
         "",
         &format!(
             "[admin]\ncertnames = [{}]\npeers = [{}]\n[fleet]\npush_interval = \"200ms\"\n\
-             [proxy]\nlisten = [\"127.0.0.1:{proxy}\"]\ntrusted = [\"127.0.0.1/32\", \"::1/128\"]\n\
-             [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n",
+             [proxy]\nlisten = [\"127.0.0.1:0\"]\ntrusted = [\"127.0.0.1/32\", \"::1/128\"]\n\
+             [metrics]\nlisten = \"127.0.0.1:0\"\n",
             q(&admins),
             q(peers)
         ),
@@ -106,6 +105,9 @@ fn replica(
         &format!("cert = {:?}\nkey = {:?}", pki.cert(cert), pki.key(cert)),
     );
     let master = TestMaster::listening_on(parse_config(&text), listener);
+    // Port 0 in the config: the ports the kernel chose.
+    let proxy = master.proxy[0].port();
+    let metrics = master.metrics.expect("metrics configured").port();
     Replica {
         master,
         proxy,

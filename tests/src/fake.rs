@@ -135,36 +135,8 @@ pub fn http_response(status: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
     r
 }
 
-/// A 127.0.0.1 port with nothing listening (bound, then released): for a
-/// server a test starts on it later, or for one that must refuse. Taken
-/// below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`),
-/// where no client socket of a concurrent test and no `:0` bind can be
-/// given it meanwhile, as one from the range could (a master once failed
-/// with `cannot listen on 127.0.0.1:40341`); any free port where the
-/// range starts too low for that.
+/// A 127.0.0.1 port with nothing listening (bound, then released).
 pub fn closed_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    if low > 11_000 {
-        let span = (low - 10_000).min(12_000);
-        let seed = std::process::id()
-            ^ std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos());
-        for _ in 0..1_000 {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let port = low - span + seed.wrapping_add(n.wrapping_mul(7_919)) % span;
-            if let Ok(port) = u16::try_from(port)
-                && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
-            {
-                return port;
-            }
-        }
-    }
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
 }

@@ -54,6 +54,10 @@ pub struct TestMaster {
     pub addr: SocketAddr,
     /// Its indexes and counters.
     pub store: Arc<Store>,
+    /// Its `[proxy]` listeners' bound addresses.
+    pub proxy: Vec<SocketAddr>,
+    /// Its metrics listener's bound address, if configured.
+    pub metrics: Option<SocketAddr>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -104,19 +108,21 @@ impl TestMaster {
                     let _ = stop_rx.await;
                 },
                 move |running| {
-                    let _ = ready_tx.send(running.store);
+                    let _ = ready_tx.send((running.store, running.proxy, running.metrics));
                 },
             ));
             if let Err(e) = result {
                 eprintln!("test master failed: {e:#}");
             }
         });
-        let store: Arc<Store> = ready_rx
+        let (store, proxy, metrics) = ready_rx
             .recv_timeout(Duration::from_secs(60))
             .expect("master became ready");
         TestMaster {
             addr,
             store,
+            proxy,
+            metrics,
             shutdown: Some(stop_tx),
             thread: Some(thread),
         }
