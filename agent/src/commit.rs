@@ -152,7 +152,7 @@ fn mkdir(
     let parent = dirs.fd(depth);
     let io = |what| CommitError::io(what, rel.to_path(dest));
     // Made with its planned mode while the downloads ran (`premake`).
-    let premade = dirs.in_place && !replace && dirs.premade.contains(rel);
+    let premade = dirs.in_place && !replace && dirs.premade.is_some_and(|p| p.contains(rel));
     if premade && dirs.synced_whole {
         return Ok(());
     }
@@ -400,7 +400,7 @@ pub struct Staged<'a> {
     pub foreseen: Option<Foreseen>,
     /// With `in_standby`: the directories made with their planned mode
     /// while the files were downloaded ([`premake`]).
-    pub premade: std::collections::HashSet<RelPath>,
+    pub premade: Option<&'a std::collections::HashSet<RelPath>>,
 }
 
 /// Prepares the next generation of `dest` in its standby

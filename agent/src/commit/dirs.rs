@@ -148,7 +148,7 @@ pub struct Dirs<'a> {
     pub trash: Option<(OwnedFd, u64)>,
     /// With `in_place`: the directories [`premake`] made with their
     /// planned mode, for `Mkdir` only to open.
-    pub premade: HashSet<RelPath>,
+    pub premade: Option<&'a HashSet<RelPath>>,
     /// With `in_place`: the standby's filesystem is synced whole
     /// ([`Durable::syncs_whole`]), so a premade directory or a file
     /// downloaded in place leaves the commit nothing to do.
@@ -171,7 +171,7 @@ impl<'a> Dirs<'a> {
             created: Vec::new(),
             in_place: false,
             trash: None,
-            premade: HashSet::new(),
+            premade: None,
             synced_whole: false,
         }
     }

@@ -144,10 +144,7 @@ impl<'a> Run<'a> {
                     sealed: &mut sealed,
                     in_standby: staging.as_ref().is_some_and(|s| s.in_standby),
                     foreseen: foresight.and_then(|f| f.join().ok().flatten()),
-                    premade: staging
-                        .as_ref()
-                        .map(|s| s.premade().clone())
-                        .unwrap_or_default(),
+                    premade: staging.as_ref().map(Staging::premade),
                 },
                 &p.resource,
                 keep,

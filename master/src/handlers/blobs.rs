@@ -92,12 +92,7 @@ pub async fn blob(State(state): State<AppState>, req: Parts) -> Result<Response,
     let sent = &state.store.stats.contents_sent;
     // The store's copy first (content.rs, `BlobSource`); one evicted since
     // it was looked up leaves the trees to search.
-    if let Some((path, size)) = state
-        .store
-        .generations
-        .blob(&digest, |env| client.may_read(env))
-    {
-        let stored = BlobSource::Stored { path, size };
+    if let Some(stored) = stored(&state, &digest, |env| client.may_read(env)) {
         match send_path(&req, stored, &digest, cache, sent).await {
             Err(e) if e.status == axum::http::StatusCode::SERVICE_UNAVAILABLE => {}
             answer => return answer,
@@ -140,12 +135,7 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
         .into_iter()
         .map(|digest| {
             // The store's copy first (content.rs, `BlobSource`).
-            let stored = state
-                .store
-                .generations
-                .blob(&digest, |env| client.may_read(env))
-                .map(|(path, size)| BlobSource::Stored { path, size });
-            let found = stored.or_else(|| {
+            let found = stored(&state, &digest, |env| client.may_read(env)).or_else(|| {
                 envs.iter().find_map(|idx| {
                     let (root, node) = idx.blob(&digest)?;
                     let path = node.real_path(&root.canon).into_owned();
@@ -178,6 +168,17 @@ pub async fn blobs_batch(State(state): State<AppState>, req: Parts) -> Result<Re
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// The generation store's copy of `digest`, when a kept generation of an
+/// environment the client `may_read` names it.
+fn stored(
+    state: &AppState,
+    digest: &Sha256,
+    may_read: impl Fn(&str) -> bool,
+) -> Option<BlobSource> {
+    let (path, size) = state.store.generations.blob(digest, may_read)?;
+    Some(BlobSource::Stored { path, size })
 }
 
 /// A digest a batch asks for, and where its bytes are, if anywhere.
