@@ -187,7 +187,7 @@ pub async fn serve(
     let served = crate::tls::server_tls(&config.tls)?;
     let tls = RustlsConfig::from_config(Arc::new(served.config));
     let metrics_connections = config.metrics.listen.map(|_| METRICS_CONNECTIONS);
-    let connections = registry(&config.http, metrics_connections.unwrap_or(0));
+    let connections = conns::registry(limits(&config.http), metrics_connections.unwrap_or(0));
     let mut background = vec![
         tokio::spawn(Connections::reap(Arc::downgrade(&connections))),
         tokio::spawn(watch_certificate(config.clone())),
@@ -230,36 +230,15 @@ pub async fn serve(
         connections: &connections,
         handle: &handle,
     };
-    let mut metrics_bound = None;
-    if let Some(addr) = config.metrics.listen {
-        let own = Connections::new(Limits {
-            max_connections: METRICS_CONNECTIONS,
-            max_per_client: 0,
-            ..connections.limits()
-        });
-        background.push(tokio::spawn(Connections::reap(Arc::downgrade(&own))));
-        let metrics = Scrape {
-            connections: connections.clone(),
-            state: state.clone(),
-        };
-        let (task, bound) = listening.metrics(addr, own, metrics)?;
-        background.push(task);
-        metrics_bound = Some(bound);
-    }
+    let metrics_bound = match config.metrics.listen {
+        Some(addr) => Some(listening.metrics(addr, state.clone(), &mut background)?),
+        None => None,
+    };
     let mut servers = listening.tls(listeners, &tls, &store, state.clone())?;
-    let mut proxy_bound = Vec::new();
-    if let Some(trust) = &proxy {
-        let (tasks, bound) = listening.proxy(&config.proxy.listen, state, trust)?;
-        servers.extend(tasks);
-        proxy_bound = bound;
-    }
-    tracing::info!(
-        max_connections = connections.limits().max_connections,
-        max_connections_per_client = connections.limits().max_per_client,
-        idle_timeout_ms = config.http.idle_timeout.as_millis() as u64,
-        write_timeout_ms = config.http.write_timeout.as_millis() as u64,
-        "connection limits"
-    );
+    let proxy_bound = match &proxy {
+        Some(trust) => listening.proxy(&config.proxy.listen, state, trust, &mut servers)?,
+        None => Vec::new(),
+    };
     ready(Running {
         store: store.clone(),
         proxy: proxy_bound,
@@ -280,26 +259,14 @@ pub async fn serve(
     Ok(())
 }
 
-/// The connection registry of `[http]`: `max_connections` capped to the
-/// descriptor limit less `elsewhere` (the metrics listener's connections;
-/// a warning when that lowers it), the timeouts as set.
-fn registry(http: &crate::config::HttpConfig, elsewhere: usize) -> Arc<Connections> {
-    let (max_connections, nofile) =
-        conns::effective_max_connections(http.max_connections, elsewhere);
-    if max_connections < http.max_connections {
-        tracing::warn!(
-            max_connections,
-            configured = http.max_connections,
-            nofile = nofile.unwrap_or_default(),
-            "http.max_connections lowered to fit the descriptor limit (LimitNOFILE)"
-        );
-    }
-    Connections::new(Limits {
-        max_connections,
+/// The connection limits `[http]` asks for ([`conns::registry`] caps them).
+fn limits(http: &crate::config::HttpConfig) -> Limits {
+    Limits {
+        max_connections: http.max_connections,
         max_per_client: http.max_connections_per_client,
         idle_timeout: http.idle_timeout,
         write_timeout: http.write_timeout,
-    })
+    }
 }
 
 /// One listener's server task; its error names the listener.
@@ -350,15 +317,17 @@ impl Listening<'_> {
     /// The `[proxy]` listeners (docs/protocol.md §5.5): plain HTTP, the
     /// same routes, state and connection registry (so `max_connections`
     /// and the idle and write timeouts count them too), the identity from
-    /// a trusted proxy's headers. Returns them and their bound addresses.
+    /// a trusted proxy's headers. Each is added to `servers`; returns
+    /// their bound addresses.
     fn proxy(
         &self,
         addrs: &[SocketAddr],
         state: AppState,
         trust: &Arc<Trust>,
-    ) -> Result<(Vec<ServerTask>, Vec<SocketAddr>), ServeError> {
+        servers: &mut Vec<ServerTask>,
+    ) -> Result<Vec<SocketAddr>, ServeError> {
         let app = crate::routes::proxy_router(state, self.http.request_timeout, trust.clone());
-        let (mut servers, mut bounds) = (Vec::new(), Vec::new());
+        let mut bounds = Vec::new();
         for addr in addrs {
             let listener = TcpListener::bind(addr)
                 .map_err(|e| ServeError::Listen(Listener::Proxy(*addr), e))?;
@@ -376,7 +345,7 @@ impl Listening<'_> {
             tracing::info!("proxy listening on {bound}");
             bounds.push(bound);
         }
-        Ok((servers, bounds))
+        Ok(bounds)
     }
 
     /// Serves `GET /metrics` in the Prometheus text format on `addr`, plain
@@ -385,13 +354,24 @@ impl Listening<'_> {
     /// [`METRICS_CONNECTIONS`], idle ones shed, `idle_timeout`,
     /// `write_timeout`) and under `header_timeout`: idle or dribbling
     /// connections to it can neither take the descriptors agents need nor
-    /// shed an agent's connection. Returns its task and bound address.
+    /// shed an agent's connection. Its tasks are added to `background`;
+    /// returns its bound address.
     fn metrics(
         &self,
         addr: SocketAddr,
-        own: Arc<Connections>,
-        scrape: Scrape,
-    ) -> Result<(tokio::task::JoinHandle<()>, SocketAddr), ServeError> {
+        state: AppState,
+        background: &mut Vec<tokio::task::JoinHandle<()>>,
+    ) -> Result<SocketAddr, ServeError> {
+        let own = Connections::new(Limits {
+            max_connections: METRICS_CONNECTIONS,
+            max_per_client: 0,
+            ..self.connections.limits()
+        });
+        background.push(tokio::spawn(Connections::reap(Arc::downgrade(&own))));
+        let scrape = Scrape {
+            connections: self.connections.clone(),
+            state,
+        };
         let which = Listener::Metrics(addr);
         let listener = TcpListener::bind(addr).map_err(|e| ServeError::Listen(which, e))?;
         listener
@@ -403,12 +383,12 @@ impl Listening<'_> {
             .acceptor(accept::AdmitPlain::new(own));
         let app = scrape.router();
         tracing::info!("metrics on http://{bound}/metrics");
-        let task = tokio::spawn(async move {
+        background.push(tokio::spawn(async move {
             if let Err(e) = server.serve(app.into_make_service()).await {
                 tracing::error!(error = %e, "metrics listener failed");
             }
-        });
-        Ok((task, bound))
+        }));
+        Ok(bound)
     }
 
     /// An axum server on `listener` (which is `which`) with the `[http]`

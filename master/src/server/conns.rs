@@ -449,6 +449,33 @@ impl Connections {
     }
 }
 
+/// The connection registry for `wanted` (`[http]`'s limits):
+/// `max_connections` capped to the descriptor limit less `elsewhere` (the
+/// metrics listener's connections; a warning when that lowers it), the
+/// rest as asked; the limits in force logged once.
+pub fn registry(wanted: Limits, elsewhere: usize) -> Arc<Connections> {
+    let (max_connections, nofile) = effective_max_connections(wanted.max_connections, elsewhere);
+    if max_connections < wanted.max_connections {
+        tracing::warn!(
+            max_connections,
+            configured = wanted.max_connections,
+            nofile = nofile.unwrap_or_default(),
+            "http.max_connections lowered to fit the descriptor limit (LimitNOFILE)"
+        );
+    }
+    tracing::info!(
+        max_connections,
+        max_connections_per_client = wanted.max_per_client,
+        idle_timeout_ms = wanted.idle_timeout.as_millis() as u64,
+        write_timeout_ms = wanted.write_timeout.as_millis() as u64,
+        "connection limits"
+    );
+    Connections::new(Limits {
+        max_connections,
+        ..wanted
+    })
+}
+
 /// `max_connections` capped to what the process's descriptor limit allows:
 /// the soft `RLIMIT_NOFILE` minus a reserve for the index, served files,
 /// inotify and logs (an eighth of the limit, at least 64, at most 1024)
