@@ -122,12 +122,26 @@ pub fn replace_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<(
 /// For a file whose content is known before the step that lets it be
 /// written (the agent's cache, before its switch).
 pub fn write_beside(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<Written> {
+    write_beside_synced(path, bytes, mode, false)
+}
+
+/// [`write_beside`], the temporary file synced (content and mode) through
+/// the descriptor that wrote it when `durable`.
+fn write_beside_synced(
+    path: &Path,
+    bytes: &[u8],
+    mode: u32,
+    durable: bool,
+) -> std::io::Result<Written> {
     let mut tmp = tempfile::Builder::new()
         .prefix(TMP_PREFIX)
         .tempfile_in(parent_of(path))?;
     tmp.write_all(bytes)?;
     tmp.as_file()
         .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    if durable {
+        tmp.as_file().sync_all()?;
+    }
     Ok(Written {
         tmp: tmp.into_temp_path(),
         path: path.to_owned(),
@@ -149,11 +163,7 @@ impl Written {
 }
 
 fn write(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> std::io::Result<()> {
-    let written = write_beside(path, bytes, mode)?;
-    if durable {
-        std::fs::File::open(&written.tmp)?.sync_all()?;
-    }
-    written.put()?;
+    write_beside_synced(path, bytes, mode, durable)?.put()?;
     if durable {
         std::fs::File::open(parent_of(path))?.sync_all()?;
     }
