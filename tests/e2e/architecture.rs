@@ -2,13 +2,15 @@
 //! `agent` is named in its crate's section, and so is every e2e module in
 //! "Tests"; every arrow its diagrams draw (`a.rs ─► b.rs`: `a` imports `b`)
 //! is an import in the code, every import between two modules of a crate is
-//! drawn, and no two modules of one crate import each other. The documents
+//! drawn, no modules of one crate import each other, directly or through
+//! others (strongly connected components of the import graph), and the
+//! master's domain never imports its configuration. The documents
 //! the code and the docs cite exist, with the headings cited
 //! ([`citations`]); no function or file is too long ([`sizes`]).
 //!
 //! Imports are read from the source as text: `crate::x`, `super::x`,
 //! `self::x` and, in a binary's `main.rs`, `pluginsync_<crate>::x` paths,
-//! outside `#[cfg(test)]` sections and comments.
+//! outside `#[cfg(test)]` items and comments.
 
 mod citations;
 mod sizes;
@@ -60,15 +62,12 @@ fn sources(dir: &Path, base: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-/// The code of a file without comments and without its test section.
+/// The code of a file without comments and without its `#[cfg(test)]`
+/// items.
 fn code_of(text: &str) -> String {
     let mut out = String::new();
-    for line in text.lines() {
-        let t = line.trim_start();
-        if t.starts_with("#[cfg(test)]") {
-            break;
-        }
-        if t.starts_with("//") {
+    for (_, line) in sizes::code_lines(text) {
+        if line.trim_start().starts_with("//") {
             continue;
         }
         out.push_str(line);
@@ -167,25 +166,126 @@ fn graph(krate: &str, lib_name: &str) -> Graph {
     g
 }
 
-#[test]
-fn no_two_modules_of_a_crate_import_each_other() {
-    let mut cycles = Vec::new();
-    for (krate, lib) in CRATES {
-        let g = graph(krate, lib);
-        for (a, deps) in &g {
-            for b in deps {
-                // A folder module and its own files may refer to each other
-                // (re-exports and `super::`): that is structure, not a cycle.
-                let related = a.starts_with(&format!("{b}::")) || b.starts_with(&format!("{a}::"));
-                if a < b && !related && g.get(b).is_some_and(|d| d.contains(a)) {
-                    cycles.push(format!("{krate}: {a} <-> {b}"));
+/// The import graph as cycles are judged: a folder module reaches its own
+/// files (it declares them), and a file's reference back up to the folder
+/// that holds it (`super::`, re-exports) is structure, not an import.
+fn dependencies(g: &Graph) -> Graph {
+    let mut out = Graph::new();
+    for (m, deps) in g {
+        let entry = out.entry(m.clone()).or_default();
+        entry.extend(
+            deps.iter()
+                .filter(|d| !m.starts_with(&format!("{d}::")))
+                .cloned(),
+        );
+        if let Some((parent, _)) = m.rsplit_once("::") {
+            out.entry(parent.to_owned()).or_default().insert(m.clone());
+        } else if !m.is_empty() {
+            out.entry(String::new()).or_default().insert(m.clone());
+        }
+    }
+    out
+}
+
+/// The strongly connected components of `g` with more than one module:
+/// each is a set of modules every one of which imports, through the
+/// others, every other (Tarjan's algorithm, iterative).
+fn cycles(g: &Graph) -> Vec<Vec<String>> {
+    let names: Vec<&String> = g
+        .keys()
+        .chain(g.values().flatten())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let at: BTreeMap<&String, usize> = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let next: Vec<Vec<usize>> = names
+        .iter()
+        .map(|n| g.get(*n).into_iter().flatten().map(|d| at[d]).collect())
+        .collect();
+    let (mut index, mut low) = (vec![usize::MAX; names.len()], vec![0; names.len()]);
+    let (mut on_stack, mut stack, mut count) = (vec![false; names.len()], Vec::new(), 0);
+    let mut out = Vec::new();
+    for root in 0..names.len() {
+        if index[root] != usize::MAX {
+            continue;
+        }
+        // The depth-first path: each module with the next of its imports
+        // to visit.
+        let mut path = vec![(root, 0)];
+        while let Some(&(v, k)) = path.last() {
+            if k == 0 && index[v] == usize::MAX {
+                (index[v], low[v], on_stack[v]) = (count, count, true);
+                count += 1;
+                stack.push(v);
+            }
+            if let Some(&w) = next[v].get(k) {
+                if let Some(top) = path.last_mut() {
+                    top.1 += 1;
+                }
+                if index[w] == usize::MAX {
+                    path.push((w, 0));
+                } else if on_stack[w] {
+                    low[v] = low[v].min(index[w]);
+                }
+                continue;
+            }
+            path.pop();
+            if let Some(&(u, _)) = path.last() {
+                low[u] = low[u].min(low[v]);
+            }
+            if low[v] == index[v] {
+                let mut component = Vec::new();
+                while let Some(w) = stack.pop() {
+                    on_stack[w] = false;
+                    component.push(names[w].clone());
+                    if w == v {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    out.push(component);
                 }
             }
         }
     }
+    out.sort();
+    out
+}
+
+#[test]
+fn no_crate_has_an_import_cycle() {
+    let mut found = Vec::new();
+    for (krate, lib) in CRATES {
+        for cycle in cycles(&dependencies(&graph(krate, lib))) {
+            found.push(format!("{krate}: {}", cycle.join(", ")));
+        }
+    }
     assert!(
-        cycles.is_empty(),
-        "modules importing each other: {cycles:?}"
+        found.is_empty(),
+        "modules that import each other, directly or through others (each line one cycle): {found:#?}"
+    );
+}
+
+/// The master's domain: the modules that decide what is served.
+const DOMAIN: [&str; 5] = ["generations", "rollout", "store", "index", "placement"];
+
+/// The modules of the master's domain ([`DOMAIN`]) in `g` that import
+/// `config`, as `module ─► config.rs`.
+fn domain_reading_config(g: &Graph) -> Vec<String> {
+    g.iter()
+        .filter(|(m, _)| DOMAIN.iter().any(|d| inside(m, d)))
+        .filter(|(_, deps)| deps.iter().any(|d| inside(d, "config")))
+        .map(|(m, _)| format!("{} ─► config.rs", file_of(g, m)))
+        .collect()
+}
+
+#[test]
+fn the_masters_domain_never_imports_its_configuration() {
+    let found = domain_reading_config(&graph("master", "pluginsync_master"));
+    assert!(
+        found.is_empty(),
+        "domain modules importing config.rs (parse the configuration into the domain's own types): {found:?}"
     );
 }
 
@@ -486,5 +586,56 @@ fn the_checker_reads_imports_as_written() {
     assert_eq!(
         pairs,
         vec![("main", "sync"), ("sync", "client"), ("sync", "scan")]
+    );
+}
+
+#[test]
+fn the_checker_finds_a_cycle_of_three_modules() {
+    let g = graph_of(&[
+        ("", &[]),
+        ("config", &["rollout"]),
+        ("rollout", &["generations"]),
+        ("generations", &["config"]),
+        ("main", &["config"]),
+        ("index", &["walk"]),
+        ("index::listing", &["index", "walk"]),
+        ("walk", &[]),
+        ("a", &["b"]),
+        ("b", &["a"]),
+    ]);
+    assert_eq!(
+        cycles(&dependencies(&g)),
+        vec![
+            vec!["a".to_owned(), "b".to_owned()],
+            vec![
+                "config".to_owned(),
+                "generations".to_owned(),
+                "rollout".to_owned()
+            ],
+        ]
+    );
+    // A folder's file importing something that imports the folder back.
+    let g = graph_of(&[
+        ("rollout", &[]),
+        ("rollout::api", &["state"]),
+        ("state", &["rollout"]),
+    ]);
+    assert_eq!(
+        cycles(&dependencies(&g)),
+        vec![vec![
+            "rollout".to_owned(),
+            "rollout::api".to_owned(),
+            "state".to_owned()
+        ]]
+    );
+    let g = graph_of(&[
+        ("store::idle", &["config"]),
+        ("store", &["store::idle"]),
+        ("handlers", &["config", "store"]),
+        ("config", &[]),
+    ]);
+    assert_eq!(
+        domain_reading_config(&g),
+        vec!["store/idle.rs ─► config.rs"]
     );
 }

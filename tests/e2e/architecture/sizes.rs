@@ -1,7 +1,8 @@
 //! No room too long: in `common/`, `master/` and `agent/`, no function over
 //! [`MAX_FN_LINES`] lines and no source file over [`MAX_FILE_LINES`] lines
-//! outside its `#[cfg(test)]` section (everything from the first
-//! `#[cfg(test)]` line on). A function runs from its `fn` line to the brace
+//! outside its `#[cfg(test)]` items (each item an attribute marks, by brace
+//! matching: a `mod tests { … }`, a function, an impl; the code after it
+//! counts again). A function runs from its `fn` line to the brace
 //! that closes its body, braces in comments, strings and character
 //! literals not counted. And errors are typed: no `Result<_, String>` in
 //! those crates' code outside a binary's `main.rs`.
@@ -11,11 +12,48 @@ use pluginsync_tests::repo_root;
 pub const MAX_FN_LINES: usize = 100;
 pub const MAX_FILE_LINES: usize = 600;
 
-/// The lines of `text` before its first `#[cfg(test)]` line.
-fn code_lines(text: &str) -> Vec<&str> {
-    text.lines()
-        .take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"))
-        .collect()
+/// The lines of `text` outside its `#[cfg(test)]` items, each with its
+/// line number (from 1). An item runs from its `#[cfg(test)]` line through
+/// the brace that closes its body (`mod tests { … }`, a function, an
+/// impl), or through its `;` when it has no body (`use`, `mod x;`); code
+/// after it counts again.
+pub fn code_lines(text: &str) -> Vec<(usize, &str)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].trim_start().starts_with("#[cfg(test)]") {
+            i = item_end(&lines, i) + 1;
+        } else {
+            out.push((i + 1, lines[i]));
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The index of the last line of the item that starts at `lines[start]`:
+/// where its braces close again, or its `;` when a `;` ends a line before
+/// any brace opened.
+fn item_end(lines: &[&str], start: usize) -> usize {
+    let (mut depth, mut started) = (0i64, false);
+    for (j, line) in lines.iter().enumerate().skip(start) {
+        let s = braces_only(line);
+        for ch in s.chars() {
+            match ch {
+                '{' => {
+                    depth += 1;
+                    started = true;
+                }
+                '}' => depth -= 1,
+                _ => {}
+            }
+        }
+        if (started && depth <= 0) || (!started && s.trim_end().ends_with(';')) {
+            return j;
+        }
+    }
+    lines.len().saturating_sub(1)
 }
 
 /// The name of the function a line declares (`pub(crate) async fn name`),
@@ -83,35 +121,18 @@ fn braces_only(line: &str) -> String {
     out
 }
 
-/// Functions longer than `max` lines in `code`: `(lines, first line, name)`.
-fn long_functions(code: &[&str], max: usize) -> Vec<(usize, usize, String)> {
+/// Functions longer than `max` lines in `code` (lines with their numbers,
+/// as [`code_lines`] gives them): `(lines, first line, name)`.
+fn long_functions(code: &[(usize, &str)], max: usize) -> Vec<(usize, usize, String)> {
+    let text: Vec<&str> = code.iter().map(|(_, l)| *l).collect();
     let mut out = Vec::new();
-    for (i, line) in code.iter().enumerate() {
+    for (i, (number, line)) in code.iter().enumerate() {
         let Some(name) = declared_fn(line) else {
             continue;
         };
-        let (mut depth, mut started) = (0i64, false);
-        let mut j = i;
-        while j < code.len() {
-            let s = braces_only(code[j]);
-            for ch in s.chars() {
-                match ch {
-                    '{' => {
-                        depth += 1;
-                        started = true;
-                    }
-                    '}' => depth -= 1,
-                    _ => {}
-                }
-            }
-            if (started && depth <= 0) || (!started && s.trim_end().ends_with(';')) {
-                break;
-            }
-            j += 1;
-        }
-        let n = j.min(code.len() - 1) - i + 1;
+        let n = item_end(&text, i) - i + 1;
         if n > max {
-            out.push((n, i + 1, name.to_owned()));
+            out.push((n, *number, name.to_owned()));
         }
     }
     out
@@ -123,7 +144,7 @@ fn too_long(rel: &str, text: &str) -> Vec<String> {
     let mut out = Vec::new();
     if code.len() > MAX_FILE_LINES {
         out.push(format!(
-            "{rel}: {} lines outside #[cfg(test)] (at most {MAX_FILE_LINES})",
+            "{rel}: {} lines outside #[cfg(test)] items (at most {MAX_FILE_LINES})",
             code.len()
         ));
     }
@@ -133,11 +154,10 @@ fn too_long(rel: &str, text: &str) -> Vec<String> {
         ));
     }
     if !rel.ends_with("/main.rs") {
-        for (i, line) in code.iter().enumerate() {
+        for (number, line) in &code {
             if text_error(line) {
                 out.push(format!(
-                    "{rel}:{}: a Result<_, String>: type the error",
-                    i + 1
+                    "{rel}:{number}: a Result<_, String>: type the error"
                 ));
             }
         }
@@ -236,10 +256,39 @@ fn the_checker_finds_a_long_function_and_a_long_file() {
     let long_file: String = "fn f() {\n}\n".repeat(301);
     assert_eq!(
         too_long("c.rs", &long_file),
-        vec!["c.rs: 602 lines outside #[cfg(test)] (at most 600)"]
+        vec!["c.rs: 602 lines outside #[cfg(test)] items (at most 600)"]
     );
     assert_eq!(declared_fn("    pub fn x()"), Some("x"));
     assert_eq!(declared_fn("    const unsafe fn y<T>()"), Some("y"));
     assert_eq!(declared_fn("    public fn z()"), None);
     assert_eq!(declared_fn("let fnord = 1;"), None);
+}
+
+#[test]
+fn the_checker_skips_only_test_items_and_counts_the_code_after_them() {
+    let mut text = String::from(
+        "#[cfg(test)]\nuse std::fmt;\nfn a() {}\n#[cfg(test)]\n#[allow(dead_code)]\nfn helper() {\n",
+    );
+    for _ in 0..200 {
+        text.push_str("    let b = \"}\";\n");
+    }
+    text.push_str("}\n#[cfg(test)]\nmod tests {\n    fn t() {\n    }\n}\nfn after() {\n");
+    for _ in 0..100 {
+        text.push_str("    let x = 1;\n");
+    }
+    text.push_str("}\n");
+    let code = code_lines(&text);
+    assert_eq!(code[0], (3, "fn a() {}"));
+    assert_eq!(code[1], (213, "fn after() {"));
+    assert_eq!(code.len(), 1 + 102);
+    assert_eq!(
+        too_long("a.rs", &text),
+        vec!["a.rs:213 fn after: 102 lines (at most 100)"]
+    );
+    let mut long_file = String::from("#[cfg(test)]\nmod tests {\n}\n");
+    long_file.push_str(&"fn f() {\n}\n".repeat(301));
+    assert_eq!(
+        too_long("c.rs", &long_file),
+        vec!["c.rs: 602 lines outside #[cfg(test)] items (at most 600)"]
+    );
 }
