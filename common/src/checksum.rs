@@ -146,7 +146,7 @@ pub fn ruby_time_utc(unix_seconds: i64) -> String {
 }
 
 fn hash_all<D: Digest>(reader: impl Read) -> io::Result<String> {
-    Ok(crate::digest::hex(&digest_all::<D>(reader)?))
+    Ok(crate::hex::encode(&digest_all::<D>(reader)?))
 }
 
 fn digest_all<D: Digest>(mut reader: impl Read) -> io::Result<Vec<u8>> {

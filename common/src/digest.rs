@@ -1,7 +1,7 @@
 //! [`Sha256`]: the digest that names content everywhere in pluginsync —
 //! in listings as `{sha256}<hex>` (docs/protocol.md §2.2), in blob URLs and
-//! batch frames as bare lowercase hex (docs/protocol.md §7). The one place
-//! that encodes and decodes sha256 hex.
+//! batch frames as bare lowercase hex (docs/protocol.md §7), encoded and
+//! decoded by [`crate::hex`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -30,16 +30,9 @@ impl Sha256 {
     /// paths, batch queries and frames). Uppercase is refused so that one
     /// digest has one spelling, and one cache key.
     pub fn from_hex(hex: &str) -> Result<Sha256, BadDigest> {
-        let b = hex.as_bytes();
-        if b.len() != 64 || !b.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
-            return Err(BadDigest(hex.chars().take(80).collect()));
-        }
-        let nibble = |c: u8| if c <= b'9' { c - b'0' } else { c - b'a' + 10 };
-        let mut out = [0u8; 32];
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = nibble(b[2 * i]) << 4 | nibble(b[2 * i + 1]);
-        }
-        Ok(Sha256(out))
+        crate::hex::decode_lower(hex)
+            .map(Sha256)
+            .ok_or_else(|| BadDigest(hex.chars().take(80).collect()))
     }
 
     /// Parses Puppet's `{sha256}<hex>` notation.
@@ -52,24 +45,13 @@ impl Sha256 {
 
     /// Lowercase hex, 64 digits.
     pub fn to_hex(&self) -> String {
-        hex(&self.0)
+        crate::hex::encode(&self.0)
     }
 
     /// Puppet's `{sha256}<hex>` notation.
     pub fn to_checksum(&self) -> String {
         format!("{}{}", Self::PREFIX, self.to_hex())
     }
-}
-
-/// Lowercase hex of any bytes (also used for md5 and sha1 checksums).
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[usize::from(b >> 4)] as char);
-        s.push(DIGITS[usize::from(b & 15)] as char);
-    }
-    s
 }
 
 /// A record the agent keeps without fsync (its stat cache, a kept
@@ -225,7 +207,7 @@ mod tests {
         assert!(Sha256::from_hex(&"zz".repeat(32)).is_err());
         assert!(Sha256::from_hex(&"ab".repeat(33)).is_err());
         assert!(Sha256::from_checksum(&format!("{{md5}}{}", d.to_hex())).is_err());
-        assert_eq!(hex(&[0, 0x0f, 0xa0, 0xff]), "000fa0ff");
+        assert_eq!(crate::hex::encode(&[0, 0x0f, 0xa0, 0xff]), "000fa0ff");
     }
 
     #[test]

@@ -36,7 +36,7 @@ impl ETag {
     /// The strong tag naming `bytes` (a digest or a prefix of one): their
     /// lowercase hex, quoted.
     pub fn of_digest(bytes: &[u8]) -> ETag {
-        ETag::from_core(&crate::digest::hex(bytes))
+        ETag::from_core(&crate::hex::encode(bytes))
     }
 
     /// The strong tag whose [`ETag::core`] is `core`: `core`, quoted.

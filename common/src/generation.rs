@@ -39,8 +39,8 @@ use crate::urlpath::encode_query_value;
 
 mod escape;
 
+use escape::push_escaped;
 pub use escape::{escape_field, unescape_field};
-use escape::{push_escaped, push_hex};
 
 /// The first line of a canonical manifest.
 pub const MANIFEST_MAGIC: &str = "pluginsync-manifest 1";
@@ -137,7 +137,7 @@ impl ManifestEntry {
         // encoded on every change (no string per field).
         let _ = write!(out, "{}\t{kind}\t{:o}\t", self.mount.as_str(), self.mode);
         match sha {
-            Some(d) => push_hex(out, &d.0),
+            Some(d) => crate::hex::push(out, &d.0),
             None => out.push('-'),
         }
         out.push('\t');

@@ -24,6 +24,7 @@ pub mod etag;
 pub mod filesig;
 pub mod fsutil;
 pub mod generation;
+pub mod hex;
 pub mod ignore;
 pub mod logging;
 pub mod metadata;

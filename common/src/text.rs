@@ -26,7 +26,9 @@ pub fn escape(text: &str) -> Cow<'_, str> {
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
             c if unsafe_char(c) && (c as u32) < 0x100 => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
+                // A C1 or C0 character: its code point is one byte.
+                out.push_str("\\x");
+                crate::hex::push(&mut out, &[c as u8]);
             }
             c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
             c => out.push(c),

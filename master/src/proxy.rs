@@ -189,13 +189,8 @@ fn rfc2253_attributes(dn: &str) -> Result<Vec<String>, &'static str> {
             b'\\' => {
                 let next = bytes.next().ok_or("dangling escape")?;
                 if next.is_ascii_hexdigit() {
-                    let low = bytes
-                        .next()
-                        .filter(u8::is_ascii_hexdigit)
-                        .ok_or("bad escape")?;
-                    let hex = [next, low];
-                    let hex = std::str::from_utf8(&hex).map_err(|_| "bad escape")?;
-                    current.push(u8::from_str_radix(hex, 16).map_err(|_| "bad escape")?);
+                    let low = bytes.next().ok_or("bad escape")?;
+                    current.push(pluginsync_common::hex::byte(next, low).ok_or("bad escape")?);
                 } else {
                     current.push(next);
                 }

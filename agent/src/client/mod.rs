@@ -37,8 +37,11 @@ pub use body::{
     Body, BodyError, MAX_ERROR_BODY, MAX_LISTING_BYTES, MAX_LISTING_ENTRIES, MAX_NODE_BYTES,
 };
 use body::{Capped, error_body, read_capped};
-pub use error::{Answered, FetchError, NodeProblem, SetupError, Transient, Undelivered, Unreached};
-pub use generation::{AssignmentAnswer, GenerationProblem, ManifestAnswer};
+pub use error::{
+    Answered, FetchError, GenerationProblem, NodeProblem, SetupError, Transient, Undelivered,
+    Unreached,
+};
+pub use generation::{AssignmentAnswer, ManifestAnswer};
 pub use offers::{ContentBy, Offers, OriginPath, same_origin_path};
 pub use retry::{Attempt, Retry};
 
@@ -529,7 +532,7 @@ pub fn transaction_uuid() -> String {
     let mut b: [u8; 16] = rand::random();
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let h = pluginsync_common::hex::encode(&b);
     format!(
         "{}-{}-{}-{}-{}",
         &h[..8],

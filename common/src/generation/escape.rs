@@ -18,20 +18,12 @@ pub(super) fn push_escaped(out: &mut String, s: &str) {
     }
     for c in s.chars() {
         if escaped(c) {
-            use std::fmt::Write;
-            let _ = write!(out, "%{:02X}", c as u32);
+            // Every escaped character is ASCII: one byte, two digits.
+            out.push('%');
+            crate::hex::push_upper(out, &[c as u8]);
         } else {
             out.push(c);
         }
-    }
-}
-
-/// Lowercase hex of `bytes`, appended to `out`.
-pub(super) fn push_hex(out: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 15)] as char);
     }
 }
 
@@ -44,8 +36,7 @@ pub fn unescape_field(s: &str) -> Option<String> {
     while i < b.len() {
         match b[i] {
             b'%' => {
-                let hex = s.get(i + 1..i + 3)?;
-                let v = u8::from_str_radix(hex, 16).ok()?;
+                let v = crate::hex::byte(*b.get(i + 1)?, *b.get(i + 2)?)?;
                 if !(v == b'%' || v == b' ' || v == 0x7f || v < 0x20) {
                     return None;
                 }
