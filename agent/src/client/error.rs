@@ -73,7 +73,7 @@ pub enum FetchError {
         /// What was asked.
         what: String,
         /// What is wrong with it.
-        detail: super::generation::GenerationProblem,
+        detail: GenerationProblem,
     },
     /// A download that failed, did not match its checksum, or could not be
     /// staged.
@@ -289,6 +289,17 @@ pub enum SetupError {
     /// This node's certificate is expired or not yet valid.
     #[error(transparent)]
     Certificate(#[from] crate::certs::Unusable),
+}
+
+/// A 2xx answer of the generation requests that is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerationProblem {
+    /// It names another environment than the one asked for.
+    #[error("it names environment '{0}', not the one asked for")]
+    OtherEnvironment(String),
+    /// Larger than the agent reads.
+    #[error("larger than {} MiB; refused", .0 >> 20)]
+    TooLarge(usize),
 }
 
 #[cfg(test)]

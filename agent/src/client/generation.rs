@@ -14,7 +14,7 @@ use pluginsync_common::protocol;
 use reqwest::StatusCode;
 
 use super::body::{Capped, read_capped};
-use super::{Attempt, Client, FetchError, MAX_LISTING_BYTES, MAX_NODE_BYTES};
+use super::{Attempt, Client, FetchError, GenerationProblem, MAX_LISTING_BYTES, MAX_NODE_BYTES};
 
 /// What a server said to the per-node answer.
 #[derive(Debug, Clone)]
@@ -43,17 +43,6 @@ pub enum ManifestAnswer {
     Delta(Bytes),
     /// `404`: this server does not keep that generation (any more).
     NotKept,
-}
-
-/// A 2xx answer of the generation requests that is refused.
-#[derive(Debug, thiserror::Error)]
-pub enum GenerationProblem {
-    /// It names another environment than the one asked for.
-    #[error("it names environment '{0}', not the one asked for")]
-    OtherEnvironment(String),
-    /// Larger than the agent reads.
-    #[error("larger than {} MiB; refused", .0 >> 20)]
-    TooLarge(usize),
 }
 
 impl Client {
