@@ -172,98 +172,128 @@ fn ancestors(rel: &RelPath) -> impl Iterator<Item = &str> {
 
 /// Computes the plan; see the module docs for the rules.
 pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Plan {
-    let mut p = Plan::default();
-    let (mut mkdirs, mut writes, mut chmods, mut removes) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let changes = changes(remote, local, use_permissions);
+    let removes = removals(remote, local, &changes.replaced);
+    let mut actions = Vec::new();
+    actions.extend(root(remote, local, use_permissions));
+    actions.extend(changes.mkdirs);
+    actions.extend(changes.writes);
+    actions.extend(changes.chmods);
+    actions.extend(removes);
+    Plan {
+        actions,
+        unchanged: changes.unchanged,
+    }
+}
+
+/// What happens to the destination itself: created when missing, its mode
+/// fixed when permissions are used and it differs.
+fn root(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Option<Action> {
     if !local.exists {
-        p.actions.push(Action::CreateRoot {
+        Some(Action::CreateRoot {
             mode: if use_permissions {
                 remote.root_mode
             } else {
                 0o755
             },
-        });
+        })
     } else if use_permissions && local.root_mode != remote.root_mode {
-        p.actions.push(Action::ChmodRoot {
+        Some(Action::ChmodRoot {
             mode: remote.root_mode,
-        });
+        })
+    } else {
+        None
     }
-    // Local paths that go away wholesale (replaced by a remote entry of
-    // another type): nothing below them needs its own removal.
-    let mut replaced: Vec<&RelPath> = Vec::new();
-    // Both maps are sorted by path: each is walked once beside the other,
-    // no lookups.
+}
+
+/// What the listing asks of the paths it lists, by phase.
+#[derive(Default)]
+struct Changes<'a> {
+    /// Directories to create, parents first.
+    mkdirs: Vec<Action>,
+    /// Files to write.
+    writes: Vec<Action>,
+    /// Modes to fix.
+    chmods: Vec<Action>,
+    /// Listed entries already as they should be.
+    unchanged: usize,
+    /// Local directories a listed file replaces: they go wholesale, and
+    /// nothing below them needs its own removal.
+    replaced: Vec<&'a RelPath>,
+}
+
+/// Each listed entry against the local one at its path. Both maps are
+/// sorted by path: each is walked once beside the other, no lookups.
+fn changes<'a>(remote: &'a RemoteTree, local: &LocalTree, use_permissions: bool) -> Changes<'a> {
+    let mut c = Changes::default();
     let mut scanned = local.entries.iter().peekable();
     for (rel, r) in &remote.entries {
         while scanned.next_if(|(k, _)| *k < rel).is_some() {}
         let l = scanned.next_if(|(k, _)| *k == rel).map(|(_, l)| l);
-        match (&r.kind, l.map(|l| l.kind)) {
-            (RemoteKind::Dir, None) => mkdirs.push(Action::Mkdir {
-                rel: rel.clone(),
-                mode: if use_permissions { r.mode } else { 0o755 },
-                replace: false,
-            }),
-            (RemoteKind::Dir, Some(LocalKind::Dir)) => {
-                let lmode = l.map(|l| l.mode).unwrap_or_default();
-                if use_permissions && lmode != r.mode {
-                    chmods.push(Action::Chmod {
-                        rel: rel.clone(),
-                        mode: r.mode,
-                    });
-                } else {
-                    p.unchanged += 1;
-                }
+        let chmod = |c: &mut Changes, local_mode: u32| {
+            if use_permissions && local_mode != r.mode {
+                c.chmods.push(Action::Chmod {
+                    rel: rel.clone(),
+                    mode: r.mode,
+                });
+            } else {
+                c.unchanged += 1;
             }
-            (RemoteKind::Dir, Some(_)) => mkdirs.push(Action::Mkdir {
+        };
+        match (&r.kind, l) {
+            (RemoteKind::Dir, Some(l)) if l.kind == LocalKind::Dir => chmod(&mut c, l.mode),
+            (RemoteKind::Dir, l) => c.mkdirs.push(Action::Mkdir {
                 rel: rel.clone(),
                 mode: if use_permissions { r.mode } else { 0o755 },
-                replace: true,
+                replace: l.is_some(),
             }),
-            (RemoteKind::File { digest }, None) => writes.push(Action::Write {
+            (RemoteKind::File { digest }, None) => c.writes.push(Action::Write {
                 rel: rel.clone(),
                 digest: *digest,
                 mode: if use_permissions { r.mode } else { 0o644 },
                 change: ChangeKind::Created,
                 replace_dir: false,
             }),
-            (RemoteKind::File { digest }, Some(kind)) => {
-                let l = l.expect("matched Some");
-                let same = kind == LocalKind::File && l.sha256 == Some(*digest);
-                if same {
-                    if use_permissions && l.mode != r.mode {
-                        chmods.push(Action::Chmod {
-                            rel: rel.clone(),
-                            mode: r.mode,
-                        });
-                    } else {
-                        p.unchanged += 1;
-                    }
-                } else {
-                    let mode = match (use_permissions, kind) {
-                        (true, _) => r.mode,
-                        (false, LocalKind::File) => l.mode,
-                        (false, _) => 0o644,
-                    };
-                    if kind == LocalKind::Dir {
-                        replaced.push(rel);
-                    }
-                    writes.push(Action::Write {
-                        rel: rel.clone(),
-                        digest: *digest,
-                        mode,
-                        change: ChangeKind::Updated,
-                        replace_dir: kind == LocalKind::Dir,
-                    });
+            (RemoteKind::File { digest }, Some(l))
+                if l.kind == LocalKind::File && l.sha256 == Some(*digest) =>
+            {
+                chmod(&mut c, l.mode)
+            }
+            (RemoteKind::File { digest }, Some(l)) => {
+                let mode = match (use_permissions, l.kind) {
+                    (true, _) => r.mode,
+                    (false, LocalKind::File) => l.mode,
+                    (false, _) => 0o644,
+                };
+                let replace_dir = l.kind == LocalKind::Dir;
+                if replace_dir {
+                    c.replaced.push(rel);
                 }
+                c.writes.push(Action::Write {
+                    rel: rel.clone(),
+                    digest: *digest,
+                    mode,
+                    change: ChangeKind::Updated,
+                    replace_dir,
+                });
             }
         }
     }
+    c
+}
+
+/// What goes away, deepest first: the topmost local entries the listing
+/// lacks (below a local symlink nothing was scanned; below a removed or
+/// replaced directory the subtree goes with it), then the topmost strays
+/// not below one of those.
+fn removals(remote: &RemoteTree, local: &LocalTree, replaced: &[&RelPath]) -> Vec<Action> {
     // Local paths that go with their whole subtree: the replaced ones and
     // the removals planned so far. One set lookup per ancestor keeps
     // planning linear in the entries (a scan of the removals planned so
     // far made 8,000 sibling purges cost seconds). Parents sort before
     // their children, so a directory is decided before what is below it.
     let mut gone: HashSet<&str> = replaced.iter().map(|r| r.as_str()).collect();
+    let mut removes = Vec::new();
     let mut listed = remote.entries.keys().peekable();
     for (rel, l) in &local.entries {
         probe();
@@ -275,8 +305,6 @@ pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Pl
             probe();
             gone.contains(a)
         });
-        // Below a local symlink nothing was scanned; below a removed or
-        // replaced directory the subtree goes with it.
         if covered {
             continue;
         }
@@ -297,11 +325,7 @@ pub fn plan(remote: &RemoteTree, local: &LocalTree, use_permissions: bool) -> Pl
         }
     }
     removes.reverse();
-    p.actions.extend(mkdirs);
-    p.actions.extend(writes);
-    p.actions.extend(chmods);
-    p.actions.extend(removes);
-    p
+    removes
 }
 
 /// The removal guard's floor: a destination holding fewer files than this
