@@ -1,6 +1,6 @@
 //! ARCHITECTURE.md stays true: every module of `common`, `master` and
-//! `agent` is named in its crate's section, and so is every e2e module in
-//! "Tests"; every arrow its diagrams draw (`a.rs ─► b.rs`: `a` imports `b`)
+//! `agent` is named in its crate's section, and so is every module of
+//! `tests/src` and `tests/e2e` in "Tests"; every arrow its diagrams draw (`a.rs ─► b.rs`: `a` imports `b`)
 //! is an import in the code, every import between two modules of a crate is
 //! drawn, no modules of one crate import each other, directly or through
 //! others (strongly connected components of the import graph), and the
@@ -419,14 +419,29 @@ fn file_of(g: &Graph, m: &str) -> String {
     }
 }
 
-/// The e2e modules (`tests/e2e/<name>.rs`, not `main.rs`) that `section`
-/// names neither as `` `name` `` nor as `name.rs`.
+/// The test modules (`agent_sync`, `architecture/sizes`, `pki`) that
+/// `section` names neither as `` `name` `` nor as `` `name.rs` ``.
 fn unnamed_e2e(names: &[String], section: &str) -> Vec<String> {
     names
         .iter()
-        .filter(|n| !section.contains(&format!("`{n}`")) && !section.contains(&format!("{n}.rs")))
+        .filter(|n| !section.contains(&format!("`{n}`")) && !section.contains(&format!("`{n}.rs`")))
         .cloned()
         .collect()
+}
+
+/// The modules of the test crate under `dir` (`tests/e2e`, `tests/src`),
+/// as paths without `.rs` (`master_rollout/stock`), its root (`main.rs`,
+/// `lib.rs`) left out.
+fn test_modules(dir: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    sources(dir, dir, &mut files);
+    let mut names: Vec<String> = files
+        .iter()
+        .map(|f| f.with_extension("").to_string_lossy().into_owned())
+        .filter(|n| n != "main" && n != "lib")
+        .collect();
+    names.sort();
+    names
 }
 
 fn architecture_md() -> String {
@@ -492,21 +507,20 @@ fn every_import_between_modules_of_a_crate_is_drawn() {
 }
 
 #[test]
-fn architecture_md_names_every_e2e_module() {
-    let dir = repo_root().join("tests/e2e");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
-        .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
-        .filter(|n| n != "main")
-        .collect();
-    names.sort();
+fn architecture_md_names_every_test_module() {
     let doc = architecture_md();
-    let missing = unnamed_e2e(&names, section(&doc, "Tests"));
+    let mut missing = Vec::new();
+    for dir in ["tests/e2e", "tests/src"] {
+        let names = test_modules(&repo_root().join(dir));
+        missing.extend(
+            unnamed_e2e(&names, section(&doc, "Tests"))
+                .into_iter()
+                .map(|n| format!("{dir}/{n}.rs")),
+        );
+    }
     assert!(
         missing.is_empty(),
-        "e2e modules ARCHITECTURE.md's \"Tests\" does not name: {missing:?}"
+        "test modules ARCHITECTURE.md's \"Tests\" does not name: {missing:?}"
     );
 }
 
@@ -566,6 +580,16 @@ fn the_checker_finds_an_unnamed_module() {
     let names = vec!["agent_sync".to_owned(), "logs".to_owned()];
     let doc = "## Tests\n`agent_sync` …\n## Other\n`logs`\n";
     assert_eq!(unnamed_e2e(&names, section(doc, "Tests")), vec!["logs"]);
+    let names = vec![
+        "client".to_owned(),
+        "master_rollout/stock".to_owned(),
+        "architecture/sizes".to_owned(),
+    ];
+    let doc = "## Tests\n`puppet_client.rs`, `master_rollout/stock.rs`, `sizes.rs`\n";
+    assert_eq!(
+        unnamed_e2e(&names, section(doc, "Tests")),
+        vec!["client", "architecture/sizes"]
+    );
 }
 
 #[test]
