@@ -19,7 +19,7 @@
 //! checksum. Files are replaced atomically but not fsynced
 //! ([`pluginsync_common::fsutil::replace_atomic`]): a cache lost in a crash
 //! costs one slower run, while two fsyncs per file cost every changed run
-//! (BENCHMARKS.md).
+//! (docs/internals.md#caches-without-fsync).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -363,7 +363,8 @@ const STAT_MAGIC: &[u8] = b"pluginsync-stat 1\n";
 /// size, mtime, ctime, inode and device (8 bytes each) and the sha256,
 /// all little-endian; then the sha256 of everything before it. A binary
 /// file, not JSON: a 1 % run reads and writes the stat cache of every
-/// file, and JSON cost ~10 ms of it on 3,000 files (BENCHMARKS.md).
+/// file, and JSON cost ~10 ms of it on 3,000 files
+/// (docs/internals.md#the-scans-queue-and-binary-records).
 pub fn encode_stat_cache(files: &HashMap<String, (FileSig, Sha256)>) -> Vec<u8> {
     let mut out = StatEncoder::new(files.len());
     for (path, (sig, sha)) in files {

@@ -247,7 +247,7 @@ pub fn scan(dest: &Path, ignore: &IgnoreSet) -> Result<LocalTree, ScanError> {
     // Every directory is one job of a queue that a few threads share:
     // a Puppet libdir has one big top-level directory (`puppet/`), so
     // splitting by top-level entries left one thread doing two thirds
-    // of the work (BENCHMARKS.md#the-scan).
+    // of the work (docs/internals.md#the-scans-queue-and-binary-records).
     let walk = Walk {
         state: std::sync::Mutex::new(WalkState {
             jobs: vec![Job {

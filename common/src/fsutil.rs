@@ -55,7 +55,7 @@
 //! up to a few hundred files and never waits for another process's
 //! gigabytes; above a few hundred, on a quiet disk, `syncfs` is cheaper
 //! and the change is large anyway (an initial sync). The busy-node figures
-//! of whole runs are in BENCHMARKS.md (the bench's busy-node scenario).
+//! of whole runs come from the bench's busy-node scenario (`bench/busy.py`).
 //!
 //! **Quiet machines.** Without a journal (ext4 as this project's bench
 //! machine mounts its root), every `fsync` flushes the device's cache on

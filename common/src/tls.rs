@@ -70,7 +70,7 @@ pub fn install_default_provider() {
 /// SHA extensions. With it first, every handshake between our agent and our
 /// master (the client's order decides; the master keeps rustls' default
 /// of honouring it, so a stock agent gets the suite it prefers) costs the
-/// master less CPU per run (BENCHMARKS.md#fleet-figures-fleet-benchfleetpy). The
+/// master less CPU per run (docs/internals.md#sha-256-suites-first). The
 /// set of suites is unchanged: AES-128-GCM is one of TLS 1.3's mandatory
 /// suites, and every suite of ring's default stays on offer.
 fn cheap_first(mut provider: CryptoProvider) -> CryptoProvider {

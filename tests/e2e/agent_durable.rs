@@ -1,5 +1,5 @@
 //! What the agent makes durable, and how
-//! (BENCHMARKS.md#busy-node-busy-benchbusypy; `agent/src/stage.rs`,
+//! (docs/internals.md#caches-without-fsync; `agent/src/stage.rs`,
 //! `agent/src/commit.rs`, `common/src/fsutil.rs`): the real agent binary under
 //! `strace -f -y -e trace=syncfs,fsync,fdatasync` against a real master,
 //! each sync call read back with the path of its descriptor.

@@ -741,8 +741,8 @@ fn mib(size: &str) -> Option<u64> {
 /// Both packaged units cap memory and tasks with finite values, so
 /// neither binary can take the host, and the caps leave room for what the
 /// binaries legitimately hold (docs/operating.md#memory-and-tasks): the
-/// master at least twice the 256 MiB its 100 environments are held to in
-/// BENCHMARKS.md, and more tasks than tokio's blocking pool (512) with its
+/// master at least twice the 256 MiB its 100 environments are held to by
+/// the bench (`bench/envs.py`), and more tasks than tokio's blocking pool (512) with its
 /// workers; the agent at least twice the largest listing it accepts
 /// (`MAX_LISTING_BYTES`, parsed beside its JSON). `packaging/test-install.sh`
 /// checks the installed units too.

@@ -346,7 +346,7 @@ impl GenState {
     /// paths after their u16 length), then the sha256 of all of it, so a
     /// cut or torn file is none. Binary, not text: it is written at every
     /// switch and read at the next change, 3,600 entries on the bench
-    /// tree (BENCHMARKS.md#the-scan). `None` for what it cannot hold (a
+    /// tree (docs/internals.md#the-scans-queue-and-binary-records). `None` for what it cannot hold (a
     /// name no listing can hold, something neither file, directory nor
     /// symlink, an ignored name).
     pub fn encode(&self) -> Option<Vec<u8>> {
@@ -458,7 +458,8 @@ fn sweep(dests: &[PathBuf]) {
 /// can be written straight to its place there instead of into a staging
 /// directory and renamed in one by one: on a first sync of thousands of
 /// files, the renames and the staging directory's size were a third of
-/// the time after the downloads (BENCHMARKS.md#the-first-sync-fills-its-standby).
+/// the time after the downloads
+/// (docs/internals.md#blobs-gathered-downloads-into-the-standby).
 /// [`super::prepare`] is then called with [`super::Staged::in_standby`].
 pub fn fresh_standby(dest: &Path, local: &LocalTree, keep: usize) -> Option<PathBuf> {
     if !local.entries.is_empty() || !local.strays.is_empty() || local.ignored {

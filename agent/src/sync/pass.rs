@@ -23,7 +23,7 @@ use crate::settings::Settings;
 
 /// A destination's scan and its digest, started before the master is asked
 /// (`Run::plan_all`): the walk needs nothing from the network, so it runs
-/// while the master answers (BENCHMARKS.md#the-switch-made-cheaper).
+/// while the master answers (docs/internals.md#the-scan-beside-the-masters-answer).
 pub(super) type Scanning = tokio::task::JoinHandle<Result<(LocalTree, Sha256), ScanError>>;
 
 /// Starts the scan of every destination: walked while the client is set

@@ -207,7 +207,7 @@ fn wanted_digests(req: &Parts) -> Result<Vec<Sha256>, ApiError> {
 /// Frames are gathered into buffers of about this size before they are
 /// handed to the connection: a plugin file is a few KiB, and one message,
 /// one HTTP/2 DATA frame and one TLS record per file (and per header) cost
-/// both ends more than the bytes (BENCHMARKS.md#the-first-sync-fills-its-standby).
+/// both ends more than the bytes (docs/internals.md#blobs-gathered-downloads-into-the-standby).
 const GATHER: usize = 64 * 1024;
 
 /// Sends the frames of `items` in order on `tx` (blocking: run it on the
