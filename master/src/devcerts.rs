@@ -209,10 +209,11 @@ fn serial_for(name: &str) -> SerialNumber {
     SerialNumber::from_slice(&bytes)
 }
 
-fn ca_params() -> CertificateParams {
+/// The parameters of a CA certificate named `common_name`: the
+/// development CA's, and an intermediate CA's a test signs with it.
+pub fn ca_params(common_name: &str) -> CertificateParams {
     let mut p = CertificateParams::default();
-    p.distinguished_name
-        .push(DnType::CommonName, "pluginsync development CA");
+    p.distinguished_name.push(DnType::CommonName, common_name);
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     p.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
@@ -284,7 +285,7 @@ fn dns_name(name: &str) -> Result<rcgen::string::Ia5String, DevCertsError> {
 }
 
 /// The development CA of an ssldir and what it signs there.
-struct Ca {
+pub struct Ca {
     /// The ssldir.
     dir: PathBuf,
     /// `certs/ca.pem`.
@@ -299,43 +300,59 @@ impl Ca {
     fn load_or_make(dir: &Path, now: OffsetDateTime) -> Result<Ca, DevCertsError> {
         let cert = dir.join("certs/ca.pem");
         let key_path = dir.join("ca/ca_key.pem");
+        if cert.exists() && key_path.exists() {
+            return Ca::open(dir);
+        }
+        let key =
+            KeyPair::generate().map_err(|source| DevCertsError::Key { name: None, source })?;
+        let mut params = ca_params("pluginsync development CA");
+        params.not_before = now - Duration::days(1);
+        params.not_after = now + Duration::days(3650);
+        params.serial_number = Some(serial_for("ca"));
+        let ca = params
+            .self_signed(&key)
+            .map_err(|source| DevCertsError::Sign { name: None, source })?;
+        write(&key_path, &key.serialize_pem(), true)?;
+        write(&cert, &ca.pem(), false)?;
+        let issuer = Issuer::new(params, key);
+        Ok(Ca {
+            dir: dir.to_owned(),
+            cert,
+            issuer,
+        })
+    }
+
+    /// The CA already in `dir` (`certs/ca.pem` and `ca/ca_key.pem`).
+    pub fn open(dir: &Path) -> Result<Ca, DevCertsError> {
+        let cert = dir.join("certs/ca.pem");
+        let key_path = dir.join("ca/ca_key.pem");
         let read = |path: &Path| {
             std::fs::read_to_string(path).map_err(|source| DevCertsError::Read {
                 path: path.to_owned(),
                 source,
             })
         };
-        let issuer = if cert.exists() && key_path.exists() {
-            let key =
-                KeyPair::from_pem(&read(&key_path)?).map_err(|source| DevCertsError::NotAKey {
-                    path: key_path.clone(),
-                    source,
-                })?;
-            Issuer::from_ca_cert_pem(&read(&cert)?, key).map_err(|source| {
-                DevCertsError::NotACa {
-                    path: cert.clone(),
-                    source,
-                }
-            })?
-        } else {
-            let key =
-                KeyPair::generate().map_err(|source| DevCertsError::Key { name: None, source })?;
-            let mut params = ca_params();
-            params.not_before = now - Duration::days(1);
-            params.not_after = now + Duration::days(3650);
-            params.serial_number = Some(serial_for("ca"));
-            let ca = params
-                .self_signed(&key)
-                .map_err(|source| DevCertsError::Sign { name: None, source })?;
-            write(&key_path, &key.serialize_pem(), true)?;
-            write(&cert, &ca.pem(), false)?;
-            Issuer::new(params, key)
-        };
+        let key =
+            KeyPair::from_pem(&read(&key_path)?).map_err(|source| DevCertsError::NotAKey {
+                path: key_path.clone(),
+                source,
+            })?;
+        let issuer = Issuer::from_ca_cert_pem(&read(&cert)?, key).map_err(|source| {
+            DevCertsError::NotACa {
+                path: cert.clone(),
+                source,
+            }
+        })?;
         Ok(Ca {
             dir: dir.to_owned(),
             cert,
             issuer,
         })
+    }
+
+    /// The CA's certificate and key, to sign with.
+    pub fn issuer(&self) -> &Issuer<'static, KeyPair> {
+        &self.issuer
     }
 
     /// Issues a server-and-client certificate for `name` with `sans`,
@@ -393,48 +410,75 @@ impl Ca {
         now: OffsetDateTime,
         days: u32,
     ) -> Result<PathBuf, DevCertsError> {
-        let mut revoked = Vec::new();
-        for name in revoke {
-            let path = self.dir.join(format!("certs/{name}.pem"));
-            let pem = std::fs::read(&path).map_err(|source| DevCertsError::NothingToRevoke {
-                name: name.clone(),
-                path: path.clone(),
-                source,
-            })?;
-            let (_, pem) =
-                x509_parser::pem::parse_x509_pem(&pem).map_err(|source| DevCertsError::NotPem {
-                    path: path.clone(),
-                    source,
-                })?;
-            let cert = pem.parse_x509().map_err(|source| DevCertsError::NotX509 {
-                path: path.clone(),
-                source,
-            })?;
-            revoked.push(RevokedCertParams {
-                serial_number: SerialNumber::from_slice(cert.raw_serial()),
+        let serials = revoke
+            .iter()
+            .map(|name| {
+                serial_of(&self.dir.join(format!("certs/{name}.pem"))).map_err(|e| match e {
+                    DevCertsError::Read { path, source } => DevCertsError::NothingToRevoke {
+                        name: name.clone(),
+                        path,
+                        source,
+                    },
+                    e => e,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let crl = crl_pem(&self.issuer, &serials, now, days)?;
+        let crl_path = self.dir.join("crl.pem");
+        write(&crl_path, &crl, false)?;
+        Ok(crl_path)
+    }
+}
+
+/// The serial number (big-endian bytes) of the certificate in the PEM
+/// file `path`.
+pub fn serial_of(path: &Path) -> Result<Vec<u8>, DevCertsError> {
+    let pem = std::fs::read(path).map_err(|source| DevCertsError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let (_, pem) =
+        x509_parser::pem::parse_x509_pem(&pem).map_err(|source| DevCertsError::NotPem {
+            path: path.to_owned(),
+            source,
+        })?;
+    let cert = pem.parse_x509().map_err(|source| DevCertsError::NotX509 {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(cert.raw_serial().to_vec())
+}
+
+/// A CRL signed by `issuer` listing the certificates of `serials` (revoked
+/// a minute before `now`), valid from five minutes before `now` for
+/// `days`, as PEM: the development CA's `crl.pem`, and a test's CRL of it
+/// or of an intermediate CA.
+pub fn crl_pem(
+    issuer: &Issuer<'_, KeyPair>,
+    serials: &[Vec<u8>],
+    now: OffsetDateTime,
+    days: u32,
+) -> Result<String, DevCertsError> {
+    CertificateRevocationListParams {
+        this_update: now - Duration::minutes(5),
+        next_update: now + Duration::days(i64::from(days.max(1))),
+        crl_number: SerialNumber::from(now.unix_timestamp().max(1) as u64),
+        issuing_distribution_point: None,
+        revoked_certs: serials
+            .iter()
+            .map(|s| RevokedCertParams {
+                serial_number: SerialNumber::from_slice(s),
                 revocation_time: now - Duration::minutes(1),
                 reason_code: Some(RevocationReason::KeyCompromise),
                 invalidity_date: None,
-            });
-        }
-        let crl = CertificateRevocationListParams {
-            this_update: now - Duration::minutes(5),
-            next_update: now + Duration::days(i64::from(days.max(1))),
-            crl_number: SerialNumber::from(now.unix_timestamp().max(1) as u64),
-            issuing_distribution_point: None,
-            revoked_certs: revoked,
-            key_identifier_method: KeyIdMethod::Sha256,
-        }
-        .signed_by(&self.issuer)
-        .map_err(DevCertsError::SignCrl)?;
-        let crl_path = self.dir.join("crl.pem");
-        write(
-            &crl_path,
-            &crl.pem().map_err(DevCertsError::EncodeCrl)?,
-            false,
-        )?;
-        Ok(crl_path)
+            })
+            .collect(),
+        key_identifier_method: KeyIdMethod::Sha256,
     }
+    .signed_by(issuer)
+    .map_err(DevCertsError::SignCrl)?
+    .pem()
+    .map_err(DevCertsError::EncodeCrl)
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 //! reaches ([`ChildMaster`]); TLS connections that stay open
 //! ([`tls_config`], [`tls_connect`]); HTTP/1.1 keep-alive requests on them
 //! ([`h1_get`]); a minimal HTTP/2 client that never opens a flow-control
-//! window ([`H2`]); and CRLs and an intermediate CA made with rcgen
-//! ([`write_root_crl`], [`ChainedClient`]).
+//! window ([`H2`]); and CRLs and certificates of the PKI's CA, signed
+//! through `dev-certs`' own CA code ([`devcerts::Ca`]: [`write_root_crl`],
+//! [`ChainedClient`], an intermediate CA).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -13,10 +14,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use pluginsync_master::devcerts;
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType,
-    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose, RevocationReason,
-    RevokedCertParams, SerialNumber,
+    CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose,
+    SerialNumber,
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -480,82 +481,23 @@ fn hpack_string(out: &mut Vec<u8>, s: &[u8]) {
     out.extend_from_slice(s);
 }
 
-/// The serial number (big-endian bytes) of a DER certificate.
-pub fn serial_of(der: &[u8]) -> Vec<u8> {
-    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version
-    // OPTIONAL, serialNumber INTEGER, … } … }
-    fn header(d: &[u8]) -> (u8, usize, usize) {
-        let tag = d[0];
-        let (len, hl) = if d[1] < 0x80 {
-            (usize::from(d[1]), 2)
-        } else {
-            let n = usize::from(d[1] & 0x7f);
-            let len = d[2..2 + n]
-                .iter()
-                .fold(0usize, |a, b| (a << 8) | usize::from(*b));
-            (len, 2 + n)
-        };
-        (tag, hl, len)
-    }
-    let (_, hl, _) = header(der);
-    let tbs = &der[hl..];
-    let (_, hl, _) = header(tbs);
-    let mut inner = &tbs[hl..];
-    let (tag, hl, len) = header(inner);
-    if tag == 0xa0 {
-        inner = &inner[hl + len..];
-    }
-    let (_, hl, len) = header(inner);
-    inner[hl..hl + len].to_vec()
+/// The PKI's CA (`dev-certs`' own, [`devcerts::Ca`]).
+fn ca(pki: &Pki) -> devcerts::Ca {
+    devcerts::Ca::open(&pki.ssldir).expect("the PKI's CA")
 }
 
-fn ca_issuer(pki: &Pki) -> Issuer<'static, KeyPair> {
-    let key = KeyPair::from_pem(
-        &std::fs::read_to_string(pki.ssldir.join("ca/ca_key.pem")).expect("CA key"),
-    )
-    .expect("CA key");
-    Issuer::from_ca_cert_pem(&std::fs::read_to_string(pki.ca()).expect("CA"), key).expect("CA")
-}
-
-/// A CRL signed by `issuer` listing `serials`, as PEM.
+/// A CRL of `issuer` listing `serials`, as `dev-certs` writes one.
 fn crl_pem(issuer: &Issuer<'_, KeyPair>, serials: &[Vec<u8>]) -> String {
-    CertificateRevocationListParams {
-        this_update: rcgen::date_time_ymd(2020, 1, 1),
-        next_update: rcgen::date_time_ymd(2090, 1, 1),
-        crl_number: SerialNumber::from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs(),
-        ),
-        issuing_distribution_point: None,
-        revoked_certs: serials
-            .iter()
-            .map(|s| RevokedCertParams {
-                serial_number: SerialNumber::from_slice(s),
-                revocation_time: rcgen::date_time_ymd(2021, 1, 1),
-                reason_code: Some(RevocationReason::KeyCompromise),
-                invalidity_date: None,
-            })
-            .collect(),
-        key_identifier_method: KeyIdMethod::Sha256,
-    }
-    .signed_by(issuer)
-    .expect("sign CRL")
-    .pem()
-    .expect("CRL PEM")
+    devcerts::crl_pem(issuer, serials, time::OffsetDateTime::now_utc(), 400).expect("CRL")
 }
 
 /// Rewrites the PKI's `crl.pem`: the CA's CRL listing `certnames`.
 pub fn write_root_crl(pki: &Pki, certnames: &[&str]) {
     let serials: Vec<Vec<u8>> = certnames
         .iter()
-        .map(|n| {
-            let certs = pluginsync_common::tls::load_certs("cert", &pki.cert(n)).expect("cert");
-            serial_of(&certs[0])
-        })
+        .map(|n| devcerts::serial_of(&pki.cert(n)).expect("serial"))
         .collect();
-    std::fs::write(pki.crl(), crl_pem(&ca_issuer(pki), &serials)).expect("write CRL");
+    std::fs::write(pki.crl(), crl_pem(ca(pki).issuer(), &serials)).expect("write CRL");
 }
 
 /// A client certificate issued by an intermediate CA that the PKI's CA
@@ -576,22 +518,15 @@ impl ChainedClient {
     /// A new intermediate CA under the PKI's CA and a client certificate
     /// `certname` issued by it.
     pub fn new(pki: &Pki, certname: &str) -> ChainedClient {
-        let root = ca_issuer(pki);
+        let root = ca(pki);
         let int_key = KeyPair::generate().expect("key");
-        let mut p = CertificateParams::default();
-        p.distinguished_name
-            .push(DnType::CommonName, "pluginsync test intermediate CA");
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        p.key_identifier_method = KeyIdMethod::Sha256;
+        let mut p = devcerts::ca_params("pluginsync test intermediate CA");
         p.use_authority_key_identifier_extension = true;
         let intermediate_serial = vec![0x2a, 0x17, 0x06];
         p.serial_number = Some(SerialNumber::from_slice(&intermediate_serial));
-        let int_cert = p.signed_by(&int_key, &root).expect("sign intermediate");
+        let int_cert = p
+            .signed_by(&int_key, root.issuer())
+            .expect("sign intermediate");
         let intermediate = Issuer::new(p, int_key);
 
         let leaf_key = KeyPair::generate().expect("key");
@@ -630,7 +565,7 @@ impl ChainedClient {
         };
         let bundle = format!(
             "{}{}",
-            crl_pem(&ca_issuer(pki), &root_revoked),
+            crl_pem(ca(pki).issuer(), &root_revoked),
             crl_pem(&self.intermediate, &[])
         );
         std::fs::write(path, bundle).expect("write CRL bundle");
@@ -669,7 +604,7 @@ fn issue(
     name: &str,
     dir: &Path,
 ) -> (std::path::PathBuf, std::path::PathBuf) {
-    let cert = params.signed_by(key, &ca_issuer(pki)).expect("sign");
+    let cert = params.signed_by(key, ca(pki).issuer()).expect("sign");
     let (c, k) = (
         dir.join(format!("{name}.pem")),
         dir.join(format!("{name}.key")),
