@@ -13,7 +13,7 @@
 # --if-none-match auto` for 5 s and reads the master's CPU time from
 # /proc/PID/stat. Prints one line per run: binary, requests, req/s, µs of
 # master CPU per request. The rate depends on what else the machine runs; the
-# CPU per request much less (BENCHMARKS.md, the renovation's A/B).
+# CPU per request much less (BENCHMARKS.md#targets-and-the-latest-figures).
 set -euo pipefail
 [ $# -ge 3 ] || { sed -n '2,16p' "$0"; exit 64; }
 work=$1; rounds=$2; shift 2

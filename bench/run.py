@@ -50,7 +50,7 @@ from common import (LISTING_QUERY, LOAD, MASTER, ROOT, agent_config, fmt_s, free
 
 SCENARIOS = ["speed", "load", "busy", "fleet", "big", "envs", "cache"]
 DEFAULT = [s for s in SCENARIOS if s != "cache"]  # the cache's figure is asked for by name
-TARGETS = {  # scenario -> ratio to rsync (BENCHMARKS.md, the latest table)
+TARGETS = {  # scenario -> ratio to rsync (BENCHMARKS.md#targets-and-the-latest-figures)
     "initial": 1.0,
     "noop": 0.3,
     "1%": 0.5,
