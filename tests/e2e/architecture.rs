@@ -595,11 +595,11 @@ fn the_checker_finds_an_unnamed_module() {
 #[test]
 fn the_checker_reads_imports_as_written() {
     let code = code_of(
-        "use crate::{a, b::C};\nuse crate::c::d;\n// use crate::e;\nfn f() { crate::g::h(); super::i(); }\n#[cfg(test)]\nuse crate::j;\n",
+        "use crate::{a, b::C};\nuse crate::c::d;\n// use crate::e;\nfn f() { crate::g::h(); super::i(); }\n#[cfg(test)]\nuse crate::j;\n#[cfg(test)]\nmod tests {\n    use crate::l;\n}\nuse crate::k;\n",
     );
     assert_eq!(
         paths_after(&code, "crate::"),
-        vec!["a", "b::C", "c::d", "g::h"]
+        vec!["a", "b::C", "c::d", "g::h", "k"]
     );
     assert_eq!(paths_after(&code, "super::"), vec!["i"]);
     let found = arrows("## Agent\n```\nmain.rs ─► sync.rs ─► client.rs, scan.rs\n```\n");
