@@ -12,22 +12,26 @@ const UPPER: &[u8; 16] = b"0123456789ABCDEF";
 /// Lowercase hex of `bytes`.
 pub fn encode(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 2);
-    push(&mut out, bytes);
+    put(&mut out, bytes, LOWER);
     out
 }
 
 /// Lowercase hex of `bytes`, appended to `out`.
 pub fn push(out: &mut String, bytes: &[u8]) {
-    push_with(out, bytes, LOWER);
+    out.reserve(bytes.len() * 2);
+    put(out, bytes, LOWER);
 }
 
 /// Uppercase hex of `bytes`, appended to `out`.
 pub fn push_upper(out: &mut String, bytes: &[u8]) {
-    push_with(out, bytes, UPPER);
+    out.reserve(bytes.len() * 2);
+    put(out, bytes, UPPER);
 }
 
-fn push_with(out: &mut String, bytes: &[u8], digits: &[u8; 16]) {
-    out.reserve(bytes.len() * 2);
+/// Two digits of `digits` per byte, appended to `out` (room already
+/// made).
+#[inline]
+fn put(out: &mut String, bytes: &[u8], digits: &[u8; 16]) {
     for b in bytes {
         out.push(char::from(digits[usize::from(b >> 4)]));
         out.push(char::from(digits[usize::from(b & 15)]));
