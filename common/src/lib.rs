@@ -28,6 +28,7 @@ pub mod hex;
 pub mod ignore;
 pub mod logging;
 pub mod metadata;
+pub mod mutex;
 pub mod protocol;
 pub mod relpath;
 pub mod rollout;

@@ -174,11 +174,13 @@ fn from_store(
 
 /// The environment's tree as it is now, indexed and hashed.
 fn from_tree(config: &MasterConfig, env: &EnvName, out: &Path) -> Result<Written, BundleFailure> {
-    let dir = environments::find_environment(config, env)
+    let layout = config.layout();
+    let dir = environments::find_environment(&layout, env)
         .ok_or_else(|| BundleFailure::UnknownEnvironment(env.to_string()))?;
     let hashed = std::sync::atomic::AtomicU64::new(0);
     let idx = EnvIndex::build(
-        config,
+        &layout,
+        &config.index,
         env.clone(),
         dir,
         None,

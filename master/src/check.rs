@@ -103,12 +103,20 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
         writeln!(out, "warning: {e}")?;
         warnings += 1;
     }
-    let envs = environments::list_environments(config);
+    let layout = config.layout();
+    let envs = environments::list_environments(&layout);
     if envs.is_empty() {
         writeln!(out, "warning: no environment found on the environmentpath")?;
     }
     for (name, dir) in envs {
-        let mut idx = EnvIndex::build(config, name.clone(), dir.clone(), None, Hashing::Skip);
+        let mut idx = EnvIndex::build(
+            &layout,
+            &config.index,
+            name.clone(),
+            dir.clone(),
+            None,
+            Hashing::Skip,
+        );
         idx.unreadable.extend(unopenable(&idx));
         let modules: Vec<&str> = idx.modules.iter().map(|m| m.name.as_str()).collect();
         writeln!(out, "environment {name} ({})", dir.display())?;
@@ -193,7 +201,7 @@ fn store_writable(dir: &Path) -> std::io::Result<()> {
 /// with the modules found there, then its warnings; returns how many
 /// warnings it printed.
 fn modulepath(config: &MasterConfig, dir: &Path, out: &mut impl Write) -> std::io::Result<usize> {
-    let mp = environments::resolve(config, dir);
+    let mp = environments::resolve(&config.layout(), dir);
     let scan = environments::scan(&mp);
     match &mp.conf {
         Some(conf) => writeln!(out, "  environment.conf: {}", conf.display())?,

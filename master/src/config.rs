@@ -15,6 +15,8 @@ use pluginsync_common::config::{ConfigFile, RelativeTo};
 use serde::Deserialize;
 
 use crate::auth;
+use crate::tls::ClientAuth;
+pub use crate::tls::{DEFAULT_EXPIRY_WARNING, TlsConfig};
 
 /// The default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/master.toml";
@@ -40,7 +42,7 @@ pub struct MasterConfig {
     pub http: HttpConfig,
     /// Index refresh.
     #[serde(default)]
-    pub index: IndexConfig,
+    pub index: crate::index::Settings,
     /// Which client certnames may read which environments; empty = any
     /// authenticated client may read every environment.
     #[serde(default)]
@@ -61,7 +63,7 @@ pub struct MasterConfig {
     /// The generations kept per environment and their content store
     /// (docs/deploys.md#generations).
     #[serde(default)]
-    pub generations: GenerationsConfig,
+    pub generations: crate::generations::Limits,
     /// Rollout policies (docs/rollouts.md).
     #[serde(default)]
     pub rollout: Vec<crate::rollout::RolloutRule>,
@@ -85,34 +87,6 @@ pub struct FleetConfig {
     /// `"0s"`: only at start.
     #[serde(with = "humantime_serde")]
     pub pull_interval: Duration,
-}
-
-/// `[generations]` (docs/deploys.md#generations).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct GenerationsConfig {
-    /// Generations kept per environment, the current one included.
-    pub keep: usize,
-    /// The store's directory; unset: a temporary one, removed on exit.
-    pub dir: Option<PathBuf>,
-    /// The store's bound in MiB: beyond it, the oldest non-current go.
-    pub max_mib: u64,
-    /// How long a stock Puppet agent stays on the generation its run began
-    /// with (docs/protocol.md §7.6); `"0s"` (the default): never pinned.
-    #[serde(with = "humantime_serde")]
-    pub pin: Duration,
-}
-
-impl Default for GenerationsConfig {
-    fn default() -> Self {
-        let pin = Duration::ZERO; // off: docs/protocol.md §7.6 says when to turn it on
-        GenerationsConfig {
-            keep: 5,
-            dir: None,
-            max_mib: 2048,
-            pin,
-        }
-    }
 }
 
 /// `[proxy]`: a second kind of listener, plain HTTP, for a balancer that
@@ -180,18 +154,6 @@ pub struct AdminConfig {
     pub peers: Vec<String>,
 }
 
-/// `index.publish`: what makes a changed tree served (docs/deploys.md#explicit-publishing).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Publish {
-    /// The watcher re-indexes on change (after `settle` during a deploy).
-    #[default]
-    Watch,
-    /// Only the admin API, `pluginsync-master reindex` or SIGHUP re-index;
-    /// the watcher never does (the periodic rescan neither).
-    Explicit,
-}
-
 /// `[log]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -210,64 +172,6 @@ pub struct MetricsConfig {
     /// or a management network.
     #[serde(default)]
     pub listen: Option<SocketAddr>,
-}
-
-/// `[tls]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    /// The server certificate chain (PEM).
-    pub cert: PathBuf,
-    /// The server private key (PEM).
-    pub key: PathBuf,
-    /// The CA bundle that client certificates must chain to (PEM).
-    pub ca: PathBuf,
-    /// Optional CRL bundle (PEM); revoked client certificates are refused.
-    #[serde(default)]
-    pub crl: Option<PathBuf>,
-    /// Whether clients must present a certificate.
-    #[serde(default)]
-    pub client_auth: ClientAuth,
-    /// Warn this long before the server certificate expires (`check`
-    /// prints it, `serve` logs it daily).
-    #[serde(default = "default_expiry_warning", with = "humantime_serde")]
-    pub cert_expiry_warning: Duration,
-}
-
-/// Default of `[tls] cert_expiry_warning`: 30 days.
-pub const DEFAULT_EXPIRY_WARNING: Duration = Duration::from_secs(30 * 24 * 3600);
-
-fn default_expiry_warning() -> Duration {
-    DEFAULT_EXPIRY_WARNING
-}
-
-/// `tls.client_auth`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ClientAuth {
-    /// The TLS handshake fails without a valid client certificate (the
-    /// load balancer's health check then needs one too).
-    Required,
-    /// Puppet Server's model: a certificate is asked for, not demanded; the
-    /// file endpoints answer 403 without one, `/status/v1/simple` works.
-    #[default]
-    Optional,
-    /// No client certificates at all: every client may read every
-    /// environment. Only for a master behind a TLS-terminating proxy that
-    /// does its own authentication.
-    None,
-}
-
-impl From<ClientAuth> for auth::Policy {
-    /// `required` and `optional` both mean "no certificate, no files";
-    /// `none` opens every environment to every client (docs/protocol.md
-    /// §5.1).
-    fn from(client_auth: ClientAuth) -> Self {
-        match client_auth {
-            ClientAuth::Required | ClientAuth::Optional => auth::Policy::Certificates,
-            ClientAuth::None => auth::Policy::Open,
-        }
-    }
 }
 
 /// `[http]`.
@@ -328,106 +232,17 @@ impl Default for HttpConfig {
     }
 }
 
-/// `[index]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct IndexConfig {
-    /// Watch the trees with inotify and re-index on change.
-    pub watch: bool,
-    /// Quiet time after the last change event before re-indexing.
-    #[serde(with = "humantime_serde")]
-    pub debounce: Duration,
-    /// A full re-scan (stat only; unchanged files are not re-hashed) at this
-    /// interval, as a backstop for missed events; `"0s"` disables it.
-    #[serde(with = "humantime_serde")]
-    pub rescan_interval: Duration,
-    /// Serialised listings kept per environment (distinct parameter sets).
-    pub cached_responses: usize,
-    /// Memory those listings may take per environment, in MiB (bodies plus
-    /// their gzipped copies); the oldest are dropped first.
-    pub cache_mib: usize,
-    /// Absolute path globs: a module directory, `lib/` or `facts.d/` whose
-    /// real path (or one of its ancestors) matches one is served even though
-    /// it is outside the code tree (the environment directory and the
-    /// `basemodulepath` entries, real paths). Empty: none is.
-    pub allow_external_roots: Vec<String>,
-    /// During a deploy (a directory of the environment removed, git at
-    /// work, or changes that never pause), the last complete index is kept
-    /// until the environment has been quiet this long (docs/deploys.md).
-    #[serde(with = "humantime_serde")]
-    pub settle: Duration,
-    /// A deploy that never settles is published after this long anyway.
-    #[serde(with = "humantime_serde")]
-    pub settle_max: Duration,
-    /// `"watch"` or `"explicit"`.
-    pub publish: Publish,
-    /// Environments indexed in the background after startup, one at a
-    /// time, in this order; `"*"` stands for every other one (by name).
-    /// The health check answers `starting` until the named ones are
-    /// indexed; any other environment is indexed on its first request
-    /// (docs/master.md#many-environments).
-    pub warm: Vec<String>,
-    /// An index not asked for in this long is dropped (its file digests
-    /// kept) and rebuilt on its next request; `"0s"`: never. Ignored under
-    /// `publish = "explicit"`.
-    #[serde(with = "humantime_serde")]
-    pub idle_drop: Duration,
-}
-
-impl Default for IndexConfig {
-    fn default() -> Self {
-        IndexConfig {
-            watch: true,
-            debounce: Duration::from_millis(200),
-            rescan_interval: Duration::from_secs(600),
-            cached_responses: 64,
-            cache_mib: 64,
-            allow_external_roots: Vec::new(),
-            settle: DEFAULT_SETTLE,
-            settle_max: DEFAULT_SETTLE_MAX,
-            publish: Publish::Watch,
-            warm: vec!["production".into(), "*".into()],
-            idle_drop: DEFAULT_IDLE_DROP,
+impl From<ClientAuth> for auth::Policy {
+    /// `required` and `optional` both mean "no certificate, no files";
+    /// `none` opens every environment to every client (docs/protocol.md
+    /// §5.1).
+    fn from(client_auth: ClientAuth) -> Self {
+        match client_auth {
+            ClientAuth::Required | ClientAuth::Optional => auth::Policy::Certificates,
+            ClientAuth::None => auth::Policy::Open,
         }
     }
 }
-
-impl IndexConfig {
-    /// `allow_external_roots`, compiled: `*` and `?` stay within one path
-    /// component; every pattern must be absolute.
-    pub fn external_roots(&self) -> Result<globset::GlobSet, ConfigError> {
-        let mut set = globset::GlobSetBuilder::new();
-        for pattern in &self.allow_external_roots {
-            if !pattern.starts_with('/') {
-                return Err(ConfigError::Invalid(format!(
-                    "index.allow_external_roots: '{pattern}' is not an absolute path"
-                )));
-            }
-            let glob = globset::GlobBuilder::new(pattern)
-                .literal_separator(true)
-                .build()
-                .map_err(|e| ConfigError::Invalid(format!("index.allow_external_roots: {e}")))?;
-            set.add(glob);
-        }
-        set.build()
-            .map_err(|e| ConfigError::Invalid(format!("index.allow_external_roots: {e}")))
-    }
-}
-
-/// Default of `index.settle`: longer than the pauses of a real r10k
-/// redeploy, where git or the Forge is fetching the next module and the
-/// tree is briefly silent (about 1–2 s per module, measured on r10k redeploys;
-/// docs/deploys.md), and
-/// short enough that a deploy is served seconds after it ends. r10k's
-/// `.r10k-deploy.json`, written when an environment's deploy is done, ends
-/// the wait at once.
-pub const DEFAULT_SETTLE: Duration = Duration::from_secs(5);
-/// Default of `index.idle_drop`: two agent runs at Puppet's default
-/// 30-minute interval; an environment no node asked for in that long is
-/// rebuilt (walk and stat, no unchanged file read) when one does.
-pub const DEFAULT_IDLE_DROP: Duration = Duration::from_secs(3600);
-/// Default of `index.settle_max`.
-pub const DEFAULT_SETTLE_MAX: Duration = Duration::from_secs(60);
 
 fn default_listen() -> Vec<String> {
     vec!["0.0.0.0:8140".to_owned()]
@@ -523,6 +338,25 @@ impl MasterConfig {
             ));
         }
         Ok(())
+    }
+
+    /// Where the environments and their modules are, as the environments
+    /// module reads it.
+    pub fn layout(&self) -> crate::environments::Layout {
+        crate::environments::Layout {
+            environmentpath: self.environmentpath.clone(),
+            basemodulepath: self.basemodulepath.clone(),
+            allow_external_roots: self.index.allow_external_roots.clone(),
+        }
+    }
+
+    /// What the store of indexes and generations reads of the config.
+    pub fn store_settings(&self) -> crate::store::Settings {
+        crate::store::Settings {
+            layout: self.layout(),
+            index: self.index.clone(),
+            generations: self.generations.clone(),
+        }
     }
 
     /// The listen addresses, parsed.
@@ -683,7 +517,7 @@ mod tests {
         };
         assert_eq!(
             c.index.rescan_interval,
-            IndexConfig::default().rescan_interval
+            crate::index::Settings::default().rescan_interval
         );
         // Every commented-out key in the example must be a real key: uncomment
         // them all and parse again.
@@ -708,7 +542,7 @@ mod tests {
     fn index_warm_names_environments_and_idle_drop_has_a_default() {
         let d = parse(MIN).unwrap();
         assert_eq!(d.index.warm, ["production", "*"]);
-        assert_eq!(d.index.idle_drop, DEFAULT_IDLE_DROP);
+        assert_eq!(d.index.idle_drop, crate::index::DEFAULT_IDLE_DROP);
         let c = parse(&format!(
             "{MIN}[index]\nwarm = [\"main\"]\nidle_drop = \"10m\"\n"
         ))

@@ -26,8 +26,44 @@ use std::path::{Path, PathBuf};
 
 use pluginsync_common::envname::EnvName;
 
-use crate::config::MasterConfig;
+use pluginsync_common::config::ConfigError;
+
 use crate::envconf;
+
+/// Where the environments and their modules are, as the config gives them
+/// (`environmentpath`, `basemodulepath`, `index.allow_external_roots`):
+/// `config.rs` makes it ([`MasterConfig::layout`](crate::config::MasterConfig::layout)),
+/// this module never reads the config file's types.
+#[derive(Debug, Clone, Default)]
+pub struct Layout {
+    /// Directories holding environments (`<dir>/<name>/modules/...`).
+    pub environmentpath: Vec<PathBuf>,
+    /// Module directories appended to every environment's modulepath.
+    pub basemodulepath: Vec<PathBuf>,
+    /// `index.allow_external_roots`: absolute path globs of roots served
+    /// outside the code tree.
+    pub allow_external_roots: Vec<String>,
+}
+
+/// `index.allow_external_roots` `patterns`, compiled: `*` and `?` stay
+/// within one path component; every pattern must be absolute.
+pub fn external_roots(patterns: &[String]) -> Result<globset::GlobSet, ConfigError> {
+    let mut set = globset::GlobSetBuilder::new();
+    for pattern in patterns {
+        if !pattern.starts_with('/') {
+            return Err(ConfigError::Invalid(format!(
+                "index.allow_external_roots: '{pattern}' is not an absolute path"
+            )));
+        }
+        let glob = globset::GlobBuilder::new(pattern)
+            .literal_separator(true)
+            .build()
+            .map_err(|e| ConfigError::Invalid(format!("index.allow_external_roots: {e}")))?;
+        set.add(glob);
+    }
+    set.build()
+        .map_err(|e| ConfigError::Invalid(format!("index.allow_external_roots: {e}")))
+}
 
 /// A module on the modulepath.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,7 +147,7 @@ pub struct Scan {
 }
 
 /// The directory of environment `name`, if one exists.
-pub fn find_environment(config: &MasterConfig, name: &EnvName) -> Option<PathBuf> {
+pub fn find_environment(config: &Layout, name: &EnvName) -> Option<PathBuf> {
     config
         .environmentpath
         .iter()
@@ -121,7 +157,7 @@ pub fn find_environment(config: &MasterConfig, name: &EnvName) -> Option<PathBuf
 
 /// Every environment on the environmentpath, sorted by name, first entry
 /// winning for duplicate names.
-pub fn list_environments(config: &MasterConfig) -> Vec<(EnvName, PathBuf)> {
+pub fn list_environments(config: &Layout) -> Vec<(EnvName, PathBuf)> {
     let mut found: Vec<(EnvName, PathBuf)> = Vec::new();
     for root in &config.environmentpath {
         let Ok(entries) = std::fs::read_dir(root) else {
@@ -151,7 +187,7 @@ pub fn list_environments(config: &MasterConfig) -> Vec<(EnvName, PathBuf)> {
 /// that finds the same problems (a refresh, a change elsewhere, an idle
 /// environment built again) does not repeat them; a new or changed one is
 /// logged, and a fixed one forgotten.
-pub fn modulepath(config: &MasterConfig, env_dir: &Path) -> Modulepath {
+pub fn modulepath(config: &Layout, env_dir: &Path) -> Modulepath {
     static WARNED: std::sync::Mutex<BTreeMap<PathBuf, Vec<String>>> =
         std::sync::Mutex::new(BTreeMap::new());
     let mp = resolve(config, env_dir);
@@ -169,7 +205,7 @@ pub fn modulepath(config: &MasterConfig, env_dir: &Path) -> Modulepath {
 }
 
 /// [`modulepath`] without logging (for `check`, which prints).
-pub fn resolve(config: &MasterConfig, env_dir: &Path) -> Modulepath {
+pub fn resolve(config: &Layout, env_dir: &Path) -> Modulepath {
     let env_name = env_dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -233,7 +269,7 @@ pub fn resolve(config: &MasterConfig, env_dir: &Path) -> Modulepath {
         .chain(config.basemodulepath.iter().map(PathBuf::as_path))
         .filter_map(|p| p.canonicalize().ok())
         .collect();
-    let allowed = config.index.external_roots().unwrap_or_else(|e| {
+    let allowed = external_roots(&config.allow_external_roots).unwrap_or_else(|e| {
         warnings.push(format!("{e}; no external root is allowed"));
         globset::GlobSet::empty()
     });
@@ -248,7 +284,7 @@ pub fn resolve(config: &MasterConfig, env_dir: &Path) -> Modulepath {
 }
 
 /// Puppet's modulepath without `environment.conf`.
-fn default_modulepath(config: &MasterConfig, env_dir: &Path) -> Vec<PathBuf> {
+fn default_modulepath(config: &Layout, env_dir: &Path) -> Vec<PathBuf> {
     std::iter::once(env_dir.join("modules"))
         .chain(config.basemodulepath.iter().cloned())
         .collect()
@@ -450,16 +486,12 @@ mod tests {
         }
     }
 
-    fn config(base: &[PathBuf], allow: &[&str]) -> MasterConfig {
-        MasterConfig::parse(
-            &format!(
-                "environmentpath = [\"/nonexistent\"]\nbasemodulepath = {base:?}\n\
-                 [tls]\ncert = \"c\"\nkey = \"k\"\nca = \"a\"\n\
-                 [index]\nallow_external_roots = {allow:?}\n"
-            ),
-            Path::new("/etc/pluginsync/master.toml"),
-        )
-        .unwrap()
+    fn config(base: &[PathBuf], allow: &[&str]) -> Layout {
+        Layout {
+            environmentpath: vec![PathBuf::from("/nonexistent")],
+            basemodulepath: base.to_vec(),
+            allow_external_roots: allow.iter().map(|a| a.to_string()).collect(),
+        }
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub mod proxy;
 pub mod reindex;
 pub mod request;
 pub mod rollout;
+pub mod rollout_client;
 pub mod routes;
 pub mod sample;
 pub mod server;

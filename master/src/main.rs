@@ -9,8 +9,9 @@ use std::sync::Arc;
 use pluginsync_master::cli::{self, Command};
 use pluginsync_master::config::MasterConfig;
 use pluginsync_master::exit::{ExitStatus, Failure};
-use pluginsync_master::rollout::api::{CommandError, RolloutStatus};
-use pluginsync_master::{bundle, check, csr, devcerts, reindex, rollout, server};
+use pluginsync_master::rollout::api::RolloutStatus;
+use pluginsync_master::rollout_client::CommandError;
+use pluginsync_master::{bundle, check, csr, devcerts, reindex, rollout_client, server};
 
 fn main() -> ExitCode {
     let cli = match cli::parse() {
@@ -81,7 +82,7 @@ fn main() -> ExitCode {
         } => load(&config).and_then(|c| {
             let answers = tokio::runtime::Runtime::new()
                 .map_err(Failure::runtime)?
-                .block_on(rollout::api::run(&c, &action, &environment, &masters));
+                .block_on(rollout_client::run(&c, &action, &environment, &masters));
             print_rollout(&answers, format == "json")
         }),
         Command::Serve { config } => load(&config).and_then(|c| {
@@ -122,7 +123,7 @@ fn print_rollout(
     } else {
         for (m, r) in answers {
             match r {
-                Ok(s) => print!("{}", rollout::api::text(m, s)),
+                Ok(s) => print!("{}", rollout_client::text(m, s)),
                 Err(e) => println!("{m}: error: {e}"),
             }
         }

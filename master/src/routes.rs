@@ -90,6 +90,7 @@ async fn proxy_identity(trust: Arc<Trust>, mut req: Request, next: Next) -> Resp
 /// The routes and layers both listeners share.
 fn routes(state: AppState, request_timeout: Duration) -> Router {
     let store = state.store.clone();
+    let access = state.config.log.access;
     Router::new()
         .route(
             &format!("{}/{{*rest}}", protocol::FILE_METADATAS),
@@ -122,7 +123,7 @@ fn routes(state: AppState, request_timeout: Duration) -> Router {
         // Rollout commands and status (docs/protocol.md §7.9).
         .route(
             rollout::api::ROLLOUT_PATH,
-            get(rollout::api::status).post(rollout::api::command),
+            get(handlers::rollout::status).post(handlers::rollout::command),
         )
         // Only matched routes refuse bodies: a POST to an endpoint we do not
         // serve (a stock agent's catalog request) is a plain 404.
@@ -145,7 +146,7 @@ fn routes(state: AppState, request_timeout: Duration) -> Router {
         }))
         .layer(middleware::map_response(puppet_version))
         .layer(middleware::from_fn(move |req, next| {
-            measure(store.clone(), req, next)
+            measure(store.clone(), access, req, next)
         }))
 }
 
@@ -186,10 +187,9 @@ pub fn endpoint_of(path: &str) -> &'static str {
 /// response headers; body bytes are counted as they are sent and recorded
 /// when the body ends or is dropped (a client that goes away mid-body
 /// counts what was sent).
-async fn measure(store: Arc<Store>, req: Request, next: Next) -> Response {
+async fn measure(store: Arc<Store>, format: AccessFormat, req: Request, next: Next) -> Response {
     let endpoint = endpoint_of(req.uri().path());
     let started = Instant::now();
-    let format = store.config().log.access;
     let access = (format != AccessFormat::Off).then(|| access_record(&req, endpoint));
     let resp = next.run(req).await;
     store
@@ -396,11 +396,13 @@ environments = ["*"]
             config.tls.client_auth.into(),
         );
         let config_fleet = config.fleet.clone();
-        let store = Store::new(Arc::new(config));
+        let config = Arc::new(config);
+        let store = Store::new(config.store_settings());
         store.rebuild(crate::store::Scope::Every).await;
         let fleet = Arc::new(crate::fleet::Fleet::new(&config_fleet, 0));
         let rollouts = Arc::new(crate::rollout::Rollouts::new(&[], store.generations.dir()));
         let state = AppState {
+            config,
             store,
             gate,
             rollouts,

@@ -25,6 +25,7 @@
 mod accept;
 mod conns;
 mod inflight;
+mod rollouts;
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
@@ -43,7 +44,6 @@ use crate::config::MasterConfig;
 use crate::fleet::Fleet;
 use crate::metrics::Snapshot;
 use crate::proxy::Trust;
-use crate::rollout::api;
 use crate::state::AppState;
 use crate::store::Store;
 
@@ -193,7 +193,7 @@ pub async fn serve(
         tokio::spawn(watch_certificate(config.clone())),
     ];
     let authorizer = Authorizer::new(&config.authorization)?;
-    let store = Store::new(config.clone());
+    let store = Store::new(config.store_settings());
     store.certificate.set(served.validity);
     // The watcher first: every build watches its environment before
     // walking it, the warmer's first builds included
@@ -210,9 +210,10 @@ pub async fn serve(
     )));
     let fleet = Arc::new(Fleet::new(&config.fleet, config.admin.peers.len()));
     background.extend(crate::fleet::peers::spawn(&config, &fleet)?);
-    let (rollouts, task) = api::start(&store, fleet.clone());
+    let (rollouts, task) = rollouts::start(&config, &store, fleet.clone());
     background.push(task);
     let state = AppState {
+        config: config.clone(),
         store: store.clone(),
         gate: Gate::new(authorizer, config.tls.client_auth.into()),
         rollouts,
@@ -516,7 +517,7 @@ fn snapshot(connections: &Connections, state: &AppState) -> Snapshot {
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let s = &store.stats;
     let c = connections.stats();
-    let tls = &store.config().tls;
+    let tls = &state.config.tls;
     Snapshot {
         open_connections: c.open as u64,
         connections_evicted: c.evicted,

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use crate::auth::Gate;
+use crate::config::MasterConfig;
 use crate::fleet::Fleet;
 use crate::rollout::Rollouts;
 use crate::store::Store;
@@ -15,6 +16,9 @@ use crate::store::Store;
 /// Shared state of every handler.
 #[derive(Debug, Clone)]
 pub struct AppState {
+    /// The config the master serves with (`[admin]`, `[log]`, `[tls]`,
+    /// `[[authorization]]` as the handlers read them).
+    pub config: Arc<MasterConfig>,
     /// The indexes, and the counters and drain flag kept beside them.
     pub store: Arc<Store>,
     /// `tls.client_auth` and the compiled `[[authorization]]`: who may

@@ -41,8 +41,8 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use pluginsync_common::envname::EnvName;
+use pluginsync_common::mutex::lock;
 
-use crate::config::MasterConfig;
 use crate::environments;
 use crate::generations::Generations;
 use crate::index::{EnvIndex, Hashing, Mount};
@@ -85,10 +85,24 @@ pub enum Lookup {
 /// of that answer.
 pub const RETRY_UNREADABLE: Duration = Duration::from_secs(5);
 
+/// What the store reads of the config: where the environments are, the
+/// `[index]` settings and the `[generations]` limits. `config.rs` makes it
+/// ([`MasterConfig::store_settings`](crate::config::MasterConfig::store_settings));
+/// the store never reads the config file's types.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// `environmentpath`, `basemodulepath`, `index.allow_external_roots`.
+    pub layout: environments::Layout,
+    /// `[index]`.
+    pub index: crate::index::Settings,
+    /// `[generations]`.
+    pub generations: crate::generations::Limits,
+}
+
 /// Every environment's index.
 #[derive(Debug)]
 pub struct Store {
-    config: Arc<MasterConfig>,
+    settings: Settings,
     envs: RwLock<HashMap<EnvName, Slot>>,
     /// One build lock per environment: concurrent first requests, the
     /// warmer and the watcher never build the same environment twice at
@@ -168,12 +182,6 @@ impl Drop for FirstBuild<'_> {
     }
 }
 
-/// A mutex's guard, through poisoning (what it guards stays consistent:
-/// every holder changes it in one step).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Which environments a [`Store::rebuild`] or [`Store::refresh`] covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
@@ -185,7 +193,7 @@ pub enum Scope {
 
 impl Store {
     /// An empty store.
-    pub fn new(config: Arc<MasterConfig>) -> Arc<Self> {
+    pub fn new(settings: Settings) -> Arc<Self> {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         Arc::new(Store {
             envs: RwLock::new(HashMap::new()),
@@ -204,17 +212,17 @@ impl Store {
             metrics: Metrics::new(),
             draining: AtomicBool::new(false),
             certificate: crate::tls::Validity::default(),
-            generations: Generations::new(&config.generations),
+            generations: Generations::new(&settings.generations),
             retry: Mutex::new(BTreeSet::new()),
             retry_wake: tokio::sync::Notify::new(),
-            pins: pins::Pins::new(config.generations.pin),
-            config,
+            pins: pins::Pins::new(settings.generations.pin),
+            settings,
         })
     }
 
-    /// The config.
-    pub fn config(&self) -> &MasterConfig {
-        &self.config
+    /// What the store reads of the config.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     /// True once the environments named in `index.warm` are indexed: what
@@ -265,7 +273,7 @@ impl Store {
         if let Some(idx) = self.current(name) {
             return Lookup::Found(idx);
         }
-        if environments::find_environment(&self.config, name).is_none() {
+        if environments::find_environment(&self.settings.layout, name).is_none() {
             return Lookup::Unknown;
         }
         if self.is_held(name) {
@@ -371,7 +379,7 @@ impl Store {
         let targets = match scope {
             Scope::Only(n) => n,
             Scope::Every => {
-                let mut all: Vec<EnvName> = environments::list_environments(&self.config)
+                let mut all: Vec<EnvName> = environments::list_environments(&self.settings.layout)
                     .into_iter()
                     .map(|(n, _)| n)
                     .collect();
@@ -411,7 +419,7 @@ impl Store {
             }
             Scope::Every => {
                 // The kept digests of dropped environments gone from disk.
-                let on_disk: BTreeSet<EnvName> = environments::list_environments(&self.config)
+                let on_disk: BTreeSet<EnvName> = environments::list_environments(&self.settings.layout)
                     .into_iter()
                     .map(|(n, _)| n)
                     .collect();
@@ -445,11 +453,11 @@ impl Store {
     /// Requests for other environments are not delayed by it beyond one
     /// build slot.
     pub async fn warm(self: Arc<Self>) {
-        let on_disk: Vec<EnvName> = environments::list_environments(&self.config)
+        let on_disk: Vec<EnvName> = environments::list_environments(&self.settings.layout)
             .into_iter()
             .map(|(n, _)| n)
             .collect();
-        let (named, rest) = environments::warm_targets(&self.config.index.warm, &on_disk);
+        let (named, rest) = environments::warm_targets(&self.settings.index.warm, &on_disk);
         tracing::info!(
             named = named.len(),
             others = rest.len(),
@@ -483,7 +491,7 @@ impl Store {
     }
 
     fn build_blocking(&self, name: EnvName) {
-        let Some(dir) = environments::find_environment(&self.config, &name) else {
+        let Some(dir) = environments::find_environment(&self.settings.layout, &name) else {
             if self.write().remove(&name).is_some() {
                 self.stats
                     .environments_indexed
@@ -504,7 +512,8 @@ impl Store {
         let kept = lock(&self.kept).remove(&name);
         let before = self.stats.files_hashed.load(Ordering::Relaxed);
         let idx = EnvIndex::build(
-            &self.config,
+            &self.settings.layout,
+            &self.settings.index,
             name.clone(),
             dir,
             previous.as_deref(),

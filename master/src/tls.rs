@@ -6,14 +6,62 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
 
 use pluginsync_common::tls::{self as ptls, TlsError};
 use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
+use serde::Deserialize;
 
 use crate::ca_chain;
-use crate::config::{ClientAuth, TlsConfig};
+
+/// `[tls]`: the served certificate and the client-certificate policy,
+/// as `config.rs` parses it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The server certificate chain (PEM).
+    pub cert: PathBuf,
+    /// The server private key (PEM).
+    pub key: PathBuf,
+    /// The CA bundle that client certificates must chain to (PEM).
+    pub ca: PathBuf,
+    /// Optional CRL bundle (PEM); revoked client certificates are refused.
+    #[serde(default)]
+    pub crl: Option<PathBuf>,
+    /// Whether clients must present a certificate.
+    #[serde(default)]
+    pub client_auth: ClientAuth,
+    /// Warn this long before the server certificate expires (`check`
+    /// prints it, `serve` logs it daily).
+    #[serde(default = "default_expiry_warning", with = "humantime_serde")]
+    pub cert_expiry_warning: Duration,
+}
+
+/// Default of `[tls] cert_expiry_warning`: 30 days.
+pub const DEFAULT_EXPIRY_WARNING: Duration = Duration::from_secs(30 * 24 * 3600);
+
+fn default_expiry_warning() -> Duration {
+    DEFAULT_EXPIRY_WARNING
+}
+
+/// `tls.client_auth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// The TLS handshake fails without a valid client certificate (the
+    /// load balancer's health check then needs one too).
+    Required,
+    /// Puppet Server's model: a certificate is asked for, not demanded; the
+    /// file endpoints answer 403 without one, `/status/v1/simple` works.
+    #[default]
+    Optional,
+    /// No client certificates at all: every client may read every
+    /// environment. Only for a master behind a TLS-terminating proxy that
+    /// does its own authentication.
+    None,
+}
 
 /// The TLS setup failed; the message names the file or the reason.
 #[derive(Debug, thiserror::Error)]
@@ -537,7 +585,7 @@ mod tests {
             ca: dir.join("ca.pem"),
             crl: None,
             client_auth: ClientAuth::Optional,
-            cert_expiry_warning: crate::config::DEFAULT_EXPIRY_WARNING,
+            cert_expiry_warning: DEFAULT_EXPIRY_WARNING,
         }
     }
 
@@ -567,7 +615,7 @@ mod tests {
         server_certificate_check(
             tls,
             SystemTime::now(),
-            crate::config::DEFAULT_EXPIRY_WARNING,
+            DEFAULT_EXPIRY_WARNING,
         )
         .map(|soon| soon.map(|w| w.to_string()))
         .map_err(|e| e.to_string())
@@ -621,7 +669,7 @@ mod tests {
             server_certificate_check(
                 &issued(dir.path(), -1, 365, false),
                 later,
-                crate::config::DEFAULT_EXPIRY_WARNING
+                DEFAULT_EXPIRY_WARNING
             )
             .is_err()
         );

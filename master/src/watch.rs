@@ -45,7 +45,7 @@ use pluginsync_common::envname::EnvName;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::config::Publish;
+use crate::index::Publish;
 use crate::environments;
 use crate::store::{Scope, Store};
 use events::{Pending, Roots, classify};
@@ -115,7 +115,7 @@ pub enum WatchError {
 /// `index.rescan_interval` is non-zero); nothing with `index.publish =
 /// "explicit"`. The returned guard keeps both alive; drop it to stop.
 pub fn spawn(store: Arc<Store>) -> Result<Option<WatchGuard>, WatchError> {
-    let config = store.config().clone();
+    let config = store.settings().clone();
     if config.index.publish == Publish::Explicit {
         tracing::info!(
             "index.publish = \"explicit\": re-indexing only on the admin API, `reindex` or SIGHUP"
@@ -126,6 +126,7 @@ pub fn spawn(store: Arc<Store>) -> Result<Option<WatchGuard>, WatchError> {
     let (tx, rx) = mpsc::unbounded_channel::<Stamped>();
     let roots = Roots {
         envpaths: config
+            .layout
             .environmentpath
             .iter()
             .flat_map(|p| [p.clone(), p.canonicalize().unwrap_or_else(|_| p.clone())])
@@ -149,11 +150,11 @@ pub fn spawn(store: Arc<Store>) -> Result<Option<WatchGuard>, WatchError> {
             dir: dir.to_owned(),
             error,
         };
-        for dir in &config.environmentpath {
+        for dir in &config.layout.environmentpath {
             w.watch(dir, RecursiveMode::NonRecursive)
                 .map_err(|e| cannot(dir, e))?;
         }
-        for dir in &config.basemodulepath {
+        for dir in &config.layout.basemodulepath {
             w.watch(dir, RecursiveMode::Recursive)
                 .map_err(|e| cannot(dir, e))?;
         }
@@ -204,7 +205,7 @@ async fn run(
     shared: Arc<Mutex<Watched>>,
     mut rx: mpsc::UnboundedReceiver<Stamped>,
 ) {
-    let index = store.config().index.clone();
+    let index = store.settings().index.clone();
     let (debounce, settle, settle_max) = (index.debounce, index.settle, index.settle_max);
     let rescan = index.rescan_interval;
     let mut ticker = (!rescan.is_zero()).then(|| {
@@ -270,7 +271,7 @@ async fn run(
         // build watches it): rebuilt now, it is no longer served.
         pending
             .deploying
-            .retain(|env| environments::find_environment(store.config(), env).is_some());
+            .retain(|env| environments::find_environment(&store.settings().layout, env).is_some());
         let now = Instant::now();
         let mut ready = hold(&mut deploys, &pending, now, &store);
         release(&mut deploys, now, settle, settle_max, &mut ready);
@@ -373,7 +374,7 @@ fn release(
 /// one watch, not for all of them.
 fn resync(store: &Store, shared: &Mutex<Watched>) {
     let mut now: BTreeMap<PathBuf, BTreeSet<EnvName>> = BTreeMap::new();
-    for (name, dir) in environments::list_environments(store.config()) {
+    for (name, dir) in environments::list_environments(&store.settings().layout) {
         match dir.canonicalize() {
             Ok(real) => {
                 now.entry(real).or_default().insert(name);

@@ -24,22 +24,24 @@
 //! | `of_index.rs` | An index's manifest; was its tree consistent; the index kept beside its generation. |
 
 mod disk;
+mod limits;
 mod of_index;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::generation::{GenerationId, Manifest};
+use pluginsync_common::mutex::lock;
 
-use crate::config::GenerationsConfig;
 use crate::walk::FileSig;
 
 use self::disk::Layout;
 pub use self::disk::StoreError;
+pub use self::limits::Limits;
 pub use self::of_index::{Candidate, consistent, manifest_of};
 
 /// One kept generation of an environment, as its record holds it.
@@ -125,10 +127,6 @@ type KeptDelta = (GenerationId, GenerationId, std::sync::Arc<[u8]>);
 /// of nodes a few generations behind.
 const DELTAS_KEPT: usize = 8;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// `(digest, size)` of each distinct file content of `m`, by digest.
 pub fn digest_sizes(m: &Manifest) -> Vec<(Sha256, u64)> {
     use pluginsync_common::generation::EntryKind;
@@ -161,7 +159,7 @@ impl Generations {
     /// The store `config` describes: a configured directory is neither
     /// read nor created before the first use ([`Generations::open`]);
     /// without one, a private temporary directory is made now.
-    pub fn new(config: &GenerationsConfig) -> Generations {
+    pub fn new(config: &Limits) -> Generations {
         let temporary_dir = || {
             use std::os::unix::fs::PermissionsExt;
             tempfile::Builder::new()
@@ -600,7 +598,6 @@ mod tests {
     use pluginsync_common::relpath::RelPath;
 
     use super::*;
-    use crate::config::GenerationsConfig;
 
     /// Files written under `src`, and the candidate generation of them
     /// (all in `plugins`).
@@ -647,8 +644,8 @@ mod tests {
     fn a_store_without_a_directory_gets_a_private_one_of_its_own_removed_with_it() {
         use std::os::unix::fs::PermissionsExt;
         let (a, b) = (
-            Generations::new(&GenerationsConfig::default()),
-            Generations::new(&GenerationsConfig::default()),
+            Generations::new(&Limits::default()),
+            Generations::new(&Limits::default()),
         );
         assert_ne!(a.dir(), b.dir());
         a.open(true).unwrap();
@@ -660,11 +657,11 @@ mod tests {
     }
 
     fn store(dir: &Path, keep: usize, max_mib: u64) -> Generations {
-        let g = Generations::new(&GenerationsConfig {
+        let g = Generations::new(&Limits {
             keep,
             dir: Some(dir.to_owned()),
             max_mib,
-            ..GenerationsConfig::default()
+            ..Limits::default()
         });
         g.open(true).unwrap();
         g
@@ -847,21 +844,20 @@ mod tests {
         let lib = root.join("envs/production/modules/m/lib");
         std::fs::create_dir_all(&lib).unwrap();
         std::fs::write(lib.join("a.rb"), body).unwrap();
-        let config = crate::config::MasterConfig::parse(
-            &format!(
-                "environmentpath = [{:?}]\n[tls]\ncert = \"c\"\nkey = \"k\"\nca = \"a\"\n",
-                root.join("envs")
-            ),
-            Path::new("/etc/pluginsync/master.toml"),
-        )
-        .unwrap();
+        let layout = crate::environments::Layout {
+            environmentpath: vec![root.join("envs")],
+            ..Default::default()
+        };
         let hashed = AtomicU64::new(0);
         let hashing = crate::index::Hashing::Hash {
             files_hashed: &hashed,
             kept: None,
         };
         let dir = root.join("envs/production");
-        crate::index::EnvIndex::build(&config, "production".parse().unwrap(), dir, None, hashing)
+        crate::index::EnvIndex::build(
+            &layout,
+            &crate::index::Settings::default(),
+            "production".parse().unwrap(), dir, None, hashing)
     }
 
     #[test]

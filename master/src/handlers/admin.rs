@@ -67,7 +67,7 @@ pub fn admitted(state: &AppState, req: &Request) -> Result<String, ApiError> {
     let certname = leaf
         .as_ref()
         .and_then(|der| crate::auth::certname_of(der).ok());
-    let config = state.store.config();
+    let config = &state.config;
     let allowed = certname.as_deref().is_some_and(|name| {
         config.admin.certnames.iter().any(|c| c == name)
             || leaf.as_ref().is_some_and(|der| is_own(config, der))

@@ -41,7 +41,7 @@ use pluginsync_common::digest::Sha256;
 use pluginsync_common::protocol::{self, MAX_BATCH};
 
 use crate::api_error::ApiError;
-use crate::config::ClientAuth;
+use crate::tls::ClientAuth;
 use crate::request::{self, Query};
 use crate::state::AppState;
 
@@ -65,7 +65,7 @@ pub const BATCH_MAX_BYTES: u64 = 16 << 20;
 /// hand an environment's files to clients the rules refuse
 /// (docs/protocol.md §7.4).
 pub(super) fn shareable(state: &AppState) -> bool {
-    let config = state.store.config();
+    let config = &state.config;
     config.authorization.is_empty() || config.tls.client_auth == ClientAuth::None
 }
 

@@ -21,6 +21,7 @@ pub mod blobs;
 pub mod content;
 pub mod files;
 pub mod generations;
+pub mod rollout;
 pub mod status;
 
 pub use admin::{environment_cache, inventory, inventory_merge};

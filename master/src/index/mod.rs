@@ -40,6 +40,7 @@ mod entry;
 mod history;
 mod listing;
 mod mount;
+mod settings;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -61,6 +62,9 @@ pub use self::entry::{DIRECTORY_CTIME, Identity, ListingError, SearchParams, Sto
 pub use self::history::{DeltaListing, History};
 pub use self::listing::{CachedListing, gzip};
 pub use self::mount::{Collision, Loc, MountIndex, Root};
+pub use self::settings::{
+    DEFAULT_IDLE_DROP, DEFAULT_SETTLE, DEFAULT_SETTLE_MAX, Publish, Settings,
+};
 pub use crate::walk::Hashing;
 pub use pluginsync_common::protocol::Mount;
 
@@ -141,13 +145,14 @@ impl EnvIndex {
     /// Walks and (unless `hashing` is [`Hashing::Skip`]) hashes
     /// an environment, reusing digests from `previous`.
     pub fn build(
-        config: &crate::config::MasterConfig,
+        layout: &environments::Layout,
+        settings: &Settings,
         name: EnvName,
         dir: PathBuf,
         previous: Option<&EnvIndex>,
         hashing: Hashing<'_>,
     ) -> EnvIndex {
-        let modulepath = environments::modulepath(config, &dir);
+        let modulepath = environments::modulepath(layout, &dir);
         let (modules, unlisted) = environments::modules(&modulepath);
         let mut unreadable: Vec<ReadError> = unlisted
             .into_iter()
@@ -169,7 +174,7 @@ impl EnvIndex {
             let before = previous.map(|p| p.mounts[i].collisions.as_slice());
             log_collisions(&name, m.mount, &new_collisions(before, &m.collisions));
         }
-        let mut idx = EnvIndex::assemble(config, name, dir, mounts, OtherChecksums::default());
+        let mut idx = EnvIndex::assemble(settings, name, dir, mounts, OtherChecksums::default());
         idx.modules = modules;
         idx.history = previous.map(|p| p.history.clone()).unwrap_or_default();
         idx.unreadable = unreadable;
@@ -178,7 +183,7 @@ impl EnvIndex {
 
     /// An index of `mounts`, its blob lookup made, its caches empty.
     fn assemble(
-        config: &crate::config::MasterConfig,
+        settings: &Settings,
         name: EnvName,
         dir: PathBuf,
         mounts: [MountIndex; 2],
@@ -200,8 +205,8 @@ impl EnvIndex {
             mounts,
             identity: Identity::current(),
             responses: ListingCache::new(
-                config.index.cached_responses.max(1),
-                config.index.cache_mib.saturating_mul(1 << 20),
+                settings.cached_responses.max(1),
+                settings.cache_mib.saturating_mul(1 << 20),
             ),
             other_checksums,
             history: Arc::default(),
@@ -233,7 +238,7 @@ impl EnvIndex {
     /// `bytes`; the content of its files, and digests other than sha256,
     /// come from `stored` (the generation store's blobs), never the tree.
     pub fn restore(
-        config: &crate::config::MasterConfig,
+        settings: &Settings,
         name: EnvName,
         id: GenerationId,
         bytes: &[u8],
@@ -253,7 +258,7 @@ impl EnvIndex {
         ];
         let mut other = OtherChecksums::default();
         other.stored = Some(stored);
-        let idx = EnvIndex::assemble(config, name, s.dir, mounts, other);
+        let idx = EnvIndex::assemble(settings, name, s.dir, mounts, other);
         let _once = idx.generation.set(id);
         Ok(idx)
     }
@@ -620,21 +625,18 @@ mod record_tests {
         put(&m, "beta/facts.d/b.sh", "#!/bin/sh\necho b=1\n", 0o750);
         std::os::unix::fs::symlink("a.rb", m.join("alpha/lib/facter/link.rb")).unwrap();
         std::os::unix::fs::symlink("nowhere", m.join("beta/lib/dangling.rb")).unwrap();
-        let config = crate::config::MasterConfig::parse(
-            &format!(
-                "environmentpath = [{:?}]\n[tls]\ncert = \"c\"\nkey = \"k\"\nca = \"a\"\n",
-                t.path().join("envs")
-            ),
-            std::path::Path::new("/etc/pluginsync/master.toml"),
-        )
-        .unwrap();
+        let layout = environments::Layout {
+            environmentpath: vec![t.path().join("envs")],
+            ..Default::default()
+        };
+        let settings = Settings::default();
         let hashed = std::sync::atomic::AtomicU64::new(0);
         let name: EnvName = "production".parse().unwrap();
         let hashing = Hashing::Hash {
             files_hashed: &hashed,
             kept: None,
         };
-        let live = EnvIndex::build(&config, name.clone(), env, None, hashing);
+        let live = EnvIndex::build(&layout, &settings, name.clone(), env, None, hashing);
         assert!(live.unreadable.is_empty());
         // The blobs as the generation store keeps them; then the tree goes.
         let blobs = t.path().join("blobs");
@@ -661,7 +663,7 @@ mod record_tests {
         std::fs::remove_dir_all(&m).unwrap();
         let stored = StoredBlobs(Arc::new(move |d: &Sha256| blobs.join(d.to_hex())));
         let id = GenerationId(Sha256::of(b"g"));
-        let back = EnvIndex::restore(&config, name, id, &record, stored).unwrap();
+        let back = EnvIndex::restore(&settings, name, id, &record, stored).unwrap();
         assert_eq!(back.generation.get(), Some(&id));
         let got = listed(&back);
         for (i, (got, want)) in got.iter().zip(&want).enumerate() {

@@ -28,11 +28,12 @@ mod policy;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::generation::GenerationId;
+use pluginsync_common::mutex::lock;
 use pluginsync_common::rollout::{in_share, position};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -171,10 +172,6 @@ impl std::fmt::Debug for Rollouts {
             .field("path", &self.path)
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// RFC 3339 → unix seconds.

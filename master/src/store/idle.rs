@@ -9,14 +9,14 @@ use std::time::Duration;
 use pluginsync_common::envname::EnvName;
 
 use super::{Store, lock};
-use crate::config::Publish;
+use crate::index::Publish;
 use crate::index::EnvIndex;
 
 impl Store {
     /// Drops the indexes not asked for in `idle` (keeping their digests);
     /// returns how many. Nothing under `index.publish = "explicit"`.
     pub fn drop_idle(&self, idle: Duration) -> usize {
-        if self.config.index.publish == Publish::Explicit || idle.is_zero() {
+        if self.settings.index.publish == Publish::Explicit || idle.is_zero() {
             return 0;
         }
         let cutoff = self.now_ms().saturating_sub(idle.as_millis() as u64);

@@ -272,7 +272,7 @@ impl Store {
             .index_record(name, &id)?
             .ok_or(PlacedError::NotStored(id))?;
         let blobs = self.generations.stored_blobs();
-        let idx = EnvIndex::restore(&self.config, name.clone(), id, &bytes, blobs)?;
+        let idx = EnvIndex::restore(&self.settings.index, name.clone(), id, &bytes, blobs)?;
         idx.warm();
         let idx = Arc::new(idx);
         let mut placed = lock(&self.pins.placed);

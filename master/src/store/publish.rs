@@ -55,7 +55,7 @@ impl Store {
             tracing::warn!(env = %name, "the environment changed during its index build (a link flipped); not published, built again after index.settle");
             return false;
         }
-        let on_disk = |e: &EnvName| environments::find_environment(&self.config, e).is_some();
+        let on_disk = |e: &EnvName| environments::find_environment(&self.settings.layout, e).is_some();
         let published = Candidate::of(idx).map_err(|e| e.to_string()).and_then(|c| {
             self.generations
                 .publish(name, &c, &on_disk)
@@ -91,7 +91,7 @@ impl Store {
     pub async fn retrier(self: Arc<Self>) {
         loop {
             self.retry_wake.notified().await;
-            tokio::time::sleep(self.config.index.settle).await;
+            tokio::time::sleep(self.settings.index.settle).await;
             let names = std::mem::take(&mut *lock(&self.retry));
             for name in names {
                 self.build(&name, true).await;

@@ -1,0 +1,143 @@
+//! The `pluginsync-master rollout` command (docs/rollouts.md#commands)
+//! and the pull of the peers' rollout state (docs/rollouts.md#replicas):
+//! the client side of the rollout calls of the admin API, through the
+//! admin client of [`crate::reindex`].
+
+use pluginsync_common::envname::EnvName;
+
+use crate::config::MasterConfig;
+use crate::reindex::{Answer, ReindexError, call};
+use crate::rollout::api::{ROLLOUT_PATH, RolloutStatus};
+use crate::rollout::{Command, Rollouts};
+
+/// Why `pluginsync-master rollout` failed on a master.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// `ENV` is not an environment name.
+    #[error(transparent)]
+    Environment(#[from] pluginsync_common::envname::InvalidEnvName),
+    /// The call could not be made.
+    #[error(transparent)]
+    Call(#[from] ReindexError),
+    /// The master refused or failed the command.
+    #[error("the master at {addr} answered {status}: {body}")]
+    Status {
+        /// The master's address.
+        addr: String,
+        /// The HTTP status.
+        status: u16,
+        /// The start of the body.
+        body: String,
+    },
+    /// The answer is not a rollout status.
+    #[error("the master at {addr} answered no rollout status")]
+    Unreadable {
+        /// The master's address.
+        addr: String,
+    },
+}
+
+/// `pluginsync-master rollout ACTION ENV`: the call sent to each of
+/// `masters` (the config's own master when empty), each master's status
+/// or error in order.
+pub async fn run(
+    config: &MasterConfig,
+    action: &str,
+    env: &str,
+    masters: &[String],
+) -> Vec<(String, Result<RolloutStatus, CommandError>)> {
+    let targets: Vec<Option<&str>> = if masters.is_empty() {
+        vec![None]
+    } else {
+        masters.iter().map(|m| Some(m.as_str())).collect()
+    };
+    let mut out = Vec::new();
+    for t in targets {
+        let name = t.unwrap_or("(local)").to_owned();
+        out.push((name, one(config, action, env, t).await));
+    }
+    out
+}
+
+async fn one(
+    config: &MasterConfig,
+    action: &str,
+    env: &str,
+    master: Option<&str>,
+) -> Result<RolloutStatus, CommandError> {
+    let env: EnvName = env.parse()?;
+    let (method, target) = match action {
+        "status" => ("GET", format!("{ROLLOUT_PATH}?environment={env}")),
+        a => (
+            "POST",
+            format!("{ROLLOUT_PATH}?environment={env}&action={a}"),
+        ),
+    };
+    let Answer { addr, status, body } = call(config, master, method, &target).await?;
+    if status != 200 {
+        let body: String = body.chars().filter(|c| !c.is_control()).take(200).collect();
+        return Err(CommandError::Status { addr, status, body });
+    }
+    serde_json::from_str(&body).map_err(|_| CommandError::Unreadable { addr })
+}
+
+/// Pulls each peer's commands' state and adopts what is newer (docs/rollouts.md#replicas);
+/// errors are logged at debug level (a peer down is retried next time).
+pub async fn pull_peers(config: &MasterConfig, rollouts: &Rollouts, peers: &[String]) {
+    for peer in peers {
+        match call(config, Some(peer), "GET", ROLLOUT_PATH).await {
+            Ok(Answer {
+                status: 200, body, ..
+            }) => {
+                let Ok(theirs) =
+                    serde_json::from_str::<std::collections::BTreeMap<String, Command>>(&body)
+                else {
+                    continue;
+                };
+                let mut adopted = false;
+                for (env, c) in theirs {
+                    if rollouts.merge(&env, c) {
+                        tracing::info!(env, peer, "rollout state adopted from a peer");
+                        adopted = true;
+                    }
+                }
+                if adopted && let Err(e) = rollouts.save() {
+                    tracing::error!(error = %e, "rollout state not written");
+                }
+            }
+            Ok(a) => tracing::debug!(peer, status = a.status, "rollout state not pulled"),
+            Err(e) => tracing::debug!(peer, error = %e, "rollout state not pulled"),
+        }
+    }
+}
+
+/// One line per generation of `s`, for `rollout status` in text.
+pub fn text(master: &str, s: &RolloutStatus) -> String {
+    let mut out = format!(
+        "{master}: {} {}{}\n",
+        s.environment,
+        if s.halted { "halted" } else { "rolling" },
+        s.reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default()
+    );
+    for g in &s.generations {
+        let nodes = g
+            .nodes
+            .map(|n| format!(", {n} nodes, {} failing", g.failing_nodes.unwrap_or(0)))
+            .unwrap_or_default();
+        let flags = match (g.withdrawn, g.promoted) {
+            (true, _) => " withdrawn",
+            (_, true) => " promoted",
+            _ => "",
+        };
+        out.push_str(&format!(
+            "  {} {} {}% open{flags}{nodes}\n",
+            &g.id[..12],
+            g.published,
+            g.open_percent
+        ));
+    }
+    out
+}
