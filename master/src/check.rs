@@ -122,33 +122,7 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
         writeln!(out, "environment {name} ({})", dir.display())?;
         warnings += modulepath(config, &dir, out)?;
         writeln!(out, "  modules ({}): {}", modules.len(), modules.join(" "))?;
-        for mount in Mount::ALL {
-            let m = idx.mount(mount);
-            let files = m
-                .lookup
-                .iter()
-                .filter(|&&loc| m.node(loc).sig.is_some())
-                .count();
-            let dirs = m.lookup.len() - files;
-            writeln!(
-                out,
-                "  {}: {} from {}",
-                mount.as_str(),
-                count(files, "file", "files") + ", " + &count(dirs, "directory", "directories"),
-                count(m.roots.len(), "module", "modules"),
-            )?;
-            for o in &m.outside {
-                writeln!(out, "  warning: {o}")?;
-                warnings += 1;
-            }
-            for c in &m.collisions {
-                writeln!(
-                    out,
-                    "    collision {}: served from {}, hidden in {}",
-                    c.path, c.winner, c.loser
-                )?;
-            }
-        }
+        warnings += mounts(&idx, out)?;
         generations(&store, &name, out)?;
         for e in &idx.unreadable {
             writeln!(out, "  error: {e}")?;
@@ -172,6 +146,40 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
         writeln!(out, "OK, with {warnings} warnings")?;
     }
     Ok(())
+}
+
+/// What each mount of `idx` serves, its roots outside the code tree (one
+/// warning each: how many) and its collisions.
+fn mounts(idx: &EnvIndex, out: &mut impl Write) -> std::io::Result<usize> {
+    let mut warnings = 0;
+    for mount in Mount::ALL {
+        let m = idx.mount(mount);
+        let files = m
+            .lookup
+            .iter()
+            .filter(|&&loc| m.node(loc).sig.is_some())
+            .count();
+        let dirs = m.lookup.len() - files;
+        writeln!(
+            out,
+            "  {}: {} from {}",
+            mount.as_str(),
+            count(files, "file", "files") + ", " + &count(dirs, "directory", "directories"),
+            count(m.roots.len(), "module", "modules"),
+        )?;
+        for o in &m.outside {
+            writeln!(out, "  warning: {o}")?;
+            warnings += 1;
+        }
+        for c in &m.collisions {
+            writeln!(
+                out,
+                "    collision {}: served from {}, hidden in {}",
+                c.path, c.winner, c.loser
+            )?;
+        }
+    }
+    Ok(warnings)
 }
 
 /// Whether this user can write in the store `dir`, or create it: a

@@ -8,7 +8,7 @@
 //! and signals together, with the `[proxy]` listener's header identity in
 //! [`proxy`]; [`generations`] keeps what each publication made, [`fleet`] what
 //! the nodes report;
-//! [`check`], [`devcerts`], [`csr`], [`reindex`] and [`bundle`] back the
+//! [`check`], [`devcerts`], [`csr`], [`reindex`], [`rollout_client`] and [`bundle`] back the
 //! other subcommands.
 
 pub mod access;

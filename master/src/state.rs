@@ -1,7 +1,7 @@
 //! What every handler shares: the indexes and the authorization step.
 //!
 //! Built once by the server's `serve`, handed to the router, and cloned
-//! (cheaply: four `Arc`s) into each request (docs/internals.md#state). It
+//! (cheaply: `Arc`s) into each request (docs/internals.md#state). It
 //! imports only what it holds, so routes, handlers and server can all
 //! import it without importing each other.
 

@@ -419,10 +419,11 @@ impl Store {
             }
             Scope::Every => {
                 // The kept digests of dropped environments gone from disk.
-                let on_disk: BTreeSet<EnvName> = environments::list_environments(&self.settings.layout)
-                    .into_iter()
-                    .map(|(n, _)| n)
-                    .collect();
+                let on_disk: BTreeSet<EnvName> =
+                    environments::list_environments(&self.settings.layout)
+                        .into_iter()
+                        .map(|(n, _)| n)
+                        .collect();
                 lock(&self.kept).retain(|n, _| on_disk.contains(n));
                 indexed
             }

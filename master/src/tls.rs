@@ -612,13 +612,9 @@ mod tests {
 
     /// The check's verdict as the texts `check` prints and `serve` logs.
     fn check(tls: &TlsConfig) -> Result<Option<String>, String> {
-        server_certificate_check(
-            tls,
-            SystemTime::now(),
-            DEFAULT_EXPIRY_WARNING,
-        )
-        .map(|soon| soon.map(|w| w.to_string()))
-        .map_err(|e| e.to_string())
+        server_certificate_check(tls, SystemTime::now(), DEFAULT_EXPIRY_WARNING)
+            .map(|soon| soon.map(|w| w.to_string()))
+            .map_err(|e| e.to_string())
     }
 
     #[test]

@@ -45,8 +45,8 @@ use pluginsync_common::envname::EnvName;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::index::Publish;
 use crate::environments;
+use crate::index::Publish;
 use crate::store::{Scope, Store};
 use events::{Pending, Roots, classify};
 

@@ -29,8 +29,8 @@ mod of_index;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
@@ -857,7 +857,11 @@ mod tests {
         crate::index::EnvIndex::build(
             &layout,
             &crate::index::Settings::default(),
-            "production".parse().unwrap(), dir, None, hashing)
+            "production".parse().unwrap(),
+            dir,
+            None,
+            hashing,
+        )
     }
 
     #[test]

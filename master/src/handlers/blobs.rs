@@ -41,9 +41,9 @@ use pluginsync_common::digest::Sha256;
 use pluginsync_common::protocol::{self, MAX_BATCH};
 
 use crate::api_error::ApiError;
-use crate::tls::ClientAuth;
 use crate::request::{self, Query};
 use crate::state::AppState;
+use crate::tls::ClientAuth;
 
 use super::content::{BlobSource, CacheControl, send_file, send_path};
 

@@ -1,4 +1,5 @@
-//! The rollout calls of the admin API (docs/protocol.md §7.9).
+//! The rollout calls of the admin API (docs/protocol.md §7.9), at
+//! [`ROLLOUT_PATH`](crate::rollout::api::ROLLOUT_PATH).
 //!
 //! `GET {ROLLOUT_PATH}?environment=ENV` answers the rollout's status;
 //! `POST {ROLLOUT_PATH}?environment=ENV&action=ACTION` applies a command
@@ -16,8 +17,6 @@ use serde::Serialize;
 use super::admin::admitted;
 use crate::api_error::ApiError;
 use crate::request::Query;
-#[allow(unused_imports)] // named by the docs of the handlers
-use crate::rollout::api::ROLLOUT_PATH;
 use crate::rollout::{Action, RolloutError};
 use crate::state::AppState;
 

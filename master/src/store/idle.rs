@@ -9,8 +9,8 @@ use std::time::Duration;
 use pluginsync_common::envname::EnvName;
 
 use super::{Store, lock};
-use crate::index::Publish;
 use crate::index::EnvIndex;
+use crate::index::Publish;
 
 impl Store {
     /// Drops the indexes not asked for in `idle` (keeping their digests);

@@ -55,7 +55,8 @@ impl Store {
             tracing::warn!(env = %name, "the environment changed during its index build (a link flipped); not published, built again after index.settle");
             return false;
         }
-        let on_disk = |e: &EnvName| environments::find_environment(&self.settings.layout, e).is_some();
+        let on_disk =
+            |e: &EnvName| environments::find_environment(&self.settings.layout, e).is_some();
         let published = Candidate::of(idx).map_err(|e| e.to_string()).and_then(|c| {
             self.generations
                 .publish(name, &c, &on_disk)
