@@ -32,7 +32,7 @@ use crate::envconf;
 
 /// Where the environments and their modules are, as the config gives them
 /// (`environmentpath`, `basemodulepath`, `index.allow_external_roots`):
-/// `config.rs` makes it ([`MasterConfig::layout`](crate::config::MasterConfig::layout)),
+/// `config.rs` makes it (`MasterConfig::layout`),
 /// this module never reads the config file's types.
 #[derive(Debug, Clone, Default)]
 pub struct Layout {

@@ -87,7 +87,7 @@ pub const RETRY_UNREADABLE: Duration = Duration::from_secs(5);
 
 /// What the store reads of the config: where the environments are, the
 /// `[index]` settings and the `[generations]` limits. `config.rs` makes it
-/// ([`MasterConfig::store_settings`](crate::config::MasterConfig::store_settings));
+/// (`MasterConfig::store_settings`);
 /// the store never reads the config file's types.
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
