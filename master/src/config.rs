@@ -430,6 +430,24 @@ mod tests {
     const MIN: &str = "environmentpath = [\"/srv/envs\"]\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nca = \"/ssl/ca.pem\"\n";
 
     #[test]
+    fn the_store_gets_the_keys_it_reads_in_its_own_types() {
+        let c = parse(&format!(
+            "basemodulepath = [\"/srv/base\"]\n{MIN}\
+             [index]\ncache_mib = 7\npublish = \"explicit\"\nallow_external_roots = [\"/opt/*\"]\n\
+             [generations]\nkeep = 3\npin = \"2m\"\n"
+        ))
+        .unwrap();
+        let s = c.store_settings();
+        assert_eq!(s.layout.environmentpath, [PathBuf::from("/srv/envs")]);
+        assert_eq!(s.layout.basemodulepath, [PathBuf::from("/srv/base")]);
+        assert_eq!(s.layout.allow_external_roots, ["/opt/*"]);
+        assert_eq!(s.index.cache_mib, 7);
+        assert_eq!(s.index.publish, crate::index::Publish::Explicit);
+        assert_eq!(s.generations.keep, 3);
+        assert_eq!(s.generations.pin, Duration::from_secs(120));
+    }
+
+    #[test]
     fn proxy_needs_trusted_cidrs_and_header_names() {
         let proxy = |tables: &str| parse(&format!("{MIN}[proxy]\n{tables}")).unwrap().proxy;
         let off = parse(MIN).unwrap().proxy;
