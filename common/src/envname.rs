@@ -9,7 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 
 /// A validated environment name. Serialised as the name (the master's
-/// JSON access log).
+/// JSON access log, its rollout state); read back validated.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(transparent)]
 pub struct EnvName(String);
@@ -35,6 +35,13 @@ impl FromStr for EnvName {
         } else {
             Err(InvalidEnvName(s.to_owned()))
         }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for EnvName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }
 

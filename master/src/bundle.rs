@@ -165,7 +165,7 @@ fn from_store(
                 env: env.to_string(),
                 id: kept.id.to_hex(),
             })?;
-    let header = header(env, kept.id, &kept.published);
+    let header = header(env, kept.id, &kept.published.to_string());
     write(out, &header, &manifest, |d| {
         let path = store.blob_path(d);
         std::fs::File::open(&path).map_err(|e| BundleFailure::Output { path, source: e })

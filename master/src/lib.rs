@@ -29,6 +29,7 @@ pub mod generations;
 pub mod handlers;
 pub mod index;
 pub mod metrics;
+pub mod placement;
 pub mod proxy;
 pub mod reindex;
 pub mod request;

@@ -90,14 +90,14 @@ pub async fn pull_peers(config: &MasterConfig, rollouts: &Rollouts, peers: &[Str
                 status: 200, body, ..
             }) => {
                 let Ok(theirs) =
-                    serde_json::from_str::<std::collections::BTreeMap<String, Command>>(&body)
+                    serde_json::from_str::<std::collections::BTreeMap<EnvName, Command>>(&body)
                 else {
                     continue;
                 };
                 let mut adopted = false;
                 for (env, c) in theirs {
                     if rollouts.merge(&env, c) {
-                        tracing::info!(env, peer, "rollout state adopted from a peer");
+                        tracing::info!(env = %env, peer, "rollout state adopted from a peer");
                         adopted = true;
                     }
                 }

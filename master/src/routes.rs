@@ -6,7 +6,8 @@
 //! Outside them all, each listener's identity layer: [`router`] (the mTLS
 //! listener) sets the request's `PeerIdentity` from the TLS handshake,
 //! [`proxy_router`] (the `[proxy]` listener) from a trusted proxy's headers
-//! (docs/protocol.md §5.2, §5.5).
+//! (docs/protocol.md §5.2, §5.5); both set the request's
+//! [`Node`](crate::placement::Node) beside it, read once for the handlers.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,11 +23,13 @@ use axum::routing::get;
 use pluginsync_common::PUPPET_VERSION;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::protocol;
+use pluginsync_common::rollout::HEADER_REPORT;
 
 use crate::access::{self, AccessFormat};
 use crate::api_error::ApiError;
 use crate::auth::PeerIdentity;
 use crate::handlers;
+use crate::placement::Node;
 use crate::proxy::Trust;
 use crate::rollout;
 use crate::state::AppState;
@@ -61,8 +64,22 @@ async fn tls_identity(mut req: Request, next: Next) -> Response {
                 .map(Arc::as_ref),
         ),
     };
-    req.extensions_mut().insert(identity);
+    identify(&mut req, identity);
     next.run(req).await
+}
+
+/// Sets the request's identity and the [`Node`] it comes from: its
+/// certname, the report it sends, whether it is a stock agent (read once
+/// here; the handlers take the node).
+fn identify(req: &mut Request, identity: PeerIdentity) {
+    let headers = req.headers();
+    let node = Node::new(
+        identity.certname(),
+        headers.get(header::USER_AGENT).map(HeaderValue::as_bytes),
+        headers.get(HEADER_REPORT).map(HeaderValue::as_bytes),
+    );
+    req.extensions_mut().insert(identity);
+    req.extensions_mut().insert(Arc::new(node));
 }
 
 /// Refuses peers outside `[proxy] trusted`, then sets the identity from
@@ -83,7 +100,7 @@ async fn proxy_identity(trust: Arc<Trust>, mut req: Request, next: Next) -> Resp
         return ApiError::forbidden(req.uri().path()).into_response();
     }
     let identity = trust.identity(req.headers(), rustls_pki_types::UnixTime::now());
-    req.extensions_mut().insert(identity);
+    identify(&mut req, identity);
     next.run(req).await
 }
 

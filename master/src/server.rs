@@ -537,7 +537,12 @@ fn snapshot(connections: &Connections, state: &AppState) -> Snapshot {
         generation_evictions: load(&store.generations.evictions),
         generation_store_errors: load(&store.generations.errors),
         inconsistent_builds: load(&s.inconsistent_builds),
-        rollout_halted: state.rollouts.halted(&store.generations),
+        rollout_halted: state
+            .rollouts
+            .halted(&store.generations)
+            .into_iter()
+            .map(|(e, h)| (e.to_string(), h))
+            .collect(),
         generations_kept: store
             .generations
             .counts()

@@ -30,26 +30,6 @@ pub struct AppState {
     pub fleet: Arc<Fleet>,
 }
 
-impl AppState {
-    /// The generation of `env` a `[[rollout]]` policy places the client
-    /// `certname` on, for its v3 requests (docs/rollouts.md#stock-puppet-agents):
-    /// the rollout's choice, as for the per-node answer of a node that
-    /// reports nothing; `None` without a policy (today's answers: the
-    /// current index) or before any generation is kept.
-    pub fn placed(
-        &self,
-        env: &pluginsync_common::envname::EnvName,
-        certname: Option<&str>,
-    ) -> Option<pluginsync_common::generation::GenerationId> {
-        self.rollouts.policy(env.as_str())?;
-        let gens = &self.store.generations;
-        match self.rollouts.choose(gens, env, certname, None) {
-            crate::rollout::Choice::Serve(kept) => Some(kept.id),
-            _ => None,
-        }
-    }
-}
-
 /// The health gate counts the fleet's nodes (docs/rollouts.md#the-health-gate).
 impl crate::rollout::FleetCounts for Fleet {
     fn on_generation(

@@ -288,19 +288,6 @@ impl Store {
         }
     }
 
-    /// The index a stock agent `certname` is served for `name`, whose
-    /// current index is `current`; `starts_run` for a run's first request
-    /// (docs/protocol.md §7.6, `store/pins.rs`).
-    pub fn index_for(
-        &self,
-        name: &EnvName,
-        current: Arc<EnvIndex>,
-        certname: &str,
-        starts_run: bool,
-    ) -> Arc<EnvIndex> {
-        self.pins.index_for(name, current, certname, starts_run)
-    }
-
     /// Whether the watcher holds a deploy of `name` now.
     fn is_held(&self, name: &EnvName) -> bool {
         lock(&self.held).contains(name)

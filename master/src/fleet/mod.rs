@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use pluginsync_common::config::ConfigError;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::generation::GenerationId;
-use pluginsync_common::rollout::{MAX_FAILED_NAMED, MAX_NAME_CHARS, NodeReport};
+use pluginsync_common::rollout::{MAX_FAILED_NAMED, MAX_NAME_CHARS, NodeReport, ReportError};
 use serde::{Deserialize, Serialize};
 
 use crate::config::FleetConfig;
@@ -271,34 +271,46 @@ impl Fleet {
         report: Option<&[u8]>,
         served: Option<GenerationId>,
     ) {
+        let read = report.map(|raw| {
+            std::str::from_utf8(raw)
+                .map_err(|e| ReportError::Malformed(e.to_string()))
+                .and_then(NodeReport::from_header)
+        });
+        self.heard_read(certname, env, read.as_ref(), served);
+    }
+
+    /// [`Fleet::heard`] with the report already read (the request's
+    /// `placement::Node`).
+    pub fn heard_read(
+        &self,
+        certname: &str,
+        env: &EnvName,
+        report: Option<&Result<NodeReport, ReportError>>,
+        served: Option<GenerationId>,
+    ) {
         let node = match report {
-            Some(raw) => {
-                let parsed = std::str::from_utf8(raw)
-                    .map_err(|e| pluginsync_common::rollout::ReportError::Malformed(e.to_string()))
-                    .and_then(NodeReport::from_header);
-                match parsed {
-                    Ok(r) => Node {
-                        env: env.clone(),
-                        generation: r.generation,
-                        seen_ms: now_ms(),
-                        source: Source::Report,
-                        loads_ok: r.loads_ok,
-                        loads_failed: r.loads_failed,
-                        failed: r.failed,
-                    },
-                    Err(e) => {
-                        if let Some(n) = self.bad_reports.note() {
-                            tracing::warn!(
-                                certname,
-                                error = %e,
-                                ignored_since_last_line = n,
-                                "node report ignored"
-                            );
-                        }
-                        return;
+            Some(parsed) => match parsed {
+                Ok(r) => Node {
+                    env: env.clone(),
+                    generation: r.generation,
+                    seen_ms: now_ms(),
+                    source: Source::Report,
+                    loads_ok: r.loads_ok,
+                    loads_failed: r.loads_failed,
+                    failed: r.failed.clone(),
+                },
+                Err(e) => {
+                    if let Some(n) = self.bad_reports.note() {
+                        tracing::warn!(
+                            certname,
+                            error = %e,
+                            ignored_since_last_line = n,
+                            "node report ignored"
+                        );
                     }
+                    return;
                 }
-            }
+            },
             None => match served {
                 Some(generation) => Node {
                     env: env.clone(),

@@ -22,10 +22,12 @@
 //! | `mod.rs` | [`Generations`]: publish, evict, look up; the in-memory references. |
 //! | `disk.rs` | Where each file lives; durable writes; records read back. |
 //! | `of_index.rs` | An index's manifest; was its tree consistent; the index kept beside its generation. |
+//! | `stamp.rs` | [`Stamp`]: a publication time, parsed where it is read. |
 
 mod disk;
 mod limits;
 mod of_index;
+mod stamp;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -43,14 +45,15 @@ use self::disk::Layout;
 pub use self::disk::StoreError;
 pub use self::limits::Limits;
 pub use self::of_index::{Candidate, consistent, manifest_of};
+pub use self::stamp::{BadStamp, Stamp};
 
 /// One kept generation of an environment, as its record holds it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Kept {
     /// The generation.
     pub id: GenerationId,
-    /// When this master published it (RFC 3339, UTC).
-    pub published: String,
+    /// When this master published it (RFC 3339, UTC, in the record).
+    pub published: Stamp,
     /// Regular files in it.
     pub files: u64,
     /// Their bytes in all.
@@ -141,18 +144,6 @@ pub fn digest_sizes(m: &Manifest) -> Vec<(Sha256, u64)> {
     v.sort_unstable();
     v.dedup_by_key(|(d, _)| *d);
     v
-}
-
-/// Now, RFC 3339 UTC, to the second.
-fn now() -> String {
-    time::OffsetDateTime::now_utc()
-        .replace_nanosecond(0)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
 }
 
 impl Generations {
@@ -288,7 +279,7 @@ impl Generations {
         let (files, bytes) = candidate.manifest.totals();
         let kept = Kept {
             id: candidate.id,
-            published: now(),
+            published: Stamp::now(),
             files,
             bytes,
         };
@@ -347,7 +338,7 @@ impl Generations {
                         .kept
                         .first()
                         .filter(|_| g.kept.len() > 1 || !on_disk(env))?;
-                    Some((k.published.clone(), env.clone(), k.id))
+                    Some((k.published, env.clone(), k.id))
                 })
                 .min();
             let Some((_, env, id)) = oldest else {

@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use axum::Extension;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::request::Parts;
@@ -25,6 +26,7 @@ use pluginsync_common::protocol;
 
 use crate::api_error::ApiError;
 use crate::index::{CachedListing, DeltaListing, EnvIndex, ListingError, SearchParams, Served};
+use crate::placement::{self, Asking, Node, Unplaced};
 use crate::request::{self, MountPath, PathError, Query};
 use crate::state::AppState;
 use crate::store::Lookup;
@@ -51,23 +53,25 @@ struct Accepted {
 }
 
 /// The shared front half of the file endpoints: docs/protocol.md §1.7
-/// steps 1 to 7, the authorization step included.
+/// steps 1 to 7, the authorization step included, then where placement
+/// puts `node` (`placement.rs`). `route` is the endpoint's path before
+/// its mount.
 async fn accept(
     state: &AppState,
     req: &Parts,
-    endpoint: &str,
+    node: &Node,
+    route: &str,
     produces: &[&str],
 ) -> Result<Accepted, ApiError> {
     let query = Query::parse(req.uri.query());
-    let uri_path = req.uri.path();
     let Some(env) = query.get("environment") else {
         return Err(ApiError::bad_request(
             "An environment parameter must be specified",
         ));
     };
     let env = state.gate.authorize(req, env)?;
-    let prefix = format!("/puppet/v3/{endpoint}/");
-    let raw = uri_path.strip_prefix(&prefix).unwrap_or_default();
+    let raw = req.uri.path().strip_prefix(route);
+    let raw = raw.and_then(|r| r.strip_prefix('/')).unwrap_or_default();
     let target = request::mount_path(raw).map_err(|e| match e {
         PathError::Invalid(msg) => ApiError::bad_request(msg),
         PathError::UnknownMount(m) => ApiError::not_found("mount", &format!("'{m}'")),
@@ -76,80 +80,32 @@ async fn accept(
     let current = index_of(state, &env).await?;
     // Puppet's pluginsync starts with the search of the pluginfacts
     // mount: a new run (docs/protocol.md §7.6).
-    let starts_run = endpoint == "file_metadatas" && target.mount == protocol::Mount::Pluginfacts;
-    let stock = stock_agent(req);
-    let certname = req
-        .extensions
-        .get::<crate::auth::PeerIdentity>()
-        .and_then(crate::auth::PeerIdentity::certname);
-    let index = match state.placed(&env, certname) {
-        Some(id) => {
-            let stock = stock.map(|c| (c, starts_run));
-            placed_index(state, &env, current.clone(), stock, id).await?
-        }
-        None => match stock {
-            Some(certname) => state
-                .store
-                .index_for(&env, current.clone(), certname, starts_run),
-            None => current.clone(),
-        },
-    };
+    let starts_run =
+        route == protocol::FILE_METADATAS && target.mount == protocol::Mount::Pluginfacts;
+    let placed = placement::place(
+        &state.store,
+        &state.rollouts,
+        &env,
+        node,
+        current.generation.get().copied(),
+        Asking::Files { starts_run },
+    );
+    let index = placement::index(&state.store, &env, current.clone(), &placed)
+        .await
+        .map_err(unplaced)?;
     Ok(Accepted {
-        stock: (stock.is_some() || !Arc::ptr_eq(&index, &current))
-            && index.generation.get().is_some(),
-        placed: state.rollouts.policy(env.as_str()).is_some(),
+        stock: (node.stock || !Arc::ptr_eq(&index, &current)) && index.generation.get().is_some(),
+        placed: state.rollouts.policy(&env).is_some(),
         index,
         target,
         query,
     })
 }
 
-/// The index of generation `chosen` of `env` for a client a rollout
-/// places there (docs/rollouts.md#stock-puppet-agents), a stock agent's run
-/// kept on one generation; made back from the generation store off the
-/// connection's thread when not at hand; 503 when this master cannot (it
-/// never stored that generation's index).
-async fn placed_index(
-    state: &AppState,
-    env: &EnvName,
-    current: Arc<EnvIndex>,
-    stock: Option<(&str, bool)>,
-    chosen: pluginsync_common::generation::GenerationId,
-) -> Result<Arc<EnvIndex>, ApiError> {
-    let id = state.store.placed_generation(env, stock, chosen);
-    if let Some(idx) = state.store.placed_at_hand(env, &current, id) {
-        return Ok(idx);
-    }
-    let (store, name) = (state.store.clone(), env.clone());
-    tokio::task::spawn_blocking(move || store.placed_index(&name, &current, id, chosen))
-        .await
-        .map_err(|_| ApiError::internal())?
-        .map_err(|e| {
-            if state.store.placed_failed(env, id) {
-                tracing::error!(env = %env, generation = %id.short(), error = %e, "cannot answer from the generation a rollout placed the client on");
-            }
-            ApiError::unavailable(
-                format!(
-                    "this master cannot serve generation {} of '{env}'; ask another master",
-                    id.short()
-                ),
-                5,
-            )
-        })
-}
-
-/// The certname of a stock Puppet agent (its `User-Agent` starts with
-/// `Puppet/`), the only clients kept on one generation for a run
-/// (docs/protocol.md §7.6): pluginsync's agent asks for generations
-/// itself, and other clients see the current one.
-fn stock_agent(req: &Parts) -> Option<&str> {
-    let ua = req.headers.get(header::USER_AGENT)?.to_str().ok()?;
-    if !ua.starts_with("Puppet/") {
-        return None;
-    }
-    req.extensions
-        .get::<crate::auth::PeerIdentity>()?
-        .certname()
+/// The answer when this master cannot serve the generation a node is
+/// placed on: 503, another master may (docs/rollouts.md#a-replica-that-lacks-a-generation).
+pub(super) fn unplaced(e: Unplaced) -> ApiError {
+    ApiError::unavailable(e.to_string(), 5)
 }
 
 /// The current index of `env`, or the answer for an environment that is
@@ -175,23 +131,18 @@ pub(super) async fn index_of(state: &AppState, env: &EnvName) -> Result<Arc<EnvI
 /// path after the mount is ignored, as in Puppet.
 pub async fn file_metadatas(
     State(state): State<AppState>,
+    Extension(node): Extension<Arc<Node>>,
     req: Parts,
 ) -> Result<Response, ApiError> {
     let (state, req) = (&state, &req);
-    let a = accept(
-        state,
-        req,
-        "file_metadatas",
-        &["application/json", "text/pson"],
-    )
-    .await?;
+    let produces = ["application/json", "text/pson"];
+    let a = accept(state, req, &node, protocol::FILE_METADATAS, &produces).await?;
     let (params, max_files) = request::search_params(&a.query)?;
     let mount = a.target.mount;
     // A stock agent is heard here: the generation its listing is served
     // from, the environment's current one or, placed by a rollout, the
     // one it was placed on (docs/operating.md#the-fleet).
-    let node = req.extensions.get::<crate::auth::PeerIdentity>();
-    if let Some(certname) = node.and_then(crate::auth::PeerIdentity::certname) {
+    if let Some(certname) = &node.certname {
         let served = match a.placed {
             true => a.index.generation.get().copied(),
             false => state.store.generations.current(&a.index.name).map(|k| k.id),
@@ -208,7 +159,10 @@ pub async fn file_metadatas(
             listing.count
         )));
     }
-    let gzip = request::accepts_gzip(&req.headers) && listing.len >= GZIP_MIN;
+    // Decided once each: gzip accepted, the tags If-None-Match names.
+    let gzip_ok = request::accepts_gzip(&req.headers);
+    let tags: Vec<&str> = request::if_none_match(&req.headers).collect();
+    let gzip = gzip_ok && listing.len >= GZIP_MIN;
     let etag = if gzip {
         listing.etag.gzip()
     } else {
@@ -217,7 +171,7 @@ pub async fn file_metadatas(
     let mut headers = HeaderMap::new();
     headers.insert(header::ETAG, header_value(etag.as_str()));
     listing_headers(&mut headers);
-    if request::not_modified(&req.headers, &listing.etag) {
+    if listing.etag.matched_by(tags.iter().copied()) {
         state
             .store
             .stats
@@ -225,9 +179,9 @@ pub async fn file_metadatas(
             .fetch_add(1, Ordering::Relaxed);
         return Ok((StatusCode::NOT_MODIFIED, headers).into_response());
     }
-    if let Some(delta) = delta_for(req, &a.index, mount, &params, &listing).await {
+    if let Some(delta) = delta_for(req, &tags, &a.index, mount, &params, &listing).await {
         stats.listings_delta.fetch_add(1, Ordering::Relaxed);
-        return delta_response(delta, req, headers).await;
+        return delta_response(delta, gzip_ok, headers).await;
     }
     state
         .store
@@ -303,11 +257,11 @@ fn listing_headers(headers: &mut HeaderMap) {
 }
 
 /// The `226` answer carrying `delta` (docs/protocol.md §7.5), gzipped
-/// when the agent accepts it and it is worth it; `headers` are the
-/// listing's.
+/// when the agent accepts it (`gzip_ok`) and it is worth it; `headers`
+/// are the listing's.
 async fn delta_response(
     delta: Arc<DeltaListing>,
-    req: &Parts,
+    gzip_ok: bool,
     mut headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     headers.insert(
@@ -316,7 +270,7 @@ async fn delta_response(
     );
     // It answers this request's If-None-Match only.
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    let body = if request::accepts_gzip(&req.headers) && delta.len() >= GZIP_MIN {
+    let body = if gzip_ok && delta.len() >= GZIP_MIN {
         headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
         tokio::task::spawn_blocking(move || delta.gzip())
             .await
@@ -361,11 +315,12 @@ const MAX_DELTA_BASES: usize = 4;
 
 /// The delta answering this request, if it may have one
 /// (docs/protocol.md §7.5.1): it asked with `X-Pluginsync-Delta` in the
-/// version this master speaks, its `If-None-Match` names a listing the
-/// environment remembers for these parameters (only the standard ones
-/// are remembered), and the delta is smaller than `listing`.
+/// version this master speaks, its `If-None-Match` (`tags`) names a
+/// listing the environment remembers for these parameters (only the
+/// standard ones are remembered), and the delta is smaller than `listing`.
 async fn delta_for(
     req: &Parts,
+    tags: &[&str],
     index: &Arc<EnvIndex>,
     mount: protocol::Mount,
     params: &SearchParams,
@@ -379,7 +334,7 @@ async fn delta_for(
     if !asked {
         return None;
     }
-    let bases: Vec<String> = etag::if_none_match(request::if_none_match(&req.headers))
+    let bases: Vec<String> = etag::if_none_match(tags.iter().copied())
         .map(|t| etag::core(t).to_owned())
         .filter(|t| !t.is_empty() && t != "*")
         .take(MAX_DELTA_BASES)
@@ -413,16 +368,12 @@ fn listing_error(e: ListingError) -> ApiError {
 /// full path in `path` and a `null` `relative_path`.
 pub async fn file_metadata(
     State(state): State<AppState>,
+    Extension(node): Extension<Arc<Node>>,
     req: Parts,
 ) -> Result<Response, ApiError> {
     let (state, req) = (&state, &req);
-    let a = accept(
-        state,
-        req,
-        "file_metadata",
-        &["application/json", "text/pson"],
-    )
-    .await?;
+    let produces = ["application/json", "text/pson"];
+    let a = accept(state, req, &node, protocol::FILE_METADATA, &produces).await?;
     let params = SearchParams {
         recurse: false,
         recurselimit: None,
@@ -474,9 +425,14 @@ pub async fn file_metadata(
 /// a final symlink, and only if it is still the inode that was indexed (a
 /// file replaced since gets a 503 with `Retry-After` until the index has
 /// caught up, so the bytes always match the advertised checksum).
-pub async fn file_content(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
+pub async fn file_content(
+    State(state): State<AppState>,
+    Extension(node): Extension<Arc<Node>>,
+    req: Parts,
+) -> Result<Response, ApiError> {
     let (state, req) = (&state, &req);
-    let a = accept(state, req, "file_content", &["application/octet-stream"]).await?;
+    let produces = ["application/octet-stream"];
+    let a = accept(state, req, &node, protocol::FILE_CONTENT, &produces).await?;
     let key = format!("{}/{}", a.target.mount.as_str(), a.target.path);
     let not_found = || ApiError::not_found("file_content", &key);
     if a.target.path.is_root() {

@@ -12,6 +12,9 @@
 //! unchanged answer is one `304`. It is also where a node is heard: its
 //! report, or what it is served, goes to the fleet (`fleet/mod.rs`).
 
+use std::sync::Arc;
+
+use axum::Extension;
 use axum::extract::State;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -21,18 +24,15 @@ use pluginsync_common::envname::EnvName;
 use pluginsync_common::etag::ETag;
 use pluginsync_common::generation::{Assignment, GenerationId};
 use pluginsync_common::protocol;
-use pluginsync_common::rollout::{HEADER_REPORT, NodeReport};
 
 use crate::api_error::ApiError;
-use crate::auth::PeerIdentity;
-use crate::index::EnvIndex;
+use crate::placement::{self, Asking, Node, Placement, Unplaced};
 use crate::request::{self, Query};
-use crate::rollout::Choice;
 use crate::state::AppState;
 
 use super::blobs::shareable;
 use super::content::{CacheControl, header_value};
-use super::files::index_of;
+use super::files::{index_of, unplaced};
 
 /// The environment a request names, admitted by the authorization step:
 /// 400 without one, then Puppet's order (docs/protocol.md §1.7).
@@ -45,73 +45,45 @@ fn environment(state: &AppState, req: &Parts, query: &Query) -> Result<EnvName, 
     state.gate.authorize(req, env)
 }
 
-/// The generation of `env` this node is served: the rollout's choice by
-/// certname and by the generation the node reports having
-/// (docs/rollouts.md#placement). Without a policy, the generation of the
-/// index the environment serves now (`current`), so the answer never names
-/// a generation before its listings do (docs/protocol.md §7.6).
-pub fn chosen(state: &AppState, env: &EnvName, current: &EnvIndex, req: &Parts) -> Choice {
-    if state.rollouts.policy(env.as_str()).is_none() {
-        let Some(id) = current.generation.get() else {
-            return Choice::Nothing;
-        };
-        return state
-            .store
-            .generations
-            .kept(env)
-            .into_iter()
-            .find(|k| k.id == *id)
-            .map_or(Choice::Nothing, Choice::Serve);
-    }
-    let certname = req
-        .extensions
-        .get::<PeerIdentity>()
-        .and_then(|n| n.certname.as_deref().ok());
-    let reported = req
-        .headers
-        .get(HEADER_REPORT)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| NodeReport::from_header(v).ok())
-        .and_then(|r| r.generation);
-    state
-        .rollouts
-        .choose(&state.store.generations, env, certname, reported.as_ref())
-}
-
 /// `GET /pluginsync/v1/assignment?environment=<env>`: see the module docs.
 /// Its `ETag` names the environment and the generation only, so every
 /// replica that serves the same generation answers a revalidation `304`
 /// (the publication time in the body is each replica's own).
-pub async fn assignment(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
+pub async fn assignment(
+    State(state): State<AppState>,
+    Extension(node): Extension<Arc<Node>>,
+    req: Parts,
+) -> Result<Response, ApiError> {
     let query = Query::parse(req.uri.query());
     let env = environment(&state, &req, &query)?;
     request::check_accept(&req.headers, &["application/json"])?;
     // The environment exists and its index (so its current generation) is
     // published; an unknown or deploying one is answered as for listings.
     let current = index_of(&state, &env).await?;
-    let kept = match chosen(&state, &env, &current, &req) {
-        Choice::Serve(kept) => kept,
-        Choice::Nothing => {
+    let current = current.generation.get().copied();
+    let kept = match placement::place(
+        &state.store,
+        &state.rollouts,
+        &env,
+        &node,
+        current,
+        Asking::Assignment,
+    ) {
+        Placement::Serve(kept) => kept,
+        Placement::Elsewhere(id) => {
+            return Err(unplaced(Unplaced::Elsewhere { id, env }));
+        }
+        Placement::Current | Placement::Pinned { .. } => {
             return Err(ApiError::unavailable(
                 format!("environment '{env}' has no generation yet; try again shortly"),
                 5,
             ));
         }
-        Choice::Elsewhere(id) => {
-            return Err(ApiError::unavailable(
-                format!(
-                    "this master does not hold generation {} of '{env}'; ask another master",
-                    id.short()
-                ),
-                5,
-            ));
-        }
     };
-    let node = req.extensions.get::<PeerIdentity>();
-    if let Some(certname) = node.and_then(PeerIdentity::certname) {
-        let report = req.headers.get(pluginsync_common::rollout::HEADER_REPORT);
-        let report = report.map(axum::http::HeaderValue::as_bytes);
-        state.fleet.heard(certname, &env, report, Some(kept.id));
+    if let Some(certname) = &node.certname {
+        state
+            .fleet
+            .heard_read(certname, &env, node.report.as_ref(), Some(kept.id));
     }
     let etag = ETag::of_digest(&Sha256::of(format!("{env}\n{}", kept.id).as_bytes()).0[..20]);
     let mut headers = HeaderMap::new();
@@ -127,7 +99,7 @@ pub async fn assignment(State(state): State<AppState>, req: Parts) -> Result<Res
     let body = serde_json::to_vec(&Assignment {
         environment: env.to_string(),
         generation: kept.id,
-        published: kept.published,
+        published: kept.published.to_string(),
         files: kept.files,
         bytes: kept.bytes,
     })

@@ -57,8 +57,8 @@ pub struct RolloutStatus {
 impl Rollouts {
     /// The status of `env`'s rollout.
     pub fn status(&self, gens: &Generations, env: &EnvName) -> RolloutStatus {
-        let cmd = self.command(env.as_str());
-        let policy = self.policy(env.as_str());
+        let cmd = self.command(env);
+        let policy = self.policy(env);
         let generations = gens
             .kept(env)
             .iter()
@@ -67,7 +67,7 @@ impl Rollouts {
                 let counts = self.fleet.get().map(|f| f.on_generation(env, &k.id));
                 GenerationStatus {
                     id: k.id.to_hex(),
-                    published: k.published.clone(),
+                    published: k.published.to_string(),
                     withdrawn: cmd.withdrawn.contains(&k.id),
                     promoted: cmd.promoted == Some(k.id),
                     open_percent,
@@ -80,8 +80,8 @@ impl Rollouts {
         RolloutStatus {
             environment: env.to_string(),
             policy: policy.is_some(),
-            halted: cmd.halted,
-            reason: cmd.reason,
+            halted: cmd.halt.is_some(),
+            reason: cmd.halt.map(|h| h.reason),
             clock: cmd.clock,
             generations,
         }

@@ -34,11 +34,10 @@ use std::time::Duration;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::generation::GenerationId;
 use pluginsync_common::mutex::lock;
-use pluginsync_common::rollout::{in_share, position};
+use pluginsync_common::rollout::in_share;
 use serde::{Deserialize, Serialize};
-use time::OffsetDateTime;
 
-use crate::generations::{Generations, Kept};
+use crate::generations::{Generations, Kept, Stamp};
 
 pub use self::policy::{HaltOn, Policies, Policy, RolloutRule, WaveSpec};
 
@@ -56,30 +55,96 @@ pub trait FleetCounts: Send + Sync {
     fn on_generation(&self, env: &EnvName, generation: &GenerationId) -> (u64, u64);
 }
 
-/// One environment's rollout commands, as persisted and shared with peers.
+/// One environment's rollout commands, as persisted and shared with
+/// peers (written as [`CommandRecord`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "CommandRecord", into = "CommandRecord")]
 pub struct Command {
     /// Logical clock of the last command (or automatic halt).
     pub clock: u64,
     /// The replica that applied it (tie-break between equal clocks).
     pub origin: String,
-    /// No node moves.
-    pub halted: bool,
-    /// When the halt came (unix seconds): shares are frozen there.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub halted_at: Option<i64>,
-    /// Why (the gate's reason or the operator's certname).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    /// Halted: no node moves.
+    pub halt: Option<Halt>,
     /// The generation everyone is served (promote, or rollback's target).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promoted: Option<GenerationId>,
     /// Generations rolled back: never served again until promoted.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub withdrawn: Vec<GenerationId>,
     /// A generation the operator resumed: the gate no longer halts on it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waived: Option<GenerationId>,
+}
+
+/// A halt: when it came (shares are frozen there) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Halt {
+    /// When.
+    pub at: Stamp,
+    /// Why (the gate's reason, or `halted by <certname>`).
+    pub reason: String,
+}
+
+impl Halt {
+    /// A halt now, for `reason`.
+    fn now(reason: String) -> Halt {
+        Halt {
+            at: Stamp::now(),
+            reason,
+        }
+    }
+}
+
+/// [`Command`] as `rollout.json` and `[admin] peers` hold it: the halt as
+/// three fields (`halted`, `halted_at` in unix seconds, `reason`), so
+/// files and replicas from before [`Halt`] still read.
+#[derive(Serialize, Deserialize)]
+struct CommandRecord {
+    clock: u64,
+    origin: String,
+    halted: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    halted_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    promoted: Option<GenerationId>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    withdrawn: Vec<GenerationId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    waived: Option<GenerationId>,
+}
+
+impl From<CommandRecord> for Command {
+    /// A halt written without its time (never by this master) is taken as
+    /// one that came when it is read.
+    fn from(r: CommandRecord) -> Command {
+        let halt = r.halted.then(|| Halt {
+            at: r.halted_at.map_or_else(Stamp::now, Stamp),
+            reason: r.reason.unwrap_or_default(),
+        });
+        Command {
+            clock: r.clock,
+            origin: r.origin,
+            halt,
+            promoted: r.promoted,
+            withdrawn: r.withdrawn,
+            waived: r.waived,
+        }
+    }
+}
+
+impl From<Command> for CommandRecord {
+    fn from(c: Command) -> CommandRecord {
+        CommandRecord {
+            clock: c.clock,
+            origin: c.origin,
+            halted: c.halt.is_some(),
+            halted_at: c.halt.as_ref().map(|h| h.at.0),
+            reason: c.halt.map(|h| h.reason),
+            promoted: c.promoted,
+            withdrawn: c.withdrawn,
+            waived: c.waived,
+        }
+    }
 }
 
 /// What the state file holds.
@@ -87,10 +152,10 @@ pub struct Command {
 struct Persisted {
     /// This replica's name for [`Command::origin`].
     origin: String,
-    environments: BTreeMap<String, Command>,
+    environments: BTreeMap<EnvName, Command>,
     /// Generations this replica has kept, per environment (newest last).
     #[serde(default)]
-    seen: BTreeMap<String, Vec<GenerationId>>,
+    seen: BTreeMap<EnvName, Vec<GenerationId>>,
 }
 
 /// An operator's command.
@@ -141,18 +206,6 @@ pub enum RolloutError {
     },
 }
 
-/// What a node is served.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Choice {
-    /// This kept generation.
-    Serve(Kept),
-    /// The node has a generation this replica never kept: another replica
-    /// must answer (docs/rollouts.md#a-replica-that-lacks-a-generation).
-    Elsewhere(GenerationId),
-    /// The environment keeps no generation yet.
-    Nothing,
-}
-
 /// The rollout policies, the commands' state and the fleet's counts.
 /// See the module docs.
 pub struct Rollouts {
@@ -161,8 +214,8 @@ pub struct Rollouts {
     state: Mutex<Persisted>,
     fleet: OnceLock<Arc<dyn FleetCounts>>,
     /// `[admin] peers` names another replica: a node on a generation this
-    /// one never kept is sent there ([`Choice::Elsewhere`]); a lone master
-    /// serves its own choice.
+    /// one never kept is sent there (`placement.rs`, `Placement::Elsewhere`);
+    /// a lone master serves its own choice.
     has_peers: std::sync::atomic::AtomicBool,
 }
 
@@ -172,18 +225,6 @@ impl std::fmt::Debug for Rollouts {
             .field("path", &self.path)
             .finish_non_exhaustive()
     }
-}
-
-/// RFC 3339 → unix seconds.
-fn unix_of(rfc3339: &str) -> Option<i64> {
-    OffsetDateTime::parse(rfc3339, &time::format_description::well_known::Rfc3339)
-        .ok()
-        .map(OffsetDateTime::unix_timestamp)
-}
-
-/// Now, unix seconds.
-pub fn now() -> i64 {
-    OffsetDateTime::now_utc().unix_timestamp()
 }
 
 impl Rollouts {
@@ -199,7 +240,12 @@ impl Rollouts {
             Err(_) => Persisted::default(),
         };
         if persisted.origin.is_empty() {
-            let seed = format!("{}-{}-{}", std::process::id(), now(), dir.display());
+            let seed = format!(
+                "{}-{}-{}",
+                std::process::id(),
+                Stamp::now().0,
+                dir.display()
+            );
             persisted.origin =
                 pluginsync_common::digest::Sha256::of(seed.as_bytes()).to_hex()[..16].to_owned();
         }
@@ -224,12 +270,12 @@ impl Rollouts {
     }
 
     /// The policy of `env`, if any.
-    pub fn policy(&self, env: &str) -> Option<&Policy> {
-        self.policies.of(env)
+    pub fn policy(&self, env: &EnvName) -> Option<&Policy> {
+        self.policies.of(env.as_str())
     }
 
     /// `env`'s commands' state.
-    pub fn command(&self, env: &str) -> Command {
+    pub fn command(&self, env: &EnvName) -> Command {
         lock(&self.state)
             .environments
             .get(env)
@@ -238,57 +284,34 @@ impl Rollouts {
     }
 
     /// Every environment's commands' state (for peers).
-    pub fn commands(&self) -> BTreeMap<String, Command> {
+    pub fn commands(&self) -> BTreeMap<EnvName, Command> {
         lock(&self.state).environments.clone()
     }
 
-    /// The generation of `env` served to `certname`, which reports having
-    /// `reported`. See the module docs.
-    pub fn choose(
-        &self,
-        gens: &Generations,
-        env: &EnvName,
-        certname: Option<&str>,
-        reported: Option<&GenerationId>,
-    ) -> Choice {
-        let kept = gens.kept(env);
-        let cmd = self.command(env.as_str());
-        let policy = self.policies.of(env.as_str());
-        if let Some(r) = reported
-            && policy.is_some()
-            && self.has_peers.load(std::sync::atomic::Ordering::Relaxed)
-            && !kept.is_empty()
-            && !kept.iter().any(|k| k.id == *r)
-            && !self.seen(env, r)
-        {
-            return Choice::Elsewhere(*r);
-        }
-        let p = position(env.as_str(), certname.unwrap_or_default());
-        match pick(&kept, &cmd, policy, p, now()) {
-            Some(k) => Choice::Serve(k.clone()),
-            None => Choice::Nothing,
-        }
-    }
-
-    fn seen(&self, env: &EnvName, id: &GenerationId) -> bool {
-        lock(&self.state)
-            .seen
-            .get(env.as_str())
-            .is_some_and(|s| s.contains(id))
+    /// Whether a node reporting generation `id` of `env`, which this
+    /// replica never kept, is sent to another master: `[admin] peers`
+    /// names one and `id` is not among the generations this replica has
+    /// seen (docs/rollouts.md#a-replica-that-lacks-a-generation).
+    pub fn sends_elsewhere(&self, env: &EnvName, id: &GenerationId) -> bool {
+        self.has_peers.load(std::sync::atomic::Ordering::Relaxed)
+            && !lock(&self.state)
+                .seen
+                .get(env)
+                .is_some_and(|s| s.contains(id))
     }
 
     /// Records the generations `gens` keeps as seen (a restarted replica
     /// whose store was lost then knows what it never held), runs the
     /// health gate of every environment with a policy, and returns the
     /// environments it halted now. Called every second by the server.
-    pub fn tick(&self, gens: &Generations) -> Vec<String> {
+    pub fn tick(&self, gens: &Generations) -> Vec<EnvName> {
         let mut halted = Vec::new();
         let mut changed = false;
         for (env, _) in gens.counts() {
             let kept = gens.kept(&env);
             {
                 let mut st = lock(&self.state);
-                let seen = st.seen.entry(env.to_string()).or_default();
+                let seen = st.seen.entry(env.clone()).or_default();
                 for k in kept.iter().rev() {
                     if !seen.contains(&k.id) {
                         seen.push(k.id);
@@ -300,12 +323,8 @@ impl Rollouts {
             }
             if let Some(reason) = self.gate(&env, &kept) {
                 tracing::error!(env = %env, "rollout halted: {reason}");
-                self.update(env.as_str(), |c| {
-                    c.halted = true;
-                    c.halted_at = Some(now());
-                    c.reason = Some(reason);
-                });
-                halted.push(env.to_string());
+                self.update(&env, |c| c.halt = Some(Halt::now(reason)));
+                halted.push(env.clone());
                 changed = true;
             }
         }
@@ -321,8 +340,8 @@ impl Rollouts {
     fn gate(&self, env: &EnvName, kept: &[Kept]) -> Option<String> {
         let gate = self.policies.of(env.as_str())?.halt_on?;
         let fleet = self.fleet.get()?;
-        let cmd = self.command(env.as_str());
-        if cmd.halted {
+        let cmd = self.command(env);
+        if cmd.halt.is_some() {
             return None;
         }
         let mut serving = kept.iter().filter(|k| !cmd.withdrawn.contains(&k.id));
@@ -367,7 +386,7 @@ impl Rollouts {
             .first()
             .ok_or_else(|| RolloutError::NoGeneration(env.to_string()))?
             .id;
-        let cmd = self.command(env.as_str());
+        let cmd = self.command(env);
         let serving: Vec<GenerationId> = kept
             .iter()
             .map(|k| k.id)
@@ -377,29 +396,19 @@ impl Rollouts {
             return Err(RolloutError::NothingEarlier(env.to_string()));
         }
         tracing::warn!(env = %env, by, "rollout {action:?}");
-        let next = self.update(env.as_str(), |c| match action {
-            Action::Halt => {
-                c.halted = true;
-                c.halted_at = Some(now());
-                c.reason = Some(format!("halted by {by}"));
-            }
+        let next = self.update(env, |c| match action {
+            Action::Halt => c.halt = Some(Halt::now(format!("halted by {by}"))),
             Action::Resume => {
-                c.halted = false;
-                c.halted_at = None;
-                c.reason = None;
+                c.halt = None;
                 c.waived = serving.first().copied();
             }
             Action::Promote => {
-                c.halted = false;
-                c.halted_at = None;
-                c.reason = None;
+                c.halt = None;
                 c.withdrawn.retain(|w| *w != newest);
                 c.promoted = Some(newest);
             }
             Action::Rollback => {
-                c.halted = false;
-                c.halted_at = None;
-                c.reason = None;
+                c.halt = None;
                 c.withdrawn.push(serving[0]);
                 let over = c.withdrawn.len().saturating_sub(MAX_SEEN);
                 c.withdrawn.drain(..over);
@@ -412,21 +421,21 @@ impl Rollouts {
 
     /// Adopts a peer's state of `env` if it is newer by `(clock, origin)`;
     /// true if it was.
-    pub fn merge(&self, env: &str, theirs: Command) -> bool {
+    pub fn merge(&self, env: &EnvName, theirs: Command) -> bool {
         let mut st = lock(&self.state);
         let mine = st.environments.get(env);
         let newer = mine.is_none_or(|m| (theirs.clock, &theirs.origin) > (m.clock, &m.origin));
         if newer {
-            st.environments.insert(env.to_owned(), theirs);
+            st.environments.insert(env.clone(), theirs);
         }
         newer
     }
 
     /// Changes `env`'s state with `f` under the next clock; returns it.
-    fn update(&self, env: &str, f: impl FnOnce(&mut Command)) -> Command {
+    fn update(&self, env: &EnvName, f: impl FnOnce(&mut Command)) -> Command {
         let mut st = lock(&self.state);
         let origin = st.origin.clone();
-        let c = st.environments.entry(env.to_owned()).or_default();
+        let c = st.environments.entry(env.clone()).or_default();
         f(c);
         c.clock += 1;
         c.origin = origin;
@@ -447,27 +456,28 @@ impl Rollouts {
     /// Environments with a policy and whether each is halted (for
     /// `pluginsync_rollout_halted{environment}`): those with kept
     /// generations in `gens`.
-    pub fn halted(&self, gens: &Generations) -> Vec<(String, bool)> {
+    pub fn halted(&self, gens: &Generations) -> Vec<(EnvName, bool)> {
         gens.counts()
             .into_iter()
             .filter(|(e, _)| self.policies.of(e.as_str()).is_some())
             .map(|(e, _)| {
-                let halted = self.command(e.as_str()).halted;
-                (e.to_string(), halted)
+                let halted = self.command(&e).halt.is_some();
+                (e, halted)
             })
             .collect()
     }
 }
 
 /// The generation of `kept` (newest first) served at position `p` at
-/// `now` (unix s): the newest not withdrawn that reached `p` (module
-/// docs); the newest kept if every one is withdrawn.
-fn pick<'a>(
+/// `now`: the newest not withdrawn that reached `p` (module docs); the
+/// newest kept if every one is withdrawn. Pure: placement (`placement.rs`)
+/// asks it.
+pub fn pick<'a>(
     kept: &'a [Kept],
     cmd: &Command,
     policy: Option<&Policy>,
     p: f64,
-    now: i64,
+    now: Stamp,
 ) -> Option<&'a Kept> {
     let candidates: Vec<&Kept> = kept
         .iter()
@@ -477,7 +487,7 @@ fn pick<'a>(
     let Some(policy) = policy else {
         return Some(newest);
     };
-    let as_of = cmd.halted_at.filter(|_| cmd.halted).unwrap_or(now);
+    let as_of = cmd.halt.as_ref().map_or(now, |h| h.at);
     let last = candidates.len().saturating_sub(1);
     let reached = candidates.iter().enumerate().find(|(i, k)| {
         *i == last
@@ -487,11 +497,9 @@ fn pick<'a>(
     Some(reached.map_or(newest, |(_, k)| *k))
 }
 
-/// Time from `k`'s publication to `as_of` (unix s); `None` before it.
-fn elapsed(k: &Kept, as_of: i64) -> Option<Duration> {
-    unix_of(&k.published)
-        .and_then(|p| u64::try_from(as_of - p).ok())
-        .map(Duration::from_secs)
+/// Time from `k`'s publication to `as_of`; `None` before it.
+fn elapsed(k: &Kept, as_of: Stamp) -> Option<Duration> {
+    as_of.since(k.published)
 }
 
 /// The share `k` has opened now under `policy`, and its timed waves
@@ -500,29 +508,27 @@ pub fn status_of(policy: Option<&Policy>, cmd: &Command, k: &Kept) -> (f64, usiz
     let Some(policy) = policy else {
         return (100.0, 0);
     };
-    let as_of = cmd.halted_at.filter(|_| cmd.halted).unwrap_or_else(now);
+    let as_of = cmd.halt.as_ref().map_or_else(Stamp::now, |h| h.at);
     let e = elapsed(k, as_of);
     (policy.open_percent(e), policy.waves_open(e))
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use pluginsync_common::digest::Sha256;
+    use pluginsync_common::rollout::position;
 
-    fn kept(name: &str, published: i64) -> Kept {
-        let t = OffsetDateTime::from_unix_timestamp(published).unwrap();
+    pub(crate) fn kept(name: &str, published: i64) -> Kept {
         Kept {
             id: GenerationId(Sha256::of(name.as_bytes())),
-            published: t
-                .format(&time::format_description::well_known::Rfc3339)
-                .unwrap(),
+            published: Stamp(published),
             files: 1,
             bytes: 1,
         }
     }
 
-    fn rules(text: &str) -> Vec<RolloutRule> {
+    pub(crate) fn rules(text: &str) -> Vec<RolloutRule> {
         #[derive(Deserialize)]
         struct Doc {
             rollout: Vec<RolloutRule>,
@@ -530,7 +536,7 @@ mod tests {
         toml::from_str::<Doc>(text).unwrap().rollout
     }
 
-    const POLICY: &str = "[[rollout]]\nenvironments = [\"production\"]\n\
+    pub(crate) const POLICY: &str = "[[rollout]]\nenvironments = [\"production\"]\n\
         waves = [ { after = \"0s\", percent = 10 }, { after = \"60s\", percent = 50 }, { after = \"120s\", percent = 100 } ]\n\
         halt_on_load_failures = { percent = 20, min_nodes = 2 }\n";
 
@@ -546,7 +552,7 @@ mod tests {
         let on = (0..n)
             .filter(|i| {
                 let p = position("production", &format!("node{i}"));
-                pick(list, cmd, policy, p, now).unwrap().id == id
+                pick(list, cmd, policy, p, Stamp(now)).unwrap().id == id
             })
             .count();
         on as f64 / n as f64
@@ -575,8 +581,10 @@ mod tests {
             1.0,
             "the first reaches everyone"
         );
-        cmd.halted = true;
-        cmd.halted_at = Some(2030);
+        cmd.halt = Some(Halt {
+            at: Stamp(2030),
+            reason: "test".into(),
+        });
         assert_eq!(
             share(&list, &cmd, policy, 9999, new.id),
             first,
@@ -598,7 +606,7 @@ mod tests {
         let cmd = Command::default();
         for i in 0..500 {
             let p = position("production", &format!("node{i}"));
-            let got = pick(&list, &cmd, policy, p, 2060).unwrap();
+            let got = pick(&list, &cmd, policy, p, Stamp(2060)).unwrap();
             let want = if in_share(p, 10.0) {
                 &list[0]
             } else if in_share(p, 50.0) {
@@ -652,9 +660,9 @@ mod tests {
             Err(RolloutError::NothingEarlier(_))
         ));
         let again = Rollouts::new(&rules(POLICY), dir.path());
-        assert_eq!(again.command("production"), c, "a restart keeps the state");
+        assert_eq!(again.command(&env), c, "a restart keeps the state");
         assert_eq!(
-            pick(&list, &c, again.policy("production"), 0.0, 9999)
+            pick(&list, &c, again.policy(&env), 0.0, Stamp(9999))
                 .unwrap()
                 .id,
             list[1].id
@@ -668,15 +676,16 @@ mod tests {
     fn peers_converge_on_the_highest_clock() {
         let dir = tempfile::tempdir().unwrap();
         let r = Rollouts::new(&[], dir.path());
+        let env: EnvName = "production".parse().unwrap();
         let mut theirs = Command {
             clock: 3,
             origin: "b".into(),
-            halted: true,
+            halt: Some(Halt::now("test".into())),
             ..Command::default()
         };
-        assert!(r.merge("production", theirs.clone()));
+        assert!(r.merge(&env, theirs.clone()));
         assert!(!r.merge(
-            "production",
+            &env,
             Command {
                 clock: 2,
                 ..theirs.clone()
@@ -684,12 +693,29 @@ mod tests {
         ));
         theirs.origin = "a".into();
         assert!(
-            !r.merge("production", theirs.clone()),
+            !r.merge(&env, theirs.clone()),
             "tie: the higher origin stays"
         );
         theirs.origin = "c".into();
-        theirs.halted = false;
-        assert!(r.merge("production", theirs));
-        assert!(!r.command("production").halted);
+        theirs.halt = None;
+        assert!(r.merge(&env, theirs));
+        assert!(r.command(&env).halt.is_none());
+    }
+
+    #[test]
+    fn a_halt_reads_and_writes_as_three_fields() {
+        let old =
+            r#"{"clock":2,"origin":"a","halted":true,"halted_at":2030,"reason":"halted by op"}"#;
+        let c: Command = serde_json::from_str(old).unwrap();
+        let halt = Halt {
+            at: Stamp(2030),
+            reason: "halted by op".into(),
+        };
+        assert_eq!(c.halt, Some(halt));
+        assert_eq!(serde_json::to_string(&c).unwrap(), old);
+        let rolling = r#"{"clock":3,"origin":"a","halted":false}"#;
+        let c: Command = serde_json::from_str(rolling).unwrap();
+        assert_eq!(c.halt, None);
+        assert_eq!(serde_json::to_string(&c).unwrap(), rolling);
     }
 }

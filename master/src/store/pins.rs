@@ -101,30 +101,26 @@ impl Pins {
         pins.insert(key, (generation, Instant::now()));
     }
 
-    /// The generation a stock agent `certname` placed on `chosen` (the
-    /// rollout's choice now) is answered from: the one its run was pinned
-    /// to at its first request, within the window; a run's first request
-    /// (`starts_run`) pins `chosen`.
-    pub(super) fn generation_for(
-        &self,
-        env: &EnvName,
-        certname: &str,
-        starts_run: bool,
-        chosen: GenerationId,
-    ) -> GenerationId {
+    /// The generation `certname`'s run of `env` is pinned to, if the pin
+    /// is younger than the window.
+    pub(super) fn pinned(&self, env: &EnvName, certname: &str) -> Option<GenerationId> {
         if self.window.is_zero() {
-            return chosen;
+            return None;
         }
         let key = (env.clone(), certname.to_owned());
-        let mut pins = lock(&self.pins);
-        match pins.get(&key) {
-            Some(&(g, at)) if !starts_run && at.elapsed() < self.window => g,
-            _ if !starts_run => chosen,
-            _ => {
-                self.pin(&mut pins, key, chosen);
-                chosen
-            }
+        lock(&self.pins)
+            .get(&key)
+            .filter(|(_, at)| at.elapsed() < self.window)
+            .map(|(g, _)| *g)
+    }
+
+    /// Pins `certname`'s run of `env`, starting now, to `generation`.
+    pub(super) fn pin_run(&self, env: &EnvName, certname: &str, generation: GenerationId) {
+        if self.window.is_zero() {
+            return;
         }
+        let key = (env.clone(), certname.to_owned());
+        self.pin(&mut lock(&self.pins), key, generation);
     }
 
     /// `old` was replaced as `env`'s index: kept for the window only if a
@@ -150,40 +146,9 @@ impl Pins {
         }
     }
 
-    /// The index `certname` is served for `env`, whose current index is
-    /// `current`: the one of the generation it is pinned to, if that is
-    /// the previous one and the pin is younger than the window; else
-    /// `current` (pinning it there when it has no pin, or when the request
-    /// `starts_run`).
-    pub(super) fn index_for(
-        &self,
-        env: &EnvName,
-        current: Arc<EnvIndex>,
-        certname: &str,
-        starts_run: bool,
-    ) -> Arc<EnvIndex> {
-        let Some(&now_gen) = current.generation.get() else {
-            return current;
-        };
-        if self.window.is_zero() {
-            return current;
-        }
-        let key = (env.clone(), certname.to_owned());
-        let mut pins = lock(&self.pins);
-        let pinned = match pins.get(&key) {
-            Some(&(g, at)) if !starts_run && at.elapsed() < self.window => g,
-            // Only a run's first request pins: a replica that did not see
-            // it serves the current generation.
-            _ if !starts_run => return current,
-            _ => {
-                self.pin(&mut pins, key, now_gen);
-                return current;
-            }
-        };
-        drop(pins);
-        if pinned == now_gen {
-            return current;
-        }
+    /// `env`'s index before its current one, if it is of generation
+    /// `pinned` and was replaced less than the window ago.
+    pub(super) fn previous(&self, env: &EnvName, pinned: GenerationId) -> Option<Arc<EnvIndex>> {
         let mut previous = lock(&self.previous);
         match previous.get(env) {
             Some((idx, at)) if at.elapsed() < self.window => {
@@ -192,24 +157,26 @@ impl Pins {
             Some(_) => previous.remove(env).and(None),
             None => None,
         }
-        .unwrap_or(current)
     }
 }
 
 impl Store {
-    /// The generation a v3 client placed on `chosen` of `name` by a
-    /// rollout is answered from (docs/rollouts.md#stock-puppet-agents):
-    /// for a stock agent (`stock`: its certname, and whether the request
-    /// starts a run) the generation its run is pinned to; else `chosen`.
-    pub fn placed_generation(
-        &self,
-        name: &EnvName,
-        stock: Option<(&str, bool)>,
-        chosen: GenerationId,
-    ) -> GenerationId {
-        stock.map_or(chosen, |(certname, starts_run)| {
-            self.pins.generation_for(name, certname, starts_run, chosen)
-        })
+    /// The generation a stock agent `certname`'s run of `name` is pinned
+    /// to, within `generations.pin` (placement.rs asks).
+    pub fn run_pin(&self, name: &EnvName, certname: &str) -> Option<GenerationId> {
+        self.pins.pinned(name, certname)
+    }
+
+    /// Pins the run of stock agent `certname` starting now to `generation`
+    /// of `name` (nothing when `generations.pin` is unset).
+    pub fn pin_run(&self, name: &EnvName, certname: &str, generation: GenerationId) {
+        self.pins.pin_run(name, certname, generation);
+    }
+
+    /// The index `name` served before its current one, of generation
+    /// `pinned`, kept for a stock run pinned to it within the window.
+    pub fn previous_index(&self, name: &EnvName, pinned: GenerationId) -> Option<Arc<EnvIndex>> {
+        self.pins.previous(name, pinned)
     }
 
     /// The index of generation `id` of `name` if it is at hand: `current`
@@ -301,17 +268,26 @@ mod tests {
             GenerationId(Sha256::of(b"a")),
             GenerationId(Sha256::of(b"b")),
         );
+        // As placement.rs uses them: a run's first request pins what it is
+        // placed on (`chosen`); the run's later ones read the pin.
+        let generation_for = |pins: &Pins, certname: &str, starts_run: bool, chosen| {
+            if starts_run {
+                pins.pin_run(&env, certname, chosen);
+                return chosen;
+            }
+            pins.pinned(&env, certname).unwrap_or(chosen)
+        };
         let pins = Pins::new(Duration::from_secs(60));
-        assert_eq!(pins.generation_for(&env, "n1", true, a), a, "a run starts");
+        assert_eq!(generation_for(&pins, "n1", true, a), a, "a run starts");
         assert_eq!(
-            pins.generation_for(&env, "n1", false, b),
+            generation_for(&pins, "n1", false, b),
             a,
             "a wave opened during the run: it stays"
         );
-        assert_eq!(pins.generation_for(&env, "n2", false, b), b, "not pinned");
-        assert_eq!(pins.generation_for(&env, "n1", true, b), b, "the next run");
+        assert_eq!(generation_for(&pins, "n2", false, b), b, "not pinned");
+        assert_eq!(generation_for(&pins, "n1", true, b), b, "the next run");
         let off = Pins::new(Duration::ZERO);
-        off.generation_for(&env, "n1", true, a);
-        assert_eq!(off.generation_for(&env, "n1", false, b), b, "pin off");
+        generation_for(&off, "n1", true, a);
+        assert_eq!(generation_for(&off, "n1", false, b), b, "pin off");
     }
 }
