@@ -72,7 +72,7 @@ impl Node {
     }
 
     /// A stock agent's certname: the run a pin holds.
-    fn stock_certname(&self) -> Option<&str> {
+    pub fn stock_certname(&self) -> Option<&str> {
         self.certname.as_deref().filter(|_| self.stock)
     }
 }
@@ -102,7 +102,8 @@ pub enum Placement {
 /// Everything [`decide`] looks at, read before it is asked.
 #[derive(Debug, Clone)]
 pub struct Facts<'a> {
-    /// The environment's kept generations, newest first.
+    /// The environment's kept generations, newest first (none read for
+    /// a v3 request without a policy: see [`place`]).
     pub kept: &'a [Kept],
     /// The rollout's commands' state.
     pub command: &'a Command,
@@ -182,7 +183,10 @@ pub enum Asking {
 }
 
 /// Where `node` is placed in `env`, whose index now is of generation
-/// `current`; a stock agent's run starting now is pinned to it.
+/// `current`; a stock agent's run starting now is pinned to it. Without a
+/// policy a v3 request needs nothing but the current index (and a stock
+/// run's pin): the kept generations and the rollout's state are not read,
+/// so a listing costs what it did before rollouts.
 pub fn place(
     store: &Store,
     rollouts: &Rollouts,
@@ -191,8 +195,15 @@ pub fn place(
     current: Option<GenerationId>,
     asking: Asking,
 ) -> Placement {
-    let kept = store.generations.kept(env);
-    let command = rollouts.command(env);
+    let policy = rollouts.policy(env);
+    let kept = match (policy, asking) {
+        (None, Asking::Files { .. }) => Vec::new(),
+        _ => store.generations.kept(env),
+    };
+    let command = match policy {
+        Some(_) => rollouts.command(env),
+        None => Command::default(),
+    };
     let reported = node.reported();
     let stock = match asking {
         Asking::Files { starts_run } => node.stock_certname().map(|c| (c, starts_run)),
@@ -205,8 +216,10 @@ pub fn place(
     let facts = Facts {
         kept: &kept,
         command: &command,
-        policy: rollouts.policy(env),
-        position: position(env.as_str(), node.certname.as_deref().unwrap_or_default()),
+        policy,
+        position: policy.map_or(0.0, |_| {
+            position(env.as_str(), node.certname.as_deref().unwrap_or_default())
+        }),
         now: Stamp::now(),
         current,
         reported,

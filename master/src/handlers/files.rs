@@ -94,7 +94,8 @@ async fn accept(
         .await
         .map_err(unplaced)?;
     Ok(Accepted {
-        stock: (node.stock || !Arc::ptr_eq(&index, &current)) && index.generation.get().is_some(),
+        stock: (node.stock_certname().is_some() || !Arc::ptr_eq(&index, &current))
+            && index.generation.get().is_some(),
         placed: state.rollouts.policy(&env).is_some(),
         index,
         target,
