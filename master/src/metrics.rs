@@ -138,7 +138,7 @@ pub struct Snapshot {
     /// Generations kept, by environment.
     pub generations_kept: Vec<(String, u64)>,
     /// Environments with a rollout policy, and whether halted.
-    pub rollout_halted: Vec<(String, bool)>,
+    pub rollout_halted: Vec<(pluginsync_common::envname::EnvName, bool)>,
     /// Nodes per environment and generation (docs/operating.md#the-fleet).
     pub fleet: Vec<FleetCount>,
 }
@@ -415,7 +415,7 @@ impl Metrics {
         for (env, halted) in &snapshot.rollout_halted {
             self.recorder
                 .register_gauge(
-                    &Self::key(ROLLOUT_HALTED, &[("environment", env.clone())]),
+                    &Self::key(ROLLOUT_HALTED, &[("environment", env.to_string())]),
                     &METADATA,
                 )
                 .set(if *halted { 1.0 } else { 0.0 });

@@ -537,12 +537,7 @@ fn snapshot(connections: &Connections, state: &AppState) -> Snapshot {
         generation_evictions: load(&store.generations.evictions),
         generation_store_errors: load(&store.generations.errors),
         inconsistent_builds: load(&s.inconsistent_builds),
-        rollout_halted: state
-            .rollouts
-            .halted(&store.generations)
-            .into_iter()
-            .map(|(e, h)| (e.to_string(), h))
-            .collect(),
+        rollout_halted: state.rollouts.halted(&store.generations),
         generations_kept: store
             .generations
             .counts()
