@@ -130,6 +130,9 @@ pub struct Servers {
     /// The listings the run holds, one per mount.
     listed: Vec<Listed>,
     replicas: tokio::sync::Mutex<Replicas>,
+    /// The server whose per-node answer said, in this run, that it serves
+    /// no generations ([`Servers::unassigned`]).
+    unassigned: Option<String>,
 }
 
 impl Servers {
@@ -141,7 +144,15 @@ impl Servers {
             origin: None,
             listed: Vec::new(),
             replicas: Default::default(),
+            unassigned: None,
         }
+    }
+
+    /// The server whose per-node answer said, in this run, that it serves
+    /// no generations (a 404 from a stock Puppet Server, or from Puppet
+    /// Server behind a balancer that does not route `/pluginsync/v1/`).
+    pub fn unassigned(&self) -> Option<&str> {
+        self.unassigned.as_deref()
     }
 
     /// Until when a refusing server is asked again by a request of the

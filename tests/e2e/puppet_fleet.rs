@@ -16,7 +16,11 @@
 //! reaches the node on the next run. Then pluginsync's agent with
 //! `environment_source = "server"` syncs the environment Puppet Server's
 //! ENC assigns. (Its fallback against a pluginsync master alone is in
-//! agent_puppetconf.rs.)
+//! agent_puppetconf.rs.) Through each balancer pluginsync's agent also
+//! takes a generation (per-node answer, manifest and blobs from the
+//! masters) and its node report reaches them (a master's inventory lists
+//! it); through HAProxy with the `/pluginsync/v1/` route removed it syncs
+//! listings and warns once per run that the balancer lacks that route.
 //!
 //! Skipped with a message where `puppet`, `puppetserver` or both balancers
 //! are missing (one balancer missing skips its part), except under CI. One
@@ -28,7 +32,7 @@ use std::time::Duration;
 use pluginsync_tests::balancer::{Backends, Balancer, ProxyBackend, wait_served};
 use pluginsync_tests::puppet::{PuppetAgent, PuppetServer};
 use pluginsync_tests::{
-    AgentHome, closed_port, merged_mount, require, tree_snapshot, without_modes,
+    AgentHome, closed_port, merged_mount, repo_root, require, tree_snapshot, without_modes,
 };
 
 const TEST: &str = "puppet_fleet";
@@ -104,9 +108,9 @@ fn plugin_requests(masters: &[ProxyBackend], skip: &[usize]) -> Vec<(String, Str
         .zip(skip)
         .flat_map(|(m, &n)| m.access_log().into_iter().skip(n))
         .filter(|v| {
-            v["target"]
-                .as_str()
-                .is_some_and(|t| t.starts_with("/puppet/v3/file_"))
+            v["target"].as_str().is_some_and(|t| {
+                t.starts_with("/puppet/v3/file_") || t.starts_with("/pluginsync/v1/")
+            })
         })
         .map(|v| {
             (
@@ -118,17 +122,19 @@ fn plugin_requests(masters: &[ProxyBackend], skip: &[usize]) -> Vec<(String, Str
         .collect()
 }
 
-/// Lines of Puppet Server's access log that asked for a plugin mount.
+/// Lines of Puppet Server's access log that asked for a plugin mount or
+/// a `/pluginsync/v1/` path.
 fn puppetserver_plugin_lines(log: &str) -> Vec<&str> {
     log.lines()
         .filter(|l| {
-            ["file_metadatas", "file_metadata", "file_content"]
-                .iter()
-                .any(|e| {
-                    ["plugins", "pluginfacts"]
-                        .iter()
-                        .any(|m| l.contains(&format!("/puppet/v3/{e}/{m}")))
-                })
+            l.contains(" /pluginsync/v1/")
+                || ["file_metadatas", "file_metadata", "file_content"]
+                    .iter()
+                    .any(|e| {
+                        ["plugins", "pluginfacts"]
+                            .iter()
+                            .any(|m| l.contains(&format!("/puppet/v3/{e}/{m}")))
+                    })
         })
         .collect()
 }
@@ -346,7 +352,7 @@ fn enc_through(name: &str, lb: &Balancer, server: &PuppetServer, masters: &[Prox
     assert!(
         !served.is_empty()
             && served.iter().all(|(c, t, s)| c == "enc-node"
-                && t.contains("environment=assigned")
+                && (t.contains("environment=assigned") || !t.contains("environment="))
                 && *s == 200),
         "{name}: {served:#?}"
     );
@@ -359,6 +365,119 @@ fn enc_through(name: &str, lb: &Balancer, server: &PuppetServer, masters: &[Prox
         without_modes(merged_mount(&server.envpath().join("production"), "lib")),
         "{name}: node1 left its configured environment: {run:?}"
     );
+}
+
+/// pluginsync's agent through the balancer takes a generation: the
+/// per-node answer, the manifest and the blobs come from the masters and
+/// none from Puppet Server, and its node report (on the next run's
+/// per-node request) reaches them: a master's inventory lists the node on
+/// that generation.
+fn generation_through(name: &str, lb: &Balancer, server: &PuppetServer, masters: &[ProxyBackend]) {
+    let url = format!("https://localhost:{}", lb.port);
+    let certname = format!("gen-{name}");
+    let home = AgentHome::with_ssldir(
+        &server.ssldir(),
+        &certname,
+        &[url],
+        "environment = \"production\"",
+    );
+    let skip: Vec<usize> = masters.iter().map(|m| m.access_log().len()).collect();
+    let server_before = server.access_log().lines().count();
+    let run = home.sync(&["-v", "--format", "json"]);
+    assert_eq!(run.code, 0, "{name}: {run:?}");
+    assert!(
+        run.stderr.contains("retrieving generation") && !run.stderr.contains("WARN"),
+        "{name}: no generation, or a warning: {run:?}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).expect("report");
+    let generation = report["generation"]
+        .as_str()
+        .expect("a generation")
+        .to_owned();
+    let env_dir = server.envpath().join("production");
+    assert_eq!(
+        without_modes(tree_snapshot(&home.libdir())),
+        without_modes(merged_mount(&env_dir, "lib")),
+        "{name}: {run:?}"
+    );
+    let served = plugin_requests(masters, &skip);
+    for path in ["/pluginsync/v1/assignment", "/pluginsync/v1/generations/"] {
+        assert!(
+            served
+                .iter()
+                .any(|(c, t, s)| *c == certname && t.starts_with(path) && *s == 200),
+            "{name}: no {path} answered by a master: {served:#?}"
+        );
+    }
+    let log = server.access_log();
+    let new: Vec<&str> = log.lines().skip(server_before).collect();
+    assert_eq!(
+        puppetserver_plugin_lines(&new.join("\n")),
+        Vec::<&str>::new(),
+        "{name}: Puppet Server answered pluginsync's agent"
+    );
+    // The next run's per-node request carries the report.
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{name}: {run:?}");
+    let listed = masters.iter().any(|m| {
+        let inventory = m
+            .get_as("localhost", "/pluginsync/v1/inventory")
+            .unwrap_or_default();
+        let inventory: serde_json::Value =
+            serde_json::from_str(&inventory).unwrap_or(serde_json::Value::Null);
+        inventory["nodes"].as_array().is_some_and(|nodes| {
+            nodes.iter().any(|n| {
+                n["certname"] == certname.as_str() && n["generation"] == generation.as_str()
+            })
+        })
+    });
+    assert!(listed, "{name}: no master lists {certname} on {generation}");
+}
+
+/// HAProxy with the shipped file minus its `/pluginsync/v1/` route (the
+/// routing gap of a balancer set up before that route existed): the
+/// per-node answer is Puppet Server's 404 while the listings come from a
+/// master, and the agent says so at warning level, once per run, naming
+/// the missing route; the sync itself succeeds from the listings.
+fn routing_gap(haproxy: &Path, backends: &Backends, server: &PuppetServer) {
+    let shipped =
+        std::fs::read_to_string(repo_root().join("packaging/haproxy-puppet.cfg")).unwrap();
+    let gap: String = shipped
+        .lines()
+        .filter(|l| l.trim() != "use_backend pluginsync if pluginsync_api")
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(
+        gap.lines().count(),
+        shipped.lines().count(),
+        "the route is gone from the file"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("haproxy-gap.cfg");
+    std::fs::write(&config, gap).unwrap();
+    let lb = Balancer::haproxy_with(haproxy, backends, &config);
+    let url = format!("https://localhost:{}", lb.port);
+    let home = AgentHome::with_ssldir(
+        &server.ssldir(),
+        "node1",
+        &[url],
+        "environment = \"production\"",
+    );
+    for round in ["first", "second"] {
+        let run = home.sync(&[]);
+        assert_eq!(run.code, 0, "{round} run: {run:?}");
+        let warned: Vec<&str> = run
+            .stderr
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("does not route /pluginsync/v1/"))
+            .collect();
+        assert_eq!(warned.len(), 1, "{round} run: one warning: {run:?}");
+        assert_eq!(
+            without_modes(tree_snapshot(&home.libdir())),
+            without_modes(merged_mount(&server.envpath().join("production"), "lib")),
+            "{round} run: {run:?}"
+        );
+    }
 }
 
 #[test]
@@ -381,7 +500,7 @@ fn stock_agents_run_through_the_split_and_the_enc_assigns_the_environment() {
             &http_port,
             "--header-identity",
             "--certs",
-            "node1,enc-node",
+            "node1,enc-node,gen-haproxy,gen-nginx",
             "--enc",
             "enc-node=assigned",
             "--manifest",
@@ -411,10 +530,14 @@ fn stock_agents_run_through_the_split_and_the_enc_assigns_the_environment() {
         let lb = Balancer::haproxy(&haproxy, &backends);
         full_run_through("haproxy", &lb, &server, &masters, &puppet);
         enc_through("haproxy", &lb, &server, &masters);
+        generation_through("haproxy", &lb, &server, &masters);
+        drop(lb);
+        routing_gap(&haproxy, &backends, &server);
     }
     if let Some(nginx) = nginx {
         let lb = Balancer::nginx(&nginx, &backends);
         full_run_through("nginx", &lb, &server, &masters, &puppet);
         enc_through("nginx", &lb, &server, &masters);
+        generation_through("nginx", &lb, &server, &masters);
     }
 }

@@ -50,6 +50,16 @@ impl Balancer {
     /// unmodified: every address and path given in the environment
     /// variables the file names.
     pub fn haproxy(haproxy: &Path, backends: &Backends) -> Balancer {
+        Balancer::haproxy_with(
+            haproxy,
+            backends,
+            &repo_root().join("packaging/haproxy-puppet.cfg"),
+        )
+    }
+
+    /// [`Balancer::haproxy`] with another configuration file `config`
+    /// taking the same environment variables (a variant of the shipped one).
+    pub fn haproxy_with(haproxy: &Path, backends: &Backends, config: &Path) -> Balancer {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = crate::closed_port();
         // HAProxy wants the certificate and its key in one PEM.
@@ -61,7 +71,7 @@ impl Balancer {
         let log = std::fs::File::create(dir.path().join("haproxy.log")).expect("log");
         let child = Command::new(haproxy)
             .args(["-db", "-f"])
-            .arg(repo_root().join("packaging/haproxy-puppet.cfg"))
+            .arg(config)
             .env("PUPPET_BIND", format!("127.0.0.1:{port}"))
             .env("PUPPET_CERT", &combined)
             .env("PUPPET_CA", &backends.ca)

@@ -63,6 +63,12 @@ impl Offers {
         }
     }
 
+    /// Whether the answer came from a pluginsync master: it carried one of
+    /// its `X-Pluginsync-*` headers (docs/protocol.md §7).
+    pub fn from_pluginsync(&self) -> bool {
+        self.generations || self.batch.is_some() || self.content != ContentBy::FileContent
+    }
+
     /// What `server`'s answer headers offer; a header that is not a path
     /// on `server` is ignored (with a warning when `warn`).
     pub(super) fn of(server: &str, headers: &HeaderMap, warn: bool) -> Offers {

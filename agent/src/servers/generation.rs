@@ -40,7 +40,9 @@ impl Servers {
         )
         .await;
         let (server, answer) = self.explained(answered).await?;
-        if !matches!(answer, AssignmentAnswer::NotServed) {
+        if matches!(answer, AssignmentAnswer::NotServed) {
+            self.unassigned = Some(server.clone());
+        } else {
             self.origin = Some(Origin {
                 server: server.clone(),
                 offers: Offers::generation(),

@@ -160,6 +160,7 @@ impl Run<'_> {
             });
         }
         if held.is_none() {
+            self.routing_gap(&passes);
             self.reprobe(&passes);
         }
         Ok((passes, held))
@@ -439,6 +440,27 @@ impl Run<'_> {
             }
         }
         Ok(held.manifest.as_ref().expect("just set"))
+    }
+
+    /// A per-node answer that said "no generations" while the listings
+    /// came from a pluginsync master (its `X-Pluginsync-*` headers) is a
+    /// balancer that routes Puppet's plugin paths to the masters but not
+    /// `/pluginsync/v1/`: a warning, once per run
+    /// (docs/puppet-fleet.md#the-node-side). A stock Puppet Server sends
+    /// no such headers and stays quiet.
+    fn routing_gap(&self, passes: &[Pass]) {
+        let Some(server) = self.servers.unassigned() else {
+            return;
+        };
+        if passes.iter().any(|p| p.origin.offers.from_pluginsync()) {
+            tracing::warn!(
+                server = %server,
+                "the listings come from a pluginsync master but GET /pluginsync/v1/assignment does not: \
+                 the balancer does not route /pluginsync/v1/ to the masters \
+                 (packaging/haproxy-puppet.cfg, packaging/nginx-puppet.conf); \
+                 syncing listings, without generations or node reports"
+            );
+        }
     }
 
     /// A run that synced listings because its servers served no
