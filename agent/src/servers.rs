@@ -28,10 +28,11 @@ use pluginsync_common::etag::ETag;
 use pluginsync_common::protocol::{ListingQuery, Mount};
 
 use crate::client::{
-    self, Attempt, Body, BodyError, Client, FetchError, FileWanted, ListingAnswer, Offers, Retry,
-    Revalidated, Transient, Undelivered, Unreached,
+    self, Attempt, Body, Client, FetchError, FileWanted, ListingAnswer, Offers, Retry, Revalidated,
+    Transient, Unreached,
 };
 
+mod download;
 mod generation;
 
 /// How long a request of the listing phase asks again a server that
@@ -107,6 +108,9 @@ struct Replicas {
     /// Per mount, the server the next download starts at: the last one
     /// that delivered (the origin until one failed).
     preferred: HashMap<Mount, String>,
+    /// The servers that served bytes not matching their digest in this
+    /// run (warned of once each).
+    bad_content: HashSet<String>,
 }
 
 /// Which replica a download's next attempt goes to.
@@ -318,94 +322,6 @@ impl Servers {
                 .batch(&replica.server, path, src.env, &what, hashes)
                 .await,
         )
-    }
-
-    /// Fetches `<mount>/<rel>` (content `digest`) and hands each 2xx body
-    /// to `take`, which writes and verifies it (it must start over on every
-    /// call: a retry is a whole new body, from whichever replica).
-    ///
-    /// Each attempt goes to one replica (`Client::content`): first the one
-    /// that delivered last for this mount (the origin to begin with), after
-    /// a failure the next one in `servers` order that serves the same
-    /// listing (checked once per replica, `Servers::verdict`), wrapping
-    /// around. A transient failure waits the one backoff before the next
-    /// attempt. A replica that answered and failed `retries` times is not
-    /// asked again; one that refuses connections (a master restarting) is
-    /// asked again until the run's deadline. A [`BodyError::Refused`], a
-    /// checksum mismatch or a final status fails the download at once.
-    pub async fn download<T>(
-        &self,
-        src: &Source<'_>,
-        rel: &str,
-        digest: &Sha256,
-        take: &mut impl AsyncFnMut(Body) -> Result<T, BodyError>,
-    ) -> Result<T, FetchError> {
-        let retry = self.client.retry();
-        let file = FileWanted {
-            mount: src.mount,
-            env: src.env,
-            rel,
-            digest,
-        };
-        let what = format!("{}/{rel}", src.mount);
-        let mut failures: HashMap<String, u32> = HashMap::new();
-        let mut exhausted: HashSet<String> = HashSet::new();
-        let mut last: Option<(String, Transient)> = None;
-        let give_up = |last: Option<(String, Transient)>, deadline: bool| {
-            let (server, detail) = match last {
-                Some((server, error)) => (server, Undelivered::Failed(Box::new(error))),
-                None => (src.origin.server.clone(), Undelivered::NoReplica),
-            };
-            let detail = match deadline {
-                true => Undelivered::Deadline(Box::new(detail)),
-                false => detail,
-            };
-            FetchError::Download {
-                server,
-                what: what.clone(),
-                detail,
-            }
-        };
-        for n in 0u32.. {
-            if retry.remaining().is_zero() {
-                return Err(give_up(last, true));
-            }
-            let previous = last.as_ref().map(|(s, _)| s.as_str());
-            let replica = match self.pick(src, previous, &exhausted).await {
-                Pick::Use(r) => r,
-                Pick::GiveUp => return Err(give_up(last, false)),
-                Pick::Wait => {
-                    retry.backoff(n, None).await;
-                    continue;
-                }
-            };
-            let attempt = self
-                .client
-                .content(&replica.server, &replica.offers, &file, take)
-                .await;
-            match attempt {
-                Attempt::Done(v) => {
-                    self.prefer(src.mount, &replica.server).await;
-                    return Ok(v);
-                }
-                Attempt::Fatal(e) => return Err(e),
-                Attempt::Retry { error, after } => {
-                    let server = replica.server;
-                    tracing::info!(server = %server, what = %what, attempt = n + 1, error = %error, "download failed");
-                    if error.reached() {
-                        let count = failures.entry(server.clone()).or_default();
-                        *count += 1;
-                        if *count >= retry.retries() {
-                            exhausted.insert(server.clone());
-                        }
-                    }
-                    self.avoid(src, &server).await;
-                    last = Some((server, error));
-                    retry.backoff(n, after).await;
-                }
-            }
-        }
-        unreachable!("the attempts loop returns")
     }
 
     /// The replica for `src`'s next attempt: the servers in order from the

@@ -491,6 +491,18 @@ fn a_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
     let key = format!("{BLOB_PREFIX}{}", sha256_hex(next_text.as_bytes()));
     let entry = cache_file(&cache.cache_dir(), &key).expect("the new blob is in nginx's cache");
     corrupt_body(&entry);
+    // docs/cache.md#a-wrong-entry's grep names that file and no other.
+    let grep = std::process::Command::new("grep")
+        .arg("-rl")
+        .arg(format!("^KEY: {key}$"))
+        .arg(cache.cache_dir())
+        .output()
+        .expect("grep");
+    assert_eq!(
+        String::from_utf8_lossy(&grep.stdout).trim(),
+        entry.display().to_string(),
+        "the documented grep"
+    );
     let victim = &homes[1];
     let before = node_state(victim);
     let refused = victim.sync(&[]);
@@ -508,6 +520,41 @@ fn a_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
     assert!(
         node_state(victim) == before,
         "a refused run changed the node"
+    );
+    // With a master after the cache (`servers = [cache, master]`) the same
+    // wrong blob fails no run: that blob comes from the master (verified
+    // all the same), and one warning names the cache.
+    let both = &homes[2];
+    let config = both.path().join("agent.toml");
+    let toml = std::fs::read_to_string(&config).expect("agent.toml");
+    let servers = format!("servers = [{server:?}, {:?}]", masters[0].tls_url());
+    let first_line = toml.lines().next().expect("a servers line").to_owned();
+    std::fs::write(&config, toml.replacen(&first_line, &servers, 1)).expect("agent.toml");
+    let skip: Vec<usize> = masters.iter().map(|m| m.access_log().len()).collect();
+    let recovered = both.sync(&[]);
+    assert_eq!(recovered.code, 0, "{}", recovered.stderr);
+    let warned: Vec<&str> = recovered
+        .stderr
+        .lines()
+        .filter(|l| l.contains("WARN"))
+        .collect();
+    assert!(
+        warned.len() == 1
+            && warned[0].contains(&format!("{server} served bad content"))
+            && warned[0].contains("does not match its listed checksum"),
+        "not one warning naming the cache:\n{}",
+        recovered.stderr
+    );
+    assert!(
+        node_state(both) == served_state(&env_dir),
+        "with the master after the cache, the node does not hold the tree"
+    );
+    let blob = format!("{BLOB_PREFIX}{}", sha256_hex(next_text.as_bytes()));
+    assert!(
+        master_entries(&masters, &skip)
+            .iter()
+            .any(|e| e["target"] == blob.as_str() && e["status"] == 200),
+        "the blob did not come from the master"
     );
     // Through a clean path (the entry removed) the next run converges.
     std::fs::remove_file(&entry).expect("remove the cache entry");

@@ -459,6 +459,20 @@ impl ProxyBackend {
         head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
     }
 
+    /// Its mTLS listener as a URL for agents (`https://localhost:port`),
+    /// from its `listening on` log line.
+    pub fn tls_url(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let addr = text
+            .lines()
+            .filter(|l| !l.contains("proxy listening on "))
+            .find_map(|l| l.split("listening on ").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .expect("the master's listening on line");
+        let port = addr.rsplit(':').next().expect("a port");
+        format!("https://localhost:{port}")
+    }
+
     /// Its access log so far: one JSON object per request.
     pub fn access_log(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.log)

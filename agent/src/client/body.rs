@@ -63,9 +63,12 @@ impl Body {
 pub enum BodyError {
     /// The transfer broke off: another attempt may do better.
     Cut(Transient),
-    /// Anything else (the bytes do not match, the staged file cannot be
-    /// written): the download fails with this.
+    /// Anything else (the staged file cannot be written): the download
+    /// fails with this.
     Refused(String),
+    /// The bytes do not hash to the digest asked for: this server served
+    /// bad content, another may serve the right bytes.
+    Mismatch(String),
 }
 
 /// How much of a body [`read_capped`] read.

@@ -153,10 +153,14 @@ fn last_words(t: Option<&Transient>) -> String {
 /// Why a download was not delivered.
 #[derive(Debug, thiserror::Error)]
 pub enum Undelivered {
-    /// The body's consumer refused it (the bytes do not match, the staged
-    /// file cannot be written, a batch frame that was not asked for).
+    /// The body's consumer refused it (the staged file cannot be written,
+    /// a batch frame that was not asked for).
     #[error("{0}")]
     Rejected(String),
+    /// The bytes do not match the digest asked for: the server served bad
+    /// content (`Servers::download` asks the next one).
+    #[error("{0}")]
+    Mismatch(String),
     /// The last failure of the last replica tried.
     #[error(transparent)]
     Failed(Box<Transient>),

@@ -449,6 +449,11 @@ impl Client {
                 what: what.to_owned(),
                 detail: Undelivered::Rejected(detail),
             }),
+            Err(BodyError::Mismatch(detail)) => Attempt::Fatal(FetchError::Download {
+                server: server.to_owned(),
+                what: what.to_owned(),
+                detail: Undelivered::Mismatch(detail),
+            }),
         }
     }
 

@@ -68,7 +68,7 @@ impl StagedFile {
         }
         let got = hasher.digest();
         if want != got {
-            return Err(BodyError::Refused(format!(
+            return Err(BodyError::Mismatch(format!(
                 "content does not match its listed checksum (expected {}, got {})",
                 want.to_checksum(),
                 got.to_checksum()
