@@ -167,6 +167,35 @@ fn forged_get(lb: &Balancer, ca: &Path, target: &str) -> u16 {
     })
 }
 
+/// `GET /pluginsync/v1/inventory` of the master at `url` (its mTLS
+/// listener), as the master itself (its own certificate may ask):
+/// `Null` when it cannot be had.
+fn inventory(url: &str, ssl: &Path) -> serde_json::Value {
+    pluginsync_common::tls::install_default_provider();
+    let ca = std::fs::read(ssl.join("certs/ca.pem")).expect("ca");
+    let mut pem = std::fs::read(ssl.join("certs/localhost.pem")).expect("cert");
+    pem.extend(std::fs::read(ssl.join("private_keys/localhost.pem")).expect("key"));
+    let client = reqwest::Client::builder()
+        .tls_certs_only(reqwest::Certificate::from_pem_bundle(&ca).expect("ca pem"))
+        .identity(reqwest::Identity::from_pem(&pem).expect("identity"))
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let resp = client
+            .get(format!("{url}/pluginsync/v1/inventory"))
+            .send()
+            .await
+            .ok()?;
+        resp.json::<serde_json::Value>().await.ok()
+    })
+    .unwrap_or(serde_json::Value::Null)
+}
+
 /// One balancer's part: the stock agent's full run, what answered its
 /// plugin requests, and a changed plugin on the next run.
 fn full_run_through(
@@ -419,12 +448,9 @@ fn generation_through(name: &str, lb: &Balancer, server: &PuppetServer, masters:
     // The next run's per-node request carries the report.
     let run = home.sync(&[]);
     assert_eq!(run.code, 0, "{name}: {run:?}");
+    let ssl = server.ssldir();
     let listed = masters.iter().any(|m| {
-        let inventory = m
-            .get_as("localhost", "/pluginsync/v1/inventory")
-            .unwrap_or_default();
-        let inventory: serde_json::Value =
-            serde_json::from_str(&inventory).unwrap_or(serde_json::Value::Null);
+        let inventory = inventory(&m.tls_url(), &ssl);
         inventory["nodes"].as_array().is_some_and(|nodes| {
             nodes.iter().any(|n| {
                 n["certname"] == certname.as_str() && n["generation"] == generation.as_str()
