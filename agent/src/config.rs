@@ -5,12 +5,11 @@
 //! `ca`/`cert`/`key`/`crl` paths or as a Puppet ssldir plus certname (Puppet's layout, so a node
 //! that already runs Puppet can reuse its certificate).
 //!
-//! Parse, then resolve: [`AgentConfig`] is the file as written;
-//! [`AgentConfig::load`] checks it once and keeps every value in working
-//! form ([`AgentFile`]: the ignore globs and the loader table compiled, the
-//! constraints parsed, the servers and the environment checked), which
-//! `settings.rs` resolves with the command line and puppet.conf and nothing
-//! downstream parses again. `[load]` and `[[loader]]` are `loaders.rs`'s.
+//! Parse, then resolve: [`AgentConfig`] is the file as written; [`AgentConfig::load`] checks it
+//! once and keeps every value in working form ([`AgentFile`]: the ignore globs and the loader
+//! table compiled, the constraints parsed, the servers and the environment checked), which
+//! `settings.rs` resolves with the command line and puppet.conf and nothing downstream parses
+//! again. `[load]` and `[[loader]]` are `loaders.rs`'s, `[facts]` is `facts.rs`'s.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -34,8 +33,7 @@ pub use pluginsync_common::config::ConfigError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum SourcePermissions {
-    /// Apply the listing's permission bits (`mode & 0o777`) to files and
-    /// directories, on every run.
+    /// Apply the listing's permission bits (`mode & 0o777`) to files and directories, on every run.
     #[default]
     Use,
     /// New files get 0644 and new directories 0755; existing modes are left
@@ -128,8 +126,7 @@ pub struct AgentConfig {
     /// [`DEFAULT_SERVER`] (`settings.rs` resolves it).
     #[serde(default)]
     pub servers: Option<Vec<String>>,
-    /// The environment to sync; unset: puppet.conf's, else
-    /// [`DEFAULT_ENVIRONMENT`].
+    /// The environment to sync; unset: puppet.conf's, else [`DEFAULT_ENVIRONMENT`].
     #[serde(default)]
     pub environment: Option<String>,
     /// Puppet's settings file read for what this file leaves unset
@@ -195,8 +192,10 @@ pub struct AgentConfig {
     /// The switch of generations (docs/agent.md#generations-and-rollback).
     #[serde(default)]
     pub switch: SwitchConfig,
-    /// The top-level keys the file sets (`pluginsync-agent config` tells
-    /// a value from the file from a default).
+    /// Fact health (docs/loading.md#fact-health), kept in `load.facts`.
+    #[serde(default)]
+    pub facts: crate::facts::FactsConfig,
+    /// The top-level keys the file sets (`config` tells a file's value from a default).
     #[serde(skip)]
     pub keys: BTreeSet<String>,
 }
@@ -342,6 +341,7 @@ impl AgentConfig {
     /// Parses TOML; relative paths are relative to the config's directory.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let mut config: Self = pluginsync_common::config::parse(text, path)?;
+        config.load.facts = config.facts.clone();
         config.keys = toml::from_str::<toml::Table>(text)
             .map(|t| t.keys().cloned().collect())
             .unwrap_or_default();

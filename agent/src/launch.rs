@@ -145,6 +145,30 @@ pub async fn run_isolated(
     cwd: Option<&Path>,
     timeout: Duration,
 ) -> Result<ChildOutput, LaunchError> {
+    let (status, output) = run_output(argv, env, cwd, timeout).await?;
+    if status.success() {
+        return Ok(output);
+    }
+    let ended = match (status.code(), status.signal()) {
+        (Some(code), _) => Ended::Status(code),
+        (None, Some(sig)) => Ended::Signal(sig),
+        _ => Ended::Other,
+    };
+    Err(LaunchError::Failed {
+        ended,
+        stderr: tail(&output.stderr),
+    })
+}
+
+/// [`run_isolated`], but a child that ran to its end is `Ok` whatever its
+/// status, with all of its (bounded) output: for a caller that judges the
+/// output itself (`facts.rs`: Facter's `ERROR` lines).
+pub async fn run_output(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    cwd: Option<&Path>,
+    timeout: Duration,
+) -> Result<(std::process::ExitStatus, ChildOutput), LaunchError> {
     let (program, args) = argv.split_first().ok_or(LaunchError::EmptyCommand)?;
     let mut cmd = match SUPERVISOR.get() {
         // The agent binary in its supervisor mode, which execs nothing
@@ -217,18 +241,7 @@ pub async fn run_isolated(
         .ok()
         .and_then(Result::ok)
         .unwrap_or_default();
-    if status.success() {
-        return Ok(ChildOutput { stdout, stderr });
-    }
-    let ended = match (status.code(), status.signal()) {
-        (Some(code), _) => Ended::Status(code),
-        (None, Some(sig)) => Ended::Signal(sig),
-        _ => Ended::Other,
-    };
-    Err(LaunchError::Failed {
-        ended,
-        stderr: tail(&stderr),
-    })
+    Ok((status, ChildOutput { stdout, stderr }))
 }
 
 /// The last of `attempts` failed launches; the count is named when there

@@ -19,6 +19,7 @@ pub mod config;
 pub mod delta;
 pub mod describe;
 pub mod exit;
+pub mod facts;
 pub mod launch;
 pub mod layouts;
 pub mod listing;

@@ -38,6 +38,10 @@ pub struct LoadConfig {
     pub plugin_prefix: String,
     /// Version constraints per plugin name, e.g. `hello = ">=1.0, <2"`.
     pub constraints: BTreeMap<String, String>,
+    /// `[facts]`, a table of its own (`AgentConfig::parse` puts it here):
+    /// checked whether or not `enabled`.
+    #[serde(skip)]
+    pub facts: crate::facts::FactsConfig,
 }
 
 impl Default for LoadConfig {
@@ -50,6 +54,7 @@ impl Default for LoadConfig {
             after_load_timeout: Duration::from_secs(10),
             plugin_prefix: "pluginsync-plugin".into(),
             constraints: Default::default(),
+            facts: Default::default(),
         }
     }
 }

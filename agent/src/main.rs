@@ -11,7 +11,7 @@ use pluginsync_agent::exit::ExitStatus;
 use pluginsync_agent::output;
 use pluginsync_agent::plugins::Registry;
 use pluginsync_agent::report::{self, Report};
-use pluginsync_agent::settings::{Overrides, Settings};
+use pluginsync_agent::settings::{self, Overrides, Settings};
 use pluginsync_agent::signals::Interrupts;
 use pluginsync_agent::sync::SyncError;
 use pluginsync_agent::{certs, metrics};
@@ -218,7 +218,20 @@ fn sync_or_rollback(
 /// `pluginsync-agent config`: every effective setting and its source.
 fn show_config(config: &Path, overrides: Overrides, format: cli::Format) -> Ended {
     let file = load_config(config)?;
-    let settings = Settings::resolve(file, overrides).map_err(resolve_error)?;
+    let facts_source = match file.keys.contains("facts") {
+        true => settings::Source::AgentToml,
+        false => settings::Source::Default,
+    };
+    let mut settings = Settings::resolve(file, overrides).map_err(resolve_error)?;
+    // `[facts]` (docs/loading.md#fact-health), as it resolves on this node.
+    for (name, value) in settings.load.facts.values() {
+        let source = facts_source;
+        (settings.effective).push(settings::Effective {
+            name,
+            value,
+            source,
+        });
+    }
     // Said where an operator checks a config, not only when a run loads
     // (docs/loading.md#never-put-path-in-a-shell-script).
     for (loader, placeholder) in settings.loaders.shell_interpolations() {

@@ -14,6 +14,7 @@ mod agent_guard;
 // One generation per run: a deploy between the agent's requests, a wrong blob from a cache, bundles.
 mod agent_generations;
 // Loading synced plugins after a sync: loaders as child processes, failures, versions, the report.
+mod agent_facts;
 mod agent_load;
 // The agent's textfile metrics after good and failed runs; `report` as a monitoring check.
 mod agent_metrics;

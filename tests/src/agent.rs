@@ -9,7 +9,8 @@ use crate::pki::Pki;
 use crate::process::bin_path;
 
 /// An agent configured in a tempdir: `agent.toml`, `lib/`, `facts.d/`,
-/// `var/`, with `node1`'s certificate from `pki`.
+/// `var/`, with `node1`'s certificate from `pki`; `[facts] check = false`
+/// unless `extra` has a `[facts]` table.
 pub struct AgentHome {
     dir: tempfile::TempDir,
 }
@@ -68,10 +69,17 @@ impl AgentHome {
         extra: &str,
     ) -> AgentHome {
         let servers: Vec<String> = servers.iter().map(|s| format!("{s:?}")).collect();
-        let toml = format!(
+        let mut toml = format!(
             "servers = [{}]\npuppet_conf = \"\"\nlibdir = \"lib\"\nfactsdir = \"facts.d\"\nvardir = \"var\"\ntimeout = \"60s\"\nretries = 2\n{extra}\n[tls]\nssldir = {ssldir:?}\ncertname = {certname:?}\n",
             servers.join(", "),
         );
+        // Fact health (docs/loading.md#fact-health) is off unless a test
+        // configures `[facts]`: Facter runs cost seconds, and the other
+        // tests' reports assert their own loads (tests/e2e/agent_facts.rs
+        // checks it on by default).
+        if !extra.contains("[facts]") {
+            toml.push_str("[facts]\ncheck = false\n");
+        }
         std::fs::write(dir.path().join("agent.toml"), toml).expect("write config");
         AgentHome { dir }
     }

@@ -10,7 +10,7 @@ use pluginsync_common::relpath::RelPath;
 
 use super::Run;
 use super::pass::Pass;
-use crate::load::{LoadEntry, LoadState, Loaders, PendingLoads};
+use crate::load::{LoadEntry, LoadState, LoadStatus, Loaders, PendingLoads};
 use crate::plugins::Registry;
 use crate::settings::Settings;
 
@@ -133,6 +133,26 @@ pub(super) async fn load_files(
                 .await;
         }
     }
+    // Fact health (docs/loading.md#fact-health): on by default, loaders
+    // or not; one entry per changed fact file, loader `facter`.
+    let (libdir, factsdir) = (settings.libdir.as_path(), settings.factsdir.as_deref());
+    let checked = crate::facts::check(
+        &settings.load.facts,
+        libdir,
+        factsdir,
+        &settings.vardir,
+        written,
+    );
+    loads.extend(checked.await.into_iter().map(|c| LoadEntry {
+        path: c.path,
+        loader: Some(crate::facts::LOADER.to_owned()),
+        status: match c.error {
+            None => LoadStatus::Ok,
+            Some(_) => LoadStatus::Failed,
+        },
+        error: c.error,
+        duration_ms: c.duration_ms,
+    }));
     if registry != before
         && let Err(e) = registry.save(&settings.vardir)
     {

@@ -1,0 +1,153 @@
+//! Fact health (docs/loading.md#fact-health) with the real Facter: a
+//! generation adding the four bad facts a Puppet fleet breaks on (a
+//! facts.d script exiting 3, one printing control bytes and no `=`, one
+//! sleeping 20 s, a `lib/facter/*.rb` raising in `setcode`) beside good
+//! ones. Each bad file is a load failure naming it, loader `facter`; the
+//! good ones pass; the run's wall time stays within one deadline (not
+//! 20 s and more), the hanging script is killed, the failures reach the
+//! node report's state, and `pluginsync-agent config` shows `[facts]`.
+//! Skipped with a message where `facter` is not installed.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use pluginsync_tests::{AgentHome, EnvTree, Pki, TestMaster, config_toml, parse_config, require};
+
+const TEST: &str = "agent_facts";
+
+/// Each fact file's deadline: the default (`[facts] timeout`).
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// The tree: the four bad facts, a good custom fact and a good external
+/// one, and a plugin that is no fact; `sleep.sh` writes its pid to `pid`.
+fn tree(pid: &std::path::Path) -> EnvTree {
+    let t = EnvTree::new();
+    let put = |rel: &str, text: String, mode: u32| t.file("production", "alpha", rel, text, mode);
+    put(
+        "lib/facter/raises.rb",
+        "Facter.add(:raises) { setcode { raise 'boom in setcode' } }\n".into(),
+        0o644,
+    );
+    put(
+        "lib/facter/good.rb",
+        "Facter.add(:good_custom) { setcode { 'yes' } }\n".into(),
+        0o644,
+    );
+    put("lib/puppet/functions/f.rb", "# not a fact\n".into(), 0o644);
+    put(
+        "facts.d/exit3.sh",
+        "#!/bin/sh\necho exit3=1\nexit 3\n".into(),
+        0o755,
+    );
+    put(
+        "facts.d/garbage.sh",
+        "#!/bin/sh\nprintf '\\001\\002\\033garbage\\n'\n".into(),
+        0o755,
+    );
+    put(
+        "facts.d/sleep.sh",
+        format!("#!/bin/sh\necho $$ > {}\nexec sleep 20\n", pid.display()),
+        0o755,
+    );
+    put("facts.d/good.txt", "good_external=1\n".into(), 0o644);
+    t
+}
+
+/// True if `pid` is not running (gone, or a zombie nobody reaped yet).
+fn dead(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) {
+        Err(_) => true,
+        Ok(stat) => {
+            stat.rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next())
+                == Some("Z")
+        }
+    }
+}
+
+#[test]
+fn each_changed_fact_is_resolved_by_facter_within_its_own_deadline() {
+    if require("facter", "facter", TEST).is_none() {
+        return;
+    }
+    let marks = tempfile::tempdir().unwrap();
+    let pid = marks.path().join("pid");
+    let (tree, pki) = (tree(&pid), Pki::new());
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    // `[facts]` empty: every default, so on because Facter is on PATH.
+    let home = AgentHome::new(&pki, &[master.url()], "[facts]");
+
+    let started = Instant::now();
+    let run = home.sync(&["--format", "json", "-v"]);
+    let took = started.elapsed();
+    assert_eq!(run.code, 0, "fact failures do not fail the sync: {run:?}");
+    assert!(
+        took < DEADLINE + Duration::from_secs(6),
+        "the run took {took:?}: not bounded by one deadline ({DEADLINE:?})"
+    );
+    let report: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    let loads: BTreeMap<String, serde_json::Value> = report["loads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["path"].as_str().unwrap().to_owned(), l.clone()))
+        .collect();
+    let names: Vec<&str> = loads.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "pluginfacts/exit3.sh",
+            "pluginfacts/garbage.sh",
+            "pluginfacts/good.txt",
+            "pluginfacts/sleep.sh",
+            "plugins/facter/good.rb",
+            "plugins/facter/raises.rb",
+        ],
+        "one entry per fact file, none for other plugins: {loads:#?}"
+    );
+    let failed = |path: &str, says: &str| {
+        let l = &loads[path];
+        assert_eq!(l["status"], "failed", "{path}: {l}");
+        assert_eq!(l["loader"], "facter", "{path}: {l}");
+        let error = l["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains(says),
+            "{path}: {error:?} does not say {says:?}: {loads:#?}\n{run:?}"
+        );
+    };
+    failed("pluginfacts/exit3.sh", "exited with status 3");
+    failed("pluginfacts/garbage.sh", "unparsable output");
+    failed("pluginfacts/sleep.sh", "timed out after");
+    failed("plugins/facter/raises.rb", "boom in setcode");
+    for good in ["pluginfacts/good.txt", "plugins/facter/good.rb"] {
+        let l = &loads[good];
+        assert_eq!(l["status"], "ok", "{good}: {l}");
+        assert!(
+            l["duration_ms"]
+                .as_u64()
+                .is_some_and(|ms| ms < DEADLINE.as_millis() as u64),
+            "{good}: its load time is reported: {l}"
+        );
+    }
+    // The hanging script was killed at the deadline, not left running.
+    let pid = std::fs::read_to_string(&pid).expect("sleep.sh ran");
+    assert!(dead(&pid), "sleep.sh (pid {pid}) outlived its deadline");
+    // The failures are what the next per-node request reports.
+    let state = std::fs::read_to_string(home.vardir().join("loads.production.json")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(state["loads_ok"], 2, "{state}");
+    assert_eq!(state["failed"].as_array().map(Vec::len), Some(4), "{state}");
+
+    // An unchanged tree checks nothing again.
+    let again = home.sync(&["--format", "json"]);
+    let report: serde_json::Value = serde_json::from_str(again.stdout.trim()).unwrap();
+    assert_eq!(report["loads"], serde_json::json!([]), "{again:?}");
+
+    let config = home.run(&["config"]);
+    assert!(
+        config.stdout.contains("facts.check = true (Facter found)")
+            && config.stdout.contains("facts.timeout = 10s  (agent.toml)"),
+        "{config:?}"
+    );
+}
