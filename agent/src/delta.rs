@@ -70,7 +70,7 @@ pub enum DeltaError {
 /// checked against the delta's own `etag` line and the answer's `ETag`
 /// header `etag` (in any form: `"…"`, `"…-gzip"`).
 pub fn rebuild(base: &[u8], delta: &[u8], etag: Option<&ETag>) -> Result<Vec<u8>, DeltaError> {
-    let d = parse_delta(delta)?;
+    let d = parse_delta(delta, MAX_LISTING_ENTRIES)?;
     if let Some(header) = etag
         && !header.same_content(&d.etag)
     {
@@ -184,14 +184,21 @@ mod tests {
             Err(DeltaError::Mismatch { .. })
         ));
         // A copy out of range, a wrong count, a cut body.
-        let far = text.replacen("c 3 1", "c 3 9", 1);
+        let far = text.replacen("c 3 1", "c 9 1", 1);
         assert!(matches!(
             rebuild(&base, far.as_bytes(), Some(&tag)),
             Err(DeltaError::Apply(_))
         ));
+        // A copy past what it announced is refused as it is parsed.
+        let more = text.replacen("c 3 1", "c 3 9", 1);
+        assert!(matches!(
+            rebuild(&base, more.as_bytes(), Some(&tag)),
+            Err(DeltaError::Format(DeltaFormatError::MoreThanAnnounced(5)))
+        ));
         // A base entry copied twice: never a listing (its paths are
         // unique), and how a small delta would make a huge one.
-        let twice = text.replacen("c 3 1", "c 3 1\nc 3 1", 1);
+        let twice =
+            (text.replacen("c 3 1", "c 3 1\nc 3 1", 1)).replacen("entries 5", "entries 6", 1);
         assert!(matches!(
             rebuild(&base, twice.as_bytes(), Some(&tag)),
             Err(DeltaError::Apply(DeltaApplyError::CopiedTwice(3)))

@@ -122,6 +122,13 @@ pub struct LoaderConfig {
     /// there is a local build, preferred over installed releases.
     #[serde(default)]
     pub host_dir: Option<String>,
+    /// The operator accepts that this loader's `command` puts `{path}` or
+    /// `{relpath}` inside a shell script, where a module file named
+    /// `$(…)` runs as root: without it such a loader is refused when the
+    /// configuration is read
+    /// (docs/loading.md#never-put-path-in-a-shell-script).
+    #[serde(default)]
+    pub allow_shell_relpath: bool,
 }
 
 /// How `describe` plugins are laid out and named.
@@ -235,6 +242,19 @@ pub enum LoaderError {
     /// `attempts = 0`.
     #[error("[[loader]] {0}: attempts must be at least 1")]
     NoAttempts(usize),
+    /// A file name put inside a shell script without
+    /// `allow_shell_relpath = true`.
+    #[error(
+        "[[loader]] {index} '{label}' puts {placeholder} inside a shell script, where a module file named $(…) would run as root; pass it as an argument after the script (command = [\"sh\", \"-c\", \"ruby -c \\\"$1\\\"\", \"sh\", \"{placeholder}\"], docs/loading.md#never-put-path-in-a-shell-script) or set allow_shell_relpath = true on the loader to accept it"
+    )]
+    ShellInterpolation {
+        /// 1-based position of the loader.
+        index: usize,
+        /// Its name in reports, escaped for the terminal.
+        label: String,
+        /// `{path}` or `{relpath}`.
+        placeholder: &'static str,
+    },
     /// A constraint that does not parse.
     #[error("[load.constraints] {name} = '{value}': {source}")]
     Constraint {
@@ -351,6 +371,15 @@ fn compile_loader(index: usize, l: &LoaderConfig) -> Result<Loader, LoaderError>
     if l.attempts == Some(0) {
         return Err(LoaderError::NoAttempts(index));
     }
+    if let Some(placeholder) = l.shell_interpolation()
+        && !l.allow_shell_relpath
+    {
+        return Err(LoaderError::ShellInterpolation {
+            index,
+            label: pluginsync_common::text::escape(l.label()).into_owned(),
+            placeholder,
+        });
+    }
     Ok(Loader {
         matcher: glob.compile_matcher(),
         config: l.clone(),
@@ -409,11 +438,31 @@ mod tests {
     }
 
     #[test]
+    fn a_file_name_inside_a_shell_script_is_refused_unless_accepted() {
+        let e = table(
+            "[[loader]]\nmatch = \"a/*\"\nkind = \"command\"\n\
+             command = [\"ruby\", \"-c\", \"{path}\"]\n\
+             [[loader]]\nname = \"inline\"\nmatch = \"a/*\"\nkind = \"command\"\n\
+             command = [\"sh\", \"-c\", \"ruby -c {relpath}\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("[[loader]] 2 'inline' puts {relpath} inside a shell script")
+                && e.contains(r#"["sh", "-c", "ruby -c \"$1\"", "sh", "{relpath}"]"#)
+                && e.contains("allow_shell_relpath = true"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_file_name_inside_a_shell_script_is_reported() {
         let t = table(
             "[[loader]]\nname = \"inline\"\nmatch = \"a/*\"\nkind = \"command\"\n\
+             allow_shell_relpath = true\n\
              command = [\"/bin/sh\", \"-c\", \"ruby -c {path}\"]\n\
              [[loader]]\nname = \"bash\"\nmatch = \"b/*\"\nkind = \"command\"\n\
+             allow_shell_relpath = true\n\
              command = [\"env\", \"bash\", \"--noprofile\", \"-ec\", \"x '{relpath}'\"]\n\
              [[loader]]\nname = \"argument\"\nmatch = \"c/*\"\nkind = \"command\"\n\
              command = [\"sh\", \"-c\", \"ruby -c \\\"$1\\\"\", \"sh\", \"{path}\"]\n\

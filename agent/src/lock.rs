@@ -306,9 +306,13 @@ fn holder(path: &Path) -> Holder {
     // A pid is a few bytes: a larger file is read no further; a FIFO in its
     // place does not block the run (opened non-blocking, then refused).
     let mut text = String::new();
+    // Never through a symlink: the file is Puppet's, in a directory root
+    // owns, and a link there points at a file that is not a lock (an error
+    // names the file, never what it holds).
+    let flags = rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOFOLLOW;
     let read = OpenOptions::new()
         .read(true)
-        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .custom_flags(flags.bits() as i32)
         .open(path)
         .and_then(|f| match f.metadata()?.is_file() {
             true => f.take(MAX_LOCK_BYTES).read_to_string(&mut text),
@@ -317,13 +321,19 @@ fn holder(path: &Path) -> Holder {
     match read {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Holder::Free,
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+            return Holder::Stale("is a symlink, not a lock file".into());
+        }
         Err(e) => return Holder::Stale(format!("cannot be read: {e}")),
     }
     if text.trim().is_empty() {
         return Holder::Empty;
     }
     let Some(pid) = parse_pid(&text) else {
-        return Holder::Stale(format!("holds no pid ({:?})", text.trim()));
+        return Holder::Stale(format!(
+            "holds no pid ({} bytes that are not a process id)",
+            text.len()
+        ));
     };
     if !alive(pid) {
         Holder::Stale(format!("names pid {pid}, which is not running"))
@@ -409,8 +419,16 @@ mod tests {
         assert_eq!(holder(&path), Holder::Free);
         std::fs::write(&path, "\n").unwrap();
         assert_eq!(holder(&path), Holder::Empty);
-        std::fs::write(&path, "garbage").unwrap();
-        assert!(matches!(holder(&path), Holder::Stale(_)));
+        std::fs::write(&path, "root:*:19000:0:99999:7:::").unwrap();
+        assert!(
+            matches!(holder(&path), Holder::Stale(w) if w.contains("holds no pid") && !w.contains("root"))
+        );
+        std::fs::remove_file(&path).unwrap();
+        // A symlink to a secret is not followed: named, never quoted.
+        let secret = d.path().join("shadow");
+        std::fs::write(&secret, "root:*:19000:0:99999:7:::").unwrap();
+        std::os::unix::fs::symlink(&secret, &path).unwrap();
+        assert!(matches!(holder(&path), Holder::Stale(w) if w == "is a symlink, not a lock file"));
         std::fs::remove_file(&path).unwrap();
         rustix::fs::mkfifoat(
             rustix::fs::CWD,

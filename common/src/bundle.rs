@@ -233,13 +233,34 @@ pub struct ReadBundle {
 /// module writes for what it holds (the reader writes it again into a hash
 /// as it goes), so a flipped byte is refused even where tar would not look:
 /// padding, unused header fields, the end blocks.
+///
+/// An error names what is wrong, never what the input holds: a file that
+/// is not a bundle (say a symlink to a secret) is refused by its first
+/// block, and tar's and JSON's messages, which quote fields, are not
+/// passed on.
 pub fn read_bundle<R: Read>(
-    input: R,
+    mut input: R,
     max_blob: u64,
     blob: impl FnMut(&Sha256, &[u8]) -> io::Result<()>,
 ) -> Result<ReadBundle, BundleError> {
+    let mut first = [0u8; 512];
+    input.read_exact(&mut first).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => not_a_bundle(),
+        _ => BundleError::Io(e),
+    })?;
+    if !starts_a_bundle(&first) {
+        return Err(not_a_bundle());
+    }
+    let input = io::Cursor::new(first).chain(input);
     let mut archive = tar::Archive::new(HashingReader::new(input));
-    let (read, again) = read_members(&mut archive, max_blob, blob)?;
+    let (read, again) = read_members(&mut archive, max_blob, blob).map_err(|e| match e {
+        // An error of tar's own (no OS error behind it) quotes the field
+        // it could not parse: say only that the archive is corrupt.
+        BundleError::Io(e) if e.raw_os_error().is_none() => {
+            BundleError::Layout("a tar header is malformed: corrupt".into())
+        }
+        e => e,
+    })?;
     let mut rest = archive.into_inner();
     io::copy(&mut rest, &mut io::sink())?;
     // Whatever followed the seal is compared below, as part of the bytes.
@@ -251,6 +272,20 @@ pub fn read_bundle<R: Read>(
         )));
     }
     Ok(read)
+}
+
+/// The refusal of an input whose first block is not a bundle's.
+fn not_a_bundle() -> BundleError {
+    BundleError::Layout(format!(
+        "not a pluginsync bundle (its first block is not a ustar header of {HEADER_NAME})"
+    ))
+}
+
+/// Whether `block` is the ustar header of the bundle's first member, as
+/// [`BundleWriter`] writes it: the member's name, then the magic.
+fn starts_a_bundle(block: &[u8; 512]) -> bool {
+    let name = HEADER_NAME.as_bytes();
+    block.starts_with(name) && block[name.len()] == 0 && &block[257..263] == b"ustar\0"
 }
 
 /// What [`read_bundle`] writes again, to compare.
@@ -279,8 +314,15 @@ fn read_members<R: Read>(
         read_member(entry, Some(name), max).map(|(_, b)| b)
     };
     let header_bytes = member(HEADER_NAME, MAX_HEADER)?;
-    let header: BundleHeader =
-        serde_json::from_slice(&header_bytes).map_err(|e| BundleError::Header(e.to_string()))?;
+    let header: BundleHeader = serde_json::from_slice(&header_bytes).map_err(|e| {
+        // serde's message may quote a value: only where it failed.
+        BundleError::Header(format!(
+            "not the header's JSON ({:?} error at line {} column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        ))
+    })?;
     if header.format != BUNDLE_FORMAT {
         return Err(BundleError::Header(format!(
             "format {} (this version reads {BUNDLE_FORMAT})",

@@ -123,6 +123,20 @@ pub enum DeltaFormatError {
     /// The body does not end with the `end` line.
     #[error("the delta listing is truncated")]
     Truncated,
+    /// The `entries` line announces more than the caller allows.
+    #[error(
+        "the delta listing announces {announced} entries, more than the {max} a listing may hold; refused"
+    )]
+    TooManyAnnounced {
+        /// The `entries` line.
+        announced: usize,
+        /// The caller's limit.
+        max: usize,
+    },
+    /// The instructions make more entries than announced (found while
+    /// parsing, before they are held: docs/protocol.md §7.5.2).
+    #[error("the delta listing makes more than the {0} entries it announces; refused")]
+    MoreThanAnnounced(usize),
 }
 
 impl Delta<'_> {
@@ -177,10 +191,13 @@ fn count(v: &[u8]) -> Option<usize> {
     std::str::from_utf8(v).ok()?.parse().ok()
 }
 
-/// Parses a delta body (docs/protocol.md §7.5.2). Only the syntax is
-/// checked here; whether it applies to a base, and whether the result is
-/// the listing it names, is for the applier to check.
-pub fn parse_delta(body: &[u8]) -> Result<Delta<'_>, DeltaFormatError> {
+/// Parses a delta body (docs/protocol.md §7.5.2). The syntax is checked
+/// here, and the size: `entries` at most `max_entries`, and the
+/// instructions never make more than `entries` (a copy of nothing is not
+/// an instruction), so what is held is bounded by the limit, never by the
+/// body's line count. Whether it applies to a base, and whether the
+/// result is the listing it names, is for the applier to check.
+pub fn parse_delta(body: &[u8], max_entries: usize) -> Result<Delta<'_>, DeltaFormatError> {
     let mut lines = body.split(|&b| b == b'\n').enumerate();
     let bad = |line: usize, text: &[u8]| DeltaFormatError::BadLine {
         line: line + 1,
@@ -202,7 +219,13 @@ pub fn parse_delta(body: &[u8]) -> Result<Delta<'_>, DeltaFormatError> {
     let etag = quoted_tag(etag_line).ok_or_else(|| bad(2, etag_line))?;
     let entries_line = field("entries")?;
     let entries = count(entries_line).ok_or_else(|| bad(3, entries_line))?;
-    let mut ops = Vec::new();
+    if entries > max_entries {
+        return Err(DeltaFormatError::TooManyAnnounced {
+            announced: entries,
+            max: max_entries,
+        });
+    }
+    let (mut ops, mut made) = (Vec::new(), 0usize);
     for (n, l) in lines.by_ref() {
         if l == b"end" {
             // Nothing may follow but the final newline.
@@ -225,6 +248,10 @@ pub fn parse_delta(body: &[u8]) -> Result<Delta<'_>, DeltaFormatError> {
             if raw.is_empty() {
                 return Err(bad(n, l));
             }
+            made += 1;
+            if made > entries {
+                return Err(DeltaFormatError::MoreThanAnnounced(entries));
+            }
             ops.push(DeltaOp::Add(raw));
         } else if let Some(args) = l.strip_prefix(b"c ") {
             let mut it = args.splitn(2, |&b| b == b' ');
@@ -232,6 +259,13 @@ pub fn parse_delta(body: &[u8]) -> Result<Delta<'_>, DeltaFormatError> {
             else {
                 return Err(bad(n, l));
             };
+            if count == 0 {
+                return Err(bad(n, l));
+            }
+            made = made.saturating_add(count);
+            if made > entries {
+                return Err(DeltaFormatError::MoreThanAnnounced(entries));
+            }
             ops.push(DeltaOp::Copy { start, count });
         } else {
             return Err(bad(n, l));
@@ -367,14 +401,14 @@ mod tests {
                 String::from_utf8_lossy(&raw)
             )
         );
-        assert_eq!(parse_delta(&body), Ok(d));
+        assert_eq!(parse_delta(&body, 4), Ok(d));
     }
 
     #[test]
     fn a_malformed_delta_is_refused_with_its_line() {
         let (base, etag, _) = sample_delta();
         let head = format!("pluginsync-listing-delta 1\nbase {base}\netag {etag}\nentries 1\n");
-        let parse = |tail: &str| parse_delta(format!("{head}{tail}").as_bytes()).map(|_| ());
+        let parse = |tail: &str| parse_delta(format!("{head}{tail}").as_bytes(), 10).map(|_| ());
         assert_eq!(parse("c 0 1\nend\n"), Ok(()));
         assert_eq!(parse("c 0 1\n"), Err(DeltaFormatError::Truncated));
         assert_eq!(parse("c 0 1\nend"), Err(DeltaFormatError::Truncated));
@@ -398,15 +432,38 @@ mod tests {
             parse("x\nend\n"),
             Err(DeltaFormatError::BadLine { .. })
         ));
+        // A copy of nothing is no instruction: it would only cost memory.
+        assert!(matches!(
+            parse("c 0 0\nc 0 1\nend\n"),
+            Err(DeltaFormatError::BadLine { line: 5, .. })
+        ));
+        // More made than announced is refused at the line that does it.
         assert_eq!(
-            parse_delta(b"pluginsync-listing-delta 2\n"),
+            parse("c 0 1\na {}\nend\n"),
+            Err(DeltaFormatError::MoreThanAnnounced(1))
+        );
+        assert_eq!(
+            parse("c 0 2\nend\n"),
+            Err(DeltaFormatError::MoreThanAnnounced(1))
+        );
+        let big =
+            format!("pluginsync-listing-delta 1\nbase {base}\netag {etag}\nentries 11\nend\n");
+        assert_eq!(
+            parse_delta(big.as_bytes(), 10),
+            Err(DeltaFormatError::TooManyAnnounced {
+                announced: 11,
+                max: 10
+            })
+        );
+        assert_eq!(
+            parse_delta(b"pluginsync-listing-delta 2\n", 10),
             Err(DeltaFormatError::Magic)
         );
-        assert_eq!(parse_delta(b"[]"), Err(DeltaFormatError::Magic));
+        assert_eq!(parse_delta(b"[]", 10), Err(DeltaFormatError::Magic));
         let bad_tag =
             format!("pluginsync-listing-delta 1\nbase \"xyz\"\netag {etag}\nentries 1\nend\n");
         assert!(matches!(
-            parse_delta(bad_tag.as_bytes()),
+            parse_delta(bad_tag.as_bytes(), 10),
             Err(DeltaFormatError::BadLine { line: 2, .. })
         ));
     }

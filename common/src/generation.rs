@@ -429,6 +429,20 @@ impl ManifestDelta {
 
     /// Parses a delta's bytes (not yet checked against any manifest).
     pub fn parse(bytes: &[u8]) -> Result<ManifestDelta, ManifestError> {
+        Self::parse_within(bytes, usize::MAX, usize::MAX)
+    }
+
+    /// [`ManifestDelta::parse`] for a delta from an untrusted side: at most
+    /// `held` removals (each removes an entry of the manifest held, which
+    /// has `held` entries) and at most `max_upserts` entries added or
+    /// changed, refused at the first line past either, so what is held
+    /// while parsing is bounded by the limits, never by the body's line
+    /// count (docs/protocol.md §7.6).
+    pub fn parse_within(
+        bytes: &[u8],
+        held: usize,
+        max_upserts: usize,
+    ) -> Result<ManifestDelta, ManifestError> {
         let bad = |why: String| ManifestError::Malformed(format!("delta: {why}"));
         let text = std::str::from_utf8(bytes).map_err(|_| bad("not UTF-8".into()))?;
         let mut lines = text.lines();
@@ -457,6 +471,16 @@ impl ManifestDelta {
                 removes.push((mount, path));
             } else {
                 return Err(bad(format!("unexpected line {line:?}")));
+            }
+            if upserts.len() > max_upserts {
+                return Err(bad(format!(
+                    "more than {max_upserts} entries added or changed; refused"
+                )));
+            }
+            if removes.len() > held {
+                return Err(bad(format!(
+                    "more removals than the {held} entries held; refused"
+                )));
             }
         }
         Ok(ManifestDelta {
@@ -674,6 +698,16 @@ mod tests {
         assert_eq!(delta.upserts.len(), 2);
         let parsed = ManifestDelta::parse(&delta.to_bytes()).unwrap();
         assert_eq!(parsed, delta);
+        // An untrusted delta is bounded as it is parsed: no more removals
+        // than the entries held, no more upserts than the caller allows.
+        let bytes = delta.to_bytes();
+        assert_eq!(ManifestDelta::parse_within(&bytes, 1, 2).unwrap(), delta);
+        let refused = |held, max| match ManifestDelta::parse_within(&bytes, held, max) {
+            Err(ManifestError::Malformed(why)) => why,
+            other => panic!("{other:?}"),
+        };
+        assert!(refused(0, 2).contains("more removals than the 0 entries held"));
+        assert!(refused(1, 1).contains("more than 1 entries added or changed"));
         let (applied, bytes) = parsed.apply(&old, old_id).unwrap();
         assert_eq!((applied, bytes), (new.clone(), new_bytes));
         // Applied to the wrong base, or tampered with: refused.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use pluginsync_tests::{
     AgentHome, EnvTree, Hook, Interceptor, Pki, TestMaster, client, config_toml,
-    flip_first_body_byte, parse_config, tree_snapshot,
+    flip_first_body_byte, gzip_lines, parse_config, response_with, tree_snapshot,
 };
 
 /// One module serving a fact and a plugin: `fact` is the fact's content
@@ -391,4 +391,102 @@ fn a_no_op_run_is_one_304_and_writes_nothing_and_a_change_comes_as_a_manifest_de
     assert_eq!(node(&home), reference(&pki, &master.url()));
     let id = generation_of(&run.stdout).expect("the report names the generation");
     assert!(manifests[0].contains(&id), "{manifests:?} {id}");
+}
+
+/// Answers a manifest asked as a delta with a hostile one: 255 MiB of
+/// removals (gzipped, ~250 KiB) of a manifest that holds a handful.
+struct DeltaBomb;
+
+impl Hook for DeltaBomb {
+    fn after(&self, target: &str, response: &mut Vec<u8>) {
+        let Some(rest) = target.strip_prefix("/pluginsync/v1/generations/") else {
+            return;
+        };
+        let Some((_, since)) = rest.split_once("since=") else {
+            return;
+        };
+        let id = &rest[..64];
+        let head = format!("pluginsync-manifest-delta 1\nbase {since}\ntarget {id}\n");
+        let line = "-plugins\ta\n";
+        let gz = gzip_lines(&head, line, (255 << 20) / line.len(), "");
+        let ctype = pluginsync_common::protocol::MANIFEST_DELTA_MEDIA_TYPE;
+        let headers = [("Content-Type", ctype), ("Content-Encoding", "gzip")];
+        *response = response_with("200 OK", &headers, &gz);
+    }
+}
+
+/// A-9's generation-manifest path: a hostile manifest delta removing far
+/// more entries than the held manifest has is refused at the first line
+/// past them (docs/protocol.md §7.6), under a 1 GiB address-space limit
+/// with a peak resident set under 512 MB; the whole manifest is taken
+/// instead and the node converges.
+#[test]
+fn a_manifest_delta_of_a_quarter_gigabyte_of_lines_is_refused_in_bounded_memory() {
+    let pki = Pki::new();
+    let tree = EnvTree::new();
+    deploy(&tree, ("v1", 0o755), "v1");
+    let master = explicit_master(&tree, &pki);
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    assert_eq!(home.sync(&[]).code, 0);
+    deploy(&tree, ("v1", 0o755), "v2");
+    reindex(&pki, &master.url());
+    let relay = Interceptor::start(&pki, master.addr, "node1", Arc::new(DeltaBomb));
+    behind(&home, &master.url(), &relay.url());
+    let m = home.sync_measured(&["-v"], 1 << 30);
+    assert_eq!(m.run.code, 0, "refused, not aborted: {:?}", m.run);
+    assert!(m.peak < 512 << 20, "peak {} MB", m.peak >> 20);
+    assert!(
+        m.run.stderr.contains("manifest delta not used"),
+        "{}",
+        m.run.stderr
+    );
+    let seen = relay.seen.lock().unwrap().clone();
+    let manifests: Vec<_> = (seen.iter())
+        .filter(|t| t.starts_with("/pluginsync/v1/generations/"))
+        .collect();
+    assert_eq!(manifests.len(), 2, "the delta, then the whole: {seen:?}");
+    assert_eq!(node(&home), reference(&pki, &master.url()));
+}
+
+/// A `--from-bundle` path that is a symlink to a secret (a copy of a
+/// shadow line), or a bundle whose second tar header is that secret, is
+/// refused with one line naming the file and what is wrong, never what it
+/// holds; nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_that_is_a_secret_is_named_never_quoted() {
+    let pki = Pki::new();
+    let tree = EnvTree::new();
+    deploy(&tree, ("v1", 0o755), "v1");
+    let master = explicit_master(&tree, &pki);
+    let real = tree.outside().join("real.bundle");
+    bundle_of(&pki, &master.url(), &real).await;
+    let shadow = "root:*:SECRET-HASH:0:99999:7:::\n".repeat(40);
+    let secret = tree.outside().join("shadow");
+    std::fs::write(&secret, &shadow).unwrap();
+    let link = tree.outside().join("link.bundle");
+    std::os::unix::fs::symlink(&secret, &link).unwrap();
+    let mut spliced = std::fs::read(&real).unwrap()[..1024].to_vec();
+    spliced.extend_from_slice(shadow.as_bytes());
+    let spliced_path = tree.outside().join("spliced.bundle");
+    std::fs::write(&spliced_path, spliced).unwrap();
+    let nowhere = format!("https://localhost:{}", pluginsync_tests::closed_port());
+    let home = AgentHome::new(&pki, std::slice::from_ref(&nowhere), "");
+    for path in [&link, &spliced_path] {
+        let run = home.sync(&["--from-bundle", path.to_str().unwrap()]);
+        assert_eq!(run.code, 1, "{run:?}");
+        assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+        assert!(!run.stderr.contains("SECRET"), "{}", run.stderr);
+        assert!(!run.stderr.contains("root:"), "{}", run.stderr);
+        assert!(
+            run.stderr.contains(path.to_str().unwrap()),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.contains("not a pluginsync bundle") || run.stderr.contains("corrupt"),
+            "{}",
+            run.stderr
+        );
+    }
+    assert!(tree_snapshot(&home.libdir()).is_empty(), "nothing synced");
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use pluginsync_common::etag::ETag;
 use pluginsync_common::protocol;
 use pluginsync_tests::{
-    AgentHome, EnvTree, FakeMaster, Listener, Pki, TestMaster, config_toml, gzip_zeros,
+    AgentHome, EnvTree, FakeMaster, Listener, Pki, TestMaster, config_toml, gzip_lines, gzip_zeros,
     http_response, listing_json, parse_config, response_with, tree_snapshot,
 };
 
@@ -496,4 +496,66 @@ async fn a_vardir_another_user_can_write_is_fixed_or_refused() {
         run.stderr
     );
     assert_eq!(tree_snapshot(&home.libdir()), before);
+}
+
+/// A-9, the adversarial script that found it: a hostile master's ~250 KiB
+/// gzipped delta listing of 255 MiB of one-entry lines (`a {}`, then
+/// `c 0 0`) announcing two entries is refused at the line past what it
+/// announced (docs/protocol.md §7.5.2), under a 1 GiB address-space limit
+/// and with a peak resident set under 512 MB: one line says why, the
+/// whole listing is taken instead, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_of_a_quarter_gigabyte_of_lines_is_refused_in_bounded_memory() {
+    use std::sync::Mutex;
+    let pki = Pki::new();
+    let base: &'static str = listing_json(&[("d", None, 0o755)]).leak();
+    let base_tag = ETag::of_listing(base.as_bytes()).to_string();
+    let root: &'static str = listing_json(&[]).leak();
+    let root_tag = ETag::of_listing(root.as_bytes()).to_string();
+    let head = format!(
+        "pluginsync-listing-delta 1\nbase {base_tag}\netag \"{}\"\nentries 2\n",
+        "0".repeat(40)
+    );
+    let n = (255usize << 20) / 5;
+    let bombs: Vec<(&str, Vec<u8>)> = vec![
+        ("a {}\n", gzip_lines(&head, "a {}\n", n, "end\n")),
+        ("c 0 0\n", gzip_lines(&head, "c 0 0\n", n * 5 / 6, "end\n")),
+    ];
+    let bomb: Arc<Mutex<Vec<u8>>> = Arc::default();
+    let serve = bomb.clone();
+    let fake = FakeMaster::start_with_head(
+        &pki,
+        Arc::new(move |target: &str, head: &str| {
+            let delta = head.to_ascii_lowercase().contains("x-pluginsync-delta: 1");
+            let (body, tag) = match target {
+                t if t.contains("/file_metadatas/plugins") => (base, base_tag.as_str()),
+                t if t.contains("/file_metadatas/pluginfacts") => (root, root_tag.as_str()),
+                _ => return http_response("404 Not Found", "text/plain", b"no"),
+            };
+            if delta && target.contains("/file_metadatas/plugins") {
+                let gz = serve.lock().unwrap().clone();
+                let ctype = protocol::DELTA_MEDIA_TYPE;
+                let headers = [("Content-Type", ctype), ("Content-Encoding", "gzip")];
+                return response_with("226 IM Used", &headers, &gz);
+            }
+            let headers = [("Content-Type", "application/json"), ("ETag", tag)];
+            response_with("200 OK", &headers, body.as_bytes())
+        }),
+    );
+    let home = AgentHome::new(&pki, &[fake.url()], "");
+    let first = home.sync(&[]);
+    assert_eq!(first.code, 0, "{first:?}");
+    let before = tree_snapshot(&home.libdir());
+    for (line, gz) in bombs {
+        assert!(gz.len() < 1 << 20, "{line:?}: {} bytes gzipped", gz.len());
+        *bomb.lock().unwrap() = gz;
+        let m = home.sync_measured(&["--server", &fake.url(), "-v"], 1 << 30);
+        assert_eq!(m.run.code, 0, "{line:?}: refused, not aborted: {:?}", m.run);
+        assert!(m.peak < 512 << 20, "{line:?}: peak {} MB", m.peak >> 20);
+        let said: Vec<&str> = (m.run.stderr.lines())
+            .filter(|l| l.contains("delta listing not used"))
+            .collect();
+        assert_eq!(said.len(), 1, "{line:?}: {}", m.run.stderr);
+        assert_eq!(tree_snapshot(&home.libdir()), before, "{line:?}");
+    }
 }

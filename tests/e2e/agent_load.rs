@@ -675,9 +675,10 @@ command = ["sh", "-c", "cat \"$0\" >> {cat}", "{{relpath}}"]
 }
 
 /// A loader that puts `{path}` inside a `sh -c` script makes a module's
-/// file names shell code run as root: the run says so, one warning per
-/// such loader (docs/loading.md#never-put-path-in-a-shell-script); the
-/// form that passes the name as an argument after the script is quiet.
+/// file names shell code run as root: accepted with `allow_shell_relpath
+/// = true`, the run says so, one warning per such loader
+/// (docs/loading.md#never-put-path-in-a-shell-script); the form that
+/// passes the name as an argument after the script is quiet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_name_inside_a_shell_script_is_warned_about() {
     let (tree, pki) = (EnvTree::new(), Pki::new());
@@ -694,6 +695,7 @@ name = "inline"
 match = "inline/*.rb"
 kind = "command"
 command = ["sh", "-c", "test -f {path}"]
+allow_shell_relpath = true
 
 [[loader]]
 name = "argument"
@@ -726,4 +728,49 @@ command = ["sh", "-c", "test -f \"$0\"", "{path}"]
         .collect();
     assert_eq!(warned.len(), 1, "{}", shown.stderr);
     assert!(warned[0].contains("'inline'"), "{}", warned[0]);
+}
+
+/// A-11, the adversarial script that found it: a loader `["sh", "-c",
+/// "… {relpath} …"]` and a module file named `$(touch PWNED_BY_NAME).rb`.
+/// The loader is refused when the configuration is read (78, one line
+/// naming it and the safe form, docs/loading.md#never-put-path-in-a-shell-script):
+/// by `sync` before anything is fetched or run, and by `config`; the name
+/// never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_name_inside_a_shell_script_is_refused_when_the_config_is_read() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    let name = "lib/x/$(touch PWNED_BY_NAME).rb";
+    tree.file("production", "alpha", name, "# x\n", 0o644);
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let cwd = tempfile::tempdir().unwrap();
+    let config = format!(
+        r#"
+[load]
+enabled = true
+
+[[loader]]
+name = "ruby check"
+match = "x/*.rb"
+kind = "command"
+command = ["sh", "-c", "cd {} && echo {{relpath}} > /dev/null"]
+"#,
+        cwd.path().display()
+    );
+    let home = AgentHome::new(&pki, &[master.url()], &config);
+    for run in [home.sync(&[]), home.run(&["config"])] {
+        assert_eq!(run.code, 78, "{run:?}");
+        assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+        assert!(
+            run.stderr
+                .contains("[[loader]] 1 'ruby check' puts {relpath} inside a shell script")
+                && run
+                    .stderr
+                    .contains(r#"["sh", "-c", "ruby -c \"$1\"", "sh", "{relpath}"]"#)
+                && run.stderr.contains("allow_shell_relpath = true"),
+            "{}",
+            run.stderr
+        );
+    }
+    assert!(!cwd.path().join("PWNED_BY_NAME").exists());
+    assert!(!home.libdir().join("x").exists(), "nothing was synced");
 }

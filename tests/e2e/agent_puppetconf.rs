@@ -603,3 +603,30 @@ async fn a_stale_puppet_lock_is_ignored_and_the_wait_is_bounded() {
     assert_eq!(synced(&home), "# production\n");
     assert_eq!(waited_ms(&home), None);
 }
+
+/// A `[puppet_lock] file` that is a symlink to a secret (here a copy of a
+/// shadow line) is not followed: the `-vv` log names the lock and says it
+/// is a symlink, never what the secret holds, and the run goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_puppet_lock_that_is_a_symlink_to_a_secret_is_named_never_quoted() {
+    let pki = Pki::new();
+    let tree = two_environments();
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let home = AgentHome::new(
+        &pki,
+        &[master.url()],
+        "[puppet_lock]\nfile = \"puppet.lock\"\nwait = \"2s\"\n",
+    );
+    let secret = home.path().join("shadow");
+    std::fs::write(&secret, "root:*:SECRET-HASH:0:99999:7:::\n").unwrap();
+    std::os::unix::fs::symlink(&secret, home.path().join("puppet.lock")).unwrap();
+    let run = home.sync(&["-vv"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(!run.stderr.contains("SECRET"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("is a symlink, not a lock file"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(synced(&home), "# production\n");
+}

@@ -143,6 +143,22 @@ pub fn gzip_zeros(n: usize) -> Vec<u8> {
     gz.finish().expect("gzip")
 }
 
+/// `lines` copies of `line` after `head`, gzipped as they are made (never
+/// held whole): a small body that inflates to `head` + `lines * line`.
+pub fn gzip_lines(head: &str, line: &str, lines: usize, tail: &str) -> Vec<u8> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(head.as_bytes()).expect("gzip");
+    let block = line.repeat(4096);
+    for _ in 0..lines / 4096 {
+        gz.write_all(block.as_bytes()).expect("gzip");
+    }
+    gz.write_all(line.repeat(lines % 4096).as_bytes())
+        .expect("gzip");
+    gz.write_all(tail.as_bytes()).expect("gzip");
+    gz.finish().expect("gzip")
+}
+
 impl crate::AgentHome {
     /// Runs `sync <flags>` with the agent's data segment (heap and
     /// anonymous mappings, `RLIMIT_DATA`) limited to `bytes`: an agent that
@@ -164,6 +180,56 @@ impl crate::AgentHome {
             code: out.status.code().unwrap_or(-1),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+/// A run under an address-space limit, and how much memory it took.
+#[derive(Debug)]
+pub struct MeasuredRun {
+    /// The run: its exit status (134 when an allocation failed and it
+    /// aborted), stdout, stderr.
+    pub run: crate::AgentRun,
+    /// Its peak resident set in bytes (`getrusage`'s `ru_maxrss` of the
+    /// agent, as GNU time reports it).
+    pub peak: u64,
+}
+
+impl crate::AgentHome {
+    /// Runs `sync <flags>` under an address-space limit of `bytes`
+    /// (`prlimit --as`, `RLIMIT_AS`) and reads its peak resident set
+    /// (`/usr/bin/time -f %M`, the agent's own `ru_maxrss` from `wait4`).
+    pub fn sync_measured(&self, flags: &[&str], bytes: u64) -> MeasuredRun {
+        let report = tempfile::NamedTempFile::new().expect("temp file");
+        let out = std::process::Command::new("/usr/bin/time")
+            .args(["-f", "%M", "-o"])
+            .arg(report.path())
+            .arg("prlimit")
+            .arg(format!("--as={bytes}"))
+            .arg(crate::bin_path("pluginsync-agent"))
+            .arg("sync")
+            .args(flags)
+            .arg("--config")
+            .arg(self.path().join("agent.toml"))
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run the agent under /usr/bin/time and prlimit");
+        let said = std::fs::read_to_string(report.path()).expect("time's report");
+        // The last line is the figure; a line before it may say the
+        // command was killed by a signal.
+        let kib: u64 = said
+            .lines()
+            .last()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no peak in {said:?}"));
+        MeasuredRun {
+            run: crate::AgentRun {
+                code: out.status.code().unwrap_or(-1),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            },
+            peak: kib * 1024,
         }
     }
 }

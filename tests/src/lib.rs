@@ -86,7 +86,7 @@ pub use deploy::{
 };
 pub use fake::{FakeMaster, Responder, closed_port, http_response};
 pub use faults::{Racer, RunningAgent, on_small_tmpfs};
-pub use hostile::{Listener, gzip_zeros, listing_json, response_with};
+pub use hostile::{Listener, MeasuredRun, gzip_lines, gzip_zeros, listing_json, response_with};
 pub use intercept::{Hook, Interceptor, flip_first_body_byte};
 pub use master::{MasterProcess, TestMaster, config_file, config_toml, parse_config};
 pub use pki::{AGENTS, Pki};

@@ -25,11 +25,16 @@ use super::pass::Pass;
 use super::{Run, SyncError};
 use crate::cache::{GenerationRecord, ListingStamp, MountCache};
 use crate::catalog::FileResource;
-use crate::client::{AssignmentAnswer, ManifestAnswer, Offers};
+use crate::client::{AssignmentAnswer, MAX_LISTING_ENTRIES, ManifestAnswer, Offers};
 use crate::listing;
 use crate::plan::Plan;
 use crate::servers::Origin;
 use crate::settings::Settings;
+
+/// The most entries a manifest delta may add or change: a generation
+/// holds both mounts, each a listing of at most [`MAX_LISTING_ENTRIES`]
+/// (docs/protocol.md §7.6).
+const MAX_MANIFEST_ENTRIES: usize = 2 * MAX_LISTING_ENTRIES;
 
 /// A generation refused or not to be had; the run stops before anything
 /// changes.
@@ -306,14 +311,16 @@ impl Run<'_> {
                         since = None;
                         continue;
                     };
-                    let applied = ManifestDelta::parse(&d).and_then(|delta| {
-                        if delta.target != held.id {
-                            return Err(ManifestError::Malformed(
-                                "a delta to another generation".into(),
-                            ));
-                        }
-                        delta.apply(bm, *bid)
-                    });
+                    let applied =
+                        ManifestDelta::parse_within(&d, bm.entries().len(), MAX_MANIFEST_ENTRIES)
+                            .and_then(|delta| {
+                                if delta.target != held.id {
+                                    return Err(ManifestError::Malformed(
+                                        "a delta to another generation".into(),
+                                    ));
+                                }
+                                delta.apply(bm, *bid)
+                            });
                     match applied {
                         Ok(pair) => pair,
                         Err(e) => {

@@ -287,7 +287,7 @@ mod tests {
 
     /// What an agent does with a delta body: the listing it makes.
     fn apply(base: &[u8], delta: &[u8]) -> Vec<u8> {
-        let d = parse_delta(delta).unwrap();
+        let d = parse_delta(delta, usize::MAX).unwrap();
         assert_eq!(d.base, ETag::of_listing(base));
         let base = split_listing(base).unwrap();
         let out = apply_ops(&base, &d.ops, usize::MAX).unwrap();
