@@ -396,6 +396,24 @@ textfile_written() {
     if grep -qi 'warn' <<<"$out"; then echo "the run warned"; return 1; fi
 }
 check "the metrics textfile the shipped agent.toml shows is written under the unit's sandbox" textfile_written
+
+# The store the master filled while serving the runs above holds the files
+# of environments [[authorization]] may restrict: nothing in it is readable
+# by another user or writable by the group (docs/deploys.md#generations),
+# and `check` as the master user finds no mode to warn about.
+store_private() {
+    local open out
+    [ -n "$(in_root find /var/lib/pluginsync/generations/manifests -type f -print -quit)" ] ||
+        { echo "the master stored no manifest"; return 1; }
+    open=$(in_root find /var/lib/pluginsync/generations \( -perm /o=rwx -o -perm /g=w \) -print)
+    [ -z "$open" ] || { echo "open to others: $open"; return 1; }
+    out=$(chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+        setpriv --reuid pluginsync --regid pluginsync --init-groups -- \
+        /usr/sbin/pluginsync-master check --config /etc/pluginsync/master.toml 2>&1)
+    echo "$out"
+    if grep -q '^warning: generation store .* is mode' <<<"$out"; then return 1; fi
+}
+check "the generation store, its indexes and state are the master user's (0750/0440/0640)" store_private
 stop_master
 
 # The agent's purge leaves the master's store (pluginsync-master is still

@@ -441,8 +441,17 @@ pub fn prepare(
         Some(k) => mirror.run_paths(dest, &slot, &k.changed).map_err(|e| {
             tracing::debug!(error = %e, "the standby is walked whole");
         }),
-        // The live tree is empty and the standby holds the downloads.
-        None if in_standby => Ok(()),
+        // The live tree is empty and the standby holds the downloads:
+        // only the root's mode and owner are the live tree's to copy (the
+        // standby was made 0700), so the plan's root mode applies to what
+        // the switch makes live (docs/agent.md: the root is part of the
+        // tree). A root that cannot be given them is fixed by the plan.
+        None if in_standby => {
+            if let Err(e) = mirror.run_paths(dest, &slot, &[]) {
+                tracing::debug!(error = %e, "the standby's root keeps its mode");
+            }
+            Ok(())
+        }
         None => Err(()),
     };
     if fast.is_err() {

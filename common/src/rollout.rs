@@ -30,6 +30,9 @@ pub const MAX_REPORT_BYTES: usize = 4096;
 pub const MAX_FAILED_NAMED: usize = 16;
 /// The longest failing plugin's name kept, in characters.
 pub const MAX_NAME_CHARS: usize = 128;
+/// The most loads a report counts, ok or failed: a node's two mounts hold
+/// at most 250,000 listing entries each (the agent's listing cap).
+pub const MAX_LOADS: u32 = 500_000;
 
 /// Bytes escaped in the header value: controls, space, `%`, and
 /// everything outside ASCII (by `utf8_percent_encode` itself).
@@ -131,6 +134,21 @@ impl NodeReport {
                 report.failed.len()
             )));
         }
+        // The counts are bounded by the names: an agent names every failing
+        // plugin it counts, up to MAX_FAILED_NAMED, and keeps at least one
+        // name whatever the header's size; no node loads more plugins than
+        // its two mounts' listings hold.
+        let (named, counted) = (report.failed.len(), report.loads_failed as usize);
+        if counted < named || (counted > 0 && named == 0) {
+            return Err(ReportError::Bounds(format!(
+                "{counted} failing loads counted, {named} named"
+            )));
+        }
+        if report.loads_ok.max(report.loads_failed) > MAX_LOADS {
+            return Err(ReportError::Bounds(format!(
+                "more than {MAX_LOADS} loads counted"
+            )));
+        }
         if report
             .failed
             .iter()
@@ -182,6 +200,7 @@ mod tests {
         assert_eq!(back.failed.len(), MAX_FAILED_NAMED);
         assert_eq!(back.failed[0], "facter/fäct 0\n.rb");
         let long = NodeReport {
+            loads_failed: 1,
             failed: vec!["x".repeat(5000)],
             ..NodeReport::default()
         };
@@ -203,5 +222,22 @@ mod tests {
             NodeReport::from_header(&many),
             Err(ReportError::Bounds(_))
         ));
+        // Counts bounded by the names carried, and by what a node holds.
+        for hostile in [
+            r#"{"loads_failed":4294967295}"#,
+            r#"{"loads_failed":0,"failed":["a"]}"#,
+            r#"{"loads_failed":4294967295,"failed":["a"]}"#,
+            r#"{"loads_ok":4294967295}"#,
+        ] {
+            assert!(
+                matches!(
+                    NodeReport::from_header(hostile),
+                    Err(ReportError::Bounds(_))
+                ),
+                "{hostile}"
+            );
+        }
+        let fine = r#"{"loads_ok":2,"loads_failed":30,"failed":["a"]}"#;
+        assert_eq!(NodeReport::from_header(fine).unwrap().loads_failed, 30);
     }
 }

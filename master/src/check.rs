@@ -96,6 +96,12 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
             source,
         });
     }
+    if let Some(dir) = &config.generations.dir {
+        for w in store_modes(dir) {
+            writeln!(out, "warning: {w}")?;
+            warnings += 1;
+        }
+    }
     let store = Generations::new(&config.generations);
     if config.generations.dir.is_some()
         && let Err(e) = store.open(false)
@@ -180,6 +186,38 @@ fn mounts(idx: &EnvIndex, out: &mut impl Write) -> std::io::Result<usize> {
         }
     }
     Ok(warnings)
+}
+
+/// What of the store `dir` (its directories, its records and the rollout
+/// state) another user may read or the group may write: the store holds
+/// environments `[[authorization]]` may restrict, and is the master
+/// user's, 0750 and 0640 (docs/deploys.md#generations). `serve` tightens
+/// the directories; this says so before.
+fn store_modes(dir: &Path) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut paths = vec![dir.to_owned()];
+    for sub in ["blobs", "manifests", "environments", "indexes"] {
+        paths.push(dir.join(sub));
+    }
+    paths.push(dir.join("rollout.json"));
+    if let Ok(records) = std::fs::read_dir(dir.join("environments")) {
+        paths.extend(records.flatten().map(|e| e.path()));
+    }
+    let mut out = Vec::new();
+    for p in paths {
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        let mode = m.permissions().mode() & 0o7777;
+        if mode & 0o027 != 0 {
+            let want = if m.is_dir() { "0750" } else { "0640" };
+            out.push(format!(
+                "generation store {} is mode {mode:04o}: other users may read it or its group write it; make it {want} or tighter",
+                p.display()
+            ));
+        }
+    }
+    out
 }
 
 /// Whether this user can write in the store `dir`, or create it: a

@@ -606,7 +606,8 @@ async fn a_stale_puppet_lock_is_ignored_and_the_wait_is_bounded() {
 
 /// A `[puppet_lock] file` that is a symlink to a secret (here a copy of a
 /// shadow line) is not followed: the `-vv` log names the lock and says it
-/// is a symlink, never what the secret holds, and the run goes on.
+/// is a symlink, never what the secret holds, and the run goes on; `config`
+/// prints the lock file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_puppet_lock_that_is_a_symlink_to_a_secret_is_named_never_quoted() {
     let pki = Pki::new();
@@ -619,7 +620,18 @@ async fn a_puppet_lock_that_is_a_symlink_to_a_secret_is_named_never_quoted() {
     );
     let secret = home.path().join("shadow");
     std::fs::write(&secret, "root:*:SECRET-HASH:0:99999:7:::\n").unwrap();
-    std::os::unix::fs::symlink(&secret, home.path().join("puppet.lock")).unwrap();
+    let lock = home.path().join("puppet.lock");
+    std::os::unix::fs::symlink(&secret, &lock).unwrap();
+    // `config` names the lock a run waits on, and where that came from.
+    let shown = home.run(&["config"]);
+    assert_eq!(shown.code, 0, "{shown:?}");
+    let lock_name = lock.display().to_string();
+    assert_eq!(
+        setting(&shown.stdout, "puppet_lock.file"),
+        Some((lock_name.as_str(), "agent.toml")),
+        "{}",
+        shown.stdout
+    );
     let run = home.sync(&["-vv"]);
     assert_eq!(run.code, 0, "{run:?}");
     assert!(!run.stderr.contains("SECRET"), "{}", run.stderr);

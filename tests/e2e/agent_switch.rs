@@ -553,3 +553,28 @@ fn a_kept_generation_changed_after_its_record_is_walked_whole() {
     );
     assert_eq!(synced(&home), mounts(&t, "one"), "a stale tree went live");
 }
+
+/// The destination's root is part of the tree (docs/agent.md): a first
+/// sync into an existing, empty 0755 libdir (as a package makes it)
+/// leaves it 0755, not the standby's 0700, and a run after a wrong mode
+/// was given to it puts the master's back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_empty_destination_keeps_the_masters_mode_and_a_wrong_one_is_fixed() {
+    use std::os::unix::fs::PermissionsExt;
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "alpha", "lib/facter/a.rb", "# a\n", 0o644);
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let home = AgentHome::new(&pki, &[master.url()], "");
+    let libdir = home.libdir();
+    let mode = || std::fs::metadata(&libdir).unwrap().permissions().mode() & 0o7777;
+    std::fs::create_dir_all(&libdir).unwrap();
+    std::fs::set_permissions(&libdir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(libdir.join("facter/a.rb").is_file());
+    assert_eq!(mode(), 0o755, "the first sync into an empty 0755 libdir");
+    std::fs::set_permissions(&libdir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let run = home.sync(&[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(mode(), 0o755, "the next run converges");
+}

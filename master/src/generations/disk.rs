@@ -29,6 +29,31 @@ use crate::walk::FileSig;
 
 use super::{Generations, Kept, State, digest_sizes};
 
+/// The mode of the store's directories: the master user's alone (its
+/// group may read), since a blob is the content of an environment that
+/// `[[authorization]]` may restrict (docs/deploys.md#generations).
+pub(crate) const DIR_MODE: u32 = 0o750;
+/// The mode of a blob, a manifest or an index: never rewritten in place.
+const SEALED_MODE: u32 = 0o440;
+/// The mode of an environment's record (and the rollout state).
+pub(crate) const STATE_MODE: u32 = 0o640;
+
+/// Creates `dir` (and its parents) with [`DIR_MODE`], and takes the
+/// group's write and every other user's access away from one that exists
+/// (a store an earlier version made 0755).
+pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir)?;
+    let mode = std::fs::metadata(dir)?.permissions().mode() & 0o7777;
+    if mode & 0o027 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & DIR_MODE))?;
+    }
+    Ok(())
+}
+
 /// The generation store could not do what was asked.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -96,12 +121,13 @@ impl Layout {
     /// master left in them).
     pub(super) fn create(&self) -> Result<(), StoreError> {
         for d in [
+            self.root.clone(),
             self.blobs_dir(),
             self.manifests_dir(),
             self.envs_dir(),
             self.indexes_dir(),
         ] {
-            std::fs::create_dir_all(&d).map_err(|e| StoreError::io(&d, e))?;
+            private_dir(&d).map_err(|e| StoreError::io(&d, e))?;
             fsutil::remove_leftovers(&d);
         }
         Ok(())
@@ -142,8 +168,8 @@ impl Layout {
             return Ok(());
         }
         let dir = self.indexes_dir().join(env.as_str());
-        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
-        self.write(&path, bytes, 0o444)
+        private_dir(&dir).map_err(|e| StoreError::io(&dir, e))?;
+        self.write(&path, bytes, SEALED_MODE)
     }
 
     /// Every stored index on disk: (path, environment, generation, size).
@@ -196,7 +222,7 @@ impl Layout {
     ) -> Result<(), StoreError> {
         let target = self.blob(digest);
         let dir = target.parent().unwrap_or(self.root.as_path()).to_owned();
-        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
+        private_dir(&dir).map_err(|e| StoreError::io(&dir, e))?;
         let (file, _) =
             crate::walk::open_indexed(source, sig).map_err(|_| StoreError::Changed {
                 path: source.to_owned(),
@@ -213,7 +239,7 @@ impl Layout {
             });
         }
         let f = tmp.as_file();
-        f.set_permissions(std::fs::Permissions::from_mode(0o444))
+        f.set_permissions(std::fs::Permissions::from_mode(SEALED_MODE))
             .and_then(|()| durable.add(f.as_fd(), fsutil::Need::Data, &target))
             .and_then(|()| durable.add_path(&dir, fsutil::Need::All))
             .map_err(|e| StoreError::io(&target, e))?;
@@ -242,7 +268,7 @@ impl Layout {
         if path.is_file() {
             return Ok(());
         }
-        self.write(&path, bytes, 0o444)
+        self.write(&path, bytes, SEALED_MODE)
     }
 
     /// Writes `path` atomically, and durably unless the store is temporary.
@@ -274,7 +300,7 @@ impl Layout {
             kept: kept.to_vec(),
         })
         .map_err(|e| StoreError::io(&path, std::io::Error::other(e)))?;
-        self.write(&path, &json, 0o644)
+        self.write(&path, &json, STATE_MODE)
     }
 
     /// Every environment record on disk; one that cannot be read or parsed
@@ -402,5 +428,43 @@ impl Generations {
             }
         }
         self.sweep_indexes(st);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    /// The store is the master user's (docs/deploys.md#generations): a
+    /// root an earlier version left 0755 is tightened, what is made is
+    /// 0750 and 0440; nothing is readable by another user.
+    #[test]
+    fn the_store_is_the_master_users_alone() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("store");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let layout = Layout::new(root.clone(), false);
+        layout.create().unwrap();
+        let id = GenerationId::of(b"manifest");
+        layout.store_manifest(&id, b"manifest").unwrap();
+        let env: EnvName = "production".parse().unwrap();
+        layout.store_index(&env, &id, b"{}").unwrap();
+        for sub in [
+            "",
+            "blobs",
+            "manifests",
+            "environments",
+            "indexes",
+            "indexes/production",
+        ] {
+            assert_eq!(mode(&root.join(sub)), 0o750, "{sub}");
+        }
+        assert_eq!(mode(&layout.manifest(&id)), 0o440);
+        assert_eq!(mode(&layout.index(&env, &id)), 0o440);
     }
 }

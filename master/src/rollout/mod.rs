@@ -445,7 +445,7 @@ impl Rollouts {
     /// Writes the state file (atomically, durably).
     pub fn save(&self) -> Result<(), RolloutError> {
         let bytes = serde_json::to_vec_pretty(&*lock(&self.state)).unwrap_or_default();
-        pluginsync_common::fsutil::write_atomic(&self.path, &bytes, 0o644).map_err(|source| {
+        pluginsync_common::fsutil::write_atomic(&self.path, &bytes, 0o640).map_err(|source| {
             RolloutError::Persist {
                 path: self.path.clone(),
                 source,
