@@ -100,6 +100,12 @@ fn sha(entry: &str) -> Option<&str> {
         .and_then(|e| e.split(' ').nth(1))
 }
 
+/// `<parent>/.<name>.pluginsync`, where `dest`'s standby trees are kept.
+fn container(dest: &std::path::Path) -> PathBuf {
+    let name = dest.file_name().unwrap().to_string_lossy();
+    dest.with_file_name(format!(".{name}.pluginsync"))
+}
+
 /// The world one scenario runs in.
 struct World {
     old: TestMaster,
@@ -144,11 +150,34 @@ impl World {
         assert_eq!(&self.synced(), want, "{ctx}: the run did not converge");
     }
 
-    /// Empties both destinations and the vardir (an initial sync).
+    /// Empties both destinations, their standby containers and the
+    /// vardir (an initial sync).
     fn wipe(&self) {
-        for d in [self.home.libdir(), self.home.factsdir(), self.home.vardir()] {
+        let [lib, facts] = self.dests().map(|d| container(&d));
+        for d in [
+            self.home.libdir(),
+            self.home.factsdir(),
+            self.home.vardir(),
+            lib,
+            facts,
+        ] {
             let _ = std::fs::remove_dir_all(d);
         }
+    }
+
+    /// What is on disk for both destinations: each root's mode, and the
+    /// entries of each destination and its standby container together
+    /// (the destination's root is part of the tree, and a run leaves no
+    /// more copies than it keeps: docs/agent.md).
+    fn on_disk(&self) -> ([u32; 2], usize) {
+        use std::os::unix::fs::PermissionsExt;
+        let dests = self.dests();
+        let mode =
+            |d: &PathBuf| std::fs::metadata(d).map_or(0, |m| m.permissions().mode() & 0o7777);
+        let entries = (dests.iter())
+            .map(|d| tree_snapshot(d).len() + tree_snapshot(&container(d)).len())
+            .sum();
+        (dests.each_ref().map(mode), entries)
     }
 
     /// A run from `server` killed with SIGKILL after `delay` (or ended
@@ -341,6 +370,18 @@ fn kill_at_random_points(label: &str, world: &World, via: &str) {
         }
         took.sort();
         let duration = took[1];
+        // What unkilled runs leave, in the order the kills below follow
+        // (incremental: old, new, again and again, so the standby keeps
+        // its previous generations): every next run must leave the same
+        // root modes and no more entries.
+        if incremental {
+            for _ in 0..2 {
+                world.converge(&old, &world.old_mounts, "steady state");
+                world.converge(via, &world.new_mounts, "steady state");
+            }
+        }
+        let (modes, entries) = world.on_disk();
+        assert_eq!(modes, [0o755; 2], "{label}: an unkilled run's roots");
         eprintln!("{label}: measured runs took {took:?}");
         for k in 0..points {
             let ctx = format!(
@@ -371,6 +412,12 @@ fn kill_at_random_points(label: &str, world: &World, via: &str) {
                 .or_default() += 1;
             world.converge(via, &world.new_mounts, &ctx);
             world.check_whole(&world.new_mounts, &ctx);
+            let (now_modes, now_entries) = world.on_disk();
+            assert_eq!(now_modes, modes, "{ctx}: the roots' modes did not converge");
+            assert!(
+                now_entries <= entries,
+                "{ctx}: {now_entries} entries on disk, an unkilled run leaves {entries}"
+            );
             for d in world.dests() {
                 assert!(!d.join(".pluginsync-staging").exists(), "{ctx}");
             }
