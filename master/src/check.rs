@@ -55,6 +55,19 @@ pub enum CheckError {
         /// What creating or writing in it said.
         source: std::io::Error,
     },
+    /// `check --store` without a store to check.
+    #[error("no [generations] dir: the store is temporary, nothing to check")]
+    NoStore,
+    /// `check --store` found files whose bytes are not what their names say.
+    #[error("{count} corrupt file(s) in the generation store, first {}: {why}", first.display())]
+    Corrupt {
+        /// How many.
+        count: usize,
+        /// The first one.
+        first: std::path::PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// Parts of the served trees cannot be read.
     #[error(
         "{count} path(s) of the environments cannot be read by this user, first {}: the master would not publish their environments' indexes",
@@ -186,6 +199,41 @@ fn mounts(idx: &EnvIndex, out: &mut impl Write) -> std::io::Result<usize> {
         }
     }
     Ok(warnings)
+}
+
+/// `check --store`: every blob and manifest of the store hashed again
+/// (docs/deploys.md#scrubbing-the-store); one line per corrupt file, and
+/// the error names the first.
+pub fn store(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError> {
+    let Some(dir) = &config.generations.dir else {
+        return Err(CheckError::NoStore);
+    };
+    let store = Generations::new(&config.generations);
+    if let Err(e) = store.open(false) {
+        writeln!(out, "warning: {e}")?;
+    }
+    let s = store.scrub();
+    writeln!(
+        out,
+        "generation store {}: {} blobs, {} manifests hashed",
+        dir.display(),
+        s.blobs,
+        s.manifests
+    )?;
+    for (path, why) in &s.corrupt {
+        writeln!(out, "corrupt: {}: {why}", path.display())?;
+    }
+    let count = s.corrupt.len();
+    match s.corrupt.into_iter().next() {
+        Some((first, why)) => {
+            writeln!(out, "FAILED")?;
+            Err(CheckError::Corrupt { count, first, why })
+        }
+        None => {
+            writeln!(out, "OK")?;
+            Ok(())
+        }
+    }
 }
 
 /// What of the store `dir` (its directories, its records and the rollout

@@ -45,6 +45,11 @@ pub enum Command {
         /// The config file.
         #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
         config: PathBuf,
+        /// Instead, hash every blob and manifest of the generation store
+        /// again and name each one whose bytes are not what its name says
+        /// (docs/deploys.md#scrubbing-the-store).
+        #[arg(long)]
+        store: bool,
     },
     /// Make a throwaway development CA, server and agent certificates in a
     /// Puppet-style ssldir (never for production).

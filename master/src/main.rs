@@ -30,8 +30,14 @@ fn main() -> ExitCode {
     );
     pluginsync_common::logging::init_with(cli.log_level(quiet), cli.log_format);
     let result = match cli.command {
-        Command::Check { config } => load(&config)
-            .and_then(|c| check::run(&c, &mut std::io::stdout()).map_err(Failure::config)),
+        Command::Check { config, store } => load(&config).and_then(|c| {
+            let out = &mut std::io::stdout();
+            match store {
+                true => check::store(&c, out),
+                false => check::run(&c, out),
+            }
+            .map_err(Failure::config)
+        }),
         Command::DevCerts(opts) => devcerts::generate(&opts)
             .map(|c| println!("development ssldir written to {}", c.ssldir.display()))
             .map_err(Failure::runtime),

@@ -671,3 +671,73 @@ fn a_store_that_cannot_be_written_fails_check_and_serve() {
     assert!(!status.success(), "{err}");
     assert!(err.contains("generation store"), "{err}");
 }
+
+/// The store is the master user's (docs/deploys.md#generations): after a
+/// master filled it, nothing in it is open to other users, and `check`
+/// warns about a root an operator opened. `check --store`
+/// (docs/deploys.md#scrubbing-the-store) passes a sound store and names a
+/// blob rewritten in place, exit 78.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_is_private_and_check_store_finds_a_rewritten_blob() {
+    use std::os::unix::fs::PermissionsExt;
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.file("production", "alpha", "lib/facter/a.rb", "# a\n", 0o644);
+    let store = tree.outside().join("generations");
+    let tables = format!("[generations]\ndir = {store:?}\n");
+    let (_cfg_dir, cfg) = config_file(&config_toml(&tree.envpath(), &pki, "", &tables));
+    let master = MasterProcess::spawn(&cfg);
+    let c = client(&pki, Some("node1"));
+    assigned(&c, &master.url(), "production").await;
+    drop(master);
+    let mut blobs = Vec::new();
+    for e in walkdir_all(&store) {
+        let mode = std::fs::symlink_metadata(&e).unwrap().permissions().mode();
+        assert_eq!(mode & 0o027, 0, "{} is {mode:o}", e.display());
+        if e.parent().and_then(|p| p.parent()) == Some(&store.join("blobs")) {
+            blobs.push(e);
+        }
+    }
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin_path("pluginsync-master"))
+            .args(args)
+            .arg("--config")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (
+            out.status.code(),
+            text + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (code, text) = run(&["check", "--store"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("{} blobs", blobs.len())), "{text}");
+    let (code, text) = run(&["check"]);
+    assert!(code == Some(0) && !text.contains("is mode"), "{text}");
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (_, text) = run(&["check"]);
+    assert!(text.contains("is mode 0755"), "{text}");
+    let blob = &blobs[0];
+    std::fs::set_permissions(blob, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::write(blob, "rewritten").unwrap();
+    let (code, text) = run(&["check", "--store"]);
+    assert_eq!(code, Some(78), "{text}");
+    assert!(
+        text.contains(&format!("corrupt: {}", blob.display())),
+        "{text}"
+    );
+}
+
+/// Every path under `root`, depth first.
+fn walkdir_all(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root).unwrap().flatten() {
+        let p = e.path();
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walkdir_all(&p));
+        }
+        out.push(p);
+    }
+    out
+}

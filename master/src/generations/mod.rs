@@ -27,7 +27,10 @@
 mod disk;
 mod limits;
 mod of_index;
+mod scrub;
 mod stamp;
+
+pub use scrub::Scrubbed;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
