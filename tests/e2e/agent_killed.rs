@@ -166,17 +166,21 @@ impl World {
     }
 
     /// What is on disk for both destinations: each root's mode, and the
-    /// entries of each destination and its standby container together
-    /// (the destination's root is part of the tree, and a run leaves no
-    /// more copies than it keeps: docs/agent.md).
+    /// entries of each destination and its standby container together,
+    /// its trash aside (the destination's root is part of the tree, and a
+    /// run leaves no more copies than it keeps: docs/agent.md).
     fn on_disk(&self) -> ([u32; 2], usize) {
         use std::os::unix::fs::PermissionsExt;
         let dests = self.dests();
         let mode =
             |d: &PathBuf| std::fs::metadata(d).map_or(0, |m| m.permissions().mode() & 0o7777);
-        let entries = (dests.iter())
-            .map(|d| tree_snapshot(d).len() + tree_snapshot(&container(d)).len())
-            .sum();
+        // The trash is left out: it holds what the last run replaced,
+        // freed by the next one on a thread of its own (docs/agent.md).
+        let kept = |d: &PathBuf| {
+            let c = tree_snapshot(&container(d));
+            c.keys().filter(|k| !k.starts_with("trash/")).count()
+        };
+        let entries = dests.iter().map(|d| tree_snapshot(d).len() + kept(d)).sum();
         (dests.each_ref().map(mode), entries)
     }
 
