@@ -218,6 +218,7 @@ fn sync_or_rollback(
 /// `pluginsync-agent config`: every effective setting and its source.
 fn show_config(config: &Path, overrides: Overrides, format: cli::Format) -> Ended {
     let file = load_config(config)?;
+    let lock_in_toml = file.puppet_lock.file.is_some();
     let facts_source = match file.keys.contains("facts") {
         true => settings::Source::AgentToml,
         false => settings::Source::Default,
@@ -232,6 +233,18 @@ fn show_config(config: &Path, overrides: Overrides, format: cli::Format) -> Ende
             source,
         });
     }
+    // The lock a commit waits on: agent.toml's, else puppet.conf's
+    // `agent_catalog_run_lockfile` as Puppet derives it (docs/agent.md).
+    (settings.effective).push(settings::Effective {
+        name: "puppet_lock.file",
+        value: (settings.puppet_lock.file.as_ref())
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        source: match lock_in_toml {
+            true => settings::Source::AgentToml,
+            false => settings::Source::Default,
+        },
+    });
     // Said where an operator checks a config, not only when a run loads
     // (docs/loading.md#never-put-path-in-a-shell-script).
     for (loader, placeholder) in settings.loaders.shell_interpolations() {

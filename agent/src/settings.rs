@@ -218,21 +218,6 @@ impl Settings {
             source: toml_source(&file, "puppet_conf"),
         });
         file_values(&file, &mut effective);
-        let puppet_lock = file.puppet_lock.resolve(puppet.lockfile());
-        effective.push(Effective {
-            name: "puppet_lock.file",
-            value: (puppet_lock.file.as_ref())
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            source: match (
-                &file.puppet_lock.file,
-                puppet.value("agent_catalog_run_lockfile"),
-            ) {
-                (Some(_), _) => Source::AgentToml,
-                (None, Some((section, _))) => Source::PuppetConf(section),
-                (None, None) => Source::Default,
-            },
-        });
         Ok(Settings {
             servers,
             environment,
@@ -257,7 +242,7 @@ impl Settings {
             certname,
             environment_source: file.environment_source,
             environment_origin,
-            puppet_lock,
+            puppet_lock: file.puppet_lock.resolve(puppet.lockfile()),
             switch: file.switch,
             effective,
             generations: file.generations,

@@ -96,6 +96,7 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
         .warnings()
         .into_iter()
         .chain(soon.map(|w| w.to_string()))
+        .chain(config.generations.dir.iter().flat_map(|d| store_modes(d)))
     {
         writeln!(out, "warning: {w}")?;
         warnings += 1;
@@ -108,12 +109,6 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
             dir: dir.clone(),
             source,
         });
-    }
-    if let Some(dir) = &config.generations.dir {
-        for w in store_modes(dir) {
-            writeln!(out, "warning: {w}")?;
-            warnings += 1;
-        }
     }
     let store = Generations::new(&config.generations);
     if config.generations.dir.is_some()
