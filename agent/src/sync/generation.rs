@@ -36,6 +36,13 @@ use crate::settings::Settings;
 /// (docs/protocol.md §7.6).
 const MAX_MANIFEST_ENTRIES: usize = 2 * MAX_LISTING_ENTRIES;
 
+/// A master's manifest delta from `held`, bounded as it is parsed: no more
+/// removals than `held` has entries, no more upserts than
+/// [`MAX_MANIFEST_ENTRIES`].
+fn untrusted_delta(d: &[u8], held: &Manifest) -> Result<ManifestDelta, ManifestError> {
+    ManifestDelta::parse_within(d, held.entries().len(), MAX_MANIFEST_ENTRIES)
+}
+
 /// A generation refused or not to be had; the run stops before anything
 /// changes.
 #[derive(Debug, thiserror::Error)]
@@ -311,16 +318,14 @@ impl Run<'_> {
                         since = None;
                         continue;
                     };
-                    let applied =
-                        ManifestDelta::parse_within(&d, bm.entries().len(), MAX_MANIFEST_ENTRIES)
-                            .and_then(|delta| {
-                                if delta.target != held.id {
-                                    return Err(ManifestError::Malformed(
-                                        "a delta to another generation".into(),
-                                    ));
-                                }
-                                delta.apply(bm, *bid)
-                            });
+                    let applied = untrusted_delta(&d, bm).and_then(|delta| {
+                        if delta.target != held.id {
+                            return Err(ManifestError::Malformed(
+                                "a delta to another generation".into(),
+                            ));
+                        }
+                        delta.apply(bm, *bid)
+                    });
                     match applied {
                         Ok(pair) => pair,
                         Err(e) => {
