@@ -338,20 +338,26 @@ pub struct Prepared {
     pub after: Option<(LocalTree, Sha256)>,
     /// What will be known of the generation the switch retires.
     state: Option<GenState>,
-    /// Its durability step, running (`Prepared::durable`).
-    syncing: Option<std::thread::JoinHandle<Result<(), PrepareError>>>,
 }
 
-impl Prepared {
+/// The durability step of a [`Prepared`] standby, running on a thread of
+/// its own; held by whoever waits for it before the switch (the run's
+/// per-destination state, `sync/dest.rs`), not by the standby.
+pub struct Syncing {
+    /// The standby being synced, for a message.
+    dir: PathBuf,
+    thread: std::thread::JoinHandle<Result<(), PrepareError>>,
+}
+
+impl Syncing {
     /// Waits until the standby is on disk, staged files included: the
     /// switch may come only then (docs/internals.md#the-switch). A failed
     /// sync fails the run before the switch: the live tree stays.
-    pub fn durable(&mut self) -> Result<(), PrepareError> {
-        match self.syncing.take().map(std::thread::JoinHandle::join) {
-            None => Ok(()),
-            Some(Ok(synced)) => synced,
-            Some(Err(_)) => Err(PrepareError::Sync {
-                path: self.standby.dir.clone(),
+    pub fn wait(self) -> Result<(), PrepareError> {
+        match self.thread.join() {
+            Ok(synced) => synced,
+            Err(_) => Err(PrepareError::Sync {
+                path: self.dir,
                 source: std::io::Error::other("the sync thread panicked"),
             }),
         }
@@ -409,8 +415,9 @@ pub struct Staged<'a> {
 /// names when the live tree (`local`, its scan) is still the one it was
 /// recorded against, else all of it), then `plan` applied to it with the
 /// live tree's staged files, all of it durable in one step, staged files
-/// included. `Ok(None)`: no switch here ([`standby_for`]); the caller
-/// commits in place. `keep`: `[switch] keep_previous`.
+/// included, on a thread ([`Syncing`], to wait for before the switch).
+/// `Ok(None)`: no switch here ([`standby_for`]); the caller commits in
+/// place. `keep`: `[switch] keep_previous`.
 pub fn prepare(
     dest: &Path,
     plan: &Plan,
@@ -425,7 +432,7 @@ pub fn prepare(
     }: Staged<'_>,
     resource: &FileResource,
     keep: usize,
-) -> Result<Option<Prepared>, PrepareError> {
+) -> Result<Option<(Prepared, Syncing)>, PrepareError> {
     let started = std::time::Instant::now();
     let ms = || started.elapsed().as_secs_f64() * 1000.0;
     let Some(standby) = open_standby(dest, in_standby)? else {
@@ -463,10 +470,11 @@ pub fn prepare(
         return Ok(None);
     }
     tracing::debug!(dest = %dest.display(), fast = fast.is_ok(), mirrored = mirror.diffs.len(), elapsed_ms = ms(), "standby mirrored");
-    let mut touched: Vec<LocalName> = mirror
-        .diffs
-        .iter()
-        .filter_map(|(rel, _)| RelPath::parse(rel).ok().map(LocalName::Rel))
+    // The paths the standby's scan is stat'ed again at: not the root
+    // (always stat'ed), nor a stray.
+    let mut touched: Vec<LocalName> = (mirror.diffs.into_iter())
+        .filter(|(name, _)| matches!(name, LocalName::Rel(rel) if !rel.is_root()))
+        .map(|(name, _)| name)
         .collect();
     // Renamed into the standby, the staged files are visible to nobody
     // until the switch: synced with it, in one step (stage.rs).
@@ -490,7 +498,7 @@ pub fn prepare(
     touched.extend(changed.iter().cloned());
     // Synced on a thread of its own: the standby's scan is read, and the
     // next destination prepared, while it is written back; the switch
-    // waits for it (`Prepared::durable`).
+    // waits for it (`Syncing::wait`).
     let durable = durable::collect(dirs, created);
     let syncing = std::thread::Builder::new()
         .name("standby sync".into())
@@ -503,13 +511,17 @@ pub fn prepare(
     let fast = known.filter(|_| fast.is_ok());
     let (after, state) = record(&slot, fast, &touched, changed, local, resource, clean);
     tracing::debug!(dest = %dest.display(), elapsed_ms = ms(), "standby prepared, syncing");
-    Ok(Some(Prepared {
+    let syncing = Syncing {
+        dir: standby.dir.clone(),
+        thread: syncing,
+    };
+    let prepared = Prepared {
         standby,
         committed,
         after,
         state,
-        syncing: Some(syncing),
-    }))
+    };
+    Ok(Some((prepared, syncing)))
 }
 
 /// What [`prepare`] leaves known once `slot` is prepared: its scan and its
@@ -571,8 +583,8 @@ fn open_standby(dest: &Path, in_standby: bool) -> Result<Option<Standby>, Prepar
 /// tree kept as the newest previous generation (`keep` at most), the
 /// switch on disk before this returns. Returns what is known of that
 /// generation, to be recorded after the switch ([`Retired::record`]).
+/// Only once its [`Syncing`] is waited for.
 pub fn switch(prepared: &mut Prepared, keep: usize) -> Result<Option<Retired>, SwitchError> {
-    debug_assert!(prepared.syncing.is_none(), "switched before it was durable");
     prepared.standby.exchange(switch::NEXT)?;
     let name = prepared.standby.retire(switch::NEXT, keep)?;
     Ok(prepared.state.take().map(|state| Retired {

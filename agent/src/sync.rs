@@ -37,6 +37,7 @@
 
 mod apply;
 mod bundle;
+mod dest;
 mod generation;
 mod loads;
 mod outcome;
@@ -204,8 +205,7 @@ impl<'a> Run<'a> {
                 tracing::info!(removed, "removed temporary files a killed run left");
             }
         }
-        let catalog = catalog::build(settings);
-        let scans = pass::start_scans(&catalog.resources);
+        let scans = pass::start_scans(catalog::build(settings).resources);
         let servers = servers_of(settings, bundle)?;
         let env = tokio::select! {
             biased;
@@ -229,7 +229,7 @@ impl<'a> Run<'a> {
             if !settings.noop {
                 run.recover_loads().await;
             }
-            let (passes, held) = run.plan_all(catalog.resources, scans).await?;
+            let (passes, held) = run.plan_all(scans).await?;
             if settings.noop {
                 run.report_plans(&passes);
                 run.report.generation = held.map(|g| g.id.to_hex());
@@ -237,20 +237,24 @@ impl<'a> Run<'a> {
             }
             run.phase("planned");
             pass::guard(settings, &passes)?;
-            let foresight = apply::foresee(&passes, settings.switch.keep_previous);
-            let stagings = run.stage(&passes, held.as_ref()).await?;
+            let keep = settings.switch.keep_previous;
+            let planned = passes.into_iter().map(|p| p.foresee(keep)).collect();
+            let staged = run.stage(planned, held.as_ref()).await?;
             run.phase("staged");
-            commit::check_space(passes.iter().map(|p| (p.resource.path.as_path(), &p.plan)))?;
-            let prepared = run.prepare_all(&passes, &stagings, foresight)?;
+            let plans = staged
+                .iter()
+                .map(|d| (d.pass.resource.path.as_path(), &d.pass.plan));
+            commit::check_space(plans)?;
+            let ready = run.prepare_all(staged)?;
             // Never under a Puppet run using the tree, just before the
             // switch; a run that changes nothing does not look
             // (docs/agent.md#a-puppet-run-in-progress).
-            if passes.iter().any(|p| !p.plan.actions.is_empty()) {
+            if ready.iter().any(|d| !d.pass.plan.actions.is_empty()) {
                 run.wait_for_puppet().await?;
             }
-            Ok::<_, SyncError>(Some((passes, stagings, prepared, held)))
+            Ok::<_, SyncError>(Some((ready, held)))
         };
-        let (passes, stagings, prepared, held) = tokio::select! {
+        let (ready, held) = tokio::select! {
             biased;
             signal = interrupts.wait() => return Err(interrupted(signal, false)),
             ready = before_commit => match ready? {
@@ -262,18 +266,15 @@ impl<'a> Run<'a> {
         if let Some(signal) = interrupts.received() {
             return Err(interrupted(signal, false));
         }
-        run.record_loads(&passes);
-        run.commit_and_load(&passes, stagings, prepared, held.as_ref(), interrupts)
-            .await
+        run.record_loads(ready.iter().map(|d| &d.pass));
+        run.commit_and_load(ready, held.as_ref(), interrupts).await
     }
 
     /// switch → cache → report → load, once everything is prepared; from
     /// here on a signal is only noted (see the module docs).
     async fn commit_and_load(
         &mut self,
-        passes: &[pass::Pass],
-        stagings: Vec<Option<crate::stage::Staging>>,
-        prepared: Vec<Option<commit::Prepared>>,
+        ready: Vec<dest::Ready>,
         held: Option<&generation::Held>,
         interrupts: &Interrupts,
     ) -> Result<(), SyncError> {
@@ -282,17 +283,18 @@ impl<'a> Run<'a> {
         // The caches are written on threads of the scope while the run's
         // record is; all of them before the loads.
         let (settings, env) = (self.settings, self.env.clone());
+        let mounts: Vec<Mount> = ready.iter().map(|d| d.pass.resource.mount).collect();
         let written = std::thread::scope(|scope| {
             // The new manifest is written beside its place while the
             // switches run, and put there after them.
             let manifest = generation::write_manifest_ahead(scope, settings, &env, held);
-            let written = self.commit_all(scope, passes, stagings, prepared);
+            let written = self.commit_all(scope, ready);
             self.phase("committed");
             self.remember_generation(held, manifest.and_then(|m| m.join().ok()));
             written
         });
         self.phase("remembered");
-        self.forget_listings(held, passes);
+        self.forget_listings(held, &mounts);
         if let Some(signal) = interrupts.received() {
             return Err(interrupted(signal, true));
         }

@@ -31,6 +31,7 @@ use rustix::io::Errno;
 use super::dirs::{DIR_FLAGS, remove_entry};
 use crate::listing::STAGING_DIR;
 use crate::plan::ChangeKind;
+use crate::scan::LocalName;
 
 /// A mirror step failed; the standby is unusable until a mirror succeeds.
 #[derive(Debug, thiserror::Error)]
@@ -56,12 +57,12 @@ pub struct Mirror<'a> {
     target: &'a Path,
     /// What the target's walk found different (relative path, what
     /// making it equal to the source does), in walk order.
-    pub diffs: Vec<(String, ChangeKind)>,
+    pub diffs: Vec<(LocalName, ChangeKind)>,
     /// Everything written, to make durable.
     pub durable: Durable,
     /// A directory of the source on another filesystem than its root (a
     /// mount point below it), not walked: the trees cannot be exchanged.
-    pub crossed: Option<String>,
+    pub crossed: Option<LocalName>,
     /// The source root's device.
     dev: u64,
 }
@@ -87,13 +88,9 @@ fn names(dir: BorrowedFd<'_>) -> Result<Vec<Vec<u8>>, Errno> {
     Ok(out)
 }
 
-fn join(rel: &str, name: &[u8]) -> String {
-    let name = String::from_utf8_lossy(name);
-    if rel.is_empty() {
-        name.into_owned()
-    } else {
-        format!("{rel}/{name}")
-    }
+/// The root of both trees.
+fn root() -> LocalName {
+    LocalName::Rel(RelPath::root())
 }
 
 /// Same permission bits and owner.
@@ -123,8 +120,8 @@ impl<'a> Mirror<'a> {
         }
     }
 
-    fn err(&self, what: &'static str, rel: &str) -> impl FnOnce(Errno) -> MirrorError {
-        let path = self.target.join(rel);
+    fn err(&self, what: &'static str, rel: &LocalName) -> impl FnOnce(Errno) -> MirrorError {
+        let path = rel.to_path(self.target);
         move |e| MirrorError {
             what,
             path,
@@ -145,19 +142,20 @@ impl<'a> Mirror<'a> {
             )
         };
         let (src, dst) = (open(source)?, open(target)?);
+        let top = root();
         let (ss, ds) = (
-            rustix::fs::fstat(&src).map_err(self.err("stat", ""))?,
-            rustix::fs::fstat(&dst).map_err(self.err("stat", ""))?,
+            rustix::fs::fstat(&src).map_err(self.err("stat", &top))?,
+            rustix::fs::fstat(&dst).map_err(self.err("stat", &top))?,
         );
         self.dev = ss.st_dev;
         if !same_meta(&ss, &ds) {
-            self.diffs.push((String::new(), ChangeKind::Mode));
+            self.diffs.push((root(), ChangeKind::Mode));
             if self.apply {
-                self.set_meta(dst.as_fd(), &ss, "")?;
+                self.set_meta(dst.as_fd(), &ss, &top)?;
             }
         }
-        if self.dir(src.as_fd(), Some(dst.as_fd()), "")? && self.apply {
-            self.keep(dst.as_fd(), "");
+        if self.dir(src.as_fd(), Some(dst.as_fd()), &top)? && self.apply {
+            self.keep(dst.as_fd(), &top);
         }
         Ok(())
     }
@@ -172,76 +170,73 @@ impl<'a> Mirror<'a> {
         target: &Path,
         paths: &[RelPath],
     ) -> Result<(), MirrorError> {
-        let root =
+        let open_root =
             |p: &Path| rustix::fs::open(p, DIR_FLAGS.difference(OFlags::NOFOLLOW), Mode::empty());
+        let top = root();
         let (src, dst) = (
-            root(source).map_err(self.err("open", ""))?,
-            root(target).map_err(self.err("open", ""))?,
+            open_root(source).map_err(self.err("open", &top))?,
+            open_root(target).map_err(self.err("open", &top))?,
         );
-        let ss = rustix::fs::fstat(&src).map_err(self.err("stat", ""))?;
+        let ss = rustix::fs::fstat(&src).map_err(self.err("stat", &top))?;
         self.dev = ss.st_dev;
         let mut paths: Vec<&RelPath> = paths.iter().filter(|p| !p.is_root()).collect();
         paths.sort();
         paths.dedup();
         // Sorted, so siblings come together: their parents are opened
         // once (a sibling can remove or replace only itself).
-        let mut last: Option<(RelPath, OwnedFd, OwnedFd)> = None;
+        let mut last: Option<(LocalName, OwnedFd, OwnedFd)> = None;
         for rel in paths {
             let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
                 continue;
             };
-            let prel = if parent.is_root() {
-                ""
-            } else {
-                parent.as_str()
-            };
             if let Some((p, sp, dp)) = &last
-                && *p == parent
+                && matches!(p, LocalName::Rel(p) if *p == parent)
             {
                 let (sp, dp) = (sp.as_fd(), dp.as_fd());
-                if self.one(sp, dp, rel, prel, name)? {
-                    self.keep(dp, prel);
+                if self.one(sp, dp, rel, name)? {
+                    self.keep(dp, p);
                 }
                 continue;
             }
             last = None;
-            let open = |fd: &OwnedFd| -> Result<OwnedFd, Errno> {
+            let open = |fd: &OwnedFd, parent: &RelPath| -> Result<OwnedFd, Errno> {
                 let mut cur = rustix::fs::openat(fd, ".", DIR_FLAGS, Mode::empty())?;
                 for seg in parent.segments() {
                     cur = rustix::fs::openat(&cur, seg, DIR_FLAGS, Mode::empty())?;
                 }
                 Ok(cur)
             };
-            let sp = match open(&src) {
+            let sp = match open(&src, &parent) {
                 Ok(fd) => fd,
                 // Gone from the source with its parent: the parent's own
                 // path removed it from the target.
                 Err(Errno::NOENT) => continue,
-                Err(e) => return Err(self.err("open", parent.as_str())(e)),
+                Err(e) => return Err(self.err("open", &LocalName::Rel(parent))(e)),
             };
-            let dp = open(&dst).map_err(self.err("open", prel))?;
-            if self.one(sp.as_fd(), dp.as_fd(), rel, prel, name)? {
-                self.keep(dp.as_fd(), prel);
+            let dp = open(&dst, &parent);
+            let parent = LocalName::Rel(parent);
+            let dp = dp.map_err(self.err("open", &parent))?;
+            if self.one(sp.as_fd(), dp.as_fd(), rel, name)? {
+                self.keep(dp.as_fd(), &parent);
             }
             last = Some((parent, sp, dp));
         }
-        let ds = rustix::fs::fstat(&dst).map_err(self.err("stat", ""))?;
+        let ds = rustix::fs::fstat(&dst).map_err(self.err("stat", &top))?;
         if !same_meta(&ss, &ds) {
-            self.diffs.push((String::new(), ChangeKind::Mode));
-            self.set_meta(dst.as_fd(), &ss, "")?;
+            self.diffs.push((top.clone(), ChangeKind::Mode));
+            self.set_meta(dst.as_fd(), &ss, &top)?;
         }
         Ok(())
     }
 
     /// One path of [`Mirror::run_paths`], `name` in the open parents `sp`
-    /// (source) and `dp` (target, `prel`); returns whether the target
-    /// parent's entries changed.
+    /// (source) and `dp` (target); returns whether the target parent's
+    /// entries changed.
     fn one(
         &mut self,
         sp: BorrowedFd<'_>,
         dp: BorrowedFd<'_>,
         rel: &RelPath,
-        prel: &str,
         name: &str,
     ) -> Result<bool, MirrorError> {
         let at = |fd: BorrowedFd<'_>| rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW);
@@ -249,26 +244,31 @@ impl<'a> Mirror<'a> {
             // The source has no such entry: neither may the target.
             let there = at(dp).is_ok();
             if there {
-                self.diffs
-                    .push((rel.as_str().to_owned(), ChangeKind::Removed));
-                self.remove(dp, OsStr::new(name), rel.as_str())?;
+                let rel = LocalName::Rel(rel.clone());
+                self.remove(dp, OsStr::new(name), &rel)?;
+                self.diffs.push((rel, ChangeKind::Removed));
             }
             Ok(there)
         } else {
-            self.entry(sp, Some(dp), prel, name.as_bytes())
+            self.entry(sp, Some(dp), LocalName::Rel(rel.clone()), name.as_bytes())
         }
     }
 
     /// Adds `fd` (`rel`) to the durable set.
-    fn keep(&mut self, fd: BorrowedFd<'_>, rel: &str) {
-        let path = self.target.join(rel);
+    fn keep(&mut self, fd: BorrowedFd<'_>, rel: &LocalName) {
+        let path = rel.to_path(self.target);
         if let Err(e) = self.durable.add(fd, Need::All, &path) {
             tracing::warn!(path = %path.display(), error = %e, "cannot keep an entry to sync");
         }
     }
 
     /// Gives the open `fd` the mode (and, as root, the owner) of `like`.
-    fn set_meta(&mut self, fd: BorrowedFd<'_>, like: &Stat, rel: &str) -> Result<(), MirrorError> {
+    fn set_meta(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        like: &Stat,
+        rel: &LocalName,
+    ) -> Result<(), MirrorError> {
         // Only another owner than the copy's is given (it takes CAP_CHOWN,
         // which the packaged unit does not grant: then the copy stays
         // ours), and set-id bits only where they may be set (the unit's
@@ -280,7 +280,7 @@ impl<'a> Mirror<'a> {
                 rustix::fs::Gid::from_raw(like.st_gid),
             );
             if let Err(e) = rustix::fs::fchown(fd, Some(uid), Some(gid)) {
-                tracing::debug!(path = %self.target.join(rel).display(), error = %e, "owner not copied");
+                tracing::debug!(path = %rel.to_path(self.target).display(), error = %e, "owner not copied");
             }
         }
         let mode = |bits: u32| Mode::from_raw_mode(like.st_mode & bits);
@@ -298,10 +298,11 @@ impl<'a> Mirror<'a> {
         &mut self,
         src: BorrowedFd<'_>,
         dst: Option<BorrowedFd<'_>>,
-        rel: &str,
+        rel: &LocalName,
     ) -> Result<bool, MirrorError> {
+        let at_root = matches!(rel, LocalName::Rel(r) if r.is_root());
         let mut src_names = names(src).map_err(self.err("read", rel))?;
-        if rel.is_empty() {
+        if at_root {
             src_names.retain(|n| n != STAGING_DIR.as_bytes());
         }
         let mut changed = false;
@@ -311,38 +312,38 @@ impl<'a> Mirror<'a> {
                 if wanted.contains(name.as_slice()) {
                     continue;
                 }
-                let rel_n = join(rel, &name);
-                // The staging directory a switch carried along is no entry
-                // of the generation.
-                if !(rel.is_empty() && name == STAGING_DIR.as_bytes()) {
-                    self.diffs.push((rel_n.clone(), ChangeKind::Removed));
-                }
+                let rel_n = rel.child(OsStr::from_bytes(&name));
                 if self.apply {
                     remove_entry(dst, OsStr::from_bytes(&name)).map_err(|source| MirrorError {
                         what: "remove",
-                        path: self.target.join(&rel_n),
+                        path: rel_n.to_path(self.target),
                         source,
                     })?;
                     changed = true;
                 }
+                // The staging directory a switch carried along is no entry
+                // of the generation.
+                if !(at_root && name == STAGING_DIR.as_bytes()) {
+                    self.diffs.push((rel_n, ChangeKind::Removed));
+                }
             }
         }
         for name in src_names {
-            changed |= self.entry(src, dst, rel, &name)?;
+            let rel_n = rel.child(OsStr::from_bytes(&name));
+            changed |= self.entry(src, dst, rel_n, &name)?;
         }
         Ok(changed)
     }
 
-    /// One entry `name` of the source directory `src` made equal in
-    /// `dst`; returns whether `dst`'s entries changed.
+    /// One entry `name` (`rel_n`) of the source directory `src` made
+    /// equal in `dst`; returns whether `dst`'s entries changed.
     fn entry(
         &mut self,
         src: BorrowedFd<'_>,
         dst: Option<BorrowedFd<'_>>,
-        rel: &str,
+        rel_n: LocalName,
         name: &[u8],
     ) -> Result<bool, MirrorError> {
-        let rel_n = join(rel, name);
         let os = OsStr::from_bytes(name);
         let ss = match rustix::fs::statat(src, os, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => st,
@@ -351,7 +352,7 @@ impl<'a> Mirror<'a> {
             Err(e) => return Err(self.err("stat", &rel_n)(e)),
         };
         let ds = dst.and_then(|d| rustix::fs::statat(d, os, AtFlags::SYMLINK_NOFOLLOW).ok());
-        if self.skip.contains(rel_n.as_str()) {
+        if matches!(&rel_n, LocalName::Rel(r) if self.skip.contains(r.as_str())) {
             // The caller writes or removes it: only a directory's place is
             // cleared (a rename replaces anything else in one step, and a
             // removal removes it): a removal here frees the old copy's
@@ -367,7 +368,7 @@ impl<'a> Mirror<'a> {
         let kind = FileType::from_raw_mode(ss.st_mode);
         let dkind = ds.as_ref().map(|d| FileType::from_raw_mode(d.st_mode));
         match kind {
-            FileType::Directory => self.subdir(src, dst, &rel_n, os, &ss, ds.as_ref()),
+            FileType::Directory => self.subdir(src, dst, rel_n, os, &ss, ds.as_ref()),
             FileType::RegularFile => {
                 if let Some(d) = &ds
                     && dkind == Some(FileType::RegularFile)
@@ -386,14 +387,15 @@ impl<'a> Mirror<'a> {
                     }
                     _ => ChangeKind::Updated,
                 };
-                self.diffs.push((rel_n.clone(), what));
                 let Some(dst) = dst.filter(|_| self.apply) else {
+                    self.diffs.push((rel_n, what));
                     return Ok(false);
                 };
                 if ds.is_some() {
                     self.remove(dst, os, &rel_n)?;
                 }
                 self.copy_file(src, dst, os, &rel_n)?;
+                self.diffs.push((rel_n, what));
                 Ok(true)
             }
             FileType::Symlink => {
@@ -410,8 +412,8 @@ impl<'a> Mirror<'a> {
                 } else {
                     ChangeKind::Created
                 };
-                self.diffs.push((rel_n.clone(), what));
                 let Some(dst) = dst.filter(|_| self.apply) else {
+                    self.diffs.push((rel_n, what));
                     return Ok(false);
                 };
                 if ds.is_some() {
@@ -419,6 +421,7 @@ impl<'a> Mirror<'a> {
                 }
                 rustix::fs::symlinkat(target.as_c_str(), dst, os)
                     .map_err(self.err("create the link", &rel_n))?;
+                self.diffs.push((rel_n, what));
                 Ok(true)
             }
             // Not copied (module docs); nothing of the target stays there.
@@ -438,22 +441,23 @@ impl<'a> Mirror<'a> {
         &mut self,
         src: BorrowedFd<'_>,
         dst: Option<BorrowedFd<'_>>,
-        rel: &str,
+        rel: LocalName,
         name: &OsStr,
         ss: &Stat,
         ds: Option<&Stat>,
     ) -> Result<bool, MirrorError> {
+        let rel = &rel;
         let is_dir = ds.is_some_and(|d| FileType::from_raw_mode(d.st_mode) == FileType::Directory);
         let mut changed = false;
         if ss.st_dev != self.dev {
-            self.crossed.get_or_insert_with(|| rel.to_owned());
+            self.crossed.get_or_insert_with(|| rel.clone());
             return Ok(false);
         }
         let sub_src = rustix::fs::openat(src, name, DIR_FLAGS, Mode::empty())
             .map_err(self.err("open", rel))?;
         if !is_dir {
             self.diffs.push((
-                rel.to_owned(),
+                rel.clone(),
                 if ds.is_some() {
                     ChangeKind::Updated
                 } else {
@@ -463,7 +467,7 @@ impl<'a> Mirror<'a> {
         } else if let Some(d) = ds
             && !same_meta(ss, d)
         {
-            self.diffs.push((rel.to_owned(), ChangeKind::Mode));
+            self.diffs.push((rel.clone(), ChangeKind::Mode));
         }
         let sub_dst: Option<OwnedFd> = match dst.filter(|_| self.apply) {
             Some(dst) => {
@@ -500,10 +504,15 @@ impl<'a> Mirror<'a> {
         Ok(changed)
     }
 
-    fn remove(&self, dir: BorrowedFd<'_>, name: &OsStr, rel: &str) -> Result<(), MirrorError> {
+    fn remove(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        rel: &LocalName,
+    ) -> Result<(), MirrorError> {
         remove_entry(dir, name).map_err(|source| MirrorError {
             what: "remove",
-            path: self.target.join(rel),
+            path: rel.to_path(self.target),
             source,
         })
     }
@@ -515,7 +524,7 @@ impl<'a> Mirror<'a> {
         src: BorrowedFd<'_>,
         dst: BorrowedFd<'_>,
         name: &OsStr,
-        rel: &str,
+        rel: &LocalName,
     ) -> Result<(), MirrorError> {
         let from = rustix::fs::openat(src, name, READ_FLAGS, Mode::empty())
             .map_err(self.err("open", rel))?;
@@ -533,7 +542,7 @@ impl<'a> Mirror<'a> {
         let (mut from, mut to) = (std::fs::File::from(from), std::fs::File::from(to));
         std::io::copy(&mut from, &mut to).map_err(|source| MirrorError {
             what: "copy",
-            path: self.target.join(rel),
+            path: rel.to_path(self.target),
             source,
         })?;
         let times = Timestamps {
@@ -634,8 +643,11 @@ mod tests {
         std::fs::set_permissions(live.join("a/b"), std::fs::Permissions::from_mode(0o700)).unwrap();
         let mut list = Mirror::new(&standby, &skip, false);
         list.run(&live, &standby).unwrap();
+        let diffs: Vec<(String, ChangeKind)> = (list.diffs.iter())
+            .map(|(name, kind)| (name.to_string(), *kind))
+            .collect();
         assert_eq!(
-            list.diffs,
+            diffs,
             vec![
                 ("a/b".to_owned(), ChangeKind::Mode),
                 ("a/one.rb".to_owned(), ChangeKind::Updated)

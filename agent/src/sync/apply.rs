@@ -11,38 +11,19 @@ use pluginsync_common::fsutil::Durable;
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
 
+use super::dest::{Learning, Planned, Preparing, Ready, Staged, Switching};
 use super::pass::Pass;
 use super::{Run, SyncError};
 use crate::cache::{self, MountCache};
 use crate::catalog::FileResource;
 use crate::cli::Format;
-use crate::commit::{self, Prepared};
+use crate::commit;
 use crate::plan::{Action, ChangeKind, Plan};
 use crate::progress::{self, Progress};
 use crate::report::{Change, Failure, SwitchKind};
 use crate::scan::LocalName;
 use crate::servers::Source;
 use crate::stage::{self, Staging};
-
-/// A pass's standby record, being read ahead ([`foresee`]).
-pub(super) type Foresight = std::thread::JoinHandle<Option<commit::Foreseen>>;
-
-/// Reads ahead, on a thread per pass that changes something, what its
-/// `prepare` would read of its standby (`commit::foresee`), while the
-/// downloads run; a thread that cannot be had leaves it to `prepare`.
-pub(super) fn foresee(passes: &[Pass], keep: usize) -> Vec<Option<Foresight>> {
-    passes
-        .iter()
-        .map(|p| {
-            let dest = p.resource.path.clone();
-            let spawn = std::thread::Builder::new().name("foresee".into());
-            let changes = !p.plan.actions.is_empty() && keep == 1;
-            changes
-                .then(|| spawn.spawn(move || commit::foresee(&dest, keep)).ok())
-                .flatten()
-        })
-        .collect()
-}
 
 impl<'a> Run<'a> {
     /// `--noop`: the plans, reported as changes.
@@ -57,23 +38,22 @@ impl<'a> Run<'a> {
     /// stage + verify: every download of every resource, before anything
     /// changes. On an error the stagings so far are dropped, which removes
     /// them.
-    pub(super) async fn stage_all(
-        &self,
-        passes: &[Pass],
-    ) -> Result<Vec<Option<Staging>>, SyncError> {
-        let mut stagings = Vec::with_capacity(passes.len());
+    pub(super) async fn stage_all(&self, planned: Vec<Planned>) -> Result<Vec<Staged>, SyncError> {
+        let mut staged = Vec::with_capacity(planned.len());
         // On a terminal, a text run shows its downloads as they go
         // (docs/agent.md#progress-on-a-terminal).
         let progress = Arc::new(Progress::default());
-        progress.add_total(passes.iter().map(|p| p.plan.writes().count() as u64).sum());
+        let writes = planned.iter().map(|d| d.pass.plan.writes().count() as u64);
+        progress.add_total(writes.sum());
         let _display = progress::Display::start(
             progress.clone(),
             progress::wanted(self.settings.format == Format::Text),
         );
-        for p in passes {
+        for d in planned {
+            let p = &d.pass;
             let Some((mut staging, writes)) = begin_staging(p, self.settings.switch.keep_previous)?
             else {
-                stagings.push(None);
+                staged.push(d.staged(None));
                 continue;
             };
             staging.writeback = stage::Writeback::start(&staging, writes.len());
@@ -100,85 +80,32 @@ impl<'a> Run<'a> {
                 .await
                 .map_err(SyncError::Download)?;
             staging.wait_premade();
-            stagings.push(Some(staging));
+            staged.push(d.staged(Some(staging)));
         }
         // Sealed by `prepare_all` (stage.rs, module docs).
-        Ok(stagings)
+        Ok(staged)
     }
 
-    /// prepare: each pass that changes something gets its next generation
-    /// complete and durable beside the live tree (`commit::prepare`), its
-    /// staged files sealed and synced with it; `None` where it commits in
-    /// place, its staged files then synced here, before any rename
-    /// (stage.rs, module docs). The live trees are untouched: an error here
-    /// changes nothing.
-    pub(super) fn prepare_all(
-        &self,
-        passes: &[Pass],
-        stagings: &[Option<Staging>],
-        foresight: Vec<Option<Foresight>>,
-    ) -> Result<Vec<Option<Prepared>>, SyncError> {
+    /// prepare: each destination that changes something gets its next
+    /// generation complete and durable beside the live tree
+    /// (`Staged::prepare`); the staged files of those that commit in place
+    /// are synced here, before any rename (stage.rs, module docs). The
+    /// live trees are untouched: an error here changes nothing.
+    pub(super) fn prepare_all(&self, staged: Vec<Staged>) -> Result<Vec<Ready>, SyncError> {
         let keep = self.settings.switch.keep_previous;
-        let empty = HashMap::new();
         let mut in_place = Durable::new();
-        let mut prepared = Vec::with_capacity(passes.len());
-        for ((p, staging), foresight) in passes.iter().zip(stagings).zip(foresight) {
-            let mut sealed = Durable::new();
-            if let Some(s) = staging {
-                s.seal_into(&write_modes(&p.plan), &mut sealed)
-                    .map_err(SyncError::Download)?;
-            }
-            if p.plan.actions.is_empty() {
-                prepared.push(None);
-                continue;
-            }
-            let staged = staging.as_ref().map_or(&empty, |s| &s.files);
-            let created = staging.as_ref().map_or(&[][..], |s| s.created());
-            let standby = commit::prepare(
-                &p.resource.path,
-                &p.plan,
-                (&p.local, p.local_digest),
-                commit::Staged {
-                    files: staged,
-                    created,
-                    sealed: &mut sealed,
-                    in_standby: staging.as_ref().is_some_and(|s| s.in_standby),
-                    foreseen: foresight.and_then(|f| f.join().ok().flatten()),
-                    premade: staging.as_ref().map(Staging::premade),
-                },
-                &p.resource,
-                keep,
-            )
-            .map_err(|source| SyncError::Prepare {
-                dest: p.resource.path.clone(),
-                source,
-            })?;
-            // What the standby did not take is synced before the commit.
-            in_place.absorb(sealed).map_err(|source| {
-                SyncError::Download(stage::StageError::Sync {
-                    path: p.resource.path.clone(),
-                    source,
-                })
-            })?;
-            prepared.push(standby);
-        }
-        // Everything is written: what the early writeback has not written
-        // yet, the durability steps do.
-        for s in stagings.iter().flatten() {
-            s.stop_writeback();
+        let preparing = (staged.into_iter())
+            .map(|d| d.prepare(keep, &mut in_place))
+            .collect::<Result<Vec<_>, _>>()?;
+        for d in &preparing {
+            d.stop_writeback();
         }
         stage::sync_sealed(in_place).map_err(SyncError::Download)?;
-        // Each standby on disk (synced while the next was prepared).
-        for (p, standby) in passes.iter().zip(prepared.iter_mut()) {
-            if let Some(standby) = standby {
-                standby.durable().map_err(|source| SyncError::Prepare {
-                    dest: p.resource.path.clone(),
-                    source,
-                })?;
-            }
-        }
+        let ready = (preparing.into_iter())
+            .map(Preparing::durable)
+            .collect::<Result<Vec<_>, _>>()?;
         self.phase("prepared");
-        Ok(prepared)
+        Ok(ready)
     }
 
     /// switch (or commit in place) → report: each resource in catalog
@@ -189,107 +116,110 @@ impl<'a> Run<'a> {
     pub(super) fn commit_all<'s>(
         &mut self,
         scope: &'s std::thread::Scope<'s, '_>,
-        passes: &'s [Pass],
-        stagings: Vec<Option<Staging>>,
-        mut prepared: Vec<Option<Prepared>>,
+        ready: Vec<Ready>,
     ) -> Vec<(Mount, RelPath)>
     where
         'a: 's,
     {
-        let settings = self.settings;
-        let vardir = &settings.vardir;
+        let vardir = &self.settings.vardir;
         self.report.applied = true;
         let mut written = Vec::new();
-        let learned = learn_all(scope, passes, &mut prepared, vardir);
-        let all = passes.iter().zip(stagings).zip(prepared).zip(learned);
-        for (((p, staging), prepared), learned) in all {
-            let (dest, mount) = (&p.resource.path, p.resource.mount);
-            // Durable before it returns, so before the cache and the
-            // report below claim it.
-            let done = match prepared {
-                Some(mut prepared) => {
-                    match commit::switch(&mut prepared, settings.switch.keep_previous) {
-                        Ok(retired) => {
-                            self.note_switch(SwitchKind::Exchange);
-                            self.switched.insert(mount);
-                            if let Some(retired) = retired {
-                                scope.spawn(move || retired.record());
-                            }
-                            prepared.committed
-                        }
-                        Err(e) => {
-                            let mut failed = commit::Committed::default();
-                            failed.failures.push((None, commit::CommitError::Switch(e)));
-                            failed
-                        }
-                    }
-                }
-                None => {
-                    let empty = HashMap::new();
-                    let staged = staging.as_ref().map_or(&empty, |s| &s.files);
-                    let created = staging.as_ref().map_or(&[][..], |s| s.created());
-                    if !p.plan.actions.is_empty() {
-                        self.note_switch(SwitchKind::InPlace);
-                    }
-                    commit::commit(dest, &p.plan, staged, created, &p.resource)
-                }
-            };
-            for (name, kind) in done.changes {
-                self.report.changes.push(change(&p.resource, &name, kind));
-            }
-            self.phase("renamed");
-            if done.failures.is_empty() {
-                if let Some(remote) = &p.remote {
-                    scope.spawn(move || match learned.map(|l| l.join()) {
-                        Some(Ok(learned)) => learned.save_logged(vardir, mount, &p.stamp),
-                        Some(Err(_)) => MountCache::clear(vardir, mount),
-                        None => {
-                            let before = (&p.local, p.local_digest);
-                            cache::learn(vardir, mount, dest, &p.stamp, remote, &p.plan, before)
-                                .save_logged(vardir, mount, &p.stamp)
-                        }
-                    });
-                }
-            } else {
-                MountCache::clear(vardir, mount);
-            }
-            for (name, error) in done.failures {
-                // The destination itself is `<mount>/`.
-                let rel = name.map(|n| n.to_string()).unwrap_or_default();
-                self.report.failures.push(Failure {
-                    path: format!("{mount}/{rel}"),
-                    error: error.to_string(),
-                });
-            }
-            if let Some(s) = staging {
-                s.finish();
-            }
-            written.extend(done.written.into_iter().map(|rel| (mount, rel)));
+        let switching: Vec<Switching<'s>> = (ready.into_iter())
+            .map(|d| d.learn_ahead(scope, vardir))
+            .collect();
+        for d in switching {
+            self.commit_one(scope, d, &mut written);
         }
         written
     }
-}
 
-/// After a switch the live tree is the standby's, with its own inodes:
-/// its scan is the stat cache's, learned on threads of `scope` while the
-/// switches run (`cache::learn`), saved after each one that succeeds.
-fn learn_all<'s>(
-    scope: &'s std::thread::Scope<'s, '_>,
-    passes: &'s [Pass],
-    prepared: &mut [Option<Prepared>],
-    vardir: &'s std::path::Path,
-) -> Vec<Option<std::thread::ScopedJoinHandle<'s, cache::Learned>>> {
-    (passes.iter().zip(prepared.iter_mut()))
-        .map(|(p, prepared)| {
-            let remote = p.remote.as_ref()?;
-            let (after, digest) = prepared.as_mut()?.after.take()?;
-            let (dest, stamp, mount) = (&p.resource.path, &p.stamp, p.resource.mount);
-            let plan = Plan::default();
-            let learn =
-                move || cache::learn(vardir, mount, dest, stamp, remote, &plan, (&after, digest));
-            Some(scope.spawn(learn))
-        })
-        .collect()
+    /// One destination of [`Run::commit_all`]: switched or committed in
+    /// place (durable before this returns, so before the cache and the
+    /// report claim it), reported, remembered; its files written go to
+    /// `written`.
+    fn commit_one<'s>(
+        &mut self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        d: Switching<'s>,
+        written: &mut Vec<(Mount, RelPath)>,
+    ) where
+        'a: 's,
+    {
+        let settings = self.settings;
+        let vardir = &settings.vardir;
+        let Switching {
+            pass: p,
+            staging,
+            standby,
+            learning,
+        } = d;
+        let mount = p.resource.mount;
+        let done = match standby {
+            Some(mut prepared) => {
+                match commit::switch(&mut prepared, settings.switch.keep_previous) {
+                    Ok(retired) => {
+                        self.note_switch(SwitchKind::Exchange);
+                        self.switched.insert(mount);
+                        if let Some(retired) = retired {
+                            scope.spawn(move || retired.record());
+                        }
+                        prepared.committed
+                    }
+                    Err(e) => {
+                        let mut failed = commit::Committed::default();
+                        failed.failures.push((None, commit::CommitError::Switch(e)));
+                        failed
+                    }
+                }
+            }
+            None => {
+                let empty = HashMap::new();
+                let staged = staging.as_ref().map_or(&empty, |s| &s.files);
+                let created = staging.as_ref().map_or(&[][..], |s| s.created());
+                if !p.plan.actions.is_empty() {
+                    self.note_switch(SwitchKind::InPlace);
+                }
+                commit::commit(&p.resource.path, &p.plan, staged, created, &p.resource)
+            }
+        };
+        for (name, kind) in done.changes {
+            self.report.changes.push(change(&p.resource, &name, kind));
+        }
+        self.phase("renamed");
+        if !done.failures.is_empty() {
+            MountCache::clear(vardir, mount);
+        } else {
+            match learning {
+                Learning::Ahead(learned) => {
+                    scope.spawn(move || match learned.join() {
+                        Ok(learned) => learned.save_logged(vardir, mount, &p.stamp),
+                        Err(_) => MountCache::clear(vardir, mount),
+                    });
+                }
+                Learning::After if p.remote.is_some() => {
+                    scope.spawn(move || {
+                        let Some(remote) = &p.remote else { return };
+                        let (dest, before) = (&p.resource.path, (&p.local, p.local_digest));
+                        cache::learn(vardir, mount, dest, &p.stamp, remote, &p.plan, before)
+                            .save_logged(vardir, mount, &p.stamp)
+                    });
+                }
+                Learning::After => {}
+            }
+        }
+        for (name, error) in done.failures {
+            // The destination itself is `<mount>/`.
+            let rel = name.map(|n| n.to_string()).unwrap_or_default();
+            self.report.failures.push(Failure {
+                path: format!("{mount}/{rel}"),
+                error: error.to_string(),
+            });
+        }
+        if let Some(s) = staging {
+            s.finish();
+        }
+        written.extend(done.written.into_iter().map(|rel| (mount, rel)));
+    }
 }
 
 impl Run<'_> {

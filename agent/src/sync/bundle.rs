@@ -13,15 +13,14 @@ use std::sync::Arc;
 use pluginsync_common::bundle::read_bundle;
 
 use super::apply::begin_staging;
+use super::dest::{Planned, Staged};
 use super::generation::{Blobs, GenerationError, Held};
-use super::pass::Pass;
 use super::{Run, SyncError};
 use crate::cache::GenerationRecord;
 use crate::client::{MAX_LISTING_BYTES, Offers};
 use crate::progress::Progress;
 use crate::servers::Origin;
 use crate::settings::Source;
-use crate::stage::Staging;
 
 /// The largest blob a bundle may hold (each is checked in memory).
 const MAX_BLOB: u64 = MAX_LISTING_BYTES as u64;
@@ -83,33 +82,35 @@ impl Run<'_> {
         })
     }
 
-    /// Phase 2 for `passes`: from the bundle's blobs when the run has
-    /// some, else downloads (`Run::stage_all`). The files the last change
-    /// replaced are freed meanwhile (`commit::sweep_trash`).
+    /// Phase 2 for every destination: from the bundle's blobs when the
+    /// run has some, else downloads (`Run::stage_all`). The files the
+    /// last change replaced are freed meanwhile (`commit::sweep_trash`).
     pub(super) async fn stage(
         &self,
-        passes: &[Pass],
+        planned: Vec<Planned>,
         held: Option<&Held>,
-    ) -> Result<Vec<Option<Staging>>, SyncError> {
-        crate::commit::sweep_trash(passes.iter().map(|p| p.resource.path.clone()).collect());
+    ) -> Result<Vec<Staged>, SyncError> {
+        let dests = planned.iter().map(|d| d.pass.resource.path.clone());
+        crate::commit::sweep_trash(dests.collect());
         let Some(blobs) = held.and_then(|h| h.blobs.as_ref()) else {
-            return self.stage_all(passes).await;
+            return self.stage_all(planned).await;
         };
         let progress = Arc::new(Progress::default());
-        let mut stagings = Vec::with_capacity(passes.len());
-        for p in passes {
-            let Some((mut staging, writes)) = begin_staging(p, self.settings.switch.keep_previous)?
+        let mut staged = Vec::with_capacity(planned.len());
+        for d in planned {
+            let Some((mut staging, writes)) =
+                begin_staging(&d.pass, self.settings.switch.keep_previous)?
             else {
-                stagings.push(None);
+                staged.push(d.staged(None));
                 continue;
             };
             staging
                 .copy_in(writes, |d| blobs.path(d), &progress)
                 .map_err(SyncError::Download)?;
             staging.wait_premade();
-            stagings.push(Some(staging));
+            staged.push(d.staged(Some(staging)));
         }
         // Sealed by `prepare_all` (stage.rs, module docs).
-        Ok(stagings)
+        Ok(staged)
     }
 }

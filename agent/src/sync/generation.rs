@@ -15,13 +15,14 @@ use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::fsutil::Written;
 use pluginsync_common::generation::{GenerationId, Manifest, ManifestDelta, ManifestError};
+use pluginsync_common::protocol::Mount;
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use pluginsync_common::bundle::BundleError;
 
-use super::pass::Pass;
+use super::pass::{Pass, Scanning};
 use super::{Run, SyncError};
 use crate::cache::{GenerationRecord, ListingStamp, MountCache};
 use crate::catalog::FileResource;
@@ -141,8 +142,8 @@ pub(super) fn write_manifest_ahead<'s>(
 /// manifest lists what the standard listing serves (docs/protocol.md
 /// §7.6), so a resource that wants a name those patterns drop syncs
 /// Puppet's listings instead.
-fn ignores_the_defaults(resources: &[FileResource]) -> bool {
-    resources.iter().all(|r| {
+fn ignores_the_defaults<'r>(mut resources: impl Iterator<Item = &'r FileResource>) -> bool {
+    resources.all(|r| {
         let have = r.ignore.patterns();
         DEFAULT_IGNORE
             .iter()
@@ -153,22 +154,21 @@ fn ignores_the_defaults(resources: &[FileResource]) -> bool {
 impl Run<'_> {
     /// Phase 1 for every resource, from one generation when the servers
     /// serve them, else from Puppet's listings.
-    /// `scans`: each resource's scan, started before the servers were
-    /// asked anything (`pass::Scanning`).
+    /// `scans`: each resource with its scan, started before the servers
+    /// were asked anything (`pass::Scanning`).
     pub(super) async fn plan_all(
         &mut self,
-        resources: Vec<FileResource>,
-        scans: Vec<super::pass::Scanning>,
+        scans: Vec<Scanning>,
     ) -> Result<(Vec<Pass>, Option<Held>), SyncError> {
         let mut held = match self.bundle {
             Some(path) => Some(self.bundled(path)?),
-            None => self.generation(&resources).await?,
+            None => self.generation(&scans).await?,
         };
-        let mut passes = Vec::with_capacity(resources.len());
-        for (resource, scanning) in resources.into_iter().zip(scans) {
+        let mut passes = Vec::with_capacity(scans.len());
+        for scanning in scans {
             passes.push(match held.as_mut() {
-                Some(g) => self.plan_from(resource, g, scanning).await?,
-                None => self.plan(resource, scanning).await?,
+                Some(g) => self.plan_from(g, scanning).await?,
+                None => self.plan(scanning).await?,
             });
         }
         if held.is_none() {
@@ -182,13 +182,13 @@ impl Run<'_> {
     /// (see the module docs).
     pub(super) async fn generation(
         &mut self,
-        resources: &[FileResource],
+        scans: &[Scanning],
     ) -> Result<Option<Held>, SyncError> {
         let (vardir, env) = (&self.settings.vardir, self.env.clone());
         if !self.settings.generations {
             return Ok(None);
         }
-        if !ignores_the_defaults(resources) {
+        if !ignores_the_defaults(scans.iter().map(|s| &s.resource)) {
             tracing::info!("an ignore list without Puppet's defaults: syncing listings");
             return Ok(None);
         }
@@ -357,11 +357,10 @@ impl Run<'_> {
     /// last commit of this very generation (and query) is done at once.
     pub(super) async fn plan_from(
         &mut self,
-        resource: FileResource,
         held: &mut Held,
-        scanning: super::pass::Scanning,
+        scanning: Scanning,
     ) -> Result<Pass, SyncError> {
-        let (vardir, mount) = (&self.settings.vardir, resource.mount);
+        let (vardir, mount) = (&self.settings.vardir, scanning.resource.mount);
         let mut cache = MountCache::load(vardir, mount);
         // A manifest fetched in this run means a change: its listing and
         // the stat cache are made while the scan is still running (a
@@ -371,7 +370,7 @@ impl Run<'_> {
                 // The stat cache is decoded on a thread meanwhile.
                 let remote = std::thread::scope(|s| {
                     let _loading = s.spawn(|| cache.load_files(vardir, mount));
-                    listing::from_manifest(manifest, mount, &resource.ignore)
+                    listing::from_manifest(manifest, mount, &scanning.resource.ignore)
                 })
                 .map_err(|source| SyncError::Listing {
                     server: held.origin.server.clone(),
@@ -382,7 +381,8 @@ impl Run<'_> {
             }
             None => None,
         };
-        let (mut local, digest) = super::pass::scanned(scanning, &resource).await?;
+        let (resource, scanned) = scanning.scanned().await;
+        let (mut local, digest) = scanned?;
         self.phase("scanned");
         let query = super::pass::query_of(&resource, &self.env).to_query();
         let key = format!("generation {}|{mount}|{query}", held.id);
@@ -533,10 +533,10 @@ impl Run<'_> {
     /// A pass planned from a generation keeps no listing: the one a
     /// listings-only run cached goes (after the pass's own cache is
     /// written, which never writes one then).
-    pub(super) fn forget_listings(&self, held: Option<&Held>, passes: &[Pass]) {
+    pub(super) fn forget_listings(&self, held: Option<&Held>, mounts: &[Mount]) {
         if held.is_some_and(|h| h.changed) && self.report.failures.is_empty() {
-            for p in passes {
-                MountCache::forget_listing(&self.settings.vardir, p.resource.mount);
+            for &mount in mounts {
+                MountCache::forget_listing(&self.settings.vardir, mount);
             }
         }
     }

@@ -28,13 +28,12 @@ impl Run<'_> {
     /// Before the commit: records the files it is about to write, so that
     /// a run killed between its commit and its loads leaves them to the
     /// next run ([`Run::recover_loads`]). Only with loaders configured.
-    pub(super) fn record_loads(&self, passes: &[Pass]) {
+    pub(super) fn record_loads<'p>(&self, passes: impl Iterator<Item = &'p Pass>) {
         let settings = self.settings;
         if settings.loaders.is_empty() {
             return;
         }
         let files: Vec<(Mount, RelPath)> = passes
-            .iter()
             .flat_map(|p| {
                 p.plan
                     .writes()

@@ -21,38 +21,45 @@ use crate::scan::{self, LocalTree, ScanError};
 use crate::servers::Origin;
 use crate::settings::Settings;
 
-/// A destination's scan and its digest, started before the master is asked
-/// (`Run::plan_all`): the walk needs nothing from the network, so it runs
-/// while the master answers (docs/internals.md#the-scan-beside-the-masters-answer).
-pub(super) type Scanning = tokio::task::JoinHandle<Result<(LocalTree, Sha256), ScanError>>;
+/// A destination with its scan (and the scan's digest), started before
+/// the master is asked (`Run::plan_all`): the walk needs nothing from the
+/// network, so it runs while the master answers
+/// (docs/internals.md#the-scan-beside-the-masters-answer). The first state
+/// of a destination in a run (`dest.rs`, module docs).
+pub(super) struct Scanning {
+    pub(super) resource: FileResource,
+    scan: tokio::task::JoinHandle<Result<(LocalTree, Sha256), ScanError>>,
+}
 
 /// Starts the scan of every destination: walked while the client is set
 /// up and the servers answer.
-pub(super) fn start_scans(resources: &[FileResource]) -> Vec<Scanning> {
-    resources.iter().map(start_scan).collect()
+pub(super) fn start_scans(resources: Vec<FileResource>) -> Vec<Scanning> {
+    resources.into_iter().map(Scanning::start).collect()
 }
 
-/// Starts the scan of `resource`'s destination on a blocking thread.
-fn start_scan(resource: &FileResource) -> Scanning {
-    let (dest, ignore) = (resource.path.clone(), resource.ignore.clone());
-    tokio::task::spawn_blocking(move || {
-        let tree = scan::scan(&dest, &ignore)?;
-        let digest = tree.digest();
-        Ok((tree, digest))
-    })
-}
+impl Scanning {
+    /// Starts the scan of `resource`'s destination on a blocking thread.
+    fn start(resource: FileResource) -> Scanning {
+        let (dest, ignore) = (resource.path.clone(), resource.ignore.clone());
+        let scan = tokio::task::spawn_blocking(move || {
+            let tree = scan::scan(&dest, &ignore)?;
+            let digest = tree.digest();
+            Ok((tree, digest))
+        });
+        Scanning { resource, scan }
+    }
 
-/// The scan [`start_scan`] started, once done.
-pub(super) async fn scanned(
-    scanning: Scanning,
-    resource: &FileResource,
-) -> Result<(LocalTree, Sha256), ScanError> {
-    scanning.await.unwrap_or_else(|e| {
-        Err(ScanError::Io {
-            path: resource.path.clone(),
-            source: std::io::Error::other(e),
-        })
-    })
+    /// The resource, and its scan once done.
+    pub(super) async fn scanned(self) -> (FileResource, Result<(LocalTree, Sha256), ScanError>) {
+        let Scanning { resource, scan } = self;
+        let scanned = scan.await.unwrap_or_else(|e| {
+            Err(ScanError::Io {
+                path: resource.path.clone(),
+                source: std::io::Error::other(e),
+            })
+        });
+        (resource, scanned)
+    }
 }
 
 /// One resource after the reading phases: its plan and what it was made
@@ -105,17 +112,14 @@ struct Ask<'q> {
 
 impl Run<'_> {
     /// listing + local scan → plan, for one resource; reads only.
-    pub(super) async fn plan(
-        &mut self,
-        resource: FileResource,
-        scanning: Scanning,
-    ) -> Result<Pass, SyncError> {
+    pub(super) async fn plan(&mut self, scanning: Scanning) -> Result<Pass, SyncError> {
         let settings = self.settings;
-        let (vardir, mount) = (&settings.vardir, resource.mount);
-        let ignore = &resource.ignore;
+        let (vardir, mount) = (&settings.vardir, scanning.resource.mount);
         let mut cache = MountCache::load(vardir, mount);
         self.phase("cache loaded");
-        let (mut local, digest) = scanned(scanning, &resource).await?;
+        let (resource, scanned) = scanning.scanned().await;
+        let (mut local, digest) = scanned?;
+        let ignore = &resource.ignore;
         self.phase("scanned");
         let env = self.env.clone();
         let query = query_of(&resource, &env);

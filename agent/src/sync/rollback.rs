@@ -26,6 +26,7 @@ use crate::load::LoadStatus;
 use crate::lock;
 use crate::plan::ChangeKind;
 use crate::report::{Change, Report};
+use crate::scan::LocalName;
 use crate::settings::Settings;
 use crate::signals::Interrupts;
 
@@ -54,7 +55,7 @@ fn dests(paths: &[PathBuf]) -> String {
 /// Makes the newest previous generation of `dest` live; returns what
 /// changed in the live tree (relative path, change), or `None` when there
 /// is no previous generation (nothing changed).
-pub fn rollback_dest(dest: &Path) -> Result<Option<Vec<(String, ChangeKind)>>, RollbackError> {
+pub fn rollback_dest(dest: &Path) -> Result<Option<Vec<(LocalName, ChangeKind)>>, RollbackError> {
     let Some(standby) = Standby::open(dest, false)? else {
         return Ok(None);
     };
@@ -91,16 +92,22 @@ fn roll_back_all(
         };
         MountCache::clear(&settings.vardir, mount);
         report.rolled_back = true;
-        for (rel, kind) in diffs {
+        for (name, kind) in diffs {
+            // The destination itself is `<mount>/` (and `<dest>/`).
+            let (rel, file) = match &name {
+                LocalName::Rel(r) if r.is_root() => (String::new(), dest.join("")),
+                _ => (name.to_string(), name.to_path(dest)),
+            };
             report.changes.push(Change {
                 path: format!("{mount}/{rel}"),
                 action: kind,
-                file: dest.join(&rel).display().to_string(),
+                file: file.display().to_string(),
             });
             let brought = matches!(kind, ChangeKind::Created | ChangeKind::Updated);
-            if let Ok(rel) = RelPath::parse(&rel)
+            if let LocalName::Rel(rel) = name
                 && brought
-                && std::fs::symlink_metadata(rel.to_path(dest)).is_ok_and(|m| m.is_file())
+                && !rel.is_root()
+                && std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file())
             {
                 written.push((mount, rel));
             }
