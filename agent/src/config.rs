@@ -22,7 +22,10 @@ use pluginsync_common::tls::SslDirPaths;
 use serde::Deserialize;
 
 use crate::loaders::{LoadConfig, LoaderConfig, LoaderTable};
-use crate::lock::{PuppetLockConfig, SwitchConfig};
+use crate::lock::PuppetLockConfig;
+pub use switch::SwitchConfig;
+
+mod switch;
 
 /// The default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/agent.toml";
@@ -306,7 +309,7 @@ pub struct AgentFile {
     /// `[puppet_lock]`.
     pub puppet_lock: PuppetLockConfig,
     /// `[switch]`.
-    pub switch: crate::lock::SwitchConfig,
+    pub switch: SwitchConfig,
     /// The top-level keys the file sets.
     pub keys: BTreeSet<String>,
 }
