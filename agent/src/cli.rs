@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::builder::TypedValueParser;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use pluginsync_common::logging::LogFormat;
+use pluginsync_common::logging::LogArgs;
 
 use crate::exit::{EXIT_STATUS_HELP, ExitStatus};
 
@@ -17,13 +17,9 @@ use crate::exit::{EXIT_STATUS_HELP, ExitStatus};
 #[derive(Debug, Parser)]
 #[command(name = "pluginsync-agent", version, about, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
-    /// More log output on stderr (-v info, -vv debug, -vvv trace, as in
-    /// the master); RUST_LOG overrides.
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
-    pub verbose: u8,
-    /// Log lines as text or as one JSON object per line (docs/operating.md#logs).
-    #[arg(long, global = true, default_value = "text", value_parser = clap::builder::PossibleValuesParser::new(["text", "json"]).map(|s| s.parse::<LogFormat>().unwrap_or_default()))]
-    pub log_format: LogFormat,
+    /// `-v`, `--log-format`.
+    #[command(flatten)]
+    pub log: LogArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -175,7 +171,7 @@ impl Cli {
     pub fn log_level(&self) -> &'static str {
         // `--test` is at least `-v`, as `puppet agent --test` is verbose.
         let test = matches!(self.command, Command::Sync { test: true, .. });
-        let verbose = self.verbose.max(u8::from(test));
+        let verbose = self.log.verbose.max(u8::from(test));
         ["warn", "info", "debug", "trace"][usize::from(verbose.min(3))]
     }
 }

@@ -28,7 +28,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(status) => return status.into(),
     };
-    pluginsync_common::logging::init_with(cli.log_level(), cli.log_format);
+    pluginsync_common::logging::init_with(cli.log_level(), cli.log.log_format);
     match run(cli.command) {
         Ok(status) => status,
         Err((status, message)) => {

@@ -16,6 +16,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use clap::builder::TypedValueParser;
+
 use tracing::Level;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
@@ -35,6 +37,19 @@ pub enum LogFormat {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown log format '{0}' (expected 'text' or 'json')")]
 pub struct UnknownLogFormat(pub String);
+
+/// `-v` and `--log-format`: the logging flags of both binaries, declared
+/// once and flattened into each one's command line (`cli.rs`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
+    /// More log output on stderr (-v info, -vv debug, -vvv trace, the same
+    /// levels in the agent and the master); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Log lines as text or as one JSON object per line (docs/operating.md#logs).
+    #[arg(long, global = true, default_value = "text", value_parser = clap::builder::PossibleValuesParser::new(["text", "json"]).map(|s| s.parse::<LogFormat>().unwrap_or_default()))]
+    pub log_format: LogFormat,
+}
 
 impl FromStr for LogFormat {
     type Err = UnknownLogFormat;

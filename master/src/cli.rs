@@ -4,12 +4,11 @@
 
 use std::path::PathBuf;
 
-use clap::builder::TypedValueParser;
 use clap::{Parser, Subcommand};
 
 use crate::csr::CsrOptions;
 use crate::devcerts::DevCertsOptions;
-use pluginsync_common::logging::LogFormat;
+use pluginsync_common::logging::LogArgs;
 
 use crate::exit::{EXIT_STATUS_HELP, ExitStatus};
 
@@ -18,13 +17,9 @@ use crate::exit::{EXIT_STATUS_HELP, ExitStatus};
 #[derive(Debug, Parser)]
 #[command(name = "pluginsync-master", version, about, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
-    /// More log output (-v info, -vv debug, -vvv trace, as in the agent);
-    /// RUST_LOG overrides.
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
-    pub verbose: u8,
-    /// Log lines as text or as one JSON object per line (docs/operating.md#logs).
-    #[arg(long, global = true, default_value = "text", value_parser = clap::builder::PossibleValuesParser::new(["text", "json"]).map(|s| s.parse::<LogFormat>().unwrap_or_default()))]
-    pub log_format: LogFormat,
+    /// `-v`, `--log-format`.
+    #[command(flatten)]
+    pub log: LogArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -123,7 +118,7 @@ impl Cli {
     /// that print their own findings when `quiet`); `-v` info, `-vv`
     /// debug, `-vvv` trace, the agent's levels (docs/operating.md#logs).
     pub fn log_level(&self, quiet: bool) -> &'static str {
-        match self.verbose {
+        match self.log.verbose {
             0 if quiet => "warn",
             0 | 1 => "info",
             2 => "debug",

@@ -28,7 +28,7 @@ fn main() -> ExitCode {
             | Command::Bundle { .. }
             | Command::Rollout { .. }
     );
-    pluginsync_common::logging::init_with(cli.log_level(quiet), cli.log_format);
+    pluginsync_common::logging::init_with(cli.log_level(quiet), cli.log.log_format);
     let result = match cli.command {
         Command::Check { config, store } => load(&config).and_then(|c| {
             let out = &mut std::io::stdout();
