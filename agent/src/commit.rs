@@ -52,6 +52,7 @@ use crate::plan::{Action, ChangeKind, Plan};
 use crate::scan::{self, LocalName, LocalTree, Stray};
 pub use dirs::premake;
 use dirs::{DIR_FLAGS, Dirs, chmod_entry, remove_entry};
+pub use durable::Syncing;
 
 pub use error::CommitError;
 pub use mirror::{Mirror, MirrorError};
@@ -340,30 +341,6 @@ pub struct Prepared {
     state: Option<GenState>,
 }
 
-/// The durability step of a [`Prepared`] standby, running on a thread of
-/// its own; held by whoever waits for it before the switch (the run's
-/// per-destination state, `sync/dest.rs`), not by the standby.
-pub struct Syncing {
-    /// The standby being synced, for a message.
-    dir: PathBuf,
-    thread: std::thread::JoinHandle<Result<(), PrepareError>>,
-}
-
-impl Syncing {
-    /// Waits until the standby is on disk, staged files included: the
-    /// switch may come only then (docs/internals.md#the-switch). A failed
-    /// sync fails the run before the switch: the live tree stays.
-    pub fn wait(self) -> Result<(), PrepareError> {
-        match self.thread.join() {
-            Ok(synced) => synced,
-            Err(_) => Err(PrepareError::Sync {
-                path: self.dir,
-                source: std::io::Error::other("the sync thread panicked"),
-            }),
-        }
-    }
-}
-
 /// Why the next generation could not be prepared; the live tree is as it
 /// was.
 #[derive(Debug, thiserror::Error)]
@@ -500,21 +477,11 @@ pub fn prepare(
     // next destination prepared, while it is written back; the switch
     // waits for it (`Syncing::wait`).
     let durable = durable::collect(dirs, created);
-    let syncing = std::thread::Builder::new()
-        .name("standby sync".into())
-        .spawn(move || durable::sync_standby(durable))
-        .map_err(|source| PrepareError::Sync {
-            path: slot.clone(),
-            source,
-        })?;
+    let syncing = Syncing::start(durable, &slot, standby.dir.clone())?;
     let clean = committed.failures.is_empty();
     let fast = known.filter(|_| fast.is_ok());
     let (after, state) = record(&slot, fast, &touched, changed, local, resource, clean);
     tracing::debug!(dest = %dest.display(), elapsed_ms = ms(), "standby prepared, syncing");
-    let syncing = Syncing {
-        dir: standby.dir.clone(),
-        thread: syncing,
-    };
     let prepared = Prepared {
         standby,
         committed,

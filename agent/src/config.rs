@@ -22,11 +22,8 @@ use pluginsync_common::tls::SslDirPaths;
 use serde::Deserialize;
 
 use crate::loaders::{LoadConfig, LoaderConfig, LoaderTable};
-use crate::lock::PuppetLockConfig;
-pub use switch::SwitchConfig;
 
-mod switch;
-
+pub mod switch;
 /// The default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/pluginsync/agent.toml";
 
@@ -191,10 +188,10 @@ pub struct AgentConfig {
     pub metrics: MetricsConfig,
     /// Puppet's run lock, waited for before a commit.
     #[serde(default)]
-    pub puppet_lock: PuppetLockConfig,
+    pub puppet_lock: crate::lock::PuppetLockConfig,
     /// The switch of generations (docs/agent.md#generations-and-rollback).
     #[serde(default)]
-    pub switch: SwitchConfig,
+    pub switch: switch::SwitchConfig,
     /// Fact health (docs/loading.md#fact-health), kept in `load.facts`.
     #[serde(default)]
     pub facts: crate::facts::FactsConfig,
@@ -307,9 +304,9 @@ pub struct AgentFile {
     /// `[metrics] textfile`.
     pub metrics_textfile: Option<PathBuf>,
     /// `[puppet_lock]`.
-    pub puppet_lock: PuppetLockConfig,
+    pub puppet_lock: crate::lock::PuppetLockConfig,
     /// `[switch]`.
-    pub switch: SwitchConfig,
+    pub switch: switch::SwitchConfig,
     /// The top-level keys the file sets.
     pub keys: BTreeSet<String>,
 }
@@ -743,7 +740,10 @@ mod tests {
         assert_eq!(c.file, Some(PathBuf::from("/etc/pluginsync/p.lock")));
         assert_eq!(c.wait, Duration::ZERO);
         assert_eq!(lock("file = \"\"").unwrap().file, Some(PathBuf::new()));
-        assert_eq!(parse(MIN).unwrap().puppet_lock, PuppetLockConfig::default());
+        assert_eq!(
+            parse(MIN).unwrap().puppet_lock,
+            crate::lock::PuppetLockConfig::default()
+        );
         assert!(lock("wait = \"soon\"").is_err());
         assert!(lock("wiat = \"1s\"").is_err());
     }

@@ -154,7 +154,7 @@ pub struct Settings {
     /// Puppet's run lock, waited for before a commit (`lock.rs`).
     pub puppet_lock: crate::lock::PuppetLock,
     /// `[switch]`: `keep_previous`, `syncfs_below_dirty_mib`.
-    pub switch: crate::config::SwitchConfig,
+    pub switch: crate::config::switch::SwitchConfig,
     /// Every setting with its source, for `pluginsync-agent config`.
     pub effective: Vec<Effective>,
     /// `generations` (docs/protocol.md §4.11).

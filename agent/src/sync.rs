@@ -6,18 +6,23 @@
 //!
 //! [`run`] takes the run lock (not for `--noop`), builds the catalog (one
 //! resource per destination: pluginfacts, then plugins) and drives a
-//! [`Run`] through its phases, one method each:
+//! [`Run`] through its phases. Each destination is one value moving
+//! through its states (`dest.rs`: `Scanning → Pass → Planned → Staged →
+//! Preparing → Ready → Switching`), every destination through one
+//! transition before the next; the phases, read top-down in this file:
 //!
-//! 1. `Run::plan` (`pass.rs`), per resource: the listing (from the run's [`Origin`],
-//!    or the cache on a 304), the scan of the destination, the plan.
-//!    Reading only. `--noop` reports the plans and stops here.
-//! 2. `Run::stage_all` (`apply.rs`): every download of every resource,
-//!    verified; `Run::prepare_all`: each changed destination's next
-//!    generation complete beside it (docs/internals.md#the-switch); then a
-//!    Puppet run holding its lock is waited for (`lock::wait_for_puppet`).
-//! 3. `Run::commit_all` (`apply.rs`): only then each resource is switched
-//!    (or, without `RENAME_EXCHANGE`, committed in place) and reported,
-//!    and the cache updated.
+//! 1. `Run::plan_all`, per resource: the listing (from the run's
+//!    generation, `generation.rs`, or Puppet's listings, `pass.rs`, or
+//!    the cache on a 304), the scan of the destination, the plan. Reading
+//!    only. `--noop` reports the plans and stops here.
+//! 2. `Run::stage`: every download of every resource, verified
+//!    (`apply.rs`; from a bundle's blobs, `bundle.rs`); `Run::prepare_all`:
+//!    each changed destination's next generation complete beside it
+//!    (docs/internals.md#the-switch); then a Puppet run holding its lock is
+//!    waited for (`lock::wait_for_puppet`).
+//! 3. `Run::commit_all`: only then each resource is switched (or, without
+//!    `RENAME_EXCHANGE`, committed in place) and reported, and the cache
+//!    updated (`apply.rs`, `Run::commit_one`).
 //! 4. `Run::load_changed` (`loads.rs`): the files written under the libdir
 //!    go to the loaders.
 //!
@@ -52,6 +57,12 @@ use pluginsync_common::envname::EnvName;
 use pluginsync_common::fsutil::remove_leftovers;
 use pluginsync_common::protocol::Mount;
 
+use dest::{Planned, Preparing, Ready, Staged, Switching};
+use generation::Held;
+use pass::{Pass, Scanning};
+use pluginsync_common::fsutil::Durable;
+use pluginsync_common::relpath::RelPath;
+
 use crate::catalog;
 use crate::client::Client;
 use crate::commit;
@@ -62,6 +73,7 @@ use crate::report::Report;
 use crate::servers::Servers;
 use crate::settings::Settings;
 use crate::signals::Interrupts;
+use crate::stage;
 
 pub use outcome::{Outcome, SyncError};
 pub use rollback::{RollbackError, rollback, rollback_dest};
@@ -311,6 +323,95 @@ impl<'a> Run<'a> {
             self.rollback_on_failure(&switched);
         }
         Ok(())
+    }
+
+    /// Phase 1 for every resource, from one generation when the servers
+    /// serve them, else from Puppet's listings.
+    /// `scans`: each resource with its scan, started before the servers
+    /// were asked anything (`pass::Scanning`).
+    pub(super) async fn plan_all(
+        &mut self,
+        scans: Vec<Scanning>,
+    ) -> Result<(Vec<Pass>, Option<Held>), SyncError> {
+        let mut held = match self.bundle {
+            Some(path) => Some(self.bundled(path)?),
+            None => self.generation(&scans).await?,
+        };
+        let mut passes = Vec::with_capacity(scans.len());
+        for scanning in scans {
+            passes.push(match held.as_mut() {
+                Some(g) => self.plan_from(g, scanning).await?,
+                None => self.plan(scanning).await?,
+            });
+        }
+        if held.is_none() {
+            self.routing_gap(&passes);
+            self.reprobe(&passes);
+        }
+        Ok((passes, held))
+    }
+
+    /// Phase 2 for every destination: from the bundle's blobs when the
+    /// run has some, else downloads (`Run::stage_all`). The files the
+    /// last change replaced are freed meanwhile (`commit::sweep_trash`).
+    pub(super) async fn stage(
+        &self,
+        planned: Vec<Planned>,
+        held: Option<&Held>,
+    ) -> Result<Vec<Staged>, SyncError> {
+        let dests = planned.iter().map(|d| d.pass.resource.path.clone());
+        crate::commit::sweep_trash(dests.collect());
+        let Some(blobs) = held.and_then(|h| h.blobs.as_ref()) else {
+            return self.stage_all(planned).await;
+        };
+        self.stage_bundled(planned, blobs)
+    }
+
+    /// prepare: each destination that changes something gets its next
+    /// generation complete and durable beside the live tree
+    /// (`Staged::prepare`); the staged files of those that commit in place
+    /// are synced here, before any rename (stage.rs, module docs). The
+    /// live trees are untouched: an error here changes nothing.
+    pub(super) fn prepare_all(&self, staged: Vec<Staged>) -> Result<Vec<Ready>, SyncError> {
+        let keep = self.settings.switch.keep_previous;
+        let mut in_place = Durable::new();
+        let preparing = (staged.into_iter())
+            .map(|d| d.prepare(keep, &mut in_place))
+            .collect::<Result<Vec<_>, _>>()?;
+        for d in &preparing {
+            d.stop_writeback();
+        }
+        stage::sync_sealed(in_place).map_err(SyncError::Download)?;
+        let ready = (preparing.into_iter())
+            .map(Preparing::durable)
+            .collect::<Result<Vec<_>, _>>()?;
+        self.phase("prepared");
+        Ok(ready)
+    }
+
+    /// switch (or commit in place) → report: each resource in catalog
+    /// order, its changes and failures reported; the cache remembers a
+    /// clean commit (written on a thread of `scope`, while the next
+    /// resource switches and the run's record is written) and forgets a
+    /// failed one. Returns the files written, for the loaders.
+    pub(super) fn commit_all<'s>(
+        &mut self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        ready: Vec<Ready>,
+    ) -> Vec<(Mount, RelPath)>
+    where
+        'a: 's,
+    {
+        let vardir = &self.settings.vardir;
+        self.report.applied = true;
+        let mut written = Vec::new();
+        let switching: Vec<Switching<'s>> = (ready.into_iter())
+            .map(|d| d.learn_ahead(scope, vardir))
+            .collect();
+        for d in switching {
+            self.commit_one(scope, d, &mut written);
+        }
+        written
     }
 
     /// Waits while a Puppet run holds its lock (`lock::wait_for_puppet`);

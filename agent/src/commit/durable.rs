@@ -13,10 +13,11 @@
 //! filesystem. An empty plan (a run that changes nothing) syncs nothing.
 //! A failed sync is a warning: the changes are made and cannot be undone.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use pluginsync_common::fsutil::{Durable, Need};
 
+use super::PrepareError;
 use super::dirs::Dirs;
 
 /// Makes what the commit changed durable (module docs): the directories
@@ -55,9 +56,44 @@ pub fn collect(dirs: Dirs<'_>, created: &[PathBuf]) -> Durable {
     durable
 }
 
-/// A standby's durability step; its first failure is the error.
-pub fn sync_standby(durable: Durable) -> Result<(), super::PrepareError> {
-    durable
-        .sync_logged("standby durable")
-        .map_err(|(path, source)| super::PrepareError::Sync { path, source })
+/// The durability step of a prepared standby, running on a thread of its
+/// own; held by whoever waits for it before the switch (the run's
+/// per-destination state, `sync/dest.rs`), not by the standby.
+pub struct Syncing {
+    /// The standby's container, for a message.
+    dir: PathBuf,
+    thread: std::thread::JoinHandle<Result<(), PrepareError>>,
+}
+
+impl Syncing {
+    /// Starts syncing `durable`, what [`collect`] gathered of the standby
+    /// `slot` (in the container `dir`); its first failure is the error.
+    pub fn start(durable: Durable, slot: &Path, dir: PathBuf) -> Result<Syncing, PrepareError> {
+        let sync = move || {
+            durable
+                .sync_logged("standby durable")
+                .map_err(|(path, source)| PrepareError::Sync { path, source })
+        };
+        let thread = std::thread::Builder::new()
+            .name("standby sync".into())
+            .spawn(sync)
+            .map_err(|source| PrepareError::Sync {
+                path: slot.to_owned(),
+                source,
+            })?;
+        Ok(Syncing { dir, thread })
+    }
+
+    /// Waits until the standby is on disk, staged files included: the
+    /// switch may come only then (docs/internals.md#the-switch). A failed
+    /// sync fails the run before the switch: the live tree stays.
+    pub fn wait(self) -> Result<(), PrepareError> {
+        match self.thread.join() {
+            Ok(synced) => synced,
+            Err(_) => Err(PrepareError::Sync {
+                path: self.dir,
+                source: std::io::Error::other("the sync thread panicked"),
+            }),
+        }
+    }
 }

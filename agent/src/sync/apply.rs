@@ -1,24 +1,23 @@
-//! Phases 2 and 3 of a run: every download of every pass staged and
-//! verified (`stage.rs`), then, only once all are, each pass committed
-//! (`commit.rs`), reported and remembered in the cache. `--noop` reports
-//! the plans instead.
+//! Staging and committing one destination: its downloads staged and
+//! verified (`stage.rs`), then, once every destination is prepared
+//! (`Run::prepare_all`), its commit (`commit.rs`), reported and remembered
+//! in the cache. `--noop` reports the plans instead.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use pluginsync_common::digest::Sha256;
-use pluginsync_common::fsutil::Durable;
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
 
-use super::dest::{Learning, Planned, Preparing, Ready, Staged, Switching};
+use super::dest::{Learning, Planned, Staged, Switching, write_modes};
 use super::pass::Pass;
 use super::{Run, SyncError};
 use crate::cache::{self, MountCache};
 use crate::catalog::FileResource;
 use crate::cli::Format;
 use crate::commit;
-use crate::plan::{Action, ChangeKind, Plan};
+use crate::plan::{Action, ChangeKind};
 use crate::progress::{self, Progress};
 use crate::report::{Change, Failure, SwitchKind};
 use crate::scan::LocalName;
@@ -86,58 +85,11 @@ impl<'a> Run<'a> {
         Ok(staged)
     }
 
-    /// prepare: each destination that changes something gets its next
-    /// generation complete and durable beside the live tree
-    /// (`Staged::prepare`); the staged files of those that commit in place
-    /// are synced here, before any rename (stage.rs, module docs). The
-    /// live trees are untouched: an error here changes nothing.
-    pub(super) fn prepare_all(&self, staged: Vec<Staged>) -> Result<Vec<Ready>, SyncError> {
-        let keep = self.settings.switch.keep_previous;
-        let mut in_place = Durable::new();
-        let preparing = (staged.into_iter())
-            .map(|d| d.prepare(keep, &mut in_place))
-            .collect::<Result<Vec<_>, _>>()?;
-        for d in &preparing {
-            d.stop_writeback();
-        }
-        stage::sync_sealed(in_place).map_err(SyncError::Download)?;
-        let ready = (preparing.into_iter())
-            .map(Preparing::durable)
-            .collect::<Result<Vec<_>, _>>()?;
-        self.phase("prepared");
-        Ok(ready)
-    }
-
-    /// switch (or commit in place) → report: each resource in catalog
-    /// order, its changes and failures reported; the cache remembers a
-    /// clean commit (written on a thread of `scope`, while the next
-    /// resource switches and the run's record is written) and forgets a
-    /// failed one. Returns the files written, for the loaders.
-    pub(super) fn commit_all<'s>(
-        &mut self,
-        scope: &'s std::thread::Scope<'s, '_>,
-        ready: Vec<Ready>,
-    ) -> Vec<(Mount, RelPath)>
-    where
-        'a: 's,
-    {
-        let vardir = &self.settings.vardir;
-        self.report.applied = true;
-        let mut written = Vec::new();
-        let switching: Vec<Switching<'s>> = (ready.into_iter())
-            .map(|d| d.learn_ahead(scope, vardir))
-            .collect();
-        for d in switching {
-            self.commit_one(scope, d, &mut written);
-        }
-        written
-    }
-
     /// One destination of [`Run::commit_all`]: switched or committed in
     /// place (durable before this returns, so before the cache and the
     /// report claim it), reported, remembered; its files written go to
     /// `written`.
-    fn commit_one<'s>(
+    pub(super) fn commit_one<'s>(
         &mut self,
         scope: &'s std::thread::Scope<'s, '_>,
         d: Switching<'s>,
@@ -230,17 +182,6 @@ impl Run<'_> {
             self.report.switch = Some(kind);
         }
     }
-}
-
-/// Relative path → planned mode, for every file `plan` writes.
-pub(super) fn write_modes(plan: &Plan) -> HashMap<&RelPath, u32> {
-    plan.actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Write { rel, mode, .. } => Some((rel, *mode)),
-            _ => None,
-        })
-        .collect()
 }
 
 /// The report's line for a change of `name` in `resource`.

@@ -82,19 +82,12 @@ impl Run<'_> {
         })
     }
 
-    /// Phase 2 for every destination: from the bundle's blobs when the
-    /// run has some, else downloads (`Run::stage_all`). The files the
-    /// last change replaced are freed meanwhile (`commit::sweep_trash`).
-    pub(super) async fn stage(
+    /// Phase 2 for every destination from the bundle's blobs (copies).
+    pub(super) fn stage_bundled(
         &self,
         planned: Vec<Planned>,
-        held: Option<&Held>,
+        blobs: &Blobs,
     ) -> Result<Vec<Staged>, SyncError> {
-        let dests = planned.iter().map(|d| d.pass.resource.path.clone());
-        crate::commit::sweep_trash(dests.collect());
-        let Some(blobs) = held.and_then(|h| h.blobs.as_ref()) else {
-            return self.stage_all(planned).await;
-        };
         let progress = Arc::new(Progress::default());
         let mut staged = Vec::with_capacity(planned.len());
         for d in planned {

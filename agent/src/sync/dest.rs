@@ -18,12 +18,13 @@
 use pluginsync_common::fsutil::Durable;
 
 use super::SyncError;
-use super::apply::write_modes;
 use super::pass::Pass;
 use crate::cache;
 use crate::commit::{self, Prepared, Syncing};
-use crate::plan::Plan;
+use crate::plan::{Action, Plan};
 use crate::stage::{self, Staging};
+use pluginsync_common::relpath::RelPath;
+use std::collections::HashMap;
 
 /// A destination planned, its standby record being read ahead
 /// (`commit::foresee`) while the downloads run.
@@ -239,4 +240,15 @@ pub(super) struct Switching<'s> {
     pub(super) staging: Option<Staging>,
     pub(super) standby: Option<Prepared>,
     pub(super) learning: Learning<'s>,
+}
+
+/// Relative path → planned mode, for every file `plan` writes.
+pub(super) fn write_modes(plan: &Plan) -> HashMap<&RelPath, u32> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Write { rel, mode, .. } => Some((rel, *mode)),
+            _ => None,
+        })
+        .collect()
 }

@@ -152,32 +152,6 @@ fn ignores_the_defaults<'r>(mut resources: impl Iterator<Item = &'r FileResource
 }
 
 impl Run<'_> {
-    /// Phase 1 for every resource, from one generation when the servers
-    /// serve them, else from Puppet's listings.
-    /// `scans`: each resource with its scan, started before the servers
-    /// were asked anything (`pass::Scanning`).
-    pub(super) async fn plan_all(
-        &mut self,
-        scans: Vec<Scanning>,
-    ) -> Result<(Vec<Pass>, Option<Held>), SyncError> {
-        let mut held = match self.bundle {
-            Some(path) => Some(self.bundled(path)?),
-            None => self.generation(&scans).await?,
-        };
-        let mut passes = Vec::with_capacity(scans.len());
-        for scanning in scans {
-            passes.push(match held.as_mut() {
-                Some(g) => self.plan_from(g, scanning).await?,
-                None => self.plan(scanning).await?,
-            });
-        }
-        if held.is_none() {
-            self.routing_gap(&passes);
-            self.reprobe(&passes);
-        }
-        Ok((passes, held))
-    }
-
     /// The run's generation, or `None` when it syncs Puppet's listings
     /// (see the module docs).
     pub(super) async fn generation(
@@ -460,7 +434,7 @@ impl Run<'_> {
     /// `/pluginsync/v1/`: a warning, once per run
     /// (docs/puppet-fleet.md#the-node-side). A stock Puppet Server sends
     /// no such headers and stays quiet.
-    fn routing_gap(&self, passes: &[Pass]) {
+    pub(super) fn routing_gap(&self, passes: &[Pass]) {
         let Some(server) = self.servers.unassigned() else {
             return;
         };
