@@ -53,7 +53,7 @@ pub enum CommitError {
     /// The switch to the prepared generation failed; the live tree is
     /// the old one (docs/internals.md#the-switch).
     #[error("the switch failed, the previous tree stays live: {0}")]
-    Switch(#[source] super::switch::SwitchError),
+    Switch(#[source] SwitchError),
 }
 
 impl CommitError {
@@ -65,4 +65,26 @@ impl CommitError {
             source: e.into(),
         }
     }
+}
+
+/// The standby trees of a destination could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchError {
+    /// A system call on `path` failed.
+    #[error("cannot {what} '{}': {source}", path.display())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The container is not a directory of this user's alone.
+    #[error("'{}' is not a directory of this user's alone (mode 0700); not using it", .0.display())]
+    NotOurs(PathBuf),
+    /// The destination has no parent or no name.
+    #[error("'{}' has no parent directory to keep standby trees in", .0.display())]
+    NoParent(PathBuf),
 }

@@ -34,6 +34,7 @@ use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
 use super::dirs::{DIR_FLAGS, empty_dir, remove_entry};
+pub use super::error::SwitchError;
 use crate::listing::STAGING_DIR;
 use crate::scan::{LocalEntry, LocalKind, LocalTree};
 
@@ -50,28 +51,6 @@ pub const TRASH: &str = "trash";
 const STATE: &str = ".state";
 /// The test hook that makes the exchange unsupported (module docs).
 pub const NO_EXCHANGE_ENV: &str = "PLUGINSYNC_TEST_NO_EXCHANGE";
-
-/// The standby trees of a destination could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum SwitchError {
-    /// A system call on `path` failed.
-    #[error("cannot {what} '{}': {source}", path.display())]
-    Io {
-        /// What was being done.
-        what: &'static str,
-        /// On what.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The container is not a directory of this user's alone.
-    #[error("'{}' is not a directory of this user's alone (mode 0700); not using it", .0.display())]
-    NotOurs(PathBuf),
-    /// The destination has no parent or no name.
-    #[error("'{}' has no parent directory to keep standby trees in", .0.display())]
-    NoParent(PathBuf),
-}
 
 /// The container of one destination, open.
 pub struct Standby {
