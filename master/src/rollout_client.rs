@@ -132,11 +132,15 @@ pub fn text(master: &str, s: &RolloutStatus) -> String {
             (_, true) => " promoted",
             _ => "",
         };
+        // A master that predates `state` says only the share and the flags.
+        let state = match g.state.is_empty() {
+            true => format!("{}% open{flags}", g.open_percent),
+            false => g.state.clone(),
+        };
         out.push_str(&format!(
-            "  {} {} {}% open{flags}{nodes}\n",
+            "  {} {} {state}{nodes}\n",
             &g.id[..12],
-            g.published,
-            g.open_percent
+            g.published
         ));
     }
     out

@@ -6,8 +6,8 @@
 use pluginsync_common::envname::EnvName;
 use serde::{Deserialize, Serialize};
 
-use super::{Rollouts, status_of};
-use crate::generations::Generations;
+use super::{Command, Policy, Rollouts, status_of};
+use crate::generations::{Generations, Kept};
 
 /// The admin API path of the rollout calls.
 pub const ROLLOUT_PATH: &str = "/pluginsync/v1/admin/rollout";
@@ -23,6 +23,13 @@ pub struct GenerationStatus {
     pub withdrawn: bool,
     /// Everyone's (promoted, or the target of a rollback).
     pub promoted: bool,
+    /// What it is to the fleet, in words (docs/rollouts.md#commands):
+    /// `everyone`, `base (everyone else)`, `N% open (wave K)`, `halted at
+    /// N% open (wave K) since T: reason`, `rolled back`, `superseded`; a
+    /// promoted one or the one rolled back to says so after a `;`. Empty
+    /// from a master that predates it.
+    #[serde(default)]
+    pub state: String,
     /// Share of the fleet its waves have opened (100 without a policy).
     pub open_percent: f64,
     /// Timed waves open (0 without a policy).
@@ -59,10 +66,9 @@ impl Rollouts {
     pub fn status(&self, gens: &Generations, env: &EnvName) -> RolloutStatus {
         let cmd = self.command(env);
         let policy = self.policy(env);
-        let generations = gens
-            .kept(env)
-            .iter()
-            .map(|k| {
+        let kept = gens.kept(env);
+        let generations = (kept.iter().enumerate())
+            .map(|(i, k)| {
                 let (open_percent, waves_open) = status_of(policy, &cmd, k);
                 let counts = self.fleet.get().map(|f| f.on_generation(env, &k.id));
                 GenerationStatus {
@@ -70,6 +76,7 @@ impl Rollouts {
                     published: k.published.to_string(),
                     withdrawn: cmd.withdrawn.contains(&k.id),
                     promoted: cmd.promoted == Some(k.id),
+                    state: state_of(&kept, i, policy, &cmd),
                     open_percent,
                     waves_open,
                     nodes: counts.map(|c| c.0),
@@ -85,5 +92,48 @@ impl Rollouts {
             clock: cmd.clock,
             generations,
         }
+    }
+}
+
+/// What `kept[i]` (newest first) is to the fleet as `pick` places nodes
+/// (docs/rollouts.md#commands): the newest generation served that is
+/// promoted, fully open or the oldest served is everyone else's (the base
+/// under newer waves); newer ones are in their waves (frozen while
+/// halted); older ones reach no node.
+fn state_of(kept: &[Kept], i: usize, policy: Option<&Policy>, cmd: &Command) -> String {
+    let k = &kept[i];
+    if cmd.withdrawn.contains(&k.id) {
+        return "rolled back".to_owned();
+    }
+    let serving: Vec<usize> = (0..kept.len())
+        .filter(|j| !cmd.withdrawn.contains(&kept[*j].id))
+        .collect();
+    let floor = serving.iter().copied().find(|&j| {
+        Some(&j) == serving.last()
+            || cmd.promoted == Some(kept[j].id)
+            || status_of(policy, cmd, &kept[j]).0 >= 100.0
+    });
+    match floor {
+        Some(f) if i < f => {
+            let (open, wave) = status_of(policy, cmd, k);
+            let share = format!("{open}% open (wave {wave})");
+            match &cmd.halt {
+                Some(h) => format!("halted at {share} since {}: {}", h.at, h.reason),
+                None => share,
+            }
+        }
+        Some(f) if i == f => {
+            let whom = match serving.first() == Some(&f) {
+                true => "everyone",
+                false => "base (everyone else)",
+            };
+            let rolled_to = kept[..i].iter().any(|n| cmd.withdrawn.contains(&n.id));
+            match (cmd.promoted == Some(k.id), rolled_to) {
+                (true, true) => format!("{whom}; rolled back to"),
+                (true, false) => format!("{whom}; promoted"),
+                _ => whom.to_owned(),
+            }
+        }
+        _ => "superseded".to_owned(),
     }
 }
