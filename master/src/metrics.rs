@@ -135,6 +135,10 @@ pub struct Snapshot {
     pub generation_store_errors: u64,
     /// Builds not published because the tree changed under the walk.
     pub inconsistent_builds: u64,
+    /// Bytes the background scrub re-hashed (docs/deploys.md#scrubbing-the-store).
+    pub generation_store_scrubbed_bytes: u64,
+    /// Corrupt blobs and manifests it found.
+    pub generation_store_corrupt: u64,
     /// Generations kept, by environment.
     pub generations_kept: Vec<(String, u64)>,
     /// Environments with a rollout policy, and whether halted.
@@ -381,6 +385,8 @@ impl Metrics {
             s.generation_evictions,
             s.generation_store_errors,
             s.inconsistent_builds,
+            s.generation_store_scrubbed_bytes,
+            s.generation_store_corrupt,
         ];
         let plain = SNAPSHOT_SERIES[..12].iter().chain(&SNAPSHOT_SERIES[14..]);
         for (&(name, _), value) in plain.zip(values) {
@@ -461,7 +467,7 @@ fn fleet_series(text: &mut String, counts: &[FleetCount]) {
 
 /// The series read at scrape time, with their help texts, in
 /// [`Metrics::render`]'s order.
-const SNAPSHOT_SERIES: [(&str, &str); 18] = [
+const SNAPSHOT_SERIES: [(&str, &str); 20] = [
     (
         "pluginsync_master_open_connections",
         "Client connections open now.",
@@ -533,6 +539,14 @@ const SNAPSHOT_SERIES: [(&str, &str); 18] = [
     (
         "pluginsync_master_inconsistent_builds_total",
         "Index builds not published because the environment changed during the walk (a link flipped).",
+    ),
+    (
+        "pluginsync_master_generation_store_scrubbed_bytes_total",
+        "Bytes of blobs and manifests the background scrub of the generation store hashed again.",
+    ),
+    (
+        "pluginsync_master_generation_store_corrupt_total",
+        "Blobs and manifests the background scrub found corrupt (each repaired or its generations withdrawn).",
     ),
 ];
 

@@ -26,6 +26,7 @@ mod accept;
 mod conns;
 mod inflight;
 mod rollouts;
+mod scrubber;
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
@@ -202,6 +203,7 @@ pub async fn serve(
     // Nothing is indexed before listening (docs/master.md#many-environments):
     // the warmer indexes in the background, requests index on demand.
     store.generations.open(true)?;
+    scrubber::start(&store, &config.generations);
     background.push(tokio::spawn(store.clone().retrier()));
     background.push(tokio::spawn(store.clone().warm()));
     background.push(tokio::spawn(Store::idle_dropper(
@@ -537,6 +539,8 @@ fn snapshot(connections: &Connections, state: &AppState) -> Snapshot {
         generation_evictions: load(&store.generations.evictions),
         generation_store_errors: load(&store.generations.errors),
         inconsistent_builds: load(&s.inconsistent_builds),
+        generation_store_scrubbed_bytes: load(&store.generations.scrubbed_bytes),
+        generation_store_corrupt: load(&store.generations.corrupt),
         rollout_halted: state.rollouts.halted(&store.generations),
         generations_kept: store
             .generations

@@ -48,6 +48,8 @@ mod logs;
 mod master_blobs;
 // Generations: the per-node answer, manifests and deltas, kept generations outliving their trees and restarts, the store's dedupe, cache policies.
 mod master_generations;
+// The store's background scrub: a rewritten blob found, copied again from the tree or its generation withdrawn, counted.
+mod master_scrub;
 // Rollouts: waves placing 200 certnames alike on two replicas, the rollout commands, state kept and shared, 503 for a generation never held, bad policies.
 mod master_rollout;
 // The fleet: node reports and stock agents in the inventory of two peer replicas, bounded series, bad reports ignored.

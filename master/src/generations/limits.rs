@@ -22,6 +22,12 @@ pub struct Limits {
     /// with (docs/protocol.md §7.6); `"0s"` (the default): never pinned.
     #[serde(with = "humantime_serde")]
     pub pin: Duration,
+    /// How long between background passes re-hashing every blob and
+    /// manifest (docs/deploys.md#scrubbing-the-store); `"0s"`: none.
+    #[serde(with = "humantime_serde")]
+    pub scrub_interval: Duration,
+    /// What a pass reads, in MiB a second at most; 0: no pass.
+    pub scrub_mib_per_second: u64,
 }
 
 impl Default for Limits {
@@ -32,6 +38,8 @@ impl Default for Limits {
             dir: None,
             max_mib: 2048,
             pin,
+            scrub_interval: Duration::from_secs(24 * 3600),
+            scrub_mib_per_second: 8,
         }
     }
 }

@@ -30,7 +30,7 @@ mod of_index;
 mod scrub;
 mod stamp;
 
-pub use scrub::Scrubbed;
+pub use scrub::{Repair, ScrubTarget, Scrubbed};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -124,6 +124,10 @@ pub struct Generations {
     pub evictions: AtomicU64,
     /// Publications the store failed since start.
     pub errors: AtomicU64,
+    /// Bytes re-hashed by background scrubs since start.
+    pub scrubbed_bytes: AtomicU64,
+    /// Corrupt blobs and manifests background scrubs found since start.
+    pub corrupt: AtomicU64,
 }
 
 /// A computed delta: from, to, its bytes.
@@ -183,6 +187,8 @@ impl Generations {
             deltas: Mutex::new(Vec::new()),
             evictions: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            scrubbed_bytes: AtomicU64::new(0),
+            corrupt: AtomicU64::new(0),
         }
     }
 
@@ -632,6 +638,54 @@ mod tests {
             source: Box::new(move |d| sources.get(d).cloned()),
             index: None,
         }
+    }
+
+    /// A blob rewritten in the store is copied again from a source with
+    /// its bytes, else every generation naming it is withdrawn and it is
+    /// never served again; a corrupt manifest withdraws its generation
+    /// (docs/deploys.md#scrubbing-the-store).
+    #[test]
+    fn a_scrub_repairs_a_blob_or_withdraws_the_generations_that_need_it() {
+        use super::scrub::{Repair, ScrubTarget};
+        use std::os::unix::fs::PermissionsExt;
+        let rewrite = |p: &Path| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o640)).unwrap();
+            std::fs::write(p, b"evil").unwrap();
+        };
+        let (dir, src) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let env: EnvName = "production".parse().unwrap();
+        let g = store(dir.path(), 5, 2048);
+        let one = candidate(src.path(), &[("a.rb", b"a\n"), ("b.rb", b"b1\n")]);
+        let two = candidate(src.path(), &[("a.rb", b"a\n"), ("b.rb", b"b2\n")]);
+        g.publish(&env, &one, &|_| true).unwrap();
+        g.publish(&env, &two, &|_| true).unwrap();
+        let blob = |b: &[u8]| ScrubTarget::Blob(g.layout.blob(&Sha256::of(b)), Sha256::of(b));
+        let a = blob(b"a\n");
+        rewrite(a.path());
+        assert!(a.check().unwrap().is_some());
+        let source = (one.source)(&Sha256::of(b"a\n"));
+        assert!(matches!(g.repair(&a, source).unwrap(), Repair::Copied(_)));
+        assert_eq!(a.check().unwrap(), None);
+        let b1 = blob(b"b1\n");
+        rewrite(b1.path());
+        let done = g.repair(&b1, None).unwrap();
+        assert!(
+            matches!(&done, Repair::Withdrawn(v) if *v == [(env.clone(), one.id)]),
+            "{done:?}"
+        );
+        let ids = |g: &Generations| g.kept(&env).iter().map(|k| k.id).collect::<Vec<_>>();
+        assert_eq!(ids(&g), [two.id]);
+        assert!(!b1.path().exists());
+        assert!(g.blob(&Sha256::of(b"b1\n"), |_| true).is_none());
+        assert!(g.blob(&Sha256::of(b"a\n"), |_| true).is_some());
+        let m = ScrubTarget::Manifest(g.layout.manifest(&two.id), two.id);
+        rewrite(m.path());
+        let done = g.repair(&m, None).unwrap();
+        assert!(
+            matches!(&done, Repair::Withdrawn(v) if *v == [(env.clone(), two.id)]),
+            "{done:?}"
+        );
+        assert!(ids(&g).is_empty());
     }
 
     #[test]
