@@ -2,8 +2,9 @@
 //! (docs/agent.md#on-a-puppet-node), resolved once; everything after this takes `&Settings`, and
 //! [`Settings::effective`] says where each value came from (`pluginsync-agent config`).
 //!
-//! puppet.conf is read with `puppetconf.rs` (`[agent]` over `[main]`): `server_list`, else
-//! `server` + `serverport` (or the older `masterport`); `certname`; `environment`; `ssldir`.
+//! puppet.conf is read by `settings/puppet.rs` with `puppetconf.rs` (`[agent]` over `[main]`):
+//! `server_list`, else `server` + `serverport` (or the older `masterport`); `certname`;
+//! `environment`; `ssldir`.
 //! Puppet's defaults depend on the layout: `/etc/puppet/puppet.conf` is Debian's (`ssldir =
 //! /var/lib/puppet/ssl`), any other is laid out as Puppet's AIO packages (`ssldir =
 //! $confdir/ssl`, `$confdir` being puppet.conf's directory). The default certname is this host's
@@ -29,7 +30,11 @@ use crate::config::{
     self, AgentFile, ConfigError, EnvironmentSource, SourcePermissions, TlsFiles, TlsSource,
 };
 use crate::loaders::{LoadConfig, LoaderTable};
-use crate::puppetconf::{self, PuppetConf, Section};
+use crate::puppetconf::{self, Section};
+
+mod puppet;
+use puppet::Puppet;
+pub use puppet::fqdn;
 
 /// Where an effective setting came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -450,151 +455,6 @@ fn file_values(file: &AgentFile, effective: &mut Vec<Effective>) {
             value,
             source: toml_source(file, name),
         });
-    }
-}
-
-/// puppet.conf, if any, with Puppet's defaults for its layout ([`Puppet::default`]).
-struct Puppet {
-    /// The file read and what it says.
-    conf: Option<(PathBuf, PuppetConf)>,
-    /// `$confdir`: puppet.conf's directory.
-    confdir: String,
-    /// Debian's layout.
-    debian: bool,
-}
-
-impl Puppet {
-    /// Reads puppet.conf ([`read_puppet_conf`]).
-    fn read(named: Option<&Path>) -> Result<Puppet, ConfigError> {
-        let conf = read_puppet_conf(named)?;
-        let (confdir, debian) = match &conf {
-            Some((path, _)) => (
-                path.parent().unwrap_or(Path::new("/")).to_owned(),
-                path == Path::new("/etc/puppet/puppet.conf"),
-            ),
-            None => (PathBuf::from("/etc/puppetlabs/puppet"), false),
-        };
-        Ok(Puppet {
-            conf,
-            confdir: confdir.display().to_string(),
-            debian,
-        })
-    }
-
-    /// Puppet's default of `name` for this layout, if it has one the
-    /// agent uses: `/etc/puppet/puppet.conf` is Debian's, any other is
-    /// laid out as Puppet's AIO packages.
-    fn default(&self, name: &str) -> Option<String> {
-        match name {
-            "confdir" => Some(self.confdir.clone()),
-            "vardir" if self.debian => Some("/var/lib/puppet".into()),
-            "vardir" => Some("/opt/puppetlabs/puppet/cache".into()),
-            "ssldir" if self.debian => Some("/var/lib/puppet/ssl".into()),
-            "ssldir" => Some(format!("{}/ssl", self.confdir)),
-            _ => None,
-        }
-    }
-
-    /// `key` as the agent sees it (`[agent]` over `[main]`, references
-    /// expanded) and the section it came from.
-    fn value(&self, key: &str) -> Option<(Section, String)> {
-        let (_, conf) = self.conf.as_ref()?;
-        conf.agent_value(key, &|name| self.default(name))
-    }
-
-    /// Puppet's run lock file, when there is a puppet.conf.
-    fn lockfile(&self) -> Option<PathBuf> {
-        let (_, conf) = self.conf.as_ref()?;
-        Some(conf.run_lockfile(&|n| self.default(n)).into())
-    }
-
-    /// `serverport`, else the older `masterport`, else 8140 (Puppet's).
-    fn port(&self) -> Result<u16, ConfigError> {
-        let Some((_, text)) = self
-            .value("serverport")
-            .or_else(|| self.value("masterport"))
-        else {
-            return Ok(8140);
-        };
-        text.trim()
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| {
-                ConfigError::Invalid(format!(
-                    "puppet.conf '{}': serverport '{text}' is not a port",
-                    self.conf
-                        .as_ref()
-                        .map(|(p, _)| p.display().to_string())
-                        .unwrap_or_default()
-                ))
-            })
-    }
-}
-
-/// Reads puppet.conf: `Some("")` is none; a named file must be readable;
-/// unnamed, the first of [`config::DEFAULT_PUPPET_CONFS`] that exists.
-fn read_puppet_conf(named: Option<&Path>) -> Result<Option<(PathBuf, PuppetConf)>, ConfigError> {
-    let path = match named {
-        Some(p) if p.as_os_str().is_empty() => return Ok(None),
-        Some(p) => p.to_owned(),
-        None => match config::DEFAULT_PUPPET_CONFS
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
-        {
-            Some(p) => p,
-            None => return Ok(None),
-        },
-    };
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        ConfigError::Invalid(format!("cannot read puppet.conf '{}': {e}", path.display()))
-    })?;
-    let (conf, warnings) = puppetconf::parse(&text);
-    for w in warnings {
-        tracing::warn!(puppet_conf = %path.display(), "{w}, skipped");
-    }
-    Ok(Some((path, conf)))
-}
-
-/// This host's fully qualified name, lowercased: Puppet's default
-/// certname (Facter's `networking.fqdn`). The kernel's hostname when it is
-/// already qualified (`/proc/sys/kernel/hostname`); else what `hostname -f` answers (the resolver's
-/// canonical name, as Facter asks for it) when it extends the hostname;
-/// else the hostname with the `domain` (or first `search`) entry of
-/// `/etc/resolv.conf` (Facter's fallback); else the bare hostname.
-pub fn fqdn() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let host = host.trim().to_ascii_lowercase();
-    if host.contains('.') {
-        return host;
-    }
-    if let Ok(out) = std::process::Command::new("hostname")
-        .arg("-f")
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-    {
-        let name = String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .to_ascii_lowercase();
-        if out.status.success() && name.starts_with(&format!("{host}.")) {
-            return name;
-        }
-    }
-    let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-    let domain = resolv.lines().find_map(|l| {
-        let mut words = l.split_whitespace();
-        match words.next() {
-            Some("domain" | "search") => words.next().map(str::to_owned),
-            _ => None,
-        }
-    });
-    match domain {
-        Some(d) if !host.is_empty() => {
-            format!("{host}.{}", d.trim_end_matches('.').to_ascii_lowercase())
-        }
-        _ => host,
     }
 }
 
