@@ -82,18 +82,7 @@ async fn a_blob_rewritten_in_the_store_is_found_and_repaired_or_its_generation_w
     // Repaired from the tree, which still holds the bytes.
     let a = blob(&store, "# a\n");
     rewrite(&a, "# EVIL-BYTES\n");
-    let said = format!("{} was corrupt", a.display());
-    let found = wait_for(PATIENCE, || async {
-        master.log().contains(&said).then_some(())
-    })
-    .await;
-    assert!(found.is_some(), "{}", master.log());
-    let line = master
-        .log()
-        .lines()
-        .find(|l| l.contains(&said))
-        .unwrap()
-        .to_owned();
+    let line = corrupt_line(&master, &a).await;
     assert!(
         line.contains("copied again from") && !line.contains("EVIL"),
         "{line}"
@@ -113,18 +102,7 @@ async fn a_blob_rewritten_in_the_store_is_found_and_repaired_or_its_generation_w
     assert_eq!(series(&master, kept).await, Some(2));
     let b = blob(&store, "# b\n");
     rewrite(&b, "# EVIL-BYTES\n");
-    let said = format!("{} was corrupt", b.display());
-    let found = wait_for(PATIENCE, || async {
-        master.log().contains(&said).then_some(())
-    })
-    .await;
-    assert!(found.is_some(), "{}", master.log());
-    let line = master
-        .log()
-        .lines()
-        .find(|l| l.contains(&said))
-        .unwrap()
-        .to_owned();
+    let line = corrupt_line(&master, &b).await;
     assert!(
         line.contains("generations withdrawn: production ") && !line.contains("EVIL"),
         "{line}"
@@ -133,4 +111,19 @@ async fn a_blob_rewritten_in_the_store_is_found_and_repaired_or_its_generation_w
     assert_eq!(series(&master, kept).await, Some(1));
     assert_eq!(series(&master, corrupt).await, Some(2));
     assert!(served("b.rb", "# b two\n").await);
+}
+
+/// The master's log line saying the scrub found `path` corrupt, once it
+/// has said so (within [`PATIENCE`]).
+async fn corrupt_line(master: &ChildMaster, path: &Path) -> String {
+    let said = format!("{} was corrupt", path.display());
+    let found = wait_for(PATIENCE, || async {
+        master
+            .log()
+            .lines()
+            .find(|l| l.contains(&said))
+            .map(str::to_owned)
+    })
+    .await;
+    found.unwrap_or_else(|| panic!("no {said:?} in\n{}", master.log()))
 }
