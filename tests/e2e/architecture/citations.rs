@@ -401,7 +401,9 @@ fn readme_and_architecture_md_stay_short() {
     over.extend(too_big(
         "ARCHITECTURE.md",
         &read("ARCHITECTURE.md"),
-        12_000,
+        // One page: the map's tables grow by one short row per module;
+        // 13,500 bytes leaves room for the fleet's state store and trust.
+        13_500,
         200,
     ));
     assert!(
