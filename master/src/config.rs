@@ -70,6 +70,10 @@ pub struct MasterConfig {
     /// The nodes' last reports kept in memory (docs/operating.md#the-fleet).
     #[serde(default)]
     pub fleet: FleetConfig,
+    /// Stock agents' run reports from Puppet Server
+    /// (docs/operating.md#stock-agents-reports).
+    #[serde(default)]
+    pub reports: crate::puppet_report::ReportsConfig,
 }
 
 /// `[fleet]`: how many nodes' last reports the master keeps, and how
@@ -332,6 +336,7 @@ impl MasterConfig {
         crate::rollout::Policies::new(&self.rollout)?;
         self.proxy.validate()?; // proxy.rs
         self.fleet.validate(&self.admin.peers)?; // fleet/mod.rs
+        self.reports.validate()?; // puppet_report/mod.rs
         if self.generations.keep == 0 || self.generations.max_mib == 0 {
             return Err(ConfigError::Invalid(
                 "generations.keep and generations.max_mib must be at least 1".into(),

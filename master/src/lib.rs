@@ -7,7 +7,7 @@
 //! with the [`state`] they share. [`server`] ties listeners, TLS ([`tls`])
 //! and signals together, with the `[proxy]` listener's header identity in
 //! [`proxy`]; [`generations`] keeps what each publication made, [`fleet`] what
-//! the nodes report;
+//! the nodes report ([`puppet_report`]: stock agents' run reports);
 //! [`check`], [`devcerts`], [`csr`], [`reindex`], [`rollout_client`] and [`bundle`] back the
 //! other subcommands.
 
@@ -31,6 +31,7 @@ pub mod index;
 pub mod metrics;
 pub mod placement;
 pub mod proxy;
+pub mod puppet_report;
 pub mod reindex;
 pub mod request;
 pub mod rollout;

@@ -151,6 +151,11 @@ fn routes(state: AppState, request_timeout: Duration) -> Router {
             handlers::admin::INVENTORY,
             get(handlers::inventory).post(handlers::inventory_merge),
         )
+        // Puppet Server's `http` report processor (docs/protocol.md §7.10).
+        .route(
+            handlers::reports::PUPPET_REPORTS,
+            axum::routing::post(handlers::reports::puppet_report),
+        )
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -194,6 +199,8 @@ pub fn endpoint_of(path: &str) -> &'static str {
         "admin"
     } else if path == handlers::admin::INVENTORY {
         "inventory"
+    } else if path == handlers::reports::PUPPET_REPORTS {
+        "puppet_report"
     } else {
         "other"
     }

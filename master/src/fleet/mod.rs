@@ -312,18 +312,77 @@ impl Fleet {
                 }
             },
             None => match served {
-                Some(generation) => Node {
-                    env: env.clone(),
-                    generation: Some(generation),
-                    seen_ms: now_ms(),
-                    source: Source::Served,
-                    loads_ok: 0,
-                    loads_failed: 0,
-                    failed: Vec::new(),
-                },
+                Some(generation) => {
+                    // What its last Puppet run report said of this same
+                    // generation holds until the next report
+                    // ([`Fleet::heard_puppet_run`]).
+                    let (loads_failed, failed) = (self.lock().by_name.get(certname))
+                        .filter(|old| {
+                            old.source == Source::Served
+                                && old.env == *env
+                                && old.generation == Some(generation)
+                        })
+                        .map_or((0, Vec::new()), |old| {
+                            (old.loads_failed, old.failed.clone())
+                        });
+                    Node {
+                        env: env.clone(),
+                        generation: Some(generation),
+                        seen_ms: now_ms(),
+                        source: Source::Served,
+                        loads_ok: 0,
+                        loads_failed,
+                        failed,
+                    }
+                }
                 None => return,
             },
         };
+        self.keep(certname, node);
+    }
+
+    /// Records what a stock agent's Puppet run report blames
+    /// (docs/puppet-fleet.md#stock-agents-reports): `failed`, the plugins'
+    /// names, on `generation`, which the master served it and which must
+    /// still be its record's (else the report is older news and nothing is
+    /// recorded); an empty `failed` clears its failures (a clean run).
+    /// Names beyond [`MAX_FAILED_NAMED`] are counted, not kept. Returns
+    /// whether it was recorded.
+    pub fn heard_puppet_run(
+        &self,
+        certname: &str,
+        env: &EnvName,
+        generation: GenerationId,
+        failed: &[String],
+    ) -> bool {
+        let still_served = (self.lock().by_name.get(certname)).is_some_and(|old| {
+            old.source == Source::Served && old.env == *env && old.generation == Some(generation)
+        });
+        if !still_served {
+            return false;
+        }
+        let node = Node {
+            env: env.clone(),
+            generation: Some(generation),
+            seen_ms: now_ms(),
+            source: Source::Served,
+            loads_ok: 0,
+            loads_failed: u32::try_from(failed.len()).unwrap_or(u32::MAX),
+            failed: (failed.iter().take(MAX_FAILED_NAMED))
+                .map(|n| n.chars().take(MAX_NAME_CHARS).collect())
+                .collect(),
+        };
+        self.keep(certname, node);
+        true
+    }
+
+    /// The record of `certname`, if kept.
+    pub fn record_of(&self, certname: &str) -> Option<NodeEntry> {
+        self.lock().by_name.get(certname).map(|n| n.entry(certname))
+    }
+
+    /// Keeps `node` as `certname`'s record and queues it for the peers.
+    fn keep(&self, certname: &str, node: Node) {
         for outbox in &self.outboxes {
             let mut q = outbox.lock().unwrap_or_else(|e| e.into_inner());
             if q.len() < self.max_nodes || q.contains_key(certname) {
@@ -517,6 +576,52 @@ mod tests {
             .map(|n| n.certname)
             .collect();
         assert!(!names.contains(&"b".to_owned()), "{names:?}");
+    }
+
+    #[test]
+    fn stock_agents_run_reports_fail_them_on_the_generation_served() {
+        let f = fleet(100, 1);
+        let prod = env("production");
+        let bad = vec!["plugins/facter/broken.rb".to_owned()];
+        // Nothing served: nothing recorded.
+        assert!(!f.heard_puppet_run("s1", &prod, g(1), &bad));
+        f.heard("s1", &prod, None, Some(g(1)));
+        f.heard("s2", &prod, None, Some(g(1)));
+        assert!(f.heard_puppet_run("s1", &prod, g(1), &bad));
+        assert_eq!(f.on_generation(&prod, &g(1)), (2, 1));
+        let e = f.record_of("s1").unwrap();
+        assert_eq!((e.source, e.load_failures), (Source::Served, 1));
+        assert_eq!(e.failed_plugins, bad);
+        // Its next listing of the same generation keeps the failures;
+        // its peers hear them.
+        f.heard("s1", &prod, None, Some(g(1)));
+        assert_eq!(f.on_generation(&prod, &g(1)), (2, 1));
+        let sent = f.take_outbox(0, 10);
+        assert!(
+            sent.iter()
+                .any(|e| e.certname == "s1" && e.load_failures == 1)
+        );
+        // A report of a generation the node has left, or of another
+        // environment, records nothing; a clean run clears.
+        assert!(!f.heard_puppet_run("s1", &prod, g(2), &[]));
+        assert!(!f.heard_puppet_run("s1", &env("staging"), g(1), &[]));
+        assert!(f.heard_puppet_run("s1", &prod, g(1), &[]));
+        assert_eq!(f.on_generation(&prod, &g(1)), (2, 0));
+        // Moved on: served another generation, failing nothing there.
+        f.heard_puppet_run("s2", &prod, g(1), &bad);
+        f.heard("s2", &prod, None, Some(g(2)));
+        assert_eq!(f.on_generation(&prod, &g(2)), (1, 0));
+        // Many failures: counted, 16 named.
+        let many: Vec<String> = (0..40).map(|i| format!("plugins/p{i}.rb")).collect();
+        assert!(f.heard_puppet_run("s2", &prod, g(2), &many));
+        let e = f.record_of("s2").unwrap();
+        assert_eq!(
+            (e.load_failures, e.failed_plugins.len()),
+            (40, MAX_FAILED_NAMED)
+        );
+        // A pluginsync agent's report is not a stock agent's record.
+        f.heard("a", &prod, Some(report(g(1), &[]).as_bytes()), None);
+        assert!(!f.heard_puppet_run("a", &prod, g(1), &bad));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! - [`mod@status`]: the health check.
 //! - [`admin`]: Puppet Server's admin API (`environment-cache`), for deploy
 //!   tools, and the fleet's inventory.
+//! - [`reports`]: stock agents' Puppet run reports, from Puppet Server.
 //!
 //! Every file and blob endpoint passes the same authorization step,
 //! [`crate::auth::Gate`], before it looks at an environment.
@@ -21,6 +22,7 @@ pub mod blobs;
 pub mod content;
 pub mod files;
 pub mod generations;
+pub mod reports;
 pub mod rollout;
 pub mod status;
 
