@@ -86,5 +86,7 @@ mod master_watch;
 mod puppet_compat;
 // A Puppet fleet behind HAProxy and nginx from packaging/: stock agents' runs split between Puppet Server and pluginsync masters, the ENC's environment (needs puppet, puppetserver, a balancer).
 mod puppet_fleet;
+// Stock agents' run reports through Puppet Server's `http` processor: their plugin errors in the inventory (needs puppet, puppetserver, haproxy).
+mod puppet_reports;
 // Puppet Server as our agent's source and a stock Puppet agent as our master's client (needs both).
 mod puppet_server;

@@ -86,7 +86,7 @@ fn populate(envpath: &Path) {
 
 /// An ssldir of the agent's own holding only what a node has: the CA
 /// bundle, the CRL, its certificate and key (copied from the sandbox's).
-fn node_ssldir(server: &PuppetServer, work: &Path, certname: &str) -> PathBuf {
+pub(crate) fn node_ssldir(server: &PuppetServer, work: &Path, certname: &str) -> PathBuf {
     let (from, to) = (server.ssldir(), work.join("ssl"));
     for rel in [
         "certs/ca.pem".to_owned(),
@@ -170,7 +170,7 @@ fn forged_get(lb: &Balancer, ca: &Path, target: &str) -> u16 {
 /// `GET /pluginsync/v1/inventory` of the master at `url` (its mTLS
 /// listener), as the master itself (its own certificate may ask):
 /// `Null` when it cannot be had.
-fn inventory(url: &str, ssl: &Path) -> serde_json::Value {
+pub(crate) fn inventory(url: &str, ssl: &Path) -> serde_json::Value {
     pluginsync_common::tls::install_default_provider();
     let ca = std::fs::read(ssl.join("certs/ca.pem")).expect("ca");
     let mut pem = std::fs::read(ssl.join("certs/localhost.pem")).expect("cert");

@@ -473,6 +473,16 @@ impl ProxyBackend {
         format!("https://localhost:{port}")
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything it logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// Its access log so far: one JSON object per request.
     pub fn access_log(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.log)

@@ -41,6 +41,11 @@ impl PuppetAgent {
         self.work.join("var/lib")
     }
 
+    /// Its certname.
+    pub fn certname(&self) -> &str {
+        &self.certname
+    }
+
     /// Where it puts the `pluginfacts` mount.
     pub fn factsdir(&self) -> PathBuf {
         self.work.join("var/facts.d")
@@ -85,6 +90,16 @@ impl PuppetAgent {
     pub fn agent_test(&self, env: &str) -> Finished {
         run_logged(
             self.command(&["agent", "--test", "--no-report"], env),
+            &self.work,
+            Duration::from_secs(300),
+        )
+    }
+
+    /// `puppet agent --test` for `env` sending its run report to the
+    /// server, as a stock agent does (at most 300 s).
+    pub fn agent_test_reporting(&self, env: &str) -> Finished {
+        run_logged(
+            self.command(&["agent", "--test"], env),
             &self.work,
             Duration::from_secs(300),
         )
