@@ -21,7 +21,7 @@ use pluginsync_common::generation::{GenerationId, Manifest};
 
 use crate::api_error::ApiError;
 use crate::auth::PeerIdentity;
-use crate::puppet_report::{self, plugins};
+use crate::puppet_report::{self, ReportError, plugins};
 use crate::state::AppState;
 
 /// The endpoint's path.
@@ -85,7 +85,7 @@ pub async fn puppet_report(State(state): State<AppState>, req: Request) -> Respo
         }
         Ok(Err(e)) => {
             tracing::warn!(certname = caller, error = %e, "Puppet report refused");
-            ApiError::bad_request(e).into_response()
+            ApiError::bad_request(e.to_string()).into_response()
         }
         Err(_) => ApiError::internal().into_response(),
     }
@@ -93,11 +93,11 @@ pub async fn puppet_report(State(state): State<AppState>, req: Request) -> Respo
 
 /// Reads `body` and records what it blames: the node's certname and the
 /// outcome, or why the body is refused (one line, never its text).
-fn read_and_record(state: &AppState, body: &[u8]) -> Result<(String, Outcome), String> {
-    let text = std::str::from_utf8(body).map_err(|_| "the report is not UTF-8".to_owned())?;
-    let report = puppet_report::parse(text).map_err(|e| e.to_string())?;
+fn read_and_record(state: &AppState, body: &[u8]) -> Result<(String, Outcome), ReportError> {
+    let text = std::str::from_utf8(body).map_err(|_| ReportError::NotAReport("not UTF-8"))?;
+    let report = puppet_report::parse(text)?;
     if !crate::auth::is_valid_certname(&report.host) {
-        return Err("the report's host is not a certname".into());
+        return Err(ReportError::NotAReport("its host is not a certname"));
     }
     let host = report.host.clone();
     let Some(record) = state.fleet.record_of(&host) else {
