@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use pluginsync_agent::cli::{self, Command};
-use pluginsync_agent::config::{AgentConfig, AgentFile};
+use pluginsync_agent::config::{AgentConfig, DEFAULT_VARDIR};
 use pluginsync_agent::exit::ExitStatus;
 use pluginsync_agent::output;
 use pluginsync_agent::plugins::Registry;
 use pluginsync_agent::report::{self, Report};
-use pluginsync_agent::settings::{self, Overrides, Settings};
+use pluginsync_agent::settings::{CommandLine, RunFlags, Settings, command_line};
 use pluginsync_agent::signals::Interrupts;
 use pluginsync_agent::sync::SyncError;
 use pluginsync_agent::{certs, metrics};
@@ -55,7 +55,7 @@ fn resolve_error(e: pluginsync_agent::settings::ResolveError) -> (ExitStatus, St
 type Ended = Result<ExitStatus, (ExitStatus, String)>;
 
 /// Loads agent.toml: a config error (78) is its one line.
-fn load_config(path: &Path) -> Result<AgentFile, (ExitStatus, String)> {
+fn load_config(path: &Path) -> Result<AgentConfig, (ExitStatus, String)> {
     AgentConfig::load(path).map_err(|e| (ExitStatus::Config, e.to_string()))
 }
 
@@ -76,17 +76,19 @@ fn run(command: Command) -> Ended {
             from_bundle,
         } => sync_or_rollback(
             &config,
-            Overrides {
+            command_line(
                 environment,
                 servers,
                 certname,
-                noop,
-                format: Some(format),
-                // `--test` is `puppet agent --test`: detailed exit codes.
-                detailed_exitcodes: detailed_exitcodes || test,
-                load,
-                allow_mass_removal,
-            },
+                RunFlags {
+                    noop,
+                    format: Some(format),
+                    // `--test` is `puppet agent --test`: detailed exit codes.
+                    detailed_exitcodes: detailed_exitcodes || test,
+                    load,
+                    allow_mass_removal,
+                },
+            ),
             false,
             from_bundle,
         ),
@@ -97,19 +99,24 @@ fn run(command: Command) -> Ended {
             load,
         } => sync_or_rollback(
             &config,
-            Overrides {
+            command_line(
                 environment,
-                format: Some(format),
-                load,
-                ..Overrides::default()
-            },
+                Vec::new(),
+                None,
+                RunFlags {
+                    format: Some(format),
+                    load,
+                    ..RunFlags::default()
+                },
+            ),
             true,
             None,
         ),
         Command::Plugins { config, format } => {
             let file = load_config(&config)?;
-            let registry = Registry::load(&file.vardir);
-            output::plugins(&registry, &file.loaders, format);
+            let vardir = (file.vardir.clone()).unwrap_or_else(|| DEFAULT_VARDIR.into());
+            let loaders = (file.loader_table()).map_err(|e| (ExitStatus::Config, e.to_string()))?;
+            output::plugins(&Registry::load(&vardir), &loaders, format);
             Ok(ExitStatus::Success)
         }
         Command::Config {
@@ -120,16 +127,11 @@ fn run(command: Command) -> Ended {
             format,
         } => show_config(
             &config,
-            Overrides {
-                environment,
-                servers,
-                certname,
-                ..Overrides::default()
-            },
+            command_line(environment, servers, certname, RunFlags::default()),
             format,
         ),
         Command::Report { config, format } => {
-            let vardir = load_config(&config)?.vardir;
+            let vardir = (load_config(&config)?.vardir).unwrap_or_else(|| DEFAULT_VARDIR.into());
             let report = Report::load(&vardir).map_err(|e| (ExitStatus::Failure, e.to_string()))?;
             output::last_report(&report, format);
             // A monitoring check can run `pluginsync-agent report`.
@@ -147,14 +149,14 @@ fn run(command: Command) -> Ended {
 /// --from-bundle` (docs/agent.md#offline-from-a-bundle).
 fn sync_or_rollback(
     config: &Path,
-    overrides: Overrides,
+    cli: CommandLine,
     rollback: bool,
     bundle: Option<PathBuf>,
 ) -> Ended {
     // The file is checked on load (78); what `resolve` refuses comes from
     // the command line (a usage error, 64) or from puppet.conf (78).
     let file = load_config(config)?;
-    let settings = Settings::resolve(file, overrides).map_err(resolve_error)?;
+    let settings = Settings::resolve(file, cli).map_err(resolve_error)?;
     pluginsync_common::fsutil::set_quiet_dirty(settings.switch.syncfs_below_dirty_mib << 20);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -216,35 +218,9 @@ fn sync_or_rollback(
 }
 
 /// `pluginsync-agent config`: every effective setting and its source.
-fn show_config(config: &Path, overrides: Overrides, format: cli::Format) -> Ended {
+fn show_config(config: &Path, cli: CommandLine, format: cli::Format) -> Ended {
     let file = load_config(config)?;
-    let lock_in_toml = file.puppet_lock.file.is_some();
-    let facts_source = match file.keys.contains("facts") {
-        true => settings::Source::AgentToml,
-        false => settings::Source::Default,
-    };
-    let mut settings = Settings::resolve(file, overrides).map_err(resolve_error)?;
-    // `[facts]` (docs/loading.md#fact-health), as it resolves on this node.
-    for (name, value) in settings.load.facts.values() {
-        let source = facts_source;
-        (settings.effective).push(settings::Effective {
-            name,
-            value,
-            source,
-        });
-    }
-    // The lock a commit waits on: agent.toml's, else puppet.conf's
-    // `agent_catalog_run_lockfile` as Puppet derives it (docs/agent.md).
-    (settings.effective).push(settings::Effective {
-        name: "puppet_lock.file",
-        value: (settings.puppet_lock.file.as_ref())
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
-        source: match lock_in_toml {
-            true => settings::Source::AgentToml,
-            false => settings::Source::Default,
-        },
-    });
+    let settings = Settings::resolve(file, cli).map_err(resolve_error)?;
     // Said where an operator checks a config, not only when a run loads
     // (docs/loading.md#never-put-path-in-a-shell-script).
     for (loader, placeholder) in settings.loaders.shell_interpolations() {

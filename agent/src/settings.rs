@@ -1,5 +1,6 @@
 //! Settings: the command line over agent.toml over puppet.conf over the defaults
-//! (docs/agent.md#on-a-puppet-node), resolved once; everything after this takes `&Settings`, and
+//! (docs/agent.md#on-a-puppet-node), each a layer of optional values ([`AgentConfig`],
+//! `settings/layers.rs`), resolved once; everything after this takes `&Settings`, and
 //! [`Settings::effective`] says where each value came from (`pluginsync-agent config`).
 //!
 //! puppet.conf is read by `settings/puppet.rs` with `puppetconf.rs` (`[agent]` over `[main]`):
@@ -10,11 +11,10 @@
 //! $confdir/ssl`, `$confdir` being puppet.conf's directory). The default certname is this host's
 //! FQDN ([`fqdn`]).
 //!
-//! The file was checked and compiled once, when it was loaded ([`crate::config::AgentFile`]): its
-//! values arrive here in working form and are not checked again. What the command line and
+//! The file was checked when it was loaded ([`AgentConfig::load`]). What the command line and
 //! puppet.conf bring, the masters and the environment, is checked here by the same rules
-//! ([`crate::config::servers`], [`crate::config::environment`]); the TLS files of an ssldir are
-//! resolved here.
+//! ([`crate::config::servers`], [`crate::config::environment`]), a fault blamed on its layer; the
+//! TLS files of an ssldir are resolved here.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -27,12 +27,15 @@ use crate::cli::Format;
 use pluginsync_common::ignore::IgnoreSet;
 
 use crate::config::{
-    self, AgentFile, ConfigError, EnvironmentSource, SourcePermissions, TlsFiles, TlsSource,
+    self, AgentConfig, ConfigError, EnvironmentSource, SourcePermissions, TlsFiles, TlsSource,
 };
 use crate::loaders::{LoadConfig, LoaderTable};
 use crate::puppetconf::{self, Section};
 
+mod layers;
 mod puppet;
+pub use layers::{CommandLine, RunFlags, command_line};
+use layers::{Layers, Resolver};
 use puppet::Puppet;
 pub use puppet::fqdn;
 
@@ -166,101 +169,91 @@ pub struct Settings {
     pub generations: bool,
 }
 
-/// Command-line overrides.
-#[derive(Debug, Clone, Default)]
-pub struct Overrides {
-    /// `--environment`.
-    pub environment: Option<String>,
-    /// `--server` (replaces the config's list when non-empty): URLs, or Puppet-style `HOST[:PORT]`.
-    pub servers: Vec<String>,
-    /// `--certname` (overrides `[tls] certname` and puppet.conf's).
-    pub certname: Option<String>,
-    /// `--noop`.
-    pub noop: bool,
-    /// `--format`.
-    pub format: Option<Format>,
-    /// `--detailed-exitcodes`.
-    pub detailed_exitcodes: bool,
-    /// `--load`.
-    pub load: bool,
-    /// `--allow-mass-removal`.
-    pub allow_mass_removal: bool,
-}
-
 impl Settings {
-    /// Resolves `file` (loaded, so checked and compiled) with `cli` on top
-    /// and the puppet.conf it names (or finds) below, and checks what the
-    /// command line and puppet.conf bring. A puppet.conf named explicitly
-    /// must be readable; its lines that cannot be understood are warnings.
-    pub fn resolve(file: AgentFile, cli: Overrides) -> Result<Settings, ResolveError> {
+    /// Resolves `file` (loaded, so checked) with the command line's layer
+    /// (`cli`, [`command_line`]) on top and the puppet.conf it names (or
+    /// finds) below, and checks what the command line and puppet.conf
+    /// bring. A puppet.conf named explicitly must be readable; its lines
+    /// that cannot be understood are warnings. Each value is resolved in
+    /// the order `pluginsync-agent config` shows it.
+    pub fn resolve(file: AgentConfig, cli: CommandLine) -> Result<Settings, ResolveError> {
         let puppet = Puppet::read(file.puppet_conf.as_deref())?;
-        let mut effective = Vec::new();
-        let servers = servers(&file, &cli, &puppet, &mut effective)?;
-        let (environment, environment_origin) = environment(&file, &cli, &puppet, &mut effective)?;
-        effective.push(Effective {
-            name: "environment_source",
-            value: match file.environment_source {
-                EnvironmentSource::Config => "config",
-                EnvironmentSource::Server => "server",
-            }
-            .into(),
-            source: toml_source(&file, "environment_source"),
-        });
-        let certname = certname(&file, &cli, &puppet, &mut effective);
+        let [agent, main, puppet_defaults] = layers::puppet_layers(&puppet);
+        let mut r = Resolver {
+            layers: Layers([
+                (Source::CommandLine, &cli.layer),
+                (Source::AgentToml, &file),
+                (Source::PuppetConf(Section::Agent), &agent),
+                (Source::PuppetConf(Section::Main), &main),
+                (Source::Default, &puppet_defaults),
+            ]),
+            effective: Vec::new(),
+        };
+        let servers = servers(&mut r, &puppet)?;
+        let (environment, environment_origin) = environment(&mut r)?;
+        let environment_source = r.get(
+            "environment_source",
+            |l| l.environment_source,
+            || EnvironmentSource::Config,
+        );
+        let (certname, source) = r.layers.or(|l| l.tls.certname.clone(), fqdn);
+        r.show("certname", &certname, source);
         // A certname that cannot name a file is `--certname`'s fault when
         // it came from there (64).
-        let tls = tls(&file, &certname, &puppet, &mut effective).map_err(|mut e| {
-            e.from_command_line |= cli.certname.is_some();
+        let tls = tls(&mut r, &file, &certname).map_err(|mut e| {
+            e.from_command_line |= source == Source::CommandLine;
             e
         })?;
-        effective.push(Effective {
-            name: "puppet_conf",
-            value: puppet
-                .conf
-                .as_ref()
-                .map(|(p, _)| p.display().to_string())
-                .unwrap_or_default(),
-            source: toml_source(&file, "puppet_conf"),
-        });
-        file_values(&file, &mut effective);
+        let conf = (puppet.conf.as_ref()).map(|(p, _)| p.display().to_string());
+        r.show_own(
+            "puppet_conf",
+            conf.unwrap_or_default(),
+            file.puppet_conf.is_some(),
+        );
+        let (libdir, factsdir, vardir) = destinations(&mut r)?;
+        let ignore = file.ignore_set()?;
+        r.show_own(
+            "ignore",
+            ignore.patterns().join(", "),
+            file.ignore.is_some(),
+        );
+        let run = &cli.run;
+        let puppet_lock = file.puppet_lock.resolve(puppet.lockfile());
         Ok(Settings {
             servers,
             environment,
-            libdir: file.libdir,
-            factsdir: file.factsdir,
-            vardir: file.vardir,
-            ignore: file.ignore,
-            timeout: file.timeout,
-            retries: file.retries,
-            parallel_downloads: file.parallel_downloads,
-            max_removal_percent: (!cli.allow_mass_removal).then_some(file.max_removal_percent),
+            libdir,
+            factsdir,
+            vardir,
+            ignore,
+            timeout: r.get("timeout", |l| l.timeout, || config::DEFAULT_TIMEOUT),
+            retries: r.get("retries", |l| l.retries, || config::DEFAULT_RETRIES),
+            parallel_downloads: r.get(
+                "parallel_downloads",
+                |l| l.parallel_downloads,
+                || config::DEFAULT_PARALLEL_DOWNLOADS,
+            ),
+            generations: r.get("generations", |l| l.generations, || true),
+            switch: r.switch(),
+            max_removal_percent: (!run.allow_mass_removal).then_some(
+                (file.max_removal_percent).unwrap_or(config::DEFAULT_MAX_REMOVAL_PERCENT),
+            ),
             tls,
-            plugins_permissions: file.plugins_permissions,
-            pluginfacts_permissions: file.pluginfacts_permissions,
-            noop: cli.noop,
-            format: cli.format.unwrap_or(Format::Text),
-            detailed_exitcodes: cli.detailed_exitcodes,
-            load_enabled: file.load.enabled || cli.load,
-            load: file.load,
-            loaders: file.loaders,
-            metrics_textfile: file.metrics_textfile,
+            plugins_permissions: file.plugins.source_permissions,
+            pluginfacts_permissions: file.pluginfacts.source_permissions,
+            noop: run.noop,
+            format: run.format.unwrap_or(Format::Text),
+            detailed_exitcodes: run.detailed_exitcodes,
+            load_enabled: file.load.enabled || run.load,
+            load: r.facts(&file),
+            loaders: file.loader_table()?,
+            metrics_textfile: file.metrics.textfile.clone(),
             certname,
-            environment_source: file.environment_source,
+            environment_source,
             environment_origin,
-            puppet_lock: file.puppet_lock.resolve(puppet.lockfile()),
-            switch: file.switch,
-            effective,
-            generations: file.generations,
+            puppet_lock: r.puppet_lock(puppet_lock, &file),
+            effective: r.effective,
         })
-    }
-}
-
-/// agent.toml when it sets `key` (or `key`'s table), else the default.
-fn toml_source(file: &AgentFile, key: &str) -> Source {
-    if file.keys.contains(key.split('.').next().unwrap_or(key)) {
-        Source::AgentToml
-    } else {
-        Source::Default
     }
 }
 
@@ -268,36 +261,20 @@ fn toml_source(file: &AgentFile, key: &str) -> Source {
 /// `server_list`, else its `server` + `serverport`, else Puppet's default.
 /// The file's were checked when it was loaded; the others are checked
 /// here by the same rules.
-fn servers(
-    file: &AgentFile,
-    cli: &Overrides,
-    puppet: &Puppet,
-    effective: &mut Vec<Effective>,
-) -> Result<Vec<String>, ResolveError> {
-    let (servers, source) = if !cli.servers.is_empty() {
-        let source = Source::CommandLine;
-        (
-            blame(config::servers(&command_line_urls(cli, puppet)?), source)?,
-            source,
-        )
-    } else if let Some(s) = &file.servers {
-        (s.clone(), Source::AgentToml)
-    } else if let Some((section, list)) = puppet
-        .value("server_list")
-        .filter(|(_, l)| !l.trim().is_empty())
-        .or_else(|| puppet.value("server"))
-    {
-        let source = Source::PuppetConf(section);
-        let urls = puppetconf::server_urls(&list, puppet.port()?);
-        (blame(config::servers(&urls), source)?, source)
-    } else {
-        (vec![config::DEFAULT_SERVER.to_owned()], Source::Default)
+fn servers(r: &mut Resolver, puppet: &Puppet) -> Result<Vec<String>, ResolveError> {
+    let (servers, source) = match r.layers.pick(|l| l.servers.clone()) {
+        Some((s, Source::AgentToml)) => (s, Source::AgentToml),
+        Some((s, source @ Source::CommandLine)) => {
+            let urls = command_line_urls(&s, puppet)?;
+            (blame(config::servers(&urls), source)?, source)
+        }
+        Some((list, source)) => {
+            let urls = puppetconf::server_urls(&list.join(","), puppet.port()?);
+            (blame(config::servers(&urls), source)?, source)
+        }
+        None => (vec![config::DEFAULT_SERVER.to_owned()], Source::Default),
     };
-    effective.push(Effective {
-        name: "servers",
-        value: servers.join(", "),
-        source,
-    });
+    r.show("servers", servers.join(", "), source);
     Ok(servers)
 }
 
@@ -305,9 +282,9 @@ fn servers(
 /// (`HOST`, `HOST:PORT`, or a comma-separated list of them), on
 /// puppet.conf's `serverport` (8140 by default) when it names no port
 /// (docs/agent.md#puppet-style-flags); URLs are kept as given.
-fn command_line_urls(cli: &Overrides, puppet: &Puppet) -> Result<Vec<String>, ResolveError> {
+fn command_line_urls(servers: &[String], puppet: &Puppet) -> Result<Vec<String>, ResolveError> {
     let mut urls = Vec::new();
-    for s in &cli.servers {
+    for s in servers {
         if s.contains("://") {
             urls.push(s.clone());
         } else {
@@ -319,74 +296,21 @@ fn command_line_urls(cli: &Overrides, puppet: &Puppet) -> Result<Vec<String>, Re
 
 /// The environment and where it was set: `--environment`, else
 /// `environment`, else puppet.conf's, else Puppet's default.
-fn environment(
-    file: &AgentFile,
-    cli: &Overrides,
-    puppet: &Puppet,
-    effective: &mut Vec<Effective>,
-) -> Result<(EnvName, Source), ResolveError> {
-    let (environment, source) = if let Some(e) = &cli.environment {
-        let source = Source::CommandLine;
-        (blame(config::environment(e), source)?, source)
-    } else if let Some(e) = &file.environment {
-        (e.clone(), Source::AgentToml)
-    } else if let Some((section, e)) = puppet.value("environment") {
-        let source = Source::PuppetConf(section);
-        (blame(config::environment(&e), source)?, source)
-    } else {
-        let source = Source::Default;
-        (
-            blame(config::environment(config::DEFAULT_ENVIRONMENT), source)?,
-            source,
-        )
-    };
-    effective.push(Effective {
-        name: "environment",
-        value: environment.to_string(),
-        source,
-    });
+fn environment(r: &mut Resolver) -> Result<(EnvName, Source), ResolveError> {
+    let (name, source) = r.layers.or(
+        |l| l.environment.clone(),
+        || config::DEFAULT_ENVIRONMENT.to_owned(),
+    );
+    let environment = blame(config::environment(&name), source)?;
+    r.show("environment", &environment, source);
     Ok((environment, source))
-}
-
-/// This node's certname: `--certname`, else `[tls] certname`, else
-/// puppet.conf's, else this host's FQDN.
-fn certname(
-    file: &AgentFile,
-    cli: &Overrides,
-    puppet: &Puppet,
-    effective: &mut Vec<Effective>,
-) -> String {
-    let named = match &file.tls {
-        TlsSource::SslDir { certname, .. } => certname.clone(),
-        TlsSource::Files(_) => None,
-    };
-    let (certname, source) = if let Some(c) = &cli.certname {
-        (c.clone(), Source::CommandLine)
-    } else if let Some(c) = named {
-        (c, Source::AgentToml)
-    } else if let Some((section, c)) = puppet.value("certname") {
-        (c, Source::PuppetConf(section))
-    } else {
-        (fqdn(), Source::Default)
-    };
-    effective.push(Effective {
-        name: "certname",
-        value: certname.clone(),
-        source,
-    });
-    certname
 }
 
 /// The TLS files: `[tls]`'s when it names them, else the ssldir's
 /// (`[tls] ssldir`, else puppet.conf's, else Puppet's default) for
 /// `certname`.
-fn tls(
-    file: &AgentFile,
-    certname: &str,
-    puppet: &Puppet,
-    effective: &mut Vec<Effective>,
-) -> Result<TlsFiles, ResolveError> {
-    let (ssldir, cert_expiry_warning) = match &file.tls {
+fn tls(r: &mut Resolver, file: &AgentConfig, certname: &str) -> Result<TlsFiles, ResolveError> {
+    let cert_expiry_warning = match file.tls.source()? {
         TlsSource::Files(files) => {
             for (name, value) in [
                 ("tls.ca", Some(&files.ca)),
@@ -395,20 +319,15 @@ fn tls(
                 ("tls.crl", files.crl.as_ref()),
             ] {
                 if let Some(v) = value {
-                    effective.push(Effective {
-                        name,
-                        value: v.display().to_string(),
-                        source: Source::AgentToml,
-                    });
+                    r.show(name, v.display(), Source::AgentToml);
                 }
             }
-            return Ok(files.clone());
+            return Ok(files);
         }
         TlsSource::SslDir {
-            ssldir,
             cert_expiry_warning,
             ..
-        } => (ssldir, *cert_expiry_warning),
+        } => cert_expiry_warning,
     };
     if certname.is_empty() || certname.contains('/') || certname.starts_with('.') {
         return Err(ConfigError::Invalid(format!(
@@ -416,46 +335,34 @@ fn tls(
         ))
         .into());
     }
-    let (ssldir, source) = if let Some(d) = ssldir {
-        (d.clone(), Source::AgentToml)
-    } else if let Some((section, d)) = puppet.value("ssldir") {
-        (PathBuf::from(d), Source::PuppetConf(section))
-    } else {
-        (
-            PathBuf::from(puppet.default("ssldir").unwrap_or_default()),
-            Source::Default,
-        )
-    };
-    effective.push(Effective {
-        name: "ssldir",
-        value: ssldir.display().to_string(),
-        source,
-    });
+    let (ssldir, source) = r.layers.or(|l| l.tls.ssldir.clone(), PathBuf::new);
+    r.show("ssldir", ssldir.display(), source);
     Ok(config::ssldir_files(&ssldir, certname, cert_expiry_warning))
 }
 
-/// The values only agent.toml sets, as `pluginsync-agent config` shows them.
-fn file_values(file: &AgentFile, effective: &mut Vec<Effective>) {
-    let path = |p: &Path| p.display().to_string();
-    let factsdir = file.factsdir.as_deref().map(path).unwrap_or_default();
-    let timeout = humantime_serde::re::humantime::format_duration(file.timeout);
-    let own = [
-        ("libdir", path(&file.libdir)),
-        ("factsdir", factsdir),
-        ("vardir", path(&file.vardir)),
-        ("ignore", file.ignore.patterns().join(", ")),
-        ("timeout", timeout.to_string()),
-        ("retries", file.retries.to_string()),
-        ("parallel_downloads", file.parallel_downloads.to_string()),
-        ("generations", file.generations.to_string()),
-    ];
-    for (name, value) in own.into_iter().chain(file.switch.values()) {
-        effective.push(Effective {
-            name,
-            value,
-            source: toml_source(file, name),
-        });
+/// The destinations and the state directory: `libdir`, `factsdir`
+/// (`None`: no pluginfacts pass) and `vardir`, each from the first layer
+/// that sets it, else its default; the two destinations apart.
+fn destinations(r: &mut Resolver) -> Result<(PathBuf, Option<PathBuf>, PathBuf), ResolveError> {
+    let (libdir, libdir_source) =
+        (r.layers).or(|l| l.libdir.clone(), || config::DEFAULT_LIBDIR.into());
+    let (vardir, vardir_source) =
+        (r.layers).or(|l| l.vardir.clone(), || config::DEFAULT_VARDIR.into());
+    let (factsdir, factsdir_source) = match r.layers.pick(|l| l.factsdir.clone()) {
+        Some((f, source)) if f.as_os_str().is_empty() => (None, source),
+        Some((f, source)) => (Some(f), source),
+        None => (Some(config::default_factsdir(&vardir)), Source::Default),
+    };
+    if let Some(f) = &factsdir {
+        let defaulted = factsdir_source == Source::Default;
+        blame(config::apart(&libdir, f, defaulted), factsdir_source)?;
     }
+    let path = |p: &Path| p.display().to_string();
+    r.show("libdir", path(&libdir), libdir_source);
+    let facts_text = factsdir.as_deref().map(path).unwrap_or_default();
+    r.show("factsdir", facts_text, factsdir_source);
+    r.show("vardir", path(&vardir), vardir_source);
+    Ok((libdir, factsdir, vardir))
 }
 
 #[cfg(test)]
@@ -463,8 +370,9 @@ mod tests {
     use super::*;
     use crate::config::AgentConfig;
 
-    fn resolve(dir: &Path, toml: &str, cli: Overrides) -> Result<Settings, ResolveError> {
-        let file = AgentConfig::parse(toml, &dir.join("agent.toml"))?.compile()?;
+    fn resolve(dir: &Path, toml: &str, cli: CommandLine) -> Result<Settings, ResolveError> {
+        let file = AgentConfig::parse(toml, &dir.join("agent.toml"))?;
+        file.validate()?;
         Settings::resolve(file, cli)
     }
 
@@ -483,7 +391,7 @@ mod tests {
         )
         .unwrap();
         let toml = format!("puppet_conf = {conf:?}\n");
-        let s = resolve(d.path(), &toml, Overrides::default()).unwrap();
+        let s = resolve(d.path(), &toml, CommandLine::default()).unwrap();
         assert_eq!(s.servers, ["https://Puppet.Example:8141"]);
         assert_eq!(
             source_of(&s, "servers").1,
@@ -513,10 +421,7 @@ mod tests {
         let s = resolve(
             d.path(),
             &toml,
-            Overrides {
-                servers: vec!["https://cli:1".into()],
-                ..Overrides::default()
-            },
+            command_line(None, vec!["https://cli:1".into()], None, Default::default()),
         )
         .unwrap();
         assert_eq!(
@@ -534,7 +439,7 @@ mod tests {
     #[test]
     fn without_puppet_conf_the_defaults_apply() {
         let d = tempfile::tempdir().unwrap();
-        let s = resolve(d.path(), "puppet_conf = \"\"\n", Overrides::default()).unwrap();
+        let s = resolve(d.path(), "puppet_conf = \"\"\n", CommandLine::default()).unwrap();
         assert_eq!(
             source_of(&s, "servers"),
             (config::DEFAULT_SERVER.into(), Source::Default)
@@ -548,12 +453,44 @@ mod tests {
         let e = resolve(
             d.path(),
             &format!("puppet_conf = {:?}\n", d.path().join("missing.conf")),
-            Overrides::default(),
+            CommandLine::default(),
         )
         .unwrap_err()
         .to_string();
         assert!(
             e.contains("cannot read puppet.conf") && e.contains("missing.conf"),
+            "{e}"
+        );
+    }
+
+    /// External facts are synced by default, into `<vardir>/facts.d`, as
+    /// Puppet syncs them into `$vardir/facts.d`; `factsdir = ""` turns the
+    /// pass off.
+    #[test]
+    fn factsdir_defaults_to_the_vardirs_facts_d_and_empty_turns_it_off() {
+        let factsdir = |toml: &str| {
+            let toml = format!("puppet_conf = \"\"\n{toml}");
+            resolve(Path::new("/etc/pluginsync"), &toml, CommandLine::default()).map(|s| s.factsdir)
+        };
+        assert_eq!(
+            factsdir("vardir = \"/srv/ps\"\n").unwrap(),
+            Some(PathBuf::from("/srv/ps/facts.d"))
+        );
+        assert_eq!(
+            factsdir("").unwrap(),
+            Some(PathBuf::from("/var/lib/pluginsync/facts.d"))
+        );
+        assert_eq!(factsdir("factsdir = \"\"\n").unwrap(), None);
+        assert_eq!(
+            factsdir("factsdir = \"f\"\n").unwrap(),
+            Some(PathBuf::from("/etc/pluginsync/f"))
+        );
+        // A default that falls inside the libdir says how to set it.
+        let e = factsdir("vardir = \"/srv/ps\"\nlibdir = \"/srv\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("contain each other") && e.contains("factsdir = \"\""),
             "{e}"
         );
     }

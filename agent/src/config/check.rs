@@ -30,6 +30,17 @@ pub(super) fn destinations_apart(libdir: &Path, factsdir: &Path) -> Result<(), C
     Ok(())
 }
 
+/// [`destinations_apart`]; a `factsdir` that was `defaulted` (`<vardir>/facts.d`) says how to
+/// set it.
+pub fn apart(libdir: &Path, factsdir: &Path, defaulted: bool) -> Result<(), ConfigError> {
+    match destinations_apart(libdir, factsdir) {
+        Err(ConfigError::Invalid(e)) if defaulted => Err(ConfigError::Invalid(format!(
+            "{e} (factsdir is unset, so <vardir>/facts.d: set factsdir, or factsdir = \"\" for no pluginfacts pass)"
+        ))),
+        other => other,
+    }
+}
+
 /// Why a server URL is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ServerError {
