@@ -5,11 +5,12 @@
 //!
 //! puppet.conf is read by `settings/puppet.rs` with `puppetconf.rs` (`[agent]` over `[main]`):
 //! `server_list`, else `server` + `serverport` (or the older `masterport`); `certname`;
-//! `environment`; `ssldir`.
-//! Puppet's defaults depend on the layout: `/etc/puppet/puppet.conf` is Debian's (`ssldir =
-//! /var/lib/puppet/ssl`), any other is laid out as Puppet's AIO packages (`ssldir =
-//! $confdir/ssl`, `$confdir` being puppet.conf's directory). The default certname is this host's
-//! FQDN ([`fqdn`]).
+//! `environment`; `ssldir`; and, when agent.toml names no destination, Puppet's own `libdir`
+//! and `pluginfactdest` (`$vardir/lib`, `$vardir/facts.d` unless set).
+//! Puppet's defaults depend on the layout: `/etc/puppet/puppet.conf` is Debian's (`vardir =
+//! /var/cache/puppet`, `ssldir = /var/lib/puppet/ssl`), any other is laid out as Puppet's AIO
+//! packages (`vardir = /opt/puppetlabs/puppet/cache`, `ssldir = $confdir/ssl`, `$confdir` being
+//! puppet.conf's directory). The default certname is this host's FQDN ([`fqdn`]).
 //!
 //! The file was checked when it was loaded ([`AgentConfig::load`]). What the command line and
 //! puppet.conf bring, the masters and the environment, is checked here by the same rules
@@ -178,7 +179,7 @@ impl Settings {
     /// the order `pluginsync-agent config` shows it.
     pub fn resolve(file: AgentConfig, cli: CommandLine) -> Result<Settings, ResolveError> {
         let puppet = Puppet::read(file.puppet_conf.as_deref())?;
-        let [agent, main, puppet_defaults] = layers::puppet_layers(&puppet);
+        let [agent, main, puppet_defaults] = layers::puppet_layers(&puppet, &file);
         let mut r = Resolver {
             layers: Layers([
                 (Source::CommandLine, &cli.layer),
@@ -348,13 +349,14 @@ fn destinations(r: &mut Resolver) -> Result<(PathBuf, Option<PathBuf>, PathBuf),
         (r.layers).or(|l| l.libdir.clone(), || config::DEFAULT_LIBDIR.into());
     let (vardir, vardir_source) =
         (r.layers).or(|l| l.vardir.clone(), || config::DEFAULT_VARDIR.into());
-    let (factsdir, factsdir_source) = match r.layers.pick(|l| l.factsdir.clone()) {
+    let factsdir = r.layers.pick(|l| l.factsdir.clone());
+    let defaulted = factsdir.is_none();
+    let (factsdir, factsdir_source) = match factsdir {
         Some((f, source)) if f.as_os_str().is_empty() => (None, source),
         Some((f, source)) => (Some(f), source),
         None => (Some(config::default_factsdir(&vardir)), Source::Default),
     };
     if let Some(f) = &factsdir {
-        let defaulted = factsdir_source == Source::Default;
         blame(config::apart(&libdir, f, defaulted), factsdir_source)?;
     }
     let path = |p: &Path| p.display().to_string();

@@ -11,6 +11,8 @@
 //! Puppet run holds its run lock, bounded; a stale lock does not delay it
 //! (docs/agent.md#a-puppet-run-in-progress).
 
+mod puppet_dirs;
+
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

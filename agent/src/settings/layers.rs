@@ -189,7 +189,10 @@ pub fn command_line(
 /// section it came from (`[agent]` over `[main]`, references expanded, as
 /// Puppet's agent reads them). The servers are kept as written (a
 /// `server_list`, else `server`) and made URLs where they are resolved.
-pub(super) fn puppet_layers(puppet: &Puppet) -> [AgentConfig; 3] {
+/// The destinations are Puppet's `libdir` and `pluginfactdest` (Puppet's
+/// own, so Puppet and Facter read what is synced) only when `file` names
+/// neither (docs/agent.md#on-a-puppet-node).
+pub(super) fn puppet_layers(puppet: &Puppet, file: &AgentConfig) -> [AgentConfig; 3] {
     let mut layers: [AgentConfig; 3] = Default::default();
     let at = |section: Option<Section>| match section {
         Some(Section::Agent) => 0,
@@ -212,6 +215,14 @@ pub(super) fn puppet_layers(puppet: &Puppet) -> [AgentConfig; 3] {
     match puppet.value("ssldir") {
         Some((section, d)) => layers[at(Some(section))].tls.ssldir = Some(d.into()),
         None => layers[2].tls.ssldir = Some(puppet.default("ssldir").unwrap_or_default().into()),
+    }
+    if file.libdir.is_none() && file.factsdir.is_none() {
+        if let Some((section, d)) = puppet.dir("libdir", "lib") {
+            layers[at(section)].libdir = Some(d);
+        }
+        if let Some((section, d)) = puppet.dir("pluginfactdest", "facts.d") {
+            layers[at(section)].factsdir = Some(d);
+        }
     }
     layers
 }

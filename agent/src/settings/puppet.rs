@@ -42,7 +42,9 @@ impl Puppet {
     pub(super) fn default(&self, name: &str) -> Option<String> {
         match name {
             "confdir" => Some(self.confdir.clone()),
-            "vardir" if self.debian => Some("/var/lib/puppet".into()),
+            // Debian's puppet 7 (`puppet config print vardir`); its ssldir
+            // stays under /var/lib/puppet.
+            "vardir" if self.debian => Some("/var/cache/puppet".into()),
             "vardir" => Some("/opt/puppetlabs/puppet/cache".into()),
             "ssldir" if self.debian => Some("/var/lib/puppet/ssl".into()),
             "ssldir" => Some(format!("{}/ssl", self.confdir)),
@@ -55,6 +57,22 @@ impl Puppet {
     pub(super) fn value(&self, key: &str) -> Option<(Section, String)> {
         let (_, conf) = self.conf.as_ref()?;
         conf.agent_value(key, &|name| self.default(name))
+    }
+
+    /// Puppet's own directory `key` (`libdir`, `pluginfactdest`) as its
+    /// agent resolves it, when there is a puppet.conf: the value of `key`,
+    /// else `$vardir/<leaf>` (Puppet's defaults), with the section that set
+    /// it (of `key`, else of `vardir`; `None`: Puppet's default `vardir`).
+    pub(super) fn dir(&self, key: &str, leaf: &str) -> Option<(Option<Section>, PathBuf)> {
+        self.conf.as_ref()?;
+        if let Some((section, d)) = self.value(key) {
+            return Some((Some(section), d.into()));
+        }
+        let (section, vardir) = match self.value("vardir") {
+            Some((section, v)) => (Some(section), v),
+            None => (None, self.default("vardir")?),
+        };
+        Some((section, Path::new(&vardir).join(leaf)))
     }
 
     /// Puppet's run lock file, when there is a puppet.conf.
