@@ -113,7 +113,7 @@ fn the_textfile_follows_good_and_failed_runs() {
 /// write under `ProtectSystem=strict`: its `ReadWritePaths=` (a leading
 /// `-` only makes a missing one skipped) and its `StateDirectory=` (under
 /// `/var/lib`).
-fn unit_writable_paths(unit: &str) -> Vec<std::path::PathBuf> {
+pub(crate) fn unit_writable_paths(unit: &str) -> Vec<std::path::PathBuf> {
     assert!(
         unit.lines().any(|l| l.trim() == "ProtectSystem=strict"),
         "{unit}"

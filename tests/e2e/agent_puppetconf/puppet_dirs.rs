@@ -164,3 +164,128 @@ async fn puppet_confs_vardir_places_both_and_stock_puppet_resolves_the_synced_fa
     assert_eq!(facts["pluginsync_probe"], "from-libdir", "{stdout}");
     assert_eq!(facts["pluginsync_role"], "web", "{stdout}");
 }
+
+/// Puppet's directories as its agent resolves them on this host
+/// (`puppet config print … --section agent`, Debian's `puppet`), else
+/// Debian's, as docs/operating.md lists them.
+fn debian_puppet_dirs(test: &str) -> Vec<(String, PathBuf)> {
+    let names = ["libdir", "pluginfactdest", "vardir", "ssldir"];
+    let Some(puppet) = require("puppet", "puppet", test) else {
+        let debian = ["/var/cache/puppet/lib", "/var/cache/puppet/facts.d"];
+        let debian = debian
+            .into_iter()
+            .chain(["/var/cache/puppet", "/var/lib/puppet/ssl"]);
+        return names
+            .into_iter()
+            .map(String::from)
+            .zip(debian.map(PathBuf::from))
+            .collect();
+    };
+    let out = std::process::Command::new(puppet)
+        .args(["config", "print"])
+        .args(names)
+        .args(["--section", "agent"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let dirs: Vec<(String, PathBuf)> = text
+        .lines()
+        .filter_map(|l| l.split_once(" = "))
+        .map(|(k, v)| (k.to_owned(), PathBuf::from(v)))
+        .collect();
+    assert_eq!(dirs.len(), names.len(), "{text}");
+    dirs
+}
+
+/// The shipped unit (`ProtectSystem=strict`) may write Puppet's libdir,
+/// its pluginfactdest and the parent the switch renames in (Debian's, as
+/// its `puppet` says, and the AIO packages'), never Puppet's ssldir.
+#[test]
+fn the_shipped_unit_may_write_puppets_vardir_but_not_its_ssldir() {
+    let unit = std::fs::read_to_string(
+        pluginsync_tests::repo_root().join("packaging/pluginsync-agent.service"),
+    )
+    .unwrap();
+    let writable = crate::agent_metrics::unit_writable_paths(&unit);
+    let under = |p: &Path| writable.iter().any(|w| p.starts_with(w));
+    let aio = [
+        ("libdir", "/opt/puppetlabs/puppet/cache/lib"),
+        ("pluginfactdest", "/opt/puppetlabs/puppet/cache/facts.d"),
+        ("ssldir", "/etc/puppetlabs/puppet/ssl"),
+    ];
+    let aio = aio.map(|(k, v)| (k.to_owned(), PathBuf::from(v)));
+    let dirs = debian_puppet_dirs("the_shipped_unit_may_write_puppets_vardir_but_not_its_ssldir");
+    for (name, dir) in dirs.into_iter().chain(aio) {
+        match name.as_str() {
+            "ssldir" => assert!(!under(&dir), "{name} {dir:?} is writable: {writable:?}"),
+            "libdir" | "pluginfactdest" => {
+                assert!(under(&dir), "{name} {dir:?} is not writable: {writable:?}");
+                let parent = dir.parent().unwrap();
+                assert!(under(parent), "{parent:?} is not writable: {writable:?}");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Under the unit's capabilities (its `CapabilityBoundingSet=`, through
+/// `setpriv`), a root agent syncs into a Puppet vardir root does not own
+/// (Debian's `/var/cache/puppet` is `puppet:puppet 0751`), switching
+/// generations there without a warning; with only the ssldir's
+/// `CAP_DAC_READ_SEARCH` it could not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_units_capabilities_write_a_puppet_owned_vardir() {
+    if !pluginsync_tests::running_as_root() {
+        pluginsync_tests::skipped(
+            "the_units_capabilities_write_a_puppet_owned_vardir",
+            "not root: a mode stops this user anyway",
+        );
+        return;
+    }
+    let unit = std::fs::read_to_string(
+        pluginsync_tests::repo_root().join("packaging/pluginsync-agent.service"),
+    )
+    .unwrap();
+    let caps = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("the unit names its capabilities")
+        .split_whitespace()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_ascii_lowercase()))
+        .collect::<Vec<_>>()
+        .join(",");
+    let pki = Pki::new();
+    let tree = tree_with_facts();
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let scratch = tempfile::tempdir().unwrap();
+    let vardir = scratch.path().join("pvar");
+    std::fs::create_dir(&vardir).unwrap();
+    std::os::unix::fs::chown(&vardir, Some(4242), Some(4242)).unwrap();
+    std::fs::set_permissions(&vardir, std::os::unix::fs::PermissionsExt::from_mode(0o751)).unwrap();
+    let (home, _) = node(&pki, &master, &format!("vardir = {}", vardir.display()), "");
+    let sync = |bounding: &str| {
+        std::process::Command::new("setpriv")
+            .args(["--bounding-set", bounding, "--inh-caps", "-all", "--"])
+            .arg(pluginsync_tests::bin_path("pluginsync-agent"))
+            .args(["sync", "--config"])
+            .arg(home.path().join("agent.toml"))
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let control = sync("-all,+dac_read_search");
+    assert!(!control.status.success(), "{control:?}");
+    assert!(!vardir.join("lib").exists());
+    let run = sync(&format!("-all,{caps}"));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{run:?}");
+    assert!(stderr.trim().is_empty(), "{stderr}");
+    assert!(vardir.join("lib/facter/pluginsync_probe.rb").is_file());
+    assert!(vardir.join("facts.d/role.txt").is_file());
+    assert!(
+        vardir.join(".lib.pluginsync").is_dir(),
+        "the switch was not used"
+    );
+}
