@@ -7,7 +7,9 @@
 # verified and enabled, `pluginsync-master check` on the shipped config with
 # throwaway certificates, the agent's first runs on a Puppet node (its
 # puppet.conf naming the certname and server, the shipped agent.toml
-# untouched) under the agent unit's sandbox settings, and a purge. One PASS/FAIL line per check; exits 1
+# untouched) under the agent unit's sandbox settings, the plugins and facts
+# landing where Debian's puppet reads them (its libdir and pluginfactdest,
+# `puppet facts show` resolving them), and a purge. One PASS/FAIL line per check; exits 1
 # if any failed. Needs root, debootstrap and lintian; nothing is cached: the
 # root is made anew from the Debian mirror each run and removed at the end,
 # its mounts first, on success, failure or interrupt.
@@ -228,25 +230,34 @@ agent_config_loads() {
 }
 check "the shipped agent.toml loads" agent_config_loads
 
-# A Puppet node: Debian's puppet.conf names this node's certname and its
-# server (on a free loopback port, where a master is started below); the
-# ssldir is Puppet's default beside it, /var/lib/puppet/ssl. The shipped
+# A Puppet node: Debian's puppet package, its puppet.conf with this node's
+# certname and its server appended (on a free loopback port, where a master
+# is started below); the ssldir is Puppet's default beside it,
+# /var/lib/puppet/ssl, and the destinations are Puppet's libdir and
+# pluginfactdest, as `puppet config print` gives them. The shipped
 # agent.toml sets none of these, so they come from here.
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 puppet_node() {
-    mkdir -p "$root/etc/puppet"
+    in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        puppet || return 1
+    [ -f "$root/etc/puppet/puppet.conf" ] || { echo "Debian's puppet ships no /etc/puppet/puppet.conf"; return 1; }
     printf '[main]\nserver = localhost\nserverport = %s\n[agent]\ncertname = node7.example.org\n' \
-        "$port" >"$root/etc/puppet/puppet.conf"
+        "$port" >>"$root/etc/puppet/puppet.conf"
     grep -qw localhost "$root/etc/hosts" 2>/dev/null || echo '127.0.0.1 localhost' >>"$root/etc/hosts"
-    local out
+    local out dirs
+    dirs=$(in_root puppet config print libdir pluginfactdest --section agent) || { echo "$dirs"; return 1; }
+    echo "$dirs"
+    grep -qx 'libdir = /var/cache/puppet/lib' <<<"$dirs" &&
+        grep -qx 'pluginfactdest = /var/cache/puppet/facts.d' <<<"$dirs" || return 1
     out=$(in_root /usr/bin/pluginsync-agent config) || { echo "$out"; return 1; }
     echo "$out"
     grep -q '^certname = node7.example.org  (puppet.conf \[agent\])$' <<<"$out" &&
         grep -q "^servers = https://localhost:$port  (puppet.conf \[main\])$" <<<"$out" &&
         grep -q '^ssldir = /var/lib/puppet/ssl  (default)$' <<<"$out" &&
-        grep -q '^factsdir = /var/lib/pluginsync/facts.d  (default)$' <<<"$out"
+        grep -q '^libdir = /var/cache/puppet/lib  (default)$' <<<"$out" &&
+        grep -q '^factsdir = /var/cache/puppet/facts.d  (default)$' <<<"$out"
 }
-check "with the shipped agent.toml, certname, servers and ssldir come from puppet.conf" puppet_node
+check "with Debian's puppet and the shipped agent.toml, certname, servers, ssldir and Puppet's libdir and pluginfactdest come from puppet.conf" puppet_node
 
 # The agent unit's capability bounding set (read from the installed unit)
 # is what lets a root-run agent read a Puppet ssldir it does not own
@@ -264,6 +275,7 @@ reads_puppet_ssldir() {
         tr 'A-Z' 'a-z' | sed 's/cap_/+/g; s/ \+/,/g')
     [ -n "$caps" ] || { echo "no CapabilityBoundingSet= in the agent unit"; return 1; }
     mkdir -p "$root/var/lib/puppet"
+    rm -rf "$root/var/lib/puppet/ssl"
     cp -a "$root/etc/pluginsync/ssl" "$root/var/lib/puppet/ssl"
     chown -R 4242:4242 "$root/var/lib/puppet/ssl"
     chmod 0750 "$root/var/lib/puppet/ssl" "$root/var/lib/puppet/ssl/private_keys"
@@ -361,17 +373,25 @@ trap 'stop_master; cleanup' EXIT
 check "the master serves the shipped environment on 127.0.0.1:$port" start_master
 
 # The first run: the shipped agent.toml untouched, the timer's command under
-# the unit's sandbox; both mounts arrive where the defaults put them.
+# the unit's sandbox; both mounts arrive in Puppet's libdir and
+# pluginfactdest (Debian's /var/cache/puppet is puppet:puppet 0751: the
+# unit's ReadWritePaths= and capabilities must let it write there), and a
+# stock `puppet facts show` resolves the synced custom and external facts.
 first_run() {
-    local out
+    local out facts
     out=$(as_unit)
     echo "$out"
     unit_success "$out" || return 1
-    [ -f "$root/var/lib/pluginsync/lib/facter/ntp_synced.rb" ] &&
-        [ -f "$root/var/lib/pluginsync/facts.d/datacenter.yaml" ] &&
-        [ -x "$root/var/lib/pluginsync/facts.d/kernel_tuning.sh" ] || { echo "a mount was not synced"; return 1; }
+    [ -f "$root/var/cache/puppet/lib/facter/ntp_synced.rb" ] &&
+        [ -f "$root/var/cache/puppet/facts.d/datacenter.yaml" ] &&
+        [ -x "$root/var/cache/puppet/facts.d/kernel_tuning.sh" ] || { echo "a mount was not synced"; return 1; }
+    [ -d "$root/var/cache/puppet/.lib.pluginsync" ] || { echo "committed in place, not switched"; return 1; }
+    facts=$(in_root puppet facts show acme_role datacenter --render-as json) || { echo "$facts"; return 1; }
+    echo "$facts"
+    grep -q '"acme_role": "unassigned"' <<<"$facts" &&
+        grep -q '"datacenter": "fra1"' <<<"$facts"
 }
-check "first run as the unit: the shipped agent.toml syncs plugins and pluginfacts via puppet.conf" first_run
+check "first run as the unit: plugins and pluginfacts land in Puppet's libdir and pluginfactdest, and puppet facts show resolves them" first_run
 
 # The metrics textfile at the path the shipped agent.toml shows, in Debian's
 # prometheus-node-exporter textfile directory, enabled as that file says
