@@ -438,6 +438,64 @@ mod tests {
         assert_eq!(s.tls.cert, PathBuf::from("/x/ssl/certs/node1.example.pem"));
     }
 
+    /// With puppet.conf and no destination in agent.toml, Puppet's
+    /// `libdir` and `pluginfactdest` as its agent resolves them (named,
+    /// else under `$vardir`, each from its section; `[agent]` over
+    /// `[main]`); agent.toml naming either destination takes both.
+    #[test]
+    fn puppet_confs_destinations_unless_agent_toml_names_one() {
+        let d = tempfile::tempdir().unwrap();
+        let conf = d.path().join("puppet.conf");
+        let dirs = |puppet: &str, toml: &str| {
+            std::fs::write(&conf, puppet).unwrap();
+            let toml = format!("puppet_conf = {conf:?}\nvardir = \"/own\"\n{toml}");
+            let s = resolve(d.path(), &toml, CommandLine::default()).unwrap();
+            (source_of(&s, "libdir"), source_of(&s, "factsdir"))
+        };
+        let main = Source::PuppetConf(Section::Main);
+        let agent = Source::PuppetConf(Section::Agent);
+        assert_eq!(
+            dirs("[main]\nvardir = /pv\n[agent]\nvardir = /av\n", ""),
+            (("/av/lib".into(), agent), ("/av/facts.d".into(), agent))
+        );
+        assert_eq!(
+            dirs(
+                "[main]\nvardir = /pv\nlibdir = $vardir/l\n[agent]\npluginfactdest = /f\n",
+                ""
+            ),
+            (("/pv/l".into(), main), ("/f".into(), agent))
+        );
+        // puppet.conf naming neither: Puppet's default vardir for a
+        // non-Debian layout.
+        assert_eq!(
+            dirs("[main]\n", "").0,
+            ("/opt/puppetlabs/puppet/cache/lib".into(), Source::Default)
+        );
+        let own = Source::AgentToml;
+        assert_eq!(
+            dirs("[main]\nlibdir = /l\n", "libdir = \"/mine\"\n"),
+            (
+                ("/mine".into(), own),
+                ("/own/facts.d".into(), Source::Default)
+            )
+        );
+        assert_eq!(
+            dirs("[main]\nlibdir = /l\n", "factsdir = \"\"\n"),
+            (
+                (config::DEFAULT_LIBDIR.into(), Source::Default),
+                (String::new(), own)
+            )
+        );
+        // Puppet's two nested are refused, blamed on puppet.conf (78).
+        std::fs::write(&conf, "[main]\nlibdir = /x\npluginfactdest = /x/f\n").unwrap();
+        let toml = format!("puppet_conf = {conf:?}\n");
+        let e = resolve(d.path(), &toml, CommandLine::default()).unwrap_err();
+        assert!(
+            !e.from_command_line && e.to_string().contains("contain each other"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn without_puppet_conf_the_defaults_apply() {
         let d = tempfile::tempdir().unwrap();
