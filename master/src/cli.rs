@@ -91,7 +91,8 @@ pub enum Command {
     /// Show or steer ENVIRONMENT's rollout on every master named
     /// (docs/rollouts.md#commands): `status`, `halt` (no node moves),
     /// `resume`, `promote` (the newest generation to everyone now),
-    /// `rollback` (withdraw the newest, the previous one to everyone). An
+    /// `rollback` (withdraw the newest: its nodes return to what each had,
+    /// no other node moves). An
     /// admin API call as the master's own certificate; exit 0 only if
     /// every master answered.
     Rollout {

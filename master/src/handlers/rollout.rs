@@ -55,7 +55,7 @@ pub async fn status(State(state): State<AppState>, req: Request) -> Response {
 }
 
 /// `POST {ROLLOUT_PATH}?environment=ENV&action=ACTION`: see the module
-/// docs. 409 for a rollback with no earlier generation or a command on an
+/// docs. 409 for a rollback that leaves nothing served or a command on an
 /// environment that keeps none.
 pub async fn command(State(state): State<AppState>, req: Request) -> Response {
     let certname = match admitted(&state, &req) {

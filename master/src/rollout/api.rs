@@ -21,7 +21,7 @@ pub struct GenerationStatus {
     pub published: String,
     /// Rolled back, not served.
     pub withdrawn: bool,
-    /// Everyone's (promoted, or the target of a rollback).
+    /// Everyone's (promoted).
     pub promoted: bool,
     /// What it is to the fleet, in words (docs/rollouts.md#commands):
     /// `everyone`, `base (everyone else)`, `N% open (wave K)`, `halted at
@@ -110,7 +110,7 @@ fn state_of(kept: &[Kept], i: usize, policy: Option<&Policy>, cmd: &Command) -> 
         .collect();
     let floor = serving.iter().copied().find(|&j| {
         Some(&j) == serving.last()
-            || cmd.promoted == Some(kept[j].id)
+            || cmd.reaches_everyone(&kept[j].id)
             || status_of(policy, cmd, &kept[j]).0 >= 100.0
     });
     match floor {
@@ -127,9 +127,11 @@ fn state_of(kept: &[Kept], i: usize, policy: Option<&Policy>, cmd: &Command) -> 
                 true => "everyone",
                 false => "base (everyone else)",
             };
-            let rolled_to = kept[..i].iter().any(|n| cmd.withdrawn.contains(&n.id));
+            // The newest served under a withdrawn one: where a rollback
+            // returned (its nodes went back to what each had).
+            let rolled_to = i > 0 && cmd.withdrawn.contains(&kept[i - 1].id);
             match (cmd.promoted == Some(k.id), rolled_to) {
-                (true, true) => format!("{whom}; rolled back to"),
+                (_, true) => format!("{whom}; rolled back to"),
                 (true, false) => format!("{whom}; promoted"),
                 _ => whom.to_owned(),
             }

@@ -7,10 +7,12 @@
 //! of the environment and its certname) is served the newest kept,
 //! not withdrawn generation that has reached it: the oldest such
 //! generation reaches everyone (the first a master publishes), a promoted
-//! one reaches everyone, and any other reaches the nodes inside the share
+//! one (now or before a newer promotion) reaches everyone, and any other reaches the nodes inside the share
 //! its timed waves have opened since its publication. While halted, the
 //! shares are those open at the halt: no node moves. Without a policy the
 //! newest not-withdrawn generation is everyone's (today's behaviour).
+//! A rollback only withdraws: each node falls back to the newest that
+//! reached it, the one it had.
 //!
 //! **State.** The commands' state per environment ([`Command`]) carries a
 //! logical clock: a replica applies a command with a clock one above the
@@ -66,8 +68,11 @@ pub struct Command {
     pub origin: String,
     /// Halted: no node moves.
     pub halt: Option<Halt>,
-    /// The generation everyone is served (promote, or rollback's target).
+    /// The generation everyone is served (promote).
     pub promoted: Option<GenerationId>,
+    /// Generations promoted before `promoted` (oldest first): they reached
+    /// everyone too, so withdrawing a newer one returns the fleet to them.
+    pub promoted_before: Vec<GenerationId>,
     /// Generations rolled back: never served again until promoted.
     pub withdrawn: Vec<GenerationId>,
     /// A generation the operator resumed: the gate no longer halts on it.
@@ -81,6 +86,14 @@ pub struct Halt {
     pub at: Stamp,
     /// Why (the gate's reason, or `halted by <certname>`).
     pub reason: String,
+}
+
+impl Command {
+    /// Whether `id` reaches everyone: promoted now or before (and not
+    /// withdrawn since, which placement checks first).
+    pub fn reaches_everyone(&self, id: &GenerationId) -> bool {
+        self.promoted.as_ref() == Some(id) || self.promoted_before.contains(id)
+    }
 }
 
 impl Halt {
@@ -108,6 +121,8 @@ struct CommandRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     promoted: Option<GenerationId>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    promoted_before: Vec<GenerationId>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     withdrawn: Vec<GenerationId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     waived: Option<GenerationId>,
@@ -126,6 +141,7 @@ impl From<CommandRecord> for Command {
             origin: r.origin,
             halt,
             promoted: r.promoted,
+            promoted_before: r.promoted_before,
             withdrawn: r.withdrawn,
             waived: r.waived,
         }
@@ -141,6 +157,7 @@ impl From<Command> for CommandRecord {
             halted_at: c.halt.as_ref().map(|h| h.at.0),
             reason: c.halt.map(|h| h.reason),
             promoted: c.promoted,
+            promoted_before: c.promoted_before,
             withdrawn: c.withdrawn,
             waived: c.waived,
         }
@@ -167,7 +184,8 @@ pub enum Action {
     Resume,
     /// The newest kept generation to everyone now (un-withdrawn).
     Promote,
-    /// Withdraw the newest served generation; the previous one to everyone.
+    /// Withdraw the newest served generation: the nodes that took it
+    /// return to the newest that reached each of them; nothing is promoted.
     Rollback,
 }
 
@@ -347,7 +365,7 @@ impl Rollouts {
         let mut serving = kept.iter().filter(|k| !cmd.withdrawn.contains(&k.id));
         let newest = serving.next()?;
         serving.next()?;
-        if cmd.promoted == Some(newest.id) || cmd.waived == Some(newest.id) {
+        if cmd.reaches_everyone(&newest.id) || cmd.waived == Some(newest.id) {
             return None;
         }
         let (nodes, failing) = fleet.on_generation(env, &newest.id);
@@ -405,14 +423,22 @@ impl Rollouts {
             Action::Promote => {
                 c.halt = None;
                 c.withdrawn.retain(|w| *w != newest);
-                c.promoted = Some(newest);
+                if let Some(before) = c.promoted.replace(newest).filter(|b| *b != newest) {
+                    c.promoted_before.retain(|b| *b != before && *b != newest);
+                    c.promoted_before.push(before);
+                    let over = c.promoted_before.len().saturating_sub(MAX_SEEN);
+                    c.promoted_before.drain(..over);
+                }
             }
+            // Withdraw only: placement then serves each node the newest
+            // generation that reached it, so the nodes that took this one
+            // return to what each had and no other node moves
+            // (docs/rollouts.md#commands).
             Action::Rollback => {
                 c.halt = None;
                 c.withdrawn.push(serving[0]);
                 let over = c.withdrawn.len().saturating_sub(MAX_SEEN);
                 c.withdrawn.drain(..over);
-                c.promoted = Some(serving[1]);
             }
         });
         self.save()?;
@@ -491,7 +517,7 @@ pub fn pick<'a>(
     let last = candidates.len().saturating_sub(1);
     let reached = candidates.iter().enumerate().find(|(i, k)| {
         *i == last
-            || cmd.promoted == Some(k.id)
+            || cmd.reaches_everyone(&k.id)
             || in_share(p, policy.open_percent(elapsed(k, as_of)))
     });
     Some(reached.map_or(newest, |(_, k)| *k))
@@ -650,11 +676,9 @@ pub(crate) mod tests {
             None,
             "resumed: waived for that generation"
         );
+        // A rollback withdraws, and promotes nothing (docs/rollouts.md#commands).
         let c = r.apply_to(&list, &env, Action::Rollback, "op").unwrap();
-        assert_eq!(
-            (c.withdrawn.clone(), c.promoted),
-            (vec![list[0].id], Some(list[1].id))
-        );
+        assert_eq!((c.withdrawn.clone(), c.promoted), (vec![list[0].id], None));
         assert!(matches!(
             r.apply_to(&list, &env, Action::Rollback, "op"),
             Err(RolloutError::NothingEarlier(_))
@@ -670,6 +694,45 @@ pub(crate) mod tests {
         let c = again.apply_to(&list, &env, Action::Promote, "op").unwrap();
         assert!(c.withdrawn.is_empty() && c.promoted == Some(list[0].id));
         assert_eq!(c.clock, 4, "halt, resume, rollback, promote");
+    }
+
+    /// Where each of 1000 nodes is placed (its generation's name in `names`).
+    fn places(list: &[Kept], cmd: &Command, policy: Option<&Policy>) -> Vec<GenerationId> {
+        (0..1000)
+            .map(|i| {
+                let p = position("production", &format!("node{i}"));
+                pick(list, cmd, policy, p, Stamp(2030)).unwrap().id
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_rollback_returns_the_nodes_that_took_it_and_moves_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Rollouts::new(&rules(POLICY), dir.path());
+        let env: EnvName = "production".parse().unwrap();
+        let policy = r.policy(&env);
+        // a everyone's, b in its first wave, c in its own (the same nodes).
+        let (a, b, c) = (kept("a", 1000), kept("b", 2000), kept("c", 2010));
+        let two = vec![b.clone(), a.clone()];
+        let three = vec![c.clone(), b.clone(), a.clone()];
+        let before = places(&two, &r.command(&env), policy);
+        assert!(before.contains(&a.id) && before.contains(&b.id));
+        let cmd = r.apply_to(&three, &env, Action::Rollback, "op").unwrap();
+        assert_eq!(cmd.promoted, None, "nothing promoted");
+        assert_eq!(
+            places(&three, &cmd, policy),
+            before,
+            "b's wave on b, the rest on a"
+        );
+        // Promoted twice, the newer rolled back: everyone on the older.
+        let dir = tempfile::tempdir().unwrap();
+        let r = Rollouts::new(&rules(POLICY), dir.path());
+        r.apply_to(&two, &env, Action::Promote, "op").unwrap();
+        r.apply_to(&three, &env, Action::Promote, "op").unwrap();
+        let cmd = r.apply_to(&three, &env, Action::Rollback, "op").unwrap();
+        assert!(places(&three, &cmd, policy).iter().all(|g| *g == b.id));
+        assert!(r.gate(&env, &three).is_none(), "b reached everyone");
     }
 
     #[test]
