@@ -715,7 +715,7 @@ pub(crate) mod tests {
         // a everyone's, b in its first wave, c in its own (the same nodes).
         let (a, b, c) = (kept("a", 1000), kept("b", 2000), kept("c", 2010));
         let two = vec![b.clone(), a.clone()];
-        let three = vec![c.clone(), b.clone(), a.clone()];
+        let three = vec![c, b.clone(), a.clone()];
         let before = places(&two, &r.command(&env), policy);
         assert!(before.contains(&a.id) && before.contains(&b.id));
         let cmd = r.apply_to(&three, &env, Action::Rollback, "op").unwrap();
