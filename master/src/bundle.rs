@@ -3,12 +3,16 @@
 //! air-gapped sites and for seeding new nodes.
 //!
 //! With `--generation` (an id or a unique prefix of one), a generation the
-//! store keeps (`[generations] dir`), even when its tree is gone. Without
-//! it, the environment's current generation as the running master
-//! published it (read from the store); when the store keeps none for it
-//! (no `dir` set, or nothing published yet), the environment is indexed
-//! and hashed as the master would, and the bundle's publication time is
-//! the Unix epoch: the generation was never published. The file is written
+//! store keeps (`[generations] dir`), even when its tree is gone. With
+//! `--certname`, the generation placement serves that node now. Without
+//! either, the generation everyone is on: what placement serves a node
+//! outside every open wave (docs/rollouts.md#placement), so a bundle never
+//! carries a generation still in its waves past them. Placement is asked
+//! through its pure decision (`placement::decide`) on the rollout state
+//! the masters left (`rollout_state`). When the store keeps none for the
+//! environment (no `dir` set, or nothing published yet), the environment
+//! is indexed and hashed as the master would, and the bundle's
+//! publication time is the Unix epoch: the generation was never published. The file is written
 //! beside `--out` under a temporary name, synced and renamed, so a reader
 //! never sees half a bundle; the same generation gives the same bytes
 //! (`common/src/bundle.rs`).
@@ -25,6 +29,8 @@ use crate::config::MasterConfig;
 use crate::environments;
 use crate::generations::{Candidate, Generations, Kept, StoreError};
 use crate::index::EnvIndex;
+use crate::placement::{Facts, Placement, decide};
+use crate::rollout::{Command, Policy, Rollouts, status_of};
 use crate::walk::FileSig;
 
 /// The publication time of a bundle made from a tree no master published.
@@ -113,13 +119,26 @@ pub struct Written {
     pub size: u64,
 }
 
-/// Writes the bundle of `env` (`generation`: an id or prefix; `None`: the
-/// current one) to `out`. See the module docs.
+/// Which generation a bundle holds (module docs).
+#[derive(Debug, Clone, Copy)]
+pub enum Which<'a> {
+    /// The one everyone is on.
+    Everyone,
+    /// A kept one, by id or unique prefix.
+    Generation(&'a str),
+    /// The one placement serves this node now.
+    Certname(&'a str),
+}
+
+/// Writes the bundle of `env`'s generation `which` to `out`; `said` is
+/// told which generation and why before it is written. See the module
+/// docs.
 pub fn run(
     config: &MasterConfig,
     env: &str,
-    generation: Option<&str>,
+    which: Which,
     out: &Path,
+    said: impl FnOnce(&str),
 ) -> Result<Written, BundleFailure> {
     let name: EnvName = env
         .parse()
@@ -128,8 +147,8 @@ pub fn run(
     if config.generations.dir.is_some() {
         store.open(false)?;
     }
-    let kept = match generation {
-        Some(prefix) => Some(store.find(&name, prefix).map_err(|v| {
+    let kept = match which {
+        Which::Generation(prefix) => Some(store.find(&name, prefix).map_err(|v| {
             if v.is_empty() {
                 BundleFailure::UnknownGeneration {
                     env: env.to_owned(),
@@ -143,11 +162,88 @@ pub fn run(
                 }
             }
         })?),
-        None => store.current(&name),
+        _ => None,
+    };
+    let (kept, why) = match (kept, which) {
+        (Some(k), _) => (Some(k), "asked for".to_owned()),
+        (None, Which::Certname(node)) => placed(config, &store, &name, Some(node)),
+        (None, _) => placed(config, &store, &name, None),
     };
     match kept {
-        Some(k) => from_store(&store, &name, &k, out),
-        None => from_tree(config, &name, out),
+        Some(k) => {
+            said(&format!("bundle: generation {} ({why})", k.id.short()));
+            from_store(&store, &name, &k, out)
+        }
+        None => {
+            said("bundle: the tree as it is now (no generation of it published)");
+            from_tree(config, &name, out)
+        }
+    }
+}
+
+/// The rollout state of `env` as the masters left it: its policy and its
+/// commands' state (halt, promoted, withdrawn), read from `rollout.json`
+/// beside the generation store (docs/rollouts.md#replicas) without a
+/// master running. The one place a command reads it offline.
+pub fn rollout_state(config: &MasterConfig, env: &EnvName) -> (Option<Policy>, Command) {
+    let policy = crate::rollout::Policies::new(&config.rollout)
+        .ok()
+        .and_then(|p| p.of(env.as_str()).cloned());
+    let Some(dir) = config.generations.dir.as_deref() else {
+        return (policy, Command::default());
+    };
+    (policy, Rollouts::new(&[], dir).command(env))
+}
+
+/// The generation placement serves `node` in `env` now (`None`: a node
+/// outside every open wave, the one everyone is on), and why in words.
+fn placed(
+    config: &MasterConfig,
+    store: &Generations,
+    env: &EnvName,
+    node: Option<&str>,
+) -> (Option<Kept>, String) {
+    let kept = store.kept(env);
+    let (policy, command) = rollout_state(config, env);
+    let facts = Facts {
+        kept: &kept,
+        command: &command,
+        policy: policy.as_ref(),
+        // 1.0 lies past every position, inside only a share of 100 %.
+        position: node.map_or(1.0, |n| {
+            pluginsync_common::rollout::position(env.as_str(), n)
+        }),
+        now: crate::generations::Stamp::now(),
+        current: store.current(env).map(|k| k.id),
+        reported: None,
+        elsewhere: false,
+        pin: None,
+    };
+    let chosen = match decide(&facts) {
+        Placement::Serve(k) => Some(k),
+        _ => store.current(env),
+    };
+    let Some(k) = chosen else {
+        return (None, String::new());
+    };
+    let whose = node.map_or_else(|| "everyone's".to_owned(), |n| format!("{n}'s placement"));
+    let newer: Vec<String> = (kept.iter().take_while(|n| n.id != k.id))
+        .map(|n| match command.withdrawn.contains(&n.id) {
+            true => format!("{} is rolled back", n.id.short()),
+            false => {
+                let (open, wave) = status_of(policy.as_ref(), &command, n);
+                let halted = if command.halt.is_some() {
+                    ", halted"
+                } else {
+                    ""
+                };
+                format!("{} is in wave {wave} at {open} %{halted}", n.id.short())
+            }
+        })
+        .collect();
+    match newer.is_empty() {
+        true => (Some(k), format!("{whose}: the newest")),
+        false => (Some(k), format!("{whose}: {}", newer.join("; "))),
     }
 }
 

@@ -78,9 +78,12 @@ pub enum Command {
         #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
         config: PathBuf,
         /// A kept generation's id, or a unique prefix of one (default: the
-        /// current generation).
-        #[arg(long)]
+        /// generation everyone is on, docs/rollouts.md#placement).
+        #[arg(long, conflicts_with = "certname")]
         generation: Option<String>,
+        /// The generation placement serves this node now.
+        #[arg(long)]
+        certname: Option<String>,
         /// Where to write the bundle (written under a temporary name, then
         /// renamed).
         #[arg(long)]

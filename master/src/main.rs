@@ -66,18 +66,16 @@ fn main() -> ExitCode {
         Command::Bundle {
             config,
             generation,
+            certname,
             out,
             environment,
         } => load(&config).and_then(|c| {
-            let written = bundle::run(&c, &environment, generation.as_deref(), &out).map_err(|e| {
-                if e.is_not_found() {
-                    Failure::no_input(e)
-                } else {
-                    Failure::runtime(e)
-                }
-            })?;
-            println!("{}", written.line(&out));
-            Ok(())
+            let which = match (&generation, &certname) {
+                (Some(g), _) => bundle::Which::Generation(g),
+                (None, Some(n)) => bundle::Which::Certname(n),
+                (None, None) => bundle::Which::Everyone,
+            };
+            write_bundle(&c, &environment, which, &out)
         }),
         Command::Rollout {
             config,
@@ -109,6 +107,25 @@ fn main() -> ExitCode {
             f.status.into()
         }
     }
+}
+
+/// `bundle`: says which generation and why, writes it, says where.
+fn write_bundle(
+    c: &MasterConfig,
+    environment: &str,
+    which: bundle::Which,
+    out: &Path,
+) -> Result<(), Failure> {
+    let said = |line: &str| println!("{line}");
+    let written = bundle::run(c, environment, which, out, said).map_err(|e| {
+        if e.is_not_found() {
+            Failure::no_input(e)
+        } else {
+            Failure::runtime(e)
+        }
+    })?;
+    println!("{}", written.line(out));
+    Ok(())
 }
 
 /// Prints each master's rollout status (text, or one JSON array of

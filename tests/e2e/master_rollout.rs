@@ -8,6 +8,7 @@
 //! real `pluginsync-agent` runs through a rollout: `master_rollout/agents.rs`.
 
 mod agents;
+mod bundle;
 mod rollback;
 mod status;
 mod stock;
