@@ -115,6 +115,39 @@ pub enum Command {
         /// The environment.
         environment: String,
     },
+    /// The fleet as the masters heard it (docs/operating.md#the-fleet):
+    /// per generation, nodes, failing, lagging (not on the generation
+    /// placement gives them now); then the nodes that lag or fail.
+    Inventory(InventoryArgs),
+}
+
+/// `pluginsync-master inventory`'s arguments (docs/operating.md#the-fleet).
+#[derive(Debug, clap::Args)]
+pub struct InventoryArgs {
+    /// The config file (the TLS identity to present).
+    #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
+    pub config: PathBuf,
+    /// The master's URL, `https://HOST:PORT` (default: the first
+    /// `listen` address of the config).
+    #[arg(long)]
+    pub master: Option<String>,
+    /// Only nodes on this generation (an id or a prefix of one).
+    #[arg(long)]
+    pub generation: Option<String>,
+    /// Only nodes not on this generation (an id or a prefix of one).
+    #[arg(long)]
+    pub not_generation: Option<String>,
+    /// Only nodes reporting load failures.
+    #[arg(long)]
+    pub failing: bool,
+    /// Only nodes not heard for at least this long (`30m`, `2h`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub stale: Option<std::time::Duration>,
+    /// `text` (a table) or `json` (every node matched).
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub format: String,
+    /// Only this environment.
+    pub environment: Option<String>,
 }
 
 impl Cli {

@@ -28,6 +28,7 @@ pub mod fleet;
 pub mod generations;
 pub mod handlers;
 pub mod index;
+pub mod inventory_client;
 pub mod metrics;
 pub mod placement;
 pub mod proxy;

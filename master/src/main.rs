@@ -11,7 +11,9 @@ use pluginsync_master::config::MasterConfig;
 use pluginsync_master::exit::{ExitStatus, Failure};
 use pluginsync_master::rollout::api::RolloutStatus;
 use pluginsync_master::rollout_client::CommandError;
-use pluginsync_master::{bundle, check, csr, devcerts, reindex, rollout_client, server};
+use pluginsync_master::{
+    bundle, check, csr, devcerts, inventory_client, reindex, rollout_client, server,
+};
 
 fn main() -> ExitCode {
     let cli = match cli::parse() {
@@ -27,6 +29,7 @@ fn main() -> ExitCode {
             | Command::Reindex { .. }
             | Command::Bundle { .. }
             | Command::Rollout { .. }
+            | Command::Inventory(_)
     );
     pluginsync_common::logging::init_with(cli.log_level(quiet), cli.log.log_format);
     let result = match cli.command {
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
                 .block_on(rollout_client::run(&c, &action, &environment, &masters));
             print_rollout(&answers, format == "json")
         }),
+        Command::Inventory(args) => load(&args.config).and_then(|c| print_inventory(&c, args)),
         Command::Serve { config } => load(&config).and_then(|c| {
             tokio::runtime::Runtime::new()
                 .map_err(Failure::runtime)?
@@ -125,6 +129,28 @@ fn write_bundle(
         }
     })?;
     println!("{}", written.line(out));
+    Ok(())
+}
+
+/// `inventory`: reads every page matched and prints the table or JSON.
+fn print_inventory(c: &MasterConfig, args: cli::InventoryArgs) -> Result<(), Failure> {
+    let filters = inventory_client::Filters {
+        environment: args.environment,
+        generation: args.generation,
+        not_generation: args.not_generation,
+        failing: args.failing,
+        stale: args.stale,
+    };
+    let master = args.master.as_deref();
+    let rt = tokio::runtime::Runtime::new().map_err(Failure::runtime)?;
+    let nodes = rt
+        .block_on(inventory_client::fetch(c, master, &filters))
+        .map_err(Failure::runtime)?;
+    let labels = rt.block_on(inventory_client::labels(c, master, &nodes));
+    match args.format == "json" {
+        true => println!("{}", inventory_client::json(&nodes, &labels)),
+        false => print!("{}", inventory_client::table(&nodes, &labels)),
+    }
     Ok(())
 }
 

@@ -175,6 +175,20 @@ pub async fn call(
     method: &str,
     target: &str,
 ) -> Result<Answer, ReindexError> {
+    // The answer is a status line, headers and a short body; 64 KiB is
+    // plenty.
+    call_bounded(config, server, method, target, 64 * 1024).await
+}
+
+/// [`call`], reading at most `max_bytes` of the answer (an inventory
+/// page is larger than a status).
+pub async fn call_bounded(
+    config: &MasterConfig,
+    server: Option<&str>,
+    method: &str,
+    target: &str,
+    max_bytes: u64,
+) -> Result<Answer, ReindexError> {
     pluginsync_common::tls::install_default_provider();
     let (certs, key) =
         pluginsync_common::tls::load_identity("certificate", &config.tls.cert, &config.tls.key)?;
@@ -216,10 +230,8 @@ pub async fn call(
             format!("{method} {target} HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await?;
         let mut answer = Vec::new();
-        // The answer is a status line, headers and a short body; 64 KiB
-        // is plenty.
         (&mut stream)
-            .take(64 * 1024)
+            .take(max_bytes)
             .read_to_end(&mut answer)
             .await?;
         Ok::<_, ReindexError>(answer)

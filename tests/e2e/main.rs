@@ -54,6 +54,8 @@ mod master_scrub;
 mod master_rollout;
 // The fleet: node reports and stock agents in the inventory of two peer replicas, bounded series, bad reports ignored.
 mod master_fleet;
+// The inventory for humans: the paged, filtered endpoint and `pluginsync-master inventory`'s table and JSON.
+mod master_inventory;
 // Deploys: flipped environment links, r10k and scripted redeploys held until they settle, explicit publishing.
 mod master_deploy;
 // A hundred environments: indexed on demand and in the background, one build per environment, dropped when idle.

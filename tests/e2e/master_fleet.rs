@@ -125,28 +125,30 @@ fn peer(n: u8, tree: &EnvTree, pki: &Pki, listener: TcpListener, other: &str) ->
     replica(tree, pki, listener, cert, &admins, &[other.to_owned()])
 }
 
-/// The inventory as `certname` sees it: status and nodes by certname.
+/// The inventory as `certname` sees it, every page of it (the endpoint
+/// pages, docs/protocol.md §7.11): status and nodes by certname.
 async fn inventory(
     pki: &Pki,
     certname: Option<&str>,
     base: &str,
 ) -> (u16, std::collections::BTreeMap<String, Value>) {
-    let resp = client(pki, certname)
-        .get(format!("{base}{INVENTORY}"))
-        .send()
-        .await
-        .expect("inventory request");
-    let status = resp.status().as_u16();
-    let body: Value = resp.json().await.unwrap_or(Value::Null);
-    let nodes = body["nodes"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|n| (n["certname"].as_str().unwrap_or("").to_owned(), n.clone()))
-                .collect()
-        })
-        .unwrap_or_default();
-    (status, nodes)
+    let (mut nodes, mut after) = (std::collections::BTreeMap::new(), String::new());
+    loop {
+        let resp = client(pki, certname)
+            .get(format!("{base}{INVENTORY}?limit=10000&after={after}"))
+            .send()
+            .await
+            .expect("inventory request");
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        for n in body["nodes"].as_array().into_iter().flatten() {
+            nodes.insert(n["certname"].as_str().unwrap_or("").to_owned(), n.clone());
+        }
+        match body["next"].as_str() {
+            Some(n) if status == 200 => after = n.to_owned(),
+            _ => return (status, nodes),
+        }
+    }
 }
 
 /// The per-node request as a balancer forwards it to the `[proxy]`

@@ -15,7 +15,10 @@
 //! Bounded: at most `[fleet] max_nodes` nodes, the least recently seen
 //! forgotten first; per node at most 16 failing plugins' names.
 
+mod page;
 pub mod peers;
+
+pub use page::{DEFAULT_PAGE, MAX_PAGE, Page, Query};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;

@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use pluginsync_common::tls::{TlsError, install_default_provider, read_identity_pem, read_pem};
 
-use super::{Fleet, INVENTORY_PATH, Inventory};
+use super::{Fleet, INVENTORY_PATH};
 use crate::config::MasterConfig;
 
 /// Nodes per push request.
@@ -170,16 +170,30 @@ impl PeerClient {
         Ok(Bytes::from(body))
     }
 
-    /// Reads `peer`'s whole inventory into `fleet`; returns its nodes.
+    /// Reads `peer`'s whole inventory into `fleet`, page after page (a
+    /// peer from before pages answers everything at once, without
+    /// `next`); returns its nodes.
     pub async fn pull(&self, peer: &str, fleet: &Fleet) -> Result<usize, PeerError> {
-        let body = self.get(peer, INVENTORY_PATH).await?;
-        let inventory: Inventory =
-            serde_json::from_slice(&body).map_err(|source| PeerError::Body {
-                peer: peer.to_owned(),
-                source,
-            })?;
-        fleet.merge(&inventory.nodes);
-        Ok(inventory.nodes.len())
+        let (mut after, mut count) = (None::<String>, 0);
+        loop {
+            let mut target = format!("{INVENTORY_PATH}?limit={}", super::MAX_PAGE);
+            if let Some(a) = &after {
+                let a: String = form_urlencoded::byte_serialize(a.as_bytes()).collect();
+                target.push_str(&format!("&after={a}"));
+            }
+            let body = self.get(peer, &target).await?;
+            let page: super::Page =
+                serde_json::from_slice(&body).map_err(|source| PeerError::Body {
+                    peer: peer.to_owned(),
+                    source,
+                })?;
+            fleet.merge(&page.nodes);
+            count += page.nodes.len();
+            match page.next {
+                Some(n) if after.as_ref() != Some(&n) => after = Some(n),
+                _ => return Ok(count),
+            }
+        }
     }
 
     /// Sends what `fleet` queued for peer `index`, batch by batch, until

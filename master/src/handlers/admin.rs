@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum_server::tls::TlsInfo;
 use pluginsync_common::envname::EnvName;
@@ -81,25 +81,6 @@ pub fn admitted(state: &AppState, req: &Request) -> Result<String, ApiError> {
             );
             Err(ApiError::forbidden(req.uri().path()))
         }
-    }
-}
-
-/// `GET /pluginsync/v1/inventory`: every node the fleet knows, as JSON
-/// (docs/operating.md#the-fleet); 403 like the admin API.
-pub async fn inventory(State(state): State<AppState>, req: Request) -> Response {
-    if let Err(refused) = admitted(&state, &req) {
-        return refused.into_response();
-    }
-    let fleet = state.fleet.clone();
-    let body = tokio::task::spawn_blocking(move || serde_json::to_vec(&fleet.inventory())).await;
-    match body {
-        Ok(Ok(body)) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/json")],
-            body,
-        )
-            .into_response(),
-        _ => ApiError::internal().into_response(),
     }
 }
 

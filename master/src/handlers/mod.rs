@@ -11,7 +11,8 @@
 //! - [`generations`]: the per-node answer and generation manifests.
 //! - [`mod@status`]: the health check.
 //! - [`admin`]: Puppet Server's admin API (`environment-cache`), for deploy
-//!   tools, and the fleet's inventory.
+//!   tools, and what a peer heard; [`inventory`]: the fleet's inventory,
+//!   paged.
 //! - [`reports`]: stock agents' Puppet run reports, from Puppet Server.
 //!
 //! Every file and blob endpoint passes the same authorization step,
@@ -22,12 +23,14 @@ pub mod blobs;
 pub mod content;
 pub mod files;
 pub mod generations;
+pub mod inventory;
 pub mod reports;
 pub mod rollout;
 pub mod status;
 
-pub use admin::{environment_cache, inventory, inventory_merge};
+pub use admin::{environment_cache, inventory_merge};
 pub use blobs::{blob, blobs_batch};
 pub use files::{file_content, file_metadata, file_metadatas};
 pub use generations::{assignment, manifest};
+pub use inventory::inventory;
 pub use status::status;

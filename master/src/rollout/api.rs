@@ -30,6 +30,10 @@ pub struct GenerationStatus {
     /// from a master that predates it.
     #[serde(default)]
     pub state: String,
+    /// Its deploy's label (r10k's `.r10k-deploy.json` signature), when
+    /// the tree had one at publication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
     /// Share of the fleet its waves have opened (100 without a policy).
     pub open_percent: f64,
     /// Timed waves open (0 without a policy).
@@ -77,6 +81,7 @@ impl Rollouts {
                     withdrawn: cmd.withdrawn.contains(&k.id),
                     promoted: cmd.promoted == Some(k.id),
                     state: state_of(&kept, i, policy, &cmd),
+                    label: None,
                     open_percent,
                     waves_open,
                     nodes: counts.map(|c| c.0),
