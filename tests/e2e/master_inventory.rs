@@ -89,14 +89,18 @@ async fn current(f: &Fleet, env: &str) -> GenerationId {
 /// What node `i` reports: every 6th is in `test`; every 10th is on
 /// another generation, every 25th on none; every 7th fails `bad.rb`.
 fn node(i: usize, prod: GenerationId, test: GenerationId) -> (String, &'static str, NodeReport) {
-    let env = if i % 6 == 0 { "test" } else { "production" };
+    let env = if i.is_multiple_of(6) {
+        "test"
+    } else {
+        "production"
+    };
     let own = if env == "test" { test } else { prod };
     let generation = match i {
-        _ if i % 25 == 0 => None,
-        _ if i % 10 == 0 => Some(GenerationId(Sha256::of(b"elsewhere"))),
+        _ if i.is_multiple_of(25) => None,
+        _ if i.is_multiple_of(10) => Some(GenerationId(Sha256::of(b"elsewhere"))),
         _ => Some(own),
     };
-    let failing = i % 7 == 0;
+    let failing = i.is_multiple_of(7);
     let report = NodeReport {
         generation,
         loads_ok: 1,
@@ -225,9 +229,9 @@ async fn the_inventory_pages_filters_and_reads_as_a_table() {
     // Filters: environment, failing, generation (a prefix), together.
     let count = |p: fn(usize) -> bool| (0..NODES).filter(|i| p(*i)).count();
     let test = all(&f, "environment=test&limit=500").await;
-    assert_eq!(test.len(), count(|i| i % 6 == 0));
+    assert_eq!(test.len(), count(|i| i.is_multiple_of(6)));
     let failing = all(&f, "failing=true").await;
-    assert_eq!(failing.len(), count(|i| i % 7 == 0));
+    assert_eq!(failing.len(), count(|i| i.is_multiple_of(7)));
     let on_prod = all(
         &f,
         &format!("environment=production&generation={}", &prod.to_hex()[..10]),
@@ -235,7 +239,7 @@ async fn the_inventory_pages_filters_and_reads_as_a_table() {
     .await;
     assert_eq!(
         on_prod.len(),
-        count(|i| i % 6 != 0 && i % 10 != 0 && i % 25 != 0)
+        count(|i| !i.is_multiple_of(6) && !i.is_multiple_of(10) && !i.is_multiple_of(25))
     );
     let (_, lag) = get(&f, "limit=10000&environment=production").await;
     for n in lag["nodes"].as_array().unwrap() {
@@ -245,16 +249,19 @@ async fn the_inventory_pages_filters_and_reads_as_a_table() {
     }
 
     // The command's table.
-    let lagging = count(|i| i % 6 != 0 && (i % 10 == 0 || i % 25 == 0));
+    let lagging = count(|i| !i.is_multiple_of(6) && (i.is_multiple_of(10) || i.is_multiple_of(25)));
     let table = command(&f, &["production"]);
     let head = format!(
         "production: {} nodes, {} failing, {lagging} lagging",
-        count(|i| i % 6 != 0),
-        count(|i| i % 6 != 0 && i % 7 == 0)
+        count(|i| !i.is_multiple_of(6)),
+        count(|i| !i.is_multiple_of(6) && i.is_multiple_of(7))
     );
     assert!(table.contains(&head), "{table}");
     assert!(table.contains(&prod.short()), "{table}");
-    let trouble = count(|i| i % 6 != 0 && (i % 7 == 0 || i % 10 == 0 || i % 25 == 0));
+    let trouble = count(|i| {
+        !i.is_multiple_of(6)
+            && (i.is_multiple_of(7) || i.is_multiple_of(10) || i.is_multiple_of(25))
+    });
     let left = format!(
         "nodes that lag or fail: {trouble} (the first 25 listed, {} left out",
         trouble - 25
@@ -289,7 +296,10 @@ async fn the_inventory_pages_filters_and_reads_as_a_table() {
         &["production", "--failing", "--format", "json"],
     ))
     .unwrap();
-    assert_eq!(failing.len(), count(|i| i % 6 != 0 && i % 7 == 0));
+    assert_eq!(
+        failing.len(),
+        count(|i| !i.is_multiple_of(6) && i.is_multiple_of(7))
+    );
     assert!(
         failing
             .iter()
