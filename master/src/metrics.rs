@@ -25,6 +25,10 @@
 //! `_timestamp_seconds`; label values are bounded (endpoint names, status
 //! codes, reasons, environment names — never paths or certnames).
 
+mod rollout;
+
+pub use rollout::RolloutGauge;
+
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -141,8 +145,9 @@ pub struct Snapshot {
     pub generation_store_corrupt: u64,
     /// Generations kept, by environment.
     pub generations_kept: Vec<(String, u64)>,
-    /// Environments with a rollout policy, and whether halted.
-    pub rollout_halted: Vec<(pluginsync_common::envname::EnvName, bool)>,
+    /// Environments with a rollout policy: halted, share open, wave
+    /// (`metrics/rollout.rs`).
+    pub rollouts: Vec<RolloutGauge>,
     /// Nodes per environment and generation (docs/operating.md#the-fleet).
     pub fleet: Vec<FleetCount>,
 }
@@ -418,16 +423,17 @@ impl Metrics {
                 )
                 .set(*kept as f64);
         }
-        for (env, halted) in &snapshot.rollout_halted {
+        for g in &snapshot.rollouts {
             self.recorder
                 .register_gauge(
-                    &Self::key(ROLLOUT_HALTED, &[("environment", env.to_string())]),
+                    &Self::key(ROLLOUT_HALTED, &[("environment", g.environment.clone())]),
                     &METADATA,
                 )
-                .set(if *halted { 1.0 } else { 0.0 });
+                .set(if g.halted_since != 0 { 1.0 } else { 0.0 });
         }
         let mut text = self.handle.render();
         fleet_series(&mut text, &snapshot.fleet);
+        rollout::rollout_series(&mut text, &snapshot.rollouts);
         text
     }
 }
@@ -598,6 +604,12 @@ mod tests {
             connections_refused_per_client: 3,
             listing_cache_hits: 5,
             server_certificate_expiry: Some(1_900_000_000),
+            rollouts: vec![RolloutGauge {
+                environment: "production".into(),
+                open_percent: 20.0,
+                wave: 1,
+                halted_since: 1_900_000_000,
+            }],
             fleet: vec![FleetCount {
                 environment: "production".into(),
                 generation: "other".into(),
@@ -623,6 +635,9 @@ mod tests {
             "pluginsync_fleet_nodes{environment=\"production\",generation=\"other\"} 7",
             "pluginsync_fleet_load_failures{environment=\"production\",generation=\"other\"} 2",
             "pluginsync_master_server_certificate_expiry_timestamp_seconds 1900000000",
+            "pluginsync_rollout_open_percent{environment=\"production\"} 20",
+            "pluginsync_rollout_wave{environment=\"production\"} 1",
+            "pluginsync_rollout_halted_since_timestamp_seconds{environment=\"production\"} 1900000000",
             "# HELP pluginsync_master_http_requests_total HTTP requests answered",
             "pluginsync_master_http_request_duration_seconds_bucket{endpoint=\"file_metadatas\",le=\"0.005\"} 3",
         ] {

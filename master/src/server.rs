@@ -541,7 +541,7 @@ fn snapshot(connections: &Connections, state: &AppState) -> Snapshot {
         inconsistent_builds: load(&s.inconsistent_builds),
         generation_store_scrubbed_bytes: load(&store.generations.scrubbed_bytes),
         generation_store_corrupt: load(&store.generations.corrupt),
-        rollout_halted: state.rollouts.halted(&store.generations),
+        rollouts: state.rollouts.gauges(&store.generations),
         generations_kept: store
             .generations
             .counts()

@@ -6,7 +6,9 @@
 //! bounded: 400 outside 1 to 10,000) and filters them; `pluginsync-master
 //! inventory` prints the table an operator reads (per generation nodes,
 //! failing, lagging; the nodes that lag or fail, bounded, saying how many
-//! were left out) and, with `--format json`, every node matched.
+//! were left out) and, with `--format json`, every node matched. The
+//! Grafana dashboard shipped in `packaging/` queries only metrics a
+//! running master exports.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -318,4 +320,79 @@ async fn the_inventory_pages_filters_and_reads_as_a_table() {
     .unwrap();
     assert_eq!(not.len(), lagging, "another generation, or none");
     assert!(command(&f, &["--stale", "1h"]).contains("no node matched"));
+}
+
+/// Every metric name a query of `packaging/grafana-pluginsync.json` uses
+/// is one a running master exports (scraped from its `/metrics` with a
+/// rollout policy, nodes heard and requests answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grafana_dashboard_queries_only_metrics_the_master_exports() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../packaging/grafana-pluginsync.json");
+    let dashboard: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).expect("JSON");
+    let mut exprs = Vec::new();
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::String(e)) = m.get("expr") {
+                    out.push(e.clone());
+                }
+                m.values().for_each(|v| walk(v, out));
+            }
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    walk(&dashboard, &mut exprs);
+    assert!(exprs.len() >= 8, "{exprs:?}");
+    let used: BTreeSet<String> = (exprs.iter())
+        .flat_map(|e| {
+            let mut names = Vec::new();
+            let mut rest = e.as_str();
+            while let Some(i) = rest.find("pluginsync_") {
+                let tail = &rest[i..];
+                let end = tail
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(tail.len());
+                names.push(tail[..end].to_owned());
+                rest = &tail[end..];
+            }
+            names
+        })
+        .collect();
+    for want in [
+        "pluginsync_rollout_open_percent",
+        "pluginsync_rollout_wave",
+        "pluginsync_rollout_halted",
+        "pluginsync_fleet_nodes",
+        "pluginsync_fleet_load_failures",
+    ] {
+        assert!(used.contains(want), "the dashboard shows {want}: {used:?}");
+    }
+
+    let f = Fleet::start();
+    hear_all(&f).await;
+    let port = f.master.metrics.expect("metrics").port();
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let exported: BTreeSet<&str> = (text.lines())
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let missing: Vec<&String> = used
+        .iter()
+        .filter(|n| !exported.contains(n.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "queried but not exported: {missing:?}\n{text}"
+    );
+    assert!(
+        text.contains("pluginsync_rollout_open_percent{environment=\"production\"} 100"),
+        "{text}"
+    );
 }

@@ -100,6 +100,30 @@ impl Rollouts {
     }
 }
 
+impl Rollouts {
+    /// The rollout series of every environment with a policy and kept
+    /// generations (docs/operating.md#master-metrics): the newest served
+    /// generation's share (100 once it is everyone's), its wave, the halt.
+    pub fn gauges(&self, gens: &Generations) -> Vec<crate::metrics::RolloutGauge> {
+        let with_policy = gens.counts().into_iter().map(|(e, _)| e);
+        (with_policy.filter_map(|e| Some((self.policy(&e)?, e))))
+            .filter_map(|(policy, env)| {
+                let (cmd, kept) = (self.command(&env), gens.kept(&env));
+                kept.first()?;
+                let i = (kept.iter().position(|k| !cmd.withdrawn.contains(&k.id))).unwrap_or(0);
+                let (open, wave) = status_of(Some(policy), &cmd, &kept[i]);
+                let everyone = state_of(&kept, i, Some(policy), &cmd).starts_with("everyone");
+                Some(crate::metrics::RolloutGauge {
+                    environment: env.to_string(),
+                    open_percent: if everyone { 100.0 } else { open },
+                    wave: wave as u64,
+                    halted_since: cmd.halt.map_or(0, |h| h.at.0),
+                })
+            })
+            .collect()
+    }
+}
+
 /// What `kept[i]` (newest first) is to the fleet as `pick` places nodes
 /// (docs/rollouts.md#commands): the newest generation served that is
 /// promoted, fully open or the oldest served is everyone else's (the base

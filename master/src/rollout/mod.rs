@@ -478,20 +478,6 @@ impl Rollouts {
             }
         })
     }
-
-    /// Environments with a policy and whether each is halted (for
-    /// `pluginsync_rollout_halted{environment}`): those with kept
-    /// generations in `gens`.
-    pub fn halted(&self, gens: &Generations) -> Vec<(EnvName, bool)> {
-        gens.counts()
-            .into_iter()
-            .filter(|(e, _)| self.policies.of(e.as_str()).is_some())
-            .map(|(e, _)| {
-                let halted = self.command(&e).halt.is_some();
-                (e, halted)
-            })
-            .collect()
-    }
 }
 
 /// The generation of `kept` (newest first) served at position `p` at
