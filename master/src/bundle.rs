@@ -171,7 +171,15 @@ pub fn run(
     };
     match kept {
         Some(k) => {
-            said(&format!("bundle: generation {} ({why})", k.id.short()));
+            let label = k
+                .label
+                .as_ref()
+                .map(|l| format!(" [{l}]"))
+                .unwrap_or_default();
+            said(&format!(
+                "bundle: generation {}{label} ({why})",
+                k.id.short()
+            ));
             from_store(&store, &name, &k, out)
         }
         None => {

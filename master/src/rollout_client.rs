@@ -137,8 +137,13 @@ pub fn text(master: &str, s: &RolloutStatus) -> String {
             true => format!("{}% open{flags}", g.open_percent),
             false => g.state.clone(),
         };
+        let label = g
+            .label
+            .as_ref()
+            .map(|l| format!(" [{l}]"))
+            .unwrap_or_default();
         out.push_str(&format!(
-            "  {} {} {state}{nodes}\n",
+            "  {} {}{label} {state}{nodes}\n",
             &g.id[..12],
             g.published
         ));

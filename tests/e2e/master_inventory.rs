@@ -24,6 +24,8 @@ use serde_json::Value;
 
 /// Nodes heard.
 const NODES: usize = 2400;
+/// The commit r10k deployed `production` from (its `.r10k-deploy.json`).
+const SIGNATURE: &str = "c0ffee1234567890abcdef0123456789abcdef01";
 const INVENTORY: &str = "/pluginsync/v1/inventory";
 
 /// A master with a `[proxy]` listener, a metrics listener, `node2` as
@@ -41,6 +43,13 @@ impl Fleet {
         let (tree, pki) = (EnvTree::new(), Pki::new());
         tree.file("production", "m", "lib/facter/a.rb", "# a\n", 0o644);
         tree.file("test", "m", "lib/facter/t.rb", "# t\n", 0o644);
+        // As r10k 3 writes it after a deploy (environment.info and more).
+        let deploy = format!(
+            "{{\n  \"name\": \"production\",\n  \"signature\": \"{SIGNATURE}\",\n  \
+             \"started_at\": \"2026-11-29 00:00:00 +0000\",\n  \"deploy_success\": true,\n  \
+             \"module_deploys\": []\n}}\n"
+        );
+        std::fs::write(tree.envpath().join("production/.r10k-deploy.json"), deploy).unwrap();
         let store = tree.outside().join("store");
         let text = config_toml(
             &tree.envpath(),
@@ -260,6 +269,7 @@ async fn the_inventory_pages_filters_and_reads_as_a_table() {
     );
     assert!(table.contains(&head), "{table}");
     assert!(table.contains(&prod.short()), "{table}");
+    assert!(table.contains(&SIGNATURE[..20]), "r10k's label: {table}");
     let trouble = count(|i| {
         !i.is_multiple_of(6)
             && (i.is_multiple_of(7) || i.is_multiple_of(10) || i.is_multiple_of(25))
@@ -293,6 +303,28 @@ async fn the_inventory_pages_filters_and_reads_as_a_table() {
     ] {
         assert!(json[0].get(key).is_some(), "{key}: {}", json[0]);
     }
+    let labelled = (json.iter()).filter(|n| n["label"] == SIGNATURE).count();
+    assert_eq!(
+        labelled,
+        count(|i| !i.is_multiple_of(6) && !i.is_multiple_of(10) && !i.is_multiple_of(25))
+    );
+    // The label in `bundle`'s line too.
+    let out = f.config.with_file_name("b.tar");
+    let bundle = Command::new(bin_path("pluginsync-master"))
+        .args(["bundle", "production", "--config"])
+        .arg(&f.config)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&bundle.stdout);
+    assert!(
+        said.contains(&format!(
+            "bundle: generation {} [{SIGNATURE}]",
+            prod.short()
+        )),
+        "{said}"
+    );
     let failing: Vec<Value> = serde_json::from_str(&command(
         &f,
         &["production", "--failing", "--format", "json"],

@@ -61,6 +61,10 @@ pub struct Kept {
     pub files: u64,
     /// Their bytes in all.
     pub bytes: u64,
+    /// Its deploy's label where the tree had one at publication: r10k's
+    /// `.r10k-deploy.json` `signature` (the control repository's commit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
 }
 
 /// What [`Generations::publish`] did.
@@ -291,6 +295,7 @@ impl Generations {
             published: Stamp::now(),
             files,
             bytes,
+            label: candidate.label.clone(),
         };
         let mut st = lock(&self.state);
         let again = st
@@ -637,6 +642,7 @@ mod tests {
             manifest,
             source: Box::new(move |d| sources.get(d).cloned()),
             index: None,
+            label: None,
         }
     }
 

@@ -32,6 +32,8 @@ pub struct Candidate<'a> {
     /// The index it was made from: stored beside it for the v3 answers
     /// (docs/rollouts.md#stock-puppet-agents).
     pub index: Option<&'a EnvIndex>,
+    /// The deploy's label, if the environment has one ([`deploy_label`]).
+    pub label: Option<String>,
 }
 
 impl std::fmt::Debug for Candidate<'_> {
@@ -54,8 +56,25 @@ impl<'a> Candidate<'a> {
                 Some((node.real_path(&root.canon).into_owned(), node.sig?))
             }),
             index: Some(idx),
+            label: deploy_label(&idx.dir),
         })
     }
+}
+
+/// The label of the deploy of the environment at `dir`: the `signature`
+/// r10k 3 writes in `.r10k-deploy.json` (the commit of a git
+/// environment), at most 64 printable ASCII characters; `None` without
+/// one (docs/operating.md#the-fleet).
+pub fn deploy_label(dir: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    let file = std::fs::File::open(dir.join(".r10k-deploy.json")).ok()?;
+    file.take(4 << 20).read_to_end(&mut text).ok()?;
+    let info: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    let signature = info.get("signature")?.as_str()?;
+    let fits =
+        (1..=64).contains(&signature.len()) && signature.bytes().all(|b| b.is_ascii_graphic());
+    fits.then(|| signature.to_owned())
 }
 
 fn entry(

@@ -81,7 +81,7 @@ impl Rollouts {
                     withdrawn: cmd.withdrawn.contains(&k.id),
                     promoted: cmd.promoted == Some(k.id),
                     state: state_of(&kept, i, policy, &cmd),
-                    label: None,
+                    label: k.label.clone(),
                     open_percent,
                     waves_open,
                     nodes: counts.map(|c| c.0),

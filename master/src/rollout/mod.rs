@@ -537,6 +537,7 @@ pub(crate) mod tests {
             published: Stamp(published),
             files: 1,
             bytes: 1,
+            label: None,
         }
     }
 
