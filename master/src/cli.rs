@@ -91,6 +91,19 @@ pub enum Command {
         /// The environment.
         environment: String,
     },
+    /// Print the canonical manifest of ENVIRONMENT's tree as it is now to
+    /// standard output, byte for byte what a master publishing it computes
+    /// (its sha256 is the generation id): what the deploy pipeline signs
+    /// (docs/trust.md#the-signing-pipeline). Exit 66 when the environment
+    /// does not exist, 1 when its tree cannot be read whole or changed
+    /// while it was read.
+    Manifest {
+        /// The config file (for the environmentpath and `[index]`).
+        #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
+        config: PathBuf,
+        /// The environment.
+        environment: String,
+    },
     /// Show or steer ENVIRONMENT's rollout on every master named
     /// (docs/rollouts.md#commands): `status`, `halt` (no node moves),
     /// `resume`, `promote` (the newest generation to everyone now),

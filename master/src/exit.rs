@@ -18,7 +18,7 @@ pub enum ExitStatus {
     /// The command line is wrong (sysexits `EX_USAGE`).
     Usage = 64,
     /// What the command names does not exist: `bundle`'s environment or
-    /// generation (sysexits `EX_NOINPUT`).
+    /// generation, `manifest`'s environment (sysexits `EX_NOINPUT`).
     NoInput = 66,
     /// The config, or an environment it names, cannot be used (sysexits
     /// `EX_CONFIG`); `check` exits with this when it finds a problem.
@@ -31,7 +31,7 @@ Exit status:
   0   success (serve: stopped by SIGTERM/SIGINT after draining)
   1   runtime failure (e.g. cannot listen)
   64  usage error (unknown flag or subcommand)
-  66  bundle: no such environment or kept generation
+  66  bundle, manifest: no such environment or kept generation
   78  configuration error (serve and check)";
 
 impl ExitStatus {

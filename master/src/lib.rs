@@ -8,7 +8,7 @@
 //! and signals together, with the `[proxy]` listener's header identity in
 //! [`proxy`]; [`generations`] keeps what each publication made, [`fleet`] what
 //! the nodes report ([`puppet_report`]: stock agents' run reports);
-//! [`check`], [`devcerts`], [`csr`], [`reindex`], [`rollout_client`] and [`bundle`] back the
+//! [`check`], [`devcerts`], [`csr`], [`reindex`], [`rollout_client`], [`bundle`] and [`trust`] back the
 //! other subcommands.
 
 pub mod access;
@@ -43,5 +43,6 @@ pub mod server;
 pub mod state;
 pub mod store;
 pub mod tls;
+pub mod trust;
 pub mod walk;
 pub mod watch;

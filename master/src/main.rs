@@ -12,7 +12,7 @@ use pluginsync_master::exit::{ExitStatus, Failure};
 use pluginsync_master::rollout::api::RolloutStatus;
 use pluginsync_master::rollout_client::CommandError;
 use pluginsync_master::{
-    bundle, check, csr, devcerts, inventory_client, reindex, rollout_client, server,
+    bundle, check, csr, devcerts, inventory_client, reindex, rollout_client, server, trust,
 };
 
 fn main() -> ExitCode {
@@ -20,17 +20,8 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(status) => return status.into(),
     };
-    // `check` and `dev-certs` print their findings themselves.
-    let quiet = matches!(
-        cli.command,
-        Command::Check { .. }
-            | Command::DevCerts { .. }
-            | Command::Csr { .. }
-            | Command::Reindex { .. }
-            | Command::Bundle { .. }
-            | Command::Rollout { .. }
-            | Command::Inventory(_)
-    );
+    // Every command but `serve` prints its findings itself.
+    let quiet = !matches!(cli.command, Command::Serve { .. });
     pluginsync_common::logging::init_with(cli.log_level(quiet), cli.log.log_format);
     let result = match cli.command {
         Command::Check { config, store } => load(&config).and_then(|c| {
@@ -80,6 +71,10 @@ fn main() -> ExitCode {
             };
             write_bundle(&c, &environment, which, &out)
         }),
+        Command::Manifest {
+            config,
+            environment,
+        } => load(&config).and_then(|c| print_manifest(&c, &environment)),
         Command::Rollout {
             config,
             masters,
@@ -181,6 +176,23 @@ fn print_rollout(
         Some(e) => Err(Failure::runtime(anyhow::anyhow!("{e}"))),
         None => Ok(()),
     }
+}
+
+/// Writes `env`'s manifest to standard output, nothing else: the pipeline
+/// signs exactly these bytes (docs/trust.md#the-signing-pipeline).
+fn print_manifest(config: &MasterConfig, env: &str) -> Result<(), Failure> {
+    use std::io::Write;
+    let (bytes, _) = trust::manifest::of_tree(config, env).map_err(|e| {
+        if e.is_not_found() {
+            Failure::no_input(e)
+        } else {
+            Failure::runtime(e)
+        }
+    })?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&bytes)
+        .and_then(|()| out.flush())
+        .map_err(|e| Failure::runtime(anyhow::anyhow!("cannot write the manifest: {e}")))
 }
 
 fn load(config: &Path) -> Result<MasterConfig, Failure> {

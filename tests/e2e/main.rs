@@ -90,5 +90,7 @@ mod puppet_compat;
 mod puppet_fleet;
 // Stock agents' run reports through Puppet Server's `http` processor: their plugin errors in the inventory (needs puppet, puppetserver, haproxy).
 mod puppet_reports;
+// Signed generations: the manifest the pipeline signs is the one the masters serve.
+mod trust;
 // Puppet Server as our agent's source and a stock Puppet agent as our master's client (needs both).
 mod puppet_server;
