@@ -39,4 +39,5 @@ pub mod settings;
 pub mod signals;
 pub mod stage;
 pub mod sync;
+pub mod trust;
 pub mod vardir;

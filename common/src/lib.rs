@@ -12,7 +12,9 @@
 //! ([`digest`]), generations and their canonical manifests
 //! ([`generation`]), offline bundles ([`bundle`]), rollout placement and node reports
 //! ([`rollout`]), file signatures ([`filesig`]), atomic state-file writes
-//! ([`fsutil`]) and the binaries' one logging setup ([`logging`]).
+//! ([`fsutil`]), the binaries' one logging setup ([`logging`]) and signed
+//! generations verified through TUF ([`trust`]: `tough`, async, no runtime of
+//! its own).
 
 pub mod bundle;
 pub mod checksum;
@@ -34,6 +36,7 @@ pub mod relpath;
 pub mod rollout;
 pub mod text;
 pub mod tls;
+pub mod trust;
 pub mod urlpath;
 
 /// The Puppet version pluginsync speaks and announces in `X-Puppet-Version`.

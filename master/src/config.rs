@@ -74,6 +74,19 @@ pub struct MasterConfig {
     /// (docs/operating.md#stock-agents-reports).
     #[serde(default)]
     pub reports: crate::puppet_report::ReportsConfig,
+    /// The signed generations' metadata served (docs/trust.md).
+    #[serde(default)]
+    pub trust: TrustConfig,
+}
+
+/// `[trust]`: where the deploy pipeline puts the TUF repository's
+/// metadata (docs/trust.md#what-the-masters-serve).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrustConfig {
+    /// The directory of `N.root.json`, `timestamp.json`, `N.snapshot.json`
+    /// and `N.targets.json`, served read-only; unset: none served.
+    pub metadata: Option<PathBuf>,
 }
 
 /// `[fleet]`: how many nodes' last reports the master keeps, and how

@@ -298,8 +298,8 @@ fn expand_glob(pattern: &Path) -> Vec<PathBuf> {
     let mut current = vec![PathBuf::from("/")];
     for comp in pattern.components().skip(1) {
         let comp = comp.as_os_str().to_string_lossy();
-        if !envconf::is_glob(Path::new(comp.as_ref())) {
-            current = current.into_iter().map(|d| d.join(comp.as_ref())).collect();
+        if !envconf::is_glob(Path::new(&*comp)) {
+            current = current.into_iter().map(|d| d.join(&*comp)).collect();
             continue;
         }
         let Ok(glob) = globset::GlobBuilder::new(&comp)

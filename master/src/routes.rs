@@ -132,6 +132,11 @@ fn routes(state: AppState, request_timeout: Duration) -> Router {
             get(handlers::manifest),
         )
         .route(protocol::STATUS_SIMPLE, get(handlers::status))
+        // The signed metadata, carried (docs/trust.md#what-the-masters-serve).
+        .route(
+            &format!("{}{{file}}", pluginsync_common::trust::METADATA_PREFIX),
+            get(crate::trust::metadata::serve),
+        )
         // Puppet Server's admin API, for deploy tools (docs/protocol.md §1.10).
         .route(
             handlers::admin::ENVIRONMENT_CACHE,

@@ -52,6 +52,8 @@
 //! - [`balancer`]: HAProxy and nginx from `packaging/` in front of Puppet
 //!   Server and pluginsync masters' `[proxy]` listeners; nginx's cache in
 //!   front of the masters, and the TLS hop from it to a master.
+//! - `tuf`: [`TufSigner`], a TUF repository signed with `tough`'s editor
+//!   (root 2 of 3, targets, snapshot, timestamp keys made per test).
 //! - `controlrepo`: [`ControlRepo`], a code tree shaped like an
 //!   r10k-deployed control repository (`environment.conf`, site-modules,
 //!   a glob, `$basemodulepath`) and what each mount must serve from it.
@@ -72,6 +74,7 @@ mod process;
 pub mod puppet;
 mod replicas;
 mod tree;
+mod tuf;
 
 pub use agent::{AgentHome, AgentRun};
 pub use client::{RawResponse, client, raw_get, wait_for, wait_ready};
@@ -96,3 +99,4 @@ pub use process::{
 };
 pub use replicas::{CutProxy, Lcg, kill9};
 pub use tree::{EnvTree, merged_mount, sha256_hex, tree_snapshot, without_modes};
+pub use tuf::TufSigner;

@@ -1,0 +1,286 @@
+//! Signed generations (docs/trust.md): the TUF repository the deploy
+//! pipeline signs, loaded and verified with `tough` (root → timestamp →
+//! snapshot → targets, TUF's order and rules), and the one question both
+//! sides ask of it: is this manifest a signed target?
+//!
+//! A generation's manifest is the target `ENV/<generation id>.manifest`
+//! ([`target_name`]); its signed length and sha256 must be the manifest's
+//! (the sha256 is the generation id). The target's `custom` may carry
+//! `environment`; when it does, it must name the environment
+//! (docs/trust.md#targets).
+//!
+//! [`load`] keeps what it trusted in a datastore directory (tough's: the
+//! newest root, timestamp, snapshot and targets), so the highest versions
+//! seen are remembered across runs and older metadata is refused
+//! (rollback); it starts the root chain from the newer of the installed
+//! root and the datastore's, so a node that once followed a rotation never
+//! trusts the rotated-out keys again. Expiry is checked here rather than by
+//! tough, with a grace ([`Expiry`]).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tough::error::Error as ToughError;
+use tough::schema::{Root, Signed};
+use tough::{ExpirationEnforcement, RepositoryLoader, Transport};
+
+use crate::envname::EnvName;
+use crate::generation::GenerationId;
+
+/// Where the masters serve the TUF metadata: `{METADATA_PREFIX}<file>`,
+/// e.g. `timestamp.json`, `3.targets.json` (docs/trust.md#what-the-masters-serve).
+pub const METADATA_PREFIX: &str = "/pluginsync/v1/trust/";
+
+/// What a manifest's target name ends with.
+pub const TARGET_SUFFIX: &str = ".manifest";
+
+/// The target naming generation `id` of `env`:
+/// `ENV/<generation id>.manifest` (docs/trust.md#targets).
+pub fn target_name(env: &EnvName, id: &GenerationId) -> String {
+    format!("{env}/{}{TARGET_SUFFIX}", id.to_hex())
+}
+
+/// How expiry is enforced (docs/trust.md#expiry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expiry {
+    /// How long past its `expires` metadata is still accepted.
+    pub grace: Duration,
+    /// Accept expired metadata at all (air-gapped bundles only, by an
+    /// explicit flag).
+    pub ignore: bool,
+}
+
+/// Why the signed metadata, or a generation, is refused. Each one line
+/// naming what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    /// The installed root cannot be read or is not a root that verifies.
+    #[error("trust root '{}': {reason}", path.display())]
+    Root {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// Metadata older than what this node already trusts.
+    #[error("rollback refused: {0}")]
+    Rollback(String),
+    /// Metadata whose signatures (or hashes) do not verify, the root chain
+    /// included.
+    #[error("signature refused: {0}")]
+    Signature(String),
+    /// Metadata past its expiry and the grace.
+    #[error(
+        "freeze refused: the {role} metadata expired at {expires} (grace {}s)",
+        grace.as_secs()
+    )]
+    Expired {
+        /// `timestamp`, `snapshot`, `targets` or `root`.
+        role: &'static str,
+        /// When.
+        expires: String,
+        /// The grace allowed.
+        grace: Duration,
+    },
+    /// The metadata could not be fetched.
+    #[error("cannot fetch the signed metadata: {0}")]
+    Unavailable(String),
+    /// Anything else tough refused.
+    #[error("signed metadata refused: {0}")]
+    Metadata(String),
+    /// The generation is not a signed target: never signed, or withdrawn.
+    #[error(
+        "generation {id} of '{env}' is not signed (no target {target}: unsigned, or withdrawn by the signers)"
+    )]
+    Unsigned {
+        /// The environment.
+        env: String,
+        /// The generation.
+        id: String,
+        /// The target name looked up.
+        target: String,
+    },
+    /// The manifest is not the one the target signs.
+    #[error("the manifest of generation {id} does not match its signed target: {what}")]
+    Mismatch {
+        /// The generation.
+        id: String,
+        /// What differs.
+        what: String,
+    },
+    /// The datastore directory cannot be made or read.
+    #[error("trust datastore '{}': {source}", path.display())]
+    Datastore {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<ToughError> for TrustError {
+    fn from(e: ToughError) -> TrustError {
+        let text = e.to_string();
+        match e {
+            ToughError::OlderMetadata { .. } | ToughError::OlderSnapshotInTimestamp { .. } => {
+                TrustError::Rollback(text)
+            }
+            ToughError::VerifyMetadata { .. }
+            | ToughError::VerifyRoleMetadata { .. }
+            | ToughError::VerifyTrustedMetadata { .. }
+            | ToughError::HashMismatch { .. } => TrustError::Signature(text),
+            ToughError::Transport { .. } | ToughError::MaxSizeExceeded { .. } => {
+                TrustError::Unavailable(text)
+            }
+            _ => TrustError::Metadata(text),
+        }
+    }
+}
+
+/// The verified metadata: which generations are signed.
+#[derive(Debug)]
+pub struct Trusted {
+    repo: tough::Repository,
+}
+
+/// Loads and verifies the repository whose metadata is at `metadata`
+/// through `transport`, starting from the newer of the root installed at
+/// `root` and the one `datastore` (a directory, made if missing) holds;
+/// then checks every role's expiry against `expiry`.
+pub async fn load(
+    root: &Path,
+    datastore: &Path,
+    metadata: url::Url,
+    transport: impl Transport + 'static,
+    expiry: Expiry,
+) -> Result<Trusted, TrustError> {
+    std::fs::create_dir_all(datastore).map_err(|source| TrustError::Datastore {
+        path: datastore.to_owned(),
+        source,
+    })?;
+    let installed = std::fs::read(root).map_err(|e| TrustError::Root {
+        path: root.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let installed_version = root_version(&installed, root)?;
+    // The datastore's root was verified along the chain when written.
+    let kept_path = datastore.join("root.json");
+    let kept = std::fs::read(&kept_path).ok();
+    let start = match kept {
+        Some(k) if root_version(&k, &kept_path).is_ok_and(|v| v > installed_version) => k,
+        _ => installed,
+    };
+    // tough's own expiry check has no grace: expiry is checked below.
+    let repo = RepositoryLoader::new(&start, metadata.clone(), metadata)
+        .transport(transport)
+        .datastore(datastore)
+        .expiration_enforcement(ExpirationEnforcement::Unsafe)
+        .load()
+        .await?;
+    let trusted = Trusted { repo };
+    if !expiry.ignore {
+        trusted.check_expiry(expiry.grace)?;
+    }
+    Ok(trusted)
+}
+
+/// The version of the root metadata `bytes` (read from `path`), which
+/// must verify itself.
+fn root_version(bytes: &[u8], path: &Path) -> Result<u64, TrustError> {
+    let refused = |reason: String| TrustError::Root {
+        path: path.to_owned(),
+        reason,
+    };
+    let root: Signed<Root> = serde_json::from_slice(bytes).map_err(|e| refused(e.to_string()))?;
+    root.signed
+        .verify_role(&root)
+        .map_err(|e| refused(e.to_string()))?;
+    Ok(root.signed.version.get())
+}
+
+impl Trusted {
+    /// Refuses metadata past its `expires` plus `grace`, timestamp first
+    /// (the one that expires soonest).
+    fn check_expiry(&self, grace: Duration) -> Result<(), TrustError> {
+        let now = jiff::Timestamp::now();
+        let roles = [
+            ("timestamp", self.repo.timestamp().signed.expires),
+            ("snapshot", self.repo.snapshot().signed.expires),
+            ("targets", self.repo.targets().signed.expires),
+            ("root", self.repo.root().signed.expires),
+        ];
+        let grace_span = jiff::SignedDuration::try_from(grace).unwrap_or(jiff::SignedDuration::MAX);
+        for (role, expires) in roles {
+            let until = expires
+                .checked_add(grace_span)
+                .unwrap_or(jiff::Timestamp::MAX);
+            if now > until {
+                return Err(TrustError::Expired {
+                    role,
+                    expires: expires.to_string(),
+                    grace,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether generation `id` of `env`, whose manifest is `len` bytes, is
+    /// a signed target: named, of that length and sha256, and of that
+    /// environment when the target says which.
+    pub fn check(&self, env: &EnvName, id: &GenerationId, len: u64) -> Result<(), TrustError> {
+        let name = target_name(env, id);
+        let target = self
+            .repo
+            .all_targets()
+            .find(|(n, _)| n.raw() == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| TrustError::Unsigned {
+                env: env.to_string(),
+                id: id.to_hex(),
+                target: name.clone(),
+            })?;
+        let mismatch = |what: String| TrustError::Mismatch {
+            id: id.to_hex(),
+            what,
+        };
+        if target.hashes.sha256.as_ref() != id.0.0.as_slice() {
+            return Err(mismatch("sha256 differs".to_owned()));
+        }
+        if target.length != len {
+            return Err(mismatch(format!(
+                "{len} bytes, signed as {}",
+                target.length
+            )));
+        }
+        match target.custom.get("environment") {
+            Some(e) if e.as_str() != Some(env.as_str()) => {
+                Err(mismatch(format!("signed for environment {e}")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The signed generations of `env`, by id.
+    pub fn signed(&self, env: &EnvName) -> Vec<GenerationId> {
+        let prefix = format!("{env}/");
+        self.repo
+            .all_targets()
+            .filter_map(|(n, _)| {
+                let rest = n.raw().strip_prefix(&prefix)?;
+                rest.strip_suffix(TARGET_SUFFIX)?.parse().ok()
+            })
+            .collect()
+    }
+
+    /// The versions trusted: root, timestamp, snapshot, targets.
+    pub fn versions(&self) -> [u64; 4] {
+        [
+            self.repo.root().signed.version.get(),
+            self.repo.timestamp().signed.version.get(),
+            self.repo.snapshot().signed.version.get(),
+            self.repo.targets().signed.version.get(),
+        ]
+    }
+}

@@ -1,0 +1,121 @@
+//! The TUF metadata the deploy pipeline signed, served read-only from
+//! `[trust] metadata` at `/pluginsync/v1/trust/<file>`
+//! (docs/trust.md#what-the-masters-serve): the master carries signatures,
+//! it never makes them. Only TUF's file names are served (`timestamp.json`,
+//! `N.root.json`, `N.snapshot.json`, `N.targets.json`), so no other path
+//! of the directory, nor outside it, is reachable. The versioned files
+//! never change (consistent snapshots): immutable, cacheable; the
+//! timestamp is revalidated (`no-cache`, an `ETag`, 304 when unchanged), so
+//! a node's no-op run costs one conditional request.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+
+use pluginsync_common::digest::Sha256;
+use pluginsync_common::etag::ETag;
+use pluginsync_common::protocol;
+use pluginsync_common::trust::METADATA_PREFIX;
+
+use crate::api_error::ApiError;
+use crate::request;
+use crate::state::AppState;
+
+/// The largest metadata file served: a targets file of many thousand
+/// generations stays well under it.
+const MAX_METADATA_BYTES: u64 = 32 << 20;
+
+/// Whether `name` is a TUF metadata file name, and whether it is
+/// versioned (immutable).
+pub fn metadata_name(name: &str) -> Option<bool> {
+    if name == "timestamp.json" {
+        return Some(false);
+    }
+    let (version, role) = name.split_once('.')?;
+    let versioned = !version.is_empty()
+        && version.len() <= 20
+        && version.bytes().all(|b| b.is_ascii_digit())
+        && matches!(role, "root.json" | "snapshot.json" | "targets.json");
+    versioned.then_some(true)
+}
+
+/// `GET /pluginsync/v1/trust/<file>`: see the module docs. 404 when
+/// `[trust] metadata` is not set or the file is not there.
+pub async fn serve(State(state): State<AppState>, req: Parts) -> Result<Response, ApiError> {
+    state.gate.admit(&req)?;
+    let name = req
+        .uri
+        .path()
+        .strip_prefix(METADATA_PREFIX)
+        .unwrap_or_default();
+    let (Some(dir), Some(immutable)) = (state.config.trust.metadata.as_ref(), metadata_name(name))
+    else {
+        return Err(ApiError::not_found("trust metadata", name));
+    };
+    let path = dir.join(name);
+    let read = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        std::fs::File::open(&path)?
+            .take(MAX_METADATA_BYTES + 1)
+            .read_to_end(&mut bytes)?;
+        Ok::<_, std::io::Error>(bytes)
+    })
+    .await
+    .map_err(|_| ApiError::internal())?;
+    let bytes = match read {
+        Ok(b) if b.len() as u64 <= MAX_METADATA_BYTES => b,
+        Ok(_) => return Err(ApiError::internal()),
+        Err(_) => return Err(ApiError::not_found("trust metadata", name)),
+    };
+    let etag = ETag::of_digest(&Sha256::of(&bytes).0);
+    let cache = match immutable {
+        true if state.config.authorization.is_empty() => protocol::CACHE_IMMUTABLE,
+        true => protocol::CACHE_IMMUTABLE_PRIVATE,
+        false => "no-cache",
+    };
+    let mut resp = if request::not_modified(&req.headers, &etag) {
+        Response::builder().status(StatusCode::NOT_MODIFIED)
+    } else {
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/json")
+    };
+    if let Ok(v) = HeaderValue::from_str(etag.as_str()) {
+        resp = resp.header(header::ETAG, v);
+    }
+    let body = match request::not_modified(&req.headers, &etag) {
+        true => Body::empty(),
+        false => Body::from(bytes),
+    };
+    resp.header(header::CACHE_CONTROL, cache)
+        .body(body)
+        .map_err(|_| ApiError::internal())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metadata_name;
+
+    #[test]
+    fn only_tuf_file_names_are_served() {
+        assert_eq!(metadata_name("timestamp.json"), Some(false));
+        for v in ["1.root.json", "12.snapshot.json", "3.targets.json"] {
+            assert_eq!(metadata_name(v), Some(true), "{v}");
+        }
+        for bad in [
+            "root.json",
+            "../1.root.json",
+            "1.root.json/x",
+            "a.root.json",
+            ".root.json",
+            "1.keys.json",
+            "1.targets.json.bak",
+            "",
+        ] {
+            assert_eq!(metadata_name(bad), None, "{bad}");
+        }
+    }
+}
