@@ -44,6 +44,7 @@ mod apply;
 mod bundle;
 mod dest;
 mod generation;
+mod history;
 mod loads;
 mod outcome;
 mod pass;
@@ -76,7 +77,7 @@ use crate::signals::Interrupts;
 use crate::stage;
 
 pub use outcome::{Outcome, SyncError};
-pub use rollback::{RollbackError, rollback, rollback_dest};
+pub use rollback::{RollbackError, rollback};
 
 /// Runs a sync; never panics on bad input, always returns a report (saved
 /// to `<vardir>` unless `--noop`). `bundle`: `--from-bundle`, the
@@ -216,6 +217,7 @@ impl<'a> Run<'a> {
             if removed > 0 {
                 tracing::info!(removed, "removed temporary files a killed run left");
             }
+            rollback::finish_cut(settings)?;
         }
         let scans = pass::start_scans(catalog::build(settings).resources);
         let servers = servers_of(settings, bundle)?;
@@ -306,6 +308,7 @@ impl<'a> Run<'a> {
             written
         });
         self.phase("remembered");
+        self.remember_live(held);
         self.forget_listings(held, &mounts);
         if let Some(signal) = interrupts.received() {
             return Err(interrupted(signal, true));

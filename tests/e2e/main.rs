@@ -32,6 +32,8 @@ mod agent_hostile;
 mod agent_sync;
 // The switch of generations: a reader never sees two in one walk; rollback, rollback_on_failure; the in-place fallback.
 mod agent_switch;
+// `rollback` per generation: both mounts from one generation, refused when it is not kept, finished after a kill between two exchanges.
+mod agent_switch_rollback;
 // Certificate failures named in one line by the agent; expiry warnings.
 mod certs;
 // Exit statuses of both binaries: usage errors (64), config errors (78), --help.

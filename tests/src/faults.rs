@@ -28,9 +28,18 @@ pub struct RunningAgent {
 impl AgentHome {
     /// Starts `sync <flags>` with `RUST_LOG=<rust_log>` (empty: unset).
     pub fn spawn_sync(&self, flags: &[&str], rust_log: &str) -> RunningAgent {
+        let args: Vec<&str> = std::iter::once("sync")
+            .chain(flags.iter().copied())
+            .collect();
+        self.spawn_env(&args, &[], rust_log)
+    }
+
+    /// Starts `pluginsync-agent <args>` with `envs` added and
+    /// `RUST_LOG=<rust_log>` (empty: unset).
+    pub fn spawn_env(&self, args: &[&str], envs: &[(&str, &str)], rust_log: &str) -> RunningAgent {
         let mut cmd = Command::new(bin_path("pluginsync-agent"));
-        cmd.arg("sync")
-            .args(flags)
+        cmd.args(args)
+            .envs(envs.iter().copied())
             .arg("--config")
             .arg(self.path().join("agent.toml"))
             .env_remove("RUST_LOG")
