@@ -4,8 +4,11 @@
 //! rollback can tell which kept tree holds it) or `null` for a tree that
 //! was none (a sync of Puppet's listings, a commit with failures).
 //! `<vardir>/history.json`, the manifests in `<vardir>/history/<id>`, each
-//! written atomically and durably (`fsutil::write_atomic`): a rollback
-//! relies on them.
+//! written atomically, not synced (`fsutil::replace_atomic`; a run that
+//! changes a few files syncs nothing of the vardir,
+//! docs/internals.md#caches-without-fsync): a history lost in a crash
+//! costs a rollback refused, never a wrong one, since a manifest is
+//! checked against its id and a tree against the manifest.
 //!
 //! Whether a kept tree holds a generation's mount is never taken from the
 //! record alone: [`holds`] compares the tree with the manifest (names,
@@ -16,7 +19,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use pluginsync_common::checksum::sha256_reader;
-use pluginsync_common::fsutil::write_atomic;
+use pluginsync_common::fsutil::replace_atomic;
 use pluginsync_common::generation::{EntryKind, GenerationId, Manifest};
 use pluginsync_common::relpath::RelPath;
 use serde::{Deserialize, Serialize};
@@ -100,13 +103,13 @@ impl History {
                 let Some(bytes) = manifest() else {
                     return Err(std::io::Error::other("no manifest to keep"));
                 };
-                write_atomic(&file, &bytes, 0o600)?;
+                replace_atomic(&file, &bytes, 0o600)?;
             }
         }
         history.live.push(live);
         let extra = history.live.len().saturating_sub(KEPT);
         history.live.drain(..extra);
-        write_atomic(&Self::path(vardir), &serde_json::to_vec(&history)?, 0o600)?;
+        replace_atomic(&Self::path(vardir), &serde_json::to_vec(&history)?, 0o600)?;
         let named: Vec<&str> = (history.live.iter())
             .filter_map(|l| l.generation.as_deref())
             .collect();
