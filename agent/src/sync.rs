@@ -325,6 +325,7 @@ impl<'a> Run<'a> {
             let switched = std::mem::take(&mut self.switched);
             self.rollback_on_failure(&switched);
         }
+        self.send_report(held).await;
         Ok(())
     }
 

@@ -566,6 +566,17 @@ pub fn assignment_url(server: &str, environment: &str) -> String {
     )
 }
 
+/// The URL a node posts its report to for `environment`
+/// (`protocol::REPORT_PATH`).
+pub fn report_url(server: &str, environment: &str) -> String {
+    format!(
+        "{}{}?environment={}",
+        server.trim_end_matches('/'),
+        protocol::REPORT_PATH,
+        encode_query_value(environment)
+    )
+}
+
 /// The URL of generation `id`'s manifest in `environment`, as a delta from
 /// `since` where the agent holds that one.
 pub fn manifest_url(

@@ -113,6 +113,10 @@ pub const BLOBS_MEDIA_TYPE: &str = "application/x-pluginsync-blobs";
 /// generation this node should have (docs/protocol.md §7.6). Answered by a
 /// master with the node's identity; `Cache-Control: private, no-cache`.
 pub const ASSIGNMENT_PATH: &str = "/pluginsync/v1/assignment";
+/// `POST {REPORT_PATH}?environment=<env>`: a node's report right after
+/// its commit, the body the `X-Pluginsync-Report` header's value, at most
+/// 4,096 bytes (docs/protocol.md §7.8).
+pub const REPORT_PATH: &str = "/pluginsync/v1/report";
 /// `GET {GENERATIONS_PREFIX}<64 hex>?environment=<env>[&since=<64 hex>]`: a
 /// generation's canonical manifest, or its delta from `since` when the
 /// master has that one too (docs/protocol.md §7.6). Immutable.

@@ -15,6 +15,12 @@
 //! at most [`MAX_REPORT_BYTES`] once encoded. It says which generation the
 //! node has committed for the environment and what its loads did; a
 //! master that cannot read it ignores it (it never fails the request).
+//! Right after a run's commit and loads the agent also sends it on its
+//! own, the header's value as the body of a `POST` to
+//! `protocol::REPORT_PATH`, so
+//! the masters see the run now rather than on the next one. A `--noop`
+//! run's per-node request carries [`HEADER_NOOP`]: the master records
+//! nothing of it.
 
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
@@ -24,6 +30,9 @@ use crate::generation::GenerationId;
 
 /// The request header carrying a [`NodeReport`].
 pub const HEADER_REPORT: &str = "x-pluginsync-report";
+/// The request header of a `--noop` run's per-node request (value `1`):
+/// its report and what it is served are not recorded.
+pub const HEADER_NOOP: &str = "x-pluginsync-noop";
 /// The longest encoded report a node sends and a master reads (bytes).
 pub const MAX_REPORT_BYTES: usize = 4096;
 /// Failing plugins named in one report at most; beyond, only counted.

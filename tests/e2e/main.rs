@@ -34,6 +34,8 @@ mod agent_sync;
 mod agent_switch;
 // `rollback` per generation: both mounts from one generation, refused when it is not kept, finished after a kill between two exchanges.
 mod agent_switch_rollback;
+// The node report right after the commit: the inventory current before the next run, --noop recording nothing, bad bodies refused.
+mod agent_report;
 // Certificate failures named in one line by the agent; expiry warnings.
 mod certs;
 // Exit statuses of both binaries: usage errors (64), config errors (78), --help.

@@ -9,7 +9,9 @@
 use bytes::Bytes;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::etag::ETag;
-use pluginsync_common::generation::{Assignment, GenerationId, assignment_url, manifest_url};
+use pluginsync_common::generation::{
+    Assignment, GenerationId, assignment_url, manifest_url, report_url,
+};
 use pluginsync_common::protocol;
 use reqwest::StatusCode;
 
@@ -34,6 +36,17 @@ pub enum AssignmentAnswer {
     NotServed,
 }
 
+/// The node report a per-node request carries: the header's value, and
+/// whether the run is a `--noop` one (`X-Pluginsync-Noop`: the master
+/// records nothing of it).
+#[derive(Debug, Clone, Copy)]
+pub struct NodeReportHeader<'a> {
+    /// `X-Pluginsync-Report`'s value.
+    pub value: &'a str,
+    /// A `--noop` run.
+    pub noop: bool,
+}
+
 /// What a server said to a manifest request.
 #[derive(Debug, Clone)]
 pub enum ManifestAnswer {
@@ -48,7 +61,7 @@ pub enum ManifestAnswer {
 impl Client {
     /// One attempt at `server`'s per-node answer for `env`, revalidating
     /// `if_none_match`, carrying the node report `report` (the header's
-    /// value, docs/protocol.md §7.8). `404`, `403` and `405` (a server without the
+    /// value, docs/protocol.md §7.8; flagged for a `--noop` run). `404`, `403` and `405` (a server without the
     /// endpoint; Puppet Server's default rule forbids unknown paths)
     /// are [`AssignmentAnswer::NotServed`], except an unknown environment,
     /// which stops the run as for a listing.
@@ -57,12 +70,15 @@ impl Client {
         server: &str,
         env: &EnvName,
         if_none_match: Option<&ETag>,
-        report: &str,
+        report: &NodeReportHeader<'_>,
     ) -> Attempt<AssignmentAnswer> {
         let url = assignment_url(server, env.as_str());
         let mut req = self
             .get(&url, "application/json")
-            .header(pluginsync_common::rollout::HEADER_REPORT, report);
+            .header(pluginsync_common::rollout::HEADER_REPORT, report.value);
+        if report.noop {
+            req = req.header(pluginsync_common::rollout::HEADER_NOOP, "1");
+        }
         if let Some(tag) = if_none_match {
             req = req.header("If-None-Match", tag.as_str());
         }
@@ -165,6 +181,43 @@ impl Client {
 }
 
 /// Statuses that say a server has no per-node answer at all.
+/// The longest a node report sent after the commit may take: it never
+/// holds up the run's end for long (the next run's header carries it).
+const REPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Client {
+    /// Sends the node report `report` (the header's value) to `server`
+    /// right after the commit, one attempt (docs/protocol.md §7.8):
+    /// `Ok(true)` recorded, `Ok(false)` a server that takes no reports
+    /// (404, 403, 405: a stock Puppet Server, an older master), else the
+    /// failure's one line.
+    pub async fn post_report(
+        &self,
+        server: &str,
+        env: &EnvName,
+        report: &str,
+    ) -> Result<bool, String> {
+        let resp = self
+            .http
+            .post(report_url(server, env.as_str()))
+            .header(reqwest::header::CONTENT_TYPE, "text/plain")
+            .header(
+                protocol::HEADER_PUPPET_VERSION,
+                pluginsync_common::PUPPET_VERSION,
+            )
+            .timeout(self.retry.remaining().min(REPORT_TIMEOUT))
+            .body(report.to_owned())
+            .send()
+            .await
+            .map_err(|e| super::error::Transient::of(&e).to_string())?;
+        match resp.status() {
+            s if s.is_success() => Ok(true),
+            s if not_served(s) => Ok(false),
+            s => Err(format!("{server} answered {s}")),
+        }
+    }
+}
+
 fn not_served(status: StatusCode) -> bool {
     matches!(
         status,

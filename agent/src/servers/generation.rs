@@ -9,9 +9,21 @@ use pluginsync_common::etag::ETag;
 use pluginsync_common::generation::GenerationId;
 
 use super::{Origin, Servers, failover};
-use crate::client::{AssignmentAnswer, FetchError, ManifestAnswer, Offers};
+use crate::client::{AssignmentAnswer, FetchError, ManifestAnswer, NodeReportHeader, Offers};
 
 impl Servers {
+    /// The node report (the header's value) sent to `server`, the master
+    /// that served the run, right after its commit (docs/protocol.md
+    /// §7.8); see `Client::post_report`.
+    pub async fn post_report(
+        &self,
+        server: &str,
+        env: &EnvName,
+        report: &str,
+    ) -> Result<bool, String> {
+        self.client.post_report(server, env, report).await
+    }
+
     /// The per-node answer for `env` (docs/protocol.md §7.6) from the first
     /// server that answers, as the first listing is asked
     /// ([`Servers::listing`]); `if_none_match` gives the `If-None-Match`
@@ -22,7 +34,7 @@ impl Servers {
         &mut self,
         env: &EnvName,
         if_none_match: &dyn Fn(&str) -> Option<ETag>,
-        report: &str,
+        report: &NodeReportHeader<'_>,
     ) -> Result<(String, AssignmentAnswer), FetchError> {
         let ring = self.ring();
         let answered = failover(

@@ -178,6 +178,7 @@ impl Run<'_> {
                 .flatten()
         };
         let report = self.node_report(record.generation);
+        let report = self.report_header(&report);
         let (server, answer) = self.servers.assignment(&env, &inm, &report).await?;
         self.report.server.get_or_insert_with(|| server.clone());
         let (id, changed) = match answer {
@@ -264,6 +265,7 @@ impl Run<'_> {
                 None if round < 2 => {
                     // Evicted everywhere: what does the node get now?
                     let report = self.node_report(held.record.generation);
+                    let report = self.report_header(&report);
                     let (_, again) = self.servers.assignment(env, &|_| None, &report).await?;
                     match again {
                         AssignmentAnswer::Assigned { assignment, etag } => {

@@ -1,15 +1,19 @@
 //! Phase 4 of a run, and what makes it survive a kill: the files the
 //! commit wrote go to the loaders (`load.rs`); the pending-loads record
 //! written before the commit hands them to the next run if this one dies
-//! in between. What the loads did is kept for the node report the next
-//! per-node request carries (docs/protocol.md §7.8).
+//! in between. What the loads did is kept for the node report, sent to
+//! the master that served the run right after them ([`Run::send_report`])
+//! and carried by the next per-node request (docs/protocol.md §7.8).
 
 use pluginsync_common::generation::GenerationId;
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
 
 use super::Run;
+use super::generation::Held;
 use super::pass::Pass;
+use crate::cache::GenerationRecord;
+use crate::client::NodeReportHeader;
 use crate::load::{LoadEntry, LoadState, LoadStatus, Loaders, PendingLoads};
 use crate::plugins::Registry;
 use crate::settings::Settings;
@@ -101,6 +105,47 @@ impl Run<'_> {
             _ => true,
         };
         state.report(generation, exists).to_header()
+    }
+
+    /// The node report `value` as a per-node request carries it, flagged
+    /// for a `--noop` run (the master records nothing of it).
+    pub(super) fn report_header<'r>(&self, value: &'r str) -> NodeReportHeader<'r> {
+        NodeReportHeader {
+            value,
+            noop: self.settings.noop,
+        }
+    }
+
+    /// Right after the commit, the loads and the fact check: the node
+    /// report goes to the master that served the run's generation
+    /// (docs/protocol.md §7.8), so the gate and the inventory see this run
+    /// now, not on the next one. Only when the run changed what the
+    /// report says (the per-node request carried the rest); never for
+    /// `--noop` or a bundle. A master without the endpoint is one debug
+    /// line; a failure one warning, never the run's: the next run's
+    /// header carries the report.
+    pub(super) async fn send_report(&self, held: Option<&Held>) {
+        let Some(held) = held else { return };
+        let r = &self.report;
+        let changed = held.changed || !r.changes.is_empty() || !r.loads.is_empty();
+        if self.settings.noop || self.bundle.is_some() || !changed {
+            return;
+        }
+        let (vardir, env) = (&self.settings.vardir, self.env.as_str());
+        let report = self.node_report(GenerationRecord::load(vardir, env).generation);
+        let server = held.origin.server.as_str();
+        match self.servers.post_report(server, &self.env, &report).await {
+            Ok(true) => tracing::debug!(server, "node report sent"),
+            Ok(false) => tracing::debug!(
+                server,
+                "the server takes no node reports; the next run's request carries it"
+            ),
+            Err(e) => tracing::warn!(
+                server,
+                error = %e,
+                "cannot send the node report; the next run's request carries it"
+            ),
+        }
     }
 }
 

@@ -10,7 +10,8 @@
 //! `[[authorization]]` rule applies, `private` otherwise (§7.4). The
 //! per-node answer is `private, no-cache`, revalidated each run: an
 //! unchanged answer is one `304`. It is also where a node is heard: its
-//! report, or what it is served, goes to the fleet (`fleet/mod.rs`).
+//! report, or what it is served, goes to the fleet (`fleet/mod.rs`),
+//! unless the request is a `--noop` run's (`X-Pluginsync-Noop`).
 
 use std::sync::Arc;
 
@@ -80,7 +81,14 @@ pub async fn assignment(
             ));
         }
     };
-    if let Some(certname) = &node.certname {
+    // A `--noop` run's request is not recorded: it committed nothing
+    // (docs/protocol.md §7.8).
+    let noop = req
+        .headers
+        .contains_key(pluginsync_common::rollout::HEADER_NOOP);
+    if let Some(certname) = &node.certname
+        && !noop
+    {
         state
             .fleet
             .heard_read(certname, &env, node.report.as_ref(), Some(kept.id));

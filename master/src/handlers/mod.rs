@@ -9,6 +9,7 @@
 //! - [`blobs`]: pluginsync's content by sha256, single and batched.
 //! - [`content`]: how a file's bytes are sent, and may be cached.
 //! - [`generations`]: the per-node answer and generation manifests.
+//! - [`mod@node_report`]: a node's report, sent right after its commit.
 //! - [`mod@status`]: the health check.
 //! - [`admin`]: Puppet Server's admin API (`environment-cache`), for deploy
 //!   tools, and what a peer heard; [`inventory`]: the fleet's inventory,
@@ -24,6 +25,7 @@ pub mod content;
 pub mod files;
 pub mod generations;
 pub mod inventory;
+pub mod node_report;
 pub mod reports;
 pub mod rollout;
 pub mod status;
@@ -33,4 +35,5 @@ pub use blobs::{blob, blobs_batch};
 pub use files::{file_content, file_metadata, file_metadatas};
 pub use generations::{assignment, manifest};
 pub use inventory::inventory;
+pub use node_report::node_report;
 pub use status::status;
