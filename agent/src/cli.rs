@@ -84,8 +84,8 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         from_bundle: Option<PathBuf>,
     },
-    /// Make the previous generation of each destination live again, at
-    /// once and offline (no master needed); report what changed and run
+    /// Make the previous generation live again in every destination at
+    /// once, offline (no master needed); report what changed and run
     /// the loaders on it. The next `sync` converges back to the master's
     /// generation (docs/agent.md#generations-and-rollback).
     Rollback {

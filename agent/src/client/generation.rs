@@ -181,6 +181,22 @@ impl Client {
 }
 
 /// Statuses that say a server has no per-node answer at all.
+/// A node report that could not be sent after the commit.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportSendError {
+    /// No answer.
+    #[error(transparent)]
+    Transport(super::error::Transient),
+    /// An answer other than success or "not served".
+    #[error("{server} answered {status}")]
+    Status {
+        /// The server.
+        server: String,
+        /// Its status.
+        status: StatusCode,
+    },
+}
+
 /// The longest a node report sent after the commit may take: it never
 /// holds up the run's end for long (the next run's header carries it).
 const REPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -189,14 +205,13 @@ impl Client {
     /// Sends the node report `report` (the header's value) to `server`
     /// right after the commit, one attempt (docs/protocol.md §7.8):
     /// `Ok(true)` recorded, `Ok(false)` a server that takes no reports
-    /// (404, 403, 405: a stock Puppet Server, an older master), else the
-    /// failure's one line.
+    /// (404, 403, 405: a stock Puppet Server, an older master), else why.
     pub async fn post_report(
         &self,
         server: &str,
         env: &EnvName,
         report: &str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, ReportSendError> {
         let resp = self
             .http
             .post(report_url(server, env.as_str()))
@@ -209,11 +224,14 @@ impl Client {
             .body(report.to_owned())
             .send()
             .await
-            .map_err(|e| super::error::Transient::of(&e).to_string())?;
+            .map_err(|e| ReportSendError::Transport(super::error::Transient::of(&e)))?;
         match resp.status() {
             s if s.is_success() => Ok(true),
             s if not_served(s) => Ok(false),
-            s => Err(format!("{server} answered {s}")),
+            status => Err(ReportSendError::Status {
+                server: server.to_owned(),
+                status,
+            }),
         }
     }
 }

@@ -41,7 +41,7 @@ pub use error::{
     Answered, FetchError, GenerationProblem, NodeProblem, SetupError, Transient, Undelivered,
     Unreached,
 };
-pub use generation::{AssignmentAnswer, ManifestAnswer, NodeReportHeader};
+pub use generation::{AssignmentAnswer, ManifestAnswer, NodeReportHeader, ReportSendError};
 pub use offers::{ContentBy, Offers, OriginPath, same_origin_path};
 pub use retry::{Attempt, Retry};
 

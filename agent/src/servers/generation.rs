@@ -9,7 +9,9 @@ use pluginsync_common::etag::ETag;
 use pluginsync_common::generation::GenerationId;
 
 use super::{Origin, Servers, failover};
-use crate::client::{AssignmentAnswer, FetchError, ManifestAnswer, NodeReportHeader, Offers};
+use crate::client::{
+    AssignmentAnswer, FetchError, ManifestAnswer, NodeReportHeader, Offers, ReportSendError,
+};
 
 impl Servers {
     /// The node report (the header's value) sent to `server`, the master
@@ -20,7 +22,7 @@ impl Servers {
         server: &str,
         env: &EnvName,
         report: &str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, ReportSendError> {
         self.client.post_report(server, env, report).await
     }
 

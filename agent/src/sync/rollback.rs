@@ -331,7 +331,7 @@ fn roll_back_all(
     carry_out(settings, &intent)?;
     report.rolled_back = true;
     report.generation = intent.target.generation.clone();
-    report.environment = intent.target.environment.clone();
+    report.environment = intent.target.environment;
     Ok(written)
 }
 
