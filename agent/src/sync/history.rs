@@ -190,3 +190,118 @@ impl super::Run<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use pluginsync_common::digest::Sha256;
+    use pluginsync_common::generation::ManifestEntry;
+    use pluginsync_common::ignore::IgnoreSet;
+    use pluginsync_common::metadata::Links;
+    use pluginsync_common::protocol::Mount;
+
+    use super::*;
+
+    fn entry(path: &str, mode: u32, kind: EntryKind) -> ManifestEntry {
+        ManifestEntry {
+            mount: Mount::Plugins,
+            path: RelPath::parse(path).unwrap(),
+            mode,
+            kind,
+        }
+    }
+
+    fn manifest(content: &[u8]) -> Manifest {
+        let file = EntryKind::File {
+            sha256: Sha256::of(content),
+            size: content.len() as u64,
+        };
+        let dir = || EntryKind::Directory;
+        Manifest::new(vec![
+            entry(".", 0o755, dir()),
+            entry("facter", 0o755, dir()),
+            entry("facter/x.rb", 0o644, file),
+            ManifestEntry {
+                mount: Mount::Pluginfacts,
+                ..entry(".", 0o755, dir())
+            },
+        ])
+        .unwrap()
+    }
+
+    fn resource(path: &Path, perms: SourcePermissions) -> FileResource {
+        FileResource {
+            path: path.to_owned(),
+            mount: Mount::Plugins,
+            purge: true,
+            force: true,
+            backup: false,
+            links: Links::Follow,
+            ignore: IgnoreSet::new(&[".git"]).unwrap(),
+            source_permissions: perms,
+        }
+    }
+
+    #[test]
+    fn a_tree_holds_a_mount_only_with_its_names_content_and_modes() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("lib");
+        std::fs::create_dir_all(dir.join("facter")).unwrap();
+        std::fs::write(dir.join("facter/x.rb"), "x").unwrap();
+        let set = |p: &str, m: u32| {
+            std::fs::set_permissions(dir.join(p), std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        set("facter", 0o755);
+        set("facter/x.rb", 0o644);
+        let (m, r) = (manifest(b"x"), resource(&dir, SourcePermissions::Use));
+        assert!(holds(&dir, &m, &r));
+        // An ignored name and the staging directory are no part of it.
+        std::fs::create_dir(dir.join(".git")).unwrap();
+        std::fs::create_dir(dir.join(STAGING_DIR)).unwrap();
+        assert!(holds(&dir, &m, &r));
+        assert!(!holds(&dir, &manifest(b"y"), &r), "other content");
+        set("facter/x.rb", 0o755);
+        assert!(!holds(&dir, &m, &r), "another mode");
+        let ignoring = resource(&dir, SourcePermissions::Ignore);
+        assert!(holds(&dir, &m, &ignoring), "modes not the master's");
+        set("facter/x.rb", 0o644);
+        std::fs::write(dir.join("facter/extra.rb"), "").unwrap();
+        assert!(!holds(&dir, &m, &r), "an extra file");
+        assert!(!holds(&t.path().join("none"), &m, &r), "no tree");
+    }
+
+    #[test]
+    fn the_history_keeps_the_last_trees_and_their_manifests_only() {
+        let t = tempfile::tempdir().unwrap();
+        let vardir = t.path();
+        let mut ids = Vec::new();
+        for k in 0..5u8 {
+            let (bytes, id) = manifest(&[k]).encode();
+            let live = Live {
+                generation: Some(id.to_hex()),
+                environment: "production".into(),
+            };
+            History::push(vardir, live.clone(), || Some(bytes.clone())).unwrap();
+            // The current tree again: nothing added.
+            History::push(vardir, live, || None).unwrap();
+            ids.push(id);
+        }
+        let none = Live {
+            generation: None,
+            environment: "production".into(),
+        };
+        History::push(vardir, none.clone(), || None).unwrap();
+        let h = History::load(vardir);
+        assert_eq!(h.live.len(), KEPT);
+        assert_eq!(h.live.last(), Some(&none));
+        assert_eq!(h.previous().and_then(Live::id), Some(ids[4]));
+        assert!(History::manifest(vardir, &ids[4]).is_some());
+        assert!(History::manifest(vardir, &ids[2]).is_none(), "not pruned");
+        let kept = std::fs::read_dir(vardir.join("history")).unwrap().count();
+        assert_eq!(kept, 2);
+        // A manifest that does not hash to its id is none.
+        std::fs::write(vardir.join("history").join(ids[4].to_hex()), "x").unwrap();
+        assert!(History::manifest(vardir, &ids[4]).is_none());
+    }
+}
