@@ -162,7 +162,10 @@ fn routes(state: AppState, request_timeout: Duration) -> Router {
             axum::routing::post(handlers::reports::puppet_report),
         )
         // A node's report after its commit carries one too (docs/protocol.md §7.8).
-        .route(protocol::REPORT_PATH, axum::routing::post(handlers::node_report))
+        .route(
+            protocol::REPORT_PATH,
+            axum::routing::post(handlers::node_report),
+        )
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

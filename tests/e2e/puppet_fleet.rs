@@ -382,7 +382,8 @@ fn enc_through(name: &str, lb: &Balancer, server: &PuppetServer, masters: &[Prox
         !served.is_empty()
             && served.iter().all(|(c, t, s)| c == "enc-node"
                 && (t.contains("environment=assigned") || !t.contains("environment="))
-                && *s == 200),
+                // The node report after the commit is recorded: 204.
+                && (*s == 200 || (t.starts_with("/pluginsync/v1/report?") && *s == 204))),
         "{name}: {served:#?}"
     );
 
