@@ -68,6 +68,9 @@ pub enum CheckError {
         /// What is wrong with it.
         why: String,
     },
+    /// The state store cannot be opened or is newer than this binary.
+    #[error(transparent)]
+    State(#[from] crate::statestore::StoreError),
     /// Parts of the served trees cannot be read.
     #[error(
         "{count} path(s) of the environments cannot be read by this user, first {}: the master would not publish their environments' indexes",
@@ -79,6 +82,42 @@ pub enum CheckError {
         /// The first one.
         first: std::path::PathBuf,
     },
+}
+
+/// Opens the state store (its schema migrated to this binary's) and says
+/// where it is and its schema version. The embedded file is left for
+/// `serve` to create (a `check` run as root must not create a file the
+/// master's user cannot open), and without `[generations] dir` there is
+/// none to check.
+fn state_store(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError> {
+    use crate::statestore::{Backend, EMBEDDED_FILE, StateStore};
+    let dir = config.generations.dir.as_deref();
+    if dir.is_none() && config.state.url.is_none() {
+        writeln!(
+            out,
+            "state store: embedded, in the temporary generation store"
+        )?;
+        return Ok(());
+    }
+    let dir = dir.unwrap_or(Path::new("/"));
+    // Checked by `MasterConfig::validate` already.
+    let settings = config.state_settings(dir).map_err(std::io::Error::other)?;
+    if matches!(settings.backend, Backend::Embedded(_)) && !dir.join(EMBEDDED_FILE).exists() {
+        let place = settings.place();
+        writeln!(
+            out,
+            "state store {place}: not created yet (serve creates it)"
+        )?;
+        return Ok(());
+    }
+    let store = StateStore::open(&settings)?;
+    let (version, _) = store.schema()?;
+    writeln!(
+        out,
+        "state store {}: schema version {version} (current)",
+        store.place()
+    )?;
+    Ok(())
 }
 
 /// Runs the check, writing the summary to `out`.
@@ -116,6 +155,10 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
     {
         writeln!(out, "warning: {e}")?;
         warnings += 1;
+    }
+    if let Err(e) = state_store(config, out) {
+        writeln!(out, "FAILED: the state store cannot be used")?;
+        return Err(e);
     }
     let layout = config.layout();
     let envs = environments::list_environments(&layout);

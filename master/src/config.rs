@@ -77,6 +77,10 @@ pub struct MasterConfig {
     /// The signed generations' metadata served (docs/trust.md).
     #[serde(default)]
     pub trust: TrustConfig,
+    /// Where rollout commands, node reports and what was served are kept
+    /// (docs/operating.md#the-state-store).
+    #[serde(default)]
+    pub state: StateConfig,
 }
 
 /// `[trust]`: where the deploy pipeline puts the TUF repository's
@@ -87,6 +91,26 @@ pub struct TrustConfig {
     /// The directory of `N.root.json`, `timestamp.json`, `N.snapshot.json`
     /// and `N.targets.json`, served read-only; unset: none served.
     pub metadata: Option<PathBuf>,
+}
+
+/// `[state]`: the state store's database (docs/operating.md#the-state-store).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StateConfig {
+    /// `postgresql://…` (libpq's form); unset: the embedded file under the
+    /// generation store's directory.
+    pub url: Option<String>,
+    /// Connections to the database open at most.
+    pub max_connections: u32,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            url: None,
+            max_connections: 8,
+        }
+    }
 }
 
 /// `[fleet]`: how many nodes' last reports the master keeps, and how
@@ -350,6 +374,7 @@ impl MasterConfig {
         self.proxy.validate()?; // proxy.rs
         self.fleet.validate(&self.admin.peers)?; // fleet/mod.rs
         self.reports.validate()?; // puppet_report/mod.rs
+        (self.state_settings(Path::new("/"))).map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.generations.keep == 0 || self.generations.max_mib == 0 {
             return Err(ConfigError::Invalid(
                 "generations.keep and generations.max_mib must be at least 1".into(),
@@ -375,6 +400,19 @@ impl MasterConfig {
             index: self.index.clone(),
             generations: self.generations.clone(),
         }
+    }
+
+    /// What the state store reads of the config: `[state]`, its embedded
+    /// file under `dir` (the generation store's directory) by default.
+    pub fn state_settings(
+        &self,
+        dir: &Path,
+    ) -> Result<crate::statestore::Settings, crate::statestore::SettingsError> {
+        crate::statestore::Settings::parse(
+            self.state.url.as_deref(),
+            self.state.max_connections,
+            dir,
+        )
     }
 
     /// The listen addresses, parsed.

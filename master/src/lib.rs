@@ -7,7 +7,8 @@
 //! with the [`state`] they share. [`server`] ties listeners, TLS ([`tls`])
 //! and signals together, with the `[proxy]` listener's header identity in
 //! [`proxy`]; [`generations`] keeps what each publication made, [`fleet`] what
-//! the nodes report ([`puppet_report`]: stock agents' run reports);
+//! the nodes report ([`puppet_report`]: stock agents' run reports),
+//! [`statestore`] both across restarts;
 //! [`check`], [`devcerts`], [`csr`], [`reindex`], [`rollout_client`], [`bundle`] and [`trust`] back the
 //! other subcommands.
 
@@ -41,6 +42,7 @@ pub mod routes;
 pub mod sample;
 pub mod server;
 pub mod state;
+pub mod statestore;
 pub mod store;
 pub mod tls;
 pub mod trust;

@@ -42,7 +42,6 @@ pub use conns::{ConnStats, Connections, Limits};
 
 use crate::auth::{Authorizer, Gate};
 use crate::config::MasterConfig;
-use crate::fleet::Fleet;
 use crate::metrics::Snapshot;
 use crate::proxy::Trust;
 use crate::state::AppState;
@@ -96,6 +95,9 @@ pub enum ServeError {
     /// The generation store cannot be opened (`[generations] dir`).
     #[error(transparent)]
     Generations(#[from] crate::generations::StoreError),
+    /// The state store cannot be opened (`[state]`).
+    #[error(transparent)]
+    State(#[from] crate::statestore::StoreError),
     /// The client of `[admin] peers` cannot be set up.
     #[error(transparent)]
     Peers(#[from] crate::fleet::peers::PeerError),
@@ -210,10 +212,7 @@ pub async fn serve(
         Arc::downgrade(&store),
         config.index.idle_drop,
     )));
-    let fleet = Arc::new(Fleet::new(&config.fleet, config.admin.peers.len()));
-    background.extend(crate::fleet::peers::spawn(&config, &fleet)?);
-    let (rollouts, task) = rollouts::start(&config, &store, fleet.clone());
-    background.push(task);
+    let (fleet, rollouts) = rollouts::start(&config, &store, &mut background)?;
     let state = AppState {
         config: config.clone(),
         store: store.clone(),
@@ -258,6 +257,7 @@ pub async fn serve(
         s.await.map_err(ServeError::Task)??;
     }
     background.iter().for_each(tokio::task::JoinHandle::abort);
+    fleet.flush();
     tracing::info!("stopped");
     Ok(())
 }

@@ -5,13 +5,15 @@
 //! restarted replica keeping its state; a replica that missed a command
 //! converging from its peer; a replica that never held a node's generation
 //! answering 503. Stock agents placed like ours: `master_rollout/stock.rs`;
-//! real `pluginsync-agent` runs through a rollout: `master_rollout/agents.rs`.
+//! real `pluginsync-agent` runs through a rollout: `master_rollout/agents.rs`;
+//! a single master's state across restarts: `master_rollout/store.rs`.
 
 mod agents;
 mod bundle;
 mod rollback;
 mod status;
 mod stock;
+mod store;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

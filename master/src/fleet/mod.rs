@@ -14,15 +14,27 @@
 //!
 //! Bounded: at most `[fleet] max_nodes` nodes, the least recently seen
 //! forgotten first; per node at most 16 failing plugins' names.
+//!
+//! Kept: every record is also handed to the state store's writer
+//! (`statestore/writer.rs`, behind the request), and a master reads the
+//! stored nodes back at start ([`Fleet::with_store`]), so a restart
+//! forgets neither the inventory nor the gate's evidence.
+//!
+//! | file | answers |
+//! |---|---|
+//! | `mod.rs` | [`Fleet`]: what was heard, the counts, the inventory. |
+//! | `nodes.rs` | A node in memory and as stored; the tally. |
+//! | `peers.rs` | `[admin] peers`: the push and pull between replicas. |
 
+mod nodes;
 mod page;
 pub mod peers;
 
 pub use page::{DEFAULT_PAGE, MAX_PAGE, Page, Query};
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pluginsync_common::config::ConfigError;
@@ -31,9 +43,11 @@ use pluginsync_common::generation::GenerationId;
 use pluginsync_common::rollout::{MAX_FAILED_NAMED, MAX_NAME_CHARS, NodeReport, ReportError};
 use serde::{Deserialize, Serialize};
 
+use self::nodes::{Node, Nodes};
 use crate::config::FleetConfig;
 use crate::metrics::FleetCount;
 use crate::sample::Sampler;
+use crate::statestore::{StateStore, StoreError, Writer};
 
 /// `GET` (the inventory) and `POST` (what a peer heard) of the fleet,
 /// an admin API call (docs/operating.md#the-fleet).
@@ -116,119 +130,6 @@ pub struct Inventory {
     pub nodes: Vec<NodeEntry>,
 }
 
-/// A node as kept.
-#[derive(Debug, Clone)]
-struct Node {
-    env: EnvName,
-    generation: Option<GenerationId>,
-    /// Unix milliseconds.
-    seen_ms: u64,
-    source: Source,
-    loads_ok: u32,
-    loads_failed: u32,
-    failed: Vec<String>,
-}
-
-impl Node {
-    fn entry(&self, certname: &str) -> NodeEntry {
-        let when = UNIX_EPOCH + Duration::from_millis(self.seen_ms);
-        NodeEntry {
-            certname: certname.to_owned(),
-            environment: self.env.to_string(),
-            generation: self.generation,
-            last_seen: humantime::format_rfc3339_millis(when).to_string(),
-            source: self.source,
-            loads_ok: self.loads_ok,
-            load_failures: self.loads_failed,
-            failed_plugins: self.failed.clone(),
-        }
-    }
-
-    /// A peer's entry, checked as strictly as a node's own report; its
-    /// time is never later than `now_ms` (a peer's clock ahead of ours
-    /// must not pin a record).
-    fn of_entry(e: &NodeEntry, now_ms: u64) -> Option<Node> {
-        // A certname as the gate admits one (printable ASCII, no `/`).
-        let valid_name = !e.certname.is_empty()
-            && e.certname.len() <= 255
-            && (e.certname.bytes()).all(|b| matches!(b, b' '..=b'.' | b'0'..=b'~'));
-        let bounded = e.failed_plugins.len() <= MAX_FAILED_NAMED
-            && e.failed_plugins
-                .iter()
-                .all(|n| n.chars().count() <= MAX_NAME_CHARS);
-        let seen = humantime::parse_rfc3339(&e.last_seen).ok()?;
-        let seen_ms = seen.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64;
-        (valid_name && bounded).then_some(())?;
-        Some(Node {
-            env: e.environment.parse().ok()?,
-            generation: e.generation,
-            seen_ms: seen_ms.min(now_ms),
-            source: e.source,
-            loads_ok: e.loads_ok,
-            loads_failed: e.load_failures,
-            failed: e.failed_plugins.clone(),
-        })
-    }
-}
-
-/// Nodes, with their age order and the tally per environment and
-/// generation kept in step.
-#[derive(Debug, Default)]
-struct Nodes {
-    by_name: HashMap<String, Node>,
-    by_age: BTreeSet<(u64, String)>,
-    /// `(nodes, failing nodes)` per environment and generation.
-    tally: HashMap<(EnvName, Option<GenerationId>), (u64, u64)>,
-}
-
-impl Nodes {
-    fn count(&mut self, node: &Node, add: bool) {
-        let key = (node.env.clone(), node.generation);
-        let t = self.tally.entry(key.clone()).or_default();
-        let failing = u64::from(node.loads_failed > 0);
-        if add {
-            t.0 += 1;
-            t.1 += failing;
-        } else {
-            t.0 = t.0.saturating_sub(1);
-            t.1 = t.1.saturating_sub(failing);
-            if t.0 == 0 {
-                self.tally.remove(&key);
-            }
-        }
-    }
-
-    fn remove(&mut self, certname: &str) {
-        if let Some(old) = self.by_name.remove(certname) {
-            self.by_age.remove(&(old.seen_ms, certname.to_owned()));
-            self.count(&old, false);
-        }
-    }
-
-    /// Keeps `node` unless a later record of `certname` is kept; then
-    /// forgets the least recently seen beyond `max`.
-    fn upsert(&mut self, certname: &str, node: Node, max: usize) -> bool {
-        if self
-            .by_name
-            .get(certname)
-            .is_some_and(|old| old.seen_ms > node.seen_ms)
-        {
-            return false;
-        }
-        self.remove(certname);
-        self.by_age.insert((node.seen_ms, certname.to_owned()));
-        self.count(&node, true);
-        self.by_name.insert(certname.to_owned(), node);
-        while self.by_name.len() > max {
-            let Some((_, oldest)) = self.by_age.first().cloned() else {
-                break;
-            };
-            self.remove(&oldest);
-        }
-        true
-    }
-}
-
 /// The fleet (module docs). One per master, in the handlers' shared state.
 #[derive(Debug)]
 pub struct Fleet {
@@ -237,6 +138,8 @@ pub struct Fleet {
     /// Per peer, what it has not been sent yet, by certname (the latest
     /// record only): bounded by `max_nodes` each.
     outboxes: Vec<Mutex<HashMap<String, Node>>>,
+    /// The state store's queue of records to write, if kept.
+    writer: Option<Arc<Writer>>,
     /// Reports ignored (malformed, oversized).
     pub bad_reports: Sampler,
     /// Records not queued for a peer whose queue was full.
@@ -256,8 +159,48 @@ impl Fleet {
             max_nodes: config.max_nodes,
             nodes: Mutex::default(),
             outboxes: (0..peers).map(|_| Mutex::default()).collect(),
+            writer: None,
             bad_reports: Sampler::default(),
             outbox_dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// [`Fleet::new`] kept in `store`: the nodes stored there read back
+    /// (the `max_nodes` most recently seen), and every record written
+    /// there behind the requests.
+    pub fn with_store(
+        config: &FleetConfig,
+        peers: usize,
+        store: Arc<StateStore>,
+    ) -> Result<Fleet, StoreError> {
+        let mut fleet = Fleet::new(config, peers);
+        let rows = store.nodes(config.max_nodes)?;
+        let now = now_ms();
+        {
+            let mut nodes = fleet.lock();
+            for r in &rows {
+                if let Some(node) = Node::of_row(r, now) {
+                    nodes.upsert(&r.certname, node, config.max_nodes);
+                }
+            }
+        }
+        tracing::info!(place = %store.place(), nodes = fleet.len(), "fleet read from the state store");
+        fleet.writer = Some(Writer::start(store, config.max_nodes, config.max_nodes));
+        Ok(fleet)
+    }
+
+    /// Writes the records not yet in the state store now (at shutdown);
+    /// a failure is logged.
+    pub fn flush(&self) {
+        if let Some(Err(e)) = self.writer.as_ref().map(|w| w.flush()) {
+            tracing::error!(error = %e, "node reports heard last not written");
+        }
+    }
+
+    /// Hands `node` of `certname` to the state store's writer, if kept.
+    fn persist(&self, certname: &str, node: &Node) {
+        if let Some(w) = &self.writer {
+            w.push(node.row(certname));
         }
     }
 
@@ -394,6 +337,7 @@ impl Fleet {
                 self.outbox_dropped.fetch_add(1, Relaxed);
             }
         }
+        self.persist(certname, &node);
         self.lock().upsert(certname, node, self.max_nodes);
     }
 
@@ -411,6 +355,7 @@ impl Fleet {
         for e in entries {
             match Node::of_entry(e, now) {
                 Some(node) => {
+                    self.persist(&e.certname, &node);
                     nodes.upsert(&e.certname, node, self.max_nodes);
                 }
                 None => refused += 1,
@@ -625,6 +570,26 @@ mod tests {
         // A pluginsync agent's report is not a stock agent's record.
         f.heard("a", &prod, Some(report(g(1), &[]).as_bytes()), None);
         assert!(!f.heard_puppet_run("a", &prod, g(1), &bad));
+    }
+
+    #[test]
+    fn a_fleet_kept_in_the_store_reads_its_nodes_back() {
+        use crate::statestore::Settings;
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings::embedded(dir.path());
+        let open = || Arc::new(StateStore::open(&settings).unwrap());
+        let config = FleetConfig::default();
+        let prod = env("production");
+        let f = Fleet::with_store(&config, 0, open()).unwrap();
+        f.heard("a", &prod, Some(report(g(1), &["x"]).as_bytes()), None);
+        f.heard("b", &prod, None, Some(g(2)));
+        f.flush();
+        let before = f.inventory().nodes;
+        assert_eq!(before.len(), 2);
+        drop(f);
+        let again = Fleet::with_store(&config, 0, open()).unwrap();
+        assert_eq!(again.inventory().nodes, before, "the same inventory");
+        assert_eq!(again.on_generation(&prod, &g(1)), (1, 1), "the same counts");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Rollouts (docs/rollouts.md): which kept generation each node is served
 //! when an environment has a `[[rollout]]` policy, the health gate that
 //! halts one, and the operator's commands (halt, resume, promote,
-//! rollback), kept on disk beside the generation store.
+//! rollback), kept in the state store (`statestore/`).
 //!
 //! **Placement.** A node at position `p` (`pluginsync_common::rollout::position`
 //! of the environment and its certname) is served the newest kept,
@@ -17,19 +17,23 @@
 //! **State.** The commands' state per environment ([`Command`]) carries a
 //! logical clock: a replica applies a command with a clock one above the
 //! highest it knows, and adopts a peer's state whose `(clock, origin)` is
-//! higher than its own (docs/rollouts.md#replicas).
+//! higher than its own (docs/rollouts.md#replicas). Each command (and
+//! each automatic halt) is one transaction of the state store, with its
+//! history row, before it takes effect here; a halt's time is the
+//! database's.
 //!
 //! | file | answers |
 //! |---|---|
-//! | `mod.rs` | [`Rollouts`]: placement, the gate, the commands, the state file. |
+//! | `mod.rs` | [`Rollouts`]: placement, the gate, the commands. |
+//! | `persist.rs` | The state in the store; `rollout.json` imported once. |
 //! | `policy.rs` | `[[rollout]]`: parsed, checked, compiled. |
 //! | `api.rs` | The admin API calls and `pluginsync-master rollout`. |
 
 pub mod api;
+mod persist;
 mod policy;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -39,12 +43,12 @@ use pluginsync_common::mutex::lock;
 use pluginsync_common::rollout::in_share;
 use serde::{Deserialize, Serialize};
 
+use self::persist::Persisted;
 use crate::generations::{Generations, Kept, Stamp};
+use crate::statestore::{StateStore, StoreError};
 
 pub use self::policy::{HaltOn, Policies, Policy, RolloutRule, WaveSpec};
 
-/// The state file's name under `[generations] dir`.
-const STATE_FILE: &str = "rollout.json";
 /// Generations remembered per environment as seen by this replica (and
 /// withdrawn ones kept at most).
 const MAX_SEEN: usize = 256;
@@ -96,6 +100,7 @@ impl Command {
     }
 }
 
+#[cfg(test)]
 impl Halt {
     /// A halt now, for `reason`.
     fn now(reason: String) -> Halt {
@@ -164,17 +169,6 @@ impl From<Command> for CommandRecord {
     }
 }
 
-/// What the state file holds.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct Persisted {
-    /// This replica's name for [`Command::origin`].
-    origin: String,
-    environments: BTreeMap<EnvName, Command>,
-    /// Generations this replica has kept, per environment (newest last).
-    #[serde(default)]
-    seen: BTreeMap<EnvName, Vec<GenerationId>>,
-}
-
 /// An operator's command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -214,21 +208,16 @@ pub enum RolloutError {
     /// Rollback with a single generation left to serve.
     #[error("environment '{0}' keeps no earlier generation to roll back to")]
     NothingEarlier(String),
-    /// The state file could not be written.
-    #[error("rollout state {}: {source}", path.display())]
-    Persist {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// The state store did not take the command: it is not applied.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// The rollout policies, the commands' state and the fleet's counts.
 /// See the module docs.
 pub struct Rollouts {
     policies: Policies,
-    path: PathBuf,
+    store: Arc<StateStore>,
     state: Mutex<Persisted>,
     fleet: OnceLock<Arc<dyn FleetCounts>>,
     /// `[admin] peers` names another replica: a node on a generation this
@@ -240,40 +229,53 @@ pub struct Rollouts {
 impl std::fmt::Debug for Rollouts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Rollouts")
-            .field("path", &self.path)
+            .field("store", &self.store.place())
             .finish_non_exhaustive()
     }
 }
 
 impl Rollouts {
     /// The rollouts of `rules` (already checked by the config), their state
-    /// read from `dir` (the generation store's directory) if there.
+    /// in the embedded store under `dir` (the generation store's
+    /// directory); one that cannot be opened is logged, and the state kept
+    /// in memory only.
     pub fn new(rules: &[RolloutRule], dir: &std::path::Path) -> Rollouts {
-        let path = dir.join(STATE_FILE);
-        let mut persisted: Persisted = match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
-                tracing::error!(path = %path.display(), error = %e, "rollout state not read: starting without it");
-                Persisted::default()
-            }),
-            Err(_) => Persisted::default(),
-        };
-        if persisted.origin.is_empty() {
-            let seed = format!(
-                "{}-{}-{}",
-                std::process::id(),
-                Stamp::now().0,
-                dir.display()
-            );
-            persisted.origin =
-                pluginsync_common::digest::Sha256::of(seed.as_bytes()).to_hex()[..16].to_owned();
-        }
-        Rollouts {
+        let opened = StateStore::open(&crate::statestore::Settings::embedded(dir))
+            .map(Arc::new)
+            .and_then(|store| Rollouts::with_store(rules, store, dir));
+        opened.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "rollout state kept in memory only");
+            Rollouts {
+                policies: Policies::new(rules).unwrap_or_default(),
+                store: Arc::new(StateStore::in_memory()),
+                state: Mutex::default(),
+                fleet: OnceLock::new(),
+                has_peers: Default::default(),
+            }
+        })
+    }
+
+    /// The rollouts of `rules`, their state read from `store` (a
+    /// `rollout.json` in `dir`, the generation store's directory, imported
+    /// first: [`persist`]).
+    pub fn with_store(
+        rules: &[RolloutRule],
+        store: Arc<StateStore>,
+        dir: &std::path::Path,
+    ) -> Result<Rollouts, StoreError> {
+        let persisted = persist::load(&store, dir)?;
+        Ok(Rollouts {
             policies: Policies::new(rules).unwrap_or_default(),
-            path,
+            store,
             state: Mutex::new(persisted),
             fleet: OnceLock::new(),
             has_peers: Default::default(),
-        }
+        })
+    }
+
+    /// Now, as the state store's clock says (this host's if it cannot).
+    fn now(&self) -> Stamp {
+        self.store.now().map_or_else(|_| Stamp::now(), Stamp)
     }
 
     /// Says whether `[admin] peers` names other replicas.
@@ -324,32 +326,42 @@ impl Rollouts {
     /// environments it halted now. Called every second by the server.
     pub fn tick(&self, gens: &Generations) -> Vec<EnvName> {
         let mut halted = Vec::new();
-        let mut changed = false;
         for (env, _) in gens.counts() {
             let kept = gens.kept(&env);
-            {
-                let mut st = lock(&self.state);
-                let seen = st.seen.entry(env.clone()).or_default();
-                for k in kept.iter().rev() {
-                    if !seen.contains(&k.id) {
-                        seen.push(k.id);
-                        changed = true;
-                    }
-                }
-                let over = seen.len().saturating_sub(MAX_SEEN);
-                seen.drain(..over);
-            }
+            self.see(&env, &kept);
             if let Some(reason) = self.gate(&env, &kept) {
                 tracing::error!(env = %env, "rollout halted: {reason}");
-                self.update(&env, |c| c.halt = Some(Halt::now(reason)));
-                halted.push(env.clone());
-                changed = true;
+                let at = self.now();
+                let next = self.next(&env, |c| c.halt = Some(Halt { at, reason }));
+                match self.commit(&env, next, "halt", "the gate") {
+                    Ok(()) => halted.push(env.clone()),
+                    Err(e) => tracing::error!(error = %e, "rollout halt not written"),
+                }
             }
         }
-        if changed && let Err(e) = self.save() {
-            tracing::error!(error = %e, "rollout state not written");
-        }
         halted
+    }
+
+    /// Records `kept` (newest first) among `env`'s seen generations, in
+    /// the store when one is new.
+    fn see(&self, env: &EnvName, kept: &[Kept]) {
+        let new: Vec<GenerationId> = {
+            let mut st = lock(&self.state);
+            let seen = st.seen.entry(env.clone()).or_default();
+            let new: Vec<GenerationId> = (kept.iter().rev())
+                .map(|k| k.id)
+                .filter(|id| !seen.contains(id))
+                .collect();
+            seen.extend(&new);
+            let over = seen.len().saturating_sub(MAX_SEEN);
+            seen.drain(..over);
+            new
+        };
+        if !new.is_empty()
+            && let Err(e) = self.store.add_seen(env.as_str(), &new, MAX_SEEN)
+        {
+            tracing::error!(error = %e, "seen generations not written");
+        }
     }
 
     /// Why `env`'s rollout must halt now, if the gate trips: the newest
@@ -414,8 +426,14 @@ impl Rollouts {
             return Err(RolloutError::NothingEarlier(env.to_string()));
         }
         tracing::warn!(env = %env, by, "rollout {action:?}");
-        let next = self.update(env, |c| match action {
-            Action::Halt => c.halt = Some(Halt::now(format!("halted by {by}"))),
+        let now = self.now();
+        let next = self.next(env, |c| match action {
+            Action::Halt => {
+                c.halt = Some(Halt {
+                    at: now,
+                    reason: format!("halted by {by}"),
+                })
+            }
             Action::Resume => {
                 c.halt = None;
                 c.waived = serving.first().copied();
@@ -441,7 +459,8 @@ impl Rollouts {
                 c.withdrawn.drain(..over);
             }
         });
-        self.save()?;
+        let name = format!("{action:?}").to_lowercase();
+        self.commit(env, next.clone(), &name, by)?;
         Ok(next)
     }
 
@@ -457,26 +476,34 @@ impl Rollouts {
         newer
     }
 
-    /// Changes `env`'s state with `f` under the next clock; returns it.
-    fn update(&self, env: &EnvName, f: impl FnOnce(&mut Command)) -> Command {
-        let mut st = lock(&self.state);
-        let origin = st.origin.clone();
-        let c = st.environments.entry(env.clone()).or_default();
-        f(c);
+    /// `env`'s state changed by `f` under the next clock (not kept yet:
+    /// [`Rollouts::commit`]).
+    fn next(&self, env: &EnvName, f: impl FnOnce(&mut Command)) -> Command {
+        let st = lock(&self.state);
+        let mut c = st.environments.get(env).cloned().unwrap_or_default();
+        f(&mut c);
         c.clock += 1;
-        c.origin = origin;
-        c.clone()
+        c.origin = st.origin.clone();
+        c
     }
 
-    /// Writes the state file (atomically, durably).
+    /// Writes `c` as `env`'s state (one transaction, with its history row:
+    /// `action` by `by`), then takes it; not taken if the store refused.
+    fn commit(&self, env: &EnvName, c: Command, action: &str, by: &str) -> Result<(), StoreError> {
+        self.store
+            .write_commands(&[persist::row_of(env, &c)], action, by)?;
+        lock(&self.state).environments.insert(env.clone(), c);
+        Ok(())
+    }
+
+    /// Writes every environment's state to the store (after adopting a
+    /// peer's: [`Rollouts::merge`]).
     pub fn save(&self) -> Result<(), RolloutError> {
-        let bytes = serde_json::to_vec_pretty(&*lock(&self.state)).unwrap_or_default();
-        pluginsync_common::fsutil::write_atomic(&self.path, &bytes, 0o640).map_err(|source| {
-            RolloutError::Persist {
-                path: self.path.clone(),
-                source,
-            }
-        })
+        let rows: Vec<_> = (lock(&self.state).environments.iter())
+            .map(|(env, c)| persist::row_of(env, c))
+            .collect();
+        self.store.write_commands(&rows, "adopt", "a peer")?;
+        Ok(())
     }
 }
 
@@ -720,6 +747,31 @@ pub(crate) mod tests {
         let cmd = r.apply_to(&three, &env, Action::Rollback, "op").unwrap();
         assert!(places(&three, &cmd, policy).iter().all(|g| *g == b.id));
         assert!(r.gate(&env, &three).is_none(), "b reached everyone");
+    }
+
+    #[test]
+    fn a_rollout_json_is_imported_once_and_renamed() {
+        let dir = tempfile::tempdir().unwrap();
+        let env: EnvName = "production".parse().unwrap();
+        let old = r#"{"origin":"abc","environments":{"production":
+            {"clock":2,"origin":"a","halted":true,"halted_at":2030,"reason":"halted by op"}}}"#;
+        std::fs::write(dir.path().join("rollout.json"), old).unwrap();
+        let r = Rollouts::new(&rules(POLICY), dir.path());
+        let halt = Halt {
+            at: Stamp(2030),
+            reason: "halted by op".into(),
+        };
+        assert_eq!(r.command(&env).halt, Some(halt.clone()));
+        assert!(!dir.path().join("rollout.json").exists());
+        assert!(dir.path().join("rollout.json.imported").exists());
+        drop(r);
+        let again = Rollouts::new(&rules(POLICY), dir.path());
+        let c = again.command(&env);
+        assert_eq!(
+            (c.clock, c.halt),
+            (2, Some(halt)),
+            "kept, not imported twice"
+        );
     }
 
     #[test]

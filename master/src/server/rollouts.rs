@@ -1,30 +1,46 @@
-//! The rollouts' background work while the master serves: the health
-//! gate and the seen generations each second, the peers' state pulled
+//! The state the master keeps while it serves: the state store
+//! (docs/operating.md#the-state-store), the fleet and the rollouts on it,
+//! and the rollouts' background work: the health gate and the seen
+//! generations each second, the peers' state pulled
 //! (docs/rollouts.md#replicas).
 
 use std::sync::{Arc, Weak};
 
-use crate::config::MasterConfig;
-use crate::rollout::{FleetCounts, Rollouts};
+use tokio::task::JoinHandle;
+
+use super::ServeError;
+use crate::config::{ConfigError, MasterConfig};
+use crate::fleet::Fleet;
+use crate::rollout::Rollouts;
 use crate::rollout_client::pull_peers;
+use crate::statestore::StateStore;
 use crate::store::Store;
 
-/// The rollouts of `config`, their gate counting `fleet`, and their
-/// [`background`] task.
+/// The state store of `config` (`[state]`; by default the embedded file
+/// under the generation store's directory), the fleet kept in it, and the
+/// rollouts kept in it, their gate counting the fleet; the peers' tasks
+/// and the rollouts' [`background`] task pushed onto `tasks`.
 pub fn start(
     config: &Arc<MasterConfig>,
     store: &Arc<Store>,
-    fleet: Arc<dyn FleetCounts>,
-) -> (Arc<Rollouts>, tokio::task::JoinHandle<()>) {
-    let rollouts = Arc::new(Rollouts::new(&config.rollout, store.generations.dir()));
-    rollouts.set_fleet(fleet);
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Result<(Arc<Fleet>, Arc<Rollouts>), ServeError> {
+    let dir = store.generations.dir();
+    let settings = (config.state_settings(dir)).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    let state = Arc::new(StateStore::open(&settings)?);
+    let peers = config.admin.peers.len();
+    let fleet = Arc::new(Fleet::with_store(&config.fleet, peers, state.clone())?);
+    tasks.extend(crate::fleet::peers::spawn(config, &fleet)?);
+    let rollouts = Arc::new(Rollouts::with_store(&config.rollout, state, dir)?);
+    rollouts.set_fleet(fleet.clone());
     rollouts.set_has_peers(!config.admin.peers.is_empty());
     let task = tokio::spawn(background(
         config.clone(),
         Arc::downgrade(store),
         Arc::downgrade(&rollouts),
     ));
-    (rollouts, task)
+    tasks.push(task);
+    Ok((fleet, rollouts))
 }
 
 /// How often the state is pulled from the peers.

@@ -1,0 +1,140 @@
+//! The commands' state in the state store (`statestore/`,
+//! docs/rollouts.md#where-the-state-lives): read at start, each command
+//! written as one transaction with its history row. A `rollout.json` left
+//! by an earlier master is imported once, at the first start on the
+//! store, and renamed `rollout.json.imported`, so an upgrade loses no
+//! halt, promotion or withdrawal.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::generation::GenerationId;
+use serde::{Deserialize, Serialize};
+
+use super::{Command, Halt};
+use crate::generations::Stamp;
+use crate::statestore::{CommandRow, StateStore, StoreError};
+
+/// The state file earlier masters kept under `[generations] dir`.
+pub(super) const STATE_FILE: &str = "rollout.json";
+/// What it is renamed to once imported.
+const IMPORTED: &str = "rollout.json.imported";
+/// The `meta` key of this master's [`Command::origin`].
+const ORIGIN_KEY: &str = "origin";
+
+/// The commands' state as this master holds it (and as `rollout.json`
+/// held it).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(super) struct Persisted {
+    /// This replica's name for [`Command::origin`].
+    pub origin: String,
+    pub environments: BTreeMap<EnvName, Command>,
+    /// Generations this replica has kept, per environment (newest last).
+    #[serde(default)]
+    pub seen: BTreeMap<EnvName, Vec<GenerationId>>,
+}
+
+/// `c` of `env` as the store's row.
+pub(super) fn row_of(env: &EnvName, c: &Command) -> CommandRow {
+    CommandRow {
+        environment: env.to_string(),
+        clock: c.clock,
+        origin: c.origin.clone(),
+        halt: c.halt.as_ref().map(|h| (h.at.0, h.reason.clone())),
+        promoted: c.promoted,
+        withdrawn: c.withdrawn.clone(),
+        waived: c.waived,
+        promoted_before: c.promoted_before.clone(),
+    }
+}
+
+/// A row as a [`Command`]; `None` for an environment name that is not one.
+fn command_of(r: CommandRow) -> Option<(EnvName, Command)> {
+    let env = r.environment.parse().ok()?;
+    let c = Command {
+        clock: r.clock,
+        origin: r.origin,
+        halt: r.halt.map(|(at, reason)| Halt {
+            at: Stamp(at),
+            reason,
+        }),
+        promoted: r.promoted,
+        withdrawn: r.withdrawn,
+        waived: r.waived,
+        promoted_before: r.promoted_before,
+    };
+    Some((env, c))
+}
+
+/// The state in `store`, after importing `dir/rollout.json` if one is
+/// there; this master's origin named (and kept) if it had none.
+pub(super) fn load(store: &StateStore, dir: &Path) -> Result<Persisted, StoreError> {
+    import(store, dir)?;
+    let mut p = Persisted {
+        origin: store.meta(ORIGIN_KEY)?.unwrap_or_default(),
+        environments: store
+            .commands()?
+            .into_iter()
+            .filter_map(command_of)
+            .collect(),
+        seen: BTreeMap::new(),
+    };
+    for (env, id) in store.seen()? {
+        if let Ok(env) = env.parse() {
+            p.seen.entry(env).or_default().push(id);
+        }
+    }
+    if p.origin.is_empty() {
+        let seed = format!(
+            "{}-{}-{}",
+            std::process::id(),
+            Stamp::now().0,
+            store.place()
+        );
+        p.origin = pluginsync_common::digest::Sha256::of(seed.as_bytes()).to_hex()[..16].to_owned();
+        store.set_meta(ORIGIN_KEY, &p.origin)?;
+    }
+    Ok(p)
+}
+
+/// Imports `dir/rollout.json` (environments the store does not hold yet)
+/// and renames it; a file that does not parse is left where it is, logged.
+fn import(store: &StateStore, dir: &Path) -> Result<(), StoreError> {
+    let path = dir.join(STATE_FILE);
+    let Ok(bytes) = std::fs::read(&path) else {
+        return Ok(());
+    };
+    let old: Persisted = match serde_json::from_slice(&bytes) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, "rollout state not imported: it does not parse");
+            return Ok(());
+        }
+    };
+    let have: Vec<String> = store
+        .commands()?
+        .into_iter()
+        .map(|r| r.environment)
+        .collect();
+    let rows: Vec<CommandRow> = (old.environments.iter())
+        .filter(|(env, _)| !have.contains(&env.to_string()))
+        .map(|(env, c)| row_of(env, c))
+        .collect();
+    store.write_commands(&rows, "import", STATE_FILE)?;
+    for (env, ids) in &old.seen {
+        store.add_seen(env.as_str(), ids, super::MAX_SEEN)?;
+    }
+    if store.meta(ORIGIN_KEY)?.is_none() && !old.origin.is_empty() {
+        store.set_meta(ORIGIN_KEY, &old.origin)?;
+    }
+    match std::fs::rename(&path, dir.join(IMPORTED)) {
+        Ok(()) => {
+            tracing::warn!(path = %path.display(), environments = rows.len(), "rollout state imported into the state store; the file is renamed {IMPORTED}");
+        }
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, "rollout state imported but the file not renamed");
+        }
+    }
+    Ok(())
+}

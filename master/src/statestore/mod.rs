@@ -1,0 +1,491 @@
+//! The state store (docs/internals.md#the-state-store): what the master
+//! must not forget across a restart, in a database with one versioned
+//! schema (`migrations/`): the rollout commands per environment and their
+//! history, the generations this master has kept, the node reports (the
+//! inventory) and which generation was served to which node.
+//!
+//! The backend is the embedded SQLite file under the generation store's
+//! directory (`state/pluginsync.sqlite`, 0600 in a 0700 directory), the
+//! default for a single master. `[state] url = "postgresql://…"` names a
+//! PostgreSQL shared by replicas: refused by this build with one line
+//! until its backend lands (docs/operating.md#the-state-store).
+//!
+//! The domain (`rollout/`, `fleet/`) talks to [`StateStore`] in rows of
+//! its own ([`CommandRow`], [`NodeRow`]); [`Settings`] is what the
+//! configuration's `[state]` becomes, so this module never reads
+//! `config.rs`.
+//!
+//! | file | answers |
+//! |---|---|
+//! | `mod.rs` | [`StateStore`], its rows, its settings, its errors. |
+//! | `sqlite.rs` | The embedded backend: the file, its migrations, its queries. |
+//! | `writer.rs` | [`Writer`]: node reports written behind the requests, batched, bounded. |
+
+mod sqlite;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use pluginsync_common::generation::GenerationId;
+use pluginsync_common::mutex::lock;
+
+pub use self::writer::Writer;
+
+/// The schema versions this binary knows, in order: `(version, SQL)`.
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/0001_initial.sql"))];
+
+/// The embedded store's file under the state directory.
+pub const EMBEDDED_FILE: &str = "state/pluginsync.sqlite";
+
+/// Where the state lives and how many connections may be open to it
+/// (what `[state]` says, docs/operating.md#the-state-store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The backend.
+    pub backend: Backend,
+    /// Connections open at most (PostgreSQL; the embedded store uses one).
+    pub max_connections: u32,
+}
+
+/// Which database holds the state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// The embedded SQLite file: [`EMBEDDED_FILE`] under this directory
+    /// (the generation store's, where `rollout.json` lived).
+    Embedded(PathBuf),
+    /// A PostgreSQL URL (`postgresql://…`).
+    Postgres(String),
+}
+
+impl Settings {
+    /// The default: the embedded store under `dir`.
+    pub fn embedded(dir: &Path) -> Settings {
+        Settings {
+            backend: Backend::Embedded(dir.to_path_buf()),
+            max_connections: 1,
+        }
+    }
+
+    /// `[state] url` (unset: embedded under `dir`) and `max_connections`,
+    /// checked; the error is the line `check` and `serve` print.
+    pub fn parse(
+        url: Option<&str>,
+        max_connections: u32,
+        dir: &Path,
+    ) -> Result<Settings, SettingsError> {
+        if max_connections == 0 {
+            return Err(SettingsError::NoConnections);
+        }
+        let backend = match url {
+            None => Backend::Embedded(dir.to_path_buf()),
+            Some(u) if u.starts_with("postgresql://") || u.starts_with("postgres://") => {
+                Backend::Postgres(u.to_owned())
+            }
+            Some(u) => return Err(SettingsError::NotPostgres(redact(u))),
+        };
+        Ok(Settings {
+            backend,
+            max_connections,
+        })
+    }
+
+    /// Where the store is, for lines and status (a URL without its password).
+    pub fn place(&self) -> String {
+        match &self.backend {
+            Backend::Embedded(dir) => dir.join(EMBEDDED_FILE).display().to_string(),
+            Backend::Postgres(url) => redact(url),
+        }
+    }
+}
+
+/// `url` with any password replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((auth, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match auth.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+/// `[state]` that cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// `max_connections = 0`.
+    #[error("state.max_connections must be at least 1")]
+    NoConnections,
+    /// A URL of another database (its password hidden).
+    #[error("state.url: '{0}' is not postgresql://…; leave it unset for the embedded store")]
+    NotPostgres(String),
+}
+
+/// A state store that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database (or its file) failed.
+    #[error("state store {place}: {message}")]
+    Database {
+        /// Where ([`Settings::place`]).
+        place: String,
+        /// What it said.
+        message: String,
+    },
+    /// The database was migrated by a newer binary.
+    #[error(
+        "state store {place}: schema version {found} is newer than this pluginsync-master knows ({known}): upgrade pluginsync-master"
+    )]
+    Newer {
+        /// Where.
+        place: String,
+        /// The database's version.
+        found: i64,
+        /// The newest this binary knows.
+        known: i64,
+    },
+    /// `[state] url` names PostgreSQL, whose backend this build lacks.
+    #[error(
+        "state store {0}: this pluginsync-master has no PostgreSQL backend yet; leave [state] url unset for the embedded store"
+    )]
+    NoPostgres(String),
+}
+
+/// One environment's rollout commands' state, as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandRow {
+    /// The environment.
+    pub environment: String,
+    /// The logical clock of the last change.
+    pub clock: u64,
+    /// The master that made it.
+    pub origin: String,
+    /// Halted since (unix seconds), and why.
+    pub halt: Option<(i64, String)>,
+    /// The generation everyone is served.
+    pub promoted: Option<GenerationId>,
+    /// Generations withdrawn, oldest first.
+    pub withdrawn: Vec<GenerationId>,
+    /// The generation the gate no longer halts on.
+    pub waived: Option<GenerationId>,
+    /// Generations promoted earlier, still everyone's unless withdrawn.
+    pub promoted_before: Vec<GenerationId>,
+}
+
+/// One node's last record, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRow {
+    /// Its certname.
+    pub certname: String,
+    /// Its environment.
+    pub environment: String,
+    /// The generation it reported (or was served).
+    pub generation: Option<GenerationId>,
+    /// When it was heard, unix milliseconds.
+    pub last_seen_ms: u64,
+    /// `report` or `served`.
+    pub source: String,
+    /// Loads that succeeded.
+    pub loads_ok: u32,
+    /// Loads still failing.
+    pub loads_failed: u32,
+    /// The failing plugins' names.
+    pub failed: Vec<String>,
+}
+
+/// The state store (module docs): one connection to the embedded file,
+/// serialized; each call one transaction.
+pub struct StateStore {
+    place: String,
+    db: Mutex<rusqlite::Connection>,
+}
+
+impl std::fmt::Debug for StateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateStore")
+            .field("place", &self.place)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StateStore {
+    /// Opens the store of `settings` and brings its schema to this
+    /// binary's version (refused when the database's is newer).
+    pub fn open(settings: &Settings) -> Result<StateStore, StoreError> {
+        let place = settings.place();
+        let dir = match &settings.backend {
+            Backend::Embedded(dir) => dir,
+            Backend::Postgres(_) => return Err(StoreError::NoPostgres(place)),
+        };
+        let db = sqlite::open(&dir.join(EMBEDDED_FILE)).map_err(|e| db_error(&place, e))?;
+        let store = StateStore {
+            place,
+            db: Mutex::new(db),
+        };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// A store in memory, gone with it: for a master whose store cannot
+    /// be opened (logged) and for tests.
+    pub fn in_memory() -> StateStore {
+        let store = StateStore {
+            place: "(memory)".into(),
+            db: Mutex::new(sqlite::in_memory()),
+        };
+        if let Err(e) = store.migrate() {
+            tracing::error!(error = %e, "in-memory state store without its schema");
+        }
+        store
+    }
+
+    /// Where it is ([`Settings::place`]).
+    pub fn place(&self) -> &str {
+        &self.place
+    }
+
+    /// `(the database's schema version, the newest this binary knows)`.
+    pub fn schema(&self) -> Result<(i64, i64), StoreError> {
+        let found = self.with(sqlite::version)?;
+        Ok((found, known()))
+    }
+
+    fn migrate(&self) -> Result<(), StoreError> {
+        let (found, known) = self.schema()?;
+        if found > known {
+            return Err(StoreError::Newer {
+                place: self.place.clone(),
+                found,
+                known,
+            });
+        }
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
+            self.with(|c| sqlite::migrate(c, *version, sql))?;
+            tracing::info!(place = %self.place, version, "state store schema migrated");
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the connection; its error names the store.
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
+        f(&mut lock(&self.db)).map_err(|e| db_error(&self.place, e))
+    }
+
+    /// The database's time, unix seconds.
+    pub fn now(&self) -> Result<i64, StoreError> {
+        self.with(sqlite::now)
+    }
+
+    /// A value of `meta` (e.g. this master's origin name).
+    pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.with(|c| sqlite::meta(c, key))
+    }
+
+    /// Sets a value of `meta`.
+    pub fn set_meta(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        self.with(|c| sqlite::set_meta(c, key, value))
+    }
+
+    /// Every environment's commands' state.
+    pub fn commands(&self) -> Result<Vec<CommandRow>, StoreError> {
+        self.with(sqlite::commands)
+    }
+
+    /// Writes `rows` (each environment's new state) and one history row
+    /// each for `action` issued `by`, in one transaction.
+    pub fn write_commands(
+        &self,
+        rows: &[CommandRow],
+        action: &str,
+        by: &str,
+    ) -> Result<(), StoreError> {
+        self.with(|c| sqlite::write_commands(c, rows, action, by))
+    }
+
+    /// The history of `environment`'s commands, newest first, at most
+    /// `limit`: `(at, action, by)`.
+    pub fn history(
+        &self,
+        environment: &str,
+        limit: usize,
+    ) -> Result<Vec<(i64, String, String)>, StoreError> {
+        self.with(|c| sqlite::history(c, environment, limit))
+    }
+
+    /// The generations kept per environment, oldest first.
+    pub fn seen(&self) -> Result<Vec<(String, GenerationId)>, StoreError> {
+        self.with(sqlite::seen)
+    }
+
+    /// Adds `ids` to `environment`'s seen generations, keeping the newest
+    /// `max`.
+    pub fn add_seen(
+        &self,
+        environment: &str,
+        ids: &[GenerationId],
+        max: usize,
+    ) -> Result<(), StoreError> {
+        self.with(|c| sqlite::add_seen(c, environment, ids, max))
+    }
+
+    /// The `max` most recently seen nodes.
+    pub fn nodes(&self, max: usize) -> Result<Vec<NodeRow>, StoreError> {
+        self.with(|c| sqlite::nodes(c, max))
+    }
+
+    /// Writes `rows` in one transaction (a node's record replaced only by
+    /// a later one).
+    pub fn write_nodes(&self, rows: &[NodeRow]) -> Result<(), StoreError> {
+        self.with(|c| sqlite::write_nodes(c, rows))
+    }
+
+    /// Forgets the least recently seen nodes beyond `max`; how many.
+    pub fn prune_nodes(&self, max: usize) -> Result<usize, StoreError> {
+        self.with(|c| sqlite::prune_nodes(c, max))
+    }
+}
+
+/// The newest schema version this binary knows.
+fn known() -> i64 {
+    MIGRATIONS.last().map_or(0, |(v, _)| *v)
+}
+
+fn db_error(place: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Database {
+        place: place.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(n: u8) -> GenerationId {
+        GenerationId(pluginsync_common::digest::Sha256::of(&[n]))
+    }
+
+    #[test]
+    fn settings_name_the_backend_and_hide_passwords() {
+        let dir = Path::new("/var/lib/pluginsync/generations");
+        let s = Settings::parse(None, 4, dir).unwrap();
+        assert_eq!(s.backend, Backend::Embedded(dir.into()));
+        assert!(s.place().ends_with("state/pluginsync.sqlite"));
+        let s = Settings::parse(Some("postgresql://ps:secret@db:5432/ps"), 4, dir).unwrap();
+        assert_eq!(s.place(), "postgresql://ps:***@db:5432/ps");
+        let e = Settings::parse(Some("mysql://u:pw@db/x"), 4, dir)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("state.url") && !e.contains("pw"), "{e}");
+        assert!(Settings::parse(None, 0, dir).is_err());
+    }
+
+    #[test]
+    fn the_file_is_the_masters_alone_and_keeps_what_was_written() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings::embedded(dir.path());
+        let store = StateStore::open(&settings).unwrap();
+        assert_eq!(store.schema().unwrap(), (known(), known()));
+        let row = CommandRow {
+            environment: "production".into(),
+            clock: 3,
+            origin: "a".into(),
+            halt: Some((2030, "halted by op".into())),
+            promoted: Some(g(1)),
+            withdrawn: vec![g(2), g(3)],
+            waived: None,
+            promoted_before: vec![g(4)],
+        };
+        store
+            .write_commands(std::slice::from_ref(&row), "halt", "op")
+            .unwrap();
+        let node = NodeRow {
+            certname: "n1".into(),
+            environment: "production".into(),
+            generation: Some(g(1)),
+            last_seen_ms: 5000,
+            source: "report".into(),
+            loads_ok: 2,
+            loads_failed: 1,
+            failed: vec!["facter/bad.rb".into()],
+        };
+        let older = NodeRow {
+            last_seen_ms: 4000,
+            generation: None,
+            ..node.clone()
+        };
+        store.write_nodes(std::slice::from_ref(&node)).unwrap();
+        store.write_nodes(&[older]).unwrap();
+        store
+            .add_seen("production", &[g(1), g(2), g(3)], 2)
+            .unwrap();
+        drop(store);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let file = dir.path().join(EMBEDDED_FILE);
+        assert_eq!(mode(&file), 0o600);
+        assert_eq!(mode(file.parent().unwrap()), 0o700);
+        let again = StateStore::open(&settings).unwrap();
+        assert_eq!(again.commands().unwrap(), vec![row]);
+        assert_eq!(
+            again.nodes(10).unwrap(),
+            vec![node],
+            "an older record loses"
+        );
+        let seen: Vec<_> = again.seen().unwrap().into_iter().map(|s| s.1).collect();
+        assert_eq!(seen, vec![g(2), g(3)]);
+        let history = again.history("production", 10).unwrap();
+        assert_eq!(history.len(), 1);
+        assert_eq!(
+            (history[0].1.as_str(), history[0].2.as_str()),
+            ("halt", "op")
+        );
+    }
+
+    #[test]
+    fn a_database_newer_than_the_binary_is_refused_with_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings::embedded(dir.path());
+        let store = StateStore::open(&settings).unwrap();
+        store
+            .with(|c| sqlite::migrate(c, known() + 1, "SELECT 1"))
+            .unwrap();
+        drop(store);
+        let e = StateStore::open(&settings).unwrap_err().to_string();
+        assert!(e.contains("newer than this pluginsync-master"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn nodes_beyond_the_bound_are_forgotten_least_recent_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::open(&Settings::embedded(dir.path())).unwrap();
+        let rows: Vec<NodeRow> = (0..5u64)
+            .map(|i| NodeRow {
+                certname: format!("n{i}"),
+                environment: "production".into(),
+                generation: None,
+                last_seen_ms: 1000 + i,
+                source: "served".into(),
+                loads_ok: 0,
+                loads_failed: 0,
+                failed: Vec::new(),
+            })
+            .collect();
+        store.write_nodes(&rows).unwrap();
+        assert_eq!(store.prune_nodes(3).unwrap(), 2);
+        let names: Vec<_> = store
+            .nodes(10)
+            .unwrap()
+            .into_iter()
+            .map(|n| n.certname)
+            .collect();
+        assert_eq!(names, ["n4", "n3", "n2"]);
+    }
+}

@@ -1,0 +1,121 @@
+//! Node reports written behind the requests: a request hands its record
+//! to [`Writer::push`] (a map insert, never the database), and a thread
+//! writes what is pending every [`INTERVAL`] in one transaction. Bounded:
+//! one pending record per node (the latest), at most `capacity` nodes; a
+//! record beyond is counted in [`Writer::dropped`], not kept. A write that
+//! fails keeps its records pending (unless a later one of the same node
+//! came meanwhile), written when the database answers again.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use pluginsync_common::mutex::lock;
+
+use super::{NodeRow, StateStore};
+
+/// How often pending records are written.
+pub const INTERVAL: Duration = Duration::from_millis(200);
+/// How often nodes beyond the bound are forgotten in the database.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// The write-behind queue of node records (module docs).
+#[derive(Debug)]
+pub struct Writer {
+    store: Arc<StateStore>,
+    pending: Mutex<HashMap<String, NodeRow>>,
+    capacity: usize,
+    max_nodes: usize,
+    /// Serializes writes (the thread's and [`Writer::flush`]'s).
+    writing: Mutex<()>,
+    /// Records not kept because the queue was full.
+    pub dropped: AtomicU64,
+}
+
+impl Writer {
+    /// A queue of at most `capacity` nodes into `store`, which keeps at
+    /// most `max_nodes`, and its thread (which ends with the queue).
+    pub fn start(store: Arc<StateStore>, capacity: usize, max_nodes: usize) -> Arc<Writer> {
+        let w = Arc::new(Writer {
+            store,
+            pending: Mutex::default(),
+            capacity,
+            max_nodes,
+            writing: Mutex::new(()),
+            dropped: AtomicU64::new(0),
+        });
+        let weak = Arc::downgrade(&w);
+        let spawned = std::thread::Builder::new()
+            .name("state-writer".into())
+            .spawn(move || run(&weak));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "state store writer not started: node reports are not kept");
+        }
+        w
+    }
+
+    /// Queues `row`; false if the queue was full.
+    pub fn push(&self, row: NodeRow) -> bool {
+        let mut q = lock(&self.pending);
+        if q.len() >= self.capacity && !q.contains_key(&row.certname) {
+            self.dropped.fetch_add(1, Relaxed);
+            return false;
+        }
+        q.insert(row.certname.clone(), row);
+        true
+    }
+
+    /// Records waiting to be written.
+    pub fn pending(&self) -> usize {
+        lock(&self.pending).len()
+    }
+
+    /// Writes what is pending now; the store's error if it failed (the
+    /// records stay pending).
+    pub fn flush(&self) -> Result<(), super::StoreError> {
+        let _one = lock(&self.writing);
+        let rows: Vec<NodeRow> = lock(&self.pending).drain().map(|(_, r)| r).collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let written = self.store.write_nodes(&rows);
+        if written.is_err() {
+            let mut q = lock(&self.pending);
+            for r in rows {
+                if q.len() < self.capacity || q.contains_key(&r.certname) {
+                    q.entry(r.certname.clone()).or_insert(r);
+                }
+            }
+        }
+        written
+    }
+}
+
+/// The thread: write every [`INTERVAL`], prune every [`PRUNE_EVERY`];
+/// one log line when writes start failing and one when they recover.
+fn run(writer: &Weak<Writer>) {
+    let mut failing = false;
+    let mut pruned = Instant::now();
+    loop {
+        std::thread::sleep(INTERVAL);
+        let Some(w) = writer.upgrade() else { return };
+        match w.flush() {
+            Ok(()) if failing => {
+                failing = false;
+                tracing::warn!(place = %w.store.place(), "state store: node reports written again");
+            }
+            Err(e) if !failing => {
+                failing = true;
+                tracing::error!(error = %e, pending = w.pending(), "node reports not written: kept until the state store answers");
+            }
+            _ => {}
+        }
+        if pruned.elapsed() >= PRUNE_EVERY {
+            pruned = Instant::now();
+            if let Err(e) = w.store.prune_nodes(w.max_nodes) {
+                tracing::warn!(error = %e, "state store: old nodes not pruned");
+            }
+        }
+    }
+}
