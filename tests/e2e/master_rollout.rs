@@ -6,10 +6,12 @@
 //! converging from its peer; a replica that never held a node's generation
 //! answering 503. Stock agents placed like ours: `master_rollout/stock.rs`;
 //! real `pluginsync-agent` runs through a rollout: `master_rollout/agents.rs`;
-//! a single master's state across restarts: `master_rollout/store.rs`.
+//! a single master's state across restarts: `master_rollout/store.rs`;
+//! the gate counting only what was served: `master_rollout/claims.rs`.
 
 mod agents;
 mod bundle;
+mod claims;
 mod rollback;
 mod status;
 mod stock;

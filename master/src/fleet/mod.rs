@@ -121,6 +121,11 @@ pub struct NodeEntry {
     /// The failing plugins' names (at most 16).
     #[serde(default)]
     pub failed_plugins: Vec<String>,
+    /// Whether a replica served the node `generation` (a per-node answer
+    /// or a listing named it): only then does the health gate count it
+    /// (docs/rollouts.md#the-health-gate); `false`: only claimed.
+    #[serde(default)]
+    pub verified: bool,
 }
 
 /// The inventory's JSON: every node, by certname.
@@ -140,6 +145,8 @@ pub struct Fleet {
     outboxes: Vec<Mutex<HashMap<String, Node>>>,
     /// The state store's queue of records to write, if kept.
     writer: Option<Arc<Writer>>,
+    /// This master's name in the store's `served` rows.
+    replica: String,
     /// Reports ignored (malformed, oversized).
     pub bad_reports: Sampler,
     /// Records not queued for a peer whose queue was full.
@@ -160,6 +167,7 @@ impl Fleet {
             nodes: Mutex::default(),
             outboxes: (0..peers).map(|_| Mutex::default()).collect(),
             writer: None,
+            replica: String::new(),
             bad_reports: Sampler::default(),
             outbox_dropped: AtomicU64::new(0),
         }
@@ -174,12 +182,22 @@ impl Fleet {
         store: Arc<StateStore>,
     ) -> Result<Fleet, StoreError> {
         let mut fleet = Fleet::new(config, peers);
+        fleet.replica = store.origin()?;
         let rows = store.nodes(config.max_nodes)?;
+        let mut served: HashMap<(String, String), Vec<GenerationId>> = HashMap::new();
+        for s in store.served()? {
+            served
+                .entry((s.certname, s.environment))
+                .or_default()
+                .push(s.generation);
+        }
         let now = now_ms();
         {
             let mut nodes = fleet.lock();
             for r in &rows {
-                if let Some(node) = Node::of_row(r, now) {
+                let key = (r.certname.clone(), r.environment.clone());
+                let to_it = served.get(&key).map_or(&[][..], Vec::as_slice);
+                if let Some(node) = Node::of_row(r, to_it, now) {
                     nodes.upsert(&r.certname, node, config.max_nodes);
                 }
             }
@@ -244,6 +262,8 @@ impl Fleet {
                     loads_ok: r.loads_ok,
                     loads_failed: r.loads_failed,
                     failed: r.failed.clone(),
+                    served: Vec::new(),
+                    verified: false,
                 },
                 Err(e) => {
                     if let Some(n) = self.bad_reports.note() {
@@ -279,11 +299,14 @@ impl Fleet {
                         loads_ok: 0,
                         loads_failed,
                         failed,
+                        served: Vec::new(),
+                        verified: false,
                     }
                 }
                 None => return,
             },
         };
+        let node = self.served(certname, node, served);
         self.keep(certname, node);
     }
 
@@ -317,7 +340,10 @@ impl Fleet {
             failed: (failed.iter().take(MAX_FAILED_NAMED))
                 .map(|n| n.chars().take(MAX_NAME_CHARS).collect())
                 .collect(),
+            served: Vec::new(),
+            verified: false,
         };
+        let node = self.served(certname, node, None);
         self.keep(certname, node);
         true
     }
@@ -341,6 +367,23 @@ impl Fleet {
         self.lock().upsert(certname, node, self.max_nodes);
     }
 
+    /// `node` with what was served to `certname` before in its
+    /// environment and `served` now (queued for the store when new): a
+    /// reported generation is verified only if it is among them.
+    fn served(&self, certname: &str, mut node: Node, served: Option<GenerationId>) -> Node {
+        if let Some(old) = self.lock().by_name.get(certname)
+            && old.env == node.env
+        {
+            node.served.clone_from(&old.served);
+        }
+        if node.serve(served)
+            && let (Some(w), Some(id)) = (&self.writer, served)
+        {
+            w.served(node.served_row(certname, id, &self.replica, now_ms()));
+        }
+        node
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Nodes> {
         self.nodes.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -354,7 +397,13 @@ impl Fleet {
         let mut nodes = self.lock();
         for e in entries {
             match Node::of_entry(e, now) {
-                Some(node) => {
+                Some(mut node) => {
+                    if let Some(old) = nodes.by_name.get(&e.certname)
+                        && old.env == node.env
+                    {
+                        node.served.clone_from(&old.served);
+                        node.serve(None);
+                    }
                     self.persist(&e.certname, &node);
                     nodes.upsert(&e.certname, node, self.max_nodes);
                 }
@@ -365,11 +414,13 @@ impl Fleet {
     }
 
     /// Nodes of `env` on `generation`, and how many of them report load
-    /// failures, over the whole fleet (what peers shared included).
+    /// failures, over the whole fleet (what peers shared included): only
+    /// the nodes a replica served `generation` (a claim alone moves no
+    /// gate, docs/rollouts.md#the-health-gate).
     pub fn on_generation(&self, env: &EnvName, generation: &GenerationId) -> (u64, u64) {
         self.lock()
-            .tally
-            .get(&(env.clone(), Some(*generation)))
+            .verified
+            .get(&(env.clone(), *generation))
             .copied()
             .unwrap_or_default()
     }
@@ -502,6 +553,20 @@ mod tests {
         tick();
         f.heard("c", &prod, None, Some(g(2)));
         tick();
+        assert_eq!(
+            f.on_generation(&prod, &g(1)),
+            (0, 0),
+            "a generation claimed but never served counts nothing"
+        );
+        assert_eq!(f.on_generation(&prod, &g(2)), (1, 0));
+        assert!(!f.inventory().nodes[0].verified, "recorded as claimed");
+        // Served the generation they report: counted.
+        f.heard("a", &prod, Some(r.as_bytes()), Some(g(1)));
+        tick();
+        f.heard("b", &prod, Some(report(g(1), &[]).as_bytes()), Some(g(1)));
+        tick();
+        f.heard("c", &prod, None, Some(g(2)));
+        tick();
         assert_eq!(f.on_generation(&prod, &g(1)), (2, 1));
         assert_eq!(f.on_generation(&prod, &g(2)), (1, 0));
         // A report that cannot be read changes nothing, for anyone.
@@ -581,15 +646,30 @@ mod tests {
         let config = FleetConfig::default();
         let prod = env("production");
         let f = Fleet::with_store(&config, 0, open()).unwrap();
-        f.heard("a", &prod, Some(report(g(1), &["x"]).as_bytes()), None);
+        f.heard(
+            "a",
+            &prod,
+            Some(report(g(1), &["x"]).as_bytes()),
+            Some(g(1)),
+        );
         f.heard("b", &prod, None, Some(g(2)));
+        f.heard(
+            "c",
+            &prod,
+            Some(report(g(1), &["x"]).as_bytes()),
+            Some(g(2)),
+        );
         f.flush();
         let before = f.inventory().nodes;
-        assert_eq!(before.len(), 2);
+        assert_eq!(before.len(), 3);
         drop(f);
         let again = Fleet::with_store(&config, 0, open()).unwrap();
         assert_eq!(again.inventory().nodes, before, "the same inventory");
-        assert_eq!(again.on_generation(&prod, &g(1)), (1, 1), "the same counts");
+        assert_eq!(
+            again.on_generation(&prod, &g(1)),
+            (1, 1),
+            "what was served is kept: the same counts"
+        );
     }
 
     #[test]
@@ -597,7 +677,12 @@ mod tests {
         let here = fleet(100, 1);
         let there = fleet(100, 1);
         let prod = env("production");
-        here.heard("n1", &prod, Some(report(g(1), &["x"]).as_bytes()), None);
+        here.heard(
+            "n1",
+            &prod,
+            Some(report(g(1), &["x"]).as_bytes()),
+            Some(g(1)),
+        );
         let sent = here.take_outbox(0, 10);
         assert_eq!(sent.len(), 1);
         assert!(here.take_outbox(0, 10).is_empty());
@@ -605,7 +690,7 @@ mod tests {
         assert_eq!(there.on_generation(&prod, &g(1)), (1, 1));
         // Older news of the same node does not win.
         std::thread::sleep(Duration::from_millis(3));
-        there.heard("n1", &prod, Some(report(g(2), &[]).as_bytes()), None);
+        there.heard("n1", &prod, Some(report(g(2), &[]).as_bytes()), Some(g(2)));
         there.merge(&sent);
         assert_eq!(there.on_generation(&prod, &g(2)), (1, 0));
         let mut bad = sent[0].clone();

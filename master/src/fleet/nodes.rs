@@ -11,7 +11,10 @@ use pluginsync_common::generation::GenerationId;
 use pluginsync_common::rollout::{MAX_FAILED_NAMED, MAX_NAME_CHARS};
 
 use super::{NodeEntry, Source};
-use crate::statestore::NodeRow;
+use crate::statestore::{NodeRow, ServedRow};
+
+/// Generations remembered as served per node (its environment's newest).
+pub(super) const MAX_SERVED: usize = 8;
 
 /// A node as kept.
 #[derive(Debug, Clone)]
@@ -24,6 +27,12 @@ pub(super) struct Node {
     pub(super) loads_ok: u32,
     pub(super) loads_failed: u32,
     pub(super) failed: Vec<String>,
+    /// The generations a replica served it in `env` (oldest first, at
+    /// most [`MAX_SERVED`]).
+    pub(super) served: Vec<GenerationId>,
+    /// Whether `generation` is one a replica served it: only then does
+    /// the health gate count it (docs/rollouts.md#the-health-gate).
+    pub(super) verified: bool,
 }
 
 impl Node {
@@ -38,7 +47,21 @@ impl Node {
             loads_ok: self.loads_ok,
             load_failures: self.loads_failed,
             failed_plugins: self.failed.clone(),
+            verified: self.verified,
         }
+    }
+
+    /// Adds `id` to what was served (true if it is new there), and
+    /// decides whether the generation reported was served.
+    pub(super) fn serve(&mut self, id: Option<GenerationId>) -> bool {
+        let new = id.filter(|g| !self.served.contains(g));
+        if let Some(g) = new {
+            self.served.push(g);
+            let over = self.served.len().saturating_sub(MAX_SERVED);
+            self.served.drain(..over);
+        }
+        self.verified |= (self.generation).is_some_and(|g| self.served.contains(&g));
+        new.is_some()
     }
 
     /// A peer's entry, checked as strictly as a node's own report; its
@@ -64,6 +87,8 @@ impl Node {
             loads_ok: e.loads_ok,
             loads_failed: e.load_failures,
             failed: e.failed_plugins.clone(),
+            served: Vec::new(),
+            verified: e.verified,
         })
     }
 }
@@ -76,22 +101,21 @@ pub(super) struct Nodes {
     pub(super) by_age: BTreeSet<(u64, String)>,
     /// `(nodes, failing nodes)` per environment and generation.
     pub(super) tally: HashMap<(EnvName, Option<GenerationId>), (u64, u64)>,
+    /// The same, of the nodes whose generation was served to them.
+    pub(super) verified: HashMap<(EnvName, GenerationId), (u64, u64)>,
 }
 
 impl Nodes {
     fn count(&mut self, node: &Node, add: bool) {
-        let key = (node.env.clone(), node.generation);
-        let t = self.tally.entry(key.clone()).or_default();
         let failing = u64::from(node.loads_failed > 0);
-        if add {
-            t.0 += 1;
-            t.1 += failing;
-        } else {
-            t.0 = t.0.saturating_sub(1);
-            t.1 = t.1.saturating_sub(failing);
-            if t.0 == 0 {
-                self.tally.remove(&key);
-            }
+        tally(
+            &mut self.tally,
+            (node.env.clone(), node.generation),
+            failing,
+            add,
+        );
+        if let Some(g) = node.generation.filter(|_| node.verified) {
+            tally(&mut self.verified, (node.env.clone(), g), failing, add);
         }
     }
 
@@ -126,6 +150,26 @@ impl Nodes {
     }
 }
 
+/// Counts a node (`failing`: 1 or 0) in or out of `t` under `key`.
+fn tally<K: std::hash::Hash + Eq + Clone>(
+    t: &mut HashMap<K, (u64, u64)>,
+    key: K,
+    failing: u64,
+    add: bool,
+) {
+    let c = t.entry(key.clone()).or_default();
+    if add {
+        c.0 += 1;
+        c.1 += failing;
+    } else {
+        c.0 = c.0.saturating_sub(1);
+        c.1 = c.1.saturating_sub(failing);
+        if c.0 == 0 {
+            t.remove(&key);
+        }
+    }
+}
+
 impl Node {
     /// `certname`'s record as the state store's row.
     pub(super) fn row(&self, certname: &str) -> NodeRow {
@@ -145,8 +189,26 @@ impl Node {
         }
     }
 
-    /// A stored row, checked as a peer's entry is ([`Node::of_entry`]).
-    pub(super) fn of_row(r: &NodeRow, now_ms: u64) -> Option<Node> {
+    /// A generation served to `certname` as the state store's row.
+    pub(super) fn served_row(
+        &self,
+        certname: &str,
+        id: GenerationId,
+        replica: &str,
+        at_ms: u64,
+    ) -> ServedRow {
+        ServedRow {
+            certname: certname.to_owned(),
+            environment: self.env.to_string(),
+            generation: id,
+            replica: replica.to_owned(),
+            at_ms,
+        }
+    }
+
+    /// A stored row, checked as a peer's entry is ([`Node::of_entry`]),
+    /// with what was `served` to it in its environment.
+    pub(super) fn of_row(r: &NodeRow, served: &[GenerationId], now_ms: u64) -> Option<Node> {
         let source = match r.source.as_str() {
             "report" => Source::Report,
             "served" => Source::Served,
@@ -162,7 +224,11 @@ impl Node {
             loads_ok: r.loads_ok,
             load_failures: r.loads_failed,
             failed_plugins: r.failed.clone(),
+            verified: false,
         };
-        Node::of_entry(&entry, now_ms)
+        let mut node = Node::of_entry(&entry, now_ms)?;
+        node.served = served.to_vec();
+        node.serve(None);
+        Some(node)
     }
 }

@@ -14,14 +14,12 @@ use serde::{Deserialize, Serialize};
 
 use super::{Command, Halt};
 use crate::generations::Stamp;
-use crate::statestore::{CommandRow, StateStore, StoreError};
+use crate::statestore::{CommandRow, ORIGIN_KEY, StateStore, StoreError};
 
 /// The state file earlier masters kept under `[generations] dir`.
 pub(super) const STATE_FILE: &str = "rollout.json";
 /// What it is renamed to once imported.
 const IMPORTED: &str = "rollout.json.imported";
-/// The `meta` key of this master's [`Command::origin`].
-const ORIGIN_KEY: &str = "origin";
 
 /// The commands' state as this master holds it (and as `rollout.json`
 /// held it).
@@ -68,11 +66,11 @@ fn command_of(r: CommandRow) -> Option<(EnvName, Command)> {
 }
 
 /// The state in `store`, after importing `dir/rollout.json` if one is
-/// there; this master's origin named (and kept) if it had none.
+/// there (its origin kept as this master's if the store had none).
 pub(super) fn load(store: &StateStore, dir: &Path) -> Result<Persisted, StoreError> {
     import(store, dir)?;
     let mut p = Persisted {
-        origin: store.meta(ORIGIN_KEY)?.unwrap_or_default(),
+        origin: store.origin()?,
         environments: store
             .commands()?
             .into_iter()
@@ -84,16 +82,6 @@ pub(super) fn load(store: &StateStore, dir: &Path) -> Result<Persisted, StoreErr
         if let Ok(env) = env.parse() {
             p.seen.entry(env).or_default().push(id);
         }
-    }
-    if p.origin.is_empty() {
-        let seed = format!(
-            "{}-{}-{}",
-            std::process::id(),
-            Stamp::now().0,
-            store.place()
-        );
-        p.origin = pluginsync_common::digest::Sha256::of(seed.as_bytes()).to_hex()[..16].to_owned();
-        store.set_meta(ORIGIN_KEY, &p.origin)?;
     }
     Ok(p)
 }

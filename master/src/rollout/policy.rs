@@ -46,13 +46,15 @@ pub struct WaveSpec {
 pub struct HaltOn {
     /// Share of the nodes on the generation, in (0, 100].
     pub percent: f64,
-    /// Failing nodes at least.
-    #[serde(default = "one")]
+    /// Failing nodes at least; 2 by default, so one node (one
+    /// certificate) never halts a rollout alone
+    /// (docs/rollouts.md#the-health-gate).
+    #[serde(default = "two")]
     pub min_nodes: u64,
 }
 
-fn one() -> u64 {
-    1
+fn two() -> u64 {
+    2
 }
 
 impl HaltOn {
@@ -276,6 +278,11 @@ halt_on_load_failures = { percent = 2, min_nodes = 3 }
         assert!(gate.trips(100, 3));
         assert!(!gate.trips(1000, 3), "under 2 percent");
         assert!(!gate.trips(0, 0));
+        let default = parse(&GOOD.replace(", min_nodes = 3", "")).unwrap();
+        let gate = default.of("production").unwrap().halt_on.unwrap();
+        assert_eq!(gate.min_nodes, 2);
+        assert!(!gate.trips(1, 1), "one node never halts alone");
+        assert!(gate.trips(2, 2));
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub use self::writer::Writer;
 /// The schema versions this binary knows, in order: `(version, SQL)`.
 const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/0001_initial.sql"))];
 
+/// The `meta` key of this master's name.
+pub const ORIGIN_KEY: &str = "origin";
+
 /// The embedded store's file under the state directory.
 pub const EMBEDDED_FILE: &str = "state/pluginsync.sqlite";
 
@@ -196,6 +199,21 @@ pub struct NodeRow {
     pub failed: Vec<String>,
 }
 
+/// A generation served to a node, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedRow {
+    /// The node's certname.
+    pub certname: String,
+    /// Its environment.
+    pub environment: String,
+    /// The generation a per-node answer or a listing named to it.
+    pub generation: GenerationId,
+    /// The master that served it ([`StateStore::origin`]).
+    pub replica: String,
+    /// When it was first served, unix milliseconds.
+    pub at_ms: u64,
+}
+
 /// The state store (module docs): one connection to the embedded file,
 /// serialized; each call one transaction.
 pub struct StateStore {
@@ -282,6 +300,24 @@ impl StateStore {
         self.with(sqlite::now)
     }
 
+    /// This master's name (for a command's origin, a served row's
+    /// replica): made once, then kept in `meta`.
+    pub fn origin(&self) -> Result<String, StoreError> {
+        if let Some(o) = self.meta(ORIGIN_KEY)? {
+            return Ok(o);
+        }
+        let seed = format!(
+            "{}-{:?}-{}",
+            std::process::id(),
+            std::time::SystemTime::now(),
+            self.place
+        );
+        let origin =
+            pluginsync_common::digest::Sha256::of(seed.as_bytes()).to_hex()[..16].to_owned();
+        self.set_meta(ORIGIN_KEY, &origin)?;
+        Ok(origin)
+    }
+
     /// A value of `meta` (e.g. this master's origin name).
     pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
         self.with(|c| sqlite::meta(c, key))
@@ -339,13 +375,19 @@ impl StateStore {
         self.with(|c| sqlite::nodes(c, max))
     }
 
-    /// Writes `rows` in one transaction (a node's record replaced only by
-    /// a later one).
-    pub fn write_nodes(&self, rows: &[NodeRow]) -> Result<(), StoreError> {
-        self.with(|c| sqlite::write_nodes(c, rows))
+    /// Writes `rows` and `served` in one transaction (a node's record
+    /// replaced only by a later one, a served row kept from its first).
+    pub fn write_nodes(&self, rows: &[NodeRow], served: &[ServedRow]) -> Result<(), StoreError> {
+        self.with(|c| sqlite::write_nodes(c, rows, served))
     }
 
-    /// Forgets the least recently seen nodes beyond `max`; how many.
+    /// Every generation served to a node still in the inventory.
+    pub fn served(&self) -> Result<Vec<ServedRow>, StoreError> {
+        self.with(sqlite::served)
+    }
+
+    /// Forgets the least recently seen nodes beyond `max` (and what was
+    /// served to the nodes forgotten); how many nodes.
     pub fn prune_nodes(&self, max: usize) -> Result<usize, StoreError> {
         self.with(|c| sqlite::prune_nodes(c, max))
     }
@@ -421,8 +463,17 @@ mod tests {
             generation: None,
             ..node.clone()
         };
-        store.write_nodes(std::slice::from_ref(&node)).unwrap();
-        store.write_nodes(&[older]).unwrap();
+        let served = ServedRow {
+            certname: "n1".into(),
+            environment: "production".into(),
+            generation: g(1),
+            replica: store.origin().unwrap(),
+            at_ms: 4500,
+        };
+        store
+            .write_nodes(std::slice::from_ref(&node), std::slice::from_ref(&served))
+            .unwrap();
+        store.write_nodes(&[older], &[]).unwrap();
         store
             .add_seen("production", &[g(1), g(2), g(3)], 2)
             .unwrap();
@@ -438,6 +489,7 @@ mod tests {
             vec![node],
             "an older record loses"
         );
+        assert_eq!(again.served().unwrap(), vec![served]);
         let seen: Vec<_> = again.seen().unwrap().into_iter().map(|s| s.1).collect();
         assert_eq!(seen, vec![g(2), g(3)]);
         let history = again.history("production", 10).unwrap();
@@ -478,7 +530,7 @@ mod tests {
                 failed: Vec::new(),
             })
             .collect();
-        store.write_nodes(&rows).unwrap();
+        store.write_nodes(&rows, &[]).unwrap();
         assert_eq!(store.prune_nodes(3).unwrap(), 2);
         let names: Vec<_> = store
             .nodes(10)

@@ -10,7 +10,7 @@ use std::str::FromStr;
 use pluginsync_common::generation::GenerationId;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::{CommandRow, NodeRow};
+use super::{CommandRow, NodeRow, ServedRow};
 
 /// Opens (creating) the file at `path`, its directory the master's alone.
 pub(super) fn open(path: &Path) -> rusqlite::Result<Connection> {
@@ -281,7 +281,11 @@ pub(super) fn nodes(c: &mut Connection, max: usize) -> rusqlite::Result<Vec<Node
     q.query_map([max as i64], node_of)?.collect()
 }
 
-pub(super) fn write_nodes(c: &mut Connection, rows: &[NodeRow]) -> rusqlite::Result<()> {
+pub(super) fn write_nodes(
+    c: &mut Connection,
+    rows: &[NodeRow],
+    served: &[ServedRow],
+) -> rusqlite::Result<()> {
     let tx = c.transaction()?;
     {
         let mut up = tx.prepare_cached(
@@ -308,17 +312,69 @@ pub(super) fn write_nodes(c: &mut Connection, rows: &[NodeRow]) -> rusqlite::Res
                 n.source
             ])?;
         }
+        let mut add = tx.prepare_cached(
+            "INSERT INTO served (certname, environment, generation, replica, at_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (certname, environment, generation) DO NOTHING",
+        )?;
+        for s in served {
+            add.execute(params![
+                s.certname,
+                s.environment,
+                s.generation.to_hex(),
+                s.replica,
+                s.at_ms as i64
+            ])?;
+        }
     }
     tx.commit()
+}
+
+pub(super) fn served(c: &mut Connection) -> rusqlite::Result<Vec<ServedRow>> {
+    let mut q = c.prepare(
+        "SELECT s.certname, s.environment, s.generation, s.replica, s.at_ms
+         FROM served s JOIN node_reports n ON n.certname = s.certname
+         ORDER BY s.certname, s.at_ms",
+    )?;
+    let rows = q.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, String>(3)?,
+            r.get::<_, i64>(4)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (certname, environment, generation, replica, at) = row?;
+        if let Some(generation) = id_of(Some(generation)) {
+            out.push(ServedRow {
+                certname,
+                environment,
+                generation,
+                replica,
+                at_ms: at as u64,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// Forgets the least recently seen nodes beyond `max` (a scan of the
 /// age index: called now and then, not per write).
 pub(super) fn prune_nodes(c: &mut Connection, max: usize) -> rusqlite::Result<usize> {
-    c.execute(
+    let tx = c.transaction()?;
+    let n = tx.execute(
         "DELETE FROM node_reports WHERE certname IN (
              SELECT certname FROM node_reports
              ORDER BY last_seen_ms DESC, certname LIMIT -1 OFFSET ?1)",
         [max as i64],
-    )
+    )?;
+    tx.execute(
+        "DELETE FROM served WHERE certname NOT IN (SELECT certname FROM node_reports)",
+        [],
+    )?;
+    tx.commit()?;
+    Ok(n)
 }

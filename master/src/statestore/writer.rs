@@ -1,5 +1,6 @@
 //! Node reports written behind the requests: a request hands its record
-//! to [`Writer::push`] (a map insert, never the database), and a thread
+//! to [`Writer::push`] (a map insert, never the database), and what it
+//! was served to [`Writer::served`]; a thread
 //! writes what is pending every [`INTERVAL`] in one transaction. Bounded:
 //! one pending record per node (the latest), at most `capacity` nodes; a
 //! record beyond is counted in [`Writer::dropped`], not kept. A write that
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use pluginsync_common::mutex::lock;
 
-use super::{NodeRow, StateStore};
+use super::{NodeRow, ServedRow, StateStore};
 
 /// How often pending records are written.
 pub const INTERVAL: Duration = Duration::from_millis(200);
@@ -25,6 +26,7 @@ const PRUNE_EVERY: Duration = Duration::from_secs(60);
 pub struct Writer {
     store: Arc<StateStore>,
     pending: Mutex<HashMap<String, NodeRow>>,
+    served: Mutex<Vec<ServedRow>>,
     capacity: usize,
     max_nodes: usize,
     /// Serializes writes (the thread's and [`Writer::flush`]'s).
@@ -40,6 +42,7 @@ impl Writer {
         let w = Arc::new(Writer {
             store,
             pending: Mutex::default(),
+            served: Mutex::default(),
             capacity,
             max_nodes,
             writing: Mutex::new(()),
@@ -66,6 +69,17 @@ impl Writer {
         true
     }
 
+    /// Queues a generation served to a node; false if the queue was full.
+    pub fn served(&self, row: ServedRow) -> bool {
+        let mut q = lock(&self.served);
+        if q.len() >= self.capacity {
+            self.dropped.fetch_add(1, Relaxed);
+            return false;
+        }
+        q.push(row);
+        true
+    }
+
     /// Records waiting to be written.
     pub fn pending(&self) -> usize {
         lock(&self.pending).len()
@@ -76,11 +90,15 @@ impl Writer {
     pub fn flush(&self) -> Result<(), super::StoreError> {
         let _one = lock(&self.writing);
         let rows: Vec<NodeRow> = lock(&self.pending).drain().map(|(_, r)| r).collect();
-        if rows.is_empty() {
+        let served = std::mem::take(&mut *lock(&self.served));
+        if rows.is_empty() && served.is_empty() {
             return Ok(());
         }
-        let written = self.store.write_nodes(&rows);
+        let written = self.store.write_nodes(&rows, &served);
         if written.is_err() {
+            let mut q = lock(&self.served);
+            let room = self.capacity.saturating_sub(q.len());
+            q.extend(served.into_iter().take(room));
             let mut q = lock(&self.pending);
             for r in rows {
                 if q.len() < self.capacity || q.contains_key(&r.certname) {

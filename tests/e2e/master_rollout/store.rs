@@ -3,7 +3,7 @@
 //! inventory and its rollout state are as before, and the health gate
 //! decides from the reports it heard before the restart.
 
-use pluginsync_common::rollout::NodeReport;
+use pluginsync_common::rollout::{NodeReport, in_share, position};
 use pluginsync_tests::{EnvTree, MasterProcess, Pki, client, closed_port, wait_for};
 use serde_json::Value;
 
@@ -23,6 +23,16 @@ fn on(generation: &str, failed: u32) -> NodeReport {
         loads_failed: failed,
         failed: (0..failed).map(|_| "facter/app.rb".to_owned()).collect(),
     }
+}
+
+/// The `n`th certname the first wave (20 %) serves the new generation:
+/// only such nodes count for the gate (docs/rollouts.md#the-health-gate).
+fn in_wave(n: usize) -> String {
+    (0..)
+        .map(certname)
+        .filter(|c| in_share(position("production", c), 20.0))
+        .nth(n)
+        .unwrap()
 }
 
 /// `production`'s status once the master keeps `n` generations.
@@ -75,8 +85,16 @@ async fn a_restarted_master_keeps_its_inventory_and_rollout_state_and_the_gate_c
         .to_owned();
     // Two nodes fail on the new generation (under min_nodes), one is
     // healthy on the first: no halt.
-    for (i, r) in [(0, on(&new, 1)), (1, on(&new, 1)), (9, on(&first, 0))] {
-        assert_eq!(report(&c, m.proxy, &certname(i), &r).await, 200);
+    let healthy = (0..)
+        .map(certname)
+        .find(|c| !in_share(position("production", c), 20.0));
+    let reports = [
+        (in_wave(0), on(&new, 1)),
+        (in_wave(1), on(&new, 1)),
+        (healthy.unwrap(), on(&first, 0)),
+    ];
+    for (name, r) in &reports {
+        assert_eq!(report(&c, m.proxy, name, r).await, 200);
     }
     let heard = inventory(&pki, &m).await;
     assert_eq!(heard.len(), 3, "{heard:?}");
@@ -93,7 +111,7 @@ async fn a_restarted_master_keeps_its_inventory_and_rollout_state_and_the_gate_c
     );
     // A third failing node: 3 of 3 on the new generation, two of them
     // heard before the restart, trip the gate.
-    assert_eq!(report(&c, m.proxy, &certname(2), &on(&new, 1)).await, 200);
+    assert_eq!(report(&c, m.proxy, &in_wave(2), &on(&new, 1)).await, 200);
     let halted = wait_for(PATIENCE, || async {
         let s = rollout(&m.config, "status", &[&m]).remove(0);
         (s["halted"] == true).then_some(s)
