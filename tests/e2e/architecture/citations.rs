@@ -402,8 +402,9 @@ fn readme_and_architecture_md_stay_short() {
         "ARCHITECTURE.md",
         &read("ARCHITECTURE.md"),
         // One page: the map's tables grow by one short row per module;
-        // 13,500 bytes leaves room for the fleet's state store and trust.
-        13_500,
+        // 14,200 bytes holds the state store, trust, reports and the
+        // inventory, each a row; more means cutting, not raising.
+        14_200,
         200,
     ));
     assert!(
