@@ -82,6 +82,9 @@ pub const DEFAULT_SERVER: &str = "https://puppet:8140";
 /// The environment when neither agent.toml nor puppet.conf names one.
 pub const DEFAULT_ENVIRONMENT: &str = "production";
 
+/// `[trust]` (docs/agent.md#signed-generations), declared beside what reads it.
+pub use crate::trust::TrustConfig;
+
 /// One layer of the settings, every setting optional (unset: a lower
 /// layer's, else its default): agent.toml as written, or what the command
 /// line or puppet.conf says.
@@ -153,6 +156,8 @@ pub struct AgentConfig {
     pub switch: Option<switch::SwitchConfig>,
     /// Fact health (docs/loading.md#fact-health), kept in `load.facts`.
     pub facts: Option<crate::facts::FactsConfig>,
+    /// Signed generations (docs/agent.md#signed-generations); unset: off.
+    pub trust: Option<TrustConfig>,
 }
 
 /// `[metrics]` (docs/operating.md#agent-metrics).
@@ -277,6 +282,7 @@ impl ConfigFile for AgentConfig {
             self.metrics.textfile.as_mut(),
             self.puppet_conf.as_mut(),
             self.puppet_lock.file.as_mut(),
+            self.trust.as_mut().map(|t| &mut t.root),
         ]
         .into_iter()
         .flatten()
@@ -433,6 +439,19 @@ mod tests {
             c.servers.as_deref(),
             Some(&["https://puppet.example.org:8140".to_owned()][..])
         );
+    }
+
+    /// `[trust]`: a relative `root` is the config directory's, `grace`
+    /// defaults to an hour, a table without `root` is refused.
+    #[test]
+    fn trust_root_is_relative_to_the_config_and_required() {
+        let c = parse("[trust]\nroot = \"trust/root.json\"\n").unwrap();
+        let t = c.trust.unwrap();
+        assert_eq!(t.root, Path::new("/etc/pluginsync/trust/root.json"));
+        assert_eq!(t.grace, crate::trust::DEFAULT_GRACE);
+        let e = parse("[trust]\ngrace = \"5m\"\n").unwrap_err();
+        assert!(e.to_string().contains("root"), "{e}");
+        assert!(parse(MIN).unwrap().trust.is_none());
     }
 
     /// `[puppet_lock]`: a relative `file` is the config directory's, `""`

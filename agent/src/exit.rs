@@ -28,6 +28,10 @@ pub enum ExitStatus {
     ChangesAndFailures = 6,
     /// The command line is wrong (sysexits `EX_USAGE`).
     Usage = 64,
+    /// `[trust]` refused the generation, its signed metadata or unsigned
+    /// content (docs/agent.md#signed-generations): nothing was changed
+    /// (sysexits `EX_DATAERR`; not 0, 2 or 75, so the timer's unit fails).
+    Untrusted = 65,
     /// Another run holds the run lock: this one was skipped and changed
     /// nothing, wrote no report and no metrics (sysexits `EX_TEMPFAIL`:
     /// the next run retries; docs/agent.md#one-run-at-a-time). Also a
@@ -55,6 +59,8 @@ Exit status:
   4   with --detailed-exitcodes: failures
   6   with --detailed-exitcodes: changes and failures
   64  usage error (unknown flag or subcommand)
+  65  [trust] refused the generation (unsigned, withdrawn, replayed or
+      expired metadata): nothing was changed
   75  another run is in progress: this one was skipped, nothing changed
       (also a Puppet run holding its lock past [puppet_lock] wait)
   78  configuration error

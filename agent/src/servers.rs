@@ -152,6 +152,11 @@ impl Servers {
         }
     }
 
+    /// The HTTP client of every request (`trust::MasterTransport`'s too).
+    pub fn http(&self) -> reqwest::Client {
+        self.client.http()
+    }
+
     /// The server whose per-node answer said, in this run, that it serves
     /// no generations (a 404 from a stock Puppet Server, or from Puppet
     /// Server behind a balancer that does not route `/pluginsync/v1/`).

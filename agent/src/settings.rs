@@ -168,6 +168,9 @@ pub struct Settings {
     pub effective: Vec<Effective>,
     /// `generations` (docs/protocol.md §4.11).
     pub generations: bool,
+    /// `[trust]`: every generation verified before staging
+    /// (docs/agent.md#signed-generations); `None`: off.
+    pub trust: Option<crate::config::TrustConfig>,
 }
 
 impl Settings {
@@ -236,6 +239,7 @@ impl Settings {
             ),
             generations: r.get("generations", |l| l.generations, || true),
             switch: r.switch(),
+            trust: r.trust(&file),
             max_removal_percent: (!run.allow_mass_removal).then_some(
                 (file.max_removal_percent).unwrap_or(config::DEFAULT_MAX_REMOVAL_PERCENT),
             ),

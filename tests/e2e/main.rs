@@ -96,5 +96,7 @@ mod puppet_fleet;
 mod puppet_reports;
 // Signed generations: the manifest the pipeline signs is the one the masters serve.
 mod trust;
+// The agent with [trust] root: a signed generation synced; unsigned, withdrawn, replayed, expired metadata and bundles refused (exit 65).
+mod trust_agent;
 // Puppet Server as our agent's source and a stock Puppet agent as our master's client (needs both).
 mod puppet_server;

@@ -153,6 +153,12 @@ impl Client {
         }
     }
 
+    /// The underlying HTTP client (the one TLS configuration), for
+    /// requests made by another library (`trust::MasterTransport`).
+    pub fn http(&self) -> reqwest::Client {
+        self.http.clone()
+    }
+
     /// The retry policy.
     pub fn retry(&self) -> &Retry {
         &self.retry

@@ -116,6 +116,18 @@ impl Resolver<'_> {
         switch
     }
 
+    /// `[trust]`, shown as `trust = off` when unset.
+    pub(super) fn trust(&mut self, file: &AgentConfig) -> Option<crate::config::TrustConfig> {
+        match &file.trust {
+            Some(t) => t
+                .values()
+                .into_iter()
+                .for_each(|(n, v)| self.show_own(n, v, true)),
+            None => self.show_own("trust", "off", false),
+        }
+        file.trust.clone()
+    }
+
     /// `[load]`, with `[facts]` (docs/loading.md#fact-health) shown as it
     /// resolves on this node.
     pub(super) fn facts(&mut self, file: &AgentConfig) -> LoadConfig {

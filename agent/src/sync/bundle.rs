@@ -29,6 +29,12 @@ impl Run<'_> {
     /// The bundle at `path`, read and checked whole; the run's environment
     /// becomes the bundle's (refused when `--environment` names another).
     pub(super) fn bundled(&mut self, path: &Path) -> Result<Held, SyncError> {
+        if self.settings.trust.is_some() {
+            // Never an unsigned bundle (docs/agent.md#signed-generations).
+            return Err(
+                crate::trust::Refused::Unsigned("signed bundles are not supported yet").into(),
+            );
+        }
         let vardir = &self.settings.vardir;
         let io = |source| GenerationError::BundleIo {
             path: path.to_owned(),

@@ -31,6 +31,7 @@ use crate::listing;
 use crate::plan::Plan;
 use crate::servers::Origin;
 use crate::settings::Settings;
+use crate::trust::Refused;
 
 /// The most entries a manifest delta may add or change: a generation
 /// holds both mounts, each a listing of at most [`MAX_LISTING_ENTRIES`]
@@ -152,12 +153,47 @@ fn ignores_the_defaults<'r>(mut resources: impl Iterator<Item = &'r FileResource
 }
 
 impl Run<'_> {
-    /// The run's generation, or `None` when it syncs Puppet's listings
-    /// (see the module docs).
+    /// The run's generation, or `None` when it syncs Puppet's listings;
+    /// under `[trust]` only a signed one, verified against the run's
+    /// master's metadata before anything is planned or staged
+    /// (docs/agent.md#signed-generations).
     pub(super) async fn generation(
         &mut self,
         scans: &[Scanning],
     ) -> Result<Option<Held>, SyncError> {
+        let held = self.assigned(scans).await?;
+        let Some(config) = self.settings.trust.as_ref() else {
+            return Ok(held);
+        };
+        let Some(mut held) = held else {
+            return Err(
+                Refused::Unsigned("the servers serve no generation (Puppet's listings)").into(),
+            );
+        };
+        let vardir = &self.settings.vardir;
+        if held.fresh.is_none() {
+            // The held manifest's bytes, for the target's length.
+            match GenerationRecord::load_manifest(vardir, self.env.as_str()) {
+                Some(b) if Manifest::parse(&b, &held.id).is_ok() => held.fresh = Some(b),
+                _ => {
+                    held.record.generation = None;
+                    let env = self.env.clone();
+                    self.fetch_manifest(&mut held, &env).await?;
+                }
+            }
+        }
+        let len = held.fresh.as_ref().map_or(0, |b| b.len() as u64);
+        let server = held.origin.server.clone();
+        let http = self.servers.http();
+        crate::trust::verify(config, vardir, http, &server, (&self.env, &held.id, len))
+            .await
+            .map_err(Refused::Verify)?;
+        self.phase("generation verified");
+        Ok(Some(held))
+    }
+
+    /// The generation the servers assign, unverified.
+    async fn assigned(&mut self, scans: &[Scanning]) -> Result<Option<Held>, SyncError> {
         let (vardir, env) = (&self.settings.vardir, self.env.clone());
         if !self.settings.generations {
             return Ok(None);

@@ -39,6 +39,10 @@ pub enum SyncError {
     /// (docs/protocol.md §4.11).
     #[error(transparent)]
     Generation(Box<super::generation::GenerationError>),
+    /// `[trust]` refused what the run would sync
+    /// (docs/agent.md#signed-generations).
+    #[error("{0}; nothing was changed")]
+    Untrusted(#[from] crate::trust::Refused),
     /// A listing was refused (hostile or malformed entries).
     #[error("malformed listing from {server}: {mount} mount: {source}")]
     Listing {
@@ -148,6 +152,7 @@ pub struct Outcome {
 impl Outcome {
     /// How the process exits: with `detailed`, 0 no change, 2 changes,
     /// 4 failures, 6 both; 1 when nothing was applied. Without it, 0 or 1.
+    /// What `[trust]` refused: 65, whatever `detailed`.
     /// A signal: 130 (SIGINT) or 143 (SIGTERM), whatever was applied.
     pub fn exit_status(&self, detailed: bool) -> ExitStatus {
         match &self.error {
@@ -155,6 +160,7 @@ impl Outcome {
             Some(SyncError::Lock(LockError::Busy { .. }) | SyncError::PuppetBusy(_)) => {
                 return ExitStatus::Busy;
             }
+            Some(SyncError::Untrusted(_)) => return ExitStatus::Untrusted,
             Some(_) => return ExitStatus::Failure,
             None => {}
         }

