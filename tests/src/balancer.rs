@@ -376,9 +376,23 @@ impl ProxyBackend {
         // The proxy's port is found closed, then bound by the master: a
         // test starting meanwhile can take it. Another port then, a few
         // times at most.
+        ProxyBackend::spawn_on(envpath, basemodulepath, [cert, key, ca, crl], 0, extra)
+    }
+
+    /// [`ProxyBackend::spawn_with`] with its mTLS listener on `tls_port`
+    /// (0: an ephemeral port), for replicas that name each other in
+    /// `[admin] peers`.
+    pub fn spawn_on(
+        envpath: &Path,
+        basemodulepath: &Path,
+        [cert, key, ca, crl]: [&Path; 4],
+        tls_port: u16,
+        extra: &str,
+    ) -> ProxyBackend {
         let mut taken = String::new();
         for _ in 0..5 {
-            match Self::spawn_once(envpath, basemodulepath, [cert, key, ca, crl], extra) {
+            let tls = [cert, key, ca, crl];
+            match Self::spawn_once(envpath, basemodulepath, tls, tls_port, extra) {
                 Ok(backend) => return backend,
                 Err(text) if text.contains("Address already in use") => taken = text,
                 Err(text) => panic!("pluginsync-master exited {text}"),
@@ -393,6 +407,7 @@ impl ProxyBackend {
         envpath: &Path,
         basemodulepath: &Path,
         [cert, key, ca, crl]: [&Path; 4],
+        tls_port: u16,
         extra: &str,
     ) -> Result<ProxyBackend, String> {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -401,7 +416,7 @@ impl ProxyBackend {
         std::fs::write(
             &config,
             format!(
-                "listen = [\"127.0.0.1:0\"]\nenvironmentpath = [{envpath:?}]\n\
+                "listen = [\"127.0.0.1:{tls_port}\"]\nenvironmentpath = [{envpath:?}]\n\
                  basemodulepath = [{basemodulepath:?}]\n\
                  [tls]\ncert = {cert:?}\nkey = {key:?}\nca = {ca:?}\ncrl = {crl:?}\n\
                  [http]\nshutdown_grace = \"0s\"\n\
