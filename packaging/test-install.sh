@@ -388,8 +388,8 @@ first_run() {
     [ -d "$root/var/cache/puppet/.lib.pluginsync" ] || { echo "committed in place, not switched"; return 1; }
     facts=$(in_root puppet facts show acme_role datacenter --render-as json) || { echo "$facts"; return 1; }
     echo "$facts"
-    grep -q '"acme_role": "unassigned"' <<<"$facts" &&
-        grep -q '"datacenter": "fra1"' <<<"$facts"
+    grep -Eq '"acme_role": ?"unassigned"' <<<"$facts" &&
+        grep -Eq '"datacenter": ?"fra1"' <<<"$facts"
 }
 check "first run as the unit: plugins and pluginfacts land in Puppet's libdir and pluginfactdest, and puppet facts show resolves them" first_run
 
