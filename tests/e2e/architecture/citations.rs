@@ -402,9 +402,9 @@ fn readme_and_architecture_md_stay_short() {
         "ARCHITECTURE.md",
         &read("ARCHITECTURE.md"),
         // One page: the map's tables grow by one short row per module;
-        // 14,200 bytes holds the state store, trust, reports and the
-        // inventory, each a row; more means cutting, not raising.
-        14_200,
+        // 13,000 bytes: the pipelines live in docs/internals.md; the
+        // next module's row comes with a cut, not a raise.
+        13_000,
         200,
     ));
     assert!(
