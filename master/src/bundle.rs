@@ -281,18 +281,7 @@ fn from_tree(config: &MasterConfig, env: &EnvName, out: &Path) -> Result<Written
     let layout = config.layout();
     let dir = environments::find_environment(&layout, env)
         .ok_or_else(|| BundleFailure::UnknownEnvironment(env.to_string()))?;
-    let hashed = std::sync::atomic::AtomicU64::new(0);
-    let idx = EnvIndex::build(
-        &layout,
-        &config.index,
-        env.clone(),
-        dir,
-        None,
-        crate::walk::Hashing::Hash {
-            files_hashed: &hashed,
-            kept: None,
-        },
-    );
+    let idx = EnvIndex::build_now(&layout, &config.index, env.clone(), dir);
     if let Some(first) = idx.unreadable.first() {
         return Err(BundleFailure::Unreadable {
             env: env.to_string(),

@@ -142,6 +142,29 @@ pub struct EnvIndex {
 }
 
 impl EnvIndex {
+    /// The tree of `name` at `dir` as it is now, every file hashed, with no
+    /// earlier index to reuse: what a command run beside the masters
+    /// (`bundle`, `manifest`) computes, byte for byte as a master would.
+    pub fn build_now(
+        layout: &environments::Layout,
+        settings: &Settings,
+        name: EnvName,
+        dir: PathBuf,
+    ) -> EnvIndex {
+        let hashed = std::sync::atomic::AtomicU64::new(0);
+        EnvIndex::build(
+            layout,
+            settings,
+            name,
+            dir,
+            None,
+            Hashing::Hash {
+                files_hashed: &hashed,
+                kept: None,
+            },
+        )
+    }
+
     /// Walks and (unless `hashing` is [`Hashing::Skip`]) hashes
     /// an environment, reusing digests from `previous`.
     pub fn build(

@@ -71,18 +71,7 @@ pub fn of_tree(
         .ok_or_else(|| ManifestFailure::UnknownEnvironment(env.to_owned()))?;
     let real_before = std::fs::canonicalize(&dir)
         .map_err(|_| ManifestFailure::UnknownEnvironment(env.to_owned()))?;
-    let hashed = std::sync::atomic::AtomicU64::new(0);
-    let idx = EnvIndex::build(
-        &layout,
-        &config.index,
-        name,
-        dir,
-        None,
-        crate::walk::Hashing::Hash {
-            files_hashed: &hashed,
-            kept: None,
-        },
-    );
+    let idx = EnvIndex::build_now(&layout, &config.index, name, dir);
     if let Some(first) = idx.unreadable.first() {
         return Err(ManifestFailure::Unreadable {
             env: env.to_owned(),
