@@ -58,6 +58,8 @@ mod master_scrub;
 mod master_rollout;
 // The fleet: node reports and stock agents in the inventory of two peer replicas, bounded series, bad reports ignored.
 mod master_fleet;
+// The state store on a real PostgreSQL: shared by replicas, migrated once, refused when newer, an outage an error within the timeout, sslmode (needs `postgresql`).
+mod state_postgres;
 // The inventory for humans: the paged, filtered endpoint and `pluginsync-master inventory`'s table and JSON.
 mod master_inventory;
 // Deploys: flipped environment links, r10k and scripted redeploys held until they settle, explicit publishing.

@@ -52,6 +52,9 @@
 //! - [`balancer`]: HAProxy and nginx from `packaging/` in front of Puppet
 //!   Server and pluginsync masters' `[proxy]` listeners; nginx's cache in
 //!   front of the masters, and the TLS hop from it to a master.
+//! - `postgres`: [`Postgres`], Debian's PostgreSQL on a loopback port
+//!   with its own data directory, as `nobody`; stopped and started again
+//!   by a test; one database per test.
 //! - `tuf`: [`TufSigner`], a TUF repository signed with `tough`'s editor
 //!   (root 2 of 3, targets, snapshot, timestamp keys made per test).
 //! - `controlrepo`: [`ControlRepo`], a code tree shaped like an
@@ -70,6 +73,7 @@ mod hostile;
 mod intercept;
 mod master;
 mod pki;
+mod postgres;
 mod process;
 pub mod puppet;
 mod replicas;
@@ -93,6 +97,7 @@ pub use hostile::{Listener, MeasuredRun, gzip_lines, gzip_zeros, listing_json, r
 pub use intercept::{Hook, Interceptor, flip_first_body_byte};
 pub use master::{MasterProcess, TestMaster, config_file, config_toml, parse_config};
 pub use pki::{AGENTS, Pki};
+pub use postgres::Postgres;
 pub use process::{
     Finished, bin_path, hand_over, promtool_accepts, repo_root, require, run_logged,
     running_as_root, skipped, unprivileged, which,

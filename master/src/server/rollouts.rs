@@ -27,11 +27,13 @@ pub fn start(
 ) -> Result<(Arc<Fleet>, Arc<Rollouts>), ServeError> {
     let dir = store.generations.dir();
     let settings = (config.state_settings(dir)).map_err(|e| ConfigError::Invalid(e.to_string()))?;
-    let state = Arc::new(StateStore::open(&settings)?);
+    let state = Arc::new(off_worker(|| StateStore::open(&settings))?);
     let peers = config.admin.peers.len();
-    let fleet = Arc::new(Fleet::with_store(&config.fleet, peers, state.clone())?);
+    let fleet = off_worker(|| Fleet::with_store(&config.fleet, peers, state.clone()));
+    let fleet = Arc::new(fleet?);
     tasks.extend(crate::fleet::peers::spawn(config, &fleet)?);
-    let rollouts = Arc::new(Rollouts::with_store(&config.rollout, state, dir)?);
+    let rollouts = off_worker(|| Rollouts::with_store(&config.rollout, state, dir));
+    let rollouts = Arc::new(rollouts?);
     rollouts.set_fleet(fleet.clone());
     rollouts.set_has_peers(!config.admin.peers.is_empty());
     let task = tokio::spawn(background(
@@ -41,6 +43,17 @@ pub fn start(
     ));
     tasks.push(task);
     Ok((fleet, rollouts))
+}
+
+/// Runs `f` (which waits on the state store's database) where it blocks
+/// no tokio worker: through `block_in_place` on the master's multi-thread
+/// runtime, directly elsewhere (a test's current-thread runtime).
+fn off_worker<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 /// How often the state is pulled from the peers.

@@ -6,9 +6,8 @@
 //!
 //! The backend is the embedded SQLite file under the generation store's
 //! directory (`state/pluginsync.sqlite`, 0600 in a 0700 directory), the
-//! default for a single master. `[state] url = "postgresql://…"` names a
-//! PostgreSQL shared by replicas: refused by this build with one line
-//! until its backend lands (docs/operating.md#the-state-store).
+//! default for a single master, or `[state] url = "postgresql://…"`, a
+//! PostgreSQL shared by replicas (docs/operating.md#the-state-store).
 //!
 //! The domain (`rollout/`, `fleet/`) talks to [`StateStore`] in rows of
 //! its own ([`CommandRow`], [`NodeRow`]); [`Settings`] is what the
@@ -19,13 +18,17 @@
 //! |---|---|
 //! | `mod.rs` | [`StateStore`], its rows, its settings, its errors. |
 //! | `sqlite.rs` | The embedded backend: the file, its migrations, its queries. |
+//! | `postgres.rs` | The PostgreSQL backend: the same queries, on its own runtime. |
+//! | `pgconn.rs` | PostgreSQL's URL, `sslmode`, TLS and pool. |
 //! | `writer.rs` | [`Writer`]: node reports written behind the requests, batched, bounded. |
 
+mod pgconn;
+mod postgres;
 mod sqlite;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use pluginsync_common::generation::GenerationId;
 use pluginsync_common::mutex::lock;
@@ -150,11 +153,6 @@ pub enum StoreError {
         /// The newest this binary knows.
         known: i64,
     },
-    /// `[state] url` names PostgreSQL, whose backend this build lacks.
-    #[error(
-        "state store {0}: this pluginsync-master has no PostgreSQL backend yet; leave [state] url unset for the embedded store"
-    )]
-    NoPostgres(String),
 }
 
 /// One environment's rollout commands' state, as stored.
@@ -215,10 +213,18 @@ pub struct ServedRow {
 }
 
 /// The state store (module docs): one connection to the embedded file,
-/// serialized; each call one transaction.
+/// serialized, or a pool of PostgreSQL's; each call one transaction.
 pub struct StateStore {
     place: String,
-    db: Mutex<rusqlite::Connection>,
+    db: Db,
+    /// This replica's name, when the database is shared (module docs).
+    replica: OnceLock<String>,
+}
+
+/// The backend's connections.
+enum Db {
+    Sqlite(Mutex<rusqlite::Connection>),
+    Postgres(postgres::Pg),
 }
 
 impl std::fmt::Debug for StateStore {
@@ -234,14 +240,19 @@ impl StateStore {
     /// binary's version (refused when the database's is newer).
     pub fn open(settings: &Settings) -> Result<StateStore, StoreError> {
         let place = settings.place();
-        let dir = match &settings.backend {
-            Backend::Embedded(dir) => dir,
-            Backend::Postgres(_) => return Err(StoreError::NoPostgres(place)),
+        let db = match &settings.backend {
+            Backend::Embedded(dir) => Db::Sqlite(Mutex::new(
+                sqlite::open(&dir.join(EMBEDDED_FILE)).map_err(|e| db_error(&place, e))?,
+            )),
+            Backend::Postgres(url) => Db::Postgres(
+                postgres::Pg::open(url, settings.max_connections)
+                    .map_err(|e| db_error(&place, e))?,
+            ),
         };
-        let db = sqlite::open(&dir.join(EMBEDDED_FILE)).map_err(|e| db_error(&place, e))?;
         let store = StateStore {
             place,
-            db: Mutex::new(db),
+            db,
+            replica: OnceLock::new(),
         };
         store.migrate()?;
         Ok(store)
@@ -252,7 +263,8 @@ impl StateStore {
     pub fn in_memory() -> StateStore {
         let store = StateStore {
             place: "(memory)".into(),
-            db: Mutex::new(sqlite::in_memory()),
+            db: Db::Sqlite(Mutex::new(sqlite::in_memory())),
+            replica: OnceLock::new(),
         };
         if let Err(e) = store.migrate() {
             tracing::error!(error = %e, "in-memory state store without its schema");
@@ -267,11 +279,34 @@ impl StateStore {
 
     /// `(the database's schema version, the newest this binary knows)`.
     pub fn schema(&self) -> Result<(i64, i64), StoreError> {
-        let found = self.with(sqlite::version)?;
+        let found = self.with(sqlite::version, postgres::Pg::version)?;
         Ok((found, known()))
     }
 
+    /// Is the database answering now (a query with a deadline)?
+    pub fn up(&self) -> Result<(), StoreError> {
+        self.now().map(drop)
+    }
+
     fn migrate(&self) -> Result<(), StoreError> {
+        if let Db::Postgres(pg) = &self.db {
+            let applied = pg
+                .migrate(MIGRATIONS)
+                .map_err(|e| db_error(&self.place, e))?;
+            return match applied {
+                Ok(versions) => {
+                    for version in versions {
+                        tracing::info!(place = %self.place, version, "state store schema migrated");
+                    }
+                    Ok(())
+                }
+                Err(found) => Err(StoreError::Newer {
+                    place: self.place.clone(),
+                    found,
+                    known: known(),
+                }),
+            };
+        }
         let (found, known) = self.schema()?;
         if found > known {
             return Err(StoreError::Newer {
@@ -281,56 +316,75 @@ impl StateStore {
             });
         }
         for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
-            self.with(|c| sqlite::migrate(c, *version, sql))?;
+            self.with(|c| sqlite::migrate(c, *version, sql), |_| Ok(()))?;
             tracing::info!(place = %self.place, version, "state store schema migrated");
         }
         Ok(())
     }
 
-    /// Runs `f` on the connection; its error names the store.
+    /// Runs `lite` on the embedded file's connection or `pg` on the
+    /// PostgreSQL pool; the error names the store.
     fn with<T>(
         &self,
-        f: impl FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T>,
+        lite: impl FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T>,
+        pg: impl FnOnce(&postgres::Pg) -> Result<T, String>,
     ) -> Result<T, StoreError> {
-        f(&mut lock(&self.db)).map_err(|e| db_error(&self.place, e))
+        match &self.db {
+            Db::Sqlite(c) => lite(&mut lock(c)).map_err(|e| db_error(&self.place, e)),
+            Db::Postgres(p) => pg(p).map_err(|e| db_error(&self.place, e)),
+        }
+    }
+
+    /// Is it PostgreSQL (shared by replicas)?
+    pub fn shared(&self) -> bool {
+        matches!(self.db, Db::Postgres(_))
     }
 
     /// The database's time, unix seconds.
     pub fn now(&self) -> Result<i64, StoreError> {
-        self.with(sqlite::now)
+        self.with(sqlite::now, postgres::Pg::now)
     }
 
     /// This master's name (for a command's origin, a served row's
-    /// replica): made once, then kept in `meta`.
+    /// replica): made once, then kept in `meta`; in a shared database
+    /// each replica's own, made at start.
     pub fn origin(&self) -> Result<String, StoreError> {
+        let made = || {
+            let seed = format!(
+                "{}-{:?}-{}",
+                std::process::id(),
+                std::time::SystemTime::now(),
+                self.place
+            );
+            pluginsync_common::digest::Sha256::of(seed.as_bytes()).to_hex()[..16].to_owned()
+        };
+        if self.shared() {
+            return Ok(self.replica.get_or_init(made).clone());
+        }
         if let Some(o) = self.meta(ORIGIN_KEY)? {
             return Ok(o);
         }
-        let seed = format!(
-            "{}-{:?}-{}",
-            std::process::id(),
-            std::time::SystemTime::now(),
-            self.place
-        );
-        let origin =
-            pluginsync_common::digest::Sha256::of(seed.as_bytes()).to_hex()[..16].to_owned();
+        let origin = made();
         self.set_meta(ORIGIN_KEY, &origin)?;
         Ok(origin)
     }
 
     /// A value of `meta` (e.g. this master's origin name).
     pub fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
-        self.with(|c| sqlite::meta(c, key))
+        self.with(|c| sqlite::meta(c, key), |p| p.meta(key))
     }
 
     /// Sets a value of `meta`.
     pub fn set_meta(&self, key: &str, value: &str) -> Result<(), StoreError> {
-        self.with(|c| sqlite::set_meta(c, key, value))
+        self.with(
+            |c| sqlite::set_meta(c, key, value),
+            |p| p.set_meta(key, value),
+        )
     }
 
     /// Every environment's commands' state.
     pub fn commands(&self) -> Result<Vec<CommandRow>, StoreError> {
-        self.with(sqlite::commands)
+        self.with(sqlite::commands, postgres::Pg::commands)
     }
 
     /// Writes `rows` (each environment's new state) and one history row
@@ -341,7 +395,10 @@ impl StateStore {
         action: &str,
         by: &str,
     ) -> Result<(), StoreError> {
-        self.with(|c| sqlite::write_commands(c, rows, action, by))
+        self.with(
+            |c| sqlite::write_commands(c, rows, action, by),
+            |p| p.write_commands(rows, action, by),
+        )
     }
 
     /// The history of `environment`'s commands, newest first, at most
@@ -351,12 +408,15 @@ impl StateStore {
         environment: &str,
         limit: usize,
     ) -> Result<Vec<(i64, String, String)>, StoreError> {
-        self.with(|c| sqlite::history(c, environment, limit))
+        self.with(
+            |c| sqlite::history(c, environment, limit),
+            |p| p.history(environment, limit),
+        )
     }
 
     /// The generations kept per environment, oldest first.
     pub fn seen(&self) -> Result<Vec<(String, GenerationId)>, StoreError> {
-        self.with(sqlite::seen)
+        self.with(sqlite::seen, postgres::Pg::seen)
     }
 
     /// Adds `ids` to `environment`'s seen generations, keeping the newest
@@ -367,29 +427,35 @@ impl StateStore {
         ids: &[GenerationId],
         max: usize,
     ) -> Result<(), StoreError> {
-        self.with(|c| sqlite::add_seen(c, environment, ids, max))
+        self.with(
+            |c| sqlite::add_seen(c, environment, ids, max),
+            |p| p.add_seen(environment, ids, max),
+        )
     }
 
     /// The `max` most recently seen nodes.
     pub fn nodes(&self, max: usize) -> Result<Vec<NodeRow>, StoreError> {
-        self.with(|c| sqlite::nodes(c, max))
+        self.with(|c| sqlite::nodes(c, max), |p| p.nodes(max))
     }
 
     /// Writes `rows` and `served` in one transaction (a node's record
     /// replaced only by a later one, a served row kept from its first).
     pub fn write_nodes(&self, rows: &[NodeRow], served: &[ServedRow]) -> Result<(), StoreError> {
-        self.with(|c| sqlite::write_nodes(c, rows, served))
+        self.with(
+            |c| sqlite::write_nodes(c, rows, served),
+            |p| p.write_nodes(rows, served),
+        )
     }
 
     /// Every generation served to a node still in the inventory.
     pub fn served(&self) -> Result<Vec<ServedRow>, StoreError> {
-        self.with(sqlite::served)
+        self.with(sqlite::served, postgres::Pg::served)
     }
 
     /// Forgets the least recently seen nodes beyond `max` (and what was
     /// served to the nodes forgotten); how many nodes.
     pub fn prune_nodes(&self, max: usize) -> Result<usize, StoreError> {
-        self.with(|c| sqlite::prune_nodes(c, max))
+        self.with(|c| sqlite::prune_nodes(c, max), |p| p.prune_nodes(max))
     }
 }
 
@@ -506,7 +572,7 @@ mod tests {
         let settings = Settings::embedded(dir.path());
         let store = StateStore::open(&settings).unwrap();
         store
-            .with(|c| sqlite::migrate(c, known() + 1, "SELECT 1"))
+            .with(|c| sqlite::migrate(c, known() + 1, "SELECT 1"), |_| Ok(()))
             .unwrap();
         drop(store);
         let e = StateStore::open(&settings).unwrap_err().to_string();

@@ -104,21 +104,21 @@ pub(super) fn set_meta(c: &mut Connection, key: &str, value: &str) -> rusqlite::
     .map(drop)
 }
 
-fn hex(id: &Option<GenerationId>) -> Option<String> {
+pub(super) fn hex(id: &Option<GenerationId>) -> Option<String> {
     id.map(|g| g.to_hex())
 }
 
-fn ids_json(ids: &[GenerationId]) -> String {
+pub(super) fn ids_json(ids: &[GenerationId]) -> String {
     serde_json::to_string(&ids.iter().map(GenerationId::to_hex).collect::<Vec<_>>())
         .unwrap_or_else(|_| "[]".into())
 }
 
 /// A generation id column; a value that is not one reads as none.
-fn id_of(v: Option<String>) -> Option<GenerationId> {
+pub(super) fn id_of(v: Option<String>) -> Option<GenerationId> {
     v.and_then(|s| GenerationId::from_str(&s).ok())
 }
 
-fn ids_of(json: &str) -> Vec<GenerationId> {
+pub(super) fn ids_of(json: &str) -> Vec<GenerationId> {
     serde_json::from_str::<Vec<String>>(json)
         .unwrap_or_default()
         .iter()

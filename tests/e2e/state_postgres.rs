@@ -1,0 +1,197 @@
+//! The state store's PostgreSQL backend against a real PostgreSQL
+//! (docs/operating.md#the-state-store): what is written is read back by
+//! another store, replicas starting at once migrate once, a newer schema
+//! is refused with one line, a database away answers an error within the
+//! query timeout, and `sslmode` never falls back to plaintext where the URL
+//! forbids it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pluginsync_common::generation::GenerationId;
+use pluginsync_master::statestore::{CommandRow, NodeRow, ServedRow, Settings, StateStore};
+use pluginsync_tests::Postgres;
+
+fn g(n: u8) -> GenerationId {
+    GenerationId(pluginsync_common::digest::Sha256::of(&[n]))
+}
+
+fn open(url: &str) -> Result<StateStore, String> {
+    let settings = Settings::parse(Some(url), 4, std::path::Path::new("/")).unwrap();
+    StateStore::open(&settings).map_err(|e| e.to_string())
+}
+
+fn node(name: &str, at: u64) -> NodeRow {
+    NodeRow {
+        certname: name.into(),
+        environment: "production".into(),
+        generation: Some(g(1)),
+        last_seen_ms: at,
+        source: "report".into(),
+        loads_ok: 3,
+        loads_failed: 1,
+        failed: vec!["facter/bad.rb".into()],
+    }
+}
+
+#[test]
+fn what_one_replica_writes_another_reads() {
+    let Some(pg) = Postgres::launch("what_one_replica_writes_another_reads") else {
+        return;
+    };
+    let url = pg.database();
+    let a = open(&url).unwrap();
+    let b = open(&url).unwrap();
+    assert_ne!(
+        a.origin().unwrap(),
+        b.origin().unwrap(),
+        "replicas of one database keep names of their own"
+    );
+    let row = CommandRow {
+        environment: "production".into(),
+        clock: 1,
+        origin: a.origin().unwrap(),
+        halt: Some((a.now().unwrap(), "halted by op".into())),
+        promoted: Some(g(1)),
+        withdrawn: vec![g(2), g(3)],
+        waived: None,
+        promoted_before: vec![g(4)],
+    };
+    a.write_commands(std::slice::from_ref(&row), "halt", "op")
+        .unwrap();
+    let served = ServedRow {
+        certname: "n1".into(),
+        environment: "production".into(),
+        generation: g(1),
+        replica: a.origin().unwrap(),
+        at_ms: 4500,
+    };
+    a.write_nodes(&[node("n1", 5000)], std::slice::from_ref(&served))
+        .unwrap();
+    b.write_nodes(
+        &[NodeRow {
+            generation: None,
+            ..node("n1", 4000)
+        }],
+        &[],
+    )
+    .unwrap();
+    a.add_seen("production", &[g(1), g(2), g(3)], 2).unwrap();
+    assert_eq!(b.commands().unwrap(), vec![row]);
+    assert_eq!(
+        b.nodes(10).unwrap(),
+        vec![node("n1", 5000)],
+        "an older record loses"
+    );
+    assert_eq!(b.served().unwrap(), vec![served]);
+    let seen: Vec<_> = b.seen().unwrap().into_iter().map(|s| s.1).collect();
+    assert_eq!(seen, vec![g(2), g(3)]);
+    let history = b.history("production", 10).unwrap();
+    assert_eq!(
+        (history[0].1.as_str(), history[0].2.as_str()),
+        ("halt", "op")
+    );
+    let rows: Vec<NodeRow> = (0..5).map(|i| node(&format!("m{i}"), 6000 + i)).collect();
+    b.write_nodes(&rows, &[]).unwrap();
+    assert_eq!(a.prune_nodes(3).unwrap(), 3);
+    assert_eq!(a.nodes(10).unwrap().len(), 3);
+    let now = a.now().unwrap();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (now - wall).abs() < 5,
+        "the database's time: {now} against {wall}"
+    );
+}
+
+#[test]
+fn replicas_starting_at_once_migrate_once_and_a_newer_schema_is_refused() {
+    let Some(pg) = Postgres::launch("replicas_starting_at_once_migrate_once") else {
+        return;
+    };
+    let url = pg.database();
+    let opened: Vec<_> = (0..6)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || open(&url).map(|s| s.schema().unwrap()))
+        })
+        .collect();
+    for t in opened {
+        let (found, known) = t.join().unwrap().unwrap();
+        assert_eq!(found, known);
+    }
+    let versions = pg.sql(
+        &url,
+        "SELECT count(*), count(DISTINCT version) FROM schema_migrations",
+    );
+    let (rows, distinct) = versions.split_once('|').unwrap();
+    assert_eq!(rows, distinct, "each version applied once: {versions}");
+    pg.sql(&url, "INSERT INTO schema_migrations VALUES (999, 0)");
+    let e = open(&url).unwrap_err();
+    assert!(
+        e.contains("schema version 999 is newer than this pluginsync-master"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "{e}");
+}
+
+#[test]
+fn a_database_away_answers_an_error_within_the_timeout_and_then_again_data() {
+    let Some(pg) = Postgres::launch("a_database_away_answers_an_error") else {
+        return;
+    };
+    let url = pg.database();
+    let store = Arc::new(open(&url).unwrap());
+    store.write_nodes(&[node("n1", 1000)], &[]).unwrap();
+    pg.stop();
+    let t = Instant::now();
+    let e = store.nodes(10).unwrap_err().to_string();
+    assert!(t.elapsed() < Duration::from_secs(7), "{:?}", t.elapsed());
+    assert!(e.starts_with("state store postgresql://"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
+    pg.start();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match store.nodes(10) {
+            Ok(rows) => {
+                assert_eq!(rows, vec![node("n1", 1000)]);
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "not back within 5 s: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn sslmode_decides_plaintext_and_a_unix_socket_is_a_host() {
+    let Some(pg) = Postgres::launch("sslmode_decides_plaintext") else {
+        return;
+    };
+    let url = pg.database();
+    let name = url.rsplit('/').next().unwrap().split('?').next().unwrap();
+    let base = format!("postgresql://postgres@127.0.0.1:{}/{name}", pg.port());
+    // The server has no TLS: `prefer` falls back, `require` and stricter do not.
+    open(&format!("{base}?sslmode=prefer")).unwrap();
+    open(&base).unwrap();
+    let e = open(&format!("{base}?sslmode=require")).unwrap_err();
+    assert!(e.contains("state store") && !e.contains('\n'), "{e}");
+    let pki = pluginsync_tests::Pki::new();
+    let ca = pki.ca();
+    let e = open(&format!(
+        "{base}?sslmode=verify-full&sslrootcert={}",
+        ca.display()
+    ))
+    .unwrap_err();
+    assert!(e.contains("state store"), "{e}");
+    let e = open(&format!("{base}?sslmode=verify-ca")).unwrap_err();
+    assert!(e.contains("needs sslrootcert"), "{e}");
+    let socket = format!(
+        "postgresql://postgres@/{name}?host={}&port={}",
+        pg.socket_dir().display(),
+        pg.port()
+    );
+    open(&socket).unwrap().nodes(1).unwrap();
+}
