@@ -327,7 +327,7 @@ impl StateStore {
     fn with<T>(
         &self,
         lite: impl FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T>,
-        pg: impl FnOnce(&postgres::Pg) -> Result<T, String>,
+        pg: impl FnOnce(&postgres::Pg) -> Result<T, pgconn::PgError>,
     ) -> Result<T, StoreError> {
         match &self.db {
             Db::Sqlite(c) => lite(&mut lock(c)).map_err(|e| db_error(&self.place, e)),

@@ -24,6 +24,17 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 use tokio_postgres::config::{Host, SslMode};
 
+/// A PostgreSQL failure, as one line.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PgError(pub String);
+
+impl From<String> for PgError {
+    fn from(s: String) -> PgError {
+        PgError(s)
+    }
+}
+
 /// How long a connection may take to open.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -48,7 +59,7 @@ pub struct Target {
 
 /// `url` read with libpq's `sslmode`/`sslrootcert`; the error is one line
 /// (without the password).
-pub fn parse(url: &str) -> Result<Target, String> {
+pub fn parse(url: &str) -> Result<Target, PgError> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut rest = Vec::new();
     let (mut mode, mut root) = (None, None);
@@ -75,14 +86,16 @@ pub fn parse(url: &str) -> Result<Target, String> {
         other => {
             return Err(format!(
                 "sslmode={other} is not one of disable, prefer, require, verify-ca, verify-full"
-            ));
+            )
+            .into());
         }
     };
     if verify != Verify::No && root.is_none() {
         return Err(format!(
             "sslmode={} needs sslrootcert=FILE (the CA that signed the server's certificate)",
             mode.unwrap_or_default()
-        ));
+        )
+        .into());
     }
     // A Unix socket is never TLS (libpq ignores sslmode there).
     let unix = (config.get_hosts().iter()).all(|h| matches!(h, Host::Unix(_)));
@@ -122,7 +135,7 @@ fn decode(v: &str) -> String {
 
 /// The pool of at most `max` connections to `target`, each checkout
 /// bounded by `timeout`.
-pub fn pool(target: Target, max: u32, timeout: Duration) -> Result<Pool, String> {
+pub fn pool(target: Target, max: u32, timeout: Duration) -> Result<Pool, PgError> {
     let recycle = || ManagerConfig {
         recycling_method: RecyclingMethod::Fast,
     };
@@ -143,11 +156,11 @@ pub fn pool(target: Target, max: u32, timeout: Duration) -> Result<Pool, String>
             recycle: Some(timeout),
         })
         .build()
-        .map_err(|e| e.to_string())
+        .map_err(|e| PgError(e.to_string()))
 }
 
 /// The rustls client configuration for `target` (module docs' table).
-fn client_tls(target: &Target) -> Result<rustls::ClientConfig, String> {
+fn client_tls(target: &Target) -> Result<rustls::ClientConfig, PgError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -176,7 +189,7 @@ fn client_tls(target: &Target) -> Result<rustls::ClientConfig, String> {
 }
 
 /// The CA certificates of `path` (PEM).
-fn roots(path: &str) -> Result<Arc<rustls::RootCertStore>, String> {
+fn roots(path: &str) -> Result<Arc<rustls::RootCertStore>, PgError> {
     use rustls::pki_types::pem::PemObject;
     let mut store = rustls::RootCertStore::empty();
     let certs =
@@ -188,7 +201,7 @@ fn roots(path: &str) -> Result<Arc<rustls::RootCertStore>, String> {
             .map_err(|e| format!("sslrootcert={path}: {e}"))?;
     }
     if store.is_empty() {
-        return Err(format!("sslrootcert={path}: no certificate in it"));
+        return Err(format!("sslrootcert={path}: no certificate in it").into());
     }
     Ok(Arc::new(store))
 }
@@ -321,9 +334,13 @@ mod tests {
             Verify::Ca,
             "require with a root verifies as libpq does"
         );
-        let e = parse("postgresql://ps@db/ps?sslmode=verify-ca").unwrap_err();
+        let e = parse("postgresql://ps@db/ps?sslmode=verify-ca")
+            .unwrap_err()
+            .0;
         assert!(e.contains("needs sslrootcert"), "{e}");
-        let e = parse("postgresql://ps@db/ps?sslmode=allow-anything").unwrap_err();
+        let e = parse("postgresql://ps@db/ps?sslmode=allow-anything")
+            .unwrap_err()
+            .0;
         assert!(e.contains("sslmode=allow-anything"), "{e}");
         let t = parse("postgresql://ps@%2Frun%2Fpostgresql/ps").unwrap();
         assert!(matches!(
@@ -337,7 +354,7 @@ mod tests {
     fn a_verifying_mode_reads_its_ca_or_fails_with_one_line() {
         let t = parse("postgresql://ps@db/ps?sslmode=verify-full&sslrootcert=/nonexistent.pem")
             .unwrap();
-        let e = client_tls(&t).unwrap_err();
+        let e = client_tls(&t).unwrap_err().0;
         assert!(e.starts_with("sslrootcert=/nonexistent.pem"), "{e}");
         assert!(!e.contains('\n'));
     }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use deadpool_postgres::{GenericClient, Pool};
 use pluginsync_common::generation::GenerationId;
 
-use super::pgconn;
+use super::pgconn::{self, PgError};
 use super::sqlite::{hex, id_of, ids_json, ids_of};
 use super::{CommandRow, NodeRow, ServedRow};
 
@@ -62,7 +62,7 @@ fn line(e: &(dyn std::error::Error + 'static)) -> String {
 
 impl Pg {
     /// The pool of `url` (at most `max` connections); nothing connects yet.
-    pub(super) fn open(url: &str, max: u32) -> Result<Pg, String> {
+    pub(super) fn open(url: &str, max: u32) -> Result<Pg, PgError> {
         let target = pgconn::parse(url)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -79,25 +79,31 @@ impl Pg {
 
     /// Runs `f`'s future on the store's runtime and waits for it, at most
     /// [`QUERY_TIMEOUT`].
-    fn run<T, Fut>(&self, f: impl FnOnce(Pool) -> Fut) -> Result<T, String>
+    fn run<T, Fut>(&self, f: impl FnOnce(Pool) -> Fut) -> Result<T, PgError>
     where
         T: Send + 'static,
         Fut: Future<Output = R<T>> + Send + 'static,
     {
         let Some(rt) = &self.rt else {
-            return Err("closed".into());
+            return Err(PgError("closed".into()));
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let fut = f(self.pool.clone());
         rt.spawn(async move {
             let r = match tokio::time::timeout(QUERY_TIMEOUT, fut).await {
-                Ok(r) => r.map_err(|e| line(e.as_ref())),
-                Err(_) => Err(format!("no answer within {} s", QUERY_TIMEOUT.as_secs())),
+                Ok(r) => r.map_err(|e| PgError(line(e.as_ref()))),
+                Err(_) => Err(PgError(format!(
+                    "no answer within {} s",
+                    QUERY_TIMEOUT.as_secs()
+                ))),
             };
             let _ = tx.send(r);
         });
         rx.recv_timeout(QUERY_TIMEOUT + Duration::from_secs(1))
-            .unwrap_or_else(|_| Err(format!("no answer within {} s", QUERY_TIMEOUT.as_secs())))
+            .unwrap_or_else(|_| {
+                let late = format!("no answer within {} s", QUERY_TIMEOUT.as_secs());
+                Err(PgError(late))
+            })
     }
 
     /// Brings the schema to `migrations` under an advisory lock, in one
@@ -106,7 +112,7 @@ impl Pg {
     pub(super) fn migrate(
         &self,
         migrations: &'static [(i64, &'static str)],
-    ) -> Result<Result<Vec<i64>, i64>, String> {
+    ) -> Result<Result<Vec<i64>, i64>, PgError> {
         self.run(move |pool| async move {
             let mut c = pool.get().await?;
             let tx = c.transaction().await?;
@@ -139,21 +145,21 @@ impl Pg {
     }
 
     /// The newest applied schema version (0: none).
-    pub(super) fn version(&self) -> Result<i64, String> {
+    pub(super) fn version(&self) -> Result<i64, PgError> {
         self.run(|pool| async move {
             let c = pool.get().await?;
             version_in(&c).await
         })
     }
 
-    pub(super) fn now(&self) -> Result<i64, String> {
+    pub(super) fn now(&self) -> Result<i64, PgError> {
         self.run(|pool| async move {
             let c = pool.get().await?;
             Ok(c.query_one(&format!("SELECT {NOW_S}"), &[]).await?.get(0))
         })
     }
 
-    pub(super) fn meta(&self, key: &str) -> Result<Option<String>, String> {
+    pub(super) fn meta(&self, key: &str) -> Result<Option<String>, PgError> {
         let key = key.to_owned();
         self.run(move |pool| async move {
             let c = pool.get().await?;
@@ -164,7 +170,7 @@ impl Pg {
         })
     }
 
-    pub(super) fn set_meta(&self, key: &str, value: &str) -> Result<(), String> {
+    pub(super) fn set_meta(&self, key: &str, value: &str) -> Result<(), PgError> {
         let (key, value) = (key.to_owned(), value.to_owned());
         self.run(move |pool| async move {
             let c = pool.get().await?;
@@ -178,7 +184,7 @@ impl Pg {
         })
     }
 
-    pub(super) fn commands(&self) -> Result<Vec<CommandRow>, String> {
+    pub(super) fn commands(&self) -> Result<Vec<CommandRow>, PgError> {
         self.run(|pool| async move {
             let c = pool.get().await?;
             let rows = c
@@ -198,7 +204,7 @@ impl Pg {
         rows: &[CommandRow],
         action: &str,
         by: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), PgError> {
         let (rows, action, by) = (rows.to_vec(), action.to_owned(), by.to_owned());
         self.run(move |pool| async move {
             let mut c = pool.get().await?;
@@ -215,7 +221,7 @@ impl Pg {
         &self,
         environment: &str,
         limit: usize,
-    ) -> Result<Vec<(i64, String, String)>, String> {
+    ) -> Result<Vec<(i64, String, String)>, PgError> {
         let env = environment.to_owned();
         self.run(move |pool| async move {
             let c = pool.get().await?;
@@ -233,7 +239,7 @@ impl Pg {
         })
     }
 
-    pub(super) fn seen(&self) -> Result<Vec<(String, GenerationId)>, String> {
+    pub(super) fn seen(&self) -> Result<Vec<(String, GenerationId)>, PgError> {
         self.run(|pool| async move {
             let c = pool.get().await?;
             let rows = c
@@ -255,7 +261,7 @@ impl Pg {
         environment: &str,
         ids: &[GenerationId],
         max: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), PgError> {
         let (env, ids) = (environment.to_owned(), ids.to_vec());
         self.run(move |pool| async move {
             let mut c = pool.get().await?;
@@ -282,7 +288,7 @@ impl Pg {
         })
     }
 
-    pub(super) fn nodes(&self, max: usize) -> Result<Vec<NodeRow>, String> {
+    pub(super) fn nodes(&self, max: usize) -> Result<Vec<NodeRow>, PgError> {
         self.run(move |pool| async move {
             let c = pool.get().await?;
             let rows = c
@@ -297,7 +303,11 @@ impl Pg {
         })
     }
 
-    pub(super) fn write_nodes(&self, rows: &[NodeRow], served: &[ServedRow]) -> Result<(), String> {
+    pub(super) fn write_nodes(
+        &self,
+        rows: &[NodeRow],
+        served: &[ServedRow],
+    ) -> Result<(), PgError> {
         let (rows, served) = (rows.to_vec(), served.to_vec());
         self.run(move |pool| async move {
             let mut c = pool.get().await?;
@@ -342,7 +352,7 @@ impl Pg {
         })
     }
 
-    pub(super) fn served(&self) -> Result<Vec<ServedRow>, String> {
+    pub(super) fn served(&self) -> Result<Vec<ServedRow>, PgError> {
         self.run(|pool| async move {
             let c = pool.get().await?;
             let rows = c
@@ -368,7 +378,7 @@ impl Pg {
         })
     }
 
-    pub(super) fn prune_nodes(&self, max: usize) -> Result<usize, String> {
+    pub(super) fn prune_nodes(&self, max: usize) -> Result<usize, PgError> {
         self.run(move |pool| async move {
             let mut c = pool.get().await?;
             let tx = c.transaction().await?;
