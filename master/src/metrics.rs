@@ -98,10 +98,13 @@ const INDEX_FILES: &str = "pluginsync_master_index_files";
 const INDEX_BYTES: &str = "pluginsync_master_index_bytes";
 const GENERATIONS_KEPT: &str = "pluginsync_master_generations_kept";
 const ROLLOUT_HALTED: &str = "pluginsync_rollout_halted";
+const STATE_STORE_UP: &str = "pluginsync_state_store_up";
 
 /// What is read at scrape time (see the module doc).
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
+    /// The state store answers (docs/operating.md#the-state-store).
+    pub state_store_up: bool,
     /// Open client connections.
     pub open_connections: u64,
     /// Idle connections closed to make room at `max_connections`.
@@ -264,6 +267,11 @@ impl Metrics {
             SharedString::const_str(
                 "1 while the rollout of an environment with a [[rollout]] policy is halted, else 0.",
             ),
+        );
+        m.recorder.describe_gauge(
+            STATE_STORE_UP.into(),
+            None,
+            SharedString::const_str("1 while the state store answers, 0 while it does not."),
         );
         for (name, help) in SNAPSHOT_SERIES {
             if name.ends_with("_total") {
@@ -431,6 +439,9 @@ impl Metrics {
                 )
                 .set(if g.halted_since != 0 { 1.0 } else { 0.0 });
         }
+        self.recorder
+            .register_gauge(&Key::from_static_name(STATE_STORE_UP), &METADATA)
+            .set(if snapshot.state_store_up { 1.0 } else { 0.0 });
         let mut text = self.handle.render();
         fleet_series(&mut text, &snapshot.fleet);
         rollout::rollout_series(&mut text, &snapshot.rollouts);

@@ -220,7 +220,7 @@ pub fn place(
         position: policy.map_or(0.0, |_| {
             position(env.as_str(), node.certname.as_deref().unwrap_or_default())
         }),
-        now: Stamp::now(),
+        now: rollouts.as_of(),
         current,
         reported,
         elsewhere: reported.is_some_and(|r| rollouts.sends_elsewhere(env, &r)),

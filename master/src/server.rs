@@ -521,6 +521,7 @@ fn snapshot(connections: &Connections, state: &AppState) -> Snapshot {
     let c = connections.stats();
     let tls = &state.config.tls;
     Snapshot {
+        state_store_up: state.rollouts.degraded().is_none(),
         open_connections: c.open as u64,
         connections_evicted: c.evicted,
         connections_refused: c.refused,

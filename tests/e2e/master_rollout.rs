@@ -569,3 +569,176 @@ async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_t
         "rolled back: the first wave is on the old generation again"
     );
 }
+
+/// Two replicas without `[admin] peers` sharing the PostgreSQL at `url`
+/// (docs/rollouts.md#replicas), with `policy`.
+fn shared_replicas(
+    dir: &Path,
+    tree: &EnvTree,
+    pki: &Pki,
+    url: &str,
+    policy: &str,
+) -> (Replica, Replica) {
+    let state = format!("[state]\nurl = {url:?}\n{policy}");
+    let a = replica(dir, "a", (tree, pki), closed_port(), &[], &state);
+    let b = replica(dir, "b", (tree, pki), closed_port(), &[], &state);
+    (a, b)
+}
+
+/// Two replicas on one PostgreSQL, a new generation in its first wave:
+/// the replicas' configs, the masters, and the first wave's census.
+struct SharedRollout {
+    a: Replica,
+    b: Replica,
+    masters: (MasterProcess, MasterProcess),
+    client: reqwest::Client,
+    first: String,
+    new: String,
+    first_wave: Vec<bool>,
+    _keep: (EnvTree, Pki, tempfile::TempDir),
+}
+
+async fn shared_rollout(url: &str) -> SharedRollout {
+    let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
+    tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+    let policy = format!("[[rollout]]\nenvironments = [\"production\"]\n{WAVES}\n");
+    let (a, b) = shared_replicas(dir.path(), &tree, &pki, url, &policy);
+    let masters = (
+        MasterProcess::spawn(&a.config),
+        MasterProcess::spawn(&b.config),
+    );
+    pluginsync_common::tls::install_default_provider();
+    let client = reqwest::Client::new();
+    let first = newest_on_both(&a.config, &a, &b, 1).await;
+    tree.file("production", "app", "lib/facter/app.rb", "# two\n", 0o644);
+    let new = newest_on_both(&a.config, &a, &b, 2).await;
+    let first_wave = census_at(&a.config, &client, &a, &b, 1).await;
+    check_wave(&first_wave, 10.0);
+    SharedRollout {
+        a,
+        b,
+        masters,
+        client,
+        first,
+        new,
+        first_wave,
+        _keep: (tree, pki, dir),
+    }
+}
+
+/// Two replicas on one PostgreSQL and no peers: waves alike on both, a
+/// halt issued to one stops the other within 2 s (no node moves past the
+/// next wave), a resume and a rollback issued to the other reach the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_on_one_postgresql_agree_and_a_halt_on_one_stops_the_other_within_2_s() {
+    let Some(pg) = pluginsync_tests::Postgres::launch("replicas_on_one_postgresql_agree") else {
+        return;
+    };
+    let s = shared_rollout(&pg.database()).await;
+    let (a, b, cfg) = (&s.a, &s.b, &s.a.config);
+    let issued = std::time::Instant::now();
+    rollout(cfg, "halt", &[a]);
+    let reached = wait_for(Duration::from_secs(10), || async {
+        (rollout(cfg, "status", &[b])[0]["halted"] == true).then(|| issued.elapsed())
+    })
+    .await
+    .expect("the halt reaches the other replica");
+    assert!(reached <= Duration::from_secs(2), "{reached:?}");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        census(&s.client, a, b, &s.new).await,
+        s.first_wave,
+        "halted on one replica: neither widens past the second wave's time"
+    );
+    rollout(cfg, "resume", &[b]);
+    let resumed = wait_for(PATIENCE, || async {
+        (rollout(cfg, "status", &[a])[0]["halted"] == false).then_some(())
+    })
+    .await;
+    assert!(resumed.is_some(), "the resume reaches the first replica");
+    let rolled = rollout(cfg, "rollback", &[b]);
+    assert_eq!(rolled[0]["generations"][0]["withdrawn"], true, "{rolled:?}");
+    let back = wait_for(PATIENCE, || async {
+        let s = rollout(cfg, "status", &[a]);
+        (s[0]["generations"][0]["withdrawn"] == true).then_some(())
+    })
+    .await;
+    assert!(back.is_some(), "the rollback reaches the first replica");
+    assert!(
+        census(&s.client, a, b, &s.first).await.iter().all(|x| *x),
+        "rolled back: everyone on the first"
+    );
+    drop(s.masters);
+}
+
+/// PostgreSQL stopped for 30 s while the next wave is due: every node is
+/// still answered, none moves, `/status/v1/simple` stays `running`, a
+/// command fails with one line naming the database within 5 s; back, the
+/// replicas take commands again within 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresql_away_for_30_s_widens_nothing_and_refuses_commands_with_one_line() {
+    let Some(pg) = pluginsync_tests::Postgres::launch("postgresql_away_for_30_s") else {
+        return;
+    };
+    let s = shared_rollout(&pg.database()).await;
+    let (a, b, cfg) = (&s.a, &s.b, &s.a.config);
+    pg.stop();
+    let stopped = std::time::Instant::now();
+    let out = Command::new(bin_path("pluginsync-master"))
+        .args(["rollout", "--config"])
+        .arg(cfg)
+        .args(["--master", &a.url(), "promote", "production"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(7),
+        "{:?}",
+        stopped.elapsed()
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("state store postgresql://"), "{err}");
+    let c = pluginsync_tests::client(&s._keep.1, None);
+    while stopped.elapsed() < Duration::from_secs(30) {
+        assert_eq!(
+            census(&s.client, a, b, &s.new).await,
+            s.first_wave,
+            "the database away: no node moves"
+        );
+        for r in [a, b] {
+            let simple = c
+                .get(format!("{}/status/v1/simple", r.url()))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(simple.text().await.unwrap(), "running");
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    pg.start();
+    let back = std::time::Instant::now();
+    let taken = wait_for(Duration::from_secs(10), || async {
+        let out = Command::new(bin_path("pluginsync-master"))
+            .args(["rollout", "--config"])
+            .arg(cfg)
+            .args(["--master", &a.url(), "promote", "production"])
+            .output()
+            .unwrap();
+        out.status.success().then(|| back.elapsed())
+    })
+    .await
+    .expect("a command taken once the database is back");
+    assert!(taken <= Duration::from_secs(6), "{taken:?}");
+    let on_b = wait_for(PATIENCE, || async {
+        let s = rollout(cfg, "status", &[b]);
+        (s[0]["generations"][0]["promoted"] == true).then_some(())
+    })
+    .await;
+    assert!(on_b.is_some(), "the promotion reaches the other replica");
+    assert!(
+        census(&s.client, a, b, &s.new).await.iter().all(|x| *x),
+        "promoted: everyone on the new"
+    );
+    drop(s.masters);
+}

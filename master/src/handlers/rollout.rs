@@ -86,6 +86,12 @@ pub async fn command(State(state): State<AppState>, req: Request) -> Response {
         Ok(Err(e @ (RolloutError::NothingEarlier(_) | RolloutError::NoGeneration(_)))) => {
             ApiError::conflict(e.to_string()).into_response()
         }
+        // The database away (docs/operating.md#the-state-store): refused,
+        // saying which, so the operator knows to retry once it is back.
+        Ok(Err(e @ RolloutError::Store(_))) => {
+            tracing::error!(error = %e, "rollout command not applied");
+            ApiError::unavailable(format!("command not applied: {e}"), 5).into_response()
+        }
         Ok(Err(e)) => {
             tracing::error!(error = %e, "rollout command not applied");
             ApiError::internal().into_response()

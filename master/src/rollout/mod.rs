@@ -224,6 +224,9 @@ pub struct Rollouts {
     /// one never kept is sent there (`placement.rs`, `Placement::Elsewhere`);
     /// a lone master serves its own choice.
     has_peers: std::sync::atomic::AtomicBool,
+    /// Since when the state store has not answered ([`Rollouts::refresh`]);
+    /// none while it answers.
+    down_since: Mutex<Option<Stamp>>,
 }
 
 impl std::fmt::Debug for Rollouts {
@@ -251,6 +254,7 @@ impl Rollouts {
                 state: Mutex::default(),
                 fleet: OnceLock::new(),
                 has_peers: Default::default(),
+                down_since: Mutex::default(),
             }
         })
     }
@@ -270,12 +274,59 @@ impl Rollouts {
             state: Mutex::new(persisted),
             fleet: OnceLock::new(),
             has_peers: Default::default(),
+            down_since: Mutex::default(),
         })
     }
 
     /// Now, as the state store's clock says (this host's if it cannot).
     fn now(&self) -> Stamp {
         self.store.now().map_or_else(|_| Stamp::now(), Stamp)
+    }
+
+    /// Reads the commands' state again from the store when replicas share
+    /// it (a command issued to another replica takes effect here within
+    /// the server's next second, docs/rollouts.md#replicas), and records
+    /// whether the store answers ([`Rollouts::as_of`]).
+    pub fn refresh(&self) -> Result<(), StoreError> {
+        let fresh = persist::commands(&self.store);
+        let mut down = lock(&self.down_since);
+        match fresh {
+            Ok(envs) => {
+                if down.take().is_some() {
+                    tracing::warn!(place = %self.store.place(), "state store answers again: waves open again");
+                }
+                if self.store.shared() {
+                    lock(&self.state).environments = envs;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if down.is_none() {
+                    tracing::error!(error = %e, "state store away: no wave opens and no command is taken until it answers");
+                }
+                down.get_or_insert_with(Stamp::now);
+                Err(e)
+            }
+        }
+    }
+
+    /// The time waves are open at: now, or, while the state store does not
+    /// answer, when it stopped (nothing widens without the database,
+    /// docs/operating.md#the-state-store).
+    pub fn as_of(&self) -> Stamp {
+        lock(&self.down_since).unwrap_or_else(Stamp::now)
+    }
+
+    /// Why the state store is degraded, if it is: since when it has not
+    /// answered.
+    pub fn degraded(&self) -> Option<String> {
+        lock(&self.down_since).map(|at| {
+            format!(
+                "state store {} not answering since {}",
+                self.store.place(),
+                at
+            )
+        })
     }
 
     /// Says whether `[admin] peers` names other replicas.
@@ -416,6 +467,9 @@ impl Rollouts {
             .first()
             .ok_or_else(|| RolloutError::NoGeneration(env.to_string()))?
             .id;
+        // On the state as the database holds it now (another replica's
+        // command included); refused at once when it does not answer.
+        self.refresh()?;
         let cmd = self.command(env);
         let serving: Vec<GenerationId> = kept
             .iter()

@@ -86,6 +86,15 @@ pub(super) fn load(store: &StateStore, dir: &Path) -> Result<Persisted, StoreErr
     Ok(p)
 }
 
+/// Every environment's commands' state as `store` holds it now.
+pub(super) fn commands(store: &StateStore) -> Result<BTreeMap<EnvName, Command>, StoreError> {
+    Ok(store
+        .commands()?
+        .into_iter()
+        .filter_map(command_of)
+        .collect())
+}
+
 /// Imports `dir/rollout.json` (environments the store does not hold yet)
 /// and renames it; a file that does not parse is left where it is, logged.
 fn import(store: &StateStore, dir: &Path) -> Result<(), StoreError> {

@@ -73,7 +73,11 @@ pub async fn background(config: Arc<MasterConfig>, store: Weak<Store>, rollouts:
             last_pull = Some(tokio::time::Instant::now());
             pull_peers(&config, &r, peers).await;
         }
-        let _ = tokio::task::spawn_blocking(move || r.tick(&s.generations)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            let _ = r.refresh();
+            r.tick(&s.generations)
+        })
+        .await;
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }
