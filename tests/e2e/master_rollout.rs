@@ -574,13 +574,14 @@ async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_t
 /// (docs/rollouts.md#replicas), with `policy`.
 fn shared_replicas(
     dir: &Path,
-    tree: &EnvTree,
-    pki: &Pki,
+    (tree, pki): (&EnvTree, &Pki),
     url: &str,
+    extra_a: &str,
     policy: &str,
 ) -> (Replica, Replica) {
     let state = format!("[state]\nurl = {url:?}\n{policy}");
-    let a = replica(dir, "a", (tree, pki), closed_port(), &[], &state);
+    let first = format!("{extra_a}{state}");
+    let a = replica(dir, "a", (tree, pki), closed_port(), &[], &first);
     let b = replica(dir, "b", (tree, pki), closed_port(), &[], &state);
     (a, b)
 }
@@ -598,11 +599,11 @@ struct SharedRollout {
     _keep: (EnvTree, Pki, tempfile::TempDir),
 }
 
-async fn shared_rollout(url: &str) -> SharedRollout {
+async fn shared_rollout(url: &str, extra_a: &str) -> SharedRollout {
     let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
     tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
     let policy = format!("[[rollout]]\nenvironments = [\"production\"]\n{WAVES}\n");
-    let (a, b) = shared_replicas(dir.path(), &tree, &pki, url, &policy);
+    let (a, b) = shared_replicas(dir.path(), (&tree, &pki), url, extra_a, &policy);
     let masters = (
         MasterProcess::spawn(&a.config),
         MasterProcess::spawn(&b.config),
@@ -634,7 +635,7 @@ async fn replicas_on_one_postgresql_agree_and_a_halt_on_one_stops_the_other_with
     let Some(pg) = pluginsync_tests::Postgres::launch("replicas_on_one_postgresql_agree") else {
         return;
     };
-    let s = shared_rollout(&pg.database()).await;
+    let s = shared_rollout(&pg.database(), "").await;
     let (a, b, cfg) = (&s.a, &s.b, &s.a.config);
     let issued = std::time::Instant::now();
     rollout(cfg, "halt", &[a]);
@@ -680,8 +681,22 @@ async fn postgresql_away_for_30_s_widens_nothing_and_refuses_commands_with_one_l
     let Some(pg) = pluginsync_tests::Postgres::launch("postgresql_away_for_30_s") else {
         return;
     };
-    let s = shared_rollout(&pg.database()).await;
+    let metrics = closed_port();
+    let extra = format!("[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n");
+    let url = pg.database();
+    let s = shared_rollout(&url, &extra).await;
     let (a, b, cfg) = (&s.a, &s.b, &s.a.config);
+    let up_series = || async {
+        let url = format!("http://127.0.0.1:{metrics}/metrics");
+        let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+        text.lines()
+            .find(|l| l.starts_with("pluginsync_state_store_up "))
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        up_series().await.as_deref(),
+        Some("pluginsync_state_store_up 1")
+    );
     pg.stop();
     let stopped = std::time::Instant::now();
     let out = Command::new(bin_path("pluginsync-master"))
@@ -700,6 +715,21 @@ async fn postgresql_away_for_30_s_widens_nothing_and_refuses_commands_with_one_l
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("state store postgresql://"), "{err}");
     let c = pluginsync_tests::client(&s._keep.1, None);
+    let gone = wait_for(Duration::from_secs(10), || async {
+        (up_series().await.as_deref() == Some("pluginsync_state_store_up 0")).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "pluginsync_state_store_up says 0");
+    let meanwhile = NodeReport {
+        generation: Some(s.first.parse().unwrap()),
+        loads_ok: 2,
+        loads_failed: 0,
+        failed: vec![],
+    };
+    assert_eq!(
+        report(&s.client, b.proxy, "meanwhile.example.org", &meanwhile).await,
+        200
+    );
     while stopped.elapsed() < Duration::from_secs(30) {
         assert_eq!(
             census(&s.client, a, b, &s.new).await,
@@ -736,6 +766,15 @@ async fn postgresql_away_for_30_s_widens_nothing_and_refuses_commands_with_one_l
     })
     .await;
     assert!(on_b.is_some(), "the promotion reaches the other replica");
+    let written = wait_for(Duration::from_secs(10), || async {
+        let q = "SELECT count(*) FROM node_reports WHERE certname = 'meanwhile.example.org'";
+        (pg.sql(&url, q) == "1").then_some(())
+    })
+    .await;
+    assert!(
+        written.is_some(),
+        "a report sent meanwhile is written once the database is back"
+    );
     assert!(
         census(&s.client, a, b, &s.new).await.iter().all(|x| *x),
         "promoted: everyone on the new"
