@@ -89,7 +89,7 @@ pub enum CheckError {
 /// `serve` to create (a `check` run as root must not create a file the
 /// master's user cannot open), and without `[generations] dir` there is
 /// none to check.
-fn state_store(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError> {
+fn state_store(config: &MasterConfig, out: &mut impl Write) -> Result<usize, CheckError> {
     use crate::statestore::{Backend, EMBEDDED_FILE, StateStore};
     let dir = config.generations.dir.as_deref();
     if dir.is_none() && config.state.url.is_none() {
@@ -97,7 +97,7 @@ fn state_store(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckE
             out,
             "state store: embedded, in the temporary generation store"
         )?;
-        return Ok(());
+        return Ok(0);
     }
     let dir = dir.unwrap_or(Path::new("/"));
     // Checked by `MasterConfig::validate` already.
@@ -108,16 +108,27 @@ fn state_store(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckE
             out,
             "state store {place}: not created yet (serve creates it)"
         )?;
-        return Ok(());
+        return Ok(0);
     }
-    let store = StateStore::open(&settings)?;
+    let store = match StateStore::open(&settings) {
+        Ok(store) => store,
+        // A shared database that does not answer: running replicas keep
+        // serving, degraded (docs/operating.md#the-state-store).
+        Err(e @ crate::statestore::StoreError::Database { .. })
+            if matches!(settings.backend, Backend::Postgres(_)) =>
+        {
+            writeln!(out, "warning: degraded: {e}")?;
+            return Ok(1);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let (version, _) = store.schema()?;
     writeln!(
         out,
         "state store {}: schema version {version} (current)",
         store.place()
     )?;
-    Ok(())
+    Ok(0)
 }
 
 /// Runs the check, writing the summary to `out`.
@@ -156,9 +167,12 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
         writeln!(out, "warning: {e}")?;
         warnings += 1;
     }
-    if let Err(e) = state_store(config, out) {
-        writeln!(out, "FAILED: the state store cannot be used")?;
-        return Err(e);
+    match state_store(config, out) {
+        Ok(n) => warnings += n,
+        Err(e) => {
+            writeln!(out, "FAILED: the state store cannot be used")?;
+            return Err(e);
+        }
     }
     let layout = config.layout();
     let envs = environments::list_environments(&layout);

@@ -720,6 +720,19 @@ async fn postgresql_away_for_30_s_widens_nothing_and_refuses_commands_with_one_l
     })
     .await;
     assert!(gone.is_some(), "pluginsync_state_store_up says 0");
+    let check = || {
+        let out = Command::new(bin_path("pluginsync-master"))
+            .args(["check", "--config"])
+            .arg(cfg)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let said = check();
+    assert!(
+        said.contains("warning: degraded: state store postgresql://"),
+        "{said}"
+    );
     let meanwhile = NodeReport {
         generation: Some(s.first.parse().unwrap()),
         loads_ok: 2,
