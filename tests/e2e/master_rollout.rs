@@ -794,3 +794,73 @@ async fn postgresql_away_for_30_s_widens_nothing_and_refuses_commands_with_one_l
     );
     drop(s.masters);
 }
+
+/// A master on PostgreSQL killed (SIGKILL) at a random instant of each of
+/// 20 commands (halt and resume in turn): each command is in the database
+/// whole or not at all — the state's clock counts exactly the history's
+/// rows, and the state's halt is the last history row's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_killed_mid_command_leaves_each_command_whole_or_absent() {
+    let Some(pg) = pluginsync_tests::Postgres::launch("a_master_killed_mid_command") else {
+        return;
+    };
+    let seed = pluginsync_tests::Lcg::seed_from_env();
+    eprintln!("FAULT_SEED={seed}");
+    let mut lcg = pluginsync_tests::Lcg::new(seed);
+    let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
+    tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+    let url = pg.database();
+    let policy =
+        format!("[state]\nurl = {url:?}\n[[rollout]]\nenvironments = [\"production\"]\n{WAVES}\n");
+    let m = replica(dir.path(), "k", (&tree, &pki), closed_port(), &[], &policy);
+    let state = "SELECT clock, halted_at IS NOT NULL FROM rollout_commands WHERE environment = 'production'";
+    for i in 0..20 {
+        let master = MasterProcess::spawn(&m.config);
+        let kept = wait_for(PATIENCE, || async {
+            let s = rollout(&m.config, "status", &[&m]);
+            s[0]["generations"]
+                .as_array()
+                .is_some_and(|g| !g.is_empty())
+                .then_some(())
+        })
+        .await;
+        assert!(kept.is_some(), "the master keeps its generation");
+        let action = if i % 2 == 0 { "halt" } else { "resume" };
+        let mut client = Command::new(bin_path("pluginsync-master"))
+            .args(["rollout", "--config"])
+            .arg(&m.config)
+            .args(["--master", &m.url(), action, "production"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(lcg.range(0, 60))).await;
+        drop(master); // SIGKILL
+        let _ = client.wait();
+        let row = pg.sql(&url, state);
+        let history = pg.sql(
+            &url,
+            "SELECT count(*) FROM rollout_history WHERE environment = 'production'",
+        );
+        let last = pg.sql(
+            &url,
+            "SELECT halted_at IS NOT NULL FROM rollout_history
+             WHERE environment = 'production' ORDER BY id DESC LIMIT 1",
+        );
+        match row.split_once('|') {
+            None => assert_eq!(history, "0", "no state, no history (command {i})"),
+            Some((clock, halted)) => {
+                assert_eq!(clock, history, "the clock counts the history (command {i})");
+                assert_eq!(
+                    halted, last,
+                    "the state is the last command's (command {i})"
+                );
+            }
+        }
+    }
+    let applied = pg.sql(
+        &url,
+        "SELECT count(*) FROM rollout_history WHERE environment = 'production'",
+    );
+    eprintln!("{applied} of 20 commands applied before their master was killed");
+}
