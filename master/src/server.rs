@@ -148,8 +148,7 @@ pub struct Reload {
     pub connections: Arc<Connections>,
     /// The indexes: SIGHUP also re-indexes every environment (docs/deploys.md).
     pub store: Arc<Store>,
-    /// The `[proxy]` listener's trust, whose certificate-header verifier
-    /// follows the reloaded CA and CRL.
+    /// The `[proxy]` listener's trust: its header verifier follows the CA and CRL.
     pub proxy: Option<Arc<Trust>>,
 }
 

@@ -20,7 +20,7 @@
 //! higher than its own (docs/rollouts.md#replicas). Each command (and
 //! each automatic halt) is one transaction of the state store, with its
 //! history row, before it takes effect here; a halt's time is the
-//! database's.
+//! database's; replicas sharing one read it back (`persist.rs`).
 //!
 //! | file | answers |
 //! |---|---|
@@ -281,52 +281,6 @@ impl Rollouts {
     /// Now, as the state store's clock says (this host's if it cannot).
     fn now(&self) -> Stamp {
         self.store.now().map_or_else(|_| Stamp::now(), Stamp)
-    }
-
-    /// Reads the commands' state again from the store when replicas share
-    /// it (a command issued to another replica takes effect here within
-    /// the server's next second, docs/rollouts.md#replicas), and records
-    /// whether the store answers ([`Rollouts::as_of`]).
-    pub fn refresh(&self) -> Result<(), StoreError> {
-        let fresh = persist::commands(&self.store);
-        let mut down = lock(&self.down_since);
-        match fresh {
-            Ok(envs) => {
-                if down.take().is_some() {
-                    tracing::warn!(place = %self.store.place(), "state store answers again: waves open again");
-                }
-                if self.store.shared() {
-                    lock(&self.state).environments = envs;
-                }
-                Ok(())
-            }
-            Err(e) => {
-                if down.is_none() {
-                    tracing::error!(error = %e, "state store away: no wave opens and no command is taken until it answers");
-                }
-                down.get_or_insert_with(Stamp::now);
-                Err(e)
-            }
-        }
-    }
-
-    /// The time waves are open at: now, or, while the state store does not
-    /// answer, when it stopped (nothing widens without the database,
-    /// docs/operating.md#the-state-store).
-    pub fn as_of(&self) -> Stamp {
-        lock(&self.down_since).unwrap_or_else(Stamp::now)
-    }
-
-    /// Why the state store is degraded, if it is: since when it has not
-    /// answered.
-    pub fn degraded(&self) -> Option<String> {
-        lock(&self.down_since).map(|at| {
-            format!(
-                "state store {} not answering since {}",
-                self.store.place(),
-                at
-            )
-        })
     }
 
     /// Says whether `[admin] peers` names other replicas.

@@ -3,7 +3,8 @@
 //! written as one transaction with its history row. A `rollout.json` left
 //! by an earlier master is imported once, at the first start on the
 //! store, and renamed `rollout.json.imported`, so an upgrade loses no
-//! halt, promotion or withdrawal.
+//! halt, promotion or withdrawal. Replicas sharing a database read it back
+//! each second (`Rollouts::refresh`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::{Command, Halt};
 use crate::generations::Stamp;
 use crate::statestore::{CommandRow, ORIGIN_KEY, StateStore, StoreError};
+use pluginsync_common::mutex::lock;
 
 /// The state file earlier masters kept under `[generations] dir`.
 pub(super) const STATE_FILE: &str = "rollout.json";
@@ -134,4 +136,52 @@ fn import(store: &StateStore, dir: &Path) -> Result<(), StoreError> {
         }
     }
     Ok(())
+}
+
+impl super::Rollouts {
+    /// Reads the commands' state again from the store when replicas share
+    /// it (a command issued to another replica takes effect here within
+    /// the server's next second, docs/rollouts.md#replicas), and records
+    /// whether the store answers ([`Rollouts::as_of`]).
+    pub fn refresh(&self) -> Result<(), StoreError> {
+        let fresh = commands(&self.store);
+        let mut down = lock(&self.down_since);
+        match fresh {
+            Ok(envs) => {
+                if down.take().is_some() {
+                    tracing::warn!(place = %self.store.place(), "state store answers again: waves open again");
+                }
+                if self.store.shared() {
+                    lock(&self.state).environments = envs;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if down.is_none() {
+                    tracing::error!(error = %e, "state store away: no wave opens and no command is taken until it answers");
+                }
+                down.get_or_insert_with(Stamp::now);
+                Err(e)
+            }
+        }
+    }
+
+    /// The time waves are open at: now, or, while the state store does not
+    /// answer, when it stopped (nothing widens without the database,
+    /// docs/operating.md#the-state-store).
+    pub fn as_of(&self) -> Stamp {
+        lock(&self.down_since).unwrap_or_else(Stamp::now)
+    }
+
+    /// Why the state store is degraded, if it is: since when it has not
+    /// answered.
+    pub fn degraded(&self) -> Option<String> {
+        lock(&self.down_since).map(|at| {
+            format!(
+                "state store {} not answering since {}",
+                self.store.place(),
+                at
+            )
+        })
+    }
 }

@@ -1,8 +1,8 @@
 //! The state the master keeps while it serves: the state store
 //! (docs/operating.md#the-state-store), the fleet and the rollouts on it,
-//! and the rollouts' background work: the health gate and the seen
-//! generations each second, the peers' state pulled
-//! (docs/rollouts.md#replicas).
+//! and the rollouts' background work: the commands read back from the
+//! store, the health gate and the seen generations each second, the
+//! peers' state pulled (docs/rollouts.md#replicas).
 
 use std::sync::{Arc, Weak};
 
