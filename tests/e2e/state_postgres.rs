@@ -2,8 +2,9 @@
 //! (docs/operating.md#the-state-store): what is written is read back by
 //! another store, replicas starting at once migrate once, a newer schema
 //! is refused with one line, a database away answers an error within the
-//! query timeout, and `sslmode` never falls back to plaintext where the URL
-//! forbids it.
+//! query timeout, `sslmode` never falls back to plaintext where the URL
+//! forbids it, and `verify-full`/`verify-ca` check a TLS server's
+//! certificate against the CA (and the name).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -194,4 +195,44 @@ fn sslmode_decides_plaintext_and_a_unix_socket_is_a_host() {
         pg.port()
     );
     open(&socket).unwrap().nodes(1).unwrap();
+}
+
+#[test]
+fn verify_full_checks_the_ca_and_the_name_and_verify_ca_the_ca_only() {
+    let Some(pg) = Postgres::launch("verify_full_checks_the_ca_and_the_name") else {
+        return;
+    };
+    let pki = pluginsync_tests::Pki::new();
+    pg.serve_tls(&pki.cert("localhost"), &pki.key("localhost"));
+    let url = pg.database();
+    let name = url.rsplit('/').next().unwrap().split('?').next().unwrap();
+    let ca = pki.ca();
+    let at = |host: &str, mode: &str, ca: &std::path::Path| {
+        format!(
+            "postgresql://postgres@{host}:{}/{name}?hostaddr=127.0.0.1&sslmode={mode}&sslrootcert={}",
+            pg.port(),
+            ca.display()
+        )
+    };
+    open(&at("localhost", "verify-full", &ca))
+        .unwrap()
+        .nodes(1)
+        .unwrap();
+    open(&at("localhost", "require", &ca)).unwrap();
+    open(&format!(
+        "postgresql://postgres@127.0.0.1:{}/{name}?sslmode=require",
+        pg.port()
+    ))
+    .unwrap();
+    let e = open(&at("db.example.org", "verify-full", &ca)).unwrap_err();
+    assert!(e.contains("state store") && !e.contains('\n'), "{e}");
+    open(&at("db.example.org", "verify-ca", &ca)).unwrap();
+    let other = pluginsync_tests::Pki::new();
+    let e = open(&at("localhost", "verify-ca", &other.ca())).unwrap_err();
+    assert!(e.contains("state store"), "another CA: {e}");
+    let e = open(&at("localhost", "require", &other.ca())).unwrap_err();
+    assert!(
+        e.contains("state store"),
+        "require with a root verifies it: {e}"
+    );
 }

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::process::{hand_over, skipped, unprivileged};
@@ -24,6 +24,7 @@ pub struct Postgres {
     port: u16,
     server: Mutex<Option<Child>>,
     made: AtomicU32,
+    tls: AtomicBool,
 }
 
 /// Debian's newest server binaries, if installed.
@@ -85,6 +86,7 @@ impl Postgres {
             port: crate::closed_port(),
             server: Mutex::new(None),
             made: AtomicU32::new(0),
+            tls: AtomicBool::new(false),
         };
         pg.start();
         Some(pg)
@@ -101,7 +103,15 @@ impl Postgres {
             .append(true)
             .open(self.dir.path().join("postgres.log"))
             .expect("log file");
-        let child = unprivileged(&self.bin.join("postgres"))
+        let mut cmd = unprivileged(&self.bin.join("postgres"));
+        if self.tls.load(Ordering::Relaxed) {
+            let dir = self.dir.path().display();
+            cmd.args(["-c", "ssl=on", "-c"])
+                .arg(format!("ssl_cert_file={dir}/server.crt"))
+                .arg("-c")
+                .arg(format!("ssl_key_file={dir}/server.key"));
+        }
+        let child = cmd
             .arg("-D")
             .arg(self.dir.path().join("data"))
             .args(["-p", &self.port.to_string(), "-k"])
@@ -154,6 +164,21 @@ impl Postgres {
         }
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    /// Serves TLS with `cert` and `key` (PEM) from now on: restarted.
+    pub fn serve_tls(&self, cert: &Path, key: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let (c, k) = (
+            self.dir.path().join("server.crt"),
+            self.dir.path().join("server.key"),
+        );
+        std::fs::copy(cert, &c).expect("server certificate");
+        std::fs::copy(key, &k).expect("server key");
+        std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        hand_over(&[&c, &k]);
+        self.tls.store(true, Ordering::Relaxed);
+        self.restart();
     }
 
     /// Stops and starts it.
