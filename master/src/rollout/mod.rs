@@ -224,9 +224,9 @@ pub struct Rollouts {
     /// one never kept is sent there (`placement.rs`, `Placement::Elsewhere`);
     /// a lone master serves its own choice.
     has_peers: std::sync::atomic::AtomicBool,
-    /// Since when the state store has not answered ([`Rollouts::refresh`]);
-    /// none while it answers.
-    down_since: Mutex<Option<Stamp>>,
+    /// Since when the state store has not answered (none while it
+    /// answers), and when it last did ([`Rollouts::refresh`]).
+    down_since: Mutex<(Option<Stamp>, Option<Stamp>)>,
 }
 
 impl std::fmt::Debug for Rollouts {

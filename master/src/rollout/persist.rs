@@ -148,35 +148,37 @@ impl super::Rollouts {
         let mut down = lock(&self.down_since);
         match fresh {
             Ok(envs) => {
-                if down.take().is_some() {
+                if down.0.take().is_some() {
                     tracing::warn!(place = %self.store.place(), "state store answers again: waves open again");
                 }
+                down.1 = Some(Stamp::now());
                 if self.store.shared() {
                     lock(&self.state).environments = envs;
                 }
                 Ok(())
             }
             Err(e) => {
-                if down.is_none() {
+                if down.0.is_none() {
                     tracing::error!(error = %e, "state store away: no wave opens and no command is taken until it answers");
+                    // Frozen where it last answered, not a second later.
+                    down.0 = Some(down.1.unwrap_or_else(Stamp::now));
                 }
-                down.get_or_insert_with(Stamp::now);
                 Err(e)
             }
         }
     }
 
     /// The time waves are open at: now, or, while the state store does not
-    /// answer, when it stopped (nothing widens without the database,
+    /// answer, when it last answered (nothing widens without the database,
     /// docs/operating.md#the-state-store).
     pub fn as_of(&self) -> Stamp {
-        lock(&self.down_since).unwrap_or_else(Stamp::now)
+        lock(&self.down_since).0.unwrap_or_else(Stamp::now)
     }
 
     /// Why the state store is degraded, if it is: since when it has not
     /// answered.
     pub fn degraded(&self) -> Option<String> {
-        lock(&self.down_since).map(|at| {
+        lock(&self.down_since).0.map(|at| {
             format!(
                 "state store {} not answering since {}",
                 self.store.place(),
