@@ -3,8 +3,9 @@
 //! snapshot → targets, TUF's order and rules), and the one question both
 //! sides ask of it: is this manifest a signed target?
 //!
-//! A generation's manifest is the target `ENV/<generation id>.manifest`
-//! ([`target_name`]); its signed length and sha256 must be the manifest's
+//! A generation's manifest is the target `ENV.<generation id>.manifest`
+//! ([`target_name`]: a file name, since `tuftool` names a target by the
+//! file it adds); its signed length and sha256 must be the manifest's
 //! (the sha256 is the generation id). The target's `custom` may carry
 //! `environment`; when it does, it must name the environment
 //! (docs/trust.md#targets).
@@ -35,9 +36,11 @@ pub const METADATA_PREFIX: &str = "/pluginsync/v1/trust/";
 pub const TARGET_SUFFIX: &str = ".manifest";
 
 /// The target naming generation `id` of `env`:
-/// `ENV/<generation id>.manifest` (docs/trust.md#targets).
+/// `ENV.<generation id>.manifest` (docs/trust.md#targets). A file name
+/// (no `/`): `tuftool` names each target it adds by its file's name, and
+/// an environment name has no `.`, so the name parses back unambiguously.
 pub fn target_name(env: &EnvName, id: &GenerationId) -> String {
-    format!("{env}/{}{TARGET_SUFFIX}", id.to_hex())
+    format!("{env}.{}{TARGET_SUFFIX}", id.to_hex())
 }
 
 /// How expiry is enforced (docs/trust.md#expiry).
@@ -264,7 +267,7 @@ impl Trusted {
 
     /// The signed generations of `env`, by id.
     pub fn signed(&self, env: &EnvName) -> Vec<GenerationId> {
-        let prefix = format!("{env}/");
+        let prefix = format!("{env}.");
         self.repo
             .all_targets()
             .filter_map(|(n, _)| {

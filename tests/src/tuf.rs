@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use aws_lc_rs::rand::SystemRandom;
+use pluginsync_common::envname::EnvName;
+use pluginsync_common::generation::GenerationId;
+use pluginsync_common::trust::target_name;
 use tough::editor::RepositoryEditor;
 use tough::editor::signed::SignedRole;
 use tough::key_source::{KeySource, LocalKeySource};
@@ -124,7 +127,8 @@ impl TufSigner {
     /// [`TufSigner::publish`]).
     pub fn sign_manifest(&mut self, env: &str, manifest: &[u8]) -> String {
         let id = pluginsync_common::digest::Sha256::of(manifest);
-        let name = format!("{env}/{}.manifest", id.to_hex());
+        let env_name: EnvName = env.parse().expect("environment name");
+        let name = target_name(&env_name, &GenerationId(id));
         let mut custom = HashMap::new();
         custom.insert("environment".to_owned(), serde_json::json!(env));
         let target = Target {
