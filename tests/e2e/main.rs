@@ -102,5 +102,7 @@ mod puppet_reports;
 mod trust;
 // The agent with [trust] root: a signed generation synced; unsigned, withdrawn, replayed, expired metadata and bundles refused (exit 65).
 mod trust_agent;
+// The operator's workflow with the real tuftool: the quick start's keys, r10k deploys signed by scripts/sign-generation.sh, two masters, agents taking the signed deploy and refusing the unsigned one (needs `tuftool`, `r10k`).
+mod trust_tuftool;
 // Puppet Server as our agent's source and a stock Puppet agent as our master's client (needs both).
 mod puppet_server;
