@@ -4,8 +4,22 @@
 # port chosen by the kernel; an agent syncs a temporary libdir and facts.d
 # from it, a file changes on the master, the agent syncs again. Prints each
 # report. Leaves nothing behind.
+#
+# With --trust (needs `tuftool`), the same with signed generations
+# (docs/trust.md#quick-start): throwaway keys, the master serving the
+# metadata, the agent verifying; the change is refused until it is signed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+trust=false
+case "${1:-}" in
+    --trust) trust=true ;;
+    "") ;;
+    *) echo "usage: scripts/demo.sh [--trust]" >&2; exit 64 ;;
+esac
+if $trust && ! command -v tuftool >/dev/null; then
+    echo "error: --trust needs tuftool (cargo install --locked tuftool)" >&2
+    exit 1
+fi
 
 # Release binaries when they were built (faster, what a fleet runs), else
 # debug ones; either way cargo rebuilds what changed, and shows its progress
@@ -72,6 +86,22 @@ crl = "$work/ssl/crl.pem"
 shutdown_grace = "0s"
 TOML
 
+# The deploy pipeline's signing step (docs/trust.md#the-signing-pipeline).
+sign() {
+    echo "== scripts/sign-generation.sh production"
+    PLUGINSYNC_MASTER="$bin/pluginsync-master" scripts/sign-generation.sh \
+        --config "$work/master.toml" --repo "$work/tuf/repo" --publish "$work/trust" \
+        --targets-key "$work/tuf/keys/targets.pem" --snapshot-key "$work/tuf/keys/snapshot.pem" \
+        --timestamp-key "$work/tuf/keys/timestamp.pem" production
+}
+if $trust; then
+    echo "== scripts/trust-quickstart.sh (throwaway keys: root 2 of 3, targets, snapshot, timestamp)"
+    scripts/trust-quickstart.sh "$work/tuf"
+    mkdir "$work/trust"
+    printf '[trust]\nmetadata = "%s"\n' "$work/trust" >> "$work/master.toml"
+    sign
+fi
+
 echo "== pluginsync-master check"
 "$bin/pluginsync-master" check --config "$work/master.toml"
 
@@ -97,6 +127,9 @@ vardir = "$work/node/var"
 ssldir = "$work/ssl"
 certname = "demo-node"
 TOML
+if $trust; then
+    printf '[trust]\nroot = "%s"\n' "$work/tuf/root.json" >> "$work/agent.toml"
+fi
 
 echo
 echo "== pluginsync-agent sync (first run: everything is new)"
@@ -114,6 +147,13 @@ mkdir -p "$env/ntp/lib/puppet/functions"
 printf 'Puppet::Functions.create_function(:ntp_peers) do\n  def ntp_peers\n    []\n  end\nend\n' > "$env/ntp/lib/puppet/functions/ntp_peers.rb"
 rm "$env/ntp/lib/puppet/provider/ntp_server/ruby.rb"
 sleep 1   # the master re-indexes within its 200 ms debounce
+if $trust; then
+    echo
+    echo "== pluginsync-agent sync (the change is not signed: refused, exit 65, nothing changed)"
+    "$bin/pluginsync-agent" sync --config "$work/agent.toml" || echo "   (exit $?)"
+    echo
+    sign
+fi
 
 echo
 echo "== pluginsync-agent sync (third run: exactly those changes)"

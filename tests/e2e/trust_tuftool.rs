@@ -5,9 +5,11 @@
 //! the real r10k deploying `production`, `scripts/sign-generation.sh`
 //! signing it into two masters' `[trust] metadata`; agents with
 //! `[trust] root` verifying through each master take a deploy that was
-//! signed and refuse one that was not (exit 65, nothing changed).
-//! `SKIPPED` without `tuftool` or `r10k` (a failure under CI, which installs
-//! both).
+//! signed and refuse one that was not (exit 65, nothing changed); then
+//! the targets key is rotated as docs/trust.md#rotation says: the old key
+//! signs nothing more, the nodes follow root 2 and take what the new key
+//! signed. `SKIPPED` without `tuftool` or `r10k` (a failure under CI,
+//! which installs both).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
