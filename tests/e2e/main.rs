@@ -94,7 +94,7 @@ mod master_watch;
 mod puppet_compat;
 // A Puppet fleet behind HAProxy and nginx from packaging/: stock agents' runs split between Puppet Server and pluginsync masters, the ENC's environment (needs puppet, puppetserver, a balancer).
 mod puppet_fleet;
-// The health loop on a mixed fleet behind HAProxy: Puppet Server, two masters, 24 of our agents, 4 stock ones; broken facts halt the first wave, the rollback moves no other node.
+// The health loop on a mixed fleet behind HAProxy (and to the halt behind nginx): Puppet Server, two masters, 24 of our agents, 4 stock ones; broken facts halt the first wave, the rollback moves no other node.
 mod puppet_mixed_fleet;
 // Stock agents' run reports through Puppet Server's `http` processor: their plugin errors in the inventory (needs puppet, puppetserver, haproxy).
 mod puppet_reports;
