@@ -324,13 +324,16 @@ impl Fleet {
         generation: GenerationId,
         failed: &[String],
     ) -> bool {
-        let still_served = (self.lock().by_name.get(certname)).is_some_and(|old| {
+        // One lock from the check to the write: a record heard meanwhile
+        // (an agent's report, a newer listing) is never overwritten by
+        // this older news.
+        let mut nodes = self.lock();
+        let Some(old) = (nodes.by_name.get(certname)).filter(|old| {
             old.source == Source::Served && old.env == *env && old.generation == Some(generation)
-        });
-        if !still_served {
+        }) else {
             return false;
-        }
-        let node = Node {
+        };
+        let mut node = Node {
             env: env.clone(),
             generation: Some(generation),
             seen_ms: now_ms(),
@@ -340,11 +343,12 @@ impl Fleet {
             failed: (failed.iter().take(MAX_FAILED_NAMED))
                 .map(|n| n.chars().take(MAX_NAME_CHARS).collect())
                 .collect(),
-            served: Vec::new(),
+            served: old.served.clone(),
             verified: false,
         };
-        let node = self.served(certname, node, None);
-        self.keep(certname, node);
+        node.serve(None);
+        self.queue(certname, &node);
+        nodes.upsert(certname, node, self.max_nodes);
         true
     }
 
@@ -355,6 +359,12 @@ impl Fleet {
 
     /// Keeps `node` as `certname`'s record and queues it for the peers.
     fn keep(&self, certname: &str, node: Node) {
+        self.queue(certname, &node);
+        self.lock().upsert(certname, node, self.max_nodes);
+    }
+
+    /// Queues `node` of `certname` for the peers and the state store.
+    fn queue(&self, certname: &str, node: &Node) {
         for outbox in &self.outboxes {
             let mut q = outbox.lock().unwrap_or_else(|e| e.into_inner());
             if q.len() < self.max_nodes || q.contains_key(certname) {
@@ -363,8 +373,7 @@ impl Fleet {
                 self.outbox_dropped.fetch_add(1, Relaxed);
             }
         }
-        self.persist(certname, &node);
-        self.lock().upsert(certname, node, self.max_nodes);
+        self.persist(certname, node);
     }
 
     /// `node` with what was served to `certname` before in its
@@ -589,6 +598,45 @@ mod tests {
             .map(|n| n.certname)
             .collect();
         assert!(!names.contains(&"b".to_owned()), "{names:?}");
+    }
+
+    #[test]
+    fn a_stock_run_report_never_overwrites_a_record_heard_meanwhile() {
+        // A Puppet run report of g1 races the node's listing of g2: in
+        // either order the record ends on g2 (the report first, then
+        // the listing; or the listing first, and the report is old news).
+        let f = fleet(100_000, 1);
+        let prod = env("production");
+        let bad = vec!["plugins/facter/broken.rb".to_owned()];
+        const RUNS: usize = 20_000;
+        let names: Vec<String> = (0..RUNS).map(|i| format!("n{i}")).collect();
+        for n in &names {
+            f.heard(n, &prod, None, Some(g(1)));
+        }
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for n in &names {
+                    barrier.wait();
+                    f.heard_puppet_run(n, &prod, g(1), &bad);
+                }
+            });
+            s.spawn(|| {
+                for n in &names {
+                    barrier.wait();
+                    f.heard(n, &prod, None, Some(g(2)));
+                }
+            });
+        });
+        let lost: Vec<&String> = (names.iter())
+            .filter(|n| f.record_of(n).and_then(|e| e.generation) != Some(g(2)))
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "{} of {RUNS} listings lost: {:?}",
+            lost.len(),
+            &lost[..lost.len().min(5)]
+        );
     }
 
     #[test]
