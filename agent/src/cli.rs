@@ -89,8 +89,10 @@ pub enum Command {
     /// the loaders on it. The next `sync` converges back to the master's
     /// generation (docs/agent.md#generations-and-rollback).
     Rollback {
-        /// The environment the report and the loaders name (overrides the
-        /// config's).
+        /// Names the report's environment only when nothing is rolled
+        /// back (overrides the config's): a rollback brings back one
+        /// generation, and its report and loaders name that generation's
+        /// own environment, whatever this says.
         #[arg(long)]
         environment: Option<String>,
         /// The config file.

@@ -118,3 +118,20 @@ fn each_format_flag_describes_its_own_output() {
     assert!(!config.contains("per change"), "{config}");
     assert!(config.contains("One line per setting"), "{config}");
 }
+
+/// `rollback --environment` says what it does: a rollback brings back one
+/// generation, whose own environment the report and the loaders name;
+/// the flag names the report's only when nothing is rolled back.
+#[test]
+fn rollback_environment_help_says_the_generation_names_its_environment() {
+    let (code, out) = run("pluginsync-agent", &["rollback", "--help"]);
+    assert_eq!(code, 0, "{out}");
+    let flag = out.split("--environment").nth(1).expect("--environment");
+    let flag = flag.split("\n  -").next().unwrap_or_default();
+    let flag = flag.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flag.contains("only when nothing is rolled back")
+            && flag.contains("that generation's own environment"),
+        "{flag}"
+    );
+}
