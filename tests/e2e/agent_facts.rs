@@ -6,6 +6,8 @@
 //! good ones pass; the run's wall time stays within one deadline (not
 //! 20 s and more), the hanging script is killed, the failures reach the
 //! node report's state, and `pluginsync-agent config` shows `[facts]`.
+//! A file whose check failed is checked again on the next run, unchanged,
+//! until a check passes; a passing unchanged file is not re-run.
 //! Skipped with a message where `facter` is not installed.
 
 use std::collections::BTreeMap;
@@ -139,10 +141,23 @@ fn each_changed_fact_is_resolved_by_facter_within_its_own_deadline() {
     assert_eq!(state["loads_ok"], 2, "{state}");
     assert_eq!(state["failed"].as_array().map(Vec::len), Some(4), "{state}");
 
-    // An unchanged tree checks nothing again.
+    // An unchanged tree checks again only what still fails, and those
+    // fail again; the passing files are not re-run.
     let again = home.sync(&["--format", "json"]);
     let report: serde_json::Value = serde_json::from_str(again.stdout.trim()).unwrap();
-    assert_eq!(report["loads"], serde_json::json!([]), "{again:?}");
+    let retried: Vec<(&str, &str)> = (report["loads"].as_array().unwrap().iter())
+        .map(|l| (l["path"].as_str().unwrap(), l["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        retried,
+        [
+            ("pluginfacts/exit3.sh", "failed"),
+            ("pluginfacts/garbage.sh", "failed"),
+            ("pluginfacts/sleep.sh", "failed"),
+            ("plugins/facter/raises.rb", "failed"),
+        ],
+        "{again:?}"
+    );
 
     let config = home.run(&["config"]);
     assert!(
@@ -150,4 +165,74 @@ fn each_changed_fact_is_resolved_by_facter_within_its_own_deadline() {
             && config.stdout.contains("facts.timeout = 10s  (agent.toml)"),
         "{config:?}"
     );
+}
+
+#[test]
+fn a_failed_fact_check_is_retried_until_it_passes() {
+    if require("facter", "facter", TEST).is_none() {
+        return;
+    }
+    // `flaky.sh` fails until `ready` exists (a check past its deadline
+    // under load, say); `counted.sh` passes and counts its runs.
+    let marks = tempfile::tempdir().unwrap();
+    let (ready, count) = (marks.path().join("ready"), marks.path().join("count"));
+    let tree = EnvTree::new();
+    let put = |rel: &str, text: String| tree.file("production", "alpha", rel, text, 0o755);
+    put(
+        "facts.d/flaky.sh",
+        format!(
+            "#!/bin/sh\n[ -e {} ] || exit 3\necho flaky=1\n",
+            ready.display()
+        ),
+    );
+    put(
+        "facts.d/counted.sh",
+        format!(
+            "#!/bin/sh\necho run >> {}\necho counted=1\n",
+            count.display()
+        ),
+    );
+    let pki = Pki::new();
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let home = AgentHome::new(&pki, &[master.url()], "[facts]");
+    let state = || {
+        let text = std::fs::read_to_string(home.vardir().join("loads.production.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["failed"].clone()
+    };
+    let loads = |run: &pluginsync_tests::AgentRun| -> Vec<(String, String)> {
+        let report: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+        (report["loads"].as_array().unwrap().iter())
+            .map(|l| {
+                (
+                    l["path"].as_str().unwrap().into(),
+                    l["status"].as_str().unwrap().into(),
+                )
+            })
+            .collect()
+    };
+
+    let first = home.sync(&["--format", "json"]);
+    assert_eq!(first.code, 0, "{first:?}");
+    assert_eq!(state(), serde_json::json!(["pluginfacts/flaky.sh"]));
+    let counted = std::fs::read_to_string(&count).unwrap();
+    assert!(!counted.is_empty(), "counted.sh was checked");
+
+    // Nothing changed in the tree: flaky.sh is checked again, and passes.
+    std::fs::write(&ready, "").unwrap();
+    let second = home.sync(&["--format", "json"]);
+    assert_eq!(
+        loads(&second),
+        [("pluginfacts/flaky.sh".to_owned(), "ok".to_owned())],
+        "{second:?}"
+    );
+    assert_eq!(state(), serde_json::json!([]), "the failure is cleared");
+    assert_eq!(
+        std::fs::read_to_string(&count).unwrap(),
+        counted,
+        "the passing unchanged counted.sh was run again"
+    );
+
+    // Passing now, nothing is checked.
+    let third = home.sync(&["--format", "json"]);
+    assert!(loads(&third).is_empty(), "{third:?}");
 }

@@ -178,14 +178,18 @@ pub(super) async fn load_files(
         }
     }
     // Fact health (docs/loading.md#fact-health): on by default, loaders
-    // or not; one entry per changed fact file, loader `facter`.
+    // or not; one entry per changed fact file, loader `facter`, and per
+    // file still failing from an earlier check (a failure under load
+    // passes once retried; a passing unchanged file is not re-run).
     let (libdir, factsdir) = (settings.libdir.as_path(), settings.factsdir.as_deref());
+    let mut facts = written.to_vec();
+    facts.extend(still_failing(settings, environment, written));
     let checked = crate::facts::check(
         &settings.load.facts,
         libdir,
         factsdir,
         &settings.vardir,
-        written,
+        &facts,
     );
     loads.extend(checked.await.into_iter().map(|c| LoadEntry {
         path: c.path,
@@ -203,4 +207,28 @@ pub(super) async fn load_files(
         tracing::warn!(vardir = %settings.vardir.display(), error = %e, "cannot save the plugin registry");
     }
     loads
+}
+
+/// The files of `environment`'s load state still failing, not among
+/// `written` and still live under `settings`' destinations: the fact
+/// check takes them again (it checks only fact files among them).
+fn still_failing(
+    settings: &Settings,
+    environment: &str,
+    written: &[(Mount, RelPath)],
+) -> Vec<(Mount, RelPath)> {
+    let state = LoadState::load(&settings.vardir, environment);
+    (state.failed.iter())
+        .filter_map(|path| {
+            let (mount, rel) = path.split_once('/')?;
+            let (mount, root) = match mount {
+                "plugins" => (Mount::Plugins, settings.libdir.as_path()),
+                "pluginfacts" => (Mount::Pluginfacts, settings.factsdir.as_deref()?),
+                _ => return None,
+            };
+            let rel = RelPath::parse(rel).ok()?;
+            let again = !written.iter().any(|(m, r)| *m == mount && *r == rel);
+            (again && rel.to_path(root).is_file()).then_some((mount, rel))
+        })
+        .collect()
 }
