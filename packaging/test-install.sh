@@ -9,8 +9,10 @@
 # puppet.conf naming the certname and server, the shipped agent.toml
 # untouched) under the agent unit's sandbox settings, the plugins and facts
 # landing where Debian's puppet reads them (its libdir and pluginfactdest,
-# `puppet facts show` resolving them), and a purge. One PASS/FAIL line per check; exits 1
-# if any failed. Needs root, debootstrap and lintian; nothing is cached: the
+# `puppet facts show` resolving them, and a stock `puppet agent -t` against
+# a throwaway Puppet Server on the host resolving the synced custom fact),
+# and a purge. One PASS/FAIL line per check; exits 1
+# if any failed. Needs root, debootstrap, lintian and puppetserver; nothing is cached: the
 # root is made anew from the Debian mirror each run and removed at the end,
 # its mounts first, on success, failure or interrupt.
 #
@@ -435,6 +437,55 @@ store_private() {
 }
 check "the generation store, its indexes and state are the master user's (0750/0440/0640)" store_private
 stop_master
+
+# A stock `puppet agent -t` in the root resolves the synced custom fact: a
+# throwaway Puppet Server on the host (scripts/puppetserver_sandbox.py, as
+# the suite runs one; the root shares the host's loopback) with autosign,
+# serving the environment the master served above (so Puppet's own
+# pluginsync finds the libdir and pluginfactdest as they are and changes
+# nothing there) and a manifest printing the fact. The agent asks for its
+# certificate in an ssldir of its own (the one above holds the pluginsync
+# master's CA). Its exit status is 0 or 2 (a change: the notify).
+ps_dir='' ps_pid=''
+stop_puppetserver() {
+    [ -n "$ps_pid" ] && kill "$ps_pid" 2>/dev/null && wait "$ps_pid" 2>/dev/null
+    ps_pid=
+    [ -n "$ps_dir" ] && rm -rf "$ps_dir"
+    ps_dir=
+}
+trap 'stop_puppetserver; stop_master; cleanup' EXIT
+stock_agent_run() {
+    local ps_port out code started=$SECONDS
+    [ -f /usr/share/puppetserver/puppetserver.jar ] ||
+        { echo "puppetserver is not installed on the host (apt-get install puppetserver)"; return 1; }
+    ps_dir=$(mktemp -d /tmp/pluginsync-puppetserver.XXXXXX)
+    ps_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    python3 scripts/puppetserver_sandbox.py setup --dir "$ps_dir" --port "$ps_port" || return 1
+    cp -r etc/environments/production "$ps_dir/code/environments/"
+    mkdir -p "$ps_dir/code/environments/production/manifests"
+    printf '%s\n' "notify { \"acme_role=\${facts['acme_role']}\": }" \
+        >"$ps_dir/code/environments/production/manifests/site.pp"
+    # Appended to the file's last section, [server].
+    echo 'autosign = true' >>"$ps_dir/conf/puppet.conf"
+    python3 scripts/puppetserver_sandbox.py serve --dir "$ps_dir" >>"$log" 2>&1 &
+    ps_pid=$!
+    python3 scripts/puppetserver_sandbox.py wait --dir "$ps_dir" --timeout 300 || return 1
+    echo "Puppet Server ready after $((SECONDS - started)) s"
+    out=$(in_root puppet agent -t --color false --server localhost --serverport "$ps_port" \
+        --certname node7.example.org --environment production \
+        --ssldir /var/lib/puppet/stock-ssl 2>&1)
+    code=$?
+    echo "$out"
+    echo "puppet agent -t exited $code; $((SECONDS - started)) s with the server's start"
+    [ "$code" = 0 ] || [ "$code" = 2 ] || return 1
+    grep -q 'acme_role=unassigned' <<<"$out" || { echo "the run does not name the synced fact's value"; return 1; }
+    if grep -q 'File\[/var/cache/puppet/' <<<"$out"; then
+        echo "Puppet's own pluginsync changed what the agent synced"
+        return 1
+    fi
+}
+check "a stock puppet agent -t resolves the synced custom fact (Puppet Server on the host)" stock_agent_run
+stop_puppetserver
 
 # The agent's purge leaves the master's store (pluginsync-master is still
 # installed); the master's purge then removes it and the emptied parent.
