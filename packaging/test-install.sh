@@ -395,6 +395,26 @@ first_run() {
 }
 check "first run as the unit: plugins and pluginfacts land in Puppet's libdir and pluginfactdest, and puppet facts show resolves them" first_run
 
+# The pluginsync fact (docs/agent.md#the-pluginsync-fact): the run above,
+# as the unit, wrote it in Debian's Facter directory (the package made
+# it), 0644, naming the generation the run committed, and a stock `puppet
+# facts show` reads it as a structured fact.
+fact_written() {
+    local fact generation file=$root/etc/facter/facts.d/pluginsync.json
+    generation=$(in_root /usr/bin/pluginsync-agent report --format json |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["generation"])')
+    echo "the run committed $generation"
+    [ -f "$file" ] || { echo "no $file"; return 1; }
+    [ "$(stat -c %a "$file")" = 644 ] || { echo "$file is not 0644"; return 1; }
+    fact=$(in_root puppet facts show pluginsync --render-as json) || { echo "$fact"; return 1; }
+    echo "$fact"
+    python3 -c 'import json, sys
+f = json.loads(sys.argv[1])["pluginsync"]["production"]
+assert f["generation"] == sys.argv[2] and sorted(f) == ["committed", "failing", "generation"], f' \
+        "$fact" "$generation"
+}
+check "the run as the unit wrote the pluginsync fact in /etc/facter/facts.d, and puppet facts show reads it" fact_written
+
 # The metrics textfile at the path the shipped agent.toml shows, in Debian's
 # prometheus-node-exporter textfile directory, enabled as that file says
 # (its two [metrics] lines uncommented): written by a run under the unit's
@@ -493,9 +513,10 @@ purge() {
     in_root dpkg --purge pluginsync-agent &&
         [ "$(ls -A "$root/var/lib/pluginsync")" = generations ] &&
         [ ! -e "$root/etc/systemd/system/timers.target.wants/pluginsync-agent.timer" ] &&
-        [ ! -e "$root/etc/pluginsync/agent.toml" ]
+        [ ! -e "$root/etc/pluginsync/agent.toml" ] &&
+        [ ! -e "$root/etc/facter/facts.d/pluginsync.json" ]
 }
-check "dpkg --purge pluginsync-agent removes its state, timer link and conffile" purge
+check "dpkg --purge pluginsync-agent removes its state, timer link, conffile and pluginsync fact" purge
 purge_master() {
     in_root dpkg --purge pluginsync-master &&
         [ ! -e "$root/var/lib/pluginsync" ] &&

@@ -273,8 +273,8 @@ impl AgentConfig {
 impl ConfigFile for AgentConfig {
     fn resolve_paths(&mut self, base: &RelativeTo) {
         let fix = |p: &mut PathBuf| base.fix(p);
-        // `factsdir = ""`, `puppet_conf = ""` and `[puppet_lock] file = ""`
-        // mean none: they stay empty.
+        // `factsdir = ""`, `puppet_conf = ""`, `[puppet_lock] file = ""`
+        // and `[facts] external_dir = ""` mean none: they stay empty.
         for p in [
             self.libdir.as_mut(),
             self.vardir.as_mut(),
@@ -283,6 +283,10 @@ impl ConfigFile for AgentConfig {
             self.puppet_conf.as_mut(),
             self.puppet_lock.file.as_mut(),
             self.trust.as_mut().map(|t| &mut t.root),
+            (self.facts.as_mut()).and_then(|f| match &mut f.external_dir {
+                Some(crate::facts::ExternalDir::Dir(d)) => Some(d),
+                _ => None,
+            }),
         ]
         .into_iter()
         .flatten()

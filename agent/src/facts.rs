@@ -33,7 +33,7 @@ use pluginsync_common::relpath::RelPath;
 use crate::launch::{LaunchError, run_isolated, run_output};
 
 pub mod config;
-pub use config::FactsConfig;
+pub use config::{ExternalDir, FactsConfig};
 
 /// The loader name fact entries carry in the report.
 pub const LOADER: &str = "facter";

@@ -153,6 +153,9 @@ pub struct Settings {
     pub loaders: LoaderTable,
     /// `[metrics] textfile`.
     pub metrics_textfile: Option<PathBuf>,
+    /// Where the `pluginsync` fact is written (`[facts] external_dir`
+    /// resolved, docs/agent.md#the-pluginsync-fact); `None`: nowhere.
+    pub fact_dir: Option<PathBuf>,
     /// This node's certname (the node endpoint's `<certname>`).
     pub certname: String,
     /// Where the environment comes from.
@@ -251,6 +254,7 @@ impl Settings {
             detailed_exitcodes: run.detailed_exitcodes,
             load_enabled: file.load.enabled || run.load,
             load: r.facts(&file),
+            fact_dir: r.fact_dir(&file, puppet.facter_dir()),
             loaders: file.loader_table()?,
             metrics_textfile: file.metrics.textfile.clone(),
             certname,

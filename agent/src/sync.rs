@@ -326,6 +326,7 @@ impl<'a> Run<'a> {
             self.rollback_on_failure(&switched);
         }
         self.send_report(held).await;
+        loads::write_fact(self.settings, self.env.as_str());
         Ok(())
     }
 

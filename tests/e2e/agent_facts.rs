@@ -7,13 +7,18 @@
 //! 20 s and more), the hanging script is killed, the failures reach the
 //! node report's state, and `pluginsync-agent config` shows `[facts]`.
 //! A file whose check failed is checked again on the next run, unchanged,
-//! until a check passes; a passing unchanged file is not re-run.
+//! until a check passes; a passing unchanged file is not re-run. The
+//! `pluginsync` fact (docs/agent.md#the-pluginsync-fact) names the
+//! generation the master's inventory reports, is rewritten only when it
+//! changes, and Facter reads it.
 //! Skipped with a message where `facter` is not installed.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use pluginsync_tests::{AgentHome, EnvTree, Pki, TestMaster, config_toml, parse_config, require};
+use pluginsync_tests::{
+    AgentHome, EnvTree, Pki, TestMaster, client, config_toml, parse_config, repo_root, require,
+};
 
 const TEST: &str = "agent_facts";
 
@@ -235,4 +240,175 @@ fn a_failed_fact_check_is_retried_until_it_passes() {
     // Passing now, nothing is checked.
     let third = home.sync(&["--format", "json"]);
     assert!(loads(&third).is_empty(), "{third:?}");
+}
+
+/// `node1`'s generation in the master's inventory (asked as the admin
+/// `node2`).
+fn inventory_generation(pki: &Pki, master: &TestMaster) -> Option<String> {
+    let url = format!("{}/pluginsync/v1/inventory", master.url());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let page: serde_json::Value = rt.block_on(async {
+        let resp = client(pki, Some("node2")).get(url).send().await.unwrap();
+        resp.json().await.unwrap()
+    });
+    (page["nodes"].as_array().unwrap().iter())
+        .find(|n| n["certname"] == "node1")
+        .and_then(|n| n["generation"].as_str().map(str::to_owned))
+}
+
+#[test]
+fn the_pluginsync_fact_names_the_generation_the_inventory_reports() {
+    if require("facter", "facter", TEST).is_none() {
+        return;
+    }
+    let tree = EnvTree::new();
+    let put = |rel: &str, text: &str, mode| tree.file("production", "alpha", rel, text, mode);
+    put("lib/puppet/functions/f.rb", "# one\n", 0o644);
+    put("facts.d/bad.sh", "#!/bin/sh\nexit 3\n", 0o755);
+    let pki = Pki::new();
+    let admin = "[admin]\ncertnames = [\"node2\"]\n";
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", admin)));
+    let facts = tempfile::tempdir().unwrap();
+    // Missing, and its parent too: made (0755).
+    let dir = facts.path().join("facter/facts.d");
+    let home = AgentHome::new(
+        &pki,
+        &[master.url()],
+        &format!("[facts]\nexternal_dir = {:?}\n", dir.display().to_string()),
+    );
+    let file = dir.join("pluginsync.json");
+    let read = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(&file).expect("the pluginsync fact")).unwrap()
+    };
+    let sync = || -> serde_json::Value {
+        let run = home.sync(&["--format", "json"]);
+        assert_eq!(run.code, 0, "{run:?}");
+        serde_json::from_str(run.stdout.trim()).unwrap()
+    };
+
+    let report = sync();
+    let g1 = report["generation"]
+        .as_str()
+        .expect("a generation")
+        .to_owned();
+    assert_eq!(
+        inventory_generation(&pki, &master).as_deref(),
+        Some(g1.as_str())
+    );
+    let fact = read();
+    let entry = &fact["pluginsync"]["production"];
+    assert_eq!(entry["generation"], g1.as_str(), "{fact}");
+    assert_eq!(
+        entry["failing"],
+        serde_json::json!(["pluginfacts/bad.sh"]),
+        "{fact}"
+    );
+    assert!(
+        entry["committed"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{fact}"
+    );
+    let keys: Vec<&String> = entry.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        ["committed", "failing", "generation"],
+        "nothing else: {fact}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode(&file), mode(&dir)), (0o644, 0o755));
+
+    // Facter reads it as a structured fact.
+    let out = std::process::Command::new("facter")
+        .arg("--external-dir")
+        .arg(&dir)
+        .args(["pluginsync", "--json"])
+        .output()
+        .unwrap();
+    let resolved: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(resolved, fact, "facter --external-dir reads the fact");
+
+    // A run that changes nothing rewrites nothing.
+    let mtime = || std::fs::metadata(&file).unwrap().modified().unwrap();
+    let before = mtime();
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(sync()["generation"], g1.as_str());
+    assert_eq!(mtime(), before, "a no-op run rewrote the fact");
+
+    // A new generation: the fact follows, its failure gone with its file.
+    std::fs::remove_file(
+        tree.envpath()
+            .join("production/modules/alpha/facts.d/bad.sh"),
+    )
+    .unwrap();
+    put("lib/puppet/functions/g.rb", "# two\n", 0o644);
+    let end = Instant::now() + Duration::from_secs(60);
+    let g2 = loop {
+        let r = sync();
+        if r["generation"] != g1.as_str() {
+            break r["generation"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < end, "no new generation: {r}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let fact = read();
+    assert_eq!(
+        fact["pluginsync"]["production"]["generation"],
+        g2.as_str(),
+        "{fact}"
+    );
+    assert_eq!(
+        fact["pluginsync"]["production"]["failing"],
+        serde_json::json!([]),
+        "{fact}"
+    );
+    assert_ne!(mtime(), before);
+    assert_eq!(
+        inventory_generation(&pki, &master).as_deref(),
+        Some(g2.as_str())
+    );
+
+    let config = home.run(&["config"]);
+    assert!(
+        config.stdout.contains(&format!(
+            "facts.external_dir = {}  (agent.toml)",
+            dir.display()
+        )),
+        "{config:?}"
+    );
+    // The shipped unit may write both layouts' directories.
+    let unit =
+        std::fs::read_to_string(repo_root().join("packaging/pluginsync-agent.service")).unwrap();
+    let writable = crate::agent_metrics::unit_writable_paths(&unit);
+    for d in ["/etc/facter/facts.d", "/etc/puppetlabs/facter/facts.d"] {
+        assert!(
+            writable.iter().any(|w| w == std::path::Path::new(d)),
+            "{d}: {writable:?}"
+        );
+    }
+}
+
+#[test]
+fn the_pluginsync_fact_is_off_without_the_systems_puppet_and_with_false() {
+    let tree = EnvTree::new();
+    tree.file("production", "alpha", "lib/x.rb", "x\n", 0o644);
+    let pki = Pki::new();
+    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    for extra in [
+        "[facts]\ncheck = false",
+        "[facts]\ncheck = false\nexternal_dir = false",
+    ] {
+        let home = AgentHome::new(&pki, &[master.url()], extra);
+        let config = home.run(&["config"]);
+        assert!(
+            config
+                .stdout
+                .lines()
+                .any(|l| l.starts_with("facts.external_dir = ") && !l.contains('/')),
+            "{extra}: {config:?}"
+        );
+        assert_eq!(home.sync(&[]).code, 0);
+    }
 }

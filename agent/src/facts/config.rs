@@ -1,5 +1,6 @@
 //! `[facts]` in agent.toml (docs/loading.md#fact-health): whether changed
-//! facts are checked, each file's deadline, and which Facter. Apart from
+//! facts are checked, each file's deadline, which Facter, and where the
+//! `pluginsync` fact goes (docs/agent.md#the-pluginsync-fact). Apart from
 //! the check itself (`facts.rs`) so that the config modules that declare
 //! it import nothing of the loads.
 
@@ -19,6 +20,20 @@ pub struct FactsConfig {
     pub timeout: Duration,
     /// Facter's path; unset: `facter` on `PATH`.
     pub facter: Option<PathBuf>,
+    /// Where the `pluginsync` fact is written; unset: Facter's directory
+    /// of the node's Puppet layout (settings.rs).
+    pub external_dir: Option<ExternalDir>,
+}
+
+/// `[facts] external_dir`: a directory, or a switch (`false` or `""`:
+/// not written; `true`: the layout's directory).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum ExternalDir {
+    /// `true` or `false`.
+    Switch(bool),
+    /// A directory; `""` is off.
+    Dir(PathBuf),
 }
 
 impl Default for FactsConfig {
@@ -27,6 +42,7 @@ impl Default for FactsConfig {
             check: None,
             timeout: Duration::from_secs(10),
             facter: None,
+            external_dir: None,
         }
     }
 }
@@ -53,6 +69,17 @@ impl FactsConfig {
             );
         }
         found
+    }
+
+    /// Where the `pluginsync` fact is written: `external_dir`'s
+    /// directory, else `default` (unset or `true`); `None`: not written.
+    pub fn external_dir(&self, default: Option<PathBuf>) -> Option<PathBuf> {
+        match &self.external_dir {
+            None | Some(ExternalDir::Switch(true)) => default,
+            Some(ExternalDir::Switch(false)) => None,
+            Some(ExternalDir::Dir(d)) if d.as_os_str().is_empty() => None,
+            Some(ExternalDir::Dir(d)) => Some(d.clone()),
+        }
     }
 
     /// Each setting by its dotted name, as `pluginsync-agent config` shows
@@ -86,4 +113,26 @@ fn on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join(name))
         .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn external_dir_is_a_directory_or_a_switch() {
+        let dir = |toml: &str| {
+            let c: FactsConfig = toml::from_str(toml).unwrap();
+            c.external_dir(Some("/layout".into()))
+        };
+        assert_eq!(dir(""), Some("/layout".into()));
+        assert_eq!(dir("external_dir = true"), Some("/layout".into()));
+        assert_eq!(dir("external_dir = false"), None);
+        assert_eq!(dir("external_dir = \"\""), None);
+        assert_eq!(
+            dir("external_dir = \"/x/facts.d\""),
+            Some("/x/facts.d".into())
+        );
+        assert!(toml::from_str::<FactsConfig>("external_dir = 3").is_err());
+    }
 }

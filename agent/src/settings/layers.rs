@@ -4,6 +4,7 @@
 //! that sets it, and which one that was (docs/agent.md#on-a-puppet-node); [`Resolver`] keeps, as
 //! each setting is resolved, its value and source for `pluginsync-agent config`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::Format;
@@ -135,6 +136,22 @@ impl Resolver<'_> {
             self.show_own(name, value, file.facts.is_some());
         }
         file.load.clone()
+    }
+
+    /// `[facts] external_dir`, shown: agent.toml's, else `default`
+    /// (Facter's directory of the node's Puppet layout); `None`: the
+    /// `pluginsync` fact is not written.
+    pub(super) fn fact_dir(
+        &mut self,
+        file: &AgentConfig,
+        default: Option<PathBuf>,
+    ) -> Option<PathBuf> {
+        let facts = &file.load.facts;
+        let dir = facts.external_dir(default);
+        let shown = (dir.as_ref()).map(|d| d.display().to_string());
+        let set = facts.external_dir.is_some();
+        self.show_own("facts.external_dir", shown.unwrap_or_default(), set);
+        dir
     }
 
     /// The lock a commit waits on, shown: agent.toml's, else puppet.conf's

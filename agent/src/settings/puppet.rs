@@ -52,6 +52,21 @@ impl Puppet {
         }
     }
 
+    /// Facter's own external facts directory where this node's Puppet is
+    /// the system's (docs/agent.md#the-pluginsync-fact): Debian's
+    /// `/etc/facter/facts.d`, the AIO packages' `/etc/puppetlabs/facter/facts.d`;
+    /// none for a puppet.conf elsewhere or none at all.
+    pub(super) fn facter_dir(&self) -> Option<PathBuf> {
+        let (path, _) = self.conf.as_ref()?;
+        let [aio, debian] = config::DEFAULT_PUPPET_CONFS.map(Path::new);
+        let dir = match path.as_path() {
+            p if p == debian => "/etc/facter/facts.d",
+            p if p == aio => "/etc/puppetlabs/facter/facts.d",
+            _ => return None,
+        };
+        Some(dir.into())
+    }
+
     /// `key` as the agent sees it (`[agent]` over `[main]`, references
     /// expanded) and the section it came from.
     pub(super) fn value(&self, key: &str) -> Option<(Section, String)> {
@@ -168,5 +183,32 @@ pub fn fqdn() -> String {
             format!("{host}.{}", d.trim_end_matches('.').to_ascii_lowercase())
         }
         _ => host,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facters_directory_follows_the_system_puppet_layout() {
+        let at = |path: Option<&str>| Puppet {
+            conf: path.map(|p| (PathBuf::from(p), puppetconf::parse("").0)),
+            confdir: String::new(),
+            debian: false,
+        };
+        let dir = |path| at(path).facter_dir();
+        assert_eq!(
+            dir(Some("/etc/puppet/puppet.conf")),
+            Some("/etc/facter/facts.d".into())
+        );
+        assert_eq!(
+            dir(Some("/etc/puppetlabs/puppet/puppet.conf")),
+            Some("/etc/puppetlabs/facter/facts.d".into())
+        );
+        // A puppet.conf elsewhere (a test's, a second Puppet) or none:
+        // not the system's Facter, nothing written by default.
+        assert_eq!(dir(Some("/srv/node/puppet.conf")), None);
+        assert_eq!(dir(None), None);
     }
 }

@@ -3,11 +3,19 @@
 //! written before the commit hands them to the next run if this one dies
 //! in between. What the loads did is kept for the node report, sent to
 //! the master that served the run right after them ([`Run::send_report`])
-//! and carried by the next per-node request (docs/protocol.md §7.8).
+//! and carried by the next per-node request (docs/protocol.md §7.8), and
+//! given to Puppet's own inventory as the `pluginsync` external fact
+//! ([`write_fact`], docs/agent.md#the-pluginsync-fact).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::Path;
 
 use pluginsync_common::generation::GenerationId;
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
+use pluginsync_common::rollout::NodeReport;
+use serde::{Deserialize, Serialize};
 
 use super::Run;
 use super::generation::Held;
@@ -97,14 +105,7 @@ impl Run<'_> {
     /// generation committed for the environment and what the loads did, a
     /// failed plugin whose file is gone left out.
     pub(super) fn node_report(&self, generation: Option<GenerationId>) -> String {
-        let s = self.settings;
-        let state = LoadState::load(&s.vardir, self.env.as_str());
-        let exists = |path: &str| match path.split_once('/') {
-            Some(("plugins", rel)) => s.libdir.join(rel).exists(),
-            Some(("pluginfacts", rel)) => s.factsdir.as_ref().is_some_and(|d| d.join(rel).exists()),
-            _ => true,
-        };
-        state.report(generation, exists).to_header()
+        report_of(self.settings, self.env.as_str(), generation).to_header()
     }
 
     /// The node report `value` as a per-node request carries it, flagged
@@ -147,6 +148,101 @@ impl Run<'_> {
             ),
         }
     }
+}
+
+/// The node report of `generation` in `environment`: its load state, a
+/// failed plugin whose file is gone left out.
+fn report_of(s: &Settings, environment: &str, generation: Option<GenerationId>) -> NodeReport {
+    let state = LoadState::load(&s.vardir, environment);
+    let exists = |path: &str| match path.split_once('/') {
+        Some(("plugins", rel)) => s.libdir.join(rel).exists(),
+        Some(("pluginfacts", rel)) => s.factsdir.as_ref().is_some_and(|d| d.join(rel).exists()),
+        _ => true,
+    };
+    state.report(generation, exists)
+}
+
+/// The `pluginsync` fact's file in Facter's external directory.
+const FACT_FILE: &str = "pluginsync.json";
+
+/// The `pluginsync` fact: per environment, what the node holds. Nothing
+/// but generation ids, times and plugin names.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Fact {
+    pluginsync: BTreeMap<String, FactEntry>,
+}
+
+/// One environment's entry of the `pluginsync` fact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct FactEntry {
+    /// The generation committed (its full id); `None`: none (a sync of
+    /// Puppet's listings).
+    generation: Option<String>,
+    /// When the node first held it (RFC 3339, UTC).
+    committed: String,
+    /// Its failing plugins (`plugins/…`, `pluginfacts/…`).
+    failing: Vec<String>,
+}
+
+/// After a run's commit (or a rollback): `environment`'s entry of the
+/// `pluginsync` fact, in `[facts] external_dir`, made what the node holds
+/// now: its generation, since when, its failing plugins. Written
+/// atomically (0644, the directory made 0755 if missing) and only when
+/// it changed; a failure is one warning, never the run's.
+pub(super) fn write_fact(settings: &Settings, environment: &str) {
+    let Some(dir) = &settings.fact_dir else {
+        return;
+    };
+    let generation = GenerationRecord::load(&settings.vardir, environment).generation;
+    let failing = report_of(settings, environment, generation).failed;
+    let entry = (generation.map(|g| g.to_hex()), failing);
+    match update_fact(dir, environment, entry) {
+        Ok(true) => tracing::debug!(dir = %dir.display(), "pluginsync fact written"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(
+            path = %dir.join(FACT_FILE).display(),
+            error = %e,
+            "cannot write the pluginsync fact"
+        ),
+    }
+}
+
+/// [`write_fact`]'s file in `dir`: `environment`'s entry set to
+/// `(generation, failing)`, its time kept while the generation is the
+/// same. Whether it was written.
+fn update_fact(
+    dir: &Path,
+    environment: &str,
+    (generation, failing): (Option<String>, Vec<String>),
+) -> std::io::Result<bool> {
+    let path = dir.join(FACT_FILE);
+    let old = std::fs::read(&path).ok();
+    // Anything else in it (unreadable, or not ours) is replaced.
+    let mut fact: Fact = (old.as_deref())
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or_default();
+    let committed = match fact.pluginsync.get(environment) {
+        Some(e) if e.generation == generation => e.committed.clone(),
+        _ => humantime_serde::re::humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+            .to_string(),
+    };
+    let entry = FactEntry {
+        generation,
+        committed,
+        failing,
+    };
+    fact.pluginsync.insert(environment.to_owned(), entry);
+    let mut bytes = serde_json::to_vec_pretty(&fact)?;
+    bytes.push(b'\n');
+    if old.as_deref() == Some(bytes.as_slice()) {
+        return Ok(false);
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)?;
+    pluginsync_common::fsutil::write_atomic(&path, &bytes, 0o644)?;
+    Ok(true)
 }
 
 /// The files `written` (under the live destinations of `settings`) go to

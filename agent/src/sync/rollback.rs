@@ -368,6 +368,7 @@ pub async fn rollback(settings: &Settings, interrupts: &Interrupts) -> Outcome {
         let env = report.environment.clone();
         let loads = loads::load_files(settings, &env, &written).await;
         report.loads.extend(loads);
+        loads::write_fact(settings, &env);
         Ok(())
     }
     .await
