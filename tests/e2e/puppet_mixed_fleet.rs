@@ -209,7 +209,10 @@ impl Node {
         .unwrap();
         std::fs::write(
             dir.path().join("agent.toml"),
-            format!("vardir = \"var\"\npuppet_conf = {conf:?}\n"),
+            // Each fact file's deadline: 18 s, above what a good fact takes
+            // with 24 agents' Facter runs sharing 2 cores, below the 20 s
+            // of the hanging fact, which must still fail.
+            format!("vardir = \"var\"\npuppet_conf = {conf:?}\n\n[facts]\ntimeout = \"18s\"\n"),
         )
         .unwrap();
         Node {
