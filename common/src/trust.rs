@@ -188,6 +188,24 @@ pub async fn load(
     Ok(trusted)
 }
 
+/// [`load`] of the metadata in the local directory `dir` (a master's
+/// `[trust] metadata`, a bundle's, docs/trust.md#what-the-masters-serve).
+pub async fn load_dir(
+    root: &Path,
+    datastore: &Path,
+    dir: &Path,
+    expiry: Expiry,
+) -> Result<Trusted, TrustError> {
+    let absolute = std::path::absolute(dir).map_err(|e| TrustError::Datastore {
+        path: dir.to_owned(),
+        source: e,
+    })?;
+    let url = url::Url::from_directory_path(&absolute).map_err(|()| {
+        TrustError::Unavailable(format!("'{}' is not a directory path", dir.display()))
+    })?;
+    load(root, datastore, url, tough::FilesystemTransport, expiry).await
+}
+
 /// The version of the root metadata `bytes` (read from `path`), which
 /// must verify itself.
 fn root_version(bytes: &[u8], path: &Path) -> Result<u64, TrustError> {
@@ -229,10 +247,35 @@ impl Trusted {
         Ok(())
     }
 
+    /// When the verified metadata stops being valid: the earliest
+    /// `expires` of timestamp, snapshot, targets and root (a signed
+    /// generation's expiry, docs/trust.md#expiry).
+    pub fn expires(&self) -> std::time::SystemTime {
+        let roles = [
+            self.repo.timestamp().signed.expires,
+            self.repo.snapshot().signed.expires,
+            self.repo.targets().signed.expires,
+            self.repo.root().signed.expires,
+        ];
+        let earliest = roles.into_iter().min().unwrap_or(jiff::Timestamp::MIN);
+        std::time::SystemTime::from(earliest)
+    }
+
     /// Whether generation `id` of `env`, whose manifest is `len` bytes, is
     /// a signed target: named, of that length and sha256, and of that
     /// environment when the target says which.
     pub fn check(&self, env: &EnvName, id: &GenerationId, len: u64) -> Result<(), TrustError> {
+        self.check_target(env, id, Some(len))
+    }
+
+    /// [`Trusted::check`] of a generation whose manifest's length is not
+    /// at hand (`None`: not compared; its sha256, the id, still is).
+    pub fn check_target(
+        &self,
+        env: &EnvName,
+        id: &GenerationId,
+        len: Option<u64>,
+    ) -> Result<(), TrustError> {
         let name = target_name(env, id);
         let target = self
             .repo
@@ -251,7 +294,9 @@ impl Trusted {
         if target.hashes.sha256.as_ref() != id.0.0.as_slice() {
             return Err(mismatch("sha256 differs".to_owned()));
         }
-        if target.length != len {
+        if let Some(len) = len
+            && target.length != len
+        {
             return Err(mismatch(format!(
                 "{len} bytes, signed as {}",
                 target.length

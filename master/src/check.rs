@@ -13,7 +13,9 @@
 //! winner), so an operator sees a shadowed fact before an agent does. Walks
 //! the trees but does not hash them, so it is quick on large environments.
 //! Then the generations the store keeps for it (`[generations] dir`),
-//! newest first: id, publication time, files, bytes.
+//! newest first: id, publication time, files, bytes, and under
+//! `[trust] root` whether each is signed (until when), unsigned or expired
+//! (docs/trust.md#what-the-masters-serve).
 //! The last line is `OK`, or `OK, with N warnings` when there are any.
 //!
 //! A path of a served tree the master cannot read (a module root, `lib/`,
@@ -31,6 +33,7 @@ use crate::config::MasterConfig;
 use crate::environments;
 use crate::generations::Generations;
 use crate::index::{EnvIndex, Mount};
+use crate::trust::signed::Signatures;
 use crate::walk::{Hashing, ReadError};
 
 /// Why the check failed: the server's TLS cannot work, or the summary
@@ -174,6 +177,8 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
             return Err(e);
         }
     }
+    let signatures = Signatures::new(config.trust.signed_settings());
+    warnings += trust(config, &signatures, out)?;
     let layout = config.layout();
     let envs = environments::list_environments(&layout);
     if envs.is_empty() {
@@ -194,7 +199,7 @@ pub fn run(config: &MasterConfig, out: &mut impl Write) -> Result<(), CheckError
         warnings += modulepath(config, &dir, out)?;
         writeln!(out, "  modules ({}): {}", modules.len(), modules.join(" "))?;
         warnings += mounts(&idx, out)?;
-        generations(&store, &name, out)?;
+        generations(&store, &signatures, &name, out)?;
         for e in &idx.unreadable {
             writeln!(out, "  error: {e}")?;
         }
@@ -392,9 +397,39 @@ fn modulepath(config: &MasterConfig, dir: &Path, out: &mut impl Write) -> std::i
     Ok(mp.warnings.len() + scan.outside.len())
 }
 
+/// Under `[trust] root`, the signed metadata read and verified
+/// (docs/trust.md#what-the-masters-serve): one line, and a warning when it
+/// does not verify (nothing new would be published). The warnings written.
+fn trust(
+    config: &MasterConfig,
+    signatures: &Signatures,
+    out: &mut impl Write,
+) -> std::io::Result<usize> {
+    let (Some(root), Some(metadata)) = (&config.trust.root, &config.trust.metadata) else {
+        return Ok(0);
+    };
+    signatures.refresh();
+    writeln!(
+        out,
+        "signed generations: root {}, metadata {}",
+        root.display(),
+        metadata.display()
+    )?;
+    match signatures.error() {
+        Some(e) => writeln!(out, "warning: the signed metadata does not verify: {e}").map(|()| 1),
+        None => Ok(0),
+    }
+}
+
 /// The generations the store keeps for `env`, newest first: id (short),
-/// publication time, files, bytes (docs/deploys.md#generations).
-fn generations(store: &Generations, env: &EnvName, out: &mut impl Write) -> std::io::Result<()> {
+/// publication time, files, bytes (docs/deploys.md#generations), and under
+/// `[trust] root` whether each is signed, unsigned or expired.
+fn generations(
+    store: &Generations,
+    signatures: &Signatures,
+    env: &EnvName,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
     let kept = store.kept(env);
     if kept.is_empty() {
         return writeln!(out, "  generations: none kept");
@@ -403,11 +438,15 @@ fn generations(store: &Generations, env: &EnvName, out: &mut impl Write) -> std:
     for (i, k) in kept.iter().enumerate() {
         writeln!(
             out,
-            "    {}  {}  {}, {} bytes{}",
+            "    {}  {}  {}, {} bytes{}{}",
             k.id.short(),
             k.published,
             count(k.files as usize, "file", "files"),
             k.bytes,
+            match signatures.is_on() {
+                true => format!("  {}", signatures.state(env, &k.id, None).describe()),
+                false => String::new(),
+            },
             if i == 0 { "  (current)" } else { "" }
         )?;
     }

@@ -84,13 +84,56 @@ pub struct MasterConfig {
 }
 
 /// `[trust]`: where the deploy pipeline puts the TUF repository's
-/// metadata (docs/trust.md#what-the-masters-serve).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// metadata (docs/trust.md#what-the-masters-serve), and the root a
+/// generation must be signed under to be published.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct TrustConfig {
     /// The directory of `N.root.json`, `timestamp.json`, `N.snapshot.json`
     /// and `N.targets.json`, served read-only; unset: none served.
     pub metadata: Option<PathBuf>,
+    /// The root metadata (as installed on the nodes); set: a generation
+    /// is published only once `metadata` signs it.
+    pub root: Option<PathBuf>,
+    /// How long past its expiry metadata still signs a generation.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+}
+
+impl Default for TrustConfig {
+    fn default() -> Self {
+        TrustConfig {
+            metadata: None,
+            root: None,
+            grace: Duration::from_secs(3600), // the agents' default
+        }
+    }
+}
+
+impl TrustConfig {
+    /// `trust.root` needs `trust.metadata`, and a root that reads.
+    fn validate(&self) -> Result<(), ConfigError> {
+        match (&self.root, &self.metadata) {
+            (Some(_), None) => Err(ConfigError::Invalid(
+                "trust.root needs trust.metadata: the directory the signed metadata is read from"
+                    .into(),
+            )),
+            (Some(root), Some(_)) if !root.is_file() => Err(ConfigError::Invalid(format!(
+                "trust.root '{}' is not a file",
+                root.display()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// What the store's signature check reads (`None`: no `trust.root`).
+    pub fn signed_settings(&self) -> Option<crate::trust::signed::Settings> {
+        Some(crate::trust::signed::Settings {
+            root: self.root.clone()?,
+            metadata: self.metadata.clone()?,
+            grace: self.grace,
+        })
+    }
 }
 
 /// `[state]`: the state store's database (docs/operating.md#the-state-store).
@@ -374,6 +417,7 @@ impl MasterConfig {
         self.proxy.validate()?; // proxy.rs
         self.fleet.validate(&self.admin.peers)?; // fleet/mod.rs
         self.reports.validate()?; // puppet_report/mod.rs
+        self.trust.validate()?;
         (self.state_settings(Path::new("/"))).map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.generations.keep == 0 || self.generations.max_mib == 0 {
             return Err(ConfigError::Invalid(
@@ -399,6 +443,7 @@ impl MasterConfig {
             layout: self.layout(),
             index: self.index.clone(),
             generations: self.generations.clone(),
+            trust: self.trust.signed_settings(),
         }
     }
 

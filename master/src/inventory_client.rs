@@ -130,6 +130,8 @@ pub struct JsonNode<'a> {
     failing_plugins: &'a [String],
     placed: Option<String>,
     lagging: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    signed: Option<&'a str>,
 }
 
 /// `--format json`: every node matched, in certname order; `label` names
@@ -151,6 +153,7 @@ pub fn json(nodes: &[InventoryNode], labels: &BTreeMap<String, String>) -> Strin
                 failing_plugins: &n.node.failed_plugins,
                 placed: n.placed.map(|g| g.to_hex()),
                 lagging: n.lagging,
+                signed: n.signed.as_deref(),
             }
         })
         .collect();
@@ -163,6 +166,8 @@ struct Tally {
     nodes: u64,
     failing: u64,
     lagging: u64,
+    /// Under `[trust] root`: signed, unsigned or expired.
+    signed: Option<String>,
 }
 
 /// The table (module docs): per environment, a line of totals and one row
@@ -182,6 +187,7 @@ pub fn table(nodes: &[InventoryNode], labels: &BTreeMap<String, String>) -> Stri
         t.nodes += 1;
         t.failing += u64::from(n.node.load_failures > 0);
         t.lagging += u64::from(n.lagging);
+        t.signed.clone_from(&n.signed);
     }
     let mut out = String::new();
     if nodes.is_empty() {
@@ -195,20 +201,33 @@ pub fn table(nodes: &[InventoryNode], labels: &BTreeMap<String, String>) -> Stri
             sum(|t| t.failing),
             sum(|t| t.lagging)
         ));
-        out.push_str(&format!(
-            "  {:<14}{:<22}{:>7}{:>9}{:>9}\n",
-            "GENERATION", "LABEL", "NODES", "FAILING", "LAGGING"
-        ));
+        let signed = gens.values().any(|t| t.signed.is_some());
+        let head = format!(
+            "  {:<14}{:<22}{:>7}{:>9}{:>9}  {}",
+            "GENERATION",
+            "LABEL",
+            "NODES",
+            "FAILING",
+            "LAGGING",
+            if signed { "SIGNED" } else { "" }
+        );
+        out.push_str(head.trim_end());
+        out.push('\n');
         let mut rows: Vec<_> = gens.iter().collect();
         rows.sort_by(|a, b| b.1.nodes.cmp(&a.1.nodes).then(a.0.cmp(b.0)));
         for (g, t) in rows {
             let id = if g.is_empty() { "(none)" } else { &g[..12] };
             let label = labels.get(g).map_or("-", String::as_str);
             let label: String = label.chars().take(20).collect();
-            out.push_str(&format!(
-                "  {id:<14}{label:<22}{:>7}{:>9}{:>9}\n",
-                t.nodes, t.failing, t.lagging
-            ));
+            let row = format!(
+                "  {id:<14}{label:<22}{:>7}{:>9}{:>9}  {}",
+                t.nodes,
+                t.failing,
+                t.lagging,
+                t.signed.as_deref().unwrap_or("")
+            );
+            out.push_str(row.trim_end());
+            out.push('\n');
         }
     }
     let trouble: Vec<&InventoryNode> = (nodes.iter())

@@ -97,6 +97,7 @@ const BUILD_DURATION: &str = "pluginsync_master_index_build_duration_seconds";
 const INDEX_FILES: &str = "pluginsync_master_index_files";
 const INDEX_BYTES: &str = "pluginsync_master_index_bytes";
 const GENERATIONS_KEPT: &str = "pluginsync_master_generations_kept";
+const GENERATIONS: &str = "pluginsync_master_generations";
 const ROLLOUT_HALTED: &str = "pluginsync_rollout_halted";
 const STATE_STORE_UP: &str = "pluginsync_state_store_up";
 
@@ -148,6 +149,9 @@ pub struct Snapshot {
     pub generation_store_corrupt: u64,
     /// Generations kept, by environment.
     pub generations_kept: Vec<(String, u64)>,
+    /// Under `[trust] root`: kept generations by environment and state
+    /// (`signed`, `unsigned`, `expired`, docs/trust.md#what-the-masters-serve).
+    pub generation_states: Vec<(String, [(&'static str, u64); 3])>,
     /// Environments with a rollout policy: halted, share open, wave
     /// (`metrics/rollout.rs`).
     pub rollouts: Vec<RolloutGauge>,
@@ -260,6 +264,13 @@ impl Metrics {
             GENERATIONS_KEPT.into(),
             None,
             SharedString::const_str("Generations kept in the generation store, by environment."),
+        );
+        m.recorder.describe_gauge(
+            GENERATIONS.into(),
+            None,
+            SharedString::const_str(
+                "Under [trust] root: generations kept, by environment and state (signed, unsigned, expired).",
+            ),
         );
         m.recorder.describe_gauge(
             ROLLOUT_HALTED.into(),
@@ -430,6 +441,14 @@ impl Metrics {
                     &METADATA,
                 )
                 .set(*kept as f64);
+        }
+        for (env, states) in &snapshot.generation_states {
+            for (state, n) in states {
+                let labels = [("environment", env.clone()), ("state", (*state).to_owned())];
+                self.recorder
+                    .register_gauge(&Self::key(GENERATIONS, &labels), &METADATA)
+                    .set(*n as f64);
+            }
         }
         for g in &snapshot.rollouts {
             self.recorder

@@ -542,12 +542,8 @@ fn snapshot(connections: &Connections, state: &AppState) -> Snapshot {
         generation_store_scrubbed_bytes: load(&store.generations.scrubbed_bytes),
         generation_store_corrupt: load(&store.generations.corrupt),
         rollouts: state.rollouts.gauges(&store.generations),
-        generations_kept: store
-            .generations
-            .counts()
-            .into_iter()
-            .map(|(e, n)| (e.to_string(), n as u64))
-            .collect(),
+        generation_states: store.generation_states(),
+        generations_kept: store.generations_kept(),
         fleet: state
             .fleet
             .counts(|e| store.generations.kept(e).iter().map(|k| k.id).collect()),

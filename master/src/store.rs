@@ -97,6 +97,8 @@ pub struct Settings {
     pub index: crate::index::Settings,
     /// `[generations]`.
     pub generations: crate::generations::Limits,
+    /// `[trust] root`: publish only signed generations (`None`: all).
+    pub trust: Option<crate::trust::signed::Settings>,
 }
 
 /// Every environment's index.
@@ -150,6 +152,12 @@ pub struct Store {
     retry_wake: tokio::sync::Notify,
     /// Stock agents kept on one generation for a run (docs/protocol.md §7.6).
     pins: pins::Pins,
+    /// Which generations are signed, under `[trust] root`
+    /// (docs/trust.md#what-the-masters-serve).
+    pub signatures: crate::trust::signed::Signatures,
+    /// Environments whose tree is not signed (yet): built again when the
+    /// signed metadata changes (`store/publish.rs`).
+    unsigned: Mutex<BTreeSet<EnvName>>,
 }
 
 /// What a build calls before walking an environment (its name and
@@ -216,6 +224,8 @@ impl Store {
             retry: Mutex::new(BTreeSet::new()),
             retry_wake: tokio::sync::Notify::new(),
             pins: pins::Pins::new(settings.generations.pin),
+            signatures: crate::trust::signed::Signatures::new(settings.trust.clone()),
+            unsigned: Mutex::new(BTreeSet::new()),
             settings,
         })
     }
@@ -282,7 +292,7 @@ impl Store {
         self.build(name, false).await;
         match self.current(name) {
             Some(idx) => Lookup::Found(idx),
-            None if self.is_held(name) || lock(&self.retry).contains(name) => Lookup::Deploying,
+            None if self.is_held(name) || self.is_waiting(name) => Lookup::Deploying,
             None if lock(&self.unreadable).contains_key(name) => Lookup::Unreadable,
             None => Lookup::Unknown,
         }
@@ -333,7 +343,7 @@ impl Store {
         let _guard = env_lock.lock().await;
         let failed = lock(&self.unreadable).get(name).copied();
         let failed = failed.is_some_and(|at| at.elapsed() < RETRY_UNREADABLE);
-        if !again && (failed || self.read().contains_key(name)) {
+        if !again && (failed || self.read().contains_key(name) || self.is_unsigned(name)) {
             // Built (or found unreadable) by the caller this one waited
             // for, or just before: one build shared.
             return;
@@ -517,11 +527,15 @@ impl Store {
             return self.unreadable(&name, &idx, previous.is_some());
         }
         lock(&self.unreadable).remove(&name);
-        if !self.publish_generation(&name, &idx, &real_before) {
+        let published = self.publish_generation(&name, &idx, &real_before);
+        if published != publish::Publish::Done {
             if let Some(kept) = kept {
                 lock(&self.kept).insert(name.clone(), kept);
             }
-            return self.retry_later(&name);
+            return match published {
+                publish::Publish::Unsigned => self.keep_signed(&name, previous.is_some()),
+                _ => self.retry_later(&name),
+            };
         }
         let hashed = self.stats.files_hashed.load(Ordering::Relaxed) - before;
         let walked = started.elapsed();

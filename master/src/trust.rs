@@ -1,8 +1,10 @@
 //! Signed generations (docs/trust.md): what the master does for the
 //! deploy pipeline that signs them. The master never signs: it prints the
 //! manifest the pipeline signs ([`manifest`]) and serves the metadata the
-//! pipeline signed ([`metadata`]), from `[trust]` in master.toml
+//! pipeline signed ([`metadata`]), publishes only what it signed
+//! ([`signed`]), from `[trust]` in master.toml
 //! (`config::TrustConfig`).
 
 pub mod manifest;
 pub mod metadata;
+pub mod signed;

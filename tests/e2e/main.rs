@@ -104,5 +104,7 @@ mod trust;
 mod trust_agent;
 // The operator's workflow with the real tuftool: the quick start's keys, r10k deploys signed by scripts/sign-generation.sh, two masters, agents taking the signed deploy and refusing the unsigned one (needs `tuftool`, `r10k`).
 mod trust_tuftool;
+// A master with [trust] root: a hand-changed tree not published (stock puppet and our agent keep the signed one) until signed; check and metrics say signed/unsigned/expired.
+mod trust_master;
 // Puppet Server as our agent's source and a stock Puppet agent as our master's client (needs both).
 mod puppet_server;

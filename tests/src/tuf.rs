@@ -144,6 +144,20 @@ impl TufSigner {
         name
     }
 
+    /// Adds the manifest of `env`'s tree as it is now, as the deploy
+    /// pipeline computes it (`pluginsync-master manifest`, in-process), as
+    /// a target (signed at the next [`TufSigner::publish`]); its id.
+    pub fn sign_tree(
+        &mut self,
+        config: &pluginsync_master::config::MasterConfig,
+        env: &str,
+    ) -> pluginsync_common::generation::GenerationId {
+        let (bytes, id) =
+            pluginsync_master::trust::manifest::of_tree(config, env).expect("the tree's manifest");
+        self.sign_manifest(env, &bytes);
+        id
+    }
+
     /// Removes a target (a withdrawn generation).
     pub fn withdraw(&mut self, name: &str) {
         self.targets.remove(name);

@@ -2,7 +2,8 @@
 //! docs/operating.md#the-fleet): the fleet's nodes a page at a time,
 //! filtered (`environment`, `generation`, `failing`), after a cursor
 //! (`after`), at most `limit` (default 1,000, at most 10,000), each with
-//! the generation placement gives it now and whether it lags behind it.
+//! the generation placement gives it now and whether it lags behind it;
+//! under `[trust] root`, whether its generation is signed.
 //! The page itself is the fleet's one query ([`Fleet::page`]); placement
 //! is asked through its pure decision (`placement::decide`).
 //!
@@ -40,6 +41,10 @@ pub struct InventoryNode {
     /// Not on `placed` (docs/operating.md#the-fleet).
     #[serde(default)]
     pub lagging: bool,
+    /// Under `[trust] root`: whether the node's generation is `signed`,
+    /// `unsigned` or `expired` (docs/trust.md#what-the-masters-serve).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed: Option<String>,
 }
 
 /// The answer: a page of nodes by certname, and the next page's cursor.
@@ -125,10 +130,15 @@ fn page(state: &AppState, q: &FleetQuery) -> InventoryPage {
                 .or_insert_with(|| Env::of(state, &node.environment));
             let placed = env.as_ref().and_then(|e| e.placed(state, &node));
             let lagging = placed.is_some_and(|p| node.generation != Some(p));
+            let signatures = &state.store.signatures;
+            let signed = (node.generation.zip(env.as_ref()))
+                .filter(|_| signatures.is_on())
+                .map(|(g, e)| signatures.state(&e.name, &g, None).label().to_owned());
             InventoryNode {
                 node,
                 placed,
                 lagging,
+                signed,
             }
         })
         .collect();
