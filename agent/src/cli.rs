@@ -83,6 +83,12 @@ pub enum Command {
         /// (docs/agent.md#offline-from-a-bundle).
         #[arg(long, value_name = "FILE")]
         from_bundle: Option<PathBuf>,
+        /// With `--from-bundle` under `[trust]`: accept the bundle's signed
+        /// metadata past its expiry (air-gapped sites only; signatures,
+        /// rollback and withdrawal are still checked,
+        /// docs/trust.md#signed-bundles).
+        #[arg(long, requires = "from_bundle")]
+        allow_expired_metadata: bool,
     },
     /// Make the previous generation live again in every destination at
     /// once, offline (no master needed); report what changed and run

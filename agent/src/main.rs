@@ -74,6 +74,7 @@ fn run(command: Command) -> Ended {
             load,
             allow_mass_removal,
             from_bundle,
+            allow_expired_metadata,
         } => sync_or_rollback(
             &config,
             command_line(
@@ -87,6 +88,7 @@ fn run(command: Command) -> Ended {
                     detailed_exitcodes: detailed_exitcodes || test,
                     load,
                     allow_mass_removal,
+                    allow_expired_metadata,
                 },
             ),
             false,

@@ -242,7 +242,10 @@ impl Settings {
             ),
             generations: r.get("generations", |l| l.generations, || true),
             switch: r.switch(),
-            trust: r.trust(&file),
+            trust: (r.trust(&file)).map(|t| crate::config::TrustConfig {
+                allow_expired_metadata: run.allow_expired_metadata,
+                ..t
+            }),
             max_removal_percent: (!run.allow_mass_removal).then_some(
                 (file.max_removal_percent).unwrap_or(config::DEFAULT_MAX_REMOVAL_PERCENT),
             ),

@@ -339,7 +339,7 @@ impl<'a> Run<'a> {
         scans: Vec<Scanning>,
     ) -> Result<(Vec<Pass>, Option<Held>), SyncError> {
         let mut held = match self.bundle {
-            Some(path) => Some(self.bundled(path)?),
+            Some(path) => Some(self.bundled(path).await?),
             None => self.generation(&scans).await?,
         };
         let mut passes = Vec::with_capacity(scans.len());

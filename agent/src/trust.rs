@@ -33,6 +33,12 @@ pub struct TrustConfig {
     /// (docs/trust.md#expiry); unset: [`DEFAULT_GRACE`].
     #[serde(default = "default_grace", with = "humantime_serde")]
     pub grace: Duration,
+    /// `sync --from-bundle --allow-expired-metadata`: a bundle's metadata
+    /// is accepted past its expiry (air-gapped sites,
+    /// docs/trust.md#signed-bundles); never set from the file, never for
+    /// a network run.
+    #[serde(skip)]
+    pub allow_expired_metadata: bool,
 }
 
 /// `[trust] grace` when unset: a timestamp renewed an hour late does not
@@ -101,6 +107,47 @@ pub async fn verify(
     )
     .await?;
     trusted.check(env, id, len)
+}
+
+/// Verifies generation `id` of `env`, whose manifest is `len` bytes,
+/// against the TUF metadata a bundle carries (`files`, by name), as a
+/// network run verifies it: from the node's root and its datastore (so
+/// metadata older than what the node trusts is a rollback), with expiry
+/// ignored only under `--allow-expired-metadata`. A bundle carrying none
+/// is refused (docs/trust.md#signed-bundles).
+pub async fn verify_bundle(
+    config: &TrustConfig,
+    vardir: &Path,
+    files: &[(String, Vec<u8>)],
+    (env, id, len): (&EnvName, &GenerationId, u64),
+) -> Result<(), Refused> {
+    if files.is_empty() {
+        return Err(Refused::Unsigned("the bundle carries no signed metadata"));
+    }
+    let dir = vardir.join("bundle-trust");
+    let written = (|| {
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::fs::create_dir_all(&dir)?;
+        for (name, bytes) in files {
+            std::fs::write(dir.join(name), bytes)?;
+        }
+        Ok(())
+    })();
+    written.map_err(|source| TrustError::Datastore {
+        path: dir.clone(),
+        source,
+    })?;
+    let expiry = Expiry {
+        grace: config.grace,
+        ignore: config.allow_expired_metadata,
+    };
+    let trusted = trust::load_dir(&config.root, &datastore(vardir), &dir, expiry).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    trusted?.check(env, id, len)?;
+    Ok(())
 }
 
 /// tough's transport over the agent's HTTP client: a 404 is "not found"

@@ -7,6 +7,8 @@
 //! ```text
 //! pluginsync-bundle.json    {"format":1,"environment":…,"generation":…,"published":…}
 //! manifest                  the generation's canonical manifest (generation.rs)
+//! trust/<file>              format 2 only: each TUF metadata file the header's
+//!                           "trust" names, in its order (docs/trust.md#signed-bundles)
 //! blobs/<64 hex>            each distinct file content once, by ascending digest
 //! pluginsync-bundle.sha256  the sha256 of the header member, in hex
 //! ```
@@ -17,7 +19,9 @@
 //! manifest must hash to the generation the header names, each blob to its
 //! name, the blobs must be exactly the manifest's digests, in order, each
 //! once; a flipped byte anywhere is refused (tar's own header checksums
-//! catch the headers).
+//! catch the headers), but in a metadata member's content: TUF metadata
+//! proves itself by its signatures, which a node under `[trust]` verifies
+//! (docs/trust.md#signed-bundles); a node without `[trust]` ignores it.
 
 use std::io::{self, Read, Write};
 
@@ -26,8 +30,15 @@ use serde::{Deserialize, Serialize};
 use crate::digest::Sha256;
 use crate::generation::{GenerationId, Manifest, ManifestError};
 
-/// The bundle format this code writes and reads.
+/// The bundle format this code writes and reads without signed metadata.
 pub const BUNDLE_FORMAT: u32 = 1;
+/// The format of a bundle that carries the TUF metadata signing its
+/// generation (the header's `trust`); readers of format 1 refuse it.
+pub const SIGNED_BUNDLE_FORMAT: u32 = 2;
+/// The prefix of every metadata member of a signed bundle.
+pub const TRUST_DIR: &str = "trust/";
+/// The largest metadata file a reader accepts (as the masters serve).
+pub const MAX_TRUST_FILE: u64 = 32 << 20;
 /// The first member: the header.
 pub const HEADER_NAME: &str = "pluginsync-bundle.json";
 /// The second member: the manifest.
@@ -53,6 +64,37 @@ pub struct BundleHeader {
     pub generation: GenerationId,
     /// When the master published it (RFC 3339, UTC).
     pub published: String,
+    /// Format 2: the TUF metadata files carried (`timestamp.json`,
+    /// `N.root.json`, `N.snapshot.json`, `N.targets.json`), in the order
+    /// of their `trust/<file>` members.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trust: Vec<String>,
+}
+
+impl BundleHeader {
+    /// The format a header carrying `trust` files has.
+    pub fn format_for(trust: &[String]) -> u32 {
+        if trust.is_empty() {
+            BUNDLE_FORMAT
+        } else {
+            SIGNED_BUNDLE_FORMAT
+        }
+    }
+}
+
+/// Whether `name` is a TUF metadata file name a bundle may carry:
+/// `timestamp.json` or `N.root.json`, `N.snapshot.json`, `N.targets.json`.
+pub fn is_metadata_name(name: &str) -> bool {
+    if name == "timestamp.json" {
+        return true;
+    }
+    let Some((version, role)) = name.split_once('.') else {
+        return false;
+    };
+    !version.is_empty()
+        && version.len() <= 20
+        && version.bytes().all(|b| b.is_ascii_digit())
+        && matches!(role, "root.json" | "snapshot.json" | "targets.json")
 }
 
 /// A bundle refused (reading) or not written (writing).
@@ -90,6 +132,32 @@ pub enum BundleError {
     },
 }
 
+/// The header's format and `trust` agree, name only metadata files, each
+/// once, and `count` contents are given for them.
+fn check_trust(header: &BundleHeader, count: usize) -> Result<(), BundleError> {
+    if header.format != BundleHeader::format_for(&header.trust) {
+        return Err(BundleError::Header(format!(
+            "format {} with {} metadata files (format {BUNDLE_FORMAT} carries none, {SIGNED_BUNDLE_FORMAT} some)",
+            header.format,
+            header.trust.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::new();
+    if let Some(bad) = (header.trust.iter()).find(|n| !is_metadata_name(n) || !seen.insert(*n)) {
+        return Err(BundleError::Header(format!(
+            "'{}' is not a TUF metadata file name, or is named twice",
+            bad.escape_debug()
+        )));
+    }
+    if count != header.trust.len() {
+        return Err(BundleError::Layout(format!(
+            "{count} metadata files for the {} named",
+            header.trust.len()
+        )));
+    }
+    Ok(())
+}
+
 fn member_header(size: u64) -> tar::Header {
     let mut h = tar::Header::new_ustar();
     h.set_entry_type(tar::EntryType::Regular);
@@ -117,7 +185,19 @@ impl<W: Write> BundleWriter<W> {
         header: &BundleHeader,
         manifest: &[u8],
     ) -> Result<BundleWriter<W>, BundleError> {
+        BundleWriter::signed(out, header, manifest, &[])
+    }
+
+    /// [`BundleWriter::new`], then the metadata files `header.trust`
+    /// names, `trust[i]` the content of the i-th (format 2).
+    pub fn signed(
+        out: W,
+        header: &BundleHeader,
+        manifest: &[u8],
+        trust: &[Vec<u8>],
+    ) -> Result<BundleWriter<W>, BundleError> {
         let parsed = Manifest::parse(manifest, &header.generation)?;
+        check_trust(header, trust.len())?;
         let mut tar = tar::Builder::new(out);
         tar.mode(tar::HeaderMode::Deterministic);
         let json = serde_json::to_vec(header).map_err(|e| BundleError::Header(e.to_string()))?;
@@ -125,6 +205,10 @@ impl<W: Write> BundleWriter<W> {
         tar.append_data(&mut h, HEADER_NAME, &json[..])?;
         let mut h = member_header(manifest.len() as u64);
         tar.append_data(&mut h, MANIFEST_NAME, manifest)?;
+        for (name, content) in header.trust.iter().zip(trust) {
+            let mut h = member_header(content.len() as u64);
+            tar.append_data(&mut h, format!("{TRUST_DIR}{name}"), &content[..])?;
+        }
         Ok(BundleWriter {
             tar,
             digests: parsed.digests(),
@@ -222,6 +306,8 @@ pub struct ReadBundle {
     pub manifest: Manifest,
     /// The manifest's canonical bytes.
     pub manifest_bytes: Vec<u8>,
+    /// The TUF metadata carried (format 2): each file's name and bytes.
+    pub trust: Vec<(String, Vec<u8>)>,
 }
 
 /// Reads a bundle, handing each blob, verified, to `blob` (digest and
@@ -323,16 +409,21 @@ fn read_members<R: Read>(
             e.column()
         ))
     })?;
-    if header.format != BUNDLE_FORMAT {
+    if header.format != BUNDLE_FORMAT && header.format != SIGNED_BUNDLE_FORMAT {
         return Err(BundleError::Header(format!(
-            "format {} (this version reads {BUNDLE_FORMAT})",
+            "format {} (this version reads {BUNDLE_FORMAT} and {SIGNED_BUNDLE_FORMAT})",
             header.format
         )));
     }
+    check_trust(&header, header.trust.len())?;
     let manifest_bytes = member(MANIFEST_NAME, MAX_MANIFEST)?;
     let manifest = Manifest::parse(&manifest_bytes, &header.generation)?;
+    let mut trust = Vec::with_capacity(header.trust.len());
+    for name in &header.trust {
+        trust.push(member(&format!("{TRUST_DIR}{name}"), MAX_TRUST_FILE)?);
+    }
     let hash = HashWriter(sha2::Digest::new());
-    let mut again = BundleWriter::new(hash, &header, &manifest_bytes)?;
+    let mut again = BundleWriter::signed(hash, &header, &manifest_bytes, &trust)?;
     for entry in entries {
         let (name, content) = read_member(entry?, None, max_blob)?;
         if name == SEAL_NAME {
@@ -362,10 +453,12 @@ fn read_members<R: Read>(
             first: *first,
         });
     }
+    let trust = header.trust.iter().cloned().zip(trust).collect();
     let read = ReadBundle {
         header,
         manifest,
         manifest_bytes,
+        trust,
     };
     Ok((read, again))
 }
@@ -426,6 +519,11 @@ mod tests {
     const CONTENTS: [&[u8]; 3] = [b"one", b"two", b"three"];
 
     fn bundle() -> (Vec<u8>, GenerationId) {
+        signed_bundle(&[])
+    }
+
+    /// A bundle carrying `trust` (name, bytes) metadata files.
+    fn signed_bundle(trust: &[(&str, &[u8])]) -> (Vec<u8>, GenerationId) {
         let m = Manifest::new(vec![
             entry(Mount::Plugins, ".", None),
             entry(Mount::Pluginfacts, ".", None),
@@ -436,13 +534,16 @@ mod tests {
         ])
         .unwrap();
         let (bytes, id) = m.encode();
+        let names: Vec<String> = trust.iter().map(|(n, _)| (*n).to_owned()).collect();
         let header = BundleHeader {
-            format: BUNDLE_FORMAT,
+            format: BundleHeader::format_for(&names),
             environment: "production".into(),
             generation: id,
             published: "2026-11-26T00:00:00Z".into(),
+            trust: names,
         };
-        let mut w = BundleWriter::new(Vec::new(), &header, &bytes).unwrap();
+        let contents: Vec<Vec<u8>> = trust.iter().map(|(_, c)| c.to_vec()).collect();
+        let mut w = BundleWriter::signed(Vec::new(), &header, &bytes, &contents).unwrap();
         while let Some(d) = w.remaining().first().copied() {
             let c = CONTENTS.iter().find(|c| Sha256::of(c) == d).unwrap();
             w.add_blob(&d, c.len() as u64, *c).unwrap();
@@ -464,6 +565,35 @@ mod tests {
         assert_eq!(read.header.generation, id);
         assert_eq!(got.len(), 3, "the shared content is in the bundle once");
         assert!(got.iter().all(|(d, c)| Sha256::of(c) == *d));
+    }
+
+    #[test]
+    fn signed_bundles_carry_their_metadata_and_old_ones_still_read() {
+        let (plain, _) = bundle();
+        assert!(
+            read_bundle(&plain[..], 1 << 20, |_, _| Ok(()))
+                .unwrap()
+                .trust
+                .is_empty()
+        );
+        let files: [(&str, &[u8]); 2] = [("1.root.json", b"{}"), ("timestamp.json", b"{\"t\":1}")];
+        let (a, _) = signed_bundle(&files);
+        let read = read_bundle(&a[..], 1 << 20, |_, _| Ok(())).unwrap();
+        assert_eq!(read.header.format, SIGNED_BUNDLE_FORMAT);
+        let got: Vec<(&str, &[u8])> = (read.trust.iter())
+            .map(|(n, c)| (n.as_str(), c.as_slice()))
+            .collect();
+        assert_eq!(got, files);
+        // Their bytes prove themselves by their signatures (docs/trust.md):
+        // the bundle's own checks cover the names and the layout.
+        for bad in ["../1.root.json", "root.json", "1.keys.json"] {
+            let header = BundleHeader {
+                trust: vec![bad.to_owned()],
+                ..read.header.clone()
+            };
+            let w = BundleWriter::signed(Vec::new(), &header, &read.manifest_bytes, &[vec![]]);
+            assert!(matches!(w, Err(BundleError::Header(_))), "{bad}");
+        }
     }
 
     #[test]

@@ -16,11 +16,17 @@
 //! beside `--out` under a temporary name, synced and renamed, so a reader
 //! never sees half a bundle; the same generation gives the same bytes
 //! (`common/src/bundle.rs`).
+//!
+//! With `[trust] metadata`, the bundle carries the TUF metadata signing
+//! its generation (format 2, docs/trust.md#signed-bundles): every
+//! `N.root.json` of the directory (a node follows the chain from its own),
+//! `timestamp.json`, and the snapshot and targets versions they name
+//! ([`trust_files`]).
 
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
-use pluginsync_common::bundle::{BUNDLE_FORMAT, BundleError, BundleHeader, BundleWriter};
+use pluginsync_common::bundle::{BundleError, BundleHeader, BundleWriter, is_metadata_name};
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::generation::{GenerationId, Manifest, ManifestError};
@@ -42,6 +48,14 @@ pub enum BundleFailure {
     /// The environment name is not one.
     #[error("'{0}' is not an environment name")]
     BadName(String),
+    /// `[trust] metadata` cannot be read, or names no complete set.
+    #[error("trust metadata {}: {reason}", path.display())]
+    TrustMetadata {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// Neither on disk nor in the store.
     #[error("no environment '{0}' on the environmentpath or in the generation store")]
     UnknownEnvironment(String),
@@ -143,6 +157,7 @@ pub fn run(
     let name: EnvName = env
         .parse()
         .map_err(|_| BundleFailure::BadName(env.to_owned()))?;
+    let trust = trust_files(config.trust.metadata.as_deref())?;
     let store = Generations::new(&config.generations);
     if config.generations.dir.is_some() {
         store.open(false)?;
@@ -180,11 +195,11 @@ pub fn run(
                 "bundle: generation {}{label} ({why})",
                 k.id.short()
             ));
-            from_store(&store, &name, &k, out)
+            from_store(&store, &name, &k, out, &trust)
         }
         None => {
             said("bundle: the tree as it is now (no generation of it published)");
-            from_tree(config, &name, out)
+            from_tree(config, &name, out, &trust)
         }
     }
 }
@@ -261,6 +276,7 @@ fn from_store(
     env: &EnvName,
     kept: &Kept,
     out: &Path,
+    trust: &[(String, Vec<u8>)],
 ) -> Result<Written, BundleFailure> {
     let manifest =
         store
@@ -269,15 +285,20 @@ fn from_store(
                 env: env.to_string(),
                 id: kept.id.to_hex(),
             })?;
-    let header = header(env, kept.id, &kept.published.to_string());
-    write(out, &header, &manifest, |d| {
+    let header = header(env, kept.id, &kept.published.to_string(), trust);
+    write(out, &header, &manifest, trust, |d| {
         let path = store.blob_path(d);
         std::fs::File::open(&path).map_err(|e| BundleFailure::Output { path, source: e })
     })
 }
 
 /// The environment's tree as it is now, indexed and hashed.
-fn from_tree(config: &MasterConfig, env: &EnvName, out: &Path) -> Result<Written, BundleFailure> {
+fn from_tree(
+    config: &MasterConfig,
+    env: &EnvName,
+    out: &Path,
+    trust: &[(String, Vec<u8>)],
+) -> Result<Written, BundleFailure> {
     let layout = config.layout();
     let dir = environments::find_environment(&layout, env)
         .ok_or_else(|| BundleFailure::UnknownEnvironment(env.to_string()))?;
@@ -290,8 +311,8 @@ fn from_tree(config: &MasterConfig, env: &EnvName, out: &Path) -> Result<Written
         });
     }
     let candidate = Candidate::of(&idx)?;
-    let header = header(env, candidate.id, UNPUBLISHED);
-    write(out, &header, &candidate.bytes, |d| {
+    let header = header(env, candidate.id, UNPUBLISHED, trust);
+    write(out, &header, &candidate.bytes, trust, |d| {
         let (path, sig): (PathBuf, FileSig) =
             (candidate.source)(d).ok_or(BundleFailure::Store(StoreError::NoSource(*d)))?;
         crate::walk::open_indexed(&path, sig)
@@ -300,13 +321,71 @@ fn from_tree(config: &MasterConfig, env: &EnvName, out: &Path) -> Result<Written
     })
 }
 
-fn header(env: &EnvName, generation: GenerationId, published: &str) -> BundleHeader {
+fn header(
+    env: &EnvName,
+    generation: GenerationId,
+    published: &str,
+    trust: &[(String, Vec<u8>)],
+) -> BundleHeader {
+    let names: Vec<String> = trust.iter().map(|(n, _)| n.clone()).collect();
     BundleHeader {
-        format: BUNDLE_FORMAT,
+        format: BundleHeader::format_for(&names),
         environment: env.to_string(),
         generation,
         published: published.to_owned(),
+        trust: names,
     }
+}
+
+/// The metadata files of `dir` a node needs to verify a generation
+/// offline (module docs), by name; none without `[trust] metadata`.
+pub fn trust_files(dir: Option<&Path>) -> Result<Vec<(String, Vec<u8>)>, BundleFailure> {
+    let Some(dir) = dir else {
+        return Ok(Vec::new());
+    };
+    let fail = |path: PathBuf, reason: String| BundleFailure::TrustMetadata { path, reason };
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read(&path).map_err(|e| fail(path, e.to_string()))
+    };
+    let mut roots: Vec<(u64, String)> = std::fs::read_dir(dir)
+        .map_err(|e| fail(dir.to_owned(), e.to_string()))?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let version = name.strip_suffix(".root.json")?.parse().ok()?;
+            is_metadata_name(&name).then_some((version, name))
+        })
+        .collect();
+    roots.sort();
+    let mut files = Vec::new();
+    for (_, name) in roots {
+        files.push((name.clone(), read(&name)?));
+    }
+    let timestamp = read("timestamp.json")?;
+    let snapshot = format!(
+        "{}.snapshot.json",
+        meta_version(&timestamp, "snapshot.json")
+    );
+    let snapshot_bytes = read(&snapshot)?;
+    let targets = format!(
+        "{}.targets.json",
+        meta_version(&snapshot_bytes, "targets.json")
+    );
+    let targets_bytes = read(&targets)?;
+    files.push(("timestamp.json".to_owned(), timestamp));
+    files.push((snapshot, snapshot_bytes));
+    files.push((targets, targets_bytes));
+    Ok(files)
+}
+
+/// The version TUF metadata `bytes` names for `role` in its `meta` (0
+/// when it names none: the file read next is then missing, and said so).
+fn meta_version(bytes: &[u8], role: &str) -> u64 {
+    let json: serde_json::Value = serde_json::from_slice(bytes).unwrap_or_default();
+    json["signed"]["meta"][role]["version"]
+        .as_u64()
+        .unwrap_or_default()
 }
 
 /// Writes the bundle through a temporary file beside `out`, then renames
@@ -315,6 +394,7 @@ fn write(
     out: &Path,
     header: &BundleHeader,
     manifest: &[u8],
+    trust: &[(String, Vec<u8>)],
     open: impl Fn(&Sha256) -> Result<std::fs::File, BundleFailure>,
 ) -> Result<Written, BundleFailure> {
     let io = |source: std::io::Error| BundleFailure::Output {
@@ -333,7 +413,8 @@ fn write(
         .prefix(".pluginsync-bundle-")
         .tempfile_in(dir)
         .map_err(io)?;
-    let mut w = BundleWriter::new(BufWriter::new(tmp), header, manifest)?;
+    let contents: Vec<Vec<u8>> = trust.iter().map(|(_, c)| c.clone()).collect();
+    let mut w = BundleWriter::signed(BufWriter::new(tmp), header, manifest, &contents)?;
     while let Some(d) = w.remaining().first().copied() {
         let size = sizes.get(&d).copied().unwrap_or_default();
         w.add_blob(&d, size, open(&d)?)?;

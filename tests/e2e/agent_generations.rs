@@ -248,6 +248,7 @@ async fn bundle_of(pki: &Pki, master: &str, out: &std::path::Path) -> String {
         environment: "production".into(),
         generation: a.generation,
         published: a.published.clone(),
+        trust: Vec::new(),
     };
     let mut w = BundleWriter::new(Vec::new(), &header, &manifest).unwrap();
     while let Some(d) = w.remaining().first().copied() {

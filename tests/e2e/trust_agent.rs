@@ -2,15 +2,16 @@
 //! through the real binary against a real master carrying the metadata
 //! the tests' signer made with `tough`'s editor: a signed generation
 //! syncs and a no-op run after it changes nothing; each attack is refused
-//! with one line and exit 65, the node's files and modes unchanged.
+//! with one line and exit 65, the node's files and modes unchanged;
+//! bundles carry the signed metadata and are verified like a network sync.
 
 use std::path::Path;
 use std::time::Duration;
 
 use pluginsync_common::generation::{Assignment, GenerationId, assignment_url, manifest_url};
 use pluginsync_tests::{
-    AgentHome, AgentRun, EnvTree, Pki, TestMaster, TufSigner, client, config_toml, parse_config,
-    tree_snapshot, wait_for,
+    AgentHome, AgentRun, EnvTree, Pki, TestMaster, TufSigner, bin_path, client, config_file,
+    config_toml, parse_config, tree_snapshot, wait_for,
 };
 
 const DAY: Duration = Duration::from_secs(86400);
@@ -190,8 +191,9 @@ async fn replayed_and_expired_metadata_are_refused() {
     assert_eq!(node_state(&home), synced);
 }
 
-/// (c) a bundle, hand-made or not, is never applied under `[trust]`, and
-/// servers that serve no generation (Puppet's listings) are refused.
+/// (c) a hand-made bundle (well formed, every digest right, no signed
+/// metadata) is refused under `[trust]`, and servers that serve no
+/// generation (Puppet's listings) are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bundles_and_listings_are_refused_under_trust() {
     let (tree, pki) = (EnvTree::new(), Pki::new());
@@ -201,10 +203,12 @@ async fn bundles_and_listings_are_refused_under_trust() {
     let m = master(&tree, &pki, &signer);
     let home = agent(&pki, &m, &signer, "1h");
     let bundle = dir.path().join("hand-made.bundle");
-    std::fs::write(&bundle, b"not signed by anyone").unwrap();
+    let (_cfg_dir, cfg) = config_file(&config_toml(&tree.envpath(), &pki, "", ""));
+    let made = bundle_cmd(&cfg, &bundle);
+    assert!(made.status.success(), "{made:?}");
     let before = node_state(&home);
     let run = home.sync(&["--from-bundle", bundle.to_str().unwrap()]);
-    assert_refused(&run, "signed bundles are not supported yet");
+    assert_refused(&run, "the bundle carries no signed metadata");
     assert_eq!(node_state(&home), before);
 
     let listings = AgentHome::new(
@@ -218,4 +222,88 @@ async fn bundles_and_listings_are_refused_under_trust() {
     let run = listings.sync(&[]);
     assert_refused(&run, "the servers serve no generation");
     assert!(tree_snapshot(&listings.libdir()).is_empty());
+}
+
+/// `pluginsync-master bundle production --out OUT --config CFG`.
+fn bundle_cmd(cfg: &Path, out: &Path) -> std::process::Output {
+    std::process::Command::new(bin_path("pluginsync-master"))
+        .args(["bundle", "production", "--out"])
+        .arg(out)
+        .arg("--config")
+        .arg(cfg)
+        .output()
+        .unwrap()
+}
+
+/// Signed bundles (docs/trust.md#signed-bundles): one whose generation is
+/// a signed target applies offline; one whose manifest is not a signed
+/// target, or whose metadata is older than the node's (a rollback), is
+/// refused with one line and nothing changed; expired metadata is refused
+/// unless `--allow-expired-metadata` says the site is air-gapped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signed_bundles_apply_and_unsigned_or_older_ones_are_refused() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 2, 5, 6);
+    let dir = tempfile::tempdir().unwrap();
+    let mut signer = TufSigner::new(&dir.path().join("repo")).await;
+    let tables = format!("[trust]\nmetadata = {:?}\n", signer.metadata);
+    let toml = config_toml(&tree.envpath(), &pki, "", &tables);
+    let (_cfg_dir, cfg) = config_file(&toml);
+    let config = parse_config(&toml);
+    let nowhere = ["https://127.0.0.1:9".to_owned()];
+    let extra = format!("[trust]\nroot = {:?}\ngrace = \"0s\"\n", signer.root_file());
+    let home = AgentHome::new(&pki, &nowhere, &extra);
+    let apply = |b: &Path, more: &[&str]| {
+        let mut args = vec!["--detailed-exitcodes", "--from-bundle", b.to_str().unwrap()];
+        args.extend_from_slice(more);
+        home.sync(&args)
+    };
+
+    // The tree changed after signing: its bundle is of an unsigned tree.
+    signer.sign_tree(&config, "production");
+    signer.publish(DAY).await;
+    let signed_v1 = dir.path().join("v1.bundle");
+    assert!(bundle_cmd(&cfg, &signed_v1).status.success());
+    tree.file(
+        "production",
+        "mod00",
+        "lib/facter/late.rb",
+        "# late\n",
+        0o644,
+    );
+    let unsigned = dir.path().join("unsigned.bundle");
+    assert!(bundle_cmd(&cfg, &unsigned).status.success());
+    let before = node_state(&home);
+    assert_refused(&apply(&unsigned, &[]), "is not signed");
+    assert_eq!(node_state(&home), before);
+
+    // Signed: applies (the late file is not in it).
+    let run = apply(&signed_v1, &[]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(!home.libdir().join("facter/late.rb").exists());
+
+    // Newer metadata signing the new tree: applies; the old bundle's
+    // metadata is then a rollback.
+    signer.sign_tree(&config, "production");
+    signer.publish(DAY).await;
+    let signed_v2 = dir.path().join("v2.bundle");
+    assert!(bundle_cmd(&cfg, &signed_v2).status.success());
+    assert_eq!(apply(&signed_v2, &[]).code, 2);
+    assert!(home.libdir().join("facter/late.rb").is_file());
+    let synced = node_state(&home);
+    assert_refused(&apply(&signed_v1, &[]), "rollback refused");
+    assert_eq!(node_state(&home), synced);
+
+    // Expired by the time it is applied: refused, unless the flag.
+    tree.file("production", "mod00", "lib/facter/later.rb", "# x\n", 0o644);
+    signer.sign_tree(&config, "production");
+    signer.publish(Duration::from_secs(1)).await;
+    let expiring = dir.path().join("v3.bundle");
+    assert!(bundle_cmd(&cfg, &expiring).status.success());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_refused(&apply(&expiring, &[]), "freeze refused");
+    assert_eq!(node_state(&home), synced);
+    let run = apply(&expiring, &["--allow-expired-metadata"]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(home.libdir().join("facter/later.rb").is_file());
 }

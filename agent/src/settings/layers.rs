@@ -181,6 +181,8 @@ pub struct RunFlags {
     pub load: bool,
     /// `--allow-mass-removal`: no removal guard.
     pub allow_mass_removal: bool,
+    /// `--allow-expired-metadata` (with `--from-bundle`).
+    pub allow_expired_metadata: bool,
 }
 
 /// The command line: its layer (`--environment`, `--server`, `--certname`)

@@ -5,7 +5,9 @@
 //! `<vardir>/bundle-blobs/`; only then is anything planned. The run is a
 //! network run's from there on — plans from the manifest, the removal
 //! guard, staging (copies of the blobs), the commit, the report with the
-//! generation, the loads, the cache — and makes no request at all.
+//! generation, the loads, the cache — and makes no request at all. Under
+//! `[trust]`, the generation is verified against the signed metadata the
+//! bundle carries before anything is planned (docs/trust.md#signed-bundles).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -28,13 +30,7 @@ const MAX_BLOB: u64 = MAX_LISTING_BYTES as u64;
 impl Run<'_> {
     /// The bundle at `path`, read and checked whole; the run's environment
     /// becomes the bundle's (refused when `--environment` names another).
-    pub(super) fn bundled(&mut self, path: &Path) -> Result<Held, SyncError> {
-        if self.settings.trust.is_some() {
-            // Never an unsigned bundle (docs/agent.md#signed-generations).
-            return Err(
-                crate::trust::Refused::Unsigned("signed bundles are not supported yet").into(),
-            );
-        }
+    pub(super) async fn bundled(&mut self, path: &Path) -> Result<Held, SyncError> {
         let vardir = &self.settings.vardir;
         let io = |source| GenerationError::BundleIo {
             path: path.to_owned(),
@@ -66,6 +62,13 @@ impl Run<'_> {
                 asked: Some(self.settings.environment.to_string()),
             }
             .into());
+        }
+        if let Some(config) = &self.settings.trust {
+            // Never an unsigned bundle (docs/trust.md#signed-bundles).
+            let len = read.manifest_bytes.len() as u64;
+            let generation = (&env, &header.generation, len);
+            crate::trust::verify_bundle(config, vardir, &read.trust, generation).await?;
+            self.phase("bundle verified");
         }
         tracing::info!(bundle = %path.display(), environment = %env, generation = %header.generation.short(), "syncing from a bundle");
         self.report.environment = env.to_string();
