@@ -307,3 +307,60 @@ async fn signed_bundles_apply_and_unsigned_or_older_ones_are_refused() {
     assert_eq!(run.code, 2, "{run:?}");
     assert!(home.libdir().join("facter/later.rb").is_file());
 }
+
+/// (g) the targets key rotated out by a new root (`2.root.json`, signed
+/// by the root keys): the agent follows the root chain without a
+/// reinstall and accepts the new key's generation; a generation signed
+/// with the old key is refused, even by a master that stops serving the
+/// new root; nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_out_targets_key_is_refused_and_the_new_one_accepted() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 2, 5, 9);
+    let dir = tempfile::tempdir().unwrap();
+    let mut signer = TufSigner::new(&dir.path().join("repo")).await;
+    let m = master(&tree, &pki, &signer);
+    let c = client(&pki, Some("node1"));
+    let first = served(&c, &m.url(), None).await;
+    sign_served(&mut signer, &c, &m.url(), &first).await;
+    signer.publish(DAY).await;
+    let home = agent(&pki, &m, &signer, "1h");
+    assert_eq!(home.sync(&["--detailed-exitcodes"]).code, 2);
+
+    let old_key = signer.rotate_targets_key().await;
+    tree.file(
+        "production",
+        "mod00",
+        "lib/facter/new_key.rb",
+        "# 2\n",
+        0o644,
+    );
+    let second = served(&c, &m.url(), Some(first)).await;
+    sign_served(&mut signer, &c, &m.url(), &second).await;
+    signer.publish(DAY).await;
+    let run = home.sync(&["--detailed-exitcodes"]);
+    assert_eq!(run.code, 2, "the new key's generation: {run:?}");
+    assert!(home.libdir().join("facter/new_key.rb").is_file());
+    let kept = std::fs::read(home.vardir().join("trust/root.json")).unwrap();
+    let kept: serde_json::Value = serde_json::from_slice(&kept).unwrap();
+    assert_eq!(kept["signed"]["version"], 2, "the node followed the chain");
+    let synced = node_state(&home);
+
+    // Whoever still holds the old key signs a tree under root 1.
+    signer.forge_with(old_key);
+    tree.file(
+        "production",
+        "mod00",
+        "lib/facter/old_key.rb",
+        "# 3\n",
+        0o644,
+    );
+    let third = served(&c, &m.url(), Some(second)).await;
+    sign_served(&mut signer, &c, &m.url(), &third).await;
+    signer.publish(DAY).await;
+    assert_refused(&home.sync(&[]), "signature refused");
+    assert_eq!(node_state(&home), synced);
+    std::fs::remove_file(signer.metadata.join("2.root.json")).unwrap();
+    assert_refused(&home.sync(&[]), "signature refused");
+    assert_eq!(node_state(&home), synced);
+}
