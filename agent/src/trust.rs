@@ -98,15 +98,35 @@ pub async fn verify(
         ignore: false,
     };
     let store = datastore(vardir);
-    let trusted = trust::load(
-        &config.root,
-        &store,
-        url,
-        MasterTransport::new(http),
-        expiry,
-    )
-    .await?;
+    let files = store.join("files");
+    let transport = MasterTransport::new(http, files.clone());
+    let trusted = match trust::load(&config.root, &store, url, transport, expiry).await {
+        Ok(t) => t,
+        Err(e) => {
+            // Nothing kept that did not verify is read again.
+            let _ = std::fs::remove_dir_all(&files);
+            return Err(e);
+        }
+    };
+    prune(&files, trusted.versions());
     trusted.check(env, id, len)
+}
+
+/// Removes the kept versioned files but those of the `versions` trusted
+/// now (root, timestamp, snapshot, targets): older ones are never read
+/// again.
+fn prune(files: &Path, [root, _, snapshot, targets]: [u64; 4]) {
+    let keep = [
+        format!("{root}.root.json"),
+        format!("{snapshot}.snapshot.json"),
+        format!("{targets}.targets.json"),
+    ];
+    for e in std::fs::read_dir(files).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".json") && name != "timestamp.json" && !keep.contains(&name) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Verifies generation `id` of `env`, whose manifest is `len` bytes,
@@ -151,50 +171,200 @@ pub async fn verify_bundle(
 }
 
 /// tough's transport over the agent's HTTP client: a 404 is "not found"
-/// (how TUF learns there is no newer root), anything but a 200 an error.
+/// (how TUF learns there is no newer root), anything but a 200 (or a 304
+/// for the timestamp) an error.
+///
+/// A no-op run costs one conditional request (docs/trust.md#requests-per-run):
+/// versioned files (`N.root.json`, `N.snapshot.json`, `N.targets.json`)
+/// never change (consistent snapshots), so they are kept in
+/// `<vardir>/trust/files/` and read from there; `timestamp.json` is asked
+/// with the `If-None-Match` of the copy kept (a 304: that copy); and the
+/// probe for the next root is answered "not found" without a request when
+/// the timestamp's answer says (`X-Pluginsync-Trust-Root`) the master has
+/// no newer root, which is all the probe would learn. tough verifies every
+/// file, kept or fetched, exactly as before; a failed load clears the
+/// kept files ([`verify`]).
 #[derive(Debug, Clone)]
 pub struct MasterTransport {
     http: reqwest::Client,
+    files: PathBuf,
+    /// The timestamp fetched ahead (to answer the root probe), and the
+    /// newest root version the master said it has.
+    ahead: std::sync::Arc<std::sync::Mutex<Ahead>>,
+}
+
+#[derive(Debug, Default)]
+struct Ahead {
+    timestamp: Option<Vec<u8>>,
+    root: Option<u64>,
+    asked: bool,
 }
 
 impl MasterTransport {
-    /// Over `http` (the agent's mTLS client).
-    pub fn new(http: reqwest::Client) -> MasterTransport {
-        MasterTransport { http }
+    /// Over `http` (the agent's mTLS client), keeping files in `files`.
+    pub fn new(http: reqwest::Client, files: PathBuf) -> MasterTransport {
+        MasterTransport {
+            http,
+            files,
+            ahead: Default::default(),
+        }
     }
+
+    fn ahead(&self) -> std::sync::MutexGuard<'_, Ahead> {
+        pluginsync_common::mutex::lock(&self.ahead)
+    }
+
+    /// `GET url`, conditional on `etag`: the status, the `ETag`, the
+    /// root version header and the body.
+    async fn get(&self, url: &url::Url, etag: Option<&str>) -> Result<Fetched, TransportError> {
+        let fail =
+            |e: String| TransportError::new_with_cause(TransportErrorKind::Other, url.clone(), e);
+        let mut req = self.http.get(url.as_str()).timeout(METADATA_TIMEOUT);
+        if let Some(tag) = etag {
+            req = req.header(reqwest::header::IF_NONE_MATCH, tag);
+        }
+        let mut resp = req.send().await.map_err(|e| fail(e.to_string()))?;
+        let header = |name: &str| {
+            let v = resp.headers().get(name)?.to_str().ok()?;
+            Some(v.to_owned())
+        };
+        let (etag, root) = (header("etag"), header(trust::HEADER_ROOT_VERSION));
+        let status = resp.status().as_u16();
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| fail(e.to_string()))? {
+            if body.len() + chunk.len() > MAX_METADATA_BYTES {
+                return Err(fail(format!("larger than {MAX_METADATA_BYTES} bytes")));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(Fetched {
+            status,
+            etag,
+            root: root.and_then(|r| r.parse().ok()),
+            body,
+        })
+    }
+
+    /// `timestamp.json`, revalidated against the copy kept.
+    async fn timestamp(&self, url: &url::Url) -> Result<Vec<u8>, TransportError> {
+        let (kept, tag) = (
+            self.files.join("timestamp.json"),
+            self.files.join("timestamp.etag"),
+        );
+        let old = std::fs::read(&kept).ok();
+        let etag = old
+            .as_ref()
+            .and_then(|_| std::fs::read_to_string(&tag).ok());
+        let got = self.get(url, etag.as_deref()).await?;
+        self.ahead().root = got.root;
+        match (got.status, old) {
+            (304, Some(old)) => Ok(old),
+            (200, _) => {
+                let _ = std::fs::create_dir_all(&self.files);
+                let _ = std::fs::write(&kept, &got.body);
+                let _ = std::fs::write(&tag, got.etag.unwrap_or_default());
+                Ok(got.body)
+            }
+            (404, _) => Err(TransportError::new(
+                TransportErrorKind::FileNotFound,
+                url.clone(),
+            )),
+            (s, _) => Err(TransportError::new_with_cause(
+                TransportErrorKind::Other,
+                url.clone(),
+                format!("HTTP {s}"),
+            )),
+        }
+    }
+
+    /// A versioned file: kept, or fetched and kept.
+    async fn versioned(&self, url: &url::Url, name: &str) -> Result<Vec<u8>, TransportError> {
+        let kept = self.files.join(name);
+        if let Ok(bytes) = std::fs::read(&kept) {
+            return Ok(bytes);
+        }
+        let got = self.get(url, None).await?;
+        match got.status {
+            200 => {
+                let _ = std::fs::create_dir_all(&self.files);
+                let _ = std::fs::write(&kept, &got.body);
+                Ok(got.body)
+            }
+            404 => Err(TransportError::new(
+                TransportErrorKind::FileNotFound,
+                url.clone(),
+            )),
+            s => Err(TransportError::new_with_cause(
+                TransportErrorKind::Other,
+                url.clone(),
+                format!("HTTP {s}"),
+            )),
+        }
+    }
+
+    async fn fetch_bytes(&self, url: &url::Url) -> Result<Vec<u8>, TransportError> {
+        let name = url
+            .path_segments()
+            .and_then(|mut s| s.next_back())
+            .unwrap_or_default()
+            .to_owned();
+        if name == "timestamp.json" {
+            if let Some(bytes) = self.ahead().timestamp.take() {
+                return Ok(bytes);
+            }
+            return self.timestamp(url).await;
+        }
+        if let Some(version) = name
+            .strip_suffix(".root.json")
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            if !std::mem::replace(&mut self.ahead().asked, true) {
+                // The root probe comes first: ask the timestamp now, once.
+                let ts = url.join("timestamp.json").map_err(|e| {
+                    TransportError::new_with_cause(TransportErrorKind::Other, url.clone(), e)
+                })?;
+                if let Ok(bytes) = self.timestamp(&ts).await {
+                    self.ahead().timestamp = Some(bytes);
+                }
+            }
+            if self.ahead().root.is_some_and(|newest| version > newest) {
+                return Err(TransportError::new(
+                    TransportErrorKind::FileNotFound,
+                    url.clone(),
+                ));
+            }
+        }
+        if pluginsync_common::bundle::is_metadata_name(&name) {
+            return self.versioned(url, &name).await;
+        }
+        let got = self.get(url, None).await?;
+        match got.status {
+            200 => Ok(got.body),
+            404 => Err(TransportError::new(
+                TransportErrorKind::FileNotFound,
+                url.clone(),
+            )),
+            s => Err(TransportError::new_with_cause(
+                TransportErrorKind::Other,
+                url.clone(),
+                format!("HTTP {s}"),
+            )),
+        }
+    }
+}
+
+/// One answer of the master.
+struct Fetched {
+    status: u16,
+    etag: Option<String>,
+    root: Option<u64>,
+    body: Vec<u8>,
 }
 
 #[async_trait]
 impl Transport for MasterTransport {
     async fn fetch(&self, url: url::Url) -> Result<TransportStream, TransportError> {
-        let fail = |kind, e: String| TransportError::new_with_cause(kind, url.clone(), e);
-        let resp = self
-            .http
-            .get(url.as_str())
-            .timeout(METADATA_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| fail(TransportErrorKind::Other, e.to_string()))?;
-        match resp.status().as_u16() {
-            200 => {}
-            404 => return Err(TransportError::new(TransportErrorKind::FileNotFound, url)),
-            s => return Err(fail(TransportErrorKind::Other, format!("HTTP {s}"))),
-        }
-        let mut body = Vec::new();
-        let mut resp = resp;
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|e| fail(TransportErrorKind::Other, e.to_string()))?
-        {
-            if body.len() + chunk.len() > MAX_METADATA_BYTES {
-                return Err(fail(
-                    TransportErrorKind::Other,
-                    format!("larger than {MAX_METADATA_BYTES} bytes"),
-                ));
-            }
-            body.extend_from_slice(&chunk);
-        }
+        let body = self.fetch_bytes(&url).await?;
         let one: Result<Bytes, TransportError> = Ok(Bytes::from(body));
         Ok(Box::pin(futures_util::stream::iter([one])))
     }

@@ -32,6 +32,11 @@ use crate::generation::GenerationId;
 /// e.g. `timestamp.json`, `3.targets.json` (docs/trust.md#what-the-masters-serve).
 pub const METADATA_PREFIX: &str = "/pluginsync/v1/trust/";
 
+/// The header a master sends with `timestamp.json` (200 or 304): the
+/// newest `N.root.json` version it serves, so a node need not probe for
+/// `N+1.root.json` (docs/trust.md#requests-per-run).
+pub const HEADER_ROOT_VERSION: &str = "x-pluginsync-trust-root";
+
 /// What a manifest's target name ends with.
 pub const TARGET_SUFFIX: &str = ".manifest";
 

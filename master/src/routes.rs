@@ -203,6 +203,8 @@ pub fn endpoint_of(path: &str) -> &'static str {
         "assignment"
     } else if path.starts_with(protocol::GENERATIONS_PREFIX) {
         "generation"
+    } else if path.starts_with(pluginsync_common::trust::METADATA_PREFIX) {
+        "trust"
     } else if path == protocol::STATUS_SIMPLE {
         "status"
     } else if path == handlers::admin::ENVIRONMENT_CACHE || path == rollout::api::ROLLOUT_PATH {

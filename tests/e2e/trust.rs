@@ -295,7 +295,8 @@ async fn a_master_carries_the_metadata_and_a_node_verifies_through_it() {
             node.join("trust"),
             url::Url::parse(&base).unwrap(),
         );
-        let transport = pluginsync_agent::trust::MasterTransport::new(c.clone());
+        let files = node.join("trust/files");
+        let transport = pluginsync_agent::trust::MasterTransport::new(c.clone(), files);
         async move { trust::load(&root, &store, url, transport, STRICT).await }
     };
     let t = over_master(node.path())

@@ -364,3 +364,77 @@ async fn a_rotated_out_targets_key_is_refused_and_the_new_one_accepted() {
     assert_refused(&home.sync(&[]), "signature refused");
     assert_eq!(node_state(&home), synced);
 }
+
+/// The requests a master answered, by `endpoint`/`code` label pair, from
+/// its `/metrics`.
+async fn requests(m: &TestMaster) -> std::collections::BTreeMap<String, f64> {
+    let port = m.metrics.expect("metrics").port();
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    (text.lines())
+        .filter_map(|l| {
+            let rest = l.strip_prefix("pluginsync_master_http_requests_total{")?;
+            let (labels, value) = rest.split_once("} ")?;
+            Some((labels.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// What a run asked: the difference of two [`requests`], non-zero only.
+fn asked(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> std::collections::BTreeMap<String, f64> {
+    (after.iter())
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+/// A no-op run under `[trust]` costs one conditional request more than
+/// without (docs/trust.md#requests-per-run): `timestamp.json` answered
+/// 304; the versioned files are kept, the root probe answered by the
+/// timestamp's header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_op_run_costs_one_conditional_request_more() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 2, 5, 10);
+    let dir = tempfile::tempdir().unwrap();
+    let mut signer = TufSigner::new(&dir.path().join("repo")).await;
+    let tables = format!(
+        "[trust]\nmetadata = {:?}\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
+        signer.metadata
+    );
+    let m = TestMaster::start(parse_config(&config_toml(
+        &tree.envpath(),
+        &pki,
+        "",
+        &tables,
+    )));
+    let c = client(&pki, Some("node1"));
+    let id = served(&c, &m.url(), None).await;
+    sign_served(&mut signer, &c, &m.url(), &id).await;
+    signer.publish(DAY).await;
+    let plain = AgentHome::new(&pki, &[m.url()], "");
+    let trusting = agent(&pki, &m, &signer, "1h");
+    for home in [&plain, &trusting] {
+        assert_eq!(home.sync(&["--detailed-exitcodes"]).code, 2);
+    }
+    let mut cost = Vec::new();
+    for home in [&plain, &trusting] {
+        let before = requests(&m).await;
+        assert_eq!(home.sync(&["--detailed-exitcodes"]).code, 0, "a no-op run");
+        cost.push(asked(&before, &requests(&m).await));
+    }
+    let total = |a: &std::collections::BTreeMap<String, f64>| a.values().sum::<f64>();
+    assert_eq!(total(&cost[1]), total(&cost[0]) + 1.0, "{cost:?}");
+    assert_eq!(
+        cost[1].get("endpoint=\"trust\",code=\"304\""),
+        Some(&1.0),
+        "{cost:?}"
+    );
+}

@@ -5,8 +5,10 @@
 //! `N.root.json`, `N.snapshot.json`, `N.targets.json`), so no other path
 //! of the directory, nor outside it, is reachable. The versioned files
 //! never change (consistent snapshots): immutable, cacheable; the
-//! timestamp is revalidated (`no-cache`, an `ETag`, 304 when unchanged), so
-//! a node's no-op run costs one conditional request.
+//! timestamp is revalidated (`no-cache`, an `ETag`, 304 when unchanged),
+//! and its answer says the newest root version served
+//! (`X-Pluginsync-Trust-Root`), so a node's no-op run costs one
+//! conditional request (docs/trust.md#requests-per-run).
 
 use axum::body::Body;
 use axum::extract::State;
@@ -17,7 +19,7 @@ use axum::response::Response;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::etag::ETag;
 use pluginsync_common::protocol;
-use pluginsync_common::trust::METADATA_PREFIX;
+use pluginsync_common::trust::{HEADER_ROOT_VERSION, METADATA_PREFIX};
 
 use crate::api_error::ApiError;
 use crate::request;
@@ -54,19 +56,19 @@ pub async fn serve(State(state): State<AppState>, req: Parts) -> Result<Response
     else {
         return Err(ApiError::not_found("trust metadata", name));
     };
-    let path = dir.join(name);
+    let (path, dir) = (dir.join(name), dir.clone());
     let read = tokio::task::spawn_blocking(move || {
         use std::io::Read;
         let mut bytes = Vec::new();
         std::fs::File::open(&path)?
             .take(MAX_METADATA_BYTES + 1)
             .read_to_end(&mut bytes)?;
-        Ok::<_, std::io::Error>(bytes)
+        Ok::<_, std::io::Error>((bytes, (!immutable).then(|| newest_root(&dir)).flatten()))
     })
     .await
     .map_err(|_| ApiError::internal())?;
-    let bytes = match read {
-        Ok(b) if b.len() as u64 <= MAX_METADATA_BYTES => b,
+    let (bytes, root) = match read {
+        Ok((b, root)) if b.len() as u64 <= MAX_METADATA_BYTES => (b, root),
         Ok(_) => return Err(ApiError::internal()),
         Err(_) => return Err(ApiError::not_found("trust metadata", name)),
     };
@@ -86,6 +88,9 @@ pub async fn serve(State(state): State<AppState>, req: Parts) -> Result<Response
     if let Ok(v) = HeaderValue::from_str(etag.as_str()) {
         resp = resp.header(header::ETAG, v);
     }
+    if let Some(v) = root {
+        resp = resp.header(HEADER_ROOT_VERSION, v);
+    }
     let body = match request::not_modified(&req.headers, &etag) {
         true => Body::empty(),
         false => Body::from(bytes),
@@ -93,6 +98,19 @@ pub async fn serve(State(state): State<AppState>, req: Parts) -> Result<Response
     resp.header(header::CACHE_CONTROL, cache)
         .body(body)
         .map_err(|_| ApiError::internal())
+}
+
+/// The newest `N.root.json` version in `dir`.
+fn newest_root(dir: &std::path::Path) -> Option<u64> {
+    (std::fs::read_dir(dir).ok()?.flatten())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".root.json")?
+                .parse()
+                .ok()
+        })
+        .max()
 }
 
 #[cfg(test)]
