@@ -730,3 +730,81 @@ fn the_hop_to_the_masters_runs_over_tls_and_admits_only_the_caches() {
         "a refused request reached the master"
     );
 }
+
+/// Attack (b) under `[trust]` (docs/trust.md#threat-model): the cache
+/// serves a tampered manifest, then a tampered blob, edited in its
+/// directory. A node with `[trust]` and `servers = [cache]` refuses the
+/// manifest with one line (a failure, nothing changed); with `servers =
+/// [cache, master]` a tampered blob is caught by the per-file check and
+/// fetched from the master, the node holding the signed tree.
+#[test]
+fn a_tampering_cache_is_refused_under_trust() {
+    let Some(nginx) = require("nginx", "nginx", TEST) else {
+        return;
+    };
+    let names: Vec<String> = (0..3).map(|i| format!("node{i:03}")).collect();
+    let setup = Setup::new(&names, 2, 4, 13);
+    let repo = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut signer = rt.block_on(pluginsync_tests::TufSigner::new(repo.path()));
+    let toml = pluginsync_tests::config_toml(
+        &setup.tree.envpath(),
+        &setup.pki,
+        &format!("basemodulepath = [{:?}]", setup.base.path()),
+        "",
+    );
+    let id = signer.sign_tree(&pluginsync_tests::parse_config(&toml), "production");
+    rt.block_on(signer.publish(std::time::Duration::from_secs(86400)));
+    let master = setup.master(&format!("[trust]\nmetadata = {:?}\n", signer.metadata));
+    let cache = Balancer::nginx_cache(&nginx, setup.tls(), std::slice::from_ref(&master.proxy));
+    setup.wait_first_served(&master);
+    let trust = format!("[trust]\nroot = {:?}\n", signer.root_file());
+    let via = |name: &str, servers: &[String]| {
+        AgentHome::with_ssldir(&setup.pki.ssldir, name, servers, &trust)
+    };
+    let cached = [format!("https://localhost:{}", cache.port)];
+    let filled = via("node000", &cached).sync(&[]);
+    assert_eq!(filled.code, 0, "{}", filled.stderr);
+
+    // The manifest, as the cache stored it, tampered.
+    let key = format!("{GENERATIONS_PREFIX}{}?environment=production", id.to_hex());
+    let entry = cache_file(&cache.cache_dir(), &key).expect("the manifest is in nginx's cache");
+    let stored = std::fs::read(&entry).expect("read the cache entry");
+    corrupt_body(&entry);
+    let victim = via("node001", &cached);
+    let before = node_state(&victim);
+    let refused = victim.sync(&[]);
+    let lines: Vec<&str> = refused.stderr.lines().collect();
+    // Refused before the signed metadata is even asked: its sha256 is
+    // not the generation id the master's per-node answer named.
+    assert!(
+        ![0, 2, 75].contains(&refused.code)
+            && lines.len() == 1
+            && lines[0].contains("refused: manifest does not match generation"),
+        "the tampered manifest was not refused with one line: {refused:?}"
+    );
+    assert!(
+        node_state(&victim) == before,
+        "a refused run changed the node"
+    );
+    std::fs::write(&entry, stored).expect("restore the entry");
+
+    // A blob, as the cache stored it, tampered: caught by its digest; the
+    // master after the cache serves it.
+    let text = std::fs::read_to_string(&setup.libs[0]).expect("a lib file");
+    let blob = format!("{BLOB_PREFIX}{}", sha256_hex(text.as_bytes()));
+    let entry = cache_file(&cache.cache_dir(), &blob).expect("the blob is in nginx's cache");
+    corrupt_body(&entry);
+    let both = via("node002", &[cached[0].clone(), master.tls_url()]);
+    let run = both.sync(&[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("does not match its listed checksum"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        node_state(&both) == served_state(&setup.env_dir()),
+        "the node does not hold the signed tree"
+    );
+}
