@@ -10,6 +10,10 @@
 //! `$basemodulepath`): libdir and facts.d end as the fixture says, the site
 //! module's fact and executable external fact included.
 //!
+//! Each scenario runs twice: as is, and with `[trust] root` on the master,
+//! every tree it deploys signed by the emulated pipeline (`Signing`,
+//! docs/trust.md#publishing-only-signed-generations).
+//!
 //! Skipped with a message when `puppet` is not installed, except under CI
 //! (`CI` set), where `.ci/run` installs it and a missing agent is a failure.
 
@@ -19,7 +23,7 @@ use std::time::Duration;
 
 use pluginsync_tests::puppet::PuppetAgent;
 use pluginsync_tests::{
-    ControlRepo, EnvTree, Pki, TestMaster, client, config_toml, parse_config, require,
+    ControlRepo, EnvTree, Pki, Signing, TestMaster, client, config_toml, parse_config, require,
     tree_snapshot, wait_for,
 };
 
@@ -104,11 +108,24 @@ fn tree() -> EnvTree {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stock_puppet_plugin_download_syncs_from_our_master() {
+    plugin_download_syncs(false).await;
+}
+
+/// The same scenario with `[trust] root` on the master, every tree the
+/// test deploys signed by the emulated pipeline (`Signing`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stock_puppet_plugin_download_syncs_signed_trees() {
+    plugin_download_syncs(true).await;
+}
+
+async fn plugin_download_syncs(trust: bool) {
     let Some(puppet) = require("puppet", "puppet", "puppet_compat") else {
         return;
     };
     let (tree, pki) = (tree(), Pki::new());
-    let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+    let toml = config_toml(&tree.envpath(), &pki, "", "");
+    let signing = Signing::new(trust, &toml, &["production"]);
+    let master = TestMaster::start(parse_config(&(toml + &signing.master_tables())));
     let work = tempfile::tempdir().unwrap();
     let env_dir = tree.envpath().join("production");
     let agent = std::sync::Arc::new(PuppetAgent::new(
@@ -212,18 +229,30 @@ async fn stock_puppet_plugin_download_syncs_from_our_master() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stock_puppet_plugin_download_syncs_a_control_repo() {
+    control_repo_syncs(false).await;
+}
+
+/// The same with `[trust] root` on the master, the tree signed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stock_puppet_plugin_download_syncs_a_signed_control_repo() {
+    control_repo_syncs(true).await;
+}
+
+async fn control_repo_syncs(trust: bool) {
     let Some(puppet) = require("puppet", "puppet", "puppet_compat") else {
         return;
     };
     let (tree, pki) = (EnvTree::new(), Pki::new());
     let base = tree.outside().join("base");
     ControlRepo::write(&tree.envpath().join("production"), &base);
-    let master = TestMaster::start(parse_config(&config_toml(
+    let toml = config_toml(
         &tree.envpath(),
         &pki,
         &format!("basemodulepath = [{base:?}]"),
         "",
-    )));
+    );
+    let signing = Signing::new(trust, &toml, &["production"]);
+    let master = TestMaster::start(parse_config(&(toml + &signing.master_tables())));
     let work = tempfile::tempdir().unwrap();
     let agent = std::sync::Arc::new(PuppetAgent::new(
         &puppet,

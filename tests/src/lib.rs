@@ -104,4 +104,4 @@ pub use process::{
 };
 pub use replicas::{CutProxy, Lcg, kill9};
 pub use tree::{EnvTree, merged_mount, sha256_hex, tree_snapshot, without_modes};
-pub use tuf::TufSigner;
+pub use tuf::{Signing, TufSigner};

@@ -240,3 +240,122 @@ fn role_keys(keyids: Vec<Decoded<Hex>>, threshold: u64) -> RoleKeys {
         _extra: HashMap::new(),
     }
 }
+
+/// The deploy pipeline, emulated for the suite's scenarios run with
+/// `[trust]` on (docs/trust.md#the-signing-pipeline): a thread that signs
+/// the manifest of each environment's tree whenever it changes (every
+/// 100 ms), with a [`TufSigner`] of its own, so every generation a test
+/// deploys is signed shortly after. [`Signing::off`] does nothing: the
+/// same scenario runs both ways.
+pub struct Signing {
+    on: Option<Pipeline>,
+}
+
+struct Pipeline {
+    metadata: PathBuf,
+    root: PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Signing {
+    /// No signing: the scenario as without `[trust]`.
+    pub fn off() -> Signing {
+        Signing { on: None }
+    }
+
+    /// `trust`: [`Signing::start`] of `envs` of the master config `toml`
+    /// (its `[trust]` tables not yet added), else [`Signing::off`].
+    pub fn new(trust: bool, toml: &str, envs: &[&str]) -> Signing {
+        match trust {
+            true => Signing::start(toml, envs),
+            false => Signing::off(),
+        }
+    }
+
+    /// Signs the trees of `envs` as the master config `toml` reads them,
+    /// now and whenever they change; returns once the trees as they are
+    /// now are signed.
+    pub fn start(toml: &str, envs: &[&str]) -> Signing {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = dir.path().to_owned();
+        let config = pluginsync_master::config::MasterConfig::parse(toml, Path::new("/test"))
+            .expect("config parses");
+        let envs: Vec<String> = envs.iter().map(|e| (*e).to_owned()).collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let mut signer = rt.block_on(TufSigner::new(&repo));
+            let _ = ready_tx.send((signer.metadata.clone(), signer.root_file()));
+            let mut signed = std::collections::HashSet::new();
+            while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut new = false;
+                for env in &envs {
+                    if let Ok((bytes, id)) =
+                        pluginsync_master::trust::manifest::of_tree(&config, env)
+                        && signed.insert((env.clone(), id))
+                    {
+                        signer.sign_manifest(env, &bytes);
+                        new = true;
+                    }
+                }
+                if new {
+                    rt.block_on(signer.publish(Duration::from_secs(86400)));
+                    let _ = ready_tx.send((PathBuf::new(), PathBuf::new()));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let (metadata, root) = ready_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the signer");
+        let _first = ready_rx.recv_timeout(Duration::from_secs(60));
+        Signing {
+            on: Some(Pipeline {
+                metadata,
+                root,
+                stop,
+                thread: Some(thread),
+                _dir: dir,
+            }),
+        }
+    }
+
+    /// Whether it signs.
+    pub fn is_on(&self) -> bool {
+        self.on.is_some()
+    }
+
+    /// The master's `[trust]` tables (empty when off): the metadata
+    /// served, the root publication requires.
+    pub fn master_tables(&self) -> String {
+        self.on.as_ref().map_or_else(String::new, |p| {
+            format!(
+                "[trust]\nmetadata = {:?}\nroot = {:?}\n",
+                p.metadata, p.root
+            )
+        })
+    }
+
+    /// The agent's `[trust]` table (empty when off).
+    pub fn agent_table(&self) -> String {
+        self.on
+            .as_ref()
+            .map_or_else(String::new, |p| format!("[trust]\nroot = {:?}\n", p.root))
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
