@@ -1,7 +1,9 @@
 //! `pluginsync-master bundle` respects placement (docs/master.md,
 //! docs/rollouts.md#placement): during a 20 % first wave it writes the
 //! generation everyone is on and says why; `--generation` writes the one
-//! asked for; `--certname` the one that node is placed on.
+//! asked for; `--certname` the one that node is placed on. Run both ways:
+//! as is, and with `[trust] root` on the master, every tree signed by the
+//! emulated pipeline (`Signing`), the bundles then signed (format 2).
 
 use super::*;
 
@@ -37,11 +39,24 @@ fn one(inside: bool) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bundle_during_a_first_wave_holds_the_generation_everyone_is_on() {
+    bundle_during_a_first_wave(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_bundle_during_a_first_wave_holds_the_generation_everyone_is_on() {
+    bundle_during_a_first_wave(true).await;
+}
+
+async fn bundle_during_a_first_wave(trust: bool) {
     let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
     tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+    let plain = config_toml(&tree.envpath(), &pki, "", "");
+    let signing = pluginsync_tests::Signing::new(trust, &plain, &["production"]);
     let policy = "[[rollout]]\nenvironments = [\"production\"]\n\
-        waves = [ { after = \"0s\", percent = 20 }, { promote = true, percent = 100 } ]\n";
-    let a = replica(dir.path(), "a", (&tree, &pki), closed_port(), &[], policy);
+        waves = [ { after = \"0s\", percent = 20 }, { promote = true, percent = 100 } ]\n"
+        .to_owned()
+        + &signing.master_tables();
+    let a = replica(dir.path(), "a", (&tree, &pki), closed_port(), &[], &policy);
     let _master = MasterProcess::spawn(&a.config);
     let a = &a;
     let ids = |n: usize| async move {
@@ -64,6 +79,13 @@ async fn a_bundle_during_a_first_wave_holds_the_generation_everyone_is_on() {
 
     let (said, held) = bundle(&a.config, &out, &[]);
     assert_eq!(held, old, "everyone's, not the wave's: {said}");
+    let bytes = std::fs::read(&out).unwrap();
+    let read = pluginsync_common::bundle::read_bundle(&bytes[..], 1 << 20, |_, _| Ok(())).unwrap();
+    assert_eq!(
+        !read.trust.is_empty(),
+        trust,
+        "signed when the master signs"
+    );
     let why = format!(
         "bundle: generation {} (everyone's: {} is in wave 1 at 20 %)",
         &old[..12],
