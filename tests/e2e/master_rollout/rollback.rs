@@ -3,7 +3,10 @@
 //! nodes of a halted 20 % first wave return to the generation each had on
 //! their next run, and every other node's next run changes no file, both
 //! when the generation under it is everyone's (promoted) and when it is
-//! itself only in its first wave (then it is not promoted either).
+//! itself only in its first wave (then it is not promoted either). Run
+//! both ways: as is, and with `[trust]` on the master and every agent,
+//! every tree signed by the emulated pipeline (`Signing`): a rollback is
+//! to an earlier signed generation (docs/trust.md#waves-and-a-signed-floor).
 
 use super::*;
 use pluginsync_tests::AgentHome;
@@ -75,6 +78,15 @@ fn expect(got: &[(String, usize)], want: impl Fn(bool) -> (&'static str, bool), 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollback_returns_the_first_wave_and_moves_no_other_node() {
+    rollback_returns_the_first_wave(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_among_signed_generations_returns_the_first_wave() {
+    rollback_returns_the_first_wave(true).await;
+}
+
+async fn rollback_returns_the_first_wave(trust: bool) {
     let all = names();
     let (tree, pki, dir) = (
         EnvTree::new(),
@@ -82,15 +94,18 @@ async fn a_rollback_returns_the_first_wave_and_moves_no_other_node() {
         tempfile::tempdir().unwrap(),
     );
     tree.file("production", "app", "lib/facter/app.rb", "g0\n", 0o644);
+    let plain = config_toml(&tree.envpath(), &pki, "", "");
+    let signing = pluginsync_tests::Signing::new(trust, &plain, &["production"]);
     let policy = format!(
         "[[rollout]]\nenvironments = [\"production\"]\n\
-         waves = [ {{ after = \"0s\", percent = {FIRST} }}, {{ promote = true, percent = 100 }} ]\n"
+         waves = [ {{ after = \"0s\", percent = {FIRST} }}, {{ promote = true, percent = 100 }} ]\n{}",
+        signing.master_tables()
     );
     let a = replica(dir.path(), "a", (&tree, &pki), closed_port(), &[], &policy);
     let cfg = a.config.clone();
     let _master = MasterProcess::spawn(&a.config);
     let homes: Vec<AgentHome> = (all.iter())
-        .map(|n| AgentHome::with_ssldir(&pki.ssldir, n, &[a.url()], ""))
+        .map(|n| AgentHome::with_ssldir(&pki.ssldir, n, &[a.url()], &signing.agent_table()))
         .collect();
     publish(&tree, &cfg, &a, "g0\n", 1).await;
     round(&homes);
