@@ -97,7 +97,6 @@ const BUILD_DURATION: &str = "pluginsync_master_index_build_duration_seconds";
 const INDEX_FILES: &str = "pluginsync_master_index_files";
 const INDEX_BYTES: &str = "pluginsync_master_index_bytes";
 const GENERATIONS_KEPT: &str = "pluginsync_master_generations_kept";
-const GENERATIONS: &str = "pluginsync_master_generations";
 const ROLLOUT_HALTED: &str = "pluginsync_rollout_halted";
 const STATE_STORE_UP: &str = "pluginsync_state_store_up";
 
@@ -264,13 +263,6 @@ impl Metrics {
             GENERATIONS_KEPT.into(),
             None,
             SharedString::const_str("Generations kept in the generation store, by environment."),
-        );
-        m.recorder.describe_gauge(
-            GENERATIONS.into(),
-            None,
-            SharedString::const_str(
-                "Under [trust] root: generations kept, by environment and state (signed, unsigned, expired).",
-            ),
         );
         m.recorder.describe_gauge(
             ROLLOUT_HALTED.into(),
@@ -442,14 +434,6 @@ impl Metrics {
                 )
                 .set(*kept as f64);
         }
-        for (env, states) in &snapshot.generation_states {
-            for (state, n) in states {
-                let labels = [("environment", env.clone()), ("state", (*state).to_owned())];
-                self.recorder
-                    .register_gauge(&Self::key(GENERATIONS, &labels), &METADATA)
-                    .set(*n as f64);
-            }
-        }
         for g in &snapshot.rollouts {
             self.recorder
                 .register_gauge(
@@ -464,6 +448,7 @@ impl Metrics {
         let mut text = self.handle.render();
         fleet_series(&mut text, &snapshot.fleet);
         rollout::rollout_series(&mut text, &snapshot.rollouts);
+        rollout::generation_states_series(&mut text, &snapshot.generation_states);
         text
     }
 }

@@ -1,7 +1,9 @@
 //! The rollout series (docs/operating.md#master-metrics), written as text
 //! at each scrape like the fleet's: per environment with a `[[rollout]]`
 //! policy, the share the newest served generation's waves have opened,
-//! its wave, and since when the rollout is halted.
+//! its wave, and since when the rollout is halted; and, under `[trust]
+//! root`, the kept generations by signature state, the set a rollout
+//! chooses from (docs/trust.md#publishing-only-signed-generations).
 
 use std::fmt::Write;
 
@@ -57,4 +59,25 @@ pub(super) fn rollout_series(text: &mut String, gauges: &[RolloutGauge]) {
         }
         text.push('\n');
     }
+}
+
+/// Appends `pluginsync_master_generations{environment,state}` for
+/// `states` (each environment's kept generations by `signed`, `unsigned`,
+/// `expired`) to `text`; nothing when empty (no `[trust] root`).
+pub(super) fn generation_states_series(text: &mut String, states: &[(String, [(&str, u64); 3])]) {
+    if states.is_empty() {
+        return;
+    }
+    let name = "pluginsync_master_generations";
+    let help = "Under [trust] root: generations kept, by environment and state (signed, unsigned, expired).";
+    let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} gauge");
+    for (env, counts) in states {
+        for (state, n) in counts {
+            let _ = writeln!(
+                text,
+                "{name}{{environment=\"{env}\",state=\"{state}\"}} {n}"
+            );
+        }
+    }
+    text.push('\n');
 }
