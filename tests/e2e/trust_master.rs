@@ -183,7 +183,7 @@ async fn a_hand_changed_tree_is_not_published_until_signed() {
     drop(m);
 
     // The first generation withdrawn: `check` says which is which.
-    let withdrawn = format!("production/{}.manifest", first.to_hex());
+    let withdrawn = pluginsync_common::trust::target_name(&"production".parse().unwrap(), &first);
     signer.withdraw(&withdrawn);
     signer.publish(DAY).await;
     let (_cfg_dir, cfg_file) = config_file(&toml);
