@@ -34,6 +34,12 @@ summary of every target with PASS/MISS; the figures also go to target/bench-resu
   cache  (not in the default run: --scenarios cache, or --fleet) --cache-nodes nodes sync a 1 % change
          from two masters directly, then through nginx with packaging/nginx-pluginsync-cache.conf
          (bench/cache.py; needs nginx): the bytes the masters send, with and without the cache.
+  state  (not in the default run: --scenarios state; needs Debian's postgresql) --state-nodes simulated
+         nodes (distinct certnames through the [proxy] listener) each do one node run against one master
+         with the embedded store, two with their own, and two replicas sharing a throwaway PostgreSQL
+         (bench/state.py): master CPU per node run, wall time, the database's CPU; then
+         --state-inventory-nodes nodes in all: replicas' RSS growth, `pluginsync-master inventory`'s
+         time, the database's size per node.
 
 --quick makes every count small (a smoke run in a few minutes; its verdicts are indicative only).
 The full run takes ~20 minutes on a 2-core machine, most of it Puppet's own runs.
@@ -44,12 +50,12 @@ import argparse, importlib.util, json, os, shutil, signal, statistics, subproces
 
 sys.dont_write_bytecode = True  # no __pycache__ in the checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import busy, cache, envs, fleet  # noqa: E402
+import busy, cache, envs, fleet, state  # noqa: E402
 from common import (LISTING_QUERY, LOAD, MASTER, ROOT, agent_config, fmt_s, free_port, log, master_config,  # noqa: E402
                     one_node_many_connections, procs, rss, run, start_master, stats, stop, timed, wait_port)
 
-SCENARIOS = ["speed", "load", "busy", "fleet", "big", "envs", "cache"]
-DEFAULT = [s for s in SCENARIOS if s != "cache"]  # the cache's figure is asked for by name
+SCENARIOS = ["speed", "load", "busy", "fleet", "big", "envs", "cache", "state"]
+DEFAULT = [s for s in SCENARIOS if s not in ("cache", "state")]  # their figures are asked for by name
 TARGETS = {  # scenario -> ratio to rsync (BENCHMARKS.md#targets-and-the-latest-figures)
     "initial": 1.0,
     "noop": 0.3,
@@ -57,9 +63,11 @@ TARGETS = {  # scenario -> ratio to rsync (BENCHMARKS.md#targets-and-the-latest-
 }
 # Counts of a full run and of --quick; an option given on the command line wins over both.
 FULL = {"runs": 7, "puppet_runs": 3, "load_seconds": 5, "fleet_runs": 60, "fleet_change_runs": 20,
-        "busy_runs": 5, "busy_mib": 1024, "envs": 100, "big_files": 50000, "cache_nodes": 100}
+        "busy_runs": 5, "busy_mib": 1024, "envs": 100, "big_files": 50000, "cache_nodes": 100,
+        "state_nodes": 10000, "state_inventory_nodes": 100000}
 QUICK = {"runs": 2, "puppet_runs": 1, "load_seconds": 1, "fleet_runs": 8, "fleet_change_runs": 3,
-         "busy_runs": 2, "busy_mib": 1024, "envs": 10, "big_files": 5000, "cache_nodes": 10}
+         "busy_runs": 2, "busy_mib": 1024, "envs": 10, "big_files": 5000, "cache_nodes": 10,
+         "state_nodes": 1000, "state_inventory_nodes": 10000}
 
 
 def load_sandbox():
@@ -162,6 +170,11 @@ def main():
                          "1: one generation each)")
     ap.add_argument("--big-files", type=int, help=f"files of the big environment (default {FULL['big_files']})")
     ap.add_argument("--cache-nodes", type=int, help=f"nodes of the cache scenario (default {FULL['cache_nodes']})")
+    ap.add_argument("--state-nodes", type=int,
+                    help=f"simulated nodes of the state scenario's timed run (default {FULL['state_nodes']})")
+    ap.add_argument("--state-inventory-nodes", type=int,
+                    help=f"nodes in the inventory for its RSS, inventory and size figures (default {FULL['state_inventory_nodes']})")
+    ap.add_argument("--state-concurrency", type=int, default=32, help="client threads of the state scenario (default 32)")
     ap.add_argument("--big", action="store_true", help="kept for old command lines: big is in the default run")
     ap.add_argument("--files", type=int, default=3000)
     ap.add_argument("--modules", type=int, default=60)
@@ -302,6 +315,7 @@ def bench(ctx, results):
     guarded("big", big, ctx, results)
     guarded("envs", envs.run, ctx, results)
     guarded("cache", cache.run, ctx, results)
+    guarded("state", state.run, ctx, results)
 
 
 def speed(ctx, results, w):
@@ -527,6 +541,7 @@ def print_tables(r):
     fleet.print_table(r)
     envs.print_table(r)
     cache.print_table(r)
+    state.print_table(r)
 
 
 def targets(r):
@@ -631,6 +646,8 @@ def targets(r):
     add("50,000-file environment: master RSS ≤ 64 MiB (idle and after a sync)", bigmem)
     add("50,000-file environment: agent no-op ≤ 300 ms",
         lambda: (fmt_s(r["big_noop"]["median"]), r["big_noop"]["median"] <= 0.3))
+    if "state" in r:  # an opt-in scenario: no rows when it did not run
+        state.targets(r, add)
     return out
 
 
