@@ -326,6 +326,7 @@ def run(ctx, results):
     embedded(ctx, envs, "embedded x2", 2, st)
     postgresql(ctx, envs, st)
     st["cpu_ratio"] = st["postgresql x2"]["cpu_per_node_s"] / st["embedded"]["cpu_per_node_s"]
+    st["cpu_ratio_x2"] = st["postgresql x2"]["cpu_per_node_s"] / st["embedded x2"]["cpu_per_node_s"]
     shutil.rmtree(os.path.join(ctx.work, "state"), ignore_errors=True)
 
 
@@ -344,7 +345,8 @@ def print_table(r):
         print(f"| {k} | {ms(v['cpu_per_node_s'])} ({' + '.join(f'{c:.2f}' for c in v['master_cpu_s'])} s) | "
               f"{v['wall_s']:.1f} s | {v['rate']:,.0f} | {db} | {per:,.0f} B |")
     p = s["postgresql x2"]
-    print(f"\nPostgreSQL x2 / embedded, master CPU per node run: {s['cpu_ratio']:.2f}×")
+    print(f"\nmaster CPU per node run, PostgreSQL x2 / embedded: {s['cpu_ratio']:.2f}×; "
+          f"/ embedded x2: {s['cpu_ratio_x2']:.2f}×")
     print(f"\n| two replicas on PostgreSQL, {p['inventory_nodes']:,} nodes | replica 0 | replica 1 |")
     print("|---|---|---|")
     print("| RSS at start / after (peak) | " + " | ".join(
@@ -365,6 +367,11 @@ def targets(r, add):
         lambda: (f"{p['cpu_per_node_s']*1000:.3f} vs {s['embedded']['cpu_per_node_s']*1000:.3f} ms "
                  f"({s['cpu_ratio']:.2f}×; {s['nodes']:,} nodes, database {p['db_cpu_per_node_s']*1000:.3f} ms more)",
                  s["cpu_ratio"] <= CPU_TARGET))
+
+    add("state store: master CPU per node run, two replicas on PostgreSQL / two masters embedded (no target; "
+        "the same split of the load)",
+        lambda: (f"{p['cpu_per_node_s']*1000:.3f} vs {s['embedded x2']['cpu_per_node_s']*1000:.3f} ms "
+                 f"({s['cpu_ratio_x2']:.2f}×)", None))
 
     def growth():
         g = [max(e["VmRSS"], e["VmHWM"]) - b["VmRSS"] for b, e in zip(p["rss_start"], p["rss_after"])]
