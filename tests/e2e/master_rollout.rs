@@ -7,7 +7,8 @@
 //! answering 503. Stock agents placed like ours: `master_rollout/stock.rs`;
 //! real `pluginsync-agent` runs through a rollout: `master_rollout/agents.rs`;
 //! a single master's state across restarts: `master_rollout/store.rs`;
-//! the gate counting only what was served: `master_rollout/claims.rs`.
+//! the gate counting only what was served, on one master and on replicas
+//! sharing PostgreSQL: `master_rollout/claims.rs`.
 
 mod agents;
 mod bundle;

@@ -18,12 +18,16 @@
 //! Kept: every record is also handed to the state store's writer
 //! (`statestore/writer.rs`, behind the request), and a master reads the
 //! stored nodes back at start ([`Fleet::with_store`]), so a restart
-//! forgets neither the inventory nor the gate's evidence.
+//! forgets neither the inventory nor the gate's evidence. On a shared
+//! store (PostgreSQL) the inventory pages, the gate's counts and the
+//! fleet series are read from the store ([`page`]): the whole fleet,
+//! whichever replica heard each node.
 //!
 //! | file | answers |
 //! |---|---|
 //! | `mod.rs` | [`Fleet`]: what was heard, the counts, the inventory. |
 //! | `nodes.rs` | A node in memory and as stored; the tally. |
+//! | `page.rs` | An inventory page; on a shared store, the store's pages and counts. |
 //! | `peers.rs` | `[admin] peers`: the push and pull between replicas. |
 
 mod nodes;
@@ -147,6 +151,8 @@ pub struct Fleet {
     writer: Option<Arc<Writer>>,
     /// This master's name in the store's `served` rows.
     replica: String,
+    /// The fleet's counts from a shared store ([`page`]'s module docs).
+    shared: Option<Arc<page::Shared>>,
     /// Reports ignored (malformed, oversized).
     pub bad_reports: Sampler,
     /// Records not queued for a peer whose queue was full.
@@ -168,6 +174,7 @@ impl Fleet {
             outboxes: (0..peers).map(|_| Mutex::default()).collect(),
             writer: None,
             replica: String::new(),
+            shared: None,
             bad_reports: Sampler::default(),
             outbox_dropped: AtomicU64::new(0),
         }
@@ -203,6 +210,9 @@ impl Fleet {
             }
         }
         tracing::info!(place = %store.place(), nodes = fleet.len(), "fleet read from the state store");
+        if store.shared() {
+            fleet.shared = Some(page::Shared::start(store.clone()));
+        }
         fleet.writer = Some(Writer::start(store, config.max_nodes, config.max_nodes));
         Ok(fleet)
     }
@@ -427,6 +437,9 @@ impl Fleet {
     /// the nodes a replica served `generation` (a claim alone moves no
     /// gate, docs/rollouts.md#the-health-gate).
     pub fn on_generation(&self, env: &EnvName, generation: &GenerationId) -> (u64, u64) {
+        if let Some(shared) = &self.shared {
+            return shared.on_generation(env, generation);
+        }
         self.lock()
             .verified
             .get(&(env.clone(), *generation))
@@ -459,12 +472,12 @@ impl Fleet {
     /// with none yet as `none`. So at most `keep + 2` series per such
     /// environment, whatever the nodes report.
     pub fn counts(&self, kept: impl Fn(&EnvName) -> Vec<GenerationId>) -> Vec<FleetCount> {
-        let tally: Vec<_> = self
-            .lock()
-            .tally
-            .iter()
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
+        let tally: Vec<_> = match &self.shared {
+            Some(shared) => shared.tally(),
+            None => (self.lock().tally.iter())
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+        };
         let mut known: HashMap<EnvName, Vec<GenerationId>> = HashMap::new();
         let mut sums: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
         for ((env, generation), (n, failing)) in tally {

@@ -36,7 +36,10 @@ use pluginsync_common::mutex::lock;
 pub use self::writer::Writer;
 
 /// The schema versions this binary knows, in order: `(version, SQL)`.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("migrations/0001_initial.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("migrations/0001_initial.sql")),
+    (2, include_str!("migrations/0002_inventory_indexes.sql")),
+];
 
 /// The `meta` key of this master's name.
 pub const ORIGIN_KEY: &str = "origin";
@@ -210,6 +213,36 @@ pub struct ServedRow {
     pub replica: String,
     /// When it was first served, unix milliseconds.
     pub at_ms: u64,
+}
+
+/// Nodes and failing nodes of one environment on one generation: all of
+/// them, and those a replica served that generation (what the gate
+/// counts, docs/rollouts.md#the-health-gate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TallyRow {
+    /// The environment.
+    pub environment: String,
+    /// The generation (`None`: nodes with none yet).
+    pub generation: Option<GenerationId>,
+    /// Nodes, and how many of them report load failures.
+    pub all: (u64, u64),
+    /// The same, of the nodes served this generation.
+    pub served: (u64, u64),
+}
+
+/// Which nodes an inventory page holds (docs/operating.md#the-fleet).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PageAsk {
+    /// Only this environment's nodes.
+    pub environment: Option<String>,
+    /// Only nodes whose generation's hex id starts with this.
+    pub generation: Option<String>,
+    /// Only nodes reporting load failures.
+    pub failing: bool,
+    /// Only certnames after this one.
+    pub after: Option<String>,
+    /// At most this many nodes.
+    pub limit: usize,
 }
 
 /// The state store (module docs): one connection to the embedded file,
@@ -452,6 +485,18 @@ impl StateStore {
         self.with(sqlite::served, postgres::Pg::served)
     }
 
+    /// Every environment's and generation's counts ([`TallyRow`]): one
+    /// query, asked each second by a replica on a shared store.
+    pub fn tallies(&self) -> Result<Vec<TallyRow>, StoreError> {
+        self.with(sqlite::tallies, postgres::Pg::tallies)
+    }
+
+    /// The nodes `ask` matches in certname order, each with whether a
+    /// replica served it the generation it has: one indexed query.
+    pub fn page(&self, ask: &PageAsk) -> Result<Vec<(NodeRow, bool)>, StoreError> {
+        self.with(|c| sqlite::page(c, ask), |p| p.page(ask))
+    }
+
     /// Forgets the least recently seen nodes beyond `max` (and what was
     /// served to the nodes forgotten); how many nodes.
     pub fn prune_nodes(&self, max: usize) -> Result<usize, StoreError> {
@@ -578,6 +623,64 @@ mod tests {
         let e = StateStore::open(&settings).unwrap_err().to_string();
         assert!(e.contains("newer than this pluginsync-master"), "{e}");
         assert!(!e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn tallies_count_served_nodes_and_pages_walk_the_index() {
+        let store = StateStore::in_memory();
+        let node = |name: &str, generation: u8, failed: u32| NodeRow {
+            certname: name.into(),
+            environment: "production".into(),
+            generation: Some(g(generation)),
+            last_seen_ms: 1000,
+            source: "report".into(),
+            loads_ok: 1,
+            loads_failed: failed,
+            failed: Vec::new(),
+        };
+        let served = |name: &str, generation: u8| ServedRow {
+            certname: name.into(),
+            environment: "production".into(),
+            generation: g(generation),
+            replica: "r".into(),
+            at_ms: 900,
+        };
+        let rows = [
+            node("a", 1, 1),
+            node("b", 1, 0),
+            node("c", 1, 1),
+            node("d", 2, 0),
+        ];
+        let to = [
+            served("a", 1),
+            served("b", 1),
+            served("c", 2),
+            served("d", 2),
+        ];
+        store.write_nodes(&rows, &to).unwrap();
+        let mut t = store.tallies().unwrap();
+        t.sort_by_key(|r| r.generation);
+        let one = t.iter().find(|r| r.generation == Some(g(1))).unwrap();
+        assert_eq!((one.all, one.served), ((3, 2), (2, 1)), "c only claims 1");
+        let ask = PageAsk {
+            failing: true,
+            limit: 1,
+            ..PageAsk::default()
+        };
+        let page = store.page(&ask).unwrap();
+        assert_eq!((page[0].0.certname.as_str(), page[0].1), ("a", true));
+        let next = PageAsk {
+            after: Some("a".into()),
+            ..ask
+        };
+        let page = store.page(&next).unwrap();
+        assert_eq!((page[0].0.certname.as_str(), page[0].1), ("c", false));
+        let prefix = PageAsk {
+            generation: Some(g(2).to_hex()[..6].to_owned()),
+            limit: 10,
+            ..PageAsk::default()
+        };
+        assert_eq!(store.page(&prefix).unwrap().len(), 1);
     }
 
     #[test]

@@ -17,8 +17,8 @@ use deadpool_postgres::{GenericClient, Pool};
 use pluginsync_common::generation::GenerationId;
 
 use super::pgconn::{self, PgError};
-use super::sqlite::{hex, id_of, ids_json, ids_of};
-use super::{CommandRow, NodeRow, ServedRow};
+use super::sqlite::{TALLY, count, hex, id_of, ids_json, ids_of};
+use super::{CommandRow, NodeRow, PageAsk, ServedRow, TallyRow};
 
 /// How long one call (a checkout and its queries) may take.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -378,6 +378,41 @@ impl Pg {
         })
     }
 
+    pub(super) fn tallies(&self) -> Result<Vec<TallyRow>, PgError> {
+        self.run(|pool| async move {
+            let c = pool.get().await?;
+            let q = c.prepare_cached(TALLY).await?;
+            let rows = c.query(&q, &[]).await?;
+            Ok(rows
+                .iter()
+                .map(|r| TallyRow {
+                    environment: r.get(0),
+                    generation: id_of(r.get(1)),
+                    all: (count(r.get(2)), count(r.get(3))),
+                    served: (count(r.get(4)), count(r.get(5))),
+                })
+                .collect())
+        })
+    }
+
+    pub(super) fn page(&self, ask: &PageAsk) -> Result<Vec<(NodeRow, bool)>, PgError> {
+        let ask = ask.clone();
+        self.run(move |pool| async move {
+            let c = pool.get().await?;
+            let q = c.prepare_cached(PAGE).await?;
+            let prefix = ask.generation.as_ref().map(|g| format!("{g}%"));
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+                &ask.environment,
+                &prefix,
+                &ask.failing,
+                &ask.after,
+                &(ask.limit as i64),
+            ];
+            let rows = c.query(&q, &params).await?;
+            Ok(rows.iter().map(|r| (node_of(r), r.get(8))).collect())
+        })
+    }
+
     pub(super) fn prune_nodes(&self, max: usize) -> Result<usize, PgError> {
         self.run(move |pool| async move {
             let mut c = pool.get().await?;
@@ -411,6 +446,19 @@ const UPSERT_NODE: &str = "INSERT INTO node_reports
          failed_plugins = excluded.failed_plugins,
          last_seen_ms = excluded.last_seen_ms, source = excluded.source
      WHERE excluded.last_seen_ms >= node_reports.last_seen_ms";
+
+/// An inventory page (`StateStore::page`): the primary key's order, the
+/// filters on the indexes of `migrations/0002_inventory_indexes.sql`.
+const PAGE: &str = "SELECT n.certname, n.environment, n.generation, n.loads_ok, n.loads_failed,
+            n.failed_plugins, n.last_seen_ms, n.source,
+            EXISTS (SELECT 1 FROM served s WHERE s.certname = n.certname
+                    AND s.environment = n.environment AND s.generation = n.generation)
+     FROM node_reports n
+     WHERE ($1::TEXT IS NULL OR n.environment = $1::TEXT)
+       AND ($2::TEXT IS NULL OR n.generation LIKE $2::TEXT)
+       AND (NOT $3::BOOL OR n.loads_failed > 0)
+       AND ($4::TEXT IS NULL OR n.certname > $4::TEXT)
+     ORDER BY n.certname LIMIT $5::BIGINT";
 
 /// The migrations' SQL in PostgreSQL's words (module docs).
 fn dialect(sql: &str) -> String {

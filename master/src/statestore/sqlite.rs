@@ -10,7 +10,7 @@ use std::str::FromStr;
 use pluginsync_common::generation::GenerationId;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::{CommandRow, NodeRow, ServedRow};
+use super::{CommandRow, NodeRow, PageAsk, ServedRow, TallyRow};
 
 /// Opens (creating) the file at `path`, its directory the master's alone.
 pub(super) fn open(path: &Path) -> rusqlite::Result<Connection> {
@@ -359,6 +359,56 @@ pub(super) fn served(c: &mut Connection) -> rusqlite::Result<Vec<ServedRow>> {
         }
     }
     Ok(out)
+}
+
+/// Nodes and failing nodes per environment and generation, all and
+/// served (`TallyRow`): the same SQL in both backends.
+pub(super) const TALLY: &str = "SELECT n.environment, n.generation, COUNT(*),
+        SUM(CASE WHEN n.loads_failed > 0 THEN 1 ELSE 0 END), COUNT(s.certname),
+        SUM(CASE WHEN s.certname IS NOT NULL AND n.loads_failed > 0 THEN 1 ELSE 0 END)
+     FROM node_reports n LEFT JOIN served s ON s.certname = n.certname
+         AND s.environment = n.environment AND s.generation = n.generation
+     GROUP BY n.environment, n.generation";
+
+/// A count read back (never negative).
+pub(super) fn count(n: Option<i64>) -> u64 {
+    n.unwrap_or(0).max(0) as u64
+}
+
+pub(super) fn tallies(c: &mut Connection) -> rusqlite::Result<Vec<TallyRow>> {
+    let mut q = c.prepare_cached(TALLY)?;
+    q.query_map([], |r| {
+        Ok(TallyRow {
+            environment: r.get(0)?,
+            generation: id_of(r.get(1)?),
+            all: (count(r.get(2)?), count(r.get(3)?)),
+            served: (count(r.get(4)?), count(r.get(5)?)),
+        })
+    })?
+    .collect()
+}
+
+pub(super) fn page(c: &mut Connection, ask: &PageAsk) -> rusqlite::Result<Vec<(NodeRow, bool)>> {
+    let mut q = c.prepare_cached(
+        "SELECT n.certname, n.environment, n.generation, n.loads_ok, n.loads_failed,
+                n.failed_plugins, n.last_seen_ms, n.source,
+                EXISTS (SELECT 1 FROM served s WHERE s.certname = n.certname
+                        AND s.environment = n.environment AND s.generation = n.generation)
+         FROM node_reports n
+         WHERE (?1 IS NULL OR n.environment = ?1) AND (?2 IS NULL OR n.generation LIKE ?2)
+           AND (?3 = 0 OR n.loads_failed > 0) AND (?4 IS NULL OR n.certname > ?4)
+         ORDER BY n.certname LIMIT ?5",
+    )?;
+    let prefix = ask.generation.as_ref().map(|g| format!("{g}%"));
+    let args = params![
+        ask.environment,
+        prefix,
+        ask.failing,
+        ask.after,
+        ask.limit as i64
+    ];
+    q.query_map(args, |r| Ok((node_of(r)?, r.get::<_, bool>(8)?)))?
+        .collect()
 }
 
 /// Forgets the least recently seen nodes beyond `max` (a scan of the

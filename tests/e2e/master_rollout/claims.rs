@@ -3,7 +3,8 @@
 //! generation that claims the new one with a failing load halts nothing,
 //! with `min_nodes` at its default and even at 1; the inventory records
 //! the claim as such; a node that was served the new generation and
-//! fails does halt.
+//! fails does halt. Replicas on one PostgreSQL count the whole fleet's
+//! served nodes from it ([`whole_fleet`]).
 
 use pluginsync_common::rollout::{NodeReport, in_share, position};
 use pluginsync_tests::{EnvTree, MasterProcess, Pki, client, closed_port, wait_for};
@@ -123,6 +124,115 @@ async fn a_node_claiming_a_generation_it_was_never_served_halts_nothing() {
             let reason = halted["reason"].as_str().unwrap_or_default();
             assert!(reason.contains("1 of 1 nodes"), "{halted}");
             assert_eq!(record(&g, &inside).await["verified"], true);
+        }
+    }
+}
+
+/// Replicas on one PostgreSQL count the whole fleet from it
+/// (docs/rollouts.md#replicas): a first wave failing, its reports split
+/// between the replicas so neither heard enough to trip the gate alone,
+/// halts both before the second wave; `pluginsync-master inventory`
+/// against either replica lists every node, its failures included.
+mod whole_fleet {
+    use super::super::*;
+
+    /// `pluginsync-master inventory --format json` against `m`: every node.
+    fn inventory(config: &Path, m: &Replica) -> Vec<Value> {
+        let out = Command::new(bin_path("pluginsync-master"))
+            .args(["inventory", "--config"])
+            .arg(config)
+            .args(["--master", &m.url(), "--format", "json"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "inventory: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(&text).expect("JSON")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replicas_on_one_postgresql_gate_on_the_whole_fleet_and_list_every_node() {
+        let Some(pg) = pluginsync_tests::Postgres::launch("replicas_gate_on_the_whole_fleet")
+        else {
+            return;
+        };
+        let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
+        tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+        // The first wave, and how many of its nodes report to each replica:
+        // the gate needs one failing node more than either replica heard.
+        let wave1: Vec<bool> = (0..NODES)
+            .map(|i| in_share(position("production", &certname(i)), 20.0))
+            .collect();
+        let to_a = (wave1.iter().step_by(2)).filter(|x| **x).count();
+        let to_b = wave1.iter().filter(|x| **x).count() - to_a;
+        assert!(to_a > 0 && to_b > 0, "{to_a} and {to_b}");
+        let min_nodes = to_a.max(to_b) + 1;
+        let policy = format!(
+            "[[rollout]]\nenvironments = [\"production\"]\n\
+             waves = [ {{ after = \"0s\", percent = 20 }}, {{ after = \"30s\", percent = 100 }} ]\n\
+             halt_on_load_failures = {{ percent = 50, min_nodes = {min_nodes} }}\n"
+        );
+        let (a, b) = shared_replicas(dir.path(), (&tree, &pki), &pg.database(), "", &policy);
+        let cfg = a.config.clone();
+        let _masters = (
+            MasterProcess::spawn(&a.config),
+            MasterProcess::spawn(&b.config),
+        );
+        pluginsync_common::tls::install_default_provider();
+        let c = reqwest::Client::new();
+        newest_on_both(&cfg, &a, &b, 1).await;
+        tree.file(
+            "production",
+            "app",
+            "lib/facter/app.rb",
+            "raise 'x'\n",
+            0o644,
+        );
+        let new = newest_on_both(&cfg, &a, &b, 2).await;
+        assert_eq!(census(&c, &a, &b, &new).await, wave1);
+        for (i, _) in wave1.iter().enumerate().filter(|(_, x)| **x) {
+            let r = NodeReport {
+                generation: Some(new.parse().unwrap()),
+                loads_ok: 3,
+                loads_failed: 1,
+                failed: vec!["facter/app.rb".into()],
+            };
+            let proxy = if i % 2 == 0 { a.proxy } else { b.proxy };
+            assert_eq!(report(&c, proxy, &certname(i), &r).await, 200);
+        }
+        let halted = wait_for(PATIENCE, || async {
+            let s = rollout(&cfg, "status", &[&a, &b]);
+            s.iter().all(|s| s["halted"] == true).then_some(s)
+        })
+        .await
+        .expect("both replicas halt on the whole fleet's failures");
+        let failing = to_a + to_b;
+        for s in &halted {
+            let reason = s["reason"].as_str().unwrap_or_default();
+            assert!(
+                reason.contains(&format!("{failing} of {failing} nodes")),
+                "{s}"
+            );
+            assert_eq!(s["generations"][0]["waves_open"], 1, "before wave 2: {s}");
+        }
+        for m in [&a, &b] {
+            let nodes = inventory(&cfg, m);
+            let names: std::collections::BTreeSet<&str> = nodes
+                .iter()
+                .filter_map(|n| n["certname"].as_str())
+                .collect();
+            assert_eq!(names.len(), NODES, "every node on {}", m.url());
+            let failing_here = (nodes.iter())
+                .filter(|n| {
+                    n["failing_plugins"]
+                        .as_array()
+                        .is_some_and(|f| !f.is_empty())
+                })
+                .count();
+            assert_eq!(failing_here, failing, "every failure on {}", m.url());
         }
     }
 }
