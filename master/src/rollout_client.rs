@@ -122,6 +122,9 @@ pub fn text(master: &str, s: &RolloutStatus) -> String {
             .map(|r| format!(" ({r})"))
             .unwrap_or_default()
     );
+    if let Some(why) = &s.degraded {
+        out.push_str(&format!("  degraded: {why}\n"));
+    }
     for g in &s.generations {
         let nodes = g
             .nodes

@@ -738,6 +738,12 @@ async fn postgresql_away_for_30_s_widens_nothing_and_refuses_commands_with_one_l
         said.contains("warning: degraded: state store postgresql://"),
         "{said}"
     );
+    let status = rollout(cfg, "status", &[a]);
+    let why = status[0]["degraded"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with("state store postgresql://") && why.contains("not answering"),
+        "the rollout status says degraded and why: {status:?}"
+    );
     let meanwhile = NodeReport {
         generation: Some(s.first.parse().unwrap()),
         loads_ok: 2,
@@ -784,6 +790,10 @@ async fn postgresql_away_for_30_s_widens_nothing_and_refuses_commands_with_one_l
     })
     .await;
     assert!(on_b.is_some(), "the promotion reaches the other replica");
+    assert!(
+        rollout(cfg, "status", &[a])[0]["degraded"].is_null(),
+        "no longer degraded"
+    );
     let written = wait_for(Duration::from_secs(10), || async {
         let q = "SELECT count(*) FROM node_reports WHERE certname = 'meanwhile.example.org'";
         (pg.sql(&url, q) == "1").then_some(())

@@ -63,6 +63,10 @@ pub struct RolloutStatus {
     pub clock: u64,
     /// The kept generations, newest first.
     pub generations: Vec<GenerationStatus>,
+    /// Why this replica runs degraded, if it does: its shared state store
+    /// not answering (docs/rollouts.md#replicas); waves frozen meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
 }
 
 impl Rollouts {
@@ -96,6 +100,7 @@ impl Rollouts {
             reason: cmd.halt.map(|h| h.reason),
             clock: cmd.clock,
             generations,
+            degraded: self.degraded(),
         }
     }
 }
