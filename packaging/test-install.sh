@@ -482,6 +482,13 @@ stock_agent_run() {
     ps_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     python3 scripts/puppetserver_sandbox.py setup --dir "$ps_dir" --port "$ps_port" || return 1
     cp -r etc/environments/production "$ps_dir/code/environments/"
+    # Without zz_legacy, whose acme_role.rb collides with acme_base's: the
+    # master orders one directory's modules by name, Puppet by the order the
+    # directory lists them (Pathname#children, unsorted), so on a collision
+    # the two may serve different copies (docs/protocol.md#31-the-plugins-and-pluginfacts-mounts).
+    # In a fleet the balancer sends the stock agent's plugin mounts to the
+    # masters; here it talks to Puppet Server alone.
+    rm -rf "$ps_dir/code/environments/production/modules/zz_legacy"
     mkdir -p "$ps_dir/code/environments/production/manifests"
     printf '%s\n' "notify { \"acme_role=\${facts['acme_role']}\": }" \
         >"$ps_dir/code/environments/production/manifests/site.pp"
