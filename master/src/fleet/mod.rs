@@ -421,10 +421,19 @@ impl Fleet {
                         && old.env == node.env
                     {
                         node.served.clone_from(&old.served);
-                        node.serve(None);
                     }
+                    // Verified there: that replica served it this
+                    // generation, which a report heard here later (or
+                    // heard here first) is then checked against.
+                    let served_there = e.generation.filter(|_| e.verified);
+                    node.serve(served_there);
                     self.persist(&e.certname, &node);
-                    nodes.upsert(&e.certname, node, self.max_nodes);
+                    let (env, certname) = (node.env.clone(), e.certname.as_str());
+                    if !nodes.upsert(certname, node, self.max_nodes)
+                        && let Some(id) = served_there
+                    {
+                        nodes.learn_served(certname, &env, id);
+                    }
                 }
                 None => refused += 1,
             }
@@ -731,6 +740,32 @@ mod tests {
             (1, 1),
             "what was served is kept: the same counts"
         );
+    }
+
+    /// A node served its generation by one replica and reporting it to
+    /// the other counts on both, whichever record arrives first.
+    #[test]
+    fn what_a_peer_served_verifies_a_report_heard_here() {
+        let prod = env("production");
+        for served_first in [true, false] {
+            let (here, there) = (fleet(100, 1), fleet(100, 1));
+            here.heard("n1", &prod, None, Some(g(2)));
+            let served = here.take_outbox(0, 10);
+            if served_first {
+                there.merge(&served);
+            }
+            std::thread::sleep(Duration::from_millis(3));
+            there.heard("n1", &prod, Some(report(g(2), &["x"]).as_bytes()), None);
+            if !served_first {
+                assert_eq!(there.on_generation(&prod, &g(2)), (0, 0), "a claim alone");
+                there.merge(&served);
+            }
+            assert_eq!(there.on_generation(&prod, &g(2)), (1, 1), "{served_first}");
+            assert!(there.inventory().nodes[0].verified);
+            here.merge(&there.take_outbox(0, 10));
+            assert_eq!(here.on_generation(&prod, &g(2)), (1, 1), "{served_first}");
+            assert_eq!(here.inventory().nodes[0].load_failures, 1);
+        }
     }
 
     #[test]

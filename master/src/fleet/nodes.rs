@@ -150,6 +150,28 @@ impl Nodes {
     }
 }
 
+impl Nodes {
+    /// Adds `id` to what was served to `certname` in `env` (a peer served
+    /// it), its record kept as it is but counted as verified if that is
+    /// its generation.
+    pub(super) fn learn_served(&mut self, certname: &str, env: &EnvName, id: GenerationId) {
+        let Some(mut node) = self
+            .by_name
+            .get(certname)
+            .filter(|n| n.env == *env)
+            .cloned()
+        else {
+            return;
+        };
+        if node.serve(Some(id)) {
+            self.remove(certname);
+            self.by_age.insert((node.seen_ms, certname.to_owned()));
+            self.count(&node, true);
+            self.by_name.insert(certname.to_owned(), node);
+        }
+    }
+}
+
 /// Counts a node (`failing`: 1 or 0) in or out of `t` under `key`.
 fn tally<K: std::hash::Hash + Eq + Clone>(
     t: &mut HashMap<K, (u64, u64)>,
