@@ -3,13 +3,21 @@
 //! resolve it, on the new generation, and a file that errs, hangs or says
 //! nothing Facter can parse is a load failure of that file in the report.
 //!
-//! One Facter run per changed fact file, all at once, each with its own
-//! deadline and its own view: a directory holding only that file, given as
-//! `--custom-dir` (a `lib/facter/*.rb`) or `--external-dir` (a facts dir
-//! file), the other flag an empty directory, so the system's facts and
-//! puppet.conf play no part and a hang or an error is that file's alone.
-//! The runs go at once, so the wall time is one deadline, not one per
-//! file. Each run queries the facts a custom fact file adds
+//! Executable external facts are first run directly (below). Then one
+//! Facter run over every other changed file and every script that passed,
+//! together (a view holding them all: one process for the common case of
+//! a clean change, and all loaded at once as Puppet loads them); only if
+//! it fails, hangs or cannot be read, one run per file, each with its
+//! own deadline and its own view: a directory holding only that file,
+//! given as `--custom-dir` (a `lib/facter/*.rb`) or `--external-dir` (a
+//! facts dir file), the other flag an empty directory, so the system's
+//! facts and puppet.conf play no part and a hang or an error is that
+//! file's alone. At most [`parallel`] processes run at once (each Facter
+//! is a Ruby process: an initial sync of a control repository changes
+//! hundreds of fact files, and hundreds of processes at once would starve
+//! the node and pass every deadline), so a hanging file costs its
+//! deadline in each phase it is in, and a clean change one Facter start.
+//! Each run queries the facts a custom fact file adds
 //! (`Facter.add(:name)`) and a name no fact has: the file is loaded and
 //! those facts resolved, and Facter's core facts never are (resolving them
 //! all takes seconds and logs errors of its own). `RUBYLIB` is the libdir,
@@ -18,7 +26,8 @@
 //!
 //! Facter says nothing of an executable external fact's exit status, so
 //! such a file is first run directly (same deadline, its own process
-//! group): a non-zero exit or a hang is its failure. Every child goes
+//! group): a non-zero exit or a hang is its failure, and Facter is not
+//! run on it. Every child goes
 //! through `launch.rs`: its process group is killed at the deadline and
 //! its output is bounded.
 
@@ -29,6 +38,8 @@ use std::time::{Duration, Instant};
 
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::relpath::RelPath;
+
+use futures_util::StreamExt;
 
 use crate::launch::{LaunchError, run_isolated, run_output};
 
@@ -54,6 +65,11 @@ pub struct FactCheck {
 /// A fact name no fact has: asked so that Facter loads every fact file
 /// of the view even when the file adds no fact this module can name.
 const PROBE: &str = "pluginsync_fact_check";
+
+/// The most fact names one Facter run over every changed file asks (its
+/// command line stays far below the kernel's bound); more are checked
+/// file by file.
+const MAX_NAMES_TOGETHER: usize = 2048;
 
 /// A changed fact file, and how Facter is given it.
 struct FactFile {
@@ -97,9 +113,9 @@ fn fact_files(
 }
 
 /// Checks the fact files among `written` (under the live `libdir` and
-/// `factsdir`) with Facter, each in its own view under `vardir`, all at
-/// once: one [`FactCheck`] per fact file. Nothing when facts
-/// are not checked ([`FactsConfig::facter`]) or none changed.
+/// `factsdir`) with Facter, in views under `vardir` (module docs): one
+/// [`FactCheck`] per fact file. Nothing when facts are not checked
+/// ([`FactsConfig::facter`]) or none changed.
 pub async fn check(
     config: &FactsConfig,
     libdir: &Path,
@@ -115,48 +131,55 @@ pub async fn check(
         return Vec::new();
     };
     let work = vardir.join("fact-check");
-    let views = match views(&work, &files) {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::warn!(dir = %work.display(), error = %e, "cannot make the fact check's directories; facts are not checked");
-            return Vec::new();
-        }
-    };
+    if let Err(e) = fresh_dir(&work) {
+        tracing::warn!(dir = %work.display(), error = %e, "cannot make the fact check's directories; facts are not checked");
+        return Vec::new();
+    }
     let empty = work.join("empty");
     let run = Run {
         facter: &facter,
         libdir,
         empty: &empty,
+        work: &work,
         timeout: config.timeout,
     };
-    let runs = files
-        .iter()
-        .zip(&views)
-        .map(|(file, view)| run.entry(file, view));
-    let entries = futures_util::future::join_all(runs).await;
+    let entries = run.all(&files).await;
     let _gone_is_fine = std::fs::remove_dir_all(&work);
     entries
 }
 
-/// `<work>/empty/` and one `<work>/<n>/` per file holding a link to it,
-/// under its own name; what an earlier run left goes first.
-fn views(work: &Path, files: &[FactFile]) -> std::io::Result<Vec<PathBuf>> {
+/// How many fact checks run at once: the node's cores, at least 2 and at
+/// most 8 (module docs).
+fn parallel() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
+}
+
+/// `work` made anew (what an earlier run left goes first), with
+/// `work/empty/` in it.
+fn fresh_dir(work: &Path) -> std::io::Result<()> {
     match std::fs::remove_dir_all(work) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    let mut dirs = std::fs::DirBuilder::new();
-    dirs.mode(0o700).recursive(true);
-    dirs.create(work.join("empty"))?;
-    let mut out = Vec::with_capacity(files.len());
-    for (n, file) in files.iter().enumerate() {
-        let view = work.join(n.to_string());
-        dirs.create(&view)?;
+    new_dir(&work.join("empty"))
+}
+
+/// A directory only this user reads (and its parents).
+fn new_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(dir)
+}
+
+/// A view: `dir` holding a link to each of `files` under its own name.
+fn view<'a>(dir: &Path, files: impl IntoIterator<Item = &'a FactFile>) -> std::io::Result<()> {
+    new_dir(dir)?;
+    for file in files {
         let name = file.abs.file_name().unwrap_or_default();
-        std::os::unix::fs::symlink(&file.abs, view.join(name))?;
-        out.push(view);
+        std::os::unix::fs::symlink(&file.abs, dir.join(name))?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Why a fact file failed: the line its entry reports.
@@ -176,6 +199,9 @@ enum FactError {
     /// Facter could not be run.
     #[error("Facter: {0}")]
     Launch(LaunchError),
+    /// The file's view could not be made.
+    #[error("cannot make its view for Facter: {0}")]
+    View(std::io::Error),
     /// An `ERROR` line of Facter's (its message).
     #[error("Facter: {0}")]
     Error(String),
@@ -195,65 +221,138 @@ struct Run<'a> {
     facter: &'a Path,
     libdir: &'a Path,
     empty: &'a Path,
+    /// Where the views are made.
+    work: &'a Path,
     timeout: Duration,
 }
 
 impl Run<'_> {
-    /// `file`'s entry: its direct run (an executable external fact), then
-    /// Facter on `view`, within one deadline.
-    async fn entry(&self, file: &FactFile, view: &Path) -> FactCheck {
+    /// Every file's entry: each executable external fact run on its own,
+    /// then one Facter run over every file whose script passed, and only
+    /// if that fails, one Facter run per such file (module docs); at most
+    /// [`parallel`] processes at once.
+    async fn all(&self, files: &[FactFile]) -> Vec<FactCheck> {
         let started = Instant::now();
-        let mut result = Ok(());
-        if !file.custom && executable(&file.abs) {
-            result = run_isolated(
-                &[file.abs.display().to_string()],
-                &BTreeMap::new(),
-                file.abs.parent(),
-                self.timeout,
-            )
-            .await
-            .map(drop)
-            .map_err(|source| FactError::Script {
-                path: file.abs.display().to_string(),
-                source,
+        let scripts: Vec<(Option<Result<(), FactError>>, Duration)> =
+            futures_util::stream::iter(files.iter().map(|f| async move {
+                let t = Instant::now();
+                let ran = match !f.custom && executable(&f.abs) {
+                    true => Some(self.script(f).await),
+                    false => None,
+                };
+                (ran, t.elapsed())
+            }))
+            .buffered(parallel())
+            .collect()
+            .await;
+        let rest: Vec<usize> = (0..files.len())
+            .filter(|i| !matches!(scripts[*i].0, Some(Err(_))))
+            .collect();
+        let together = self.together(files, &rest).await;
+        let together_took = started.elapsed();
+        let mut facter: Vec<Option<(Result<(), FactError>, Duration)>> =
+            (0..files.len()).map(|_| None).collect();
+        if together {
+            for i in &rest {
+                facter[*i] = Some((Ok(()), together_took));
+            }
+        } else {
+            let each = rest.iter().map(|i| async move {
+                let t = Instant::now();
+                (*i, self.alone(*i, &files[*i]).await, t.elapsed())
             });
-        }
-        if result.is_ok() {
-            let left = self.timeout.saturating_sub(started.elapsed());
-            result = self.facter(file, view, left).await;
-        }
-        let duration_ms = started.elapsed().as_millis() as u64;
-        match &result {
-            Ok(()) => tracing::info!(file = %file.path, loader = LOADER, "fact resolved"),
-            Err(e) => {
-                tracing::debug!(file = %file.path, loader = LOADER, error = %e, "fact failed")
+            let done: Vec<_> = futures_util::stream::iter(each)
+                .buffer_unordered(parallel())
+                .collect()
+                .await;
+            for (i, result, took) in done {
+                facter[i] = Some((result, scripts[i].1 + took));
             }
         }
-        FactCheck {
-            path: file.path.clone(),
-            error: result.err().map(|e| {
-                pluginsync_common::text::escape(&e.to_string())
-                    .chars()
-                    .take(400)
-                    .collect()
-            }),
-            duration_ms,
+        (files.iter().zip(scripts).zip(facter))
+            .map(|((file, (script, script_took)), facter)| {
+                let (result, took) = match (script, facter) {
+                    (Some(Err(e)), _) => (Err(e), script_took),
+                    (_, Some(done)) => done,
+                    (_, None) => (Ok(()), script_took),
+                };
+                entry(file, result, took)
+            })
+            .collect()
+    }
+
+    /// Whether one Facter run over the files `which` of `files` (views
+    /// `<work>/custom` and `<work>/external`) finds nothing wrong within
+    /// the deadline.
+    async fn together(&self, files: &[FactFile], which: &[usize]) -> bool {
+        if which.is_empty() {
+            return true;
+        }
+        let (custom, external) = (self.work.join("custom"), self.work.join("external"));
+        let chosen = || which.iter().map(|i| &files[*i]);
+        let made = view(&custom, chosen().filter(|f| f.custom))
+            .and_then(|()| view(&external, chosen().filter(|f| !f.custom)));
+        if let Err(e) = made {
+            tracing::debug!(error = %e, "no view of the changed facts together; checking each");
+            return false;
+        }
+        let mut names: Vec<String> = (chosen().filter(|f| f.custom))
+            .flat_map(|f| fact_names(&std::fs::read(&f.abs).unwrap_or_default()))
+            .collect();
+        names.sort();
+        names.dedup();
+        if names.len() > MAX_NAMES_TOGETHER {
+            return false;
+        }
+        match self.facter((&custom, &external), names, self.timeout).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(files = which.len(), error = %e, "the changed facts together failed; checking each");
+                false
+            }
         }
     }
 
-    /// Facter on `view` (its custom or external dir), within `timeout`:
-    /// an error line, a non-zero exit, output Facter could not parse or
-    /// that is not JSON, or the deadline, is the file's failure.
+    /// Facter on `file` alone: a view `<work>/<i>` holding only it.
+    async fn alone(&self, i: usize, file: &FactFile) -> Result<(), FactError> {
+        let dir = self.work.join(i.to_string());
+        view(&dir, [file]).map_err(FactError::View)?;
+        let (dirs, names) = match file.custom {
+            true => (
+                (dir.as_path(), self.empty),
+                fact_names(&std::fs::read(&file.abs).unwrap_or_default()),
+            ),
+            false => ((self.empty, dir.as_path()), Vec::new()),
+        };
+        self.facter(dirs, names, self.timeout).await
+    }
+
+    /// An executable external fact run directly, within the deadline.
+    async fn script(&self, file: &FactFile) -> Result<(), FactError> {
+        run_isolated(
+            &[file.abs.display().to_string()],
+            &BTreeMap::new(),
+            file.abs.parent(),
+            self.timeout,
+        )
+        .await
+        .map(drop)
+        .map_err(|source| FactError::Script {
+            path: file.abs.display().to_string(),
+            source,
+        })
+    }
+
+    /// Facter on the views `(custom, external)` asked for `names` (and
+    /// [`PROBE`]), within `timeout`: an error line, a non-zero exit,
+    /// output Facter could not parse or that is not JSON, or the deadline,
+    /// is a failure.
     async fn facter(
         &self,
-        file: &FactFile,
-        view: &Path,
+        (custom, external): (&Path, &Path),
+        names: Vec<String>,
         timeout: Duration,
     ) -> Result<(), FactError> {
-        let (custom, external) = match file.custom {
-            true => (view, self.empty),
-            false => (self.empty, view),
-        };
         let mut argv: Vec<String> = [
             self.facter.as_os_str(),
             "--json".as_ref(),
@@ -269,9 +368,7 @@ impl Run<'_> {
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-        if file.custom {
-            argv.extend(fact_names(&std::fs::read(&file.abs).unwrap_or_default()));
-        }
+        argv.extend(names);
         let env = BTreeMap::from([("RUBYLIB".to_owned(), self.libdir.display().to_string())]);
         let (status, out) = match run_output(&argv, &env, None, timeout).await {
             Ok(done) => done,
@@ -279,6 +376,24 @@ impl Run<'_> {
             Err(e) => return Err(FactError::Launch(e)),
         };
         judge(status.code(), &out.stdout, &out.stderr)
+    }
+}
+
+/// `file`'s entry: its check's `result`, which `took` so long.
+fn entry(file: &FactFile, result: Result<(), FactError>, took: Duration) -> FactCheck {
+    match &result {
+        Ok(()) => tracing::info!(file = %file.path, loader = LOADER, "fact resolved"),
+        Err(e) => tracing::debug!(file = %file.path, loader = LOADER, error = %e, "fact failed"),
+    }
+    FactCheck {
+        path: file.path.clone(),
+        error: result.err().map(|e| {
+            pluginsync_common::text::escape(&e.to_string())
+                .chars()
+                .take(400)
+                .collect()
+        }),
+        duration_ms: took.as_millis() as u64,
     }
 }
 
