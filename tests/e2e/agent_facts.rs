@@ -8,7 +8,9 @@
 //! node report's state, and `pluginsync-agent config` shows `[facts]`.
 //! A file whose check failed is checked again on the next run, unchanged,
 //! until a check passes; a passing unchanged file is not re-run. The
-//! `pluginsync` fact (docs/agent.md#the-pluginsync-fact) names the
+//! Forty changed facts cost one Facter run when all are good, and a run
+//! per file, never more at once than the node's cores, when one is not.
+//! The `pluginsync` fact (docs/agent.md#the-pluginsync-fact) names the
 //! generation the master's inventory reports, is rewritten only when it
 //! changes, and Facter reads it.
 //! Skipped with a message where `facter` is not installed.
@@ -240,6 +242,110 @@ fn a_failed_fact_check_is_retried_until_it_passes() {
     // Passing now, nothing is checked.
     let third = home.sync(&["--format", "json"]);
     assert!(loads(&third).is_empty(), "{third:?}");
+}
+
+/// A Facter that logs each start and end (with the time, in ns) to `log`
+/// around the real one, so a test sees how many ran and how many at once.
+fn logging_facter(dir: &std::path::Path, log: &std::path::Path) -> std::path::PathBuf {
+    let real = require("facter", "facter", TEST).expect("facter");
+    let path = dir.join("facter");
+    let script = format!(
+        "#!/bin/sh
+echo \"start $(date +%s%N)\" >> {log}
+{real} \"$@\"
+rc=$?
+         echo \"end $(date +%s%N)\" >> {log}
+exit $rc
+",
+        log = log.display(),
+        real = real.display()
+    );
+    std::fs::write(&path, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// From a [`logging_facter`] log: how many Facter runs, and the most at once.
+fn runs_and_most_at_once(log: &std::path::Path) -> (usize, usize) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut events: Vec<(u128, i32)> = (text.lines())
+        .filter_map(|l| {
+            let (kind, t) = l.split_once(' ')?;
+            Some((t.parse().ok()?, if kind == "start" { 1 } else { -1 }))
+        })
+        .collect();
+    events.sort();
+    let (mut open, mut most) = (0, 0);
+    for (_, d) in &events {
+        open += d;
+        most = most.max(open);
+    }
+    let starts = events.iter().filter(|(_, d)| *d == 1).count();
+    (starts, most as usize)
+}
+
+/// Forty changed facts: one Facter run when all are good; with one
+/// raising, a run per file finds it, never more Facter processes at once
+/// than the node's cores (2 to 8).
+#[test]
+fn many_changed_facts_cost_one_facter_run_and_a_bounded_search() {
+    if require("facter", "facter", TEST).is_none() {
+        return;
+    }
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8));
+    for broken in [false, true] {
+        let tree = EnvTree::new();
+        for i in 0..40 {
+            let body = match broken && i == 7 {
+                true => "raise 'fact seven is broken'".to_owned(),
+                false => format!("'v{i}'"),
+            };
+            let text = format!("Facter.add(:many_{i}) {{ setcode {{ {body} }} }}\n");
+            tree.file(
+                "production",
+                "alpha",
+                &format!("lib/facter/many_{i}.rb"),
+                text,
+                0o644,
+            );
+        }
+        tree.file(
+            "production",
+            "alpha",
+            "facts.d/plain.txt",
+            "plain=1\n",
+            0o644,
+        );
+        let pki = Pki::new();
+        let master = TestMaster::start(parse_config(&config_toml(&tree.envpath(), &pki, "", "")));
+        let marks = tempfile::tempdir().unwrap();
+        let log = marks.path().join("log");
+        let facter = logging_facter(marks.path(), &log);
+        let home = AgentHome::new(
+            &pki,
+            &[master.url()],
+            &format!("[facts]\nfacter = {:?}\n", facter.display().to_string()),
+        );
+        let run = home.sync(&["--format", "json"]);
+        assert_eq!(run.code, 0, "{run:?}");
+        let report: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+        let loads = report["loads"].as_array().unwrap();
+        let failed: Vec<&str> = (loads.iter())
+            .filter(|l| l["status"] != "ok")
+            .map(|l| l["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(loads.len(), 41, "{loads:?}");
+        let (runs, most) = runs_and_most_at_once(&log);
+        if broken {
+            assert_eq!(failed, ["plugins/facter/many_7.rb"], "{loads:?}");
+            assert_eq!(runs, 1 + 41, "together, then each file alone");
+            assert!(most <= cores, "{most} Facter runs at once, {cores} cores");
+        } else {
+            assert!(failed.is_empty(), "{loads:?}");
+            assert_eq!(runs, 1, "a clean change is one Facter run");
+        }
+    }
 }
 
 /// `node1`'s generation in the master's inventory (asked as the admin
