@@ -262,62 +262,69 @@ impl Fleet {
         report: Option<&Result<NodeReport, ReportError>>,
         served: Option<GenerationId>,
     ) {
-        let node = match report {
-            Some(parsed) => match parsed {
-                Ok(r) => Node {
+        let report = match report {
+            Some(Ok(r)) => Some(r),
+            Some(Err(e)) => {
+                if let Some(n) = self.bad_reports.note() {
+                    tracing::warn!(
+                        certname,
+                        error = %e,
+                        ignored_since_last_line = n,
+                        "node report ignored"
+                    );
+                }
+                return;
+            }
+            None => None,
+        };
+        // One lock from reading the old record to keeping the new one, its
+        // time read inside: a record kept meanwhile (a stock run report,
+        // [`Fleet::heard_puppet_run`]) can never look newer than this one
+        // by a clock read before it, and so never wins over it.
+        let mut nodes = self.lock();
+        let old = (nodes.by_name.get(certname)).filter(|old| old.env == *env);
+        let mut node = match (report, served) {
+            (Some(r), _) => Node {
+                env: env.clone(),
+                generation: r.generation,
+                seen_ms: now_ms(),
+                source: Source::Report,
+                loads_ok: r.loads_ok,
+                loads_failed: r.loads_failed,
+                failed: r.failed.clone(),
+                served: Vec::new(),
+                verified: false,
+            },
+            (None, Some(generation)) => {
+                // What its last Puppet run report said of this same
+                // generation holds until the next report.
+                let (loads_failed, failed) = old
+                    .filter(|o| o.source == Source::Served && o.generation == Some(generation))
+                    .map_or((0, Vec::new()), |o| (o.loads_failed, o.failed.clone()));
+                Node {
                     env: env.clone(),
-                    generation: r.generation,
+                    generation: Some(generation),
                     seen_ms: now_ms(),
-                    source: Source::Report,
-                    loads_ok: r.loads_ok,
-                    loads_failed: r.loads_failed,
-                    failed: r.failed.clone(),
+                    source: Source::Served,
+                    loads_ok: 0,
+                    loads_failed,
+                    failed,
                     served: Vec::new(),
                     verified: false,
-                },
-                Err(e) => {
-                    if let Some(n) = self.bad_reports.note() {
-                        tracing::warn!(
-                            certname,
-                            error = %e,
-                            ignored_since_last_line = n,
-                            "node report ignored"
-                        );
-                    }
-                    return;
                 }
-            },
-            None => match served {
-                Some(generation) => {
-                    // What its last Puppet run report said of this same
-                    // generation holds until the next report
-                    // ([`Fleet::heard_puppet_run`]).
-                    let (loads_failed, failed) = (self.lock().by_name.get(certname))
-                        .filter(|old| {
-                            old.source == Source::Served
-                                && old.env == *env
-                                && old.generation == Some(generation)
-                        })
-                        .map_or((0, Vec::new()), |old| {
-                            (old.loads_failed, old.failed.clone())
-                        });
-                    Node {
-                        env: env.clone(),
-                        generation: Some(generation),
-                        seen_ms: now_ms(),
-                        source: Source::Served,
-                        loads_ok: 0,
-                        loads_failed,
-                        failed,
-                        served: Vec::new(),
-                        verified: false,
-                    }
-                }
-                None => return,
-            },
+            }
+            (None, None) => return,
         };
-        let node = self.served(certname, node, served);
-        self.keep(certname, node);
+        if let Some(old) = old {
+            node.served.clone_from(&old.served);
+        }
+        if node.serve(served)
+            && let (Some(w), Some(id)) = (&self.writer, served)
+        {
+            w.served(node.served_row(certname, id, &self.replica, node.seen_ms));
+        }
+        self.queue(certname, &node);
+        nodes.upsert(certname, node, self.max_nodes);
     }
 
     /// Records what a stock agent's Puppet run report blames
@@ -367,12 +374,6 @@ impl Fleet {
         self.lock().by_name.get(certname).map(|n| n.entry(certname))
     }
 
-    /// Keeps `node` as `certname`'s record and queues it for the peers.
-    fn keep(&self, certname: &str, node: Node) {
-        self.queue(certname, &node);
-        self.lock().upsert(certname, node, self.max_nodes);
-    }
-
     /// Queues `node` of `certname` for the peers and the state store.
     fn queue(&self, certname: &str, node: &Node) {
         for outbox in &self.outboxes {
@@ -384,23 +385,6 @@ impl Fleet {
             }
         }
         self.persist(certname, node);
-    }
-
-    /// `node` with what was served to `certname` before in its
-    /// environment and `served` now (queued for the store when new): a
-    /// reported generation is verified only if it is among them.
-    fn served(&self, certname: &str, mut node: Node, served: Option<GenerationId>) -> Node {
-        if let Some(old) = self.lock().by_name.get(certname)
-            && old.env == node.env
-        {
-            node.served.clone_from(&old.served);
-        }
-        if node.serve(served)
-            && let (Some(w), Some(id)) = (&self.writer, served)
-        {
-            w.served(node.served_row(certname, id, &self.replica, now_ms()));
-        }
-        node
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Nodes> {
