@@ -251,10 +251,12 @@ def one_node_many_connections(envpath, ssl_dir, work):
 def agent_config(path, url, node, ssl_dir, certname="bench-node"):
     """The bench node's agent.toml. Fact health (docs/loading.md#fact-health) is off: it runs
     Facter on the changed facts after the sync, work rsync and the baselines do not do, so with it
-    the figures would time Facter's start on this machine, not the sync."""
+    the figures would time Facter's start on this machine, not the sync. The `pluginsync` fact
+    (docs/agent.md#the-pluginsync-fact) is not written: a bench node is not this host, whose
+    Facter directory it would otherwise write."""
     with open(path, "w") as f:
         f.write(f'servers = ["{url}"]\nlibdir = "{node}/lib"\nfactsdir = "{node}/facts.d"\nvardir = "{node}/var"\n'
-                f'[tls]\nssldir = "{ssl_dir}"\ncertname = "{certname}"\n[facts]\ncheck = false\n')
+                f'[tls]\nssldir = "{ssl_dir}"\ncertname = "{certname}"\n[facts]\ncheck = false\nexternal_dir = false\n')
     return [AGENT, "sync", "--config", path]
 
 
