@@ -27,6 +27,9 @@ Options of setup (and start) for a server behind a TLS-terminating balancer
                       repeatable; other nodes get no environment from it
   --manifest ENV      code/environments/ENV/manifests/site.pp: one `file` resource at the path
                       in the agent's fact `fleet_target` (a plugin the test syncs provides it)
+  --puppetdb URL      store facts in the PuppetDB at URL (https://...; Debian's
+                      puppet-terminus-puppetdb): `storeconfigs`, conf/puppetdb.conf and a
+                      routes.yaml sending the server's facts to PuppetDB (cached in yaml)
 
 Code goes under DIR/code/environments/<env>/... (Puppet's environmentpath; an environment may
 have its own environment.conf); basemodulepath is DIR/code/modules alone (not the packaged
@@ -38,6 +41,7 @@ import argparse, os, subprocess, sys, time
 JAR = "/usr/share/puppetserver/puppetserver.jar"
 BOOTSTRAP = "/etc/puppet/puppetserver/services.d"
 PACKAGED_CONFD = "/etc/puppet/puppetserver/conf.d"
+PUPPETDB_TERMINUS = "/usr/lib/ruby/vendor_ruby/puppet/indirector/facts/puppetdb.rb"
 
 
 def installed():
@@ -55,7 +59,7 @@ def puppet_conf(d):
     return os.path.join(d, "conf", "puppet.conf")
 
 
-def setup(d, port, http_port=None, header_identity=False, certs=(), enc=(), manifests=()):
+def setup(d, port, http_port=None, header_identity=False, certs=(), enc=(), manifests=(), puppetdb=None):
     """Writes every configuration file and creates the CA. Idempotent for the CA."""
     d = os.path.abspath(d)
     for sub in ("conf", "code/environments", "code/modules", "var", "server-var", "log", "run", "ssl", "jruby-gems"):
@@ -72,7 +76,10 @@ logdir = {d}/log
 rundir = {d}/run
 [server]
 cadir = {d}/ca
-""" + (f"node_terminus = exec\nexternal_nodes = {d}/enc.sh\n" if enc else ""))
+""" + (f"node_terminus = exec\nexternal_nodes = {d}/enc.sh\n" if enc else "")
+      + ("storeconfigs = true\nstoreconfigs_backend = puppetdb\n" if puppetdb else ""))
+    if puppetdb:
+        write_puppetdb(d, puppetdb)
     if enc:
         write_enc(d, enc)
     for env in manifests:
@@ -154,6 +161,15 @@ SITE_PP = """node default {
   }
 }
 """
+
+
+def write_puppetdb(d, url):
+    """PuppetDB as the server's fact store, as PuppetDB's docs connect a Puppet Server."""
+    if not os.path.isfile(PUPPETDB_TERMINUS):
+        raise SystemExit("error: --puppetdb needs the PuppetDB terminus (apt-get install puppet-terminus-puppetdb)")
+    write(os.path.join(d, "conf", "puppetdb.conf"), f"[main]\nserver_urls = {url}\nsoft_write_failure = false\n")
+    write(os.path.join(d, "conf", "routes.yaml"),
+          "---\nserver:\n  facts:\n    terminus: puppetdb\n    cache: yaml\n")
 
 
 def write_enc(d, enc):
@@ -246,6 +262,7 @@ def main():
     ap.add_argument("--certs", default="")
     ap.add_argument("--enc", action="append", default=[])
     ap.add_argument("--manifest", action="append", default=[])
+    ap.add_argument("--puppetdb")
     a = ap.parse_args()
     enc = []
     for item in a.enc:
@@ -254,7 +271,8 @@ def main():
             raise SystemExit(f"error: --enc wants CERTNAME=ENVIRONMENT, not {item!r}")
         enc.append((cert, env))
     options = dict(http_port=a.http_port, header_identity=a.header_identity,
-                   certs=[c for c in a.certs.split(",") if c], enc=enc, manifests=a.manifest)
+                   certs=[c for c in a.certs.split(",") if c], enc=enc, manifests=a.manifest,
+                   puppetdb=a.puppetdb)
     if not installed():
         raise SystemExit("error: puppetserver is not installed (apt-get install puppetserver)")
     if a.action in ("setup", "start") and not a.port:

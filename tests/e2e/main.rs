@@ -98,6 +98,8 @@ mod puppet_fleet;
 mod puppet_mixed_fleet;
 // Stock agents' run reports through Puppet Server's `http` processor: their plugin errors in the inventory (needs puppet, puppetserver, haproxy).
 mod puppet_reports;
+// Puppet's own inventory: after our agent's sync and a stock run, PuppetDB's PQL answers the node's pluginsync fact (needs puppetdb, PostgreSQL).
+mod puppet_puppetdb;
 // Signed generations: the manifest the pipeline signs is the one the masters serve.
 mod trust;
 // The agent with [trust] root: a signed generation synced; unsigned, withdrawn, replayed, expired metadata and bundles refused (exit 65).

@@ -57,6 +57,8 @@
 //!   by a test; one database per test.
 //! - `tuf`: [`TufSigner`], a TUF repository signed with `tough`'s editor
 //!   (root 2 of 3, targets, snapshot, timestamp keys made per test).
+//! - `puppetdb`: [`puppetdb::PuppetDb`], a throwaway PuppetDB on the
+//!   suite's PostgreSQL, Puppet Server's fact store.
 //! - `controlrepo`: [`ControlRepo`], a code tree shaped like an
 //!   r10k-deployed control repository (`environment.conf`, site-modules,
 //!   a glob, `$basemodulepath`) and what each mount must serve from it.
@@ -76,6 +78,7 @@ mod pki;
 mod postgres;
 mod process;
 pub mod puppet;
+pub mod puppetdb;
 mod replicas;
 mod tree;
 mod tuf;

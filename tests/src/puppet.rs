@@ -104,6 +104,30 @@ impl PuppetAgent {
             Duration::from_secs(300),
         )
     }
+
+    /// [`Self::agent_test_reporting`] with `facts_d` as Facter's own
+    /// external directory (`/etc/facter/facts.d` for root with Debian's
+    /// Facter): bind-mounted there in a mount namespace of the run's own
+    /// (`unshare`, root only), so the host's directory keeps what it had
+    /// (it is created, empty, if missing: the mount needs it).
+    pub fn agent_test_with_facter_dir(&self, env: &str, facts_d: &Path) -> Finished {
+        let inner = self.command(&["agent", "--test"], env);
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(
+                "mkdir -p /etc/facter/facts.d && \
+                 mount --bind \"$0\" /etc/facter/facts.d && exec \"$@\"",
+            )
+            .arg(facts_d)
+            .arg(inner.get_program())
+            .args(inner.get_args());
+        for (key, value) in inner.get_envs() {
+            if let Some(value) = value {
+                cmd.env(key, value);
+            }
+        }
+        run_logged(cmd, &self.work, Duration::from_secs(300))
+    }
 }
 
 /// Lines of a Puppet Server access log that requested `path_prefix`

@@ -1,0 +1,197 @@
+//! A throwaway PuppetDB 7 (Debian's `puppetdb` package) for the tests that
+//! check what Puppet's own inventory learns from a node
+//! (docs/puppet-fleet.md#puppets-own-inventory): its own configuration
+//! directory in a temp dir, its database in the suite's PostgreSQL
+//! ([`crate::Postgres`], with `pg_trgm` as PuppetDB requires),
+//! HTTPS on a loopback port with a certificate of the Puppet Server's CA
+//! (the terminus Puppet Server submits facts with speaks HTTPS only) and
+//! plain HTTP on another for the test's queries. Killed on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::Postgres;
+use crate::{closed_port, skipped, which};
+
+const JAR: &str = "/usr/share/puppetdb/puppetdb.jar";
+const BOOTSTRAP: &str = "/etc/puppetdb/bootstrap.cfg";
+const TERMINUS: &str = "/usr/lib/ruby/vendor_ruby/puppet/indirector/facts/puppetdb.rb";
+
+/// A running PuppetDB (module docs).
+pub struct PuppetDb {
+    dir: tempfile::TempDir,
+    child: Child,
+    http: u16,
+    /// Its HTTPS port (Puppet Server's `server_urls`).
+    pub https: u16,
+}
+
+impl PuppetDb {
+    /// Whether `test` can run a PuppetDB: Debian's `puppetdb` and
+    /// `puppet-terminus-puppetdb` installed; otherwise a visible `SKIPPED`
+    /// line — or, under `CI`, a failure (`.ci/run` must install both).
+    pub fn required(test: &str) -> bool {
+        if Path::new(JAR).is_file() && Path::new(TERMINUS).is_file() && which("java").is_some() {
+            return true;
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "puppetdb is not installed but CI is set: .ci/run must install puppetdb and puppet-terminus-puppetdb"
+        );
+        skipped(
+            test,
+            "PuppetDB not installed (apt-get install puppetdb puppet-terminus-puppetdb)",
+        );
+        false
+    }
+
+    /// A port for its HTTPS listener, chosen before Puppet Server is set
+    /// up (its `server_urls` names it).
+    pub fn port() -> u16 {
+        closed_port()
+    }
+
+    /// Starts PuppetDB on `https` with the certificate and key of
+    /// `certname` from Puppet's `ssldir`, its database a new one in `pg`,
+    /// and waits (at most 300 s) until it says it is running.
+    pub fn start(pg: &Postgres, ssldir: &Path, certname: &str, https: u16) -> PuppetDb {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = pg.database();
+        pg.sql(&url, "CREATE EXTENSION IF NOT EXISTS pg_trgm");
+        let name = url
+            .rsplit_once('/')
+            .and_then(|(_, n)| n.split('?').next())
+            .expect("database name")
+            .to_owned();
+        let http = closed_port();
+        let d = dir.path();
+        let confd = d.join("conf.d");
+        std::fs::create_dir_all(&confd).expect("conf.d");
+        std::fs::create_dir_all(d.join("var")).expect("vardir");
+        let write = |rel: &str, text: String| std::fs::write(d.join(rel), text).expect(rel);
+        write(
+            "conf.d/config.ini",
+            format!(
+                "[global]\nvardir = {var}\nlogging-config = {d}/logback.xml\n\n\
+                 [command-processing]\nthreads = 1\n\n\
+                 [puppetdb]\ndisable-update-checking = true\n",
+                var = d.join("var").display(),
+                d = d.display(),
+            ),
+        );
+        write(
+            "conf.d/database.ini",
+            format!(
+                "[database]\nsubname = //127.0.0.1:{}/{name}\nusername = postgres\npassword = trust\n",
+                pg.port()
+            ),
+        );
+        write(
+            "conf.d/jetty.ini",
+            format!(
+                "[jetty]\nhost = 127.0.0.1\nport = {http}\nssl-host = 127.0.0.1\nssl-port = {https}\n\
+                 ssl-key = {ssl}/private_keys/{certname}.pem\nssl-cert = {ssl}/certs/{certname}.pem\n\
+                 ssl-ca-cert = {ssl}/certs/ca.pem\n",
+                ssl = ssldir.display(),
+            ),
+        );
+        std::fs::copy("/etc/puppetdb/conf.d/auth.conf", confd.join("auth.conf")).expect("auth.conf");
+        write(
+            "logback.xml",
+            format!(
+                "<configuration>\n  <appender name=\"F\" class=\"ch.qos.logback.core.FileAppender\">\n    \
+                 <file>{}/puppetdb.log</file>\n    <encoder><pattern>%d %-5p [%c{{2}}] %m%n</pattern></encoder>\n  \
+                 </appender>\n  <root level=\"info\"><appender-ref ref=\"F\"/></root>\n</configuration>\n",
+                d.display()
+            ),
+        );
+        let out = std::fs::File::create(d.join("stdout.log")).expect("log");
+        let child = Command::new("java")
+            .args(["-Xmx512m", "-cp", JAR, "clojure.main", "-m", "puppetlabs.puppetdb.core"])
+            .args(["services", "-c"])
+            .arg(&confd)
+            .args(["-b", BOOTSTRAP])
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("dup"))
+            .stderr(out)
+            .spawn()
+            .expect("spawn puppetdb");
+        let mut db = PuppetDb {
+            dir,
+            child,
+            http,
+            https,
+        };
+        db.wait_running(Duration::from_secs(300));
+        db
+    }
+
+    fn wait_running(&mut self, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            let status = self.get("/status/v1/services/puppetdb-status");
+            if status["state"] == "running" {
+                return;
+            }
+            if let Some(exit) = self.child.try_wait().expect("wait") {
+                panic!("puppetdb exited ({exit}) while starting:\n{}", self.log_tail());
+            }
+            assert!(
+                start.elapsed() < limit,
+                "puppetdb not running after {limit:?}:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// `GET path` on its plain-HTTP port as JSON (`Null` when it does not
+    /// answer with JSON).
+    fn get(&self, path_and_query: &str) -> serde_json::Value {
+        let url = format!("http://127.0.0.1:{}{path_and_query}", self.http);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .ok()?;
+            client.get(url).send().await.ok()?.json().await.ok()
+        })
+        .unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The answer of a PQL query (`/pdb/query/v4?query=…`).
+    pub fn query(&self, pql: &str) -> serde_json::Value {
+        let mut url = url::Url::parse("http://127.0.0.1/pdb/query/v4").expect("url");
+        url.query_pairs_mut().append_pair("query", pql);
+        self.get(&format!("/pdb/query/v4?{}", url.query().unwrap_or_default()))
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self) -> String {
+        let mut text = String::new();
+        for name in ["stdout.log", "puppetdb.log"] {
+            let log = std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            text.push_str(&lines[lines.len().saturating_sub(30)..].join("\n"));
+            text.push('\n');
+        }
+        text
+    }
+
+    /// Its configuration directory.
+    pub fn confd(&self) -> PathBuf {
+        self.dir.path().join("conf.d")
+    }
+}
+
+impl Drop for PuppetDb {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
