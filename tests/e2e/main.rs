@@ -96,10 +96,10 @@ mod puppet_compat;
 mod puppet_fleet;
 // The health loop on a mixed fleet behind HAProxy (and to the halt behind nginx): Puppet Server, two masters, 24 of our agents, 4 stock ones; broken facts halt the first wave, the rollback moves no other node.
 mod puppet_mixed_fleet;
+// Puppet's own inventory: after our agent's sync and a stock run, PuppetDB's PQL answers the node's pluginsync fact (needs puppet, puppetserver, puppetdb, haproxy, PostgreSQL, root).
+mod puppet_puppetdb;
 // Stock agents' run reports through Puppet Server's `http` processor: their plugin errors in the inventory (needs puppet, puppetserver, haproxy).
 mod puppet_reports;
-// Puppet's own inventory: after our agent's sync and a stock run, PuppetDB's PQL answers the node's pluginsync fact (needs puppetdb, PostgreSQL).
-mod puppet_puppetdb;
 // Signed generations: the manifest the pipeline signs is the one the masters serve.
 mod trust;
 // The agent with [trust] root: a signed generation synced; unsigned, withdrawn, replayed, expired metadata and bundles refused (exit 65).

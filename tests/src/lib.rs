@@ -57,8 +57,9 @@
 //!   by a test; one database per test.
 //! - `tuf`: [`TufSigner`], a TUF repository signed with `tough`'s editor
 //!   (root 2 of 3, targets, snapshot, timestamp keys made per test).
-//! - `puppetdb`: [`puppetdb::PuppetDb`], a throwaway PuppetDB on the
-//!   suite's PostgreSQL, Puppet Server's fact store.
+//! - `puppetdb`: [`puppetdb::PuppetDb`], Debian's PuppetDB with its own
+//!   configuration, its database in a test's [`Postgres`]; Puppet
+//!   Server's fact store.
 //! - `controlrepo`: [`ControlRepo`], a code tree shaped like an
 //!   r10k-deployed control repository (`environment.conf`, site-modules,
 //!   a glob, `$basemodulepath`) and what each mount must serve from it.

@@ -1,21 +1,22 @@
 //! A throwaway PuppetDB 7 (Debian's `puppetdb` package) for the tests that
 //! check what Puppet's own inventory learns from a node
-//! (docs/puppet-fleet.md#puppets-own-inventory): its own configuration
-//! directory in a temp dir, its database in the suite's PostgreSQL
-//! ([`crate::Postgres`], with `pg_trgm` as PuppetDB requires),
-//! HTTPS on a loopback port with a certificate of the Puppet Server's CA
-//! (the terminus Puppet Server submits facts with speaks HTTPS only) and
-//! plain HTTP on another for the test's queries. Killed on drop.
+//! (docs/puppet-fleet.md#the-pluginsync-fact-in-puppetdb): its own
+//! configuration directory in a temp dir, its database a new one in the
+//! test's [`crate::Postgres`] (with `pg_trgm`, which PuppetDB requires,
+//! created as the superuser), HTTPS on a loopback port with the Puppet
+//! Server's own certificate (the terminus Puppet Server stores facts with
+//! speaks HTTPS only) and plain HTTP on another for the test's queries.
+//! The JVM is killed on drop.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::Postgres;
-use crate::{closed_port, skipped, which};
+use crate::{Postgres, closed_port, skipped, which};
 
 const JAR: &str = "/usr/share/puppetdb/puppetdb.jar";
 const BOOTSTRAP: &str = "/etc/puppetdb/bootstrap.cfg";
+const AUTH: &str = "/etc/puppetdb/conf.d/auth.conf";
 const TERMINUS: &str = "/usr/lib/ruby/vendor_ruby/puppet/indirector/facts/puppetdb.rb";
 
 /// A running PuppetDB (module docs).
@@ -23,16 +24,15 @@ pub struct PuppetDb {
     dir: tempfile::TempDir,
     child: Child,
     http: u16,
-    /// Its HTTPS port (Puppet Server's `server_urls`).
-    pub https: u16,
 }
 
 impl PuppetDb {
     /// Whether `test` can run a PuppetDB: Debian's `puppetdb` and
     /// `puppet-terminus-puppetdb` installed; otherwise a visible `SKIPPED`
-    /// line — or, under `CI`, a failure (`.ci/run` must install both).
+    /// line — or, under `CI`, a failure (`.ci/run` installs both).
     pub fn required(test: &str) -> bool {
-        if Path::new(JAR).is_file() && Path::new(TERMINUS).is_file() && which("java").is_some() {
+        let files = [JAR, BOOTSTRAP, AUTH, TERMINUS];
+        if files.iter().all(|f| Path::new(f).is_file()) && which("java").is_some() {
             return true;
         }
         assert!(
@@ -46,16 +46,11 @@ impl PuppetDb {
         false
     }
 
-    /// A port for its HTTPS listener, chosen before Puppet Server is set
-    /// up (its `server_urls` names it).
-    pub fn port() -> u16 {
-        closed_port()
-    }
-
-    /// Starts PuppetDB on `https` with the certificate and key of
-    /// `certname` from Puppet's `ssldir`, its database a new one in `pg`,
-    /// and waits (at most 300 s) until it says it is running.
-    pub fn start(pg: &Postgres, ssldir: &Path, certname: &str, https: u16) -> PuppetDb {
+    /// Starts PuppetDB's JVM with HTTPS on `https` (the certificate and key
+    /// of `certname` in Puppet's `ssldir`, clients verified against its
+    /// `certs/ca.pem`) and its database a new one in `pg`; returns at once
+    /// ([`Self::wait_running`] waits), so it starts beside Puppet Server.
+    pub fn spawn(pg: &Postgres, ssldir: &Path, certname: &str, https: u16) -> PuppetDb {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = pg.database();
         pg.sql(&url, "CREATE EXTENSION IF NOT EXISTS pg_trgm");
@@ -66,24 +61,24 @@ impl PuppetDb {
             .to_owned();
         let http = closed_port();
         let d = dir.path();
-        let confd = d.join("conf.d");
-        std::fs::create_dir_all(&confd).expect("conf.d");
+        std::fs::create_dir_all(d.join("conf.d")).expect("conf.d");
         std::fs::create_dir_all(d.join("var")).expect("vardir");
         let write = |rel: &str, text: String| std::fs::write(d.join(rel), text).expect(rel);
         write(
             "conf.d/config.ini",
             format!(
-                "[global]\nvardir = {var}\nlogging-config = {d}/logback.xml\n\n\
+                "[global]\nvardir = {d}/var\nlogging-config = {d}/logback.xml\n\n\
                  [command-processing]\nthreads = 1\n\n\
                  [puppetdb]\ndisable-update-checking = true\n",
-                var = d.join("var").display(),
                 d = d.display(),
             ),
         );
+        // Trust authentication on loopback (the harness's server): any
+        // password is accepted.
         write(
             "conf.d/database.ini",
             format!(
-                "[database]\nsubname = //127.0.0.1:{}/{name}\nusername = postgres\npassword = trust\n",
+                "[database]\nsubname = //127.0.0.1:{}/{name}\nusername = postgres\npassword = unused\n",
                 pg.port()
             ),
         );
@@ -96,7 +91,7 @@ impl PuppetDb {
                 ssl = ssldir.display(),
             ),
         );
-        std::fs::copy("/etc/puppetdb/conf.d/auth.conf", confd.join("auth.conf")).expect("auth.conf");
+        std::fs::copy(AUTH, d.join("conf.d/auth.conf")).expect("auth.conf");
         write(
             "logback.xml",
             format!(
@@ -107,27 +102,25 @@ impl PuppetDb {
             ),
         );
         let out = std::fs::File::create(d.join("stdout.log")).expect("log");
+        // Debian's unit: its JVM flags (/etc/default/puppetdb's heap, a
+        // little more for the test's two JVMs' warm-up), main and services.
         let child = Command::new("java")
-            .args(["-Xmx512m", "-cp", JAR, "clojure.main", "-m", "puppetlabs.puppetdb.core"])
-            .args(["services", "-c"])
-            .arg(&confd)
-            .args(["-b", BOOTSTRAP])
+            .args(["-Xmx256m", "-Djava.security.egd=/dev/urandom", "-cp", JAR])
+            .args(["clojure.main", "-m", "puppetlabs.puppetdb.core", "services"])
+            .arg("--config")
+            .arg(d.join("conf.d"))
+            .args(["--bootstrap-config", BOOTSTRAP])
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("dup"))
             .stderr(out)
             .spawn()
             .expect("spawn puppetdb");
-        let mut db = PuppetDb {
-            dir,
-            child,
-            http,
-            https,
-        };
-        db.wait_running(Duration::from_secs(300));
-        db
+        PuppetDb { dir, child, http }
     }
 
-    fn wait_running(&mut self, limit: Duration) {
+    /// Waits (at most `limit`) until PuppetDB says it is running: its
+    /// database migrated, commands and queries taken.
+    pub fn wait_running(&mut self, limit: Duration) {
         let start = Instant::now();
         loop {
             let status = self.get("/status/v1/services/puppetdb-status");
@@ -135,19 +128,22 @@ impl PuppetDb {
                 return;
             }
             if let Some(exit) = self.child.try_wait().expect("wait") {
-                panic!("puppetdb exited ({exit}) while starting:\n{}", self.log_tail());
+                panic!(
+                    "puppetdb exited ({exit}) while starting:\n{}",
+                    self.log_tail()
+                );
             }
             assert!(
                 start.elapsed() < limit,
-                "puppetdb not running after {limit:?}:\n{}",
+                "puppetdb not running after {limit:?} (last status {status}):\n{}",
                 self.log_tail()
             );
             std::thread::sleep(Duration::from_millis(500));
         }
     }
 
-    /// `GET path` on its plain-HTTP port as JSON (`Null` when it does not
-    /// answer with JSON).
+    /// `GET path_and_query` on its plain-HTTP port, as JSON (`Null` when
+    /// it does not answer with JSON within 30 s).
     fn get(&self, path_and_query: &str) -> serde_json::Value {
         let url = format!("http://127.0.0.1:{}{path_and_query}", self.http);
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -164,14 +160,17 @@ impl PuppetDb {
         .unwrap_or(serde_json::Value::Null)
     }
 
-    /// The answer of a PQL query (`/pdb/query/v4?query=…`).
+    /// The answer to a PQL query (`GET /pdb/query/v4?query=…`).
     pub fn query(&self, pql: &str) -> serde_json::Value {
         let mut url = url::Url::parse("http://127.0.0.1/pdb/query/v4").expect("url");
         url.query_pairs_mut().append_pair("query", pql);
-        self.get(&format!("/pdb/query/v4?{}", url.query().unwrap_or_default()))
+        self.get(&format!(
+            "/pdb/query/v4?{}",
+            url.query().unwrap_or_default()
+        ))
     }
 
-    /// The last lines of its log.
+    /// The last lines of what it logged.
     pub fn log_tail(&self) -> String {
         let mut text = String::new();
         for name in ["stdout.log", "puppetdb.log"] {
@@ -181,11 +180,6 @@ impl PuppetDb {
             text.push('\n');
         }
         text
-    }
-
-    /// Its configuration directory.
-    pub fn confd(&self) -> PathBuf {
-        self.dir.path().join("conf.d")
     }
 }
 
