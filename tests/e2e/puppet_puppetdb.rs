@@ -200,7 +200,12 @@ fn peers(pg: &Postgres, haproxy: &Path) -> (PuppetServer, PuppetDb, ProxyBackend
         held = Some((pdb, master, lb));
     });
     let (mut pdb, master, lb) = held.expect("PuppetDB, master and balancer");
+    let started = Instant::now();
     pdb.wait_running(Duration::from_secs(300));
+    eprintln!(
+        "{TEST}: PuppetDB running {:?} after Puppet Server",
+        started.elapsed()
+    );
     (server, pdb, master, lb)
 }
 
