@@ -40,6 +40,10 @@ summary of every target with PASS/MISS; the figures also go to target/bench-resu
          (bench/state.py): master CPU per node run, wall time, the database's CPU; then
          --state-inventory-nodes nodes in all: replicas' RSS growth, `pluginsync-master inventory`'s
          time, the database's size per node.
+  trust  (not in the default run: --scenarios trust; needs `tuftool`, SKIPPED without) signing on vs off in
+         one run (bench/trust.py): a master and a node without [trust], and the same with the keys of
+         scripts/trust-quickstart.sh and every generation signed by scripts/sign-generation.sh; master CPU
+         per no-op run, agent no-op, 1 % and initial wall times, alternated; the agent's verification time.
 
 --quick makes every count small (a smoke run in a few minutes; its verdicts are indicative only).
 The full run takes ~20 minutes on a 2-core machine, most of it Puppet's own runs.
@@ -50,12 +54,12 @@ import argparse, importlib.util, json, os, shutil, signal, statistics, subproces
 
 sys.dont_write_bytecode = True  # no __pycache__ in the checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import busy, cache, envs, fleet, state  # noqa: E402
+import busy, cache, envs, fleet, state, trust  # noqa: E402
 from common import (LISTING_QUERY, LOAD, MASTER, ROOT, agent_config, fmt_s, free_port, log, master_config,  # noqa: E402
                     one_node_many_connections, procs, rss, run, start_master, stats, stop, timed, wait_port)
 
-SCENARIOS = ["speed", "load", "busy", "fleet", "big", "envs", "cache", "state"]
-DEFAULT = [s for s in SCENARIOS if s not in ("cache", "state")]  # their figures are asked for by name
+SCENARIOS = ["speed", "load", "busy", "fleet", "big", "envs", "cache", "state", "trust"]
+DEFAULT = [s for s in SCENARIOS if s not in ("cache", "state", "trust")]  # their figures are asked for by name
 TARGETS = {  # scenario -> ratio to rsync (BENCHMARKS.md#targets-and-the-latest-figures)
     "initial": 1.0,
     "noop": 0.3,
@@ -64,10 +68,10 @@ TARGETS = {  # scenario -> ratio to rsync (BENCHMARKS.md#targets-and-the-latest-
 # Counts of a full run and of --quick; an option given on the command line wins over both.
 FULL = {"runs": 7, "puppet_runs": 3, "load_seconds": 5, "fleet_runs": 60, "fleet_change_runs": 20,
         "busy_runs": 5, "busy_mib": 1024, "envs": 100, "big_files": 50000, "cache_nodes": 100,
-        "state_nodes": 10000, "state_inventory_nodes": 100000}
+        "state_nodes": 10000, "state_inventory_nodes": 100000, "trust_runs": 200, "trust_change_runs": 20}
 QUICK = {"runs": 2, "puppet_runs": 1, "load_seconds": 1, "fleet_runs": 8, "fleet_change_runs": 3,
          "busy_runs": 2, "busy_mib": 1024, "envs": 10, "big_files": 5000, "cache_nodes": 10,
-         "state_nodes": 1000, "state_inventory_nodes": 10000}
+         "state_nodes": 1000, "state_inventory_nodes": 10000, "trust_runs": 10, "trust_change_runs": 3}
 
 
 def load_sandbox():
@@ -175,6 +179,10 @@ def main():
     ap.add_argument("--state-inventory-nodes", type=int,
                     help=f"nodes in the inventory for its RSS, inventory and size figures (default {FULL['state_inventory_nodes']})")
     ap.add_argument("--state-concurrency", type=int, default=32, help="client threads of the state scenario (default 32)")
+    ap.add_argument("--trust-runs", type=int,
+                    help=f"no-op agent runs of each trust setup, signing off and on (default {FULL['trust_runs']})")
+    ap.add_argument("--trust-change-runs", type=int,
+                    help=f"1 %% change runs of each trust setup (default {FULL['trust_change_runs']})")
     ap.add_argument("--big", action="store_true", help="kept for old command lines: big is in the default run")
     ap.add_argument("--files", type=int, default=3000)
     ap.add_argument("--modules", type=int, default=60)
@@ -316,6 +324,7 @@ def bench(ctx, results):
     guarded("envs", envs.run, ctx, results)
     guarded("cache", cache.run, ctx, results)
     guarded("state", state.run, ctx, results)
+    guarded("trust", trust.run, ctx, results, move_aside)
 
 
 def speed(ctx, results, w):
@@ -542,6 +551,7 @@ def print_tables(r):
     envs.print_table(r)
     cache.print_table(r)
     state.print_table(r)
+    trust.print_table(r)
 
 
 def targets(r):
@@ -551,7 +561,8 @@ def targets(r):
     def add(name, fn):
         try:
             value, ok = fn()
-            out.append((name, value, "info" if ok is None else "PASS" if ok else "MISS"))
+            verdict = ok if isinstance(ok, str) else "info" if ok is None else "PASS" if ok else "MISS"
+            out.append((name, value, verdict))
         except (KeyError, TypeError, ValueError, ZeroDivisionError, StopIteration):
             out.append((name, "not measured", "–"))
 
@@ -648,6 +659,8 @@ def targets(r):
         lambda: (fmt_s(r["big_noop"]["median"]), r["big_noop"]["median"] <= 0.3))
     if "state" in r:  # an opt-in scenario: no rows when it did not run
         state.targets(r, add)
+    if "trust" in r:
+        trust.targets(r, add)
     return out
 
 
