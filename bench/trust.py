@@ -279,9 +279,10 @@ def print_table(r):
         print("| " + " | ".join(row) + " |")
     v = {k: on[k]["verify"] for k in ("initial", "noop", "1%")}
     diff = on["initial"]["wall"]["median"] - off["initial"]["wall"]["median"]
+    fine = lambda s: f"{s['median']*1000:.1f} ms ({s['min']*1000:.1f}–{s['max']*1000:.1f})"
     print(f"\nverifying a {t['files']:,}-file generation (its manifest {on['manifest_bytes']:,} B): the agent's own "
-          f"timing, to `generation verified`, median (min–max): initial sync {med(v['initial'])}, no-op "
-          f"{med(v['noop'])}, after a 1 % change {med(v['1%'])}; initial sync on − off {diff*1000:+.0f} ms")
+          f"timing, to `generation verified`, median (min–max): initial sync {fine(v['initial'])}, no-op "
+          f"{fine(v['noop'])}, after a 1 % change {fine(v['1%'])}; initial sync on − off {diff*1000:+.0f} ms")
     print(f"signing a change (scripts/sign-generation.sh, outside the timed runs): median {fmt_s(on['signing_s']['median'])}"
           f"; load average {load(t['loadavg_start'])} at the start, {load(t['loadavg_end'])} at the end")
 
