@@ -156,21 +156,21 @@ impl Default for StateConfig {
     }
 }
 
-/// `[fleet]`: how many nodes' last reports the master keeps, and how
-/// often it shares them with `[admin] peers` (docs/operating.md#the-fleet).
-/// Its `Default` and its checks are in `fleet/mod.rs`.
+/// `[fleet]`: how many nodes' last reports the master keeps
+/// (docs/operating.md#the-fleet). Its `Default` and its checks are in
+/// `fleet/mod.rs`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FleetConfig {
     /// Nodes kept at most; beyond, the least recently seen are forgotten.
     pub max_nodes: usize,
-    /// How often what this replica heard is sent to its peers.
+    /// Ignored, with a warning: replicas no longer send each other what
+    /// they heard (docs/rollouts.md#replicas).
     #[serde(with = "humantime_serde")]
-    pub push_interval: Duration,
-    /// How often every peer's whole inventory is read (also at start);
-    /// `"0s"`: only at start.
+    pub push_interval: Option<Duration>,
+    /// Ignored, with a warning, as `push_interval`.
     #[serde(with = "humantime_serde")]
-    pub pull_interval: Duration,
+    pub pull_interval: Option<Duration>,
 }
 
 /// `[proxy]`: a second kind of listener, plain HTTP, for a balancer that
@@ -222,6 +222,12 @@ fn default_cert_header() -> String {
     "X-Client-Cert".into()
 }
 
+/// What `serve` and `check` say of a config whose `[admin] peers` names
+/// replicas: they share their state through PostgreSQL instead
+/// (docs/rollouts.md#replicas).
+pub const RETIRED_PEERS: &str = "admin.peers: replicas no longer send each other their state; \
+     give every replica the same [state] url = \"postgresql://…\" (docs/rollouts.md#replicas)";
+
 /// `[admin]`: who may call the admin API (docs/protocol.md §1.10).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -232,8 +238,8 @@ pub struct AdminConfig {
     /// reindex` uses it).
     #[serde(default)]
     pub certnames: Vec<String>,
-    /// The other replicas (`https://HOST:PORT`), which hear what this one
-    /// hears from the nodes (docs/operating.md#the-fleet).
+    /// Retired: read only so that a config naming peers is refused with
+    /// the line that says what replaces them ([`RETIRED_PEERS`]).
     #[serde(default)]
     pub peers: Vec<String>,
 }
@@ -415,7 +421,10 @@ impl MasterConfig {
         }
         crate::rollout::Policies::new(&self.rollout)?;
         self.proxy.validate()?; // proxy.rs
-        self.fleet.validate(&self.admin.peers)?; // fleet/mod.rs
+        if !self.admin.peers.is_empty() {
+            return Err(ConfigError::Invalid(RETIRED_PEERS.into()));
+        }
+        self.fleet.validate()?; // fleet/mod.rs
         self.reports.validate()?; // puppet_report/mod.rs
         self.trust.validate()?;
         (self.state_settings(Path::new("/"))).map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -497,6 +506,14 @@ impl MasterConfig {
         }
         if !self.index.watch && self.index.rescan_interval.is_zero() {
             w.push("index.watch = false and index.rescan_interval = \"0s\": changes are never picked up".into());
+        }
+        for (key, set) in [
+            ("push_interval", self.fleet.push_interval),
+            ("pull_interval", self.fleet.pull_interval),
+        ] {
+            if set.is_some() {
+                w.push(format!("fleet.{key} is ignored: replicas share their state through [state] url (docs/rollouts.md#replicas)"));
+            }
         }
         w
     }
@@ -589,6 +606,29 @@ mod tests {
             assert!(e.contains(message), "{e}");
             assert_eq!(e.lines().count(), 1, "{e}");
         }
+    }
+
+    #[test]
+    fn peers_are_refused_with_one_line_and_the_fleet_intervals_only_warned_of() {
+        let envs = tempfile::tempdir().unwrap();
+        let valid = |tables: &str| {
+            let mut c = parse(&format!("{MIN}{tables}")).unwrap();
+            c.environmentpath = vec![envs.path().to_owned()];
+            c
+        };
+        let c = valid("[admin]\npeers = [\"https://m2.example.org:8140\"]\n");
+        let e = c.validate().unwrap_err().to_string();
+        assert_eq!(e, format!("invalid config: {RETIRED_PEERS}"));
+        assert!(e.contains("[state] url") && e.lines().count() == 1, "{e}");
+        let none = valid("[admin]\npeers = []\n");
+        assert!(none.validate().is_ok(), "an empty list names no replica");
+        assert!(none.warnings().iter().all(|w| !w.contains("fleet.")));
+        let old = valid("[fleet]\npush_interval = \"200ms\"\npull_interval = \"10m\"\n");
+        assert!(old.validate().is_ok(), "accepted");
+        let w: Vec<_> = (old.warnings().into_iter())
+            .filter(|w| w.contains("is ignored: replicas share their state through [state] url"))
+            .collect();
+        assert_eq!(w.len(), 2, "{w:?}");
     }
 
     #[test]

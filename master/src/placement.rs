@@ -401,7 +401,7 @@ mod tests {
             elsewhere: false,
             ..asks.clone()
         };
-        assert!(matches!(decide(&lone), Placement::Serve(_)), "no peers");
+        assert!(matches!(decide(&lone), Placement::Serve(_)), "a lone master");
         let known = Facts {
             reported: Some(old.id),
             ..asks

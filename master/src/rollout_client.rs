@@ -1,5 +1,4 @@
-//! The `pluginsync-master rollout` command (docs/rollouts.md#commands)
-//! and the pull of the peers' rollout state (docs/rollouts.md#replicas):
+//! The `pluginsync-master rollout` command (docs/rollouts.md#commands):
 //! the client side of the rollout calls of the admin API, through the
 //! admin client of [`crate::reindex`].
 
@@ -8,7 +7,6 @@ use pluginsync_common::envname::EnvName;
 use crate::config::MasterConfig;
 use crate::reindex::{Answer, ReindexError, call};
 use crate::rollout::api::{ROLLOUT_PATH, RolloutStatus};
-use crate::rollout::{Command, Rollouts};
 
 /// Why `pluginsync-master rollout` failed on a master.
 #[derive(Debug, thiserror::Error)]
@@ -79,36 +77,6 @@ async fn one(
         return Err(CommandError::Status { addr, status, body });
     }
     serde_json::from_str(&body).map_err(|_| CommandError::Unreadable { addr })
-}
-
-/// Pulls each peer's commands' state and adopts what is newer (docs/rollouts.md#replicas);
-/// errors are logged at debug level (a peer down is retried next time).
-pub async fn pull_peers(config: &MasterConfig, rollouts: &Rollouts, peers: &[String]) {
-    for peer in peers {
-        match call(config, Some(peer), "GET", ROLLOUT_PATH).await {
-            Ok(Answer {
-                status: 200, body, ..
-            }) => {
-                let Ok(theirs) =
-                    serde_json::from_str::<std::collections::BTreeMap<EnvName, Command>>(&body)
-                else {
-                    continue;
-                };
-                let mut adopted = false;
-                for (env, c) in theirs {
-                    if rollouts.merge(&env, c) {
-                        tracing::info!(env = %env, peer, "rollout state adopted from a peer");
-                        adopted = true;
-                    }
-                }
-                if adopted && let Err(e) = rollouts.save() {
-                    tracing::error!(error = %e, "rollout state not written");
-                }
-            }
-            Ok(a) => tracing::debug!(peer, status = a.status, "rollout state not pulled"),
-            Err(e) => tracing::debug!(peer, error = %e, "rollout state not pulled"),
-        }
-    }
 }
 
 /// One line per generation of `s`, for `rollout status` in text.

@@ -82,7 +82,7 @@ fn identify(req: &mut Request, identity: PeerIdentity) {
     req.extensions_mut().insert(Arc::new(node));
 }
 
-/// Refuses peers outside `[proxy] trusted`, then sets the identity from
+/// Refuses clients outside `[proxy] trusted`, then sets the identity from
 /// the proxy's headers.
 async fn proxy_identity(trust: Arc<Trust>, mut req: Request, next: Next) -> Response {
     let peer = req
@@ -150,12 +150,9 @@ fn routes(state: AppState, request_timeout: Duration) -> Router {
         // Only matched routes refuse bodies: a POST to an endpoint we do not
         // serve (a stock agent's catalog request) is a plain 404.
         .route_layer(middleware::from_fn(refuse_bodies))
-        // Added after that layer: a peer's POST carries a body
-        // (docs/operating.md#the-fleet).
-        .route(
-            handlers::admin::INVENTORY,
-            get(handlers::inventory).post(handlers::inventory_merge),
-        )
+        // The inventory (docs/operating.md#the-fleet): `GET` only, a `POST`
+        // (what a peer heard, retired) is a 405.
+        .route(handlers::admin::INVENTORY, get(handlers::inventory))
         // Puppet Server's `http` report processor (docs/protocol.md §7.10).
         .route(
             handlers::reports::PUPPET_REPORTS,
@@ -435,7 +432,7 @@ environments = ["*"]
         let config = Arc::new(config);
         let store = Store::new(config.store_settings());
         store.rebuild(crate::store::Scope::Every).await;
-        let fleet = Arc::new(crate::fleet::Fleet::new(&config_fleet, 0));
+        let fleet = Arc::new(crate::fleet::Fleet::new(&config_fleet));
         let rollouts = Arc::new(crate::rollout::Rollouts::new(&[], store.generations.dir()));
         let state = AppState {
             config,

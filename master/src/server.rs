@@ -98,9 +98,6 @@ pub enum ServeError {
     /// The state store cannot be opened (`[state]`).
     #[error(transparent)]
     State(#[from] crate::statestore::StoreError),
-    /// The client of `[admin] peers` cannot be set up.
-    #[error(transparent)]
-    Peers(#[from] crate::fleet::peers::PeerError),
     /// A listener could not be bound or set up.
     #[error("cannot listen on {0}")]
     Listen(Listener, #[source] std::io::Error),

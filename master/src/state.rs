@@ -26,7 +26,7 @@ pub struct AppState {
     pub gate: Gate,
     /// Rollout policies and state (docs/rollouts.md).
     pub rollouts: Arc<Rollouts>,
-    /// What the nodes reported, here and to the peers (docs/operating.md#the-fleet).
+    /// What the nodes reported (docs/operating.md#the-fleet).
     pub fleet: Arc<Fleet>,
 }
 

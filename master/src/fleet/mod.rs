@@ -7,10 +7,8 @@
 //! is recorded with the generation the master served its listing. The
 //! record is keyed by the request's identity, never by anything the
 //! report says, and a report that does not parse or breaks its bounds is
-//! ignored (logged as a sample). What a replica hears is also sent to
-//! its `[admin] peers` ([`peers`]), and what they send is merged here,
-//! the most recently seen record of a node winning, so every replica's
-//! inventory, metrics and [`Fleet::on_generation`] count the whole fleet.
+//! ignored (logged as a sample). Replicas share no records with each
+//! other: they share one PostgreSQL store (below, docs/rollouts.md#replicas).
 //!
 //! Bounded: at most `[fleet] max_nodes` nodes, the least recently seen
 //! forgotten first; per node at most 16 failing plugins' names.
@@ -28,18 +26,15 @@
 //! | `mod.rs` | [`Fleet`]: what was heard, the counts, the inventory. |
 //! | `nodes.rs` | A node in memory and as stored; the tally. |
 //! | `page.rs` | An inventory page; on a shared store, the store's pages and counts. |
-//! | `peers.rs` | `[admin] peers`: the push and pull between replicas. |
 
 mod nodes;
 mod page;
-pub mod peers;
 
 pub use page::{DEFAULT_PAGE, MAX_PAGE, Page, Query};
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use pluginsync_common::config::ConfigError;
 use pluginsync_common::envname::EnvName;
@@ -53,39 +48,27 @@ use crate::metrics::FleetCount;
 use crate::sample::Sampler;
 use crate::statestore::{StateStore, StoreError, Writer};
 
-/// `GET` (the inventory) and `POST` (what a peer heard) of the fleet,
-/// an admin API call (docs/operating.md#the-fleet).
+/// `GET` of the fleet's inventory, an admin API call
+/// (docs/operating.md#the-fleet).
 pub const INVENTORY_PATH: &str = "/pluginsync/v1/inventory";
-/// The most nodes one `POST` to [`INVENTORY_PATH`] may carry.
-pub const MAX_BATCH: usize = 1000;
 
 impl Default for FleetConfig {
     fn default() -> Self {
         FleetConfig {
             max_nodes: 100_000,
-            push_interval: Duration::from_secs(1),
-            pull_interval: Duration::from_secs(600),
+            push_interval: None,
+            pull_interval: None,
         }
     }
 }
 
 impl FleetConfig {
-    /// Checks `[fleet]` and `[admin] peers` (`MasterConfig::validate`).
-    pub(crate) fn validate(&self, peers: &[String]) -> Result<(), ConfigError> {
-        if let Some(bad) = peers.iter().find(|p| {
-            !p.strip_prefix("https://").is_some_and(|rest| {
-                rest.trim_end_matches('/')
-                    .rsplit_once(':')
-                    .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok())
-            })
-        }) {
-            return Err(ConfigError::Invalid(format!(
-                "admin.peers: '{bad}' is not https://HOST:PORT"
-            )));
-        }
-        if self.max_nodes == 0 || self.push_interval.is_zero() {
+    /// Checks `[fleet]` (`MasterConfig::validate`); its retired
+    /// intervals are only warned of (`MasterConfig::warnings`).
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_nodes == 0 {
             return Err(ConfigError::Invalid(
-                "fleet.max_nodes must be at least 1 and fleet.push_interval longer than 0s".into(),
+                "fleet.max_nodes must be at least 1".into(),
             ));
         }
         Ok(())
@@ -103,7 +86,7 @@ pub enum Source {
 }
 
 /// One node of the inventory, as `GET /pluginsync/v1/inventory` lists it
-/// and as peers send it to each other (docs/operating.md#the-fleet).
+/// (docs/operating.md#the-fleet).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeEntry {
     /// The node's certname (its request's identity).
@@ -144,9 +127,6 @@ pub struct Inventory {
 pub struct Fleet {
     max_nodes: usize,
     nodes: Mutex<Nodes>,
-    /// Per peer, what it has not been sent yet, by certname (the latest
-    /// record only): bounded by `max_nodes` each.
-    outboxes: Vec<Mutex<HashMap<String, Node>>>,
     /// The state store's queue of records to write, if kept.
     writer: Option<Arc<Writer>>,
     /// This master's name in the store's `served` rows.
@@ -155,8 +135,6 @@ pub struct Fleet {
     shared: Option<Arc<page::Shared>>,
     /// Reports ignored (malformed, oversized).
     pub bad_reports: Sampler,
-    /// Records not queued for a peer whose queue was full.
-    pub outbox_dropped: AtomicU64,
 }
 
 fn now_ms() -> u64 {
@@ -166,29 +144,23 @@ fn now_ms() -> u64 {
 }
 
 impl Fleet {
-    /// An empty fleet for `config`, sharing with `peers` peers.
-    pub fn new(config: &FleetConfig, peers: usize) -> Fleet {
+    /// An empty fleet for `config`.
+    pub fn new(config: &FleetConfig) -> Fleet {
         Fleet {
             max_nodes: config.max_nodes,
             nodes: Mutex::default(),
-            outboxes: (0..peers).map(|_| Mutex::default()).collect(),
             writer: None,
             replica: String::new(),
             shared: None,
             bad_reports: Sampler::default(),
-            outbox_dropped: AtomicU64::new(0),
         }
     }
 
     /// [`Fleet::new`] kept in `store`: the nodes stored there read back
     /// (the `max_nodes` most recently seen), and every record written
     /// there behind the requests.
-    pub fn with_store(
-        config: &FleetConfig,
-        peers: usize,
-        store: Arc<StateStore>,
-    ) -> Result<Fleet, StoreError> {
-        let mut fleet = Fleet::new(config, peers);
+    pub fn with_store(config: &FleetConfig, store: Arc<StateStore>) -> Result<Fleet, StoreError> {
+        let mut fleet = Fleet::new(config);
         fleet.replica = store.origin()?;
         let rows = store.nodes(config.max_nodes)?;
         let mut served: HashMap<(String, String), Vec<GenerationId>> = HashMap::new();
@@ -323,7 +295,7 @@ impl Fleet {
         {
             w.served(node.served_row(certname, id, &self.replica, node.seen_ms));
         }
-        self.queue(certname, &node);
+        self.persist(certname, &node);
         nodes.upsert(certname, node, self.max_nodes);
     }
 
@@ -364,7 +336,7 @@ impl Fleet {
             verified: false,
         };
         node.serve(None);
-        self.queue(certname, &node);
+        self.persist(certname, &node);
         nodes.upsert(certname, node, self.max_nodes);
         true
     }
@@ -374,59 +346,13 @@ impl Fleet {
         self.lock().by_name.get(certname).map(|n| n.entry(certname))
     }
 
-    /// Queues `node` of `certname` for the peers and the state store.
-    fn queue(&self, certname: &str, node: &Node) {
-        for outbox in &self.outboxes {
-            let mut q = outbox.lock().unwrap_or_else(|e| e.into_inner());
-            if q.len() < self.max_nodes || q.contains_key(certname) {
-                q.insert(certname.to_owned(), node.clone());
-            } else {
-                self.outbox_dropped.fetch_add(1, Relaxed);
-            }
-        }
-        self.persist(certname, node);
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Nodes> {
         self.nodes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Merges what a peer heard (never sent on: every replica sends only
-    /// what it heard itself). Returns how many entries were refused as
-    /// malformed.
-    pub fn merge(&self, entries: &[NodeEntry]) -> usize {
-        let now = now_ms();
-        let mut refused = 0;
-        let mut nodes = self.lock();
-        for e in entries {
-            match Node::of_entry(e, now) {
-                Some(mut node) => {
-                    if let Some(old) = nodes.by_name.get(&e.certname)
-                        && old.env == node.env
-                    {
-                        node.served.clone_from(&old.served);
-                    }
-                    // Verified there: that replica served it this
-                    // generation, which a report heard here later (or
-                    // heard here first) is then checked against.
-                    let served_there = e.generation.filter(|_| e.verified);
-                    node.serve(served_there);
-                    self.persist(&e.certname, &node);
-                    let (env, certname) = (node.env.clone(), e.certname.as_str());
-                    if !nodes.upsert(certname, node, self.max_nodes)
-                        && let Some(id) = served_there
-                    {
-                        nodes.learn_served(certname, &env, id);
-                    }
-                }
-                None => refused += 1,
-            }
-        }
-        refused
-    }
-
     /// Nodes of `env` on `generation`, and how many of them report load
-    /// failures, over the whole fleet (what peers shared included): only
+    /// failures, over the whole fleet (on a shared store, what every
+    /// replica heard): only
     /// the nodes a replica served `generation` (a claim alone moves no
     /// gate, docs/rollouts.md#the-health-gate).
     pub fn on_generation(&self, env: &EnvName, generation: &GenerationId) -> (u64, u64) {
@@ -496,39 +422,12 @@ impl Fleet {
             })
             .collect()
     }
-
-    /// Takes up to `max` records not yet sent to peer `peer`.
-    pub fn take_outbox(&self, peer: usize, max: usize) -> Vec<NodeEntry> {
-        let Some(outbox) = self.outboxes.get(peer) else {
-            return Vec::new();
-        };
-        let mut q = outbox.lock().unwrap_or_else(|e| e.into_inner());
-        let names: Vec<String> = q.keys().take(max).cloned().collect();
-        names
-            .into_iter()
-            .filter_map(|c| q.remove(&c).map(|n| n.entry(&c)))
-            .collect()
-    }
-
-    /// Puts back records a peer did not take, unless a later one of the
-    /// same node is queued.
-    pub fn requeue(&self, peer: usize, entries: &[NodeEntry]) {
-        let Some(outbox) = self.outboxes.get(peer) else {
-            return;
-        };
-        let now = now_ms();
-        let mut q = outbox.lock().unwrap_or_else(|e| e.into_inner());
-        for e in entries {
-            if let Some(node) = Node::of_entry(e, now) {
-                q.entry(e.certname.clone()).or_insert(node);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn env(s: &str) -> EnvName {
         s.parse().unwrap()
@@ -538,12 +437,12 @@ mod tests {
         GenerationId(pluginsync_common::digest::Sha256::of(&[n]))
     }
 
-    fn fleet(max: usize, peers: usize) -> Fleet {
+    fn fleet(max: usize) -> Fleet {
         let config = FleetConfig {
             max_nodes: max,
             ..FleetConfig::default()
         };
-        Fleet::new(&config, peers)
+        Fleet::new(&config)
     }
 
     fn report(generation: GenerationId, failed: &[&str]) -> String {
@@ -558,7 +457,7 @@ mod tests {
 
     #[test]
     fn reports_are_counted_per_generation_keyed_by_identity_and_bounded() {
-        let f = fleet(3, 0);
+        let f = fleet(3);
         let prod = env("production");
         let r = report(g(1), &["facter/bad.rb"]);
         let tick = || std::thread::sleep(Duration::from_millis(3));
@@ -611,7 +510,7 @@ mod tests {
         // A Puppet run report of g1 races the node's listing of g2: in
         // either order the record ends on g2 (the report first, then
         // the listing; or the listing first, and the report is old news).
-        let f = fleet(100_000, 1);
+        let f = fleet(100_000);
         let prod = env("production");
         let bad = vec!["plugins/facter/broken.rb".to_owned()];
         const RUNS: usize = 20_000;
@@ -647,7 +546,7 @@ mod tests {
 
     #[test]
     fn stock_agents_run_reports_fail_them_on_the_generation_served() {
-        let f = fleet(100, 1);
+        let f = fleet(100);
         let prod = env("production");
         let bad = vec!["plugins/facter/broken.rb".to_owned()];
         // Nothing served: nothing recorded.
@@ -659,15 +558,10 @@ mod tests {
         let e = f.record_of("s1").unwrap();
         assert_eq!((e.source, e.load_failures), (Source::Served, 1));
         assert_eq!(e.failed_plugins, bad);
-        // Its next listing of the same generation keeps the failures;
-        // its peers hear them.
+        // Its next listing of the same generation keeps the failures.
         f.heard("s1", &prod, None, Some(g(1)));
         assert_eq!(f.on_generation(&prod, &g(1)), (2, 1));
-        let sent = f.take_outbox(0, 10);
-        assert!(
-            sent.iter()
-                .any(|e| e.certname == "s1" && e.load_failures == 1)
-        );
+        assert_eq!(f.record_of("s1").unwrap().load_failures, 1);
         // A report of a generation the node has left, or of another
         // environment, records nothing; a clean run clears.
         assert!(!f.heard_puppet_run("s1", &prod, g(2), &[]));
@@ -699,7 +593,7 @@ mod tests {
         let open = || Arc::new(StateStore::open(&settings).unwrap());
         let config = FleetConfig::default();
         let prod = env("production");
-        let f = Fleet::with_store(&config, 0, open()).unwrap();
+        let f = Fleet::with_store(&config, open()).unwrap();
         f.heard(
             "a",
             &prod,
@@ -717,7 +611,7 @@ mod tests {
         let before = f.inventory().nodes;
         assert_eq!(before.len(), 3);
         drop(f);
-        let again = Fleet::with_store(&config, 0, open()).unwrap();
+        let again = Fleet::with_store(&config, open()).unwrap();
         assert_eq!(again.inventory().nodes, before, "the same inventory");
         assert_eq!(
             again.on_generation(&prod, &g(1)),
@@ -726,56 +620,11 @@ mod tests {
         );
     }
 
-    /// A node served its generation by one replica and reporting it to
-    /// the other counts on both, whichever record arrives first.
     #[test]
-    fn what_a_peer_served_verifies_a_report_heard_here() {
+    fn series_are_bounded_by_kept_generations() {
+        let there = fleet(100);
         let prod = env("production");
-        for served_first in [true, false] {
-            let (here, there) = (fleet(100, 1), fleet(100, 1));
-            here.heard("n1", &prod, None, Some(g(2)));
-            let served = here.take_outbox(0, 10);
-            if served_first {
-                there.merge(&served);
-            }
-            std::thread::sleep(Duration::from_millis(3));
-            there.heard("n1", &prod, Some(report(g(2), &["x"]).as_bytes()), None);
-            if !served_first {
-                assert_eq!(there.on_generation(&prod, &g(2)), (0, 0), "a claim alone");
-                there.merge(&served);
-            }
-            assert_eq!(there.on_generation(&prod, &g(2)), (1, 1), "{served_first}");
-            assert!(there.inventory().nodes[0].verified);
-            here.merge(&there.take_outbox(0, 10));
-            assert_eq!(here.on_generation(&prod, &g(2)), (1, 1), "{served_first}");
-            assert_eq!(here.inventory().nodes[0].load_failures, 1);
-        }
-    }
-
-    #[test]
-    fn peers_merge_the_latest_and_series_are_bounded_by_kept_generations() {
-        let here = fleet(100, 1);
-        let there = fleet(100, 1);
-        let prod = env("production");
-        here.heard(
-            "n1",
-            &prod,
-            Some(report(g(1), &["x"]).as_bytes()),
-            Some(g(1)),
-        );
-        let sent = here.take_outbox(0, 10);
-        assert_eq!(sent.len(), 1);
-        assert!(here.take_outbox(0, 10).is_empty());
-        assert_eq!(there.merge(&sent), 0);
-        assert_eq!(there.on_generation(&prod, &g(1)), (1, 1));
-        // Older news of the same node does not win.
-        std::thread::sleep(Duration::from_millis(3));
         there.heard("n1", &prod, Some(report(g(2), &[]).as_bytes()), Some(g(2)));
-        there.merge(&sent);
-        assert_eq!(there.on_generation(&prod, &g(2)), (1, 0));
-        let mut bad = sent[0].clone();
-        bad.certname = "a\nb".into();
-        assert_eq!(there.merge(&[bad]), 1);
         for i in 0..50u8 {
             there.heard(&format!("m{i}"), &prod, None, Some(g(10 + i)));
         }

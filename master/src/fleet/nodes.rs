@@ -64,9 +64,9 @@ impl Node {
         new.is_some()
     }
 
-    /// A peer's entry, checked as strictly as a node's own report; its
-    /// time is never later than `now_ms` (a peer's clock ahead of ours
-    /// must not pin a record).
+    /// An entry read back, checked as strictly as a node's own report;
+    /// its time is never later than `now_ms` (a clock ahead of ours must
+    /// not pin a record).
     pub(super) fn of_entry(e: &NodeEntry, now_ms: u64) -> Option<Node> {
         // A certname as the gate admits one (printable ASCII, no `/`).
         let valid_name = !e.certname.is_empty()
@@ -150,28 +150,6 @@ impl Nodes {
     }
 }
 
-impl Nodes {
-    /// Adds `id` to what was served to `certname` in `env` (a peer served
-    /// it), its record kept as it is but counted as verified if that is
-    /// its generation.
-    pub(super) fn learn_served(&mut self, certname: &str, env: &EnvName, id: GenerationId) {
-        let Some(mut node) = self
-            .by_name
-            .get(certname)
-            .filter(|n| n.env == *env)
-            .cloned()
-        else {
-            return;
-        };
-        if node.serve(Some(id)) {
-            self.remove(certname);
-            self.by_age.insert((node.seen_ms, certname.to_owned()));
-            self.count(&node, true);
-            self.by_name.insert(certname.to_owned(), node);
-        }
-    }
-}
-
 /// Counts a node (`failing`: 1 or 0) in or out of `t` under `key`.
 fn tally<K: std::hash::Hash + Eq + Clone>(
     t: &mut HashMap<K, (u64, u64)>,
@@ -228,7 +206,7 @@ impl Node {
         }
     }
 
-    /// A stored row, checked as a peer's entry is ([`Node::of_entry`]),
+    /// A stored row, checked as [`Node::of_entry`] checks an entry,
     /// with what was `served` to it in its environment.
     pub(super) fn of_row(r: &NodeRow, served: &[GenerationId], now_ms: u64) -> Option<Node> {
         let source = match r.source.as_str() {

@@ -226,7 +226,7 @@ mod tests {
 
     #[test]
     fn pages_follow_the_cursor_in_certname_order_and_filter() {
-        let fleet = Fleet::new(&FleetConfig::default(), 0);
+        let fleet = Fleet::new(&FleetConfig::default());
         let (prod, test): (EnvName, EnvName) =
             ("production".parse().unwrap(), "test".parse().unwrap());
         let g = GenerationId(Sha256::of(b"g"));

@@ -5,8 +5,8 @@
 //! index is served, so r10k's `postrun` hook returns to a published tree.
 //!
 //! pluginsync's own admin calls, allowed alike: the fleet's inventory,
-//! `GET /pluginsync/v1/inventory`, and what a peer heard, `POST` to the
-//! same path (docs/operating.md#the-fleet).
+//! `GET /pluginsync/v1/inventory` (docs/operating.md#the-fleet), and the
+//! rollout calls.
 //!
 //! Who may call them: the certnames of `[admin] certnames` (exact names; the
 //! list is empty by default, so everyone gets 403, as Puppet Server without
@@ -23,7 +23,6 @@ use axum_server::tls::TlsInfo;
 use pluginsync_common::envname::EnvName;
 
 use crate::api_error::ApiError;
-use crate::fleet::{Inventory, MAX_BATCH};
 use crate::request::Query;
 use crate::state::AppState;
 
@@ -31,9 +30,6 @@ use crate::state::AppState;
 pub const ENVIRONMENT_CACHE: &str = "/puppet-admin-api/v1/environment-cache";
 /// The inventory's path (`fleet/mod.rs`).
 pub use crate::fleet::INVENTORY_PATH as INVENTORY;
-/// The largest `POST` body of the inventory: a batch of [`MAX_BATCH`]
-/// nodes with every name at its bound fits.
-const MAX_BODY: usize = 16 << 20;
 
 /// `DELETE /puppet-admin-api/v1/environment-cache`: 204 once re-indexed;
 /// 403 for a client not on the allowlist (or without a certificate); 400
@@ -82,31 +78,6 @@ pub fn admitted(state: &AppState, req: &Request) -> Result<String, ApiError> {
             Err(ApiError::forbidden(req.uri().path()))
         }
     }
-}
-
-/// `POST /pluginsync/v1/inventory`: what a peer heard
-/// ([`crate::fleet::Inventory`], at most [`MAX_BATCH`] nodes), merged;
-/// 204. 403 like the admin API, 400 for a body that is not one.
-pub async fn inventory_merge(State(state): State<AppState>, req: Request) -> Response {
-    let peer = match admitted(&state, &req) {
-        Ok(c) => c,
-        Err(refused) => return refused.into_response(),
-    };
-    let Ok(body) = axum::body::to_bytes(req.into_body(), MAX_BODY).await else {
-        return ApiError::bad_request("the body is larger than an inventory batch").into_response();
-    };
-    let batch: Inventory = match serde_json::from_slice(&body) {
-        Ok(b) => b,
-        Err(e) => return ApiError::bad_request(format!("not an inventory: {e}")).into_response(),
-    };
-    if batch.nodes.len() > MAX_BATCH {
-        return ApiError::bad_request(format!("more than {MAX_BATCH} nodes")).into_response();
-    }
-    let refused = state.fleet.merge(&batch.nodes);
-    if refused > 0 {
-        tracing::warn!(peer, refused, "fleet: a peer sent nodes that do not parse");
-    }
-    StatusCode::NO_CONTENT.into_response()
 }
 
 /// Whether `der` carries the public key of the master's own certificate

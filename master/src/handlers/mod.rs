@@ -12,8 +12,7 @@
 //! - [`mod@node_report`]: a node's report, sent right after its commit.
 //! - [`mod@status`]: the health check.
 //! - [`admin`]: Puppet Server's admin API (`environment-cache`), for deploy
-//!   tools, and what a peer heard; [`inventory`]: the fleet's inventory,
-//!   paged.
+//!   tools; [`inventory`]: the fleet's inventory, paged.
 //! - [`reports`]: stock agents' Puppet run reports, from Puppet Server.
 //!
 //! Every file and blob endpoint passes the same authorization step,
@@ -30,7 +29,7 @@ pub mod reports;
 pub mod rollout;
 pub mod status;
 
-pub use admin::{environment_cache, inventory_merge};
+pub use admin::environment_cache;
 pub use blobs::{blob, blobs_batch};
 pub use files::{file_content, file_metadata, file_metadatas};
 pub use generations::{assignment, manifest};

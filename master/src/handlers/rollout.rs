@@ -3,10 +3,9 @@
 //!
 //! `GET {ROLLOUT_PATH}?environment=ENV` answers the rollout's status;
 //! `POST {ROLLOUT_PATH}?environment=ENV&action=ACTION` applies a command
-//! and answers the new status; `GET {ROLLOUT_PATH}` without an environment
-//! answers every environment's commands' state, which peers pull to
-//! converge. Who may call them: as the re-index call, `[admin] certnames`
-//! and the master's own certificate ([`super::admin::admitted`]).
+//! and answers the new status; either without an environment is a 400.
+//! Who may call them: as the re-index call, `[admin] certnames` and the
+//! master's own certificate ([`super::admin::admitted`]).
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -39,14 +38,14 @@ fn environment(req: &Request) -> Result<Option<EnvName>, ApiError> {
         .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
-/// `GET {ROLLOUT_PATH}[?environment=ENV]`: see the module docs.
+/// `GET {ROLLOUT_PATH}?environment=ENV`: see the module docs.
 pub async fn status(State(state): State<AppState>, req: Request) -> Response {
     if let Err(refused) = admitted(&state, &req) {
         return refused.into_response();
     }
     match environment(&req) {
         Err(e) => e.into_response(),
-        Ok(None) => json(StatusCode::OK, &state.rollouts.commands()),
+        Ok(None) => ApiError::bad_request("an environment must be named").into_response(),
         Ok(Some(env)) => json(
             StatusCode::OK,
             &state.rollouts.status(&state.store.generations, &env),

@@ -14,13 +14,13 @@
 //! A rollback only withdraws: each node falls back to the newest that
 //! reached it, the one it had.
 //!
-//! **State.** The commands' state per environment ([`Command`]) carries a
-//! logical clock: a replica applies a command with a clock one above the
-//! highest it knows, and adopts a peer's state whose `(clock, origin)` is
-//! higher than its own (docs/rollouts.md#replicas). Each command (and
-//! each automatic halt) is one transaction of the state store, with its
-//! history row, before it takes effect here; a halt's time is the
-//! database's; replicas sharing one read it back (`persist.rs`).
+//! **State.** The commands' state per environment ([`Command`]) counts
+//! its commands (`clock`, one more per command, never wrapping). Each
+//! command (and each automatic halt) is one transaction of the state
+//! store, with its history row, before it takes effect here; a halt's
+//! time is the database's; replicas sharing one read it back
+//! (`persist.rs`) and adopt nothing from each other
+//! (docs/rollouts.md#replicas).
 //!
 //! | file | answers |
 //! |---|---|
@@ -33,7 +33,6 @@ pub mod api;
 mod persist;
 mod policy;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -54,21 +53,22 @@ pub use self::policy::{HaltOn, Policies, Policy, RolloutRule, WaveSpec};
 const MAX_SEEN: usize = 256;
 
 /// How many nodes are on a generation and how many of them report
-/// failing loads, over the whole fleet (the fleet's reports, its peers'
-/// included). The server hands one to [`Rollouts::set_fleet`].
+/// failing loads, over the whole fleet (on a shared store, every
+/// replica's). The server hands one to [`Rollouts::set_fleet`].
 pub trait FleetCounts: Send + Sync {
     /// `(nodes, failing_nodes)` on `generation` of `env`.
     fn on_generation(&self, env: &EnvName, generation: &GenerationId) -> (u64, u64);
 }
 
-/// One environment's rollout commands, as persisted and shared with
-/// peers (written as [`CommandRecord`]).
+/// One environment's rollout commands, as persisted (written as
+/// [`CommandRecord`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(from = "CommandRecord", into = "CommandRecord")]
 pub struct Command {
-    /// Logical clock of the last command (or automatic halt).
+    /// How many commands (and automatic halts) were applied: one more
+    /// per command, saturating, never wrapping.
     pub clock: u64,
-    /// The replica that applied it (tie-break between equal clocks).
+    /// The replica that applied the last one.
     pub origin: String,
     /// Halted: no node moves.
     pub halt: Option<Halt>,
@@ -100,20 +100,9 @@ impl Command {
     }
 }
 
-#[cfg(test)]
-impl Halt {
-    /// A halt now, for `reason`.
-    fn now(reason: String) -> Halt {
-        Halt {
-            at: Stamp::now(),
-            reason,
-        }
-    }
-}
-
-/// [`Command`] as `rollout.json` and `[admin] peers` hold it: the halt as
-/// three fields (`halted`, `halted_at` in unix seconds, `reason`), so
-/// files and replicas from before [`Halt`] still read.
+/// [`Command`] as `rollout.json` held it: the halt as three fields
+/// (`halted`, `halted_at` in unix seconds, `reason`), so files from
+/// before [`Halt`] still read.
 #[derive(Serialize, Deserialize)]
 struct CommandRecord {
     clock: u64,
@@ -220,10 +209,6 @@ pub struct Rollouts {
     store: Arc<StateStore>,
     state: Mutex<Persisted>,
     fleet: OnceLock<Arc<dyn FleetCounts>>,
-    /// `[admin] peers` names another replica: a node on a generation this
-    /// one never kept is sent there (`placement.rs`, `Placement::Elsewhere`);
-    /// a lone master serves its own choice.
-    has_peers: std::sync::atomic::AtomicBool,
     /// Since when the state store has not answered (none while it
     /// answers), and when it last did ([`Rollouts::refresh`]).
     down_since: Mutex<(Option<Stamp>, Option<Stamp>)>,
@@ -253,7 +238,6 @@ impl Rollouts {
                 store: Arc::new(StateStore::in_memory()),
                 state: Mutex::default(),
                 fleet: OnceLock::new(),
-                has_peers: Default::default(),
                 down_since: Mutex::default(),
             }
         })
@@ -273,7 +257,6 @@ impl Rollouts {
             store,
             state: Mutex::new(persisted),
             fleet: OnceLock::new(),
-            has_peers: Default::default(),
             down_since: Mutex::default(),
         })
     }
@@ -281,12 +264,6 @@ impl Rollouts {
     /// Now, as the state store's clock says (this host's if it cannot).
     fn now(&self) -> Stamp {
         self.store.now().map_or_else(|_| Stamp::now(), Stamp)
-    }
-
-    /// Says whether `[admin] peers` names other replicas.
-    pub fn set_has_peers(&self, yes: bool) {
-        self.has_peers
-            .store(yes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Hands the fleet's counts to the health gate (once).
@@ -308,17 +285,13 @@ impl Rollouts {
             .unwrap_or_default()
     }
 
-    /// Every environment's commands' state (for peers).
-    pub fn commands(&self) -> BTreeMap<EnvName, Command> {
-        lock(&self.state).environments.clone()
-    }
-
     /// Whether a node reporting generation `id` of `env`, which this
-    /// replica never kept, is sent to another master: `[admin] peers`
-    /// names one and `id` is not among the generations this replica has
-    /// seen (docs/rollouts.md#a-replica-that-lacks-a-generation).
+    /// replica never kept, is sent to another master: the state store is
+    /// shared (so other replicas serve this fleet) and `id` is not among
+    /// the generations this replica has seen
+    /// (docs/rollouts.md#a-replica-that-lacks-a-generation).
     pub fn sends_elsewhere(&self, env: &EnvName, id: &GenerationId) -> bool {
-        self.has_peers.load(std::sync::atomic::Ordering::Relaxed)
+        self.store.shared()
             && !lock(&self.state)
                 .seen
                 .get(env)
@@ -472,25 +445,14 @@ impl Rollouts {
         Ok(next)
     }
 
-    /// Adopts a peer's state of `env` if it is newer by `(clock, origin)`;
-    /// true if it was.
-    pub fn merge(&self, env: &EnvName, theirs: Command) -> bool {
-        let mut st = lock(&self.state);
-        let mine = st.environments.get(env);
-        let newer = mine.is_none_or(|m| (theirs.clock, &theirs.origin) > (m.clock, &m.origin));
-        if newer {
-            st.environments.insert(env.clone(), theirs);
-        }
-        newer
-    }
-
     /// `env`'s state changed by `f` under the next clock (not kept yet:
     /// [`Rollouts::commit`]).
     fn next(&self, env: &EnvName, f: impl FnOnce(&mut Command)) -> Command {
         let st = lock(&self.state);
         let mut c = st.environments.get(env).cloned().unwrap_or_default();
         f(&mut c);
-        c.clock += 1;
+        // A count, not a tie-break: at its end it stays there.
+        c.clock = c.clock.saturating_add(1);
         c.origin = st.origin.clone();
         c
     }
@@ -501,16 +463,6 @@ impl Rollouts {
         self.store
             .write_commands(&[persist::row_of(env, &c)], action, by)?;
         lock(&self.state).environments.insert(env.clone(), c);
-        Ok(())
-    }
-
-    /// Writes every environment's state to the store (after adopting a
-    /// peer's: [`Rollouts::merge`]).
-    pub fn save(&self) -> Result<(), RolloutError> {
-        let rows: Vec<_> = (lock(&self.state).environments.iter())
-            .map(|(env, c)| persist::row_of(env, c))
-            .collect();
-        self.store.write_commands(&rows, "adopt", "a peer")?;
         Ok(())
     }
 }
@@ -783,33 +735,24 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn peers_converge_on_the_highest_clock() {
+    fn a_clock_at_its_end_takes_commands_without_wrapping() {
         let dir = tempfile::tempdir().unwrap();
-        let r = Rollouts::new(&[], dir.path());
         let env: EnvName = "production".parse().unwrap();
-        let mut theirs = Command {
-            clock: 3,
-            origin: "b".into(),
-            halt: Some(Halt::now("test".into())),
-            ..Command::default()
-        };
-        assert!(r.merge(&env, theirs.clone()));
-        assert!(!r.merge(
-            &env,
-            Command {
-                clock: 2,
-                ..theirs.clone()
-            }
-        ));
-        theirs.origin = "a".into();
-        assert!(
-            !r.merge(&env, theirs.clone()),
-            "tie: the higher origin stays"
+        let worn = format!(
+            r#"{{"origin":"abc","environments":{{"production":
+            {{"clock":{},"origin":"a","halted":true,"halted_at":2030,"reason":"x"}}}}}}"#,
+            u64::MAX
         );
-        theirs.origin = "c".into();
-        theirs.halt = None;
-        assert!(r.merge(&env, theirs));
-        assert!(r.command(&env).halt.is_none());
+        std::fs::write(dir.path().join("rollout.json"), worn).unwrap();
+        let r = Rollouts::new(&rules(POLICY), dir.path());
+        assert_eq!(r.command(&env).clock, u64::MAX);
+        let list = vec![kept("new", 2000), kept("old", 1000)];
+        let c = r.apply_to(&list, &env, Action::Resume, "op").unwrap();
+        assert_eq!((c.clock, c.halt), (u64::MAX, None), "resumed, not wrapped");
+        let again = Rollouts::new(&rules(POLICY), dir.path());
+        let kept_state = again.command(&env);
+        assert_eq!(kept_state.halt, None, "the resume is what the store keeps");
+        assert_eq!(kept_state.clock, u64::MAX);
     }
 
     #[test]

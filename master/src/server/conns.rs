@@ -427,14 +427,14 @@ impl Connections {
     /// call it on the blocking pool.
     pub fn recheck(&self, verifier: &dyn ClientCertVerifier) -> usize {
         let now = UnixTime::now();
-        let peers: Vec<Arc<Conn>> = self
+        let certified: Vec<Arc<Conn>> = self
             .lock()
             .values()
             .filter(|c| c.is_open() && c.has_cert())
             .cloned()
             .collect();
         let mut closed = 0;
-        for c in peers {
+        for c in certified {
             let Some((leaf, intermediates)) = c.peer.get().and_then(|p| p.split_first()) else {
                 continue;
             };
