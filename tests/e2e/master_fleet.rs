@@ -1,10 +1,12 @@
 //! The fleet (docs/operating.md#the-fleet, docs/protocol.md §7.8): two
-//! replicas, peers of each other, each hearing about half the nodes;
+//! replicas sharing one PostgreSQL, each hearing about half the nodes;
 //! both inventories list every node with its generation and its load
-//! failures, the fleet series agree and pass `promtool check metrics`;
-//! 10,000 certnames keep the series' cardinality bounded; a malformed or
-//! oversized report is ignored and never applied to another node; the
-//! inventory is refused to a certname outside `[admin] certnames`.
+//! failures, the fleet series agree and pass `promtool check metrics`; a
+//! replica started (or restarted) after the other heard nodes lists them
+//! at once; 10,000 certnames keep the series' cardinality bounded; a
+//! malformed or oversized report is ignored and never applied to another
+//! node; the inventory is refused to a certname outside `[admin]
+//! certnames` and takes no `POST` (405).
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -61,8 +63,9 @@ kind = "command"
 command = ["true"]
 "#;
 
-/// A replica on `listener` presenting `cert`, admitting `admins`, sharing
-/// with `peers`, with a `[proxy]` listener (loopback trusted) and metrics.
+/// A replica on `listener` presenting `cert`, admitting `admins`, its
+/// state in the PostgreSQL at `state` (else its embedded store), with a
+/// `[proxy]` listener (loopback trusted) and metrics.
 struct Replica {
     master: TestMaster,
     proxy: u16,
@@ -75,7 +78,7 @@ fn replica(
     listener: TcpListener,
     cert: &str,
     admins: &[&str],
-    peers: &[String],
+    state: Option<&str>,
 ) -> Replica {
     let q = |v: &[String]| {
         v.iter()
@@ -89,11 +92,11 @@ fn replica(
         pki,
         "",
         &format!(
-            "[admin]\ncertnames = [{}]\npeers = [{}]\n[fleet]\npush_interval = \"200ms\"\n\
+            "[admin]\ncertnames = [{}]\n{}\
              [proxy]\nlisten = [\"127.0.0.1:0\"]\ntrusted = [\"127.0.0.1/32\", \"::1/128\"]\n\
              [metrics]\nlisten = \"127.0.0.1:0\"\n",
             q(&admins),
-            q(peers)
+            state.map(|url| format!("[state]\nurl = {url:?}\n")).unwrap_or_default()
         ),
     )
     .replace(
@@ -115,14 +118,14 @@ fn replica(
     }
 }
 
-/// Replica 1 (`localhost`'s certificate) or 2 (`master2`'s), peer of
-/// the other at `other`, each admitting the other and `node2`.
-fn peer(n: u8, tree: &EnvTree, pki: &Pki, listener: TcpListener, other: &str) -> Replica {
+/// Replica 1 (`localhost`'s certificate) or 2 (`master2`'s), both on the
+/// PostgreSQL database at `state`, each admitting the other and `node2`.
+fn shared(n: u8, tree: &EnvTree, pki: &Pki, listener: TcpListener, state: &str) -> Replica {
     let (cert, admins) = match n {
         1 => ("localhost", ["master2", "node2"]),
         _ => ("master2", ["localhost", "node2"]),
     };
-    replica(tree, pki, listener, cert, &admins, &[other.to_owned()])
+    replica(tree, pki, listener, cert, &admins, Some(state))
 }
 
 /// The inventory as `certname` sees it, every page of it (the endpoint
@@ -212,6 +215,10 @@ fn series(text: &str, name_labels: &str) -> Option<u64> {
 /// them, with the generation and the failing loader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_inventory_every_node_with_its_generation_and_load_failures() {
+    let Some(pg) = pluginsync_tests::Postgres::launch("master_fleet::two_replicas_inventory") else {
+        return;
+    };
+    let state = pg.database();
     const AGENTS: usize = 120;
     const REQUESTS: usize = 76;
     let names: Vec<String> = (0..AGENTS)
@@ -229,8 +236,8 @@ async fn two_replicas_inventory_every_node_with_its_generation_and_load_failures
     );
     let url = |l: &TcpListener| format!("https://localhost:{}", l.local_addr().unwrap().port());
     let (u1, u2) = (url(&l1), url(&l2));
-    let r1 = peer(1, &tree, &pki, l1, &u2);
-    let r2 = peer(2, &tree, &pki, l2, &u1);
+    let r1 = shared(1, &tree, &pki, l1, &state);
+    let r2 = shared(2, &tree, &pki, l2, &state);
     let generation = current(&pki, &u1).await;
     assert_eq!(current(&pki, &u2).await, generation, "one tree, one id");
 
@@ -312,8 +319,8 @@ async fn two_replicas_inventory_every_node_with_its_generation_and_load_failures
         .collect();
     for base in [&u1, &u2] {
         // Every node listed, and every reporter's latest report arrived: a
-        // node's run on the other replica reaches this one on the next
-        // push (docs/operating.md#the-fleet), so wait for it, bounded.
+        // node's run heard by the other replica is in the store within its
+        // writer's 200 ms (docs/operating.md#the-fleet), so wait, bounded.
         let nodes = wait_for(PATIENCE, || async {
             let (status, nodes) = inventory(&pki, Some("node2"), base).await;
             assert_eq!(status, 200);
@@ -357,34 +364,46 @@ async fn two_replicas_inventory_every_node_with_its_generation_and_load_failures
         }
     }
     // Our agents' first runs reported no generation yet; by now the
-    // second runs' reports won, on both replicas: the series agree.
+    // second runs' reports won, on both replicas: the series agree once
+    // each replica's counts have been read again (every second,
+    // docs/operating.md#the-fleet), so wait for it, bounded.
     let label = format!(
         "{{environment=\"production\",generation=\"{}\"}}",
         generation.to_hex()
     );
+    let want = (Some(expected as u64), Some((AGENTS + REQUESTS) as u64));
+    let counts = |text: &str| {
+        (
+            series(text, &format!("pluginsync_fleet_nodes{label}")),
+            series(text, &format!("pluginsync_fleet_load_failures{label}")),
+        )
+    };
     for r in [&r1, &r2] {
-        let text = scrape(r.metrics).await;
-        let nodes = series(&text, &format!("pluginsync_fleet_nodes{label}"));
-        let failing = series(&text, &format!("pluginsync_fleet_load_failures{label}"));
-        assert_eq!(nodes, Some(expected as u64), "{text}");
-        assert_eq!(failing, Some((AGENTS + REQUESTS) as u64));
+        let settled = wait_for(Duration::from_secs(30), || async {
+            let text = scrape(r.metrics).await;
+            (counts(&text) == want).then_some(text)
+        })
+        .await;
+        let Some(text) = settled else {
+            let text = scrape(r.metrics).await;
+            panic!("{want:?} nodes and failing nodes, not {:?}: {text}", counts(&text));
+        };
         promtool_accepts(&text, "master_fleet::promtool");
     }
     // The inventory is the admin API's: a node's certname, or none, is
-    // refused.
+    // refused; and it takes no POST (what a peer heard, retired:
+    // docs/rollouts.md#replicas), from anyone.
     assert_eq!(inventory(&pki, Some("node1"), &u1).await.0, 403);
     assert_eq!(inventory(&pki, None, &u2).await.0, 403);
-    let refused = client(&pki, Some("node1"))
-        .post(format!("{u1}{INVENTORY}"))
-        .body("{\"nodes\":[]}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        refused.status().as_u16(),
-        403,
-        "a node cannot speak for the fleet"
-    );
+    for who in ["node1", "node2"] {
+        let refused = client(&pki, Some(who))
+            .post(format!("{u1}{INVENTORY}"))
+            .body("{\"nodes\":[]}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status().as_u16(), 405, "{who}: no one speaks for the fleet");
+    }
 }
 
 /// 10,000 certnames reporting (request-level) keep the series bounded by
@@ -399,7 +418,7 @@ async fn ten_thousand_nodes_keep_the_series_bounded_and_bad_reports_change_nothi
         "https://localhost:{}",
         listener.local_addr().unwrap().port()
     );
-    let r = replica(&tree, &pki, listener, "localhost", &["node2"], &[]);
+    let r = replica(&tree, &pki, listener, "localhost", &["node2"], None);
     let generation = current(&pki, &base).await;
     let http = reqwest::Client::new();
     // Every node reports a generation of its own: none kept but one.
@@ -490,8 +509,8 @@ async fn ten_thousand_nodes_keep_the_series_bounded_and_bad_reports_change_nothi
     );
     assert_eq!(nodes["n00001"]["loads_ok"], 7, "it is the sender's own");
 
-    // What an admin (a peer) sends is checked as strictly: not an
-    // inventory, or over a batch, is a 400 and changes nothing.
+    // Nor does an admin: the inventory takes no POST (what a peer heard,
+    // retired: docs/rollouts.md#replicas), and nothing changes.
     let admin = client(&pki, Some("node2"));
     let post = async |body: String| {
         let resp = admin
@@ -501,32 +520,31 @@ async fn ten_thousand_nodes_keep_the_series_bounded_and_bad_reports_change_nothi
             .await;
         resp.expect("post").status().as_u16()
     };
-    assert_eq!(post("{\"nodes\": 7}".into()).await, 400);
-    let entry = serde_json::to_string(&nodes["n00002"]).unwrap();
-    let batch = format!("{{\"nodes\":[{}]}}", vec![entry.as_str(); 1001].join(","));
-    assert_eq!(post(batch).await, 400);
+    assert_eq!(post("{\"nodes\": 7}".into()).await, 405);
+    let mut entry = nodes["n00002"].clone();
+    entry["loads_ok"] = 99.into();
+    assert_eq!(post(format!("{{\"nodes\":[{entry}]}}")).await, 405);
     let (_, after) = inventory(&pki, Some("node2"), &base).await;
     assert_eq!(after["n00002"], before);
 }
 
-/// A peer that was down catches up when it comes back: started after the
-/// nodes reported to the other replica, it reads that replica's whole
-/// inventory; restarted (its memory empty) while nodes report elsewhere,
-/// it reads it again, and what it missed while down is replayed to it.
+/// A replica that was not there when the nodes reported lists them at
+/// once: started after the other replica heard them, its inventory is the
+/// shared store's (docs/rollouts.md#replicas); restarted while nodes
+/// report to the other, it lists those too. Nothing is sent between them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_peer_that_was_down_catches_up_when_it_comes_back() {
+async fn a_replica_started_late_lists_what_the_other_heard_at_once() {
+    let Some(pg) = pluginsync_tests::Postgres::launch("master_fleet::a_replica_started_late")
+    else {
+        return;
+    };
+    let state = pg.database();
     let pki = Pki::new();
     pki.add_server("master2");
     let tree = tree();
-    let (l1, l2) = (
-        TcpListener::bind("127.0.0.1:0").unwrap(),
-        TcpListener::bind("127.0.0.1:0").unwrap(),
-    );
-    let port2 = l2.local_addr().unwrap().port();
-    let url = |p: u16| format!("https://localhost:{p}");
-    let (u1, u2) = (url(l1.local_addr().unwrap().port()), url(port2));
-    drop(l2);
-    let r1 = peer(1, &tree, &pki, l1, &u2);
+    let l1 = TcpListener::bind("127.0.0.1:0").unwrap();
+    let u1 = format!("https://localhost:{}", l1.local_addr().unwrap().port());
+    let r1 = shared(1, &tree, &pki, l1, &state);
     let generation = current(&pki, &u1).await;
     let http = reqwest::Client::new();
     let report = NodeReport {
@@ -541,29 +559,38 @@ async fn a_peer_that_was_down_catches_up_when_it_comes_back() {
             assert_eq!(status, 200);
         }
     };
-    heard(0, 50).await;
-    let lists = async |base: &str, n: usize| {
+    let lists = |nodes: &std::collections::BTreeMap<String, Value>, n: usize| {
+        nodes.len() == n + 1 && (0..n).all(|i| nodes.contains_key(&format!("n{i:03}")))
+    };
+    // n nodes, and node1, which asked replica 1 for the current
+    // generation, in the store: replica 1's own inventory is the store's.
+    let stored = async |n: usize| {
         wait_for(PATIENCE, || async {
-            let (_, nodes) = inventory(&pki, Some("node2"), base).await;
-            (nodes.len() >= n && (0..n - 1).all(|i| nodes.contains_key(&format!("n{i:03}"))))
-                .then_some(())
+            let (_, nodes) = inventory(&pki, Some("node2"), &u1).await;
+            lists(&nodes, n).then_some(())
         })
         .await
         .is_some()
     };
-    // Replica 2 on its port, as its peer knows it.
     let start2 = || {
-        let listener = TcpListener::bind(("127.0.0.1", port2)).unwrap();
-        peer(2, &tree, &pki, listener, &u1)
+        let l2 = TcpListener::bind("127.0.0.1:0").unwrap();
+        let u2 = format!("https://localhost:{}", l2.local_addr().unwrap().port());
+        (shared(2, &tree, &pki, l2, &state), u2)
     };
-    // node1 asked replica 1 for the current generation: 50 + 1 nodes.
-    let r2 = start2();
+    heard(0, 50).await;
+    assert!(stored(50).await, "replica 1's reports are in the store");
+    let (r2, u2) = start2();
+    let (status, nodes) = inventory(&pki, Some("node2"), &u2).await;
+    assert_eq!(status, 200);
     assert!(
-        lists(&u2, 51).await,
-        "a replica started late reads its peer's inventory"
+        lists(&nodes, 50),
+        "a replica started late lists them on its first answer: {:?}",
+        nodes.keys().collect::<Vec<_>>()
     );
     drop(r2);
     heard(50, 100).await;
-    let _r2 = start2();
-    assert!(lists(&u2, 101).await, "a restarted replica catches up");
+    assert!(stored(100).await);
+    let (_r2, u2) = start2();
+    let (_, nodes) = inventory(&pki, Some("node2"), &u2).await;
+    assert!(lists(&nodes, 100), "a restarted replica lists them too");
 }

@@ -1,10 +1,10 @@
 //! Rollouts on the master (docs/rollouts.md): a policy refused with one
-//! line by `check` and `serve`; 200 certnames placed in waves alike by two
-//! replicas (peers of each other) within binomial bounds; `pluginsync-master
-//! rollout` halting, resuming, rolling back and promoting on both; a
-//! restarted replica keeping its state; a replica that missed a command
-//! converging from its peer; a replica that never held a node's generation
-//! answering 503. Stock agents placed like ours: `master_rollout/stock.rs`;
+//! line by `check` and `serve`, and so is `[admin] peers`; 200 certnames
+//! placed in waves alike by two replicas sharing one PostgreSQL within
+//! binomial bounds; `pluginsync-master rollout` halting, resuming, rolling
+//! back and promoting on both; a restarted replica keeping its state; a
+//! command issued to one replica reaching the other; a replica that never
+//! held a node's generation answering 503. Stock agents placed like ours: `master_rollout/stock.rs`;
 //! real `pluginsync-agent` runs through a rollout: `master_rollout/agents.rs`;
 //! a single master's state across restarts: `master_rollout/store.rs`;
 //! the gate counting only what was served, on one master and on replicas
@@ -49,19 +49,18 @@ impl Replica {
 }
 
 /// A config for a replica listening on port `tls` (and a proxy port),
-/// its store under `dir`, `peers` its peers, with `rollout` appended.
+/// its store under `dir`, with `rollout` appended.
 fn replica(
     dir: &Path,
     name: &str,
     (tree, pki): (&EnvTree, &Pki),
     tls: u16,
-    peers: &[String],
     rollout: &str,
 ) -> Replica {
     let proxy = closed_port();
     let store = dir.join(format!("store-{name}"));
     let tables = format!(
-        "[generations]\ndir = {store:?}\n[admin]\npeers = {peers:?}\n\
+        "[generations]\ndir = {store:?}\n\
          [proxy]\nlisten = [\"127.0.0.1:{proxy}\"]\ntrusted = [\"127.0.0.1\"]\n{rollout}\n"
     );
     let text = config_toml(&tree.envpath(), pki, "", &tables)
@@ -114,26 +113,20 @@ async fn newest_on_both(cfg: &Path, a: &Replica, b: &Replica, n: usize) -> Strin
     newest
 }
 
-/// Two replicas on `tree`, peers of each other, with `policy` (and
-/// `extra_a` before it on the first).
+/// Two replicas on `tree` sharing the PostgreSQL database at `url`
+/// (docs/rollouts.md#replicas), with `policy` (and `extra_a` before it on
+/// the first).
 fn two_replicas(
     dir: &Path,
-    tree: &EnvTree,
-    pki: &Pki,
+    (tree, pki): (&EnvTree, &Pki),
+    url: &str,
     extra_a: &str,
     policy: &str,
 ) -> (Replica, Replica) {
-    let (pa, pb) = (closed_port(), closed_port());
-    let peer = |p: u16| vec![format!("https://localhost:{p}")];
-    let a = replica(
-        dir,
-        "a",
-        (tree, pki),
-        pa,
-        &peer(pb),
-        &format!("{extra_a}{policy}"),
-    );
-    let b = replica(dir, "b", (tree, pki), pb, &peer(pa), policy);
+    let state = format!("[state]\nurl = {url:?}\n{policy}");
+    let first = format!("{extra_a}{state}");
+    let a = replica(dir, "a", (tree, pki), closed_port(), &first);
+    let b = replica(dir, "b", (tree, pki), closed_port(), &state);
     (a, b)
 }
 
@@ -216,17 +209,20 @@ async fn census_at(
     panic!("the census never fit inside wave {waves}");
 }
 
-/// 200 certnames on two replicas through a change: each wave's share as
-/// placement says, alike on both; halt freezes it past the last wave,
-/// resume opens it, rollback brings everyone back and survives a re-index
-/// and a restart, a halt sent to one replica reaches the other, promote
-/// gives everyone the new generation.
+/// 200 certnames on two replicas sharing one PostgreSQL through a change:
+/// each wave's share as placement says, alike on both; halt freezes it
+/// past the last wave, resume opens it, rollback brings everyone back and
+/// survives a re-index and a restart, a halt sent to one replica reaches
+/// the other, promote gives everyone the new generation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waves_place_two_hundred_nodes_alike_and_the_commands_steer_both_replicas() {
+    let Some(pg) = pluginsync_tests::Postgres::launch("master_rollout::waves_place") else {
+        return;
+    };
     let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
     tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
     let policy = format!("[[rollout]]\nenvironments = [\"prod*\"]\n{WAVES}\n");
-    let (a, b) = two_replicas(dir.path(), &tree, &pki, "", &policy);
+    let (a, b) = two_replicas(dir.path(), (&tree, &pki), &pg.database(), "", &policy);
     let cfg = a.config.clone();
     let ma = MasterProcess::spawn(&a.config);
     let mut mb = MasterProcess::spawn(&b.config);
@@ -296,7 +292,8 @@ async fn waves_place_two_hundred_nodes_alike_and_the_commands_steer_both_replica
     );
     assert!(census(&c, &a, &b, &first).await.iter().all(|x| *x));
 
-    // A command only one replica heard reaches the other from its peer.
+    // A command only one replica heard reaches the other through the
+    // database they share.
     rollout(&cfg, "halt", &[&a]);
     let converged = wait_for(PATIENCE, || async {
         (rollout(&cfg, "status", &[&b])[0]["halted"] == true).then_some(())
@@ -321,34 +318,29 @@ async fn waves_place_two_hundred_nodes_alike_and_the_commands_steer_both_replica
     drop((ma, mb));
 }
 
-/// A node that reports a generation this replica never held gets 503 and
+/// On replicas sharing one PostgreSQL, a node that reports a generation
+/// this replica never held (another replica's, or anyone's) gets 503 and
 /// `Retry-After` (so the shipped nginx configuration and our agent ask
-/// another replica); one on a generation it holds, or on a replica
-/// without a policy, is served.
+/// another replica); one on a generation it holds is served, and so is
+/// any node by the replica that holds it, by a lone master on its
+/// embedded store (no other replica to ask), or without a policy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_never_held_a_nodes_generation_answers_503() {
+    let Some(pg) = pluginsync_tests::Postgres::launch("master_rollout::answers_503") else {
+        return;
+    };
     let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
     tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+    // The other replica's tree has one more change: a generation the
+    // first never holds.
+    let other_tree = EnvTree::new();
+    other_tree.file("production", "app", "lib/facter/app.rb", "# two\n", 0o644);
     let policy = format!("[[rollout]]\nenvironments = [\"production\"]\n{WAVES}\n");
-    // A peer that is down: there is another replica to ask.
-    let down = [format!("https://localhost:{}", closed_port())];
-    let with = replica(
-        dir.path(),
-        "with",
-        (&tree, &pki),
-        closed_port(),
-        &down,
-        &policy,
-    );
-    let without = replica(dir.path(), "without", (&tree, &pki), closed_port(), &[], "");
-    let lone = replica(
-        dir.path(),
-        "lone",
-        (&tree, &pki),
-        closed_port(),
-        &[],
-        &policy,
-    );
+    let state = format!("[state]\nurl = {:?}\n{policy}", pg.database());
+    let with = replica(dir.path(), "with", (&tree, &pki), closed_port(), &state);
+    let other = replica(dir.path(), "other", (&other_tree, &pki), closed_port(), &state);
+    let without = replica(dir.path(), "without", (&tree, &pki), closed_port(), "");
+    let lone = replica(dir.path(), "lone", (&tree, &pki), closed_port(), &policy);
     let _m3 = MasterProcess::spawn(&lone.config);
     let (_m1, _m2) = (
         MasterProcess::spawn(&with.config),
@@ -372,25 +364,40 @@ async fn a_replica_that_never_held_a_nodes_generation_answers_503() {
         }
         r.send()
     };
-    let held = wait_for(PATIENCE, || async {
-        let r = ask(with.proxy, None).await.ok()?;
-        if r.status() != 200 {
-            return None;
-        }
-        let v: Value = r.json().await.ok()?;
-        v["generation"].as_str()?.parse::<GenerationId>().ok()
-    })
-    .await
-    .expect("served");
-    let elsewhere = GenerationId(Sha256::of(b"a generation published elsewhere"));
-    let r = ask(with.proxy, Some(elsewhere)).await.unwrap();
-    assert_eq!(r.status(), 503);
-    assert_eq!(r.headers()["retry-after"], "5");
-    let body = r.text().await.unwrap();
-    assert!(body.contains("does not hold generation"), "{body}");
+    let held_by = async |proxy: u16| {
+        wait_for(PATIENCE, || async {
+            let r = ask(proxy, None).await.ok()?;
+            if r.status() != 200 {
+                return None;
+            }
+            let v: Value = r.json().await.ok()?;
+            v["generation"].as_str()?.parse::<GenerationId>().ok()
+        })
+        .await
+        .expect("served")
+    };
+    // The other replica starts once the first serves: what the first
+    // holds is read at its start (docs/rollouts.md#a-replica-that-lacks-a-generation).
+    let held = held_by(with.proxy).await;
+    let _m4 = MasterProcess::spawn(&other.config);
+    let theirs = held_by(other.proxy).await;
+    assert_ne!(held, theirs, "two trees, two generations");
+    let nowhere = GenerationId(Sha256::of(b"a generation published elsewhere"));
+    for g in [theirs, nowhere] {
+        let r = ask(with.proxy, Some(g)).await.unwrap();
+        assert_eq!(r.status(), 503, "{}", g.to_hex());
+        assert_eq!(r.headers()["retry-after"], "5");
+        let body = r.text().await.unwrap();
+        assert!(body.contains("does not hold generation"), "{body}");
+    }
     assert_eq!(ask(with.proxy, Some(held)).await.unwrap().status(), 200);
+    assert_eq!(
+        ask(other.proxy, Some(theirs)).await.unwrap().status(),
+        200,
+        "the replica that holds it serves it"
+    );
     let plain = wait_for(PATIENCE, || async {
-        let s = ask(without.proxy, Some(elsewhere)).await.ok()?.status();
+        let s = ask(without.proxy, Some(nowhere)).await.ok()?.status();
         (s != 503).then_some(s)
     })
     .await;
@@ -400,15 +407,63 @@ async fn a_replica_that_never_held_a_nodes_generation_answers_503() {
         "no policy: today's answer"
     );
     let alone = wait_for(PATIENCE, || async {
-        let s = ask(lone.proxy, Some(elsewhere)).await.ok()?.status();
+        let s = ask(lone.proxy, Some(nowhere)).await.ok()?.status();
         (s != 503).then_some(s)
     })
     .await;
     assert_eq!(
         alone.map(|s| s.as_u16()),
         Some(200),
-        "a master without peers has no other replica to send the node to"
+        "a master on its embedded store has no other replica to send the node to"
     );
+}
+
+/// `[admin] peers` naming a replica is refused by `check` and `serve` with
+/// one line naming `[state] url` (78, as any bad config); an empty list,
+/// and the retired `[fleet]` intervals, are accepted, the intervals with
+/// a warning (docs/rollouts.md#replicas).
+#[test]
+fn admin_peers_is_refused_with_one_line_naming_the_state_url() {
+    let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
+    tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+    let run = |verb: &str, tables: &str| {
+        let text = config_toml(&tree.envpath(), &pki, "", tables);
+        let cfg = dir.path().join("master.toml");
+        std::fs::write(&cfg, text).unwrap();
+        Command::new(bin_path("pluginsync-master"))
+            .args([verb, "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap()
+    };
+    let peers = "[admin]\npeers = [\"https://master2.example.org:8140\"]\n";
+    for verb in ["check", "serve"] {
+        let out = run(verb, peers);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{verb}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{verb}, one line: {err}");
+        assert!(
+            err.contains("admin.peers: replicas no longer send each other their state; \
+                 give every replica the same [state] url = \"postgresql://")
+                && err.contains("docs/rollouts.md#replicas"),
+            "{verb}: {err}"
+        );
+    }
+    let retired = "[admin]\npeers = []\n[fleet]\npush_interval = \"1s\"\npull_interval = \"10m\"\n";
+    let out = run("check", retired);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    for key in ["push_interval", "pull_interval"] {
+        assert!(
+            said.contains(&format!("warning: fleet.{key} is ignored")),
+            "{key}: {said}"
+        );
+    }
+    // And serves, warning at start of what it ignores.
+    let cfg = dir.path().join("serving.toml");
+    std::fs::write(&cfg, config_toml(&tree.envpath(), &pki, "", retired)).unwrap();
+    let m = MasterProcess::spawn(&cfg);
+    assert!(m.log.contains("fleet.push_interval is ignored"), "{}", m.log);
 }
 
 /// A policy whose shares do not increase, or whose last wave is not 100,
@@ -481,11 +536,15 @@ async fn report(c: &reqwest::Client, proxy: u16, certname: &str, report: &NodeRe
 }
 
 /// A change whose plugin fails on every node that takes it: the first
-/// wave's nodes report it, half to each replica; both replicas halt from
-/// the fleet-wide counts before the next wave opens (no node moves), and
-/// `rollback` brings the first wave back to the old generation.
+/// wave's nodes report it, half to each replica (sharing one PostgreSQL);
+/// both replicas halt from the fleet-wide counts before the next wave
+/// opens (no node moves), and `rollback` brings the first wave back to
+/// the old generation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_the_first_wave() {
+    let Some(pg) = pluginsync_tests::Postgres::launch("master_rollout::load_failures_halt") else {
+        return;
+    };
     let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
     tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
     let policy = "[[rollout]]\nenvironments = [\"production\"]\n\
@@ -493,7 +552,7 @@ async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_t
         halt_on_load_failures = { percent = 50, min_nodes = 3 }\n";
     let metrics = closed_port();
     let extra = format!("[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n");
-    let (a, b) = two_replicas(dir.path(), &tree, &pki, &extra, policy);
+    let (a, b) = two_replicas(dir.path(), (&tree, &pki), &pg.database(), &extra, policy);
     let cfg = a.config.clone();
     let (_ma, _mb) = (
         MasterProcess::spawn(&a.config),
@@ -571,22 +630,6 @@ async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_t
     );
 }
 
-/// Two replicas without `[admin] peers` sharing the PostgreSQL at `url`
-/// (docs/rollouts.md#replicas), with `policy`.
-fn shared_replicas(
-    dir: &Path,
-    (tree, pki): (&EnvTree, &Pki),
-    url: &str,
-    extra_a: &str,
-    policy: &str,
-) -> (Replica, Replica) {
-    let state = format!("[state]\nurl = {url:?}\n{policy}");
-    let first = format!("{extra_a}{state}");
-    let a = replica(dir, "a", (tree, pki), closed_port(), &[], &first);
-    let b = replica(dir, "b", (tree, pki), closed_port(), &[], &state);
-    (a, b)
-}
-
 /// Waves far enough apart that the first wave's census (200 nodes on two
 /// replicas, on a loaded machine) is over well before the second opens.
 const SHARED_WAVES: &str = "waves = [ { after = \"0s\", percent = 10 }, { after = \"20s\", percent = 50 }, { after = \"40s\", percent = 100 } ]";
@@ -608,7 +651,7 @@ async fn shared_rollout(url: &str, extra_a: &str) -> SharedRollout {
     let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
     tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
     let policy = format!("[[rollout]]\nenvironments = [\"production\"]\n{SHARED_WAVES}\n");
-    let (a, b) = shared_replicas(dir.path(), (&tree, &pki), url, extra_a, &policy);
+    let (a, b) = two_replicas(dir.path(), (&tree, &pki), url, extra_a, &policy);
     let masters = (
         MasterProcess::spawn(&a.config),
         MasterProcess::spawn(&b.config),
@@ -827,7 +870,7 @@ async fn a_master_killed_mid_command_leaves_each_command_whole_or_absent() {
     let url = pg.database();
     let policy =
         format!("[state]\nurl = {url:?}\n[[rollout]]\nenvironments = [\"production\"]\n{WAVES}\n");
-    let m = replica(dir.path(), "k", (&tree, &pki), closed_port(), &[], &policy);
+    let m = replica(dir.path(), "k", (&tree, &pki), closed_port(), &policy);
     let state = "SELECT clock, halted_at IS NOT NULL FROM rollout_commands WHERE environment = 'production'";
     for i in 0..20 {
         let master = MasterProcess::spawn(&m.config);

@@ -2,7 +2,7 @@
 //! docs/puppet-fleet.md#stock-agents-reports): one throwaway Puppet Server
 //! 7 (`reports = store,http`, `reporturl` naming
 //! `/pluginsync/v1/reports/puppet` through the balancer), two pluginsync
-//! masters (peers of each other, one rollout policy) behind HAProxy with
+//! masters (one PostgreSQL state store, one rollout policy) behind HAProxy with
 //! the shipped `packaging/haproxy-puppet.cfg` (or nginx with the shipped
 //! `packaging/nginx-puppet.conf`, one scenario for both), 24 of our agents each
 //! reading its own puppet.conf (certname, ssldir, `server_list`, `libdir`,
@@ -30,8 +30,8 @@
 //! half, which no balancer changes, runs through HAProxy only, to keep
 //! CI's wall time (each half's time is printed).
 //!
-//! SKIPPED with a message where `puppet`, `puppetserver`, the balancer or
-//! `facter` is missing, except under CI. One JVM per test.
+//! SKIPPED with a message where `puppet`, `puppetserver`, the balancer,
+//! `facter` or PostgreSQL is missing, except under CI. One JVM per test.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -263,10 +263,15 @@ struct Masters {
 }
 
 impl Masters {
-    /// Two replicas on `envpath`, peers of each other, behind `lb` (the
-    /// program `program`) with its shipped config; `cli` a config with the
-    /// masters' identity.
-    fn start(lb: Lb, program: &Path, envpath: &Path, http_port: &str) -> (Masters, u16) {
+    /// Two replicas on `envpath` sharing the PostgreSQL database at `state`
+    /// (docs/rollouts.md#replicas), behind `lb` (the program `program`)
+    /// with its shipped config; `cli` a config with the masters' identity.
+    fn start(
+        lb: Lb,
+        program: &Path,
+        envpath: &Path,
+        (http_port, state): (&str, &str),
+    ) -> (Masters, u16) {
         let root = envpath.parent().unwrap().parent().unwrap();
         let ssl = root.join("ssl");
         let (cert, key) = (
@@ -280,10 +285,9 @@ impl Masters {
         let backends: Vec<ProxyBackend> = (0..2)
             .map(|i| {
                 let extra = format!(
-                    "[admin]\npeers = [\"https://localhost:{}\"]\n\
+                    "[state]\nurl = {state:?}\n\
                      [metrics]\nlisten = \"127.0.0.1:{}\"\n\
                      [reports]\npuppetserver_certnames = [\"localhost\"]\n{}",
-                    ports[1 - i],
                     metrics[i],
                     policy()
                 );
@@ -382,8 +386,9 @@ impl Masters {
 
 /// Per generation: (nodes, failing nodes), as `rollout status`, the
 /// inventory and each master's metrics say; all four must agree within
-/// 10 s (what one master heard reaches the other within its push
-/// interval, docs/rollouts.md#replicas).
+/// 10 s (what one master heard is in the shared store within the
+/// writer's 200 ms, in the other's counts within their 1 s refresh,
+/// docs/rollouts.md#replicas).
 fn agree(masters: &Masters, gens: &[&str]) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -638,8 +643,9 @@ fn rollback_moves_only_the_first_wave(
 }
 
 /// Puppet Server with the masters and the balancer started between its
-/// setup and its JVM (which reads `reporturl` once), G1 in the tree.
-fn start(lb: Lb, program: &Path, certs: &str) -> (PuppetServer, Masters, u16) {
+/// setup and its JVM (which reads `reporturl` once), G1 in the tree; the
+/// masters' state in the PostgreSQL database at `state`.
+fn start(lb: Lb, program: &Path, certs: &str, state: &str) -> (PuppetServer, Masters, u16) {
     let http_port = closed_port().to_string();
     let mut held: Option<(Masters, u16)> = None;
     let server = PuppetServer::start_with(
@@ -658,7 +664,7 @@ fn start(lb: Lb, program: &Path, certs: &str) -> (PuppetServer, Masters, u16) {
                 0o644,
             );
             put(envpath, "facts.d/good.txt", "good_ext=1\n", 0o644);
-            let (masters, port) = Masters::start(lb, program, envpath, &http_port);
+            let (masters, port) = Masters::start(lb, program, envpath, (&http_port, state));
             let conf = envpath
                 .parent()
                 .unwrap()
@@ -705,10 +711,13 @@ fn scenario(lb: Lb, rollback: bool) {
     if require("facter", "facter", test).is_none() {
         return;
     }
+    let Some(pg) = pluginsync_tests::Postgres::launch(test) else {
+        return;
+    };
     let started = Instant::now();
     let (ours, stock) = (names("agent", OURS), names("stock", STOCK));
     let certs: Vec<&str> = ours.iter().chain(&stock).map(String::as_str).collect();
-    let (server, masters, port) = start(lb, &program, &certs.join(","));
+    let (server, masters, port) = start(lb, &program, &certs.join(","), &pg.database());
     let ssl = server.ssldir();
     let work = tempfile::tempdir().unwrap();
     let fleet = Fleet {

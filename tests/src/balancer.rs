@@ -380,8 +380,8 @@ impl ProxyBackend {
     }
 
     /// [`ProxyBackend::spawn_with`] with its mTLS listener on `tls_port`
-    /// (0: an ephemeral port), for replicas that name each other in
-    /// `[admin] peers`.
+    /// (0: an ephemeral port), for a port named before the master starts
+    /// (a client's config).
     pub fn spawn_on(
         envpath: &Path,
         basemodulepath: &Path,

@@ -89,8 +89,8 @@ impl TestMaster {
         TestMaster::listening_on(config, listener)
     }
 
-    /// [`TestMaster::listening`] on a listener bound already (a port its
-    /// peers' configs name before it starts).
+    /// [`TestMaster::listening`] on a listener bound already (a port
+    /// named before it starts).
     pub fn listening_on(config: MasterConfig, listener: std::net::TcpListener) -> TestMaster {
         let addr = listener.local_addr().expect("addr");
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -1,4 +1,4 @@
-//! A fleet of 200 through a rollout on two peered replicas
+//! A fleet of 200 through a rollout on two replicas sharing one PostgreSQL
 //! (docs/rollouts.md): 196 real `pluginsync-agent` nodes (each asking the
 //! replicas in its own order) and 4 stock `puppet plugin download` nodes
 //! (two placed in the first wave, two not; skipped with a message when
@@ -117,6 +117,9 @@ fn failed_loads(report: &Value) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_of_agents_halts_a_failing_first_wave_and_comes_back_on_rollback() {
     let puppet = require("puppet", "puppet", "master_rollout::agents");
+    let Some(pg) = pluginsync_tests::Postgres::launch("master_rollout::agents") else {
+        return;
+    };
     let ours: Vec<String> = (0..OURS)
         .map(|n| format!("agent{n:03}.example.org"))
         .collect();
@@ -133,7 +136,7 @@ async fn a_fleet_of_agents_halts_a_failing_first_wave_and_comes_back_on_rollback
          waves = [ {{ after = \"0s\", percent = {FIRST} }}, {{ promote = true, percent = 100 }} ]\n\
          halt_on_load_failures = {{ percent = 50, min_nodes = 3 }}\n"
     );
-    let (a, b) = two_replicas(dir.path(), &tree, &pki, "", &policy);
+    let (a, b) = two_replicas(dir.path(), (&tree, &pki), &pg.database(), "", &policy);
     let cfg = a.config.clone();
     let (_ma, _mb) = (
         MasterProcess::spawn(&a.config),

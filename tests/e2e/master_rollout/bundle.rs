@@ -56,7 +56,7 @@ async fn bundle_during_a_first_wave(trust: bool) {
         waves = [ { after = \"0s\", percent = 20 }, { promote = true, percent = 100 } ]\n"
         .to_owned()
         + &signing.master_tables();
-    let a = replica(dir.path(), "a", (&tree, &pki), closed_port(), &[], &policy);
+    let a = replica(dir.path(), "a", (&tree, &pki), closed_port(), &policy);
     let _master = MasterProcess::spawn(&a.config);
     let a = &a;
     let ids = |n: usize| async move {

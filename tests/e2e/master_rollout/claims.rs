@@ -59,7 +59,7 @@ async fn two_generations(dir: &std::path::Path, halt_on: &str) -> Gated {
          waves = [ {{ after = \"0s\", percent = 20 }}, {{ after = \"1h\", percent = 100 }} ]\n\
          halt_on_load_failures = {halt_on}\n"
     );
-    let m = replica(dir, "a", (&tree, &pki), closed_port(), &[], &policy);
+    let m = replica(dir, "a", (&tree, &pki), closed_port(), &policy);
     let master = MasterProcess::spawn(&m.config);
     newest(&m, 1).await;
     tree.file(
@@ -175,7 +175,7 @@ mod whole_fleet {
              waves = [ {{ after = \"0s\", percent = 20 }}, {{ after = \"30s\", percent = 100 }} ]\n\
              halt_on_load_failures = {{ percent = 50, min_nodes = {min_nodes} }}\n"
         );
-        let (a, b) = shared_replicas(dir.path(), (&tree, &pki), &pg.database(), "", &policy);
+        let (a, b) = two_replicas(dir.path(), (&tree, &pki), &pg.database(), "", &policy);
         let cfg = a.config.clone();
         let _masters = (
             MasterProcess::spawn(&a.config),

@@ -101,7 +101,7 @@ async fn rollback_returns_the_first_wave(trust: bool) {
          waves = [ {{ after = \"0s\", percent = {FIRST} }}, {{ promote = true, percent = 100 }} ]\n{}",
         signing.master_tables()
     );
-    let a = replica(dir.path(), "a", (&tree, &pki), closed_port(), &[], &policy);
+    let a = replica(dir.path(), "a", (&tree, &pki), closed_port(), &policy);
     let cfg = a.config.clone();
     let _master = MasterProcess::spawn(&a.config);
     let homes: Vec<AgentHome> = (all.iter())

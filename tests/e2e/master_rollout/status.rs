@@ -18,7 +18,7 @@ const SLOW: &str = "[[rollout]]\nenvironments = [\"production\"]\n\
 async fn rollout_status_says_what_each_generation_is_to_the_fleet() {
     let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
     tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
-    let a = replica(dir.path(), "a", (&tree, &pki), closed_port(), &[], SLOW);
+    let a = replica(dir.path(), "a", (&tree, &pki), closed_port(), SLOW);
     let _master = MasterProcess::spawn(&a.config);
     // `rollout status production` in text, one line per generation after
     // the environment's, each without its id, publication time and counts.

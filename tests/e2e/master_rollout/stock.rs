@@ -76,14 +76,15 @@ fn change(tree: &EnvTree) {
     tree.file("production", "app", "lib/facter/new.rb", "# new\n", 0o644);
 }
 
-/// Two replicas (peers, [`HALF`]) on [`tree`], with certificates for `names`.
-fn setup(names: &[String]) -> (EnvTree, Pki, tempfile::TempDir, Replica, Replica) {
+/// Two replicas ([`HALF`]) on [`tree`] sharing the PostgreSQL database at
+/// `url`, with certificates for `names`.
+fn setup(names: &[String], url: &str) -> (EnvTree, Pki, tempfile::TempDir, Replica, Replica) {
     let (tree, pki, dir) = (
         tree(),
         Pki::with_agents(names),
         tempfile::tempdir().unwrap(),
     );
-    let (a, b) = two_replicas(dir.path(), &tree, &pki, "", HALF);
+    let (a, b) = two_replicas(dir.path(), (&tree, &pki), url, "", HALF);
     (tree, pki, dir, a, b)
 }
 
@@ -106,9 +107,13 @@ async fn answers(pki: &Pki, replica: &Replica, certname: &str) -> Vec<(u16, Vec<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v3_client_outside_the_wave_keeps_the_old_generation_byte_for_byte() {
+    let Some(pg) = pluginsync_tests::Postgres::launch("master_rollout::a_v3_client_outside")
+    else {
+        return;
+    };
     let (inside, outside) = split(1);
     let names: Vec<String> = inside.iter().chain(&outside).cloned().collect();
-    let (tree, pki, dir, a, b) = setup(&names);
+    let (tree, pki, dir, a, b) = setup(&names, &pg.database());
     let (_ma, mut mb) = (
         MasterProcess::spawn(&a.config),
         MasterProcess::spawn(&b.config),
@@ -205,9 +210,13 @@ async fn stock_agents_in_the_wave_get_the_new_plugins_and_the_others_keep_the_ol
     let Some(puppet) = require("puppet", "puppet", "master_rollout") else {
         return;
     };
+    let Some(pg) = pluginsync_tests::Postgres::launch("master_rollout::stock_agents_in_the_wave")
+    else {
+        return;
+    };
     let (inside, outside) = split(2);
     let names: Vec<String> = inside.iter().chain(&outside).cloned().collect();
-    let (tree, pki, dir, a, b) = setup(&names);
+    let (tree, pki, dir, a, b) = setup(&names, &pg.database());
     let (_ma, _mb) = (
         MasterProcess::spawn(&a.config),
         MasterProcess::spawn(&b.config),

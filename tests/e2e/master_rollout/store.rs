@@ -64,7 +64,7 @@ async fn inventory(pki: &Pki, m: &Replica) -> Vec<(String, String, u64)> {
 async fn a_restarted_master_keeps_its_inventory_and_rollout_state_and_the_gate_counts_them() {
     let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
     tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
-    let m = replica(dir.path(), "a", (&tree, &pki), closed_port(), &[], GATED);
+    let m = replica(dir.path(), "a", (&tree, &pki), closed_port(), GATED);
     pluginsync_common::tls::install_default_provider();
     let c = reqwest::Client::new();
     let master = MasterProcess::spawn(&m.config);
