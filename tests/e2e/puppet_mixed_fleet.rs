@@ -664,7 +664,7 @@ fn start(lb: Lb, program: &Path, certs: &str, state: &str) -> (PuppetServer, Mas
                 0o644,
             );
             put(envpath, "facts.d/good.txt", "good_ext=1\n", 0o644);
-            let (masters, port) = Masters::start(lb, program, envpath, (&http_port, state));
+            let (masters, port) = Masters::start(lb, program, envpath, (http_port.as_str(), state));
             let conf = envpath
                 .parent()
                 .unwrap()
