@@ -401,7 +401,10 @@ mod tests {
             elsewhere: false,
             ..asks.clone()
         };
-        assert!(matches!(decide(&lone), Placement::Serve(_)), "a lone master");
+        assert!(
+            matches!(decide(&lone), Placement::Serve(_)),
+            "a lone master"
+        );
         let known = Facts {
             reported: Some(old.id),
             ..asks

@@ -96,7 +96,9 @@ fn replica(
              [proxy]\nlisten = [\"127.0.0.1:0\"]\ntrusted = [\"127.0.0.1/32\", \"::1/128\"]\n\
              [metrics]\nlisten = \"127.0.0.1:0\"\n",
             q(&admins),
-            state.map(|url| format!("[state]\nurl = {url:?}\n")).unwrap_or_default()
+            state
+                .map(|url| format!("[state]\nurl = {url:?}\n"))
+                .unwrap_or_default()
         ),
     )
     .replace(
@@ -215,7 +217,8 @@ fn series(text: &str, name_labels: &str) -> Option<u64> {
 /// them, with the generation and the failing loader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_inventory_every_node_with_its_generation_and_load_failures() {
-    let Some(pg) = pluginsync_tests::Postgres::launch("master_fleet::two_replicas_inventory") else {
+    let Some(pg) = pluginsync_tests::Postgres::launch("master_fleet::two_replicas_inventory")
+    else {
         return;
     };
     let state = pg.database();
@@ -386,7 +389,10 @@ async fn two_replicas_inventory_every_node_with_its_generation_and_load_failures
         .await;
         let Some(text) = settled else {
             let text = scrape(r.metrics).await;
-            panic!("{want:?} nodes and failing nodes, not {:?}: {text}", counts(&text));
+            panic!(
+                "{want:?} nodes and failing nodes, not {:?}: {text}",
+                counts(&text)
+            );
         };
         promtool_accepts(&text, "master_fleet::promtool");
     }
@@ -402,7 +408,11 @@ async fn two_replicas_inventory_every_node_with_its_generation_and_load_failures
             .send()
             .await
             .unwrap();
-        assert_eq!(refused.status().as_u16(), 405, "{who}: no one speaks for the fleet");
+        assert_eq!(
+            refused.status().as_u16(),
+            405,
+            "{who}: no one speaks for the fleet"
+        );
     }
 }
 

@@ -338,7 +338,13 @@ async fn a_replica_that_never_held_a_nodes_generation_answers_503() {
     let policy = format!("[[rollout]]\nenvironments = [\"production\"]\n{WAVES}\n");
     let state = format!("[state]\nurl = {:?}\n{policy}", pg.database());
     let with = replica(dir.path(), "with", (&tree, &pki), closed_port(), &state);
-    let other = replica(dir.path(), "other", (&other_tree, &pki), closed_port(), &state);
+    let other = replica(
+        dir.path(),
+        "other",
+        (&other_tree, &pki),
+        closed_port(),
+        &state,
+    );
     let without = replica(dir.path(), "without", (&tree, &pki), closed_port(), "");
     let lone = replica(dir.path(), "lone", (&tree, &pki), closed_port(), &policy);
     let _m3 = MasterProcess::spawn(&lone.config);
@@ -443,16 +449,21 @@ fn admin_peers_is_refused_with_one_line_naming_the_state_url() {
         assert_eq!(out.status.code(), Some(78), "{verb}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{verb}, one line: {err}");
         assert!(
-            err.contains("admin.peers: replicas no longer send each other their state; \
-                 give every replica the same [state] url = \"postgresql://")
-                && err.contains("docs/rollouts.md#replicas"),
+            err.contains(
+                "admin.peers: replicas no longer send each other their state; \
+                 give every replica the same [state] url = \"postgresql://"
+            ) && err.contains("docs/rollouts.md#replicas"),
             "{verb}: {err}"
         );
     }
     let retired = "[admin]\npeers = []\n[fleet]\npush_interval = \"1s\"\npull_interval = \"10m\"\n";
     let out = run("check", retired);
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for key in ["push_interval", "pull_interval"] {
         assert!(
             said.contains(&format!("warning: fleet.{key} is ignored")),
@@ -463,7 +474,11 @@ fn admin_peers_is_refused_with_one_line_naming_the_state_url() {
     let cfg = dir.path().join("serving.toml");
     std::fs::write(&cfg, config_toml(&tree.envpath(), &pki, "", retired)).unwrap();
     let m = MasterProcess::spawn(&cfg);
-    assert!(m.log.contains("fleet.push_interval is ignored"), "{}", m.log);
+    assert!(
+        m.log.contains("fleet.push_interval is ignored"),
+        "{}",
+        m.log
+    );
 }
 
 /// A policy whose shares do not increase, or whose last wave is not 100,

@@ -32,10 +32,7 @@ pub fn start(
     let rollouts = off_worker(|| Rollouts::with_store(&config.rollout, state, dir));
     let rollouts = Arc::new(rollouts?);
     rollouts.set_fleet(fleet.clone());
-    let task = tokio::spawn(background(
-        Arc::downgrade(store),
-        Arc::downgrade(&rollouts),
-    ));
+    let task = tokio::spawn(background(Arc::downgrade(store), Arc::downgrade(&rollouts)));
     tasks.push(task);
     Ok((fleet, rollouts))
 }

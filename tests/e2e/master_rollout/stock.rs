@@ -107,8 +107,7 @@ async fn answers(pki: &Pki, replica: &Replica, certname: &str) -> Vec<(u16, Vec<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v3_client_outside_the_wave_keeps_the_old_generation_byte_for_byte() {
-    let Some(pg) = pluginsync_tests::Postgres::launch("master_rollout::a_v3_client_outside")
-    else {
+    let Some(pg) = pluginsync_tests::Postgres::launch("master_rollout::a_v3_client_outside") else {
         return;
     };
     let (inside, outside) = split(1);
