@@ -93,6 +93,22 @@ fn rollout(config: &Path, action: &str, masters: &[&Replica]) -> Vec<Value> {
     list.into_iter().map(|v| v["status"].clone()).collect()
 }
 
+/// `rollout rollback` issued to `a` alone, and both replicas' statuses
+/// once each says the newest generation is withdrawn: on one database a
+/// command sent to both would be applied twice, and a second rollback
+/// withdraws the next generation (docs/rollouts.md#replicas).
+async fn rolled_back(cfg: &Path, a: &Replica, b: &Replica) -> Vec<Value> {
+    rollout(cfg, "rollback", &[a]);
+    wait_for(PATIENCE, || async {
+        let s = rollout(cfg, "status", &[a, b]);
+        (s.iter())
+            .all(|s| s["generations"][0]["withdrawn"] == true)
+            .then_some(s)
+    })
+    .await
+    .expect("the rollback reaches both replicas")
+}
+
 /// The newest generation's id once both replicas keep `n` generations
 /// (the same id on both: it is the digest of the tree).
 async fn newest_on_both(cfg: &Path, a: &Replica, b: &Replica, n: usize) -> String {
@@ -221,7 +237,9 @@ async fn waves_place_two_hundred_nodes_alike_and_the_commands_steer_both_replica
     };
     let (tree, pki, dir) = (EnvTree::new(), Pki::new(), tempfile::tempdir().unwrap());
     tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
-    let policy = format!("[[rollout]]\nenvironments = [\"prod*\"]\n{WAVES}\n");
+    // Waves 20 s apart: each replica publishes in its own time, and two
+    // censuses of 200 nodes must fit in a wave on a loaded machine.
+    let policy = format!("[[rollout]]\nenvironments = [\"prod*\"]\n{SHARED_WAVES}\n");
     let (a, b) = two_replicas(dir.path(), (&tree, &pki), &pg.database(), "", &policy);
     let cfg = a.config.clone();
     let ma = MasterProcess::spawn(&a.config);
@@ -242,7 +260,8 @@ async fn waves_place_two_hundred_nodes_alike_and_the_commands_steer_both_replica
 
     let halted = rollout(&cfg, "halt", &[&a, &b]);
     assert!(halted.iter().all(|s| s["halted"] == true), "{halted:?}");
-    tokio::time::sleep(Duration::from_secs(13)).await;
+    // Halted at least 20 s after publication: past the last wave's 40 s.
+    tokio::time::sleep(Duration::from_secs(21)).await;
     let status = rollout(&cfg, "status", &[&a, &b]);
     assert!(
         status
@@ -263,7 +282,7 @@ async fn waves_place_two_hundred_nodes_alike_and_the_commands_steer_both_replica
         "resumed: the last wave is open"
     );
 
-    let rolled = rollout(&cfg, "rollback", &[&a, &b]);
+    let rolled = rolled_back(&cfg, &a, &b).await;
     assert!(
         rolled
             .iter()
@@ -638,7 +657,7 @@ async fn load_failures_halt_the_rollout_on_both_replicas_and_rollback_restores_t
         wave1,
         "halted: no node moves past the second wave's time"
     );
-    rollout(&cfg, "rollback", &[&a, &b]);
+    rolled_back(&cfg, &a, &b).await;
     assert!(
         census(&c, &a, &b, &first).await.iter().all(|x| *x),
         "rolled back: the first wave is on the old generation again"

@@ -619,7 +619,21 @@ fn rollback_moves_only_the_first_wave(
     before: &[[BTreeMap<String, String>; 2]],
     stock_before: &[[BTreeMap<String, String>; 2]],
 ) {
-    let status = fleet.masters.rollout("rollback");
+    // Sent to one master: on one database a command sent to both is
+    // applied twice, and a second rollback withdraws the next generation
+    // (docs/rollouts.md#replicas). The other takes it within 2 s.
+    fleet
+        .masters
+        .command("rollout", false, &["rollback", "production"]);
+    let end = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        let s = fleet.masters.rollout("status");
+        if s.iter().all(|s| s["generations"][0]["withdrawn"] == true) {
+            break s;
+        }
+        assert!(Instant::now() < end, "the rollback reaches both: {s:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
     assert!(status.iter().all(|s| s["halted"] == false), "{status:?}");
     let (ours, stock) = fleet.round();
     for (i, r) in ours.iter().enumerate() {

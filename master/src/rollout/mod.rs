@@ -409,11 +409,14 @@ impl Rollouts {
         tracing::warn!(env = %env, by, "rollout {action:?}");
         let now = self.now();
         let next = self.next(env, |c| match action {
+            // A halt already in force keeps its time: a second one (the
+            // same command sent to two replicas of one database) must not
+            // move the frozen shares forward (docs/rollouts.md#replicas).
             Action::Halt => {
-                c.halt = Some(Halt {
+                c.halt.get_or_insert_with(|| Halt {
                     at: now,
                     reason: format!("halted by {by}"),
-                })
+                });
             }
             Action::Resume => {
                 c.halt = None;
@@ -747,6 +750,13 @@ pub(crate) mod tests {
         let r = Rollouts::new(&rules(POLICY), dir.path());
         assert_eq!(r.command(&env).clock, u64::MAX);
         let list = vec![kept("new", 2000), kept("old", 1000)];
+        let c = r.apply_to(&list, &env, Action::Halt, "op").unwrap();
+        assert_eq!(c.clock, u64::MAX, "not wrapped");
+        assert_eq!(
+            c.halt.unwrap().at,
+            Stamp(2030),
+            "a second halt keeps the first's time"
+        );
         let c = r.apply_to(&list, &env, Action::Resume, "op").unwrap();
         assert_eq!((c.clock, c.halt), (u64::MAX, None), "resumed, not wrapped");
         let again = Rollouts::new(&rules(POLICY), dir.path());

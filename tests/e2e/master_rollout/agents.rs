@@ -220,7 +220,7 @@ async fn a_fleet_of_agents_halts_a_failing_first_wave_and_comes_back_on_rollback
         assert!(reason.contains("report load failures"), "{s}");
         assert_eq!(s["generations"][0]["waves_open"], 1, "{s}");
     }
-    rollout(&cfg, "rollback", &[&a, &b]);
+    rolled_back(&cfg, &a, &b).await;
     for (name, (got, report)) in ours.iter().zip(run_all(&homes)) {
         assert_eq!(got, old, "{name}: rolled back");
         assert_eq!(failed_loads(&report), 0, "{name}: {report}");
