@@ -104,19 +104,21 @@ pub enum Command {
         /// The environment.
         environment: String,
     },
-    /// Show or steer ENVIRONMENT's rollout on every master named
-    /// (docs/rollouts.md#commands): `status`, `halt` (no node moves),
+    /// Show or steer ENVIRONMENT's rollout (docs/rollouts.md#commands):
+    /// `status` (of every master named), `halt` (no node moves),
     /// `resume`, `promote` (the newest generation to everyone now),
     /// `rollback` (withdraw the newest: its nodes return to what each had,
-    /// no other node moves). An
-    /// admin API call as the master's own certificate; exit 0 only if
-    /// every master answered.
+    /// no other node moves). A command is applied once, by the first
+    /// master named that answers; the others show their status once it
+    /// reached them. An admin API call as the master's own certificate;
+    /// exit 0 only if every master answered.
     Rollout {
         /// The config file (the TLS identity to present).
         #[arg(long, default_value = crate::config::DEFAULT_CONFIG)]
         config: PathBuf,
         /// A master's URL, `https://HOST:PORT`; repeat for each replica
-        /// (default: the first `listen` address of the config).
+        /// (a command goes to the first that answers; default: the first
+        /// `listen` address of the config).
         #[arg(long = "master")]
         masters: Vec<String>,
         /// `text` or `json` (one status per master).

@@ -35,9 +35,14 @@ pub enum CommandError {
     },
 }
 
-/// `pluginsync-master rollout ACTION ENV`: the call sent to each of
-/// `masters` (the config's own master when empty), each master's status
-/// or error in order.
+/// `pluginsync-master rollout ACTION ENV` against `masters` (the
+/// config's own master when empty), each master's status or error in
+/// order. `status` asks each. A command is applied once: by the first
+/// master that answers it (replicas share their commands through the
+/// state store, docs/rollouts.md#replicas, so sending a rollback to two
+/// replicas would withdraw two generations); a master before it that
+/// could not be reached says so, and every master after it is asked for
+/// its status once that shows the command (within [`SETTLE`]).
 pub async fn run(
     config: &MasterConfig,
     action: &str,
@@ -50,11 +55,44 @@ pub async fn run(
         masters.iter().map(|m| Some(m.as_str())).collect()
     };
     let mut out = Vec::new();
+    let mut applied: Option<u64> = None;
     for t in targets {
         let name = t.unwrap_or("(local)").to_owned();
-        out.push((name, one(config, action, env, t).await));
+        let answer = match (action, applied) {
+            ("status", _) => one(config, "status", env, t).await,
+            (_, None) => {
+                let answer = one(config, action, env, t).await;
+                applied = answer.as_ref().ok().map(|s| s.clock);
+                answer
+            }
+            (_, Some(clock)) => settled(config, env, t, clock).await,
+        };
+        out.push((name, answer));
     }
     out
+}
+
+/// How long a replica may take to show a command another applied (it
+/// reads the commands from the state store each second).
+pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `master`'s status once its commands' clock reaches `clock` (or after
+/// [`SETTLE`], as it is then).
+async fn settled(
+    config: &MasterConfig,
+    env: &str,
+    master: Option<&str>,
+    clock: u64,
+) -> Result<RolloutStatus, CommandError> {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        let status = one(config, "status", env, master).await;
+        let done = status.as_ref().map_or(true, |s| s.clock >= clock);
+        if done || tokio::time::Instant::now() >= deadline {
+            return status;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 async fn one(

@@ -93,12 +93,15 @@ fn rollout(config: &Path, action: &str, masters: &[&Replica]) -> Vec<Value> {
     list.into_iter().map(|v| v["status"].clone()).collect()
 }
 
-/// `rollout rollback` issued to `a` alone, and both replicas' statuses
-/// once each says the newest generation is withdrawn: on one database a
-/// command sent to both would be applied twice, and a second rollback
-/// withdraws the next generation (docs/rollouts.md#replicas).
+/// `rollout rollback` issued naming both replicas, and both replicas'
+/// statuses once each says the newest generation is withdrawn: the
+/// command is applied once, by the first (docs/rollouts.md#commands), so
+/// the generation before the newest stays served.
 async fn rolled_back(cfg: &Path, a: &Replica, b: &Replica) -> Vec<Value> {
-    rollout(cfg, "rollback", &[a]);
+    let answered = rollout(cfg, "rollback", &[a, b]);
+    for s in &answered {
+        assert_eq!(s["generations"][1]["withdrawn"], false, "one rollback: {s}");
+    }
     wait_for(PATIENCE, || async {
         let s = rollout(cfg, "status", &[a, b]);
         (s.iter())
