@@ -189,17 +189,29 @@ impl Fleet {
         Ok(fleet)
     }
 
-    /// Writes the records not yet in the state store now (at shutdown);
-    /// a failure is logged.
+    /// Writes the records not yet in the state store now (at shutdown),
+    /// the latest `last_seen` of every node included; a failure is logged.
     pub fn flush(&self) {
-        if let Some(Err(e)) = self.writer.as_ref().map(|w| w.flush()) {
+        let Some(w) = &self.writer else { return };
+        let mut nodes = self.lock();
+        for (certname, node) in &mut nodes.by_name {
+            if !node.is_written() {
+                node.written_ms = node.seen_ms;
+                w.push(node.row(certname));
+            }
+        }
+        drop(nodes);
+        if let Err(e) = w.flush() {
             tracing::error!(error = %e, "node reports heard last not written");
         }
     }
 
-    /// Hands `node` of `certname` to the state store's writer, if kept.
+    /// Hands `node` of `certname` to the state store's writer, if kept
+    /// and due ([`Node::due`]).
     fn persist(&self, certname: &str, node: &Node) {
-        if let Some(w) = &self.writer {
+        if let Some(w) = &self.writer
+            && node.is_written()
+        {
             w.push(node.row(certname));
         }
     }
@@ -266,6 +278,7 @@ impl Fleet {
                 failed: r.failed.clone(),
                 served: Vec::new(),
                 verified: false,
+                written_ms: 0,
             },
             (None, Some(generation)) => {
                 // What its last Puppet run report said of this same
@@ -283,6 +296,7 @@ impl Fleet {
                     failed,
                     served: Vec::new(),
                     verified: false,
+                    written_ms: 0,
                 }
             }
             (None, None) => return,
@@ -290,6 +304,8 @@ impl Fleet {
         if let Some(old) = old {
             node.served.clone_from(&old.served);
         }
+        // A shared store may hold another replica's later record: written.
+        node.due(old, self.shared.is_some());
         if node.serve(served)
             && let (Some(w), Some(id)) = (&self.writer, served)
         {
@@ -334,8 +350,10 @@ impl Fleet {
                 .collect(),
             served: old.served.clone(),
             verified: false,
+            written_ms: 0,
         };
         node.serve(None);
+        node.due(Some(old), self.shared.is_some());
         self.persist(certname, &node);
         nodes.upsert(certname, node, self.max_nodes);
         true
@@ -618,6 +636,77 @@ mod tests {
             (1, 1),
             "what was served is kept: the same counts"
         );
+    }
+
+    /// A node's no-op runs cost no database write each: a record that
+    /// differs from the stored one only in its time is written once a
+    /// minute (docs/operating.md#the-fleet), any other change at once, and
+    /// the latest time of every node at shutdown.
+    #[test]
+    fn a_record_changed_only_in_its_time_is_written_once_a_minute_and_at_shutdown() {
+        use crate::statestore::Settings;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(StateStore::open(&Settings::embedded(dir.path())).unwrap());
+        let f = Fleet::with_store(&FleetConfig::default(), 0, store.clone()).unwrap();
+        let prod = env("production");
+        let writer = f.writer.clone().unwrap();
+        let stored = || {
+            writer.flush().unwrap();
+            let rows = store.nodes(10).unwrap();
+            let row = rows.into_iter().find(|r| r.certname == "a").unwrap();
+            (row.generation, row.last_seen_ms)
+        };
+        let in_memory = || {
+            let e = f.record_of("a").unwrap();
+            let at = humantime::parse_rfc3339(&e.last_seen).unwrap();
+            at.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+        };
+        let tick = || std::thread::sleep(Duration::from_millis(3));
+        f.heard("a", &prod, None, Some(g(1)));
+        let first = stored();
+        assert_eq!(first, (Some(g(1)), in_memory()), "a new node: written");
+        tick();
+        f.heard("a", &prod, None, Some(g(1)));
+        assert!(in_memory() > first.1);
+        assert_eq!(stored(), first, "only its time changed: not written");
+        tick();
+        f.heard("a", &prod, Some(report(g(1), &["x"]).as_bytes()), None);
+        let reported = stored();
+        assert_eq!(
+            reported.1,
+            in_memory(),
+            "its loads changed: written at once"
+        );
+        tick();
+        f.heard("a", &prod, None, Some(g(2)));
+        assert_eq!(
+            stored(),
+            (Some(g(2)), in_memory()),
+            "moved: written at once"
+        );
+        let moved = stored();
+        tick();
+        f.heard("a", &prod, None, Some(g(2)));
+        assert_eq!(stored(), moved);
+        f.flush();
+        assert_eq!(
+            stored(),
+            (Some(g(2)), in_memory()),
+            "shutdown writes the latest"
+        );
+        // A minute after its last write, the same record is written again.
+        let mut old = f.lock().by_name.get("a").cloned().unwrap();
+        old.written_ms = old.seen_ms;
+        let mut later = old.clone();
+        let every = nodes::LAST_SEEN_EVERY.as_millis() as u64;
+        later.seen_ms = old.seen_ms + every - 1;
+        later.due(Some(&old), false);
+        assert!(!later.is_written());
+        later.due(Some(&old), true);
+        assert!(later.is_written(), "always: a shared store");
+        later.seen_ms = old.seen_ms + every;
+        later.due(Some(&old), false);
+        assert!(later.is_written());
     }
 
     #[test]

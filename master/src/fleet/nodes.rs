@@ -16,6 +16,11 @@ use crate::statestore::{NodeRow, ServedRow};
 /// Generations remembered as served per node (its environment's newest).
 pub(super) const MAX_SERVED: usize = 8;
 
+/// How stale a stored `last_seen` may be: a record that differs from the
+/// node's last written one only in its time is written at most this often
+/// (docs/operating.md#the-fleet).
+pub(super) const LAST_SEEN_EVERY: Duration = Duration::from_secs(60);
+
 /// A node as kept.
 #[derive(Debug, Clone)]
 pub(super) struct Node {
@@ -33,6 +38,10 @@ pub(super) struct Node {
     /// Whether `generation` is one a replica served it: only then does
     /// the health gate count it (docs/rollouts.md#the-health-gate).
     pub(super) verified: bool,
+    /// The `seen_ms` of the last record of this node handed to the state
+    /// store: a record is handed to it when the two are equal
+    /// ([`Node::due`]).
+    pub(super) written_ms: u64,
 }
 
 impl Node {
@@ -89,7 +98,38 @@ impl Node {
             failed: e.failed_plugins.clone(),
             served: Vec::new(),
             verified: e.verified,
+            written_ms: seen_ms.min(now_ms),
         })
+    }
+
+    /// Decides whether this record, replacing `old`, is written to the
+    /// state store ([`Node::is_written`]): at once if it differs from
+    /// `old` in more than its time (or `always`), else once
+    /// [`LAST_SEEN_EVERY`] has passed since `old`'s last write. A node's
+    /// no-op runs then cost no database write each.
+    pub(super) fn due(&mut self, old: Option<&Node>, always: bool) {
+        let every = LAST_SEEN_EVERY.as_millis() as u64;
+        let recent = old.filter(|o| {
+            !always && self.same_record(o) && self.seen_ms < o.written_ms.saturating_add(every)
+        });
+        self.written_ms = recent.map_or(self.seen_ms, |o| o.written_ms);
+    }
+
+    /// Whether this record is the one last handed to the state store (or
+    /// is to be handed to it now).
+    pub(super) fn is_written(&self) -> bool {
+        self.written_ms == self.seen_ms
+    }
+
+    /// Whether the state store's row of `self` and of `other` differ only
+    /// in `last_seen`.
+    fn same_record(&self, other: &Node) -> bool {
+        self.env == other.env
+            && self.generation == other.generation
+            && self.source == other.source
+            && self.loads_ok == other.loads_ok
+            && self.loads_failed == other.loads_failed
+            && self.failed == other.failed
     }
 }
 
