@@ -144,7 +144,8 @@ fn command_of(r: &Row<'_>) -> rusqlite::Result<CommandRow> {
 }
 
 pub(super) fn commands(c: &mut Connection) -> rusqlite::Result<Vec<CommandRow>> {
-    let mut q = c.prepare(
+    // Read each second (`Rollouts::refresh`): parsed once.
+    let mut q = c.prepare_cached(
         "SELECT environment, clock, origin, halted_at, halt_reason, promoted, withdrawn, waived,
                 promoted_before
          FROM rollout_commands ORDER BY environment",

@@ -85,15 +85,17 @@ impl Writer {
         lock(&self.pending).len()
     }
 
-    /// Writes what is pending now; the store's error if it failed (the
-    /// records stay pending).
-    pub fn flush(&self) -> Result<(), super::StoreError> {
+    /// Writes what is pending now (nothing pending: the database is not
+    /// touched); how many node records it wrote, or the store's error if
+    /// it failed (the records stay pending).
+    pub fn flush(&self) -> Result<usize, super::StoreError> {
         let _one = lock(&self.writing);
         let rows: Vec<NodeRow> = lock(&self.pending).drain().map(|(_, r)| r).collect();
         let served = std::mem::take(&mut *lock(&self.served));
         if rows.is_empty() && served.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
+        let count = rows.len();
         let written = self.store.write_nodes(&rows, &served);
         if written.is_err() {
             let mut q = lock(&self.served);
@@ -106,30 +108,34 @@ impl Writer {
                 }
             }
         }
-        written
+        written.map(|()| count)
     }
 }
 
-/// The thread: write every [`INTERVAL`], prune every [`PRUNE_EVERY`];
-/// one log line when writes start failing and one when they recover.
+/// The thread: write every [`INTERVAL`], prune every [`PRUNE_EVERY`]
+/// if nodes were written since; one log line when writes start failing
+/// and one when they recover.
 fn run(writer: &Weak<Writer>) {
     let mut failing = false;
     let mut pruned = Instant::now();
+    let mut written = 0;
     loop {
         std::thread::sleep(INTERVAL);
         let Some(w) = writer.upgrade() else { return };
         match w.flush() {
-            Ok(()) if failing => {
-                failing = false;
+            Ok(n) if failing => {
+                (failing, written) = (false, written + n);
                 tracing::warn!(place = %w.store.place(), "state store: node reports written again");
             }
+            Ok(n) => written += n,
             Err(e) if !failing => {
                 failing = true;
                 tracing::error!(error = %e, pending = w.pending(), "node reports not written: kept until the state store answers");
             }
-            _ => {}
+            Err(_) => {}
         }
-        if pruned.elapsed() >= PRUNE_EVERY {
+        if written > 0 && pruned.elapsed() >= PRUNE_EVERY {
+            written = 0;
             pruned = Instant::now();
             if let Err(e) = w.store.prune_nodes(w.max_nodes) {
                 tracing::warn!(error = %e, "state store: old nodes not pruned");
