@@ -647,7 +647,7 @@ mod tests {
         use crate::statestore::Settings;
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(StateStore::open(&Settings::embedded(dir.path())).unwrap());
-        let f = Fleet::with_store(&FleetConfig::default(), 0, store.clone()).unwrap();
+        let f = Fleet::with_store(&FleetConfig::default(), store.clone()).unwrap();
         let prod = env("production");
         let writer = f.writer.clone().unwrap();
         let stored = || {
