@@ -22,7 +22,7 @@ fn sync(dir: &Path, url: &str, ca: &Path, cert: &Path, key: &Path) -> (i32, Stri
     std::fs::write(
         &config,
         format!(
-            "servers = [{url:?}]\nlibdir = \"lib\"\nvardir = \"var\"\ntimeout = \"20s\"\nretries = 1\n\
+            "servers = [{url:?}]\npuppet_conf = \"\"\nlibdir = \"lib\"\nvardir = \"var\"\ntimeout = \"20s\"\nretries = 1\n\
              [tls]\nca = {ca:?}\ncert = {cert:?}\nkey = {key:?}\n"
         ),
     )
