@@ -259,7 +259,7 @@ struct Masters {
     backends: Vec<ProxyBackend>,
     metrics: Vec<u16>,
     cli: PathBuf,
-    _lb: Balancer,
+    lb: Balancer,
 }
 
 impl Masters {
@@ -321,7 +321,7 @@ impl Masters {
             backends,
             metrics,
             cli,
-            _lb: lb,
+            lb,
         };
         (masters, port)
     }
@@ -696,6 +696,7 @@ fn start(lb: Lb, program: &Path, certs: &str, state: &str) -> (PuppetServer, Mas
         },
     );
     let (masters, port) = held.expect("masters and balancer");
+    masters.lb.wait_puppetserver(&server.ssldir().join("certs/ca.pem"));
     (server, masters, port)
 }
 

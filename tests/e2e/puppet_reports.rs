@@ -193,6 +193,7 @@ fn stock_agents_run_reports_put_their_plugin_failures_in_the_inventory() {
     );
     let (master, lb) = held.expect("master and balancer");
     let ssl = server.ssldir();
+    lb.wait_puppetserver(&ssl.join("certs/ca.pem"));
     let work = tempfile::tempdir().unwrap();
     let node_ssl = node_ssldir(&server, work.path(), "stock1");
     let agent = PuppetAgent::new(&puppet, work.path(), &node_ssl, "stock1", lb.port);

@@ -303,6 +303,44 @@ impl Balancer {
         Balancer { child, port, dir }
     }
 
+    /// Waits (at most 60 s) until a request for Puppet Server through the
+    /// balancer (`GET /status/v1/simple`, its default backend) is answered
+    /// `200`, the balancer's certificate verified against `ca`. A balancer
+    /// started before Puppet Server's JVM (the `reporturl` setups) has
+    /// marked that backend down and only sees it up at its next health
+    /// check: a run before then is refused `503` at the balancer. Panics
+    /// with the balancer's log when it never answers.
+    pub fn wait_puppetserver(&self, ca: &Path) {
+        pluginsync_common::tls::install_default_provider();
+        let ca = std::fs::read(ca).expect("ca");
+        let client = reqwest::Client::builder()
+            .tls_certs_only(reqwest::Certificate::from_pem_bundle(&ca).expect("ca pem"))
+            .https_only(true)
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("client");
+        let url = format!("https://localhost:{}/status/v1/simple", self.port);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let end = Instant::now() + Duration::from_secs(60);
+        let mut last = String::new();
+        while Instant::now() < end {
+            match rt.block_on(async { client.get(&url).send().await.map(|r| r.status()) }) {
+                Ok(reqwest::StatusCode::OK) => return,
+                Ok(status) => last = status.to_string(),
+                Err(e) => last = e.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let log = ["haproxy.log", "error.log"]
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(self.dir.path().join(f)).ok())
+            .collect::<String>();
+        panic!("Puppet Server not reachable through the balancer after 60 s ({last}):\n{log}");
+    }
+
     /// Its directory (logs; nginx's generated files).
     pub fn dir(&self) -> &Path {
         self.dir.path()
