@@ -104,6 +104,20 @@ async fn one(
     let env: EnvName = env.parse()?;
     let (method, target) = match action {
         "status" => ("GET", format!("{ROLLOUT_PATH}?environment={env}")),
+        // Named: a rollback this master already applied (a retry after a
+        // lost answer) is then a no-op, not a second withdrawal
+        // (docs/rollouts.md#commands).
+        "rollback" => {
+            let status = Box::pin(one(config, "status", env.as_str(), master)).await?;
+            let named = (status.generations.iter())
+                .find(|g| !g.withdrawn)
+                .map(|g| format!("&generation={}", g.id))
+                .unwrap_or_default();
+            (
+                "POST",
+                format!("{ROLLOUT_PATH}?environment={env}&action=rollback{named}"),
+            )
+        }
         a => (
             "POST",
             format!("{ROLLOUT_PATH}?environment={env}&action={a}"),

@@ -292,6 +292,21 @@ async fn waves_place_two_hundred_nodes_alike_and_the_commands_steer_both_replica
             .all(|s| s["generations"][0]["withdrawn"] == true),
         "{rolled:?}"
     );
+    // The same rollback again through the admin API, to each replica,
+    // naming what it withdraws (a retry, a script sending it to every
+    // master): nothing more is withdrawn.
+    let admin = pluginsync_tests::client(&pki, Some("localhost"));
+    for r in [&a, &b] {
+        let url = format!(
+            "{}/pluginsync/v1/admin/rollout?environment=production&action=rollback&generation={}",
+            r.url(),
+            &new[..12]
+        );
+        let answer = admin.post(url).send().await.expect("admin API");
+        assert_eq!(answer.status(), 200, "a named rollback again");
+        let s: Value = answer.json().await.expect("status");
+        assert_eq!(s["generations"][1]["withdrawn"], false, "still served: {s}");
+    }
     assert!(
         census(&c, &a, &b, &first).await.iter().all(|x| *x),
         "rolled back: everyone on the first"

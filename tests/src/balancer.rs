@@ -324,11 +324,19 @@ impl Balancer {
             .enable_all()
             .build()
             .expect("runtime");
-        let end = Instant::now() + Duration::from_secs(60);
-        let mut last = String::new();
+        let started = Instant::now();
+        let end = started + Duration::from_secs(60);
+        let mut last = String::from("first try");
         while Instant::now() < end {
             match rt.block_on(async { client.get(&url).send().await.map(|r| r.status()) }) {
-                Ok(reqwest::StatusCode::OK) => return,
+                Ok(reqwest::StatusCode::OK) => {
+                    eprintln!(
+                        "balancer on {} routes to Puppet Server after {:?} ({last})",
+                        self.port,
+                        started.elapsed()
+                    );
+                    return;
+                }
                 Ok(status) => last = status.to_string(),
                 Err(e) => last = e.to_string(),
             }

@@ -4,6 +4,9 @@
 //! `GET {ROLLOUT_PATH}?environment=ENV` answers the rollout's status;
 //! `POST {ROLLOUT_PATH}?environment=ENV&action=ACTION` applies a command
 //! and answers the new status; either without an environment is a 400.
+//! `&generation=ID` (64 hex digits or a unique prefix of at least 12) names
+//! what a rollback withdraws: the same rollback again is then a no-op
+//! (docs/rollouts.md#commands).
 //! Who may call them: as the re-index call, `[admin] certnames` and the
 //! master's own certificate ([`super::admin::admitted`]).
 
@@ -16,7 +19,7 @@ use serde::Serialize;
 use super::admin::admitted;
 use crate::api_error::ApiError;
 use crate::request::Query;
-use crate::rollout::{Action, RolloutError};
+use crate::rollout::{Action, RolloutError, Rollouts};
 use crate::state::AppState;
 
 fn json(status: StatusCode, value: &impl Serialize) -> Response {
@@ -66,25 +69,34 @@ pub async fn command(State(state): State<AppState>, req: Request) -> Response {
         Ok(None) => return ApiError::bad_request("an environment must be named").into_response(),
         Err(e) => return e.into_response(),
     };
-    let action = match Query::parse(req.uri().query())
-        .get("action")
-        .unwrap_or_default()
-        .parse::<Action>()
-    {
+    let query = Query::parse(req.uri().query());
+    let action = match query.get("action").unwrap_or_default().parse::<Action>() {
         Ok(a) => a,
         Err(e) => return ApiError::bad_request(e.to_string()).into_response(),
     };
+    let named = query.get("generation").map(str::to_owned);
+    if named.is_some() && !matches!(action, Action::Rollback(_)) {
+        let why = "generation= names what a rollback withdraws; halt, resume and promote take none";
+        return ApiError::bad_request(why).into_response();
+    }
     let by = format!("admin API ({certname})");
     let applied = tokio::task::spawn_blocking(move || {
         let (r, g) = (&state.rollouts, &state.store.generations);
+        let action = match named {
+            Some(text) => Action::Rollback(Some(Rollouts::named(g, &env, &text)?)),
+            None => action,
+        };
         r.apply(g, &env, action, &by).map(|_| r.status(g, &env))
     })
     .await;
     match applied {
         Ok(Ok(status)) => json(StatusCode::OK, &status),
-        Ok(Err(e @ (RolloutError::NothingEarlier(_) | RolloutError::NoGeneration(_)))) => {
-            ApiError::conflict(e.to_string()).into_response()
-        }
+        Ok(Err(
+            e @ (RolloutError::NothingEarlier(_)
+            | RolloutError::NoGeneration(_)
+            | RolloutError::UnknownGeneration { .. }
+            | RolloutError::NotNewest { .. }),
+        )) => ApiError::conflict(e.to_string()).into_response(),
         // The database away (docs/operating.md#the-state-store): refused,
         // saying which, so the operator knows to retry once it is back.
         Ok(Err(e @ RolloutError::Store(_))) => {

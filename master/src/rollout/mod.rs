@@ -158,6 +158,25 @@ impl From<Command> for CommandRecord {
     }
 }
 
+/// [`Rollouts::named`] among `kept`.
+fn named_in(kept: &[Kept], env: &EnvName, text: &str) -> Result<GenerationId, RolloutError> {
+    let unknown = |why| RolloutError::UnknownGeneration {
+        env: env.to_string(),
+        named: text.chars().take(64).collect(),
+        why,
+    };
+    let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+    if text.len() < 12 || text.len() > 64 || !text.chars().all(hex) {
+        return Err(unknown(" (12 to 64 lowercase hex digits)"));
+    }
+    let mut found = kept.iter().filter(|k| k.id.to_hex().starts_with(text));
+    match (found.next(), found.next()) {
+        (Some(k), None) => Ok(k.id),
+        (Some(_), Some(_)) => Err(unknown(" alone (several start so)")),
+        (None, _) => Err(unknown("")),
+    }
+}
+
 /// An operator's command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -169,7 +188,22 @@ pub enum Action {
     Promote,
     /// Withdraw the newest served generation: the nodes that took it
     /// return to the newest that reached each of them; nothing is promoted.
-    Rollback,
+    /// Naming it makes the command idempotent: a rollback of a generation
+    /// already withdrawn changes nothing, one of a generation that is not
+    /// the newest served is refused (docs/rollouts.md#commands).
+    Rollback(Option<GenerationId>),
+}
+
+impl Action {
+    /// Its name in the command history and log lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Halt => "halt",
+            Action::Resume => "resume",
+            Action::Promote => "promote",
+            Action::Rollback(_) => "rollback",
+        }
+    }
 }
 
 impl std::str::FromStr for Action {
@@ -179,7 +213,7 @@ impl std::str::FromStr for Action {
             "halt" => Ok(Action::Halt),
             "resume" => Ok(Action::Resume),
             "promote" => Ok(Action::Promote),
-            "rollback" => Ok(Action::Rollback),
+            "rollback" => Ok(Action::Rollback(None)),
             other => Err(RolloutError::UnknownAction(other.to_owned())),
         }
     }
@@ -197,6 +231,30 @@ pub enum RolloutError {
     /// Rollback with a single generation left to serve.
     #[error("environment '{0}' keeps no earlier generation to roll back to")]
     NothingEarlier(String),
+    /// A rollback named a generation `env` does not keep (or more than one,
+    /// for a short prefix).
+    #[error("environment '{env}' keeps no generation '{named}'{why}")]
+    UnknownGeneration {
+        /// The environment.
+        env: String,
+        /// What the command named.
+        named: String,
+        /// Why not, when a prefix matched several.
+        why: &'static str,
+    },
+    /// A rollback named a served generation that is not the newest served.
+    #[error(
+        "generation {named} of '{env}' is not the newest served ({newest} is): \
+         a rollback withdraws the newest"
+    )]
+    NotNewest {
+        /// The environment.
+        env: String,
+        /// The generation named (short).
+        named: String,
+        /// The newest served (short).
+        newest: String,
+    },
     /// The state store did not take the command: it is not applied.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -382,6 +440,17 @@ impl Rollouts {
         self.apply_to(&gens.kept(env), env, action, by)
     }
 
+    /// The generation of `env` that `text` names for a rollback: its 64
+    /// hex digits, or a prefix of at least 12 (as `rollout status` prints
+    /// them) that only one kept generation has.
+    pub fn named(
+        gens: &Generations,
+        env: &EnvName,
+        text: &str,
+    ) -> Result<GenerationId, RolloutError> {
+        named_in(&gens.kept(env), env, text)
+    }
+
     /// [`Rollouts::apply`] on `kept`, `env`'s kept generations newest first.
     fn apply_to(
         &self,
@@ -403,10 +472,24 @@ impl Rollouts {
             .map(|k| k.id)
             .filter(|id| !cmd.withdrawn.contains(id))
             .collect();
-        if action == Action::Rollback && serving.len() < 2 {
+        if let Action::Rollback(Some(named)) = action {
+            // Already withdrawn: the same command again (a retry, or sent
+            // to two replicas of one database) changes nothing.
+            if cmd.withdrawn.contains(&named) {
+                return Ok(cmd);
+            }
+            if serving.first().is_some_and(|newest| *newest != named) {
+                return Err(RolloutError::NotNewest {
+                    env: env.to_string(),
+                    named: named.short(),
+                    newest: serving[0].short(),
+                });
+            }
+        }
+        if matches!(action, Action::Rollback(_)) && serving.len() < 2 {
             return Err(RolloutError::NothingEarlier(env.to_string()));
         }
-        tracing::warn!(env = %env, by, "rollout {action:?}");
+        tracing::warn!(env = %env, by, action = action.name(), "rollout command");
         let now = self.now();
         let next = self.next(env, |c| match action {
             // A halt already in force keeps its time: a second one (the
@@ -436,15 +519,14 @@ impl Rollouts {
             // generation that reached it, so the nodes that took this one
             // return to what each had and no other node moves
             // (docs/rollouts.md#commands).
-            Action::Rollback => {
+            Action::Rollback(_) => {
                 c.halt = None;
                 c.withdrawn.push(serving[0]);
                 let over = c.withdrawn.len().saturating_sub(MAX_SEEN);
                 c.withdrawn.drain(..over);
             }
         });
-        let name = format!("{action:?}").to_lowercase();
-        self.commit(env, next.clone(), &name, by)?;
+        self.commit(env, next.clone(), action.name(), by)?;
         Ok(next)
     }
 
@@ -654,10 +736,12 @@ pub(crate) mod tests {
             "resumed: waived for that generation"
         );
         // A rollback withdraws, and promotes nothing (docs/rollouts.md#commands).
-        let c = r.apply_to(&list, &env, Action::Rollback, "op").unwrap();
+        let c = r
+            .apply_to(&list, &env, Action::Rollback(None), "op")
+            .unwrap();
         assert_eq!((c.withdrawn.clone(), c.promoted), (vec![list[0].id], None));
         assert!(matches!(
-            r.apply_to(&list, &env, Action::Rollback, "op"),
+            r.apply_to(&list, &env, Action::Rollback(None), "op"),
             Err(RolloutError::NothingEarlier(_))
         ));
         let again = Rollouts::new(&rules(POLICY), dir.path());
@@ -671,6 +755,46 @@ pub(crate) mod tests {
         let c = again.apply_to(&list, &env, Action::Promote, "op").unwrap();
         assert!(c.withdrawn.is_empty() && c.promoted == Some(list[0].id));
         assert_eq!(c.clock, 4, "halt, resume, rollback, promote");
+    }
+
+    #[test]
+    fn a_named_rollback_applies_once_and_refuses_any_but_the_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Rollouts::new(&rules(POLICY), dir.path());
+        let env: EnvName = "production".parse().unwrap();
+        let (a, b, c) = (kept("a", 1000), kept("b", 2000), kept("c", 3000));
+        let three = vec![c.clone(), b.clone(), a.clone()];
+        let older = Action::Rollback(Some(b.id));
+        assert!(
+            matches!(
+                r.apply_to(&three, &env, older, "op"),
+                Err(RolloutError::NotNewest { .. })
+            ),
+            "b is served but c is the newest"
+        );
+        let named = Action::Rollback(Some(c.id));
+        let once = r.apply_to(&three, &env, named, "op").unwrap();
+        assert_eq!(once.withdrawn, vec![c.id]);
+        // The same command again, as a retry or from a second replica.
+        let twice = r.apply_to(&three, &env, named, "op").unwrap();
+        assert_eq!(twice, once, "nothing changed, the clock included");
+        assert_eq!(r.command(&env).withdrawn, vec![c.id], "b stays served");
+        // Unnamed, a rollback withdraws the newest served, whichever it is.
+        let unnamed = r
+            .apply_to(&three, &env, Action::Rollback(None), "op")
+            .unwrap();
+        assert_eq!(unnamed.withdrawn, vec![c.id, b.id]);
+        // Names: the whole id or a unique prefix of 12 or more hex digits.
+        let hex = c.id.to_hex();
+        assert_eq!(named_in(&three, &env, &hex).unwrap(), c.id);
+        assert_eq!(named_in(&three, &env, &hex[..12]).unwrap(), c.id);
+        for bad in [&hex[..11], "XYZ", &"0".repeat(64)] {
+            let e = named_in(&three, &env, bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with("environment 'production' keeps no generation"),
+                "{e}"
+            );
+        }
     }
 
     /// Where each of 1000 nodes is placed (its generation's name in `names`).
@@ -695,7 +819,9 @@ pub(crate) mod tests {
         let three = vec![c, b.clone(), a.clone()];
         let before = places(&two, &r.command(&env), policy);
         assert!(before.contains(&a.id) && before.contains(&b.id));
-        let cmd = r.apply_to(&three, &env, Action::Rollback, "op").unwrap();
+        let cmd = r
+            .apply_to(&three, &env, Action::Rollback(None), "op")
+            .unwrap();
         assert_eq!(cmd.promoted, None, "nothing promoted");
         assert_eq!(
             places(&three, &cmd, policy),
@@ -707,7 +833,9 @@ pub(crate) mod tests {
         let r = Rollouts::new(&rules(POLICY), dir.path());
         r.apply_to(&two, &env, Action::Promote, "op").unwrap();
         r.apply_to(&three, &env, Action::Promote, "op").unwrap();
-        let cmd = r.apply_to(&three, &env, Action::Rollback, "op").unwrap();
+        let cmd = r
+            .apply_to(&three, &env, Action::Rollback(None), "op")
+            .unwrap();
         assert!(places(&three, &cmd, policy).iter().all(|g| *g == b.id));
         assert!(r.gate(&env, &three).is_none(), "b reached everyone");
     }
