@@ -763,7 +763,7 @@ pub(crate) mod tests {
         let r = Rollouts::new(&rules(POLICY), dir.path());
         let env: EnvName = "production".parse().unwrap();
         let (a, b, c) = (kept("a", 1000), kept("b", 2000), kept("c", 3000));
-        let three = vec![c.clone(), b.clone(), a.clone()];
+        let three = vec![c.clone(), b.clone(), a];
         let older = Action::Rollback(Some(b.id));
         assert!(
             matches!(
