@@ -402,9 +402,10 @@ fn readme_and_architecture_md_stay_short() {
         "ARCHITECTURE.md",
         &read("ARCHITECTURE.md"),
         // One page: the map's tables grow by one short row per module;
-        // 13,000 bytes: the pipelines live in docs/internals.md; the
-        // next module's row comes with a cut, not a raise.
-        13_000,
+        // 12,288 bytes (12 KiB): the pipelines live in docs/internals.md,
+        // the test modules in docs/development.md#tests; the next
+        // module's row comes with a cut, not a raise.
+        12_288,
         200,
     ));
     assert!(
