@@ -8,7 +8,8 @@
 //! runs report the failures (half to each replica) and both replicas halt;
 //! `rollout rollback` brings them back to the old files on their next run,
 //! where the loads pass again; nodes outside the wave never leave the old
-//! generation. Promote waves keep it off the wall clock.
+//! generation. Promote waves keep it off the wall clock. Run both ways: as
+//! is, and with `[trust]` on the replicas and every agent of ours.
 
 use std::path::Path;
 
@@ -116,6 +117,20 @@ fn failed_loads(report: &Value) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_of_agents_halts_a_failing_first_wave_and_comes_back_on_rollback() {
+    fleet_through_a_failing_first_wave(false).await;
+}
+
+/// The same with `[trust]` on both replicas and every agent of ours, each
+/// tree signed by the emulated pipeline (`Signing`): placement, the gate
+/// and the rollback work among signed generations
+/// (docs/trust.md#waves-and-a-signed-floor); the stock nodes get only
+/// signed trees, as the replicas publish no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_fleet_halts_a_failing_first_wave_and_comes_back_on_rollback() {
+    fleet_through_a_failing_first_wave(true).await;
+}
+
+async fn fleet_through_a_failing_first_wave(trust: bool) {
     let puppet = require("puppet", "puppet", "master_rollout::agents");
     let Some(pg) = pluginsync_tests::Postgres::launch("master_rollout::agents") else {
         return;
@@ -131,11 +146,15 @@ async fn a_fleet_of_agents_halts_a_failing_first_wave_and_comes_back_on_rollback
         tempfile::tempdir().unwrap(),
     );
     tree.file("production", "app", "lib/facter/app.rb", "# one\n", 0o644);
+    let plain = config_toml(&tree.envpath(), &pki, "", "");
+    let signing = pluginsync_tests::Signing::new(trust, &plain, &["production"]);
     let policy = format!(
         "[[rollout]]\nenvironments = [\"production\"]\n\
          waves = [ {{ after = \"0s\", percent = {FIRST} }}, {{ promote = true, percent = 100 }} ]\n\
-         halt_on_load_failures = {{ percent = 50, min_nodes = 3 }}\n"
+         halt_on_load_failures = {{ percent = 50, min_nodes = 3 }}\n{}",
+        signing.master_tables()
     );
+    let agent_tables = format!("{LOADERS}{}", signing.agent_table());
     let (a, b) = two_replicas(dir.path(), (&tree, &pki), &pg.database(), "", &policy);
     let cfg = a.config.clone();
     let (_ma, _mb) = (
@@ -153,7 +172,7 @@ async fn a_fleet_of_agents_halts_a_failing_first_wave_and_comes_back_on_rollback
             } else {
                 [b.url(), a.url()]
             };
-            AgentHome::with_ssldir(&pki.ssldir, name, &servers, LOADERS)
+            AgentHome::with_ssldir(&pki.ssldir, name, &servers, &agent_tables)
         })
         .collect();
     let stock: Vec<Stock> = stock_certs
