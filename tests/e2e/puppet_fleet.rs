@@ -171,20 +171,7 @@ fn forged_get(lb: &Balancer, ca: &Path, target: &str) -> u16 {
 /// listener), as the master itself (its own certificate may ask):
 /// `Null` when it cannot be had.
 pub(crate) fn inventory(url: &str, ssl: &Path) -> serde_json::Value {
-    pluginsync_common::tls::install_default_provider();
-    let ca = std::fs::read(ssl.join("certs/ca.pem")).expect("ca");
-    let mut pem = std::fs::read(ssl.join("certs/localhost.pem")).expect("cert");
-    pem.extend(std::fs::read(ssl.join("private_keys/localhost.pem")).expect("key"));
-    let client = reqwest::Client::builder()
-        .tls_certs_only(reqwest::Certificate::from_pem_bundle(&ca).expect("ca pem"))
-        .identity(reqwest::Identity::from_pem(&pem).expect("identity"))
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("client");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (client, rt) = pluginsync_tests::ssldir_client(ssl, Some("localhost"));
     rt.block_on(async {
         let resp = client
             .get(format!("{url}/pluginsync/v1/inventory"))

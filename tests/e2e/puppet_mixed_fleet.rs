@@ -696,9 +696,7 @@ fn start(lb: Lb, program: &Path, certs: &str, state: &str) -> (PuppetServer, Mas
         },
     );
     let (masters, port) = held.expect("masters and balancer");
-    masters
-        .lb
-        .wait_puppetserver(&server.ssldir().join("certs/ca.pem"));
+    masters.lb.wait_puppetserver(&server.ssldir());
     (server, masters, port)
 }
 

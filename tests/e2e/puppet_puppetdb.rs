@@ -200,7 +200,7 @@ fn peers(pg: &Postgres, haproxy: &Path) -> (PuppetServer, PuppetDb, ProxyBackend
         held = Some((pdb, master, lb));
     });
     let (mut pdb, master, lb) = held.expect("PuppetDB, master and balancer");
-    lb.wait_puppetserver(&server.ssldir().join("certs/ca.pem"));
+    lb.wait_puppetserver(&server.ssldir());
     let started = Instant::now();
     pdb.wait_running(Duration::from_secs(300));
     eprintln!(

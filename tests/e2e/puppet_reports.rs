@@ -50,24 +50,11 @@ const POLICY: &str = "[[rollout]]\nenvironments = [\"production\"]\n\
 /// `method` of the rollout admin call for production (`query` appended),
 /// as the master itself: the status as JSON, `Null` when it cannot be had.
 fn rollout(master: &ProxyBackend, ssl: &Path, post: bool, query: &str) -> serde_json::Value {
-    pluginsync_common::tls::install_default_provider();
-    let ca = std::fs::read(ssl.join("certs/ca.pem")).expect("ca");
-    let mut pem = std::fs::read(ssl.join("certs/localhost.pem")).expect("cert");
-    pem.extend(std::fs::read(ssl.join("private_keys/localhost.pem")).expect("key"));
-    let client = reqwest::Client::builder()
-        .tls_certs_only(reqwest::Certificate::from_pem_bundle(&ca).expect("ca pem"))
-        .identity(reqwest::Identity::from_pem(&pem).expect("identity"))
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("client");
+    let (client, rt) = pluginsync_tests::ssldir_client(ssl, Some("localhost"));
     let url = format!(
         "{}/pluginsync/v1/admin/rollout?environment=production{query}",
         master.tls_url()
     );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     rt.block_on(async {
         let req = if post {
             client.post(url)
@@ -193,7 +180,7 @@ fn stock_agents_run_reports_put_their_plugin_failures_in_the_inventory() {
     );
     let (master, lb) = held.expect("master and balancer");
     let ssl = server.ssldir();
-    lb.wait_puppetserver(&ssl.join("certs/ca.pem"));
+    lb.wait_puppetserver(&ssl);
     let work = tempfile::tempdir().unwrap();
     let node_ssl = node_ssldir(&server, work.path(), "stock1");
     let agent = PuppetAgent::new(&puppet, work.path(), &node_ssl, "stock1", lb.port);

@@ -305,25 +305,15 @@ impl Balancer {
 
     /// Waits (at most 60 s) until a request for Puppet Server through the
     /// balancer (`GET /status/v1/simple`, its default backend) is answered
-    /// `200`, the balancer's certificate verified against `ca`. A balancer
-    /// started before Puppet Server's JVM (the `reporturl` setups) has
-    /// marked that backend down and only sees it up at its next health
-    /// check: a run before then is refused `503` at the balancer. Panics
-    /// with the balancer's log when it never answers.
-    pub fn wait_puppetserver(&self, ca: &Path) {
-        pluginsync_common::tls::install_default_provider();
-        let ca = std::fs::read(ca).expect("ca");
-        let client = reqwest::Client::builder()
-            .tls_certs_only(reqwest::Certificate::from_pem_bundle(&ca).expect("ca pem"))
-            .https_only(true)
-            .timeout(Duration::from_secs(10))
-            .build()
-            .expect("client");
+    /// `200`, the balancer's certificate verified against the CA of the
+    /// Puppet ssldir `ssl`. A balancer started before Puppet Server's JVM
+    /// (the `reporturl` setups) has marked that backend down and only sees
+    /// it up at its next health check: a run before then is refused `503`
+    /// at the balancer. Panics with the balancer's log when it never
+    /// answers.
+    pub fn wait_puppetserver(&self, ssl: &Path) {
+        let (client, rt) = crate::ssldir_client(ssl, None);
         let url = format!("https://localhost:{}/status/v1/simple", self.port);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
         let started = Instant::now();
         let end = started + Duration::from_secs(60);
         let mut last = String::from("first try");

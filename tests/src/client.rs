@@ -1,4 +1,5 @@
-//! Talking to a master as a client: an mTLS reqwest [`client()`], a raw
+//! Talking to a master as a client: an mTLS reqwest [`client()`] (and
+//! [`ssldir_client`] for a Puppet site's ssldir), a raw
 //! HTTP/1.1 request over TLS ([`raw_get`], [`RawResponse`]) for paths a URL
 //! library would normalise (`..`), and [`wait_for`] to poll until an answer
 //! shows a change.
@@ -25,6 +26,32 @@ pub fn client(pki: &Pki, certname: Option<&str>) -> reqwest::Client {
         b = b.identity(reqwest::Identity::from_pem(&pem).expect("identity"));
     }
     b.build().expect("client")
+}
+
+/// A client of a Puppet site's TLS (a Puppet ssldir `ssl`: `certs/ca.pem`,
+/// `certs/<name>.pem`, `private_keys/<name>.pem`) trusting only its CA,
+/// presenting `certname`'s certificate (none for `None`), and a runtime to
+/// drive it from a synchronous test.
+pub fn ssldir_client(
+    ssl: &std::path::Path,
+    certname: Option<&str>,
+) -> (reqwest::Client, tokio::runtime::Runtime) {
+    pluginsync_common::tls::install_default_provider();
+    let ca = std::fs::read(ssl.join("certs/ca.pem")).expect("ca");
+    let mut b = reqwest::Client::builder()
+        .tls_certs_only(reqwest::Certificate::from_pem_bundle(&ca).expect("ca pem"))
+        .https_only(true)
+        .timeout(Duration::from_secs(30));
+    if let Some(name) = certname {
+        let mut pem = std::fs::read(ssl.join(format!("certs/{name}.pem"))).expect("cert");
+        pem.extend(std::fs::read(ssl.join(format!("private_keys/{name}.pem"))).expect("key"));
+        b = b.identity(reqwest::Identity::from_pem(&pem).expect("identity"));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    (b.build().expect("client"), rt)
 }
 
 /// A raw response.

@@ -85,7 +85,7 @@ mod tree;
 mod tuf;
 
 pub use agent::{AgentHome, AgentRun};
-pub use client::{RawResponse, client, raw_get, wait_for, wait_ready};
+pub use client::{RawResponse, client, raw_get, ssldir_client, wait_for, wait_ready};
 pub use conn::{
     ChainedClient, ChildMaster, H2, H2Frame, closed_within, dated_client_cert, h1_get, identity,
     refused, rss_kib_of, server_cert_for, tls_config, tls_connect, write_root_crl,
