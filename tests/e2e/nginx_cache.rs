@@ -18,7 +18,8 @@
 //! `private`: nginx stores none, and every request reaches a master. Over
 //! TLS to a master through `packaging/nginx-pluginsync-hop.conf`, a node
 //! syncs with its own identity, and the hop admits the cache's certificate
-//! only.
+//! only. The fleet runs both ways: as is, and with `[trust]` on the masters
+//! and every node.
 //!
 //! Skipped with a message where nginx is missing, except under CI.
 
@@ -315,13 +316,34 @@ fn corrupt_body(path: &Path) {
 
 #[test]
 fn a_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
+    fleet_through_the_cache(false);
+}
+
+/// The same with `[trust]` on both masters and every node, each tree
+/// signed by the emulated pipeline (`Signing`): the TUF metadata passes
+/// the cache too, and the cache's economy holds (docs/trust.md).
+#[test]
+fn a_signed_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
+    fleet_through_the_cache(true);
+}
+
+fn fleet_through_the_cache(trust: bool) {
     let Some(nginx) = require("nginx", "nginx", TEST) else {
         return;
     };
     let names: Vec<String> = (0..NODES).map(|i| format!("node{i:03}")).collect();
     let setup = Setup::new(&names, 10, 30, 24);
     let (pki, libs, env_dir) = (&setup.pki, &setup.libs, setup.env_dir());
-    let masters: Vec<ProxyBackend> = (0..2).map(|_| setup.master("")).collect();
+    let toml = pluginsync_tests::config_toml(
+        &setup.tree.envpath(),
+        pki,
+        &format!("basemodulepath = [{:?}]", setup.base.path()),
+        "",
+    );
+    let signing = pluginsync_tests::Signing::new(trust, &toml, &["production"]);
+    let masters: Vec<ProxyBackend> = (0..2)
+        .map(|_| setup.master(&signing.master_tables()))
+        .collect();
     let proxies: Vec<String> = masters.iter().map(|m| m.proxy.clone()).collect();
     let cache = Balancer::nginx_cache(&nginx, setup.tls(), &proxies);
     // Both masters have published the tree before the first node asks: a
@@ -338,7 +360,10 @@ fn a_fleet_syncs_a_change_through_the_cache_and_refuses_a_wrong_blob() {
     let server = format!("https://localhost:{}", cache.port);
     let homes: Vec<AgentHome> = names
         .iter()
-        .map(|n| AgentHome::with_ssldir(&pki.ssldir, n, std::slice::from_ref(&server), ""))
+        .map(|n| {
+            let trust = signing.agent_table();
+            AgentHome::with_ssldir(&pki.ssldir, n, std::slice::from_ref(&server), &trust)
+        })
         .collect();
 
     // Every node syncs the tree through the cache.
