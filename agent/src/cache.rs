@@ -466,6 +466,13 @@ impl GenerationRecord {
         std::fs::read(Self::path(vardir, env, "manifest")).ok()
     }
 
+    /// The length of the manifest kept for `env` (its file's size).
+    pub fn manifest_len(vardir: &Path, env: &str) -> Option<u64> {
+        std::fs::metadata(Self::path(vardir, env, "manifest"))
+            .ok()
+            .map(|m| m.len())
+    }
+
     /// Writes the manifest (when given) and then the record, each
     /// atomically (not synced: a hint, as the rest of the cache).
     pub fn save(&self, vardir: &Path, env: &str, manifest: Option<&[u8]>) -> std::io::Result<()> {

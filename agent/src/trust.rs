@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pluginsync_common::envname::EnvName;
-use pluginsync_common::generation::GenerationId;
-use pluginsync_common::trust::{self, Expiry, METADATA_PREFIX, TrustError};
+use pluginsync_common::generation::{GenerationId, Manifest};
+use pluginsync_common::trust::{self, Expiry, METADATA_PREFIX, TrustError, Trusted};
 use serde::Deserialize;
 
 use tough::{Bytes, Transport, TransportError, TransportErrorKind, TransportStream, async_trait};
@@ -80,9 +80,9 @@ pub fn datastore(vardir: &Path) -> PathBuf {
     vardir.join("trust")
 }
 
-/// Refreshes the signed metadata from `server` (timestamp → snapshot →
-/// targets) over `http`, and checks that generation `id` of `env`, whose
-/// manifest is `len` bytes, is a signed target.
+/// Refreshes the signed metadata from `server` ([`refresh`]) and checks
+/// that generation `id` of `env`, whose manifest is `len` bytes, is a
+/// signed target.
 pub async fn verify(
     config: &TrustConfig,
     vardir: &Path,
@@ -90,6 +90,23 @@ pub async fn verify(
     server: &str,
     (env, id, len): (&EnvName, &GenerationId, u64),
 ) -> Result<(), TrustError> {
+    refresh(config, vardir, http, server)
+        .await?
+        .check(env, id, len)
+}
+
+/// The signed metadata of `server`, refreshed (timestamp → snapshot →
+/// targets) over `http`. The timestamp is revalidated first: when the
+/// master still serves the one kept, names no newer root, and every file
+/// the last full load verified is unchanged in the vardir, that load's
+/// result is taken again (`trust::recall`, docs/trust.md#requests-per-run);
+/// else tough loads and verifies everything, and its result is recorded.
+pub async fn refresh(
+    config: &TrustConfig,
+    vardir: &Path,
+    http: reqwest::Client,
+    server: &str,
+) -> Result<Trusted, TrustError> {
     let base = format!("{}{METADATA_PREFIX}", server.trim_end_matches('/'));
     let url =
         url::Url::parse(&base).map_err(|e| TrustError::Unavailable(format!("{base}: {e}")))?;
@@ -99,7 +116,25 @@ pub async fn verify(
     };
     let store = datastore(vardir);
     let files = store.join("files");
+    let kept = |[_, _, snapshot, targets]: [u64; 4]| {
+        let targets = files.join(format!("{targets}.targets.json"));
+        trust::Kept {
+            files: vec![
+                files.join("timestamp.json"),
+                files.join(format!("{snapshot}.snapshot.json")),
+                targets.clone(),
+            ],
+            targets,
+        }
+    };
     let transport = MasterTransport::new(http, files.clone());
+    if let Some(newest_root) = transport.revalidate(&url).await
+        && let Some(trusted) = trust::recall(&config.root, &store, kept, expiry)
+        && newest_root <= trusted.versions()[0]
+    {
+        return Ok(trusted);
+    }
+    trust::forget(&store);
     let trusted = match trust::load(&config.root, &store, url, transport, expiry).await {
         Ok(t) => t,
         Err(e) => {
@@ -109,7 +144,33 @@ pub async fn verify(
         }
     };
     prune(&files, trusted.versions());
-    trusted.check(env, id, len)
+    if let Err(e) = trust::remember(&trusted, &config.root, &store, kept) {
+        tracing::debug!(error = %e, "cannot record the verified metadata: the next run verifies it again");
+    }
+    Ok(trusted)
+}
+
+/// The length of generation `id`'s manifest: of the `fresh` bytes; or
+/// else of the file the node holds for `env`, its size when that is the
+/// signed length (a no-op run checks the signed target without reading
+/// the manifest back), else its bytes read back (into `fresh`) when they
+/// are the generation's; `None`: the manifest must be fetched again.
+pub fn held_len(
+    trusted: &Trusted,
+    vardir: &Path,
+    fresh: &mut Option<Vec<u8>>,
+    (env, id): (&EnvName, &GenerationId),
+) -> Option<u64> {
+    use crate::cache::GenerationRecord;
+    if fresh.is_none() {
+        let len = GenerationRecord::manifest_len(vardir, env.as_str());
+        if let Some(len) = len.filter(|&n| trusted.check(env, id, n).is_ok()) {
+            return Some(len);
+        }
+        let bytes = GenerationRecord::load_manifest(vardir, env.as_str())?;
+        *fresh = Some(bytes).filter(|b| Manifest::parse(b, id).is_ok());
+    }
+    fresh.as_ref().map(|b| b.len() as u64)
 }
 
 /// Removes the kept versioned files but those of the `versions` trusted
@@ -178,18 +239,18 @@ pub async fn verify_bundle(
 /// versioned files (`N.root.json`, `N.snapshot.json`, `N.targets.json`)
 /// never change (consistent snapshots), so they are kept in
 /// `<vardir>/trust/files/` and read from there; `timestamp.json` is asked
-/// with the `If-None-Match` of the copy kept (a 304: that copy); and the
-/// probe for the next root is answered "not found" without a request when
-/// the timestamp's answer says (`X-Pluginsync-Trust-Root`) the master has
-/// no newer root, which is all the probe would learn. tough verifies every
-/// file, kept or fetched, exactly as before; a failed load clears the
-/// kept files ([`verify`]).
+/// with the `If-None-Match` of the copy kept (a 304: that copy), once a
+/// run ([`MasterTransport::revalidate`]); and the probe for the next root
+/// is answered "not found" without a request when the timestamp's answer
+/// says (`X-Pluginsync-Trust-Root`) the master has no newer root, which is
+/// all the probe would learn. tough verifies every file, kept or fetched,
+/// exactly as before; a failed load clears the kept files ([`refresh`]).
 #[derive(Debug, Clone)]
 pub struct MasterTransport {
     http: reqwest::Client,
     files: PathBuf,
-    /// The timestamp fetched ahead (to answer the root probe), and the
-    /// newest root version the master said it has.
+    /// The timestamp fetched ahead, and the newest root version the
+    /// master said it has.
     ahead: std::sync::Arc<std::sync::Mutex<Ahead>>,
 }
 
@@ -212,6 +273,20 @@ impl MasterTransport {
 
     fn ahead(&self) -> std::sync::MutexGuard<'_, Ahead> {
         pluginsync_common::mutex::lock(&self.ahead)
+    }
+
+    /// Asks the master's `timestamp.json` (under `base`, the metadata
+    /// URL) once, ahead of tough, which is then answered from it: the
+    /// newest root version the master serves, when it says.
+    pub async fn revalidate(&self, base: &url::Url) -> Option<u64> {
+        if std::mem::replace(&mut self.ahead().asked, true) {
+            return self.ahead().root;
+        }
+        let url = base.join("timestamp.json").ok()?;
+        let bytes = self.timestamp(&url).await.ok()?;
+        let mut ahead = self.ahead();
+        ahead.timestamp = Some(bytes);
+        ahead.root
     }
 
     /// `GET url`, conditional on `etag`: the status, the `ETag`, the
@@ -245,61 +320,49 @@ impl MasterTransport {
         })
     }
 
-    /// `timestamp.json`, revalidated against the copy kept.
-    async fn timestamp(&self, url: &url::Url) -> Result<Vec<u8>, TransportError> {
+    /// `name` fetched from `url`, conditional on the copy kept when
+    /// `revalidate` (the timestamp) and else read from it when there is
+    /// one (a versioned file never changes); what a 200 brings is kept
+    /// (each file written new, `trust::write_new`).
+    async fn fetch_kept(
+        &self,
+        url: &url::Url,
+        name: &str,
+        revalidate: bool,
+    ) -> Result<Vec<u8>, TransportError> {
+        let stem = name.strip_suffix(".json").unwrap_or(name);
         let (kept, tag) = (
-            self.files.join("timestamp.json"),
-            self.files.join("timestamp.etag"),
+            self.files.join(name),
+            self.files.join(format!("{stem}.etag")),
         );
         let old = std::fs::read(&kept).ok();
+        if !revalidate && let Some(old) = old {
+            return Ok(old);
+        }
         let etag = old
             .as_ref()
             .and_then(|_| std::fs::read_to_string(&tag).ok());
         let got = self.get(url, etag.as_deref()).await?;
-        self.ahead().root = got.root;
+        if revalidate {
+            self.ahead().root = got.root;
+        }
         match (got.status, old) {
-            (304, Some(old)) => Ok(old),
+            (304, Some(old)) if revalidate => Ok(old),
             (200, _) => {
                 let _ = std::fs::create_dir_all(&self.files);
-                let _ = std::fs::write(&kept, &got.body);
-                let _ = std::fs::write(&tag, got.etag.unwrap_or_default());
+                let _ = trust::write_new(&kept, &got.body);
+                if revalidate {
+                    let _ = trust::write_new(&tag, got.etag.unwrap_or_default().as_bytes());
+                }
                 Ok(got.body)
             }
-            (404, _) => Err(TransportError::new(
-                TransportErrorKind::FileNotFound,
-                url.clone(),
-            )),
-            (s, _) => Err(TransportError::new_with_cause(
-                TransportErrorKind::Other,
-                url.clone(),
-                format!("HTTP {s}"),
-            )),
+            (s, _) => Err(refused(url, s)),
         }
     }
 
-    /// A versioned file: kept, or fetched and kept.
-    async fn versioned(&self, url: &url::Url, name: &str) -> Result<Vec<u8>, TransportError> {
-        let kept = self.files.join(name);
-        if let Ok(bytes) = std::fs::read(&kept) {
-            return Ok(bytes);
-        }
-        let got = self.get(url, None).await?;
-        match got.status {
-            200 => {
-                let _ = std::fs::create_dir_all(&self.files);
-                let _ = std::fs::write(&kept, &got.body);
-                Ok(got.body)
-            }
-            404 => Err(TransportError::new(
-                TransportErrorKind::FileNotFound,
-                url.clone(),
-            )),
-            s => Err(TransportError::new_with_cause(
-                TransportErrorKind::Other,
-                url.clone(),
-                format!("HTTP {s}"),
-            )),
-        }
+    /// `timestamp.json`, revalidated against the copy kept.
+    async fn timestamp(&self, url: &url::Url) -> Result<Vec<u8>, TransportError> {
+        self.fetch_kept(url, "timestamp.json", true).await
     }
 
     async fn fetch_bytes(&self, url: &url::Url) -> Result<Vec<u8>, TransportError> {
@@ -318,16 +381,15 @@ impl MasterTransport {
             .strip_suffix(".root.json")
             .and_then(|v| v.parse::<u64>().ok())
         {
-            if !std::mem::replace(&mut self.ahead().asked, true) {
-                // The root probe comes first: ask the timestamp now, once.
-                let ts = url.join("timestamp.json").map_err(|e| {
-                    TransportError::new_with_cause(TransportErrorKind::Other, url.clone(), e)
-                })?;
-                if let Ok(bytes) = self.timestamp(&ts).await {
-                    self.ahead().timestamp = Some(bytes);
-                }
-            }
-            if self.ahead().root.is_some_and(|newest| version > newest) {
+            // The root probe comes first: the timestamp is asked now, once.
+            let base = url.join(".").map_err(|e| {
+                TransportError::new_with_cause(TransportErrorKind::Other, url.clone(), e)
+            })?;
+            if self
+                .revalidate(&base)
+                .await
+                .is_some_and(|newest| version > newest)
+            {
                 return Err(TransportError::new(
                     TransportErrorKind::FileNotFound,
                     url.clone(),
@@ -335,21 +397,26 @@ impl MasterTransport {
             }
         }
         if pluginsync_common::bundle::is_metadata_name(&name) {
-            return self.versioned(url, &name).await;
+            return self.fetch_kept(url, &name, false).await;
         }
         let got = self.get(url, None).await?;
         match got.status {
             200 => Ok(got.body),
-            404 => Err(TransportError::new(
-                TransportErrorKind::FileNotFound,
-                url.clone(),
-            )),
-            s => Err(TransportError::new_with_cause(
-                TransportErrorKind::Other,
-                url.clone(),
-                format!("HTTP {s}"),
-            )),
+            s => Err(refused(url, s)),
         }
+    }
+}
+
+/// A status other than 200 (or a 304 answering a kept copy): a 404 is
+/// "not found", anything else an error.
+fn refused(url: &url::Url, status: u16) -> TransportError {
+    match status {
+        404 => TransportError::new(TransportErrorKind::FileNotFound, url.clone()),
+        s => TransportError::new_with_cause(
+            TransportErrorKind::Other,
+            url.clone(),
+            format!("HTTP {s}"),
+        ),
     }
 }
 

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tough::error::Error as ToughError;
-use tough::schema::{Root, Signed};
+use tough::schema::{Root, Signed, Targets};
 use tough::{ExpirationEnforcement, RepositoryLoader, Transport};
 
 use crate::envname::EnvName;
@@ -149,7 +149,35 @@ impl From<ToughError> for TrustError {
 /// The verified metadata: which generations are signed.
 #[derive(Debug)]
 pub struct Trusted {
-    repo: tough::Repository,
+    /// Root, timestamp, snapshot, targets.
+    versions: [u64; 4],
+    /// Timestamp, snapshot, targets, root (the order [`Trusted::check_expiry`] reports in).
+    expires: [jiff::Timestamp; 4],
+    /// The top-level targets, with any delegated roles tough loaded.
+    targets: Signed<Targets>,
+}
+
+/// The roles of [`Trusted::expires`], in its order.
+const EXPIRY_ROLES: [&str; 4] = ["timestamp", "snapshot", "targets", "root"];
+
+impl From<tough::Repository> for Trusted {
+    fn from(repo: tough::Repository) -> Trusted {
+        Trusted {
+            versions: [
+                repo.root().signed.version.get(),
+                repo.timestamp().signed.version.get(),
+                repo.snapshot().signed.version.get(),
+                repo.targets().signed.version.get(),
+            ],
+            expires: [
+                repo.timestamp().signed.expires,
+                repo.snapshot().signed.expires,
+                repo.targets().signed.expires,
+                repo.root().signed.expires,
+            ],
+            targets: repo.targets().clone(),
+        }
+    }
 }
 
 /// Loads and verifies the repository whose metadata is at `metadata`
@@ -186,7 +214,7 @@ pub async fn load(
         .expiration_enforcement(ExpirationEnforcement::Unsafe)
         .load()
         .await?;
-    let trusted = Trusted { repo };
+    let trusted = Trusted::from(repo);
     if !expiry.ignore {
         trusted.check_expiry(expiry.grace)?;
     }
@@ -211,6 +239,131 @@ pub async fn load_dir(
     load(root, datastore, url, tough::FilesystemTransport, expiry).await
 }
 
+/// What a load read besides the installed root and tough's datastore
+/// files, for the trusted `versions` (root, timestamp, snapshot,
+/// targets): the caller's copies of the metadata as fetched, `targets`
+/// the one of the targets role ([`remember`], [`recall`]).
+#[derive(Debug, Clone)]
+pub struct Kept {
+    /// Every file, `targets` included.
+    pub files: Vec<PathBuf>,
+    /// The targets metadata as signed.
+    pub targets: PathBuf,
+}
+
+/// The record of the last full load, `<datastore>/verified.json`
+/// (docs/trust.md#requests-per-run).
+const RECORD: &str = "verified.json";
+
+/// The files of tough's datastore a load reads (`latest_known_time.json`
+/// is checked on its own, [`recall`]).
+const DATASTORE_READ: [&str; 3] = ["root.json", "timestamp.json", "snapshot.json"];
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Record {
+    /// sha256 (hex) of every file the load read, by path.
+    files: Vec<(PathBuf, String)>,
+    versions: [u64; 4],
+    /// RFC 3339, in [`Trusted::expires`]'s order.
+    expires: [String; 4],
+}
+
+/// Writes `path` as a new file: the old one removed first, since
+/// truncating a file that has blocks costs a flush on ext4
+/// (`auto_da_alloc`); a torn write is a file that does not parse.
+pub fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::write(path, bytes)
+}
+
+/// The inputs of a load: the installed `root`, tough's datastore files
+/// and the caller's `kept` copies for `versions`.
+fn inputs(root: &Path, datastore: &Path, kept: &Kept) -> Vec<PathBuf> {
+    let mut all = vec![root.to_owned()];
+    all.extend(DATASTORE_READ.iter().map(|f| datastore.join(f)));
+    all.extend(kept.files.iter().cloned());
+    all
+}
+
+/// Records that `trusted` is what a full [`load`] made of the files it
+/// read (the installed `root`, `datastore`'s, and `kept` for its
+/// versions), by their sha256, so that [`recall`] can trust them again
+/// while they are unchanged.
+pub fn remember(
+    trusted: &Trusted,
+    root: &Path,
+    datastore: &Path,
+    kept: impl Fn([u64; 4]) -> Kept,
+) -> std::io::Result<()> {
+    let mut files = Vec::new();
+    for path in inputs(root, datastore, &kept(trusted.versions)) {
+        let digest = crate::digest::Sha256::of(&std::fs::read(&path)?);
+        files.push((path, digest.to_hex()));
+    }
+    let record = Record {
+        files,
+        versions: trusted.versions,
+        expires: trusted.expires.map(|t| t.to_string()),
+    };
+    let bytes = serde_json::to_vec(&record).map_err(std::io::Error::other)?;
+    write_new(&datastore.join(RECORD), &bytes)
+}
+
+/// Forgets the record of the last load ([`remember`]).
+pub fn forget(datastore: &Path) {
+    let _ = std::fs::remove_file(datastore.join(RECORD));
+}
+
+/// The metadata the last full [`load`] verified, without verifying it
+/// again, when every file it read is byte for byte the same (the
+/// installed root, the datastore's, `kept`), the clock has not gone back
+/// past the datastore's `latest_known_time.json`, the targets delegate
+/// nothing, and nothing has expired under `expiry`; else `None` (a full
+/// load decides). Why this is safe: docs/trust.md#requests-per-run.
+pub fn recall(
+    root: &Path,
+    datastore: &Path,
+    kept: impl Fn([u64; 4]) -> Kept,
+    expiry: Expiry,
+) -> Option<Trusted> {
+    let record: Record =
+        serde_json::from_slice(&std::fs::read(datastore.join(RECORD)).ok()?).ok()?;
+    let kept = kept(record.versions);
+    let expected = inputs(root, datastore, &kept);
+    if record.files.len() != expected.len() {
+        return None;
+    }
+    for ((path, digest), want) in record.files.iter().zip(&expected) {
+        let bytes = std::fs::read(want).ok()?;
+        if path != want || crate::digest::Sha256::of(&bytes).to_hex() != *digest {
+            return None;
+        }
+    }
+    let latest = std::fs::read(datastore.join("latest_known_time.json")).ok()?;
+    let latest: jiff::Timestamp = serde_json::from_slice(&latest).ok()?;
+    if jiff::Timestamp::now() < latest {
+        return None;
+    }
+    let targets: Signed<Targets> =
+        serde_json::from_slice(&std::fs::read(&kept.targets).ok()?).ok()?;
+    if targets.signed.delegations.is_some() || targets.signed.version.get() != record.versions[3] {
+        return None;
+    }
+    let mut expires = [jiff::Timestamp::MIN; 4];
+    for (e, text) in expires.iter_mut().zip(&record.expires) {
+        *e = text.parse().ok()?;
+    }
+    let trusted = Trusted {
+        versions: record.versions,
+        expires,
+        targets,
+    };
+    (expiry.ignore || trusted.check_expiry(expiry.grace).is_ok()).then_some(trusted)
+}
+
 /// The version of the root metadata `bytes` (read from `path`), which
 /// must verify itself.
 fn root_version(bytes: &[u8], path: &Path) -> Result<u64, TrustError> {
@@ -230,12 +383,7 @@ impl Trusted {
     /// (the one that expires soonest).
     fn check_expiry(&self, grace: Duration) -> Result<(), TrustError> {
         let now = jiff::Timestamp::now();
-        let roles = [
-            ("timestamp", self.repo.timestamp().signed.expires),
-            ("snapshot", self.repo.snapshot().signed.expires),
-            ("targets", self.repo.targets().signed.expires),
-            ("root", self.repo.root().signed.expires),
-        ];
+        let roles = EXPIRY_ROLES.into_iter().zip(self.expires);
         let grace_span = jiff::SignedDuration::try_from(grace).unwrap_or(jiff::SignedDuration::MAX);
         for (role, expires) in roles {
             let until = expires
@@ -256,13 +404,11 @@ impl Trusted {
     /// `expires` of timestamp, snapshot, targets and root (a signed
     /// generation's expiry, docs/trust.md#expiry).
     pub fn expires(&self) -> std::time::SystemTime {
-        let roles = [
-            self.repo.timestamp().signed.expires,
-            self.repo.snapshot().signed.expires,
-            self.repo.targets().signed.expires,
-            self.repo.root().signed.expires,
-        ];
-        let earliest = roles.into_iter().min().unwrap_or(jiff::Timestamp::MIN);
+        let earliest = self
+            .expires
+            .into_iter()
+            .min()
+            .unwrap_or(jiff::Timestamp::MIN);
         std::time::SystemTime::from(earliest)
     }
 
@@ -283,8 +429,9 @@ impl Trusted {
     ) -> Result<(), TrustError> {
         let name = target_name(env, id);
         let target = self
-            .repo
-            .all_targets()
+            .targets
+            .signed
+            .targets_iter()
             .find(|(n, _)| n.raw() == name)
             .map(|(_, t)| t)
             .ok_or_else(|| TrustError::Unsigned {
@@ -318,8 +465,9 @@ impl Trusted {
     /// The signed generations of `env`, by id.
     pub fn signed(&self, env: &EnvName) -> Vec<GenerationId> {
         let prefix = format!("{env}.");
-        self.repo
-            .all_targets()
+        self.targets
+            .signed
+            .targets_iter()
             .filter_map(|(n, _)| {
                 let rest = n.raw().strip_prefix(&prefix)?;
                 rest.strip_suffix(TARGET_SUFFIX)?.parse().ok()
@@ -329,11 +477,6 @@ impl Trusted {
 
     /// The versions trusted: root, timestamp, snapshot, targets.
     pub fn versions(&self) -> [u64; 4] {
-        [
-            self.repo.root().signed.version.get(),
-            self.repo.timestamp().signed.version.get(),
-            self.repo.snapshot().signed.version.get(),
-            self.repo.targets().signed.version.get(),
-        ]
+        self.versions
     }
 }

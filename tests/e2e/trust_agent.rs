@@ -438,3 +438,46 @@ async fn a_no_op_run_costs_one_conditional_request_more() {
         "{cost:?}"
     );
 }
+
+/// A no-op run takes the metadata the last run verified without
+/// verifying it again only while every file it read is unchanged
+/// (docs/trust.md#requests-per-run): a kept signed file tampered with in
+/// the vardir is verified again, refused with one line, nothing changed,
+/// and the run after it fetches the file anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_file_in_the_vardir_is_verified_again_and_refused() {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 2, 5, 6);
+    let dir = tempfile::tempdir().unwrap();
+    let mut signer = TufSigner::new(&dir.path().join("repo")).await;
+    let m = master(&tree, &pki, &signer);
+    let c = client(&pki, Some("node1"));
+    let id = served(&c, &m.url(), None).await;
+    sign_served(&mut signer, &c, &m.url(), &id).await;
+    signer.publish(DAY).await;
+    let home = agent(&pki, &m, &signer, "1h");
+    assert_eq!(home.sync(&["--detailed-exitcodes"]).code, 2);
+    let store = home.vardir().join("trust");
+    assert!(store.join("verified.json").is_file(), "the load is recorded");
+    assert_eq!(home.sync(&["--detailed-exitcodes"]).code, 0, "a no-op run");
+    let synced = node_state(&home);
+
+    // The kept targets, still JSON of the same length: one digit of its
+    // signature changed.
+    let kept = std::fs::read_dir(store.join("files"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".targets.json"))
+        .expect("the targets metadata is kept");
+    let mut bytes = std::fs::read(&kept).unwrap();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let at = text.find("\"sig\"").expect("a signature") + 5;
+    let at = at + text[at..].find(|c: char| c.is_ascii_hexdigit()).unwrap();
+    bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
+    std::fs::write(&kept, &bytes).unwrap();
+    assert_refused(&home.sync(&["--detailed-exitcodes"]), "signature refused");
+    assert_eq!(node_state(&home), synced);
+    assert_eq!(home.sync(&["--detailed-exitcodes"]).code, 0, "fetched anew");
+    assert_eq!(node_state(&home), synced);
+}

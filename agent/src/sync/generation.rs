@@ -31,7 +31,7 @@ use crate::listing;
 use crate::plan::Plan;
 use crate::servers::Origin;
 use crate::settings::Settings;
-use crate::trust::Refused;
+use crate::trust::{Refused, held_len};
 
 /// The most entries a manifest delta may add or change: a generation
 /// holds both mounts, each a listing of at most [`MAX_LISTING_ENTRIES`]
@@ -155,45 +155,46 @@ fn ignores_the_defaults<'r>(mut resources: impl Iterator<Item = &'r FileResource
 impl Run<'_> {
     /// The run's generation, or `None` when it syncs Puppet's listings;
     /// under `[trust]` only a signed one, verified against the run's
-    /// master's metadata before anything is planned or staged
-    /// (docs/agent.md#signed-generations).
+    /// master's metadata (refreshed while the manifest is fetched) before
+    /// anything is planned or staged (docs/agent.md#signed-generations).
     pub(super) async fn generation(
         &mut self,
         scans: &[Scanning],
     ) -> Result<Option<Held>, SyncError> {
-        let held = self.assigned(scans).await?;
-        let Some(config) = self.settings.trust.as_ref() else {
-            return Ok(held);
+        let (settings, vardir) = (self.settings, &self.settings.vardir);
+        let Some(config) = settings.trust.as_ref() else {
+            return self.assigned(scans, true).await;
         };
-        let Some(mut held) = held else {
-            return Err(
-                Refused::Unsigned("the servers serve no generation (Puppet's listings)").into(),
-            );
+        let listings = Refused::Unsigned("the servers serve no generation (Puppet's listings)");
+        let Some(mut held) = self.assigned(scans, false).await? else {
+            return Err(listings.into());
         };
-        let vardir = &self.settings.vardir;
-        if held.fresh.is_none() {
-            // The held manifest's bytes, for the target's length.
-            match GenerationRecord::load_manifest(vardir, self.env.as_str()) {
-                Some(b) if Manifest::parse(&b, &held.id).is_ok() => held.fresh = Some(b),
-                _ => {
-                    held.record.generation = None;
-                    let env = self.env.clone();
-                    self.fetch_manifest(&mut held, &env).await?;
-                }
-            }
+        let (env, server) = (self.env.clone(), held.origin.server.clone());
+        let refresh = crate::trust::refresh(config, vardir, self.servers.http(), &server);
+        let trusted = if held.record.generation == Some(held.id) {
+            refresh.await
+        } else {
+            let (fetched, trusted) = tokio::join!(self.fetch_manifest(&mut held, &env), refresh);
+            fetched.map(|()| trusted)?
         }
-        let len = held.fresh.as_ref().map_or(0, |b| b.len() as u64);
-        let server = held.origin.server.clone();
-        let http = self.servers.http();
-        crate::trust::verify(config, vardir, http, &server, (&self.env, &held.id, len))
-            .await
-            .map_err(Refused::Verify)?;
+        .map_err(Refused::Verify)?;
+        let len = match held_len(&trusted, vardir, &mut held.fresh, (&env, &held.id)) {
+            Some(len) => len,
+            None => {
+                held.record.generation = None;
+                self.fetch_manifest(&mut held, &env).await?;
+                held.fresh.as_ref().map_or(0, |b| b.len() as u64)
+            }
+        };
+        let checked = trusted.check(&env, &held.id, len);
+        checked.map_err(Refused::Verify)?;
         self.phase("generation verified");
         Ok(Some(held))
     }
 
-    /// The generation the servers assign, unverified.
-    async fn assigned(&mut self, scans: &[Scanning]) -> Result<Option<Held>, SyncError> {
+    /// The generation the servers assign, unverified; its manifest
+    /// fetched when the node does not hold it and `get`.
+    async fn assigned(&mut self, scans: &[Scanning], get: bool) -> Result<Option<Held>, SyncError> {
         let (vardir, env) = (&self.settings.vardir, self.env.clone());
         if !self.settings.generations {
             return Ok(None);
@@ -254,7 +255,7 @@ impl Run<'_> {
             },
             blobs: None,
         };
-        if held.record.generation != Some(id) {
+        if get && held.record.generation != Some(id) {
             self.fetch_manifest(&mut held, &env).await?;
         }
         Ok(Some(held))
