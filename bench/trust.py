@@ -31,8 +31,9 @@ and the agent's own timing of it. Every run of both setups logs the agent's phas
 `RUST_LOG=warn,pluginsync_agent::sync=debug --log-format json`, the same lines for both); under
 `[trust]` the verification is the time from the phase before `generation verified` (the manifest
 checked, or on a no-op the generation assigned) to it: the TUF refresh (timestamp -> snapshot ->
-targets, fetched or read back from `<vardir>/trust/`) and the target check, plus on a no-op reading the
-held manifest back for its length (docs/trust.md#what-a-node-verifies).
+targets, fetched or read back from `<vardir>/trust/`; on a no-op whose files are unchanged, the last
+load's record, docs/trust.md#requests-per-run) and the target check. After a change the refresh runs
+while the manifest is fetched, so the figure is what is left of it once the manifest is checked.
 
 Imported by bench/run.py (`--scenarios trust`: not in the default run).
 """

@@ -2,7 +2,8 @@
 //! `[trust]` of agent.toml ([`TrustConfig`]), the TUF metadata fetched
 //! from the run's master over the agent's own mTLS client
 //! ([`MasterTransport`]) and kept under the vardir ([`datastore`]), and
-//! the one check a run makes before anything is staged ([`verify`]).
+//! the refresh a run makes before anything is staged ([`refresh`],
+//! then `Trusted::check`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -78,21 +79,6 @@ pub enum Refused {
 /// datastore: the highest versions seen, across runs and rollbacks).
 pub fn datastore(vardir: &Path) -> PathBuf {
     vardir.join("trust")
-}
-
-/// Refreshes the signed metadata from `server` ([`refresh`]) and checks
-/// that generation `id` of `env`, whose manifest is `len` bytes, is a
-/// signed target.
-pub async fn verify(
-    config: &TrustConfig,
-    vardir: &Path,
-    http: reqwest::Client,
-    server: &str,
-    (env, id, len): (&EnvName, &GenerationId, u64),
-) -> Result<(), TrustError> {
-    refresh(config, vardir, http, server)
-        .await?
-        .check(env, id, len)
 }
 
 /// The signed metadata of `server`, refreshed (timestamp → snapshot →

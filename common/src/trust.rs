@@ -207,6 +207,7 @@ pub async fn load(
         Some(k) if root_version(&k, &kept_path).is_ok_and(|v| v > installed_version) => k,
         _ => installed,
     };
+    renew(datastore);
     // tough's own expiry check has no grace: expiry is checked below.
     let repo = RepositoryLoader::new(&start, metadata.clone(), metadata)
         .transport(transport)
@@ -219,6 +220,27 @@ pub async fn load(
         trusted.check_expiry(expiry.grace)?;
     }
     Ok(trusted)
+}
+
+/// The files tough rewrites in place on every load (truncated, then
+/// written), each written again now as a new file with the same bytes:
+/// truncating a file whose blocks are allocated waits on ext4 for their
+/// release and for the flush `auto_da_alloc` starts, a few milliseconds
+/// each, while truncating one just written costs nothing
+/// (docs/trust.md#requests-per-run). A crash in between loses the copy as
+/// a crash during tough's own truncation would.
+fn renew(datastore: &Path) {
+    for name in [
+        "latest_known_time.json",
+        "timestamp.json",
+        "snapshot.json",
+        "targets.json",
+    ] {
+        let path = datastore.join(name);
+        if let Ok(bytes) = std::fs::read(&path) {
+            let _ = write_new(&path, &bytes);
+        }
+    }
 }
 
 /// [`load`] of the metadata in the local directory `dir` (a master's
@@ -349,7 +371,8 @@ pub fn recall(
     }
     let targets: Signed<Targets> =
         serde_json::from_slice(&std::fs::read(&kept.targets).ok()?).ok()?;
-    if targets.signed.delegations.is_some() || targets.signed.version.get() != record.versions[3] {
+    let delegates = (targets.signed.delegations.as_ref()).is_some_and(|d| !d.roles.is_empty());
+    if delegates || targets.signed.version.get() != record.versions[3] {
         return None;
     }
     let mut expires = [jiff::Timestamp::MIN; 4];
