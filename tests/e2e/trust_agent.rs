@@ -480,7 +480,7 @@ async fn a_tampered_file_in_the_vardir_is_verified_again_and_refused() {
     let at = at + text[at..].find(|c: char| c.is_ascii_hexdigit()).unwrap();
     bytes[at] = if bytes[at] == b'0' { b'1' } else { b'0' };
     std::fs::write(&kept, &bytes).unwrap();
-    assert_refused(&home.sync(&["--detailed-exitcodes"]), "signature refused");
+    assert_refused(&home.sync(&["--detailed-exitcodes"]), "Hash mismatch");
     assert_eq!(node_state(&home), synced);
     assert_eq!(home.sync(&["--detailed-exitcodes"]).code, 0, "fetched anew");
     assert_eq!(node_state(&home), synced);
