@@ -440,6 +440,7 @@ environments = ["*"]
             gate,
             rollouts,
             fleet,
+            trust_timestamp: Default::default(),
         };
         let app = router(state, Duration::from_secs(10));
         Master { app, _tree: tree }

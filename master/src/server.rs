@@ -215,6 +215,7 @@ pub async fn serve(
         gate: Gate::new(authorizer, config.tls.client_auth.into()),
         rollouts,
         fleet: fleet.clone(),
+        trust_timestamp: Default::default(),
     };
     let proxy = if config.proxy.listen.is_empty() {
         None

@@ -12,6 +12,7 @@ use crate::config::MasterConfig;
 use crate::fleet::Fleet;
 use crate::rollout::Rollouts;
 use crate::store::Store;
+use crate::trust::timestamp::TimestampCache;
 
 /// Shared state of every handler.
 #[derive(Debug, Clone)]
@@ -28,6 +29,9 @@ pub struct AppState {
     pub rollouts: Arc<Rollouts>,
     /// What the nodes reported (docs/operating.md#the-fleet).
     pub fleet: Arc<Fleet>,
+    /// `[trust] metadata`'s timestamp answer, kept while unchanged
+    /// (docs/trust.md#requests-per-run).
+    pub trust_timestamp: Arc<TimestampCache>,
 }
 
 /// The health gate counts the fleet's nodes (docs/rollouts.md#the-health-gate).

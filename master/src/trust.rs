@@ -3,8 +3,10 @@
 //! manifest the pipeline signs ([`manifest`]) and serves the metadata the
 //! pipeline signed ([`metadata`]), publishes only what it signed
 //! ([`signed`]), from `[trust]` in master.toml
-//! (`config::TrustConfig`).
+//! (`config::TrustConfig`); the timestamp's answer is kept in memory
+//! while unchanged ([`timestamp`]).
 
 pub mod manifest;
 pub mod metadata;
 pub mod signed;
+pub mod timestamp;

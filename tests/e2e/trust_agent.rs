@@ -458,7 +458,10 @@ async fn a_tampered_file_in_the_vardir_is_verified_again_and_refused() {
     let home = agent(&pki, &m, &signer, "1h");
     assert_eq!(home.sync(&["--detailed-exitcodes"]).code, 2);
     let store = home.vardir().join("trust");
-    assert!(store.join("verified.json").is_file(), "the load is recorded");
+    assert!(
+        store.join("verified.json").is_file(),
+        "the load is recorded"
+    );
     // tough writes the time of every load it runs: a no-op run runs none.
     let time = || std::fs::read(store.join("latest_known_time.json")).unwrap();
     let loaded = time();

@@ -10,6 +10,9 @@
 //! (`X-Pluginsync-Trust-Root`), so a node's no-op run costs one
 //! conditional request (docs/trust.md#requests-per-run).
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::request::Parts;
@@ -24,6 +27,7 @@ use pluginsync_common::trust::{HEADER_ROOT_VERSION, METADATA_PREFIX};
 use crate::api_error::ApiError;
 use crate::request;
 use crate::state::AppState;
+use crate::trust::timestamp::Answer;
 
 /// The largest metadata file served: a targets file of many thousand
 /// generations stays well under it.
@@ -56,21 +60,26 @@ pub async fn serve(State(state): State<AppState>, req: Parts) -> Result<Response
     else {
         return Err(ApiError::not_found("trust metadata", name));
     };
-    let (path, dir) = (dir.join(name), dir.clone());
-    let read = tokio::task::spawn_blocking(move || {
-        use std::io::Read;
-        let mut bytes = Vec::new();
-        std::fs::File::open(&path)?
-            .take(MAX_METADATA_BYTES + 1)
-            .read_to_end(&mut bytes)?;
-        Ok::<_, std::io::Error>((bytes, (!immutable).then(|| newest_root(&dir)).flatten()))
-    })
-    .await
-    .map_err(|_| ApiError::internal())?;
-    let (bytes, root) = match read {
-        Ok((b, root)) if b.len() as u64 <= MAX_METADATA_BYTES => (b, root),
-        Ok(_) => return Err(ApiError::internal()),
-        Err(_) => return Err(ApiError::not_found("trust metadata", name)),
+    let (bytes, root) = match immutable {
+        true => immutable_file(dir.join(name)).await?,
+        // Every node's no-op run asks this one: answered from memory while
+        // the file and its directory are unchanged (a `stat` of each).
+        false => {
+            let answer = state.trust_timestamp.get(dir, || {
+                let bytes = read_bounded(&dir.join(name))?;
+                Ok(Answer {
+                    bytes: Arc::new(bytes),
+                    root: newest_root(dir),
+                })
+            });
+            match answer {
+                Ok(a) => (a.bytes, a.root),
+                Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+                    return Err(ApiError::internal());
+                }
+                Err(_) => return Err(ApiError::not_found("trust metadata", name)),
+            }
+        }
     };
     let etag = ETag::of_digest(&Sha256::of(&bytes).0);
     let cache = match immutable {
@@ -93,15 +102,45 @@ pub async fn serve(State(state): State<AppState>, req: Parts) -> Result<Response
     }
     let body = match request::not_modified(&req.headers, &etag) {
         true => Body::empty(),
-        false => Body::from(bytes),
+        false => Body::from(Vec::clone(&bytes)),
     };
     resp.header(header::CACHE_CONTROL, cache)
         .body(body)
         .map_err(|_| ApiError::internal())
 }
 
+/// A versioned (immutable) file's bytes, read off the runtime's threads;
+/// 404 when it is not there, 500 when over [`MAX_METADATA_BYTES`].
+async fn immutable_file(path: PathBuf) -> Result<(Arc<Vec<u8>>, Option<u64>), ApiError> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let read = tokio::task::spawn_blocking(move || read_bounded(&path))
+        .await
+        .map_err(|_| ApiError::internal())?;
+    match read {
+        Ok(bytes) => Ok((Arc::new(bytes), None)),
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => Err(ApiError::internal()),
+        Err(_) => Err(ApiError::not_found(
+            "trust metadata",
+            name.as_deref().unwrap_or_default(),
+        )),
+    }
+}
+
+/// `path`'s bytes, refused (`FileTooLarge`) over [`MAX_METADATA_BYTES`].
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_METADATA_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    match bytes.len() as u64 <= MAX_METADATA_BYTES {
+        true => Ok(bytes),
+        false => Err(std::io::ErrorKind::FileTooLarge.into()),
+    }
+}
+
 /// The newest `N.root.json` version in `dir`.
-fn newest_root(dir: &std::path::Path) -> Option<u64> {
+fn newest_root(dir: &Path) -> Option<u64> {
     (std::fs::read_dir(dir).ok()?.flatten())
         .filter_map(|e| {
             e.file_name()

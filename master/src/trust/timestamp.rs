@@ -1,0 +1,136 @@
+//! The timestamp's answer kept in memory (docs/trust.md#requests-per-run):
+//! every node's no-op run under `[trust]` revalidates `timestamp.json`,
+//! so reading it, hashing it and listing the directory for the newest
+//! root on each request would be most of that request's cost. The kept
+//! answer is used while a `stat` of the file and of the directory shows
+//! both unchanged (size, inode, modification and change times) and it is
+//! at most [`MAX_AGE`] old, so a file rewritten in place within one
+//! timestamp tick is read again within a second.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use pluginsync_common::mutex::lock;
+
+/// How long a kept answer is used without reading the file again.
+pub const MAX_AGE: Duration = Duration::from_secs(1);
+
+/// What a `stat` says of a file or directory, for "unchanged".
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    ino: u64,
+    modified: Option<SystemTime>,
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Stamp {
+            len: m.len(),
+            ino: m.ino(),
+            modified: m.modified().ok(),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+}
+
+/// One read of the timestamp: its bytes and the newest root version in
+/// its directory.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// `timestamp.json`'s bytes.
+    pub bytes: Arc<Vec<u8>>,
+    /// The newest `N.root.json` in the directory.
+    pub root: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Kept {
+    file: Stamp,
+    dir: Stamp,
+    at: Instant,
+    answer: Answer,
+}
+
+/// The kept answer of one metadata directory; see the module docs.
+#[derive(Debug, Default)]
+pub struct TimestampCache(Mutex<Option<Kept>>);
+
+impl TimestampCache {
+    /// The answer for `dir`'s `timestamp.json`: the kept one while
+    /// unchanged, else `read` (the file's bytes and the newest root), kept
+    /// for the next request (not kept when a `stat` fails: the next
+    /// request reads again).
+    pub fn get(
+        &self,
+        dir: &Path,
+        read: impl FnOnce() -> std::io::Result<Answer>,
+    ) -> std::io::Result<Answer> {
+        let file = Stamp::of(&dir.join("timestamp.json"));
+        let dir_stamp = Stamp::of(dir);
+        if let (Some(file), Some(dir_stamp)) = (&file, &dir_stamp)
+            && let Some(k) = lock(&self.0).as_ref()
+            && k.file == *file
+            && k.dir == *dir_stamp
+            && k.at.elapsed() < MAX_AGE
+        {
+            return Ok(k.answer.clone());
+        }
+        let answer = read()?;
+        if let (Some(file), Some(dir)) = (file, dir_stamp) {
+            *lock(&self.0) = Some(Kept {
+                file,
+                dir,
+                at: Instant::now(),
+                answer: answer.clone(),
+            });
+        }
+        Ok(answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(dir: &Path) -> std::io::Result<Answer> {
+        Ok(Answer {
+            bytes: Arc::new(std::fs::read(dir.join("timestamp.json"))?),
+            root: None,
+        })
+    }
+
+    #[test]
+    fn a_changed_file_is_read_again_and_an_unchanged_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("timestamp.json"), b"one").unwrap();
+        let cache = TimestampCache::default();
+        let reads = std::cell::Cell::new(0);
+        let get = |cache: &TimestampCache| {
+            cache
+                .get(d, || {
+                    reads.set(reads.get() + 1);
+                    answer(d)
+                })
+                .unwrap()
+        };
+        assert_eq!(*get(&cache).bytes, b"one");
+        assert_eq!(*get(&cache).bytes, b"one");
+        // A new file in its place (how a pipeline publishes: rename).
+        std::fs::write(d.join("new"), b"two!").unwrap();
+        std::fs::rename(d.join("new"), d.join("timestamp.json")).unwrap();
+        assert_eq!(*get(&cache).bytes, b"two!");
+        assert_eq!(reads.get(), 2, "one read per version of the file");
+        // Rewritten in place with the same length: read again once the
+        // kept answer is older than MAX_AGE at the latest.
+        std::fs::write(d.join("timestamp.json"), b"six!").unwrap();
+        std::thread::sleep(MAX_AGE);
+        let again = cache.get(d, || answer(d)).unwrap();
+        assert_eq!(*again.bytes, b"six!");
+    }
+}
