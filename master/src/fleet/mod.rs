@@ -162,6 +162,13 @@ impl Fleet {
     pub fn with_store(config: &FleetConfig, store: Arc<StateStore>) -> Result<Fleet, StoreError> {
         let mut fleet = Fleet::new(config);
         fleet.replica = store.origin()?;
+        if store.shared() {
+            // The store answers pages and counts: a replica reads no node
+            // at start, and keeps only those it hears (module docs).
+            fleet.shared = Some(page::Shared::start(store.clone()));
+            fleet.writer = Some(Writer::start(store, config.max_nodes, config.max_nodes));
+            return Ok(fleet);
+        }
         let rows = store.nodes(config.max_nodes)?;
         let mut served: HashMap<(String, String), Vec<GenerationId>> = HashMap::new();
         for s in store.served()? {
@@ -182,9 +189,6 @@ impl Fleet {
             }
         }
         tracing::info!(place = %store.place(), nodes = fleet.len(), "fleet read from the state store");
-        if store.shared() {
-            fleet.shared = Some(page::Shared::start(store.clone()));
-        }
         fleet.writer = Some(Writer::start(store, config.max_nodes, config.max_nodes));
         Ok(fleet)
     }
@@ -359,9 +363,18 @@ impl Fleet {
         true
     }
 
-    /// The record of `certname`, if kept.
+    /// The record of `certname`, if kept; on a shared store, one this
+    /// replica has not heard is read from the store (a query: call it off
+    /// the async runtime) and kept from then on.
     pub fn record_of(&self, certname: &str) -> Option<NodeEntry> {
-        self.lock().by_name.get(certname).map(|n| n.entry(certname))
+        if let Some(n) = self.lock().by_name.get(certname) {
+            return Some(n.entry(certname));
+        }
+        let (row, served) = self.shared.as_ref()?.node(certname)?;
+        let node = Node::of_row(&row, &served, now_ms())?;
+        let mut nodes = self.lock();
+        nodes.upsert(certname, node, self.max_nodes);
+        nodes.by_name.get(certname).map(|n| n.entry(certname))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Nodes> {

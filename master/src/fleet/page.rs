@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::nodes::Node;
 use super::{Fleet, NodeEntry, now_ms};
-use crate::statestore::{PageAsk, StateStore, StoreError};
+use crate::statestore::{NodeRow, PageAsk, StateStore, StoreError};
 
 /// How often a replica on a shared store reads the fleet's counts.
 pub const REFRESH: Duration = Duration::from_secs(1);
@@ -85,6 +85,15 @@ impl Shared {
     pub(super) fn tally(&self) -> Vec<(Key, (u64, u64))> {
         let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         counts.0.iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+
+    /// The stored record of `certname` and what was served to it; `None`
+    /// also when the store does not answer (logged).
+    pub(super) fn node(&self, certname: &str) -> Option<(NodeRow, Vec<GenerationId>)> {
+        self.store.node(certname).unwrap_or_else(|e| {
+            tracing::warn!(certname, error = %e, "node record not read from the state store");
+            None
+        })
     }
 
     /// The page `q` asks for, from the store: `limit` nodes, one more

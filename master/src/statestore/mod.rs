@@ -20,8 +20,10 @@
 //! | `sqlite.rs` | The embedded backend: the file, its migrations, its queries. |
 //! | `postgres.rs` | The PostgreSQL backend: the same queries, on its own runtime. |
 //! | `pgconn.rs` | PostgreSQL's URL, `sslmode`, TLS and pool. |
+//! | `batch.rs` | Node records as PostgreSQL writes them: a statement per table. |
 //! | `writer.rs` | [`Writer`]: node reports written behind the requests, batched, bounded. |
 
+mod batch;
 mod pgconn;
 mod postgres;
 mod sqlite;
@@ -469,6 +471,15 @@ impl StateStore {
     /// The `max` most recently seen nodes.
     pub fn nodes(&self, max: usize) -> Result<Vec<NodeRow>, StoreError> {
         self.with(|c| sqlite::nodes(c, max), |p| p.nodes(max))
+    }
+
+    /// The record of `certname` and the generations served to it in its
+    /// environment (oldest first), if stored.
+    pub fn node(
+        &self,
+        certname: &str,
+    ) -> Result<Option<(NodeRow, Vec<GenerationId>)>, StoreError> {
+        self.with(|c| sqlite::node(c, certname), |p| p.node(certname))
     }
 
     /// Writes `rows` and `served` in one transaction (a node's record

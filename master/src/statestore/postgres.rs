@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Pool};
 use pluginsync_common::generation::GenerationId;
+use tokio_postgres::types::ToSql;
 
+use super::batch::{ADD_SERVED, Batch, CHUNK, UPSERT_NODES};
 use super::pgconn::{self, PgError};
 use super::sqlite::{TALLY, count, hex, id_of, ids_json, ids_of};
 use super::{CommandRow, NodeRow, PageAsk, ServedRow, TallyRow};
@@ -303,49 +305,78 @@ impl Pg {
         })
     }
 
+    pub(super) fn node(
+        &self,
+        certname: &str,
+    ) -> Result<Option<(NodeRow, Vec<GenerationId>)>, PgError> {
+        let name = certname.to_owned();
+        self.run(move |pool| async move {
+            let c = pool.get().await?;
+            let row = c
+                .query_opt(
+                    "SELECT certname, environment, generation, loads_ok, loads_failed,
+                            failed_plugins, last_seen_ms, source
+                     FROM node_reports WHERE certname = $1",
+                    &[&name],
+                )
+                .await?;
+            let Some(row) = row.as_ref().map(node_of) else {
+                return Ok(None);
+            };
+            let served = c
+                .query(
+                    "SELECT generation FROM served WHERE certname = $1 AND environment = $2
+                     ORDER BY at_ms, generation",
+                    &[&name, &row.environment],
+                )
+                .await?;
+            let served = served.iter().filter_map(|r| id_of(r.get(0))).collect();
+            Ok(Some((row, served)))
+        })
+    }
+
+    /// [`super::StateStore::write_nodes`]: one statement per table per
+    /// [`CHUNK`] rows ([`Batch`]), not a round trip per row.
     pub(super) fn write_nodes(
         &self,
         rows: &[NodeRow],
         served: &[ServedRow],
     ) -> Result<(), PgError> {
-        let (rows, served) = (rows.to_vec(), served.to_vec());
+        let batch = Batch::of(rows, served);
         self.run(move |pool| async move {
             let mut c = pool.get().await?;
             let tx = c.transaction().await?;
-            let up = tx.prepare_cached(UPSERT_NODE).await?;
-            for n in &rows {
-                let failed = serde_json::to_string(&n.failed).unwrap_or_else(|_| "[]".into());
-                tx.execute(
-                    &up,
-                    &[
-                        &n.certname,
-                        &n.environment,
-                        &hex(&n.generation),
-                        &i64::from(n.loads_ok),
-                        &i64::from(n.loads_failed),
-                        &failed,
-                        &(n.last_seen_ms as i64),
-                        &n.source,
-                    ],
-                )
-                .await?;
+            if !batch.certname.is_empty() {
+                let up = tx.prepare_cached(UPSERT_NODES).await?;
+                for i in (0..batch.certname.len()).step_by(CHUNK) {
+                    let j = (i + CHUNK).min(batch.certname.len());
+                    let params: [&(dyn ToSql + Sync); 8] = [
+                        &&batch.certname[i..j],
+                        &&batch.environment[i..j],
+                        &&batch.generation[i..j],
+                        &&batch.loads_ok[i..j],
+                        &&batch.loads_failed[i..j],
+                        &&batch.failed[i..j],
+                        &&batch.last_seen_ms[i..j],
+                        &&batch.source[i..j],
+                    ];
+                    tx.execute(&up, &params).await?;
+                }
             }
-            let add = tx
-                .prepare_cached(
-                    "INSERT INTO served (certname, environment, generation, replica, at_ms)
-                     VALUES ($1, $2, $3, $4, $5)
-                     ON CONFLICT (certname, environment, generation) DO NOTHING",
-                )
-                .await?;
-            for s in &served {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
-                    &s.certname,
-                    &s.environment,
-                    &s.generation.to_hex(),
-                    &s.replica,
-                    &(s.at_ms as i64),
-                ];
-                tx.execute(&add, &params).await?;
+            if !batch.served.is_empty() {
+                let add = tx.prepare_cached(ADD_SERVED).await?;
+                for chunk in batch.served.chunks(CHUNK) {
+                    let col = |f: fn(&ServedRow) -> String| chunk.iter().map(f).collect::<Vec<_>>();
+                    let at: Vec<i64> = chunk.iter().map(|s| s.at_ms as i64).collect();
+                    let params: [&(dyn ToSql + Sync); 5] = [
+                        &col(|s| s.certname.clone()),
+                        &col(|s| s.environment.clone()),
+                        &col(|s| s.generation.to_hex()),
+                        &col(|s| s.replica.clone()),
+                        &at,
+                    ];
+                    tx.execute(&add, &params).await?;
+                }
             }
             tx.commit().await?;
             Ok(())
@@ -425,27 +456,21 @@ impl Pg {
                     &[&(max as i64)],
                 )
                 .await?;
-            tx.execute(
-                "DELETE FROM served WHERE certname NOT IN (SELECT certname FROM node_reports)",
-                &[],
-            )
-            .await?;
+            // An anti-join, and only when nodes went: `NOT IN` over a
+            // fleet larger than `work_mem` compares every pair of rows.
+            if n > 0 {
+                tx.execute(
+                    "DELETE FROM served s WHERE NOT EXISTS
+                         (SELECT 1 FROM node_reports n WHERE n.certname = s.certname)",
+                    &[],
+                )
+                .await?;
+            }
             tx.commit().await?;
             Ok(n as usize)
         })
     }
 }
-
-const UPSERT_NODE: &str = "INSERT INTO node_reports
-         (certname, environment, generation, loads_ok, loads_failed, failed_plugins,
-          last_seen_ms, source)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-     ON CONFLICT (certname) DO UPDATE SET
-         environment = excluded.environment, generation = excluded.generation,
-         loads_ok = excluded.loads_ok, loads_failed = excluded.loads_failed,
-         failed_plugins = excluded.failed_plugins,
-         last_seen_ms = excluded.last_seen_ms, source = excluded.source
-     WHERE excluded.last_seen_ms >= node_reports.last_seen_ms";
 
 /// An inventory page (`StateStore::page`): the primary key's order, the
 /// filters on the indexes of `migrations/0002_inventory_indexes.sql`.

@@ -282,6 +282,31 @@ pub(super) fn nodes(c: &mut Connection, max: usize) -> rusqlite::Result<Vec<Node
     q.query_map([max as i64], node_of)?.collect()
 }
 
+/// One node's record and the generations served to it in its
+/// environment, oldest first.
+pub(super) fn node(
+    c: &mut Connection,
+    certname: &str,
+) -> rusqlite::Result<Option<(NodeRow, Vec<GenerationId>)>> {
+    let mut q = c.prepare_cached(
+        "SELECT certname, environment, generation, loads_ok, loads_failed, failed_plugins,
+                last_seen_ms, source
+         FROM node_reports WHERE certname = ?1",
+    )?;
+    let Some(row) = q.query_map([certname], node_of)?.next().transpose()? else {
+        return Ok(None);
+    };
+    let mut q = c.prepare_cached(
+        "SELECT generation FROM served WHERE certname = ?1 AND environment = ?2
+         ORDER BY at_ms, generation",
+    )?;
+    let served = q
+        .query_map([certname, row.environment.as_str()], |r| r.get::<_, String>(0))?
+        .filter_map(|g| id_of(g.ok()))
+        .collect();
+    Ok(Some((row, served)))
+}
+
 pub(super) fn write_nodes(
     c: &mut Connection,
     rows: &[NodeRow],
