@@ -4,7 +4,8 @@
 //! is refused with one line, a database away answers an error within the
 //! query timeout, `sslmode` never falls back to plaintext where the URL
 //! forbids it, and `verify-full`/`verify-ca` check a TLS server's
-//! certificate against the CA (and the name).
+//! certificate against the CA (and the name); a batch of node records
+//! written at once leaves what row-by-row upserts would.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -104,6 +105,81 @@ fn what_one_replica_writes_another_reads() {
     assert!(
         (now - wall).abs() < 5,
         "the database's time: {now} against {wall}"
+    );
+}
+
+/// A batch of node records is written as one statement per table
+/// (docs/operating.md#the-state-store), beyond one statement's rows too,
+/// and leaves what one upsert per row in the order given leaves (the
+/// embedded store, row by row, is the reference); a replica's fleet reads
+/// no node at start and reads one it has not heard from the store
+/// (docs/operating.md#the-fleet); pruning drops the pruned nodes' served rows.
+#[test]
+fn a_batch_leaves_what_row_by_row_upserts_would_and_a_replica_reads_nodes_on_demand() {
+    let Some(pg) = Postgres::launch("a_batch_leaves_what_row_by_row_upserts_would") else {
+        return;
+    };
+    let url = pg.database();
+    let a = Arc::new(open(&url).unwrap());
+    let lite = StateStore::in_memory();
+    let mut rows: Vec<NodeRow> = (0..12_000u64)
+        .map(|i| node(&format!("b{i:05}"), 1000 + i))
+        .collect();
+    let as_late_after = NodeRow {
+        loads_ok: 7,
+        ..node("b00001", 1001)
+    };
+    let earlier = NodeRow {
+        loads_ok: 9,
+        generation: None,
+        ..node("b00002", 1)
+    };
+    let later = NodeRow {
+        loads_ok: 8,
+        ..node("b00003", 90_000)
+    };
+    rows.extend([as_late_after, earlier, later]);
+    let served = |generation: u8, at_ms: u64| ServedRow {
+        certname: "b00001".into(),
+        environment: "production".into(),
+        generation: g(generation),
+        replica: "r".into(),
+        at_ms,
+    };
+    let to = [served(1, 30), served(1, 10), served(2, 20)];
+    a.write_nodes(&rows, &to).unwrap();
+    lite.write_nodes(&rows, &to).unwrap();
+    for name in ["b00000", "b00001", "b00002", "b00003", "b11999"] {
+        assert_eq!(a.node(name).unwrap(), lite.node(name).unwrap(), "{name}");
+    }
+    let (one, to_one) = a.node("b00001").unwrap().unwrap();
+    assert_eq!(one.loads_ok, 7, "as late, given after: it wins");
+    assert_eq!(
+        to_one,
+        vec![g(2), g(1)],
+        "each served row kept from its first"
+    );
+    assert_eq!(
+        a.node("b00002").unwrap().unwrap().0.loads_ok,
+        3,
+        "earlier: it loses"
+    );
+    assert_eq!(a.nodes(20_000).unwrap().len(), 12_000);
+
+    let config = pluginsync_master::config::FleetConfig::default();
+    let fleet = pluginsync_master::fleet::Fleet::with_store(&config, a.clone()).unwrap();
+    assert_eq!(fleet.len(), 0, "a replica reads no node at start");
+    let record = fleet.record_of("b00003").expect("read from the store");
+    assert_eq!((record.loads_ok, fleet.len()), (8, 1));
+    assert!(fleet.record_of("nobody").is_none());
+    drop(fleet);
+
+    assert_eq!(a.prune_nodes(100).unwrap(), 11_900);
+    let left = pg.sql(&url, "SELECT count(*) FROM served");
+    assert_eq!(
+        left.trim(),
+        "0",
+        "b00001 was pruned: so is what was served to it"
     );
 }
 

@@ -14,12 +14,14 @@
 //! forgotten first; per node at most 16 failing plugins' names.
 //!
 //! Kept: every record is also handed to the state store's writer
-//! (`statestore/writer.rs`, behind the request), and a master reads the
-//! stored nodes back at start ([`Fleet::with_store`]), so a restart
-//! forgets neither the inventory nor the gate's evidence. On a shared
-//! store (PostgreSQL) the inventory pages, the gate's counts and the
-//! fleet series are read from the store ([`page`]): the whole fleet,
-//! whichever replica heard each node.
+//! (`statestore/writer.rs`, behind the request), and a master on the
+//! embedded store reads the stored nodes back at start
+//! ([`Fleet::with_store`]), so a restart forgets neither the inventory nor
+//! the gate's evidence. On a shared store (PostgreSQL) the inventory
+//! pages, the gate's counts and the fleet series are read from the store
+//! ([`page`]): the whole fleet, whichever replica heard each node; so a
+//! replica reads no node at start and holds only those it heard since (a
+//! node it has not, [`Fleet::record_of`] reads from the store).
 //!
 //! | file | answers |
 //! |---|---|

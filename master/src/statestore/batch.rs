@@ -94,7 +94,8 @@ pub(super) const UPSERT_NODES: &str = "INSERT INTO node_reports
      WHERE excluded.last_seen_ms >= node_reports.last_seen_ms";
 
 /// Served rows, one statement for many: a row kept from its first.
-pub(super) const ADD_SERVED: &str = "INSERT INTO served (certname, environment, generation, replica, at_ms)
+pub(super) const ADD_SERVED: &str =
+    "INSERT INTO served (certname, environment, generation, replica, at_ms)
      SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[])
      ON CONFLICT (certname, environment, generation) DO NOTHING";
 
@@ -145,10 +146,16 @@ mod tests {
         let to = [served("a", 1, 7), served("a", 1, 3), served("a", 2, 1)];
         let b = Batch::of(&rows, &to);
         assert_eq!(b.certname, ["a", "b"], "each once, in certname order");
-        assert_eq!((b.last_seen_ms.as_slice(), b.loads_ok.as_slice()), (&[5, 11][..], &[2, 3][..]));
+        assert_eq!(
+            (b.last_seen_ms.as_slice(), b.loads_ok.as_slice()),
+            (&[5, 11][..], &[2, 3][..])
+        );
         assert_eq!(b.generation, [Some(g(1).to_hex()), Some(g(1).to_hex())]);
         let kept: Vec<_> = b.served.iter().map(|s| (s.generation, s.at_ms)).collect();
         assert_eq!(kept.len(), 2);
-        assert!(kept.contains(&(g(1), 7)) && kept.contains(&(g(2), 1)), "{kept:?}");
+        assert!(
+            kept.contains(&(g(1), 7)) && kept.contains(&(g(2), 1)),
+            "{kept:?}"
+        );
     }
 }

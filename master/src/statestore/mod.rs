@@ -475,10 +475,7 @@ impl StateStore {
 
     /// The record of `certname` and the generations served to it in its
     /// environment (oldest first), if stored.
-    pub fn node(
-        &self,
-        certname: &str,
-    ) -> Result<Option<(NodeRow, Vec<GenerationId>)>, StoreError> {
+    pub fn node(&self, certname: &str) -> Result<Option<(NodeRow, Vec<GenerationId>)>, StoreError> {
         self.with(|c| sqlite::node(c, certname), |p| p.node(certname))
     }
 

@@ -301,7 +301,9 @@ pub(super) fn node(
          ORDER BY at_ms, generation",
     )?;
     let served = q
-        .query_map([certname, row.environment.as_str()], |r| r.get::<_, String>(0))?
+        .query_map([certname, row.environment.as_str()], |r| {
+            r.get::<_, String>(0)
+        })?
         .filter_map(|g| id_of(g.ok()))
         .collect();
     Ok(Some((row, served)))
