@@ -427,18 +427,11 @@ impl Pg {
     }
 
     pub(super) fn page(&self, ask: &PageAsk) -> Result<Vec<(NodeRow, bool)>, PgError> {
-        let ask = ask.clone();
+        let (sql, params) = page_query(ask);
         self.run(move |pool| async move {
             let c = pool.get().await?;
-            let q = c.prepare_cached(PAGE).await?;
-            let prefix = ask.generation.as_ref().map(|g| format!("{g}%"));
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
-                &ask.environment,
-                &prefix,
-                &ask.failing,
-                &ask.after,
-                &(ask.limit as i64),
-            ];
+            let q = c.prepare_cached(&sql).await?;
+            let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| &**p as _).collect();
             let rows = c.query(&q, &params).await?;
             Ok(rows.iter().map(|r| (node_of(r), r.get(8))).collect())
         })
@@ -478,12 +471,45 @@ const PAGE: &str = "SELECT n.certname, n.environment, n.generation, n.loads_ok, 
             n.failed_plugins, n.last_seen_ms, n.source,
             EXISTS (SELECT 1 FROM served s WHERE s.certname = n.certname
                     AND s.environment = n.environment AND s.generation = n.generation)
-     FROM node_reports n
-     WHERE ($1::TEXT IS NULL OR n.environment = $1::TEXT)
-       AND ($2::TEXT IS NULL OR n.generation LIKE $2::TEXT)
-       AND (NOT $3::BOOL OR n.loads_failed > 0)
-       AND ($4::TEXT IS NULL OR n.certname > $4::TEXT)
-     ORDER BY n.certname LIMIT $5::BIGINT";
+     FROM node_reports n WHERE TRUE";
+
+/// A parameter of a query built here, sent to the store's runtime.
+type Param = Box<dyn ToSql + Sync + Send>;
+
+/// [`PAGE`] with only the filters `ask` names: a filter written as
+/// `($1 IS NULL OR …)` keeps a cached (generic) plan off the indexes, and
+/// every page after the first 5 would scan and sort the whole fleet.
+fn page_query(ask: &PageAsk) -> (String, Vec<Param>) {
+    let mut sql = PAGE.to_owned();
+    let mut params: Vec<Param> = Vec::new();
+    let mut add = |sql: &mut String, clause: &str, p: Param| {
+        params.push(p);
+        sql.push_str(&clause.replace('$', &format!("${}", params.len())));
+    };
+    if let Some(e) = &ask.environment {
+        add(
+            &mut sql,
+            " AND n.environment = $::TEXT",
+            Box::new(e.clone()),
+        );
+    }
+    if let Some(g) = &ask.generation {
+        add(
+            &mut sql,
+            " AND n.generation LIKE $::TEXT",
+            Box::new(format!("{g}%")),
+        );
+    }
+    if ask.failing {
+        sql.push_str(" AND n.loads_failed > 0");
+    }
+    if let Some(a) = &ask.after {
+        add(&mut sql, " AND n.certname > $::TEXT", Box::new(a.clone()));
+    }
+    let limit = Box::new(ask.limit as i64);
+    add(&mut sql, " ORDER BY n.certname LIMIT $::BIGINT", limit);
+    (sql, params)
+}
 
 /// The migrations' SQL in PostgreSQL's words (module docs).
 fn dialect(sql: &str) -> String {
