@@ -466,19 +466,21 @@ impl Pg {
 }
 
 /// An inventory page (`StateStore::page`): the primary key's order, the
-/// filters on the indexes of `migrations/0002_inventory_indexes.sql`.
+/// filters on the indexes of `migrations/0002_inventory_indexes.sql`;
+/// whether the node was served its generation a merge join of the two
+/// primary keys (one served row at most matches), not a probe per node.
 const PAGE: &str = "SELECT n.certname, n.environment, n.generation, n.loads_ok, n.loads_failed,
-            n.failed_plugins, n.last_seen_ms, n.source,
-            EXISTS (SELECT 1 FROM served s WHERE s.certname = n.certname
-                    AND s.environment = n.environment AND s.generation = n.generation)
-     FROM node_reports n WHERE TRUE";
+            n.failed_plugins, n.last_seen_ms, n.source, s.certname IS NOT NULL
+     FROM node_reports n LEFT JOIN served s ON s.certname = n.certname
+         AND s.environment = n.environment AND s.generation = n.generation";
 
 /// A parameter of a query built here, sent to the store's runtime.
 type Param = Box<dyn ToSql + Sync + Send>;
 
 /// [`PAGE`] with only the filters `ask` names: a filter written as
 /// `($1 IS NULL OR …)` keeps a cached (generic) plan off the indexes, and
-/// every page after the first 5 would scan and sort the whole fleet.
+/// every page after the first 5 would scan and sort the whole fleet. The
+/// cursor bounds both sides of the join.
 fn page_query(ask: &PageAsk) -> (String, Vec<Param>) {
     let mut sql = PAGE.to_owned();
     let mut params: Vec<Param> = Vec::new();
@@ -486,6 +488,11 @@ fn page_query(ask: &PageAsk) -> (String, Vec<Param>) {
         params.push(p);
         sql.push_str(&clause.replace('$', &format!("${}", params.len())));
     };
+    let cursor = " AND s.certname > $::TEXT WHERE n.certname > $::TEXT";
+    match &ask.after {
+        Some(a) => add(&mut sql, cursor, Box::new(a.clone())),
+        None => sql.push_str(" WHERE TRUE"),
+    }
     if let Some(e) = &ask.environment {
         add(
             &mut sql,
@@ -502,9 +509,6 @@ fn page_query(ask: &PageAsk) -> (String, Vec<Param>) {
     }
     if ask.failing {
         sql.push_str(" AND n.loads_failed > 0");
-    }
-    if let Some(a) = &ask.after {
-        add(&mut sql, " AND n.certname > $::TEXT", Box::new(a.clone()));
     }
     let limit = Box::new(ask.limit as i64);
     add(&mut sql, " ORDER BY n.certname LIMIT $::BIGINT", limit);
