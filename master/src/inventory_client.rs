@@ -13,18 +13,18 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::config::MasterConfig;
-use crate::fleet::{DEFAULT_PAGE, INVENTORY_PATH};
+use crate::fleet::{INVENTORY_PATH, MAX_PAGE};
 use crate::handlers::inventory::{InventoryNode, InventoryPage};
 use crate::reindex::{Answer, ReindexError, call_bounded};
 
 /// The nodes that lag or fail listed under the table, at most.
 pub const LISTED: usize = 25;
-/// Nodes asked per page: five times the endpoint's default, so 100,000
-/// nodes are 20 calls (each its own TLS connection), not 100.
-pub const PAGE: usize = 5 * DEFAULT_PAGE;
+/// Nodes asked per page: the most the endpoint answers, so 100,000 nodes
+/// are 10 calls (each its own TLS connection), not 100.
+pub const PAGE: usize = MAX_PAGE;
 /// The most bytes of one page's answer read: a page of [`PAGE`] nodes
 /// each naming its 16 failing plugins at their longest fits.
-const MAX_ANSWER: u64 = 40 << 20;
+const MAX_ANSWER: u64 = 80 << 20;
 
 /// What to keep of the fleet.
 #[derive(Debug, Clone, Default)]
