@@ -1,7 +1,7 @@
-//! A batch of node records and served rows as PostgreSQL writes it
-//! (`postgres.rs`, docs/operating.md#the-state-store): one `UNNEST`
-//! statement per table for many rows, with the same outcome as one upsert
-//! per row in the order given.
+//! The SQL `postgres.rs` builds per call (docs/internals.md#the-state-store):
+//! a batch of node records and served rows, one `UNNEST` statement per
+//! table for many rows with the same outcome as one upsert per row in the
+//! order given; an inventory page with only the filters asked.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
@@ -9,7 +9,9 @@ use std::collections::btree_map::Entry;
 use pluginsync_common::generation::GenerationId;
 
 use super::sqlite::hex;
-use super::{NodeRow, ServedRow};
+use tokio_postgres::types::ToSql;
+
+use super::{NodeRow, PageAsk, ServedRow};
 
 /// Rows per statement.
 pub(super) const CHUNK: usize = 5000;
@@ -98,6 +100,57 @@ pub(super) const ADD_SERVED: &str =
     "INSERT INTO served (certname, environment, generation, replica, at_ms)
      SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[])
      ON CONFLICT (certname, environment, generation) DO NOTHING";
+
+/// An inventory page (`StateStore::page`): the primary key's order, the
+/// filters on the indexes of `migrations/0002_inventory_indexes.sql`;
+/// whether the node was served its generation a merge join of the two
+/// primary keys (one served row at most matches), not a probe per node.
+pub(super) const PAGE: &str =
+    "SELECT n.certname, n.environment, n.generation, n.loads_ok, n.loads_failed,
+            n.failed_plugins, n.last_seen_ms, n.source, s.certname IS NOT NULL
+     FROM node_reports n LEFT JOIN served s ON s.certname = n.certname
+         AND s.environment = n.environment AND s.generation = n.generation";
+
+/// A parameter of a query built here, sent to the store's runtime.
+pub(super) type Param = Box<dyn ToSql + Sync + Send>;
+
+/// [`PAGE`] with only the filters `ask` names: a filter written as
+/// `($1 IS NULL OR …)` keeps a cached (generic) plan off the indexes, and
+/// every page after the first 5 would scan and sort the whole fleet. The
+/// cursor bounds both sides of the join.
+pub(super) fn page_query(ask: &PageAsk) -> (String, Vec<Param>) {
+    let mut sql = PAGE.to_owned();
+    let mut params: Vec<Param> = Vec::new();
+    let mut add = |sql: &mut String, clause: &str, p: Param| {
+        params.push(p);
+        sql.push_str(&clause.replace('$', &format!("${}", params.len())));
+    };
+    let cursor = " AND s.certname > $::TEXT WHERE n.certname > $::TEXT";
+    match &ask.after {
+        Some(a) => add(&mut sql, cursor, Box::new(a.clone())),
+        None => sql.push_str(" WHERE TRUE"),
+    }
+    if let Some(e) = &ask.environment {
+        add(
+            &mut sql,
+            " AND n.environment = $::TEXT",
+            Box::new(e.clone()),
+        );
+    }
+    if let Some(g) = &ask.generation {
+        add(
+            &mut sql,
+            " AND n.generation LIKE $::TEXT",
+            Box::new(format!("{g}%")),
+        );
+    }
+    if ask.failing {
+        sql.push_str(" AND n.loads_failed > 0");
+    }
+    let limit = Box::new(ask.limit as i64);
+    add(&mut sql, " ORDER BY n.certname LIMIT $::BIGINT", limit);
+    (sql, params)
+}
 
 #[cfg(test)]
 mod tests {

@@ -20,7 +20,7 @@
 //! | `sqlite.rs` | The embedded backend: the file, its migrations, its queries. |
 //! | `postgres.rs` | The PostgreSQL backend: the same queries, on its own runtime. |
 //! | `pgconn.rs` | PostgreSQL's URL, `sslmode`, TLS and pool. |
-//! | `batch.rs` | Node records as PostgreSQL writes them: a statement per table. |
+//! | `batch.rs` | PostgreSQL's SQL per call: a batch of node records, a page. |
 //! | `writer.rs` | [`Writer`]: node reports written behind the requests, batched, bounded. |
 
 mod batch;

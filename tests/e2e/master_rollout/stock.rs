@@ -149,20 +149,29 @@ async fn a_v3_client_outside_the_wave_keeps_the_old_generation_byte_for_byte() {
         answers(&pki, &b, &inside[0]).await,
         "replicas alike inside the wave"
     );
-    // The fleet records what each stock node was served.
-    let fleet = client(&pki, Some("localhost"))
-        .get(format!("{}/pluginsync/v1/inventory", a.url()))
-        .send()
-        .await
-        .expect("inventory");
-    let fleet: serde_json::Value = fleet.json().await.expect("JSON");
-    let on = |c: &str| {
-        let nodes = fleet["nodes"].as_array().expect("nodes");
-        let node = nodes.iter().find(|n| n["certname"] == c);
-        node.map(|n| n["generation"].clone())
+    // The fleet records what each stock node was served (written behind
+    // the requests, within 200 ms: read until both are there, bounded).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (fleet, on) = loop {
+        let fleet = client(&pki, Some("localhost"))
+            .get(format!("{}/pluginsync/v1/inventory", a.url()))
+            .send()
+            .await
+            .expect("inventory");
+        let fleet: serde_json::Value = fleet.json().await.expect("JSON");
+        let on = |c: &str| {
+            let nodes = fleet["nodes"].as_array().expect("nodes");
+            let node = nodes.iter().find(|n| n["certname"] == c);
+            node.map(|n| n["generation"].clone())
+        };
+        let both = [on(&outside[0]), on(&inside[0])];
+        if both.iter().all(Option::is_some) || std::time::Instant::now() > deadline {
+            break (fleet, both);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     };
-    assert_eq!(on(&outside[0]), Some(first.as_str().into()), "{fleet}");
-    assert_eq!(on(&inside[0]), Some(second.as_str().into()), "{fleet}");
+    assert_eq!(on[0], Some(first.as_str().into()), "{fleet}");
+    assert_eq!(on[1], Some(second.as_str().into()), "{fleet}");
     // The old generation's index is on disk beside it: a restarted replica
     // answers from it too (the old bytes are in no tree any more).
     let stored = dir.path().join("store-b/indexes/production");
