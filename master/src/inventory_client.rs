@@ -83,26 +83,50 @@ pub async fn fetch(
     if filters.failing {
         base.push_str("&failing=true");
     }
+    let page_of = |after: Option<&str>| match after {
+        Some(a) => format!("{base}&after={}", enc(a)),
+        None => base.clone(),
+    };
     let (mut out, mut after) = (Vec::new(), None::<String>);
+    let mut answer = call_bounded(config, master, "GET", &page_of(None), MAX_ANSWER).await?;
     loop {
-        let target = match &after {
-            Some(a) => format!("{base}&after={}", enc(a)),
-            None => base.clone(),
-        };
-        let Answer { addr, status, body } =
-            call_bounded(config, master, "GET", &target, MAX_ANSWER).await?;
+        let Answer { addr, status, body } = answer;
         if status != 200 {
             let body: String = body.chars().filter(|c| !c.is_control()).take(200).collect();
             return Err(InventoryError::Status { addr, status, body });
         }
-        let page: InventoryPage =
-            serde_json::from_str(&body).map_err(|_| InventoryError::Unreadable { addr })?;
+        // The cursor first (a scan that keeps nothing else), so the next
+        // page is asked while this one is parsed: the master builds one
+        // while this process reads the other.
+        let next = serde_json::from_str::<Cursor>(&body)
+            .map_err(|_| InventoryError::Unreadable { addr: addr.clone() })?
+            .next
+            .filter(|n| after.as_ref() != Some(n));
+        let parse =
+            tokio::task::spawn_blocking(move || serde_json::from_str::<InventoryPage>(&body));
+        let (page, fetched) = match &next {
+            Some(n) => {
+                let target = page_of(Some(n));
+                let ask = call_bounded(config, master, "GET", &target, MAX_ANSWER);
+                let (page, fetched) = tokio::join!(parse, ask);
+                (page, Some(fetched))
+            }
+            None => (parse.await, None),
+        };
+        let page = (page.ok().and_then(Result::ok)).ok_or(InventoryError::Unreadable { addr })?;
         out.extend(page.nodes.into_iter().filter(|n| kept(filters, n)));
-        match page.next {
-            Some(n) if after.as_ref() != Some(&n) => after = Some(n),
-            _ => return Ok(out),
+        match fetched {
+            Some(fetched) => (answer, after) = (fetched?, next),
+            None => return Ok(out),
         }
     }
+}
+
+/// An inventory page's cursor alone (the nodes skipped unread).
+#[derive(serde::Deserialize)]
+struct Cursor {
+    #[serde(default)]
+    next: Option<String>,
 }
 
 /// The filters the endpoint does not apply: `--not-generation`, `--stale`.
