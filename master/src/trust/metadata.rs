@@ -10,10 +10,9 @@
 //! (`X-Pluginsync-Trust-Root`), so a node's no-op run costs one
 //! conditional request (docs/trust.md#requests-per-run).
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -60,39 +59,33 @@ pub async fn serve(State(state): State<AppState>, req: Parts) -> Result<Response
     else {
         return Err(ApiError::not_found("trust metadata", name));
     };
-    let (bytes, root) = match immutable {
-        true => immutable_file(dir.join(name)).await?,
-        // Every node's no-op run asks this one: answered from memory while
-        // the file and its directory are unchanged (a `stat` of each).
-        false => {
-            let answer = state.trust_timestamp.get(dir, || {
-                let bytes = read_bounded(&dir.join(name))?;
-                Ok(Answer {
-                    bytes: Arc::new(bytes),
-                    root: newest_root(dir),
-                })
-            });
-            match answer {
-                Ok(a) => (a.bytes, a.root),
-                Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
-                    return Err(ApiError::internal());
-                }
-                Err(_) => return Err(ApiError::not_found("trust metadata", name)),
-            }
+    // Every node's no-op run asks the timestamp: answered from memory
+    // while the file and its directory are unchanged (a `stat` of each).
+    let answer = match immutable {
+        true => {
+            let path = dir.join(name);
+            tokio::task::spawn_blocking(move || read_answer(&path, None))
+                .await
+                .map_err(|_| ApiError::internal())?
         }
+        false => (state.trust_timestamp).get(dir, || read_answer(&dir.join(name), Some(dir))),
     };
-    let etag = ETag::of_digest(&Sha256::of(&bytes).0);
+    let Answer { bytes, etag, root } = match answer {
+        Ok(a) => a,
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => return Err(ApiError::internal()),
+        Err(_) => return Err(ApiError::not_found("trust metadata", name)),
+    };
     let cache = match immutable {
         true if state.config.authorization.is_empty() => protocol::CACHE_IMMUTABLE,
         true => protocol::CACHE_IMMUTABLE_PRIVATE,
         false => "no-cache",
     };
-    let mut resp = if request::not_modified(&req.headers, &etag) {
-        Response::builder().status(StatusCode::NOT_MODIFIED)
-    } else {
-        Response::builder()
+    let unchanged = request::not_modified(&req.headers, &etag);
+    let mut resp = match unchanged {
+        true => Response::builder().status(StatusCode::NOT_MODIFIED),
+        false => Response::builder()
             .status(StatusCode::OK)
-            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_TYPE, "application/json"),
     };
     if let Ok(v) = HeaderValue::from_str(etag.as_str()) {
         resp = resp.header(header::ETAG, v);
@@ -100,30 +93,24 @@ pub async fn serve(State(state): State<AppState>, req: Parts) -> Result<Response
     if let Some(v) = root {
         resp = resp.header(HEADER_ROOT_VERSION, v);
     }
-    let body = match request::not_modified(&req.headers, &etag) {
+    let body = match unchanged {
         true => Body::empty(),
-        false => Body::from(Vec::clone(&bytes)),
+        false => Body::from(bytes),
     };
     resp.header(header::CACHE_CONTROL, cache)
         .body(body)
         .map_err(|_| ApiError::internal())
 }
 
-/// A versioned (immutable) file's bytes, read off the runtime's threads;
-/// 404 when it is not there, 500 when over [`MAX_METADATA_BYTES`].
-async fn immutable_file(path: PathBuf) -> Result<(Arc<Vec<u8>>, Option<u64>), ApiError> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-    let read = tokio::task::spawn_blocking(move || read_bounded(&path))
-        .await
-        .map_err(|_| ApiError::internal())?;
-    match read {
-        Ok(bytes) => Ok((Arc::new(bytes), None)),
-        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => Err(ApiError::internal()),
-        Err(_) => Err(ApiError::not_found(
-            "trust metadata",
-            name.as_deref().unwrap_or_default(),
-        )),
-    }
+/// `path`'s answer: its bytes, their ETag, and with `dir` the newest root
+/// version there (the timestamp's answer says it).
+fn read_answer(path: &Path, dir: Option<&Path>) -> std::io::Result<Answer> {
+    let bytes = read_bounded(path)?;
+    Ok(Answer {
+        etag: ETag::of_digest(&Sha256::of(&bytes).0),
+        bytes: Bytes::from(bytes),
+        root: dir.and_then(newest_root),
+    })
 }
 
 /// `path`'s bytes, refused (`FileTooLarge`) over [`MAX_METADATA_BYTES`].

@@ -8,9 +8,11 @@
 //! timestamp tick is read again within a second.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
+use bytes::Bytes;
+use pluginsync_common::etag::ETag;
 use pluginsync_common::mutex::lock;
 
 /// How long a kept answer is used without reading the file again.
@@ -38,12 +40,14 @@ impl Stamp {
     }
 }
 
-/// One read of the timestamp: its bytes and the newest root version in
-/// its directory.
+/// One read of a metadata file: its bytes, their ETag and, for the
+/// timestamp, the newest root version in its directory.
 #[derive(Debug, Clone)]
 pub struct Answer {
-    /// `timestamp.json`'s bytes.
-    pub bytes: Arc<Vec<u8>>,
+    /// The file's bytes.
+    pub bytes: Bytes,
+    /// Their ETag (their sha256).
+    pub etag: ETag,
     /// The newest `N.root.json` in the directory.
     pub root: Option<u64>,
 }
@@ -56,9 +60,22 @@ struct Kept {
     answer: Answer,
 }
 
-/// The kept answer of one metadata directory; see the module docs.
-#[derive(Debug, Default)]
-pub struct TimestampCache(Mutex<Option<Kept>>);
+/// The kept answer of one metadata directory, used for at most `max_age`
+/// ([`MAX_AGE`] by default); see the module docs.
+#[derive(Debug)]
+pub struct TimestampCache {
+    kept: Mutex<Option<Kept>>,
+    max_age: Duration,
+}
+
+impl Default for TimestampCache {
+    fn default() -> TimestampCache {
+        TimestampCache {
+            kept: Mutex::default(),
+            max_age: MAX_AGE,
+        }
+    }
+}
 
 impl TimestampCache {
     /// The answer for `dir`'s `timestamp.json`: the kept one while
@@ -73,16 +90,16 @@ impl TimestampCache {
         let file = Stamp::of(&dir.join("timestamp.json"));
         let dir_stamp = Stamp::of(dir);
         if let (Some(file), Some(dir_stamp)) = (&file, &dir_stamp)
-            && let Some(k) = lock(&self.0).as_ref()
+            && let Some(k) = lock(&self.kept).as_ref()
             && k.file == *file
             && k.dir == *dir_stamp
-            && k.at.elapsed() < MAX_AGE
+            && k.at.elapsed() < self.max_age
         {
             return Ok(k.answer.clone());
         }
         let answer = read()?;
         if let (Some(file), Some(dir)) = (file, dir_stamp) {
-            *lock(&self.0) = Some(Kept {
+            *lock(&self.kept) = Some(Kept {
                 file,
                 dir,
                 at: Instant::now(),
@@ -98,8 +115,10 @@ mod tests {
     use super::*;
 
     fn answer(dir: &Path) -> std::io::Result<Answer> {
+        let bytes = std::fs::read(dir.join("timestamp.json"))?;
         Ok(Answer {
-            bytes: Arc::new(std::fs::read(dir.join("timestamp.json"))?),
+            etag: ETag::of_digest(&pluginsync_common::digest::Sha256::of(&bytes).0),
+            bytes: Bytes::from(bytes),
             root: None,
         })
     }
@@ -119,18 +138,22 @@ mod tests {
                 })
                 .unwrap()
         };
-        assert_eq!(*get(&cache).bytes, b"one");
-        assert_eq!(*get(&cache).bytes, b"one");
+        assert_eq!(get(&cache).bytes, &b"one"[..]);
+        assert_eq!(get(&cache).bytes, &b"one"[..]);
         // A new file in its place (how a pipeline publishes: rename).
         std::fs::write(d.join("new"), b"two!").unwrap();
         std::fs::rename(d.join("new"), d.join("timestamp.json")).unwrap();
-        assert_eq!(*get(&cache).bytes, b"two!");
+        assert_eq!(get(&cache).bytes, &b"two!"[..]);
         assert_eq!(reads.get(), 2, "one read per version of the file");
-        // Rewritten in place with the same length: read again once the
-        // kept answer is older than MAX_AGE at the latest.
+        // Rewritten in place with the same length (possibly within one
+        // timestamp tick): read again once the kept answer is older than
+        // its max age, here none.
+        let young = TimestampCache {
+            kept: Mutex::default(),
+            max_age: Duration::ZERO,
+        };
+        assert_eq!(young.get(d, || answer(d)).unwrap().bytes, &b"two!"[..]);
         std::fs::write(d.join("timestamp.json"), b"six!").unwrap();
-        std::thread::sleep(MAX_AGE);
-        let again = cache.get(d, || answer(d)).unwrap();
-        assert_eq!(*again.bytes, b"six!");
+        assert_eq!(young.get(d, || answer(d)).unwrap().bytes, &b"six!"[..]);
     }
 }
