@@ -39,6 +39,38 @@ fn agent(pki: &Pki, m: &TestMaster, signer: &TufSigner, grace: &str) -> AgentHom
     AgentHome::new(pki, &[m.url()], &extra)
 }
 
+/// What most tests here start from: a tree generated from `seed`, a
+/// signing pipeline's repository (nothing signed yet), a master with its
+/// `[trust] metadata`, node1's client and the generation it is served.
+struct Signed {
+    tree: EnvTree,
+    pki: Pki,
+    _dir: tempfile::TempDir,
+    signer: TufSigner,
+    m: TestMaster,
+    c: reqwest::Client,
+    id: GenerationId,
+}
+
+async fn signed(seed: u64) -> Signed {
+    let (tree, pki) = (EnvTree::new(), Pki::new());
+    tree.generate("production", 2, 5, seed);
+    let dir = tempfile::tempdir().unwrap();
+    let signer = TufSigner::new(&dir.path().join("repo")).await;
+    let m = master(&tree, &pki, &signer);
+    let c = client(&pki, Some("node1"));
+    let id = served(&c, &m.url(), None).await;
+    Signed {
+        tree,
+        pki,
+        _dir: dir,
+        signer,
+        m,
+        c,
+        id,
+    }
+}
+
 /// The generation the master serves now, once it differs from `other`.
 async fn served(c: &reqwest::Client, base: &str, other: Option<GenerationId>) -> GenerationId {
     let url = assignment_url(base, "production");
@@ -112,13 +144,15 @@ fn assert_refused(run: &AgentRun, what: &str) {
 /// signed): each refused, the node as the signed generation left it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_generation_syncs_and_unsigned_or_withdrawn_ones_are_refused() {
-    let (tree, pki) = (EnvTree::new(), Pki::new());
-    tree.generate("production", 2, 5, 3);
-    let dir = tempfile::tempdir().unwrap();
-    let mut signer = TufSigner::new(&dir.path().join("repo")).await;
-    let m = master(&tree, &pki, &signer);
-    let c = client(&pki, Some("node1"));
-    let first = served(&c, &m.url(), None).await;
+    let Signed {
+        tree,
+        pki,
+        _dir,
+        mut signer,
+        m,
+        c,
+        id: first,
+    } = signed(3).await;
     let home = agent(&pki, &m, &signer, "1h");
 
     // Nothing signed yet: refused, nothing written.
@@ -163,13 +197,15 @@ async fn a_signed_generation_syncs_and_unsigned_or_withdrawn_ones_are_refused() 
 /// timestamp past its expiry and the grace: refused, nothing changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replayed_and_expired_metadata_are_refused() {
-    let (tree, pki) = (EnvTree::new(), Pki::new());
-    tree.generate("production", 2, 5, 4);
-    let dir = tempfile::tempdir().unwrap();
-    let mut signer = TufSigner::new(&dir.path().join("repo")).await;
-    let m = master(&tree, &pki, &signer);
-    let c = client(&pki, Some("node1"));
-    let id = served(&c, &m.url(), None).await;
+    let Signed {
+        tree: _tree,
+        pki,
+        _dir,
+        mut signer,
+        m,
+        c,
+        id,
+    } = signed(4).await;
     sign_served(&mut signer, &c, &m.url(), &id).await;
     signer.publish(DAY).await;
     let ts = signer.metadata.join("timestamp.json");
@@ -315,13 +351,15 @@ async fn signed_bundles_apply_and_unsigned_or_older_ones_are_refused() {
 /// new root; nothing changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotated_out_targets_key_is_refused_and_the_new_one_accepted() {
-    let (tree, pki) = (EnvTree::new(), Pki::new());
-    tree.generate("production", 2, 5, 9);
-    let dir = tempfile::tempdir().unwrap();
-    let mut signer = TufSigner::new(&dir.path().join("repo")).await;
-    let m = master(&tree, &pki, &signer);
-    let c = client(&pki, Some("node1"));
-    let first = served(&c, &m.url(), None).await;
+    let Signed {
+        tree,
+        pki,
+        _dir,
+        mut signer,
+        m,
+        c,
+        id: first,
+    } = signed(9).await;
     sign_served(&mut signer, &c, &m.url(), &first).await;
     signer.publish(DAY).await;
     let home = agent(&pki, &m, &signer, "1h");
@@ -446,13 +484,15 @@ async fn a_no_op_run_costs_one_conditional_request_more() {
 /// and the run after it fetches the file anew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_file_in_the_vardir_is_verified_again_and_refused() {
-    let (tree, pki) = (EnvTree::new(), Pki::new());
-    tree.generate("production", 2, 5, 6);
-    let dir = tempfile::tempdir().unwrap();
-    let mut signer = TufSigner::new(&dir.path().join("repo")).await;
-    let m = master(&tree, &pki, &signer);
-    let c = client(&pki, Some("node1"));
-    let id = served(&c, &m.url(), None).await;
+    let Signed {
+        tree: _tree,
+        pki,
+        _dir,
+        mut signer,
+        m,
+        c,
+        id,
+    } = signed(6).await;
     sign_served(&mut signer, &c, &m.url(), &id).await;
     signer.publish(DAY).await;
     let home = agent(&pki, &m, &signer, "1h");
