@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::generation::{GenerationId, Manifest};
+use pluginsync_common::trust::served::Served;
 use pluginsync_common::trust::{self, Expiry, METADATA_PREFIX, TrustError, Trusted};
 use serde::Deserialize;
 
@@ -82,16 +83,20 @@ pub fn datastore(vardir: &Path) -> PathBuf {
 }
 
 /// The signed metadata of `server`, refreshed (timestamp → snapshot →
-/// targets) over `http`. The timestamp is revalidated first: when the
-/// master still serves the one kept, names no newer root, and every file
-/// the last full load verified is unchanged in the vardir, that load's
-/// result is taken again (`trust::recall`, docs/trust.md#requests-per-run);
-/// else tough loads and verifies everything, and its result is recorded.
+/// targets) over `http`; `said` is what its per-node answer said of them
+/// (docs/trust.md#requests-per-run). When the master still serves the
+/// timestamp kept (as `said` names it, else as its revalidation answers),
+/// names no newer root, and every file the last full load verified is
+/// unchanged in the vardir, that load's result is taken again
+/// (`trust::recall`) — with `said`, without a request; else tough loads
+/// and verifies everything (the files `said` names fetched at once
+/// beforehand), and its result is recorded.
 pub async fn refresh(
     config: &TrustConfig,
     vardir: &Path,
     http: reqwest::Client,
     server: &str,
+    said: Option<&Served>,
 ) -> Result<Trusted, TrustError> {
     let base = format!("{}{METADATA_PREFIX}", server.trim_end_matches('/'));
     let url =
@@ -114,6 +119,16 @@ pub async fn refresh(
         }
     };
     let transport = MasterTransport::new(http, files.clone());
+    if let Some(said) = said
+        && transport.kept_etag().as_deref() == Some(said.timestamp.as_str())
+        && let Some(trusted) = trust::recall(&config.root, &store, kept, expiry)
+        && said.root <= trusted.versions()[0]
+    {
+        return Ok(trusted);
+    }
+    if let Some(said) = said {
+        transport.prefetch(&url, said).await;
+    }
     if let Some(newest_root) = transport.revalidate(&url).await
         && let Some(trusted) = trust::recall(&config.root, &store, kept, expiry)
         && newest_root <= trusted.versions()[0]
@@ -221,7 +236,7 @@ pub async fn verify_bundle(
 /// (how TUF learns there is no newer root), anything but a 200 (or a 304
 /// for the timestamp) an error.
 ///
-/// A no-op run costs one conditional request (docs/trust.md#requests-per-run):
+/// A load asks each file at most once (docs/trust.md#requests-per-run):
 /// versioned files (`N.root.json`, `N.snapshot.json`, `N.targets.json`)
 /// never change (consistent snapshots), so they are kept in
 /// `<vardir>/trust/files/` and read from there; `timestamp.json` is asked
@@ -259,6 +274,34 @@ impl MasterTransport {
 
     fn ahead(&self) -> std::sync::MutexGuard<'_, Ahead> {
         pluginsync_common::mutex::lock(&self.ahead)
+    }
+
+    /// The `ETag` of the kept `timestamp.json`, as its master sent it.
+    pub fn kept_etag(&self) -> Option<String> {
+        std::fs::read_to_string(self.files.join("timestamp.etag"))
+            .ok()
+            .filter(|t| !t.is_empty())
+    }
+
+    /// The files `said` names, asked together under `base` (the metadata
+    /// URL): the timestamp revalidated ([`MasterTransport::revalidate`]),
+    /// the snapshot and targets versions it leads to fetched and kept
+    /// unless kept already, so tough then reads them without a round trip
+    /// each. A failure here is tough's to meet and report when it asks.
+    pub async fn prefetch(&self, base: &url::Url, said: &Served) {
+        let versioned = [
+            said.snapshot.map(|v| format!("{v}.snapshot.json")),
+            said.targets.map(|v| format!("{v}.targets.json")),
+        ];
+        let fetches = versioned.into_iter().flatten().map(|name| async move {
+            if let Ok(url) = base.join(&name) {
+                let _ = self.fetch_kept(&url, &name, false).await;
+            }
+        });
+        tokio::join!(
+            self.revalidate(base),
+            futures_util::future::join_all(fetches)
+        );
     }
 
     /// Asks the master's `timestamp.json` (under `base`, the metadata

@@ -28,6 +28,8 @@ use tough::{ExpirationEnforcement, RepositoryLoader, Transport};
 use crate::envname::EnvName;
 use crate::generation::GenerationId;
 
+pub mod served;
+
 /// Where the masters serve the TUF metadata: `{METADATA_PREFIX}<file>`,
 /// e.g. `timestamp.json`, `3.targets.json` (docs/trust.md#what-the-masters-serve).
 pub const METADATA_PREFIX: &str = "/pluginsync/v1/trust/";

@@ -13,6 +13,7 @@ use pluginsync_common::generation::{
     Assignment, GenerationId, assignment_url, manifest_url, report_url,
 };
 use pluginsync_common::protocol;
+use pluginsync_common::trust::served::Served;
 use reqwest::StatusCode;
 
 use super::body::{Capped, read_capped};
@@ -23,13 +24,18 @@ use super::{Attempt, Client, FetchError, GenerationProblem, MAX_LISTING_BYTES, M
 pub enum AssignmentAnswer {
     /// `304`: the generation the `If-None-Match` answer named is still
     /// the node's.
-    NotModified,
+    NotModified {
+        /// What the server says of the signed metadata it serves.
+        trust: Option<Served>,
+    },
     /// The node's generation now, and the answer's `ETag`.
     Assigned {
         /// The answer.
         assignment: Assignment,
         /// Its `ETag`, for the next run's `If-None-Match`.
         etag: Option<ETag>,
+        /// What the server says of the signed metadata it serves.
+        trust: Option<Served>,
     },
     /// The server does not serve generations (a stock Puppet Server, an
     /// older pluginsync master): the run syncs Puppet's listings.
@@ -86,8 +92,13 @@ impl Client {
             Ok(r) => r,
             Err(e) => return Attempt::transient(&e),
         };
+        // docs/trust.md#requests-per-run: on a 304 too.
+        let trust = Served::from_headers(|name| {
+            let v = resp.headers().get(name)?.to_str().ok()?;
+            Some(v.to_owned())
+        });
         if resp.status() == StatusCode::NOT_MODIFIED && if_none_match.is_some() {
-            return Attempt::Done(AssignmentAnswer::NotModified);
+            return Attempt::Done(AssignmentAnswer::NotModified { trust });
         }
         let etag = resp
             .headers()
@@ -125,7 +136,11 @@ impl Client {
                 Ok(a) if a.environment != env.as_str() => {
                     problem(GenerationProblem::OtherEnvironment(a.environment))
                 }
-                Ok(assignment) => Attempt::Done(AssignmentAnswer::Assigned { assignment, etag }),
+                Ok(assignment) => Attempt::Done(AssignmentAnswer::Assigned {
+                    assignment,
+                    etag,
+                    trust,
+                }),
                 Err(e) => {
                     tracing::info!(server = %server, error = %e, "not a per-node answer");
                     Attempt::Done(AssignmentAnswer::NotServed)

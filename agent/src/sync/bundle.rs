@@ -88,6 +88,7 @@ impl Run<'_> {
                 offers: Offers::generation(),
             },
             blobs: Some(blobs),
+            trust: None,
         })
     }
 

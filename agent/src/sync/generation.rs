@@ -16,6 +16,7 @@ use pluginsync_common::envname::EnvName;
 use pluginsync_common::fsutil::Written;
 use pluginsync_common::generation::{GenerationId, Manifest, ManifestDelta, ManifestError};
 use pluginsync_common::protocol::Mount;
+use pluginsync_common::trust::served::Served;
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -123,6 +124,9 @@ pub(super) struct Held {
     pub(super) origin: Origin,
     /// A bundle's blobs, the content source of `sync --from-bundle`.
     pub(super) blobs: Option<Blobs>,
+    /// What the per-node answer said of the signed metadata its master
+    /// serves (docs/trust.md#requests-per-run).
+    pub(super) trust: Option<Served>,
 }
 
 /// The manifest of `held`, when this run fetched a new one, written
@@ -170,7 +174,8 @@ impl Run<'_> {
             return Err(listings.into());
         };
         let (env, server) = (self.env.clone(), held.origin.server.clone());
-        let refresh = crate::trust::refresh(config, vardir, self.servers.http(), &server);
+        let (http, said) = (self.servers.http(), held.trust.take());
+        let refresh = crate::trust::refresh(config, vardir, http, &server, said.as_ref());
         let trusted = if held.record.generation == Some(held.id) {
             refresh.await
         } else {
@@ -218,7 +223,7 @@ impl Run<'_> {
         let report = self.report_header(&report);
         let (server, answer) = self.servers.assignment(&env, &inm, &report).await?;
         self.report.server.get_or_insert_with(|| server.clone());
-        let (id, changed) = match answer {
+        let (id, changed, trust) = match answer {
             AssignmentAnswer::NotServed => {
                 tracing::info!(server = %server, "the server serves no generations; syncing its listings");
                 record.listings_only = Some(servers_key);
@@ -230,15 +235,19 @@ impl Run<'_> {
                 return Ok(None);
             }
             // If-None-Match is sent only with a generation held.
-            AssignmentAnswer::NotModified => match record.generation {
-                Some(id) => (id, false),
+            AssignmentAnswer::NotModified { trust } => match record.generation {
+                Some(id) => (id, false, trust),
                 None => return Ok(None),
             },
-            AssignmentAnswer::Assigned { assignment, etag } => {
+            AssignmentAnswer::Assigned {
+                assignment,
+                etag,
+                trust,
+            } => {
                 let changed = record.assignment_etag != etag || record.server != server;
                 record.assignment_etag = etag;
                 record.server = server.clone();
-                (assignment.generation, changed)
+                (assignment.generation, changed, trust)
             }
         };
         self.phase("generation assigned");
@@ -254,6 +263,7 @@ impl Run<'_> {
                 offers: Offers::generation(),
             },
             blobs: None,
+            trust,
         };
         if get && held.record.generation != Some(id) {
             self.fetch_manifest(&mut held, &env).await?;
@@ -305,9 +315,14 @@ impl Run<'_> {
                     let report = self.report_header(&report);
                     let (_, again) = self.servers.assignment(env, &|_| None, &report).await?;
                     match again {
-                        AssignmentAnswer::Assigned { assignment, etag } => {
+                        AssignmentAnswer::Assigned {
+                            assignment,
+                            etag,
+                            trust,
+                        } => {
                             held.id = assignment.generation;
                             held.record.assignment_etag = etag;
+                            held.trust = trust.or(held.trust.take());
                             continue;
                         }
                         _ => break,

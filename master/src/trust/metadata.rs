@@ -7,8 +7,9 @@
 //! never change (consistent snapshots): immutable, cacheable; the
 //! timestamp is revalidated (`no-cache`, an `ETag`, 304 when unchanged),
 //! and its answer says the newest root version served
-//! (`X-Pluginsync-Trust-Root`), so a node's no-op run costs one
-//! conditional request (docs/trust.md#requests-per-run).
+//! (`X-Pluginsync-Trust-Root`). What the per-node answer says of them
+//! ([`served`]) lets a node's no-op run ask none of them
+//! (docs/trust.md#requests-per-run).
 
 use std::path::Path;
 
@@ -21,6 +22,7 @@ use axum::response::Response;
 use pluginsync_common::digest::Sha256;
 use pluginsync_common::etag::ETag;
 use pluginsync_common::protocol;
+use pluginsync_common::trust::served::{Served, named_version};
 use pluginsync_common::trust::{HEADER_ROOT_VERSION, METADATA_PREFIX};
 
 use crate::api_error::ApiError;
@@ -68,9 +70,11 @@ pub async fn serve(State(state): State<AppState>, req: Parts) -> Result<Response
                 .await
                 .map_err(|_| ApiError::internal())?
         }
-        false => (state.trust_timestamp).get(dir, || read_answer(&dir.join(name), Some(dir))),
+        false => timestamp(&state, dir),
     };
-    let Answer { bytes, etag, root } = match answer {
+    let Answer {
+        bytes, etag, root, ..
+    } = match answer {
         Ok(a) => a,
         Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => return Err(ApiError::internal()),
         Err(_) => return Err(ApiError::not_found("trust metadata", name)),
@@ -102,14 +106,36 @@ pub async fn serve(State(state): State<AppState>, req: Parts) -> Result<Response
         .map_err(|_| ApiError::internal())
 }
 
-/// `path`'s answer: its bytes, their ETag, and with `dir` the newest root
-/// version there (the timestamp's answer says it).
+/// The answer for `dir`'s `timestamp.json`, from memory while unchanged
+/// (`TimestampCache`).
+fn timestamp(state: &AppState, dir: &Path) -> std::io::Result<Answer> {
+    (state.trust_timestamp).get(dir, || read_answer(&dir.join("timestamp.json"), Some(dir)))
+}
+
+/// What the per-node answer says of the signed metadata served
+/// (docs/trust.md#requests-per-run): `None` without `[trust] metadata`
+/// or a readable timestamp and root.
+pub fn served(state: &AppState) -> Option<Served> {
+    let dir = state.config.trust.metadata.as_ref()?;
+    timestamp(state, dir).ok()?.served()
+}
+
+/// `path`'s answer: its bytes, their ETag, and with `dir` (the
+/// timestamp's) the newest root version there and the snapshot and
+/// targets versions the timestamp leads to.
 fn read_answer(path: &Path, dir: Option<&Path>) -> std::io::Result<Answer> {
     let bytes = read_bounded(path)?;
+    let snapshot = dir.and_then(|_| named_version(&bytes, "snapshot.json"));
+    let targets = dir.zip(snapshot).and_then(|(d, v)| {
+        let snapshot = read_bounded(&d.join(format!("{v}.snapshot.json"))).ok()?;
+        named_version(&snapshot, "targets.json")
+    });
     Ok(Answer {
         etag: ETag::of_digest(&Sha256::of(&bytes).0),
         bytes: Bytes::from(bytes),
         root: dir.and_then(newest_root),
+        snapshot,
+        targets,
     })
 }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use pluginsync_common::etag::ETag;
 use pluginsync_common::mutex::lock;
+use pluginsync_common::trust::served::Served;
 
 /// How long a kept answer is used without reading the file again.
 pub const MAX_AGE: Duration = Duration::from_secs(1);
@@ -41,7 +42,9 @@ impl Stamp {
 }
 
 /// One read of a metadata file: its bytes, their ETag and, for the
-/// timestamp, the newest root version in its directory.
+/// timestamp, the newest root version in its directory and the snapshot
+/// and targets versions it leads to (what the per-node answer says of
+/// them, `pluginsync_common::trust::served`).
 #[derive(Debug, Clone)]
 pub struct Answer {
     /// The file's bytes.
@@ -50,6 +53,23 @@ pub struct Answer {
     pub etag: ETag,
     /// The newest `N.root.json` in the directory.
     pub root: Option<u64>,
+    /// The snapshot version the timestamp names.
+    pub snapshot: Option<u64>,
+    /// The targets version that snapshot names.
+    pub targets: Option<u64>,
+}
+
+impl Answer {
+    /// What the per-node answer says of the metadata served; `None`
+    /// without a root (nothing a node could verify from).
+    pub fn served(&self) -> Option<Served> {
+        Some(Served {
+            timestamp: self.etag.as_str().to_owned(),
+            root: self.root?,
+            snapshot: self.snapshot,
+            targets: self.targets,
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -120,6 +140,8 @@ mod tests {
             etag: ETag::of_digest(&pluginsync_common::digest::Sha256::of(&bytes).0),
             bytes: Bytes::from(bytes),
             root: None,
+            snapshot: None,
+            targets: None,
         })
     }
 
