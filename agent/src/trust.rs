@@ -136,7 +136,7 @@ pub async fn refresh(
         return Ok(trusted);
     }
     trust::forget(&store);
-    let trusted = match trust::load(&config.root, &store, url, transport, expiry).await {
+    let trusted = match load_beside(&config.root, &store, url, transport, expiry).await {
         Ok(t) => t,
         Err(e) => {
             // Nothing kept that did not verify is read again.
@@ -149,6 +149,29 @@ pub async fn refresh(
         tracing::debug!(error = %e, "cannot record the verified metadata: the next run verifies it again");
     }
     Ok(trusted)
+}
+
+/// `trust::load` on a thread of its own, so its parsing and signature
+/// checks run beside the manifest's (fetched and checked meanwhile on the
+/// run's thread) rather than taking turns with them; its requests and
+/// file operations are still driven by the run's runtime (`block_on` of
+/// its handle: the run's thread is in `Runtime::block_on` meanwhile).
+async fn load_beside(
+    root: &Path,
+    store: &Path,
+    url: url::Url,
+    transport: MasterTransport,
+    expiry: Expiry,
+) -> Result<Trusted, TrustError> {
+    let handle = tokio::runtime::Handle::current();
+    let (root, store) = (root.to_owned(), store.to_owned());
+    let load = move || handle.block_on(trust::load(&root, &store, url, transport, expiry));
+    match tokio::task::spawn_blocking(load).await {
+        Ok(loaded) => loaded,
+        Err(e) => Err(TrustError::Unavailable(format!(
+            "the verification stopped: {e}"
+        ))),
+    }
 }
 
 /// The length of generation `id`'s manifest: of the `fresh` bytes; or
