@@ -126,17 +126,30 @@ pub async fn refresh(
     {
         return Ok(trusted);
     }
-    if let Some(said) = said {
-        transport.prefetch(&url, said).await;
-    }
+    // Said, and not what the node keeps: tough's datastore is renewed
+    // (`trust::renew`, file writes) while the new files are asked.
+    let renewing = said.map(|said| {
+        let store = store.clone();
+        let renew = tokio::task::spawn_blocking(move || trust::renew(&store));
+        (said, renew)
+    });
+    let renewed = match renewing {
+        Some((said, renew)) => {
+            let ((), renewed) = tokio::join!(transport.prefetch(&url, said), renew);
+            renewed.is_ok()
+        }
+        None => false,
+    };
     if let Some(newest_root) = transport.revalidate(&url).await
+        && !transport.timestamp_changed()
         && let Some(trusted) = trust::recall(&config.root, &store, kept, expiry)
         && newest_root <= trusted.versions()[0]
     {
         return Ok(trusted);
     }
     trust::forget(&store);
-    let trusted = match load_beside(&config.root, &store, url, transport, expiry).await {
+    let loading = load_beside(&config.root, &store, url, transport, expiry, renewed);
+    let trusted = match loading.await {
         Ok(t) => t,
         Err(e) => {
             // Nothing kept that did not verify is read again.
@@ -151,7 +164,8 @@ pub async fn refresh(
     Ok(trusted)
 }
 
-/// `trust::load` on a thread of its own, so its parsing and signature
+/// `trust::load` on a thread of its own (`renewed`: the datastore was
+/// renewed already), so its parsing and signature
 /// checks run beside the manifest's (fetched and checked meanwhile on the
 /// run's thread) rather than taking turns with them; its requests and
 /// file operations are still driven by the run's runtime (`block_on` of
@@ -162,10 +176,16 @@ async fn load_beside(
     url: url::Url,
     transport: MasterTransport,
     expiry: Expiry,
+    renewed: bool,
 ) -> Result<Trusted, TrustError> {
     let handle = tokio::runtime::Handle::current();
     let (root, store) = (root.to_owned(), store.to_owned());
-    let load = move || handle.block_on(trust::load(&root, &store, url, transport, expiry));
+    let load = move || {
+        if !renewed {
+            trust::renew(&store);
+        }
+        handle.block_on(trust::load_renewed(&root, &store, url, transport, expiry))
+    };
     match tokio::task::spawn_blocking(load).await {
         Ok(loaded) => loaded,
         Err(e) => Err(TrustError::Unavailable(format!(
@@ -283,6 +303,8 @@ struct Ahead {
     timestamp: Option<Vec<u8>>,
     root: Option<u64>,
     asked: bool,
+    /// The timestamp asked is not the one kept.
+    changed: bool,
 }
 
 impl MasterTransport {
@@ -297,6 +319,12 @@ impl MasterTransport {
 
     fn ahead(&self) -> std::sync::MutexGuard<'_, Ahead> {
         pluginsync_common::mutex::lock(&self.ahead)
+    }
+
+    /// Whether the timestamp [`MasterTransport::revalidate`] asked is not
+    /// the copy kept (so the last full load's result is not the answer).
+    pub fn timestamp_changed(&self) -> bool {
+        self.ahead().changed
     }
 
     /// The `ETag` of the kept `timestamp.json`, as its master sent it.
@@ -400,7 +428,10 @@ impl MasterTransport {
         }
         match (got.status, old) {
             (304, Some(old)) if revalidate => Ok(old),
-            (200, _) => {
+            (200, old) => {
+                if revalidate {
+                    self.ahead().changed = old.is_none_or(|o| o != got.body);
+                }
                 let _ = std::fs::create_dir_all(&self.files);
                 let _ = trust::write_new(&kept, &got.body);
                 if revalidate {

@@ -193,6 +193,19 @@ pub async fn load(
     transport: impl Transport + 'static,
     expiry: Expiry,
 ) -> Result<Trusted, TrustError> {
+    renew(datastore);
+    load_renewed(root, datastore, metadata, transport, expiry).await
+}
+
+/// [`load`] of a datastore the caller has just [`renew`]ed (the agent
+/// does it while the metadata is fetched).
+pub async fn load_renewed(
+    root: &Path,
+    datastore: &Path,
+    metadata: url::Url,
+    transport: impl Transport + 'static,
+    expiry: Expiry,
+) -> Result<Trusted, TrustError> {
     std::fs::create_dir_all(datastore).map_err(|source| TrustError::Datastore {
         path: datastore.to_owned(),
         source,
@@ -209,7 +222,6 @@ pub async fn load(
         Some(k) if root_version(&k, &kept_path).is_ok_and(|v| v > installed_version) => k,
         _ => installed,
     };
-    renew(datastore);
     // tough's own expiry check has no grace: expiry is checked below.
     let repo = RepositoryLoader::new(&start, metadata.clone(), metadata)
         .transport(transport)
@@ -231,7 +243,7 @@ pub async fn load(
 /// each, while truncating one just written costs nothing
 /// (docs/trust.md#requests-per-run). A crash in between loses the copy as
 /// a crash during tough's own truncation would.
-fn renew(datastore: &Path) {
+pub fn renew(datastore: &Path) {
     for name in [
         "latest_known_time.json",
         "timestamp.json",
