@@ -41,6 +41,7 @@
 //! run ends without its loads (kept in the pending-loads record).
 
 mod apply;
+mod blobs;
 mod bundle;
 mod dest;
 mod generation;

@@ -15,8 +15,9 @@ use std::sync::Arc;
 use pluginsync_common::bundle::read_bundle;
 
 use super::apply::begin_staging;
+use super::blobs::Blobs;
 use super::dest::{Planned, Staged};
-use super::generation::{Blobs, GenerationError, Held};
+use super::generation::{GenerationError, Held};
 use super::{Run, SyncError};
 use crate::cache::GenerationRecord;
 use crate::client::{MAX_LISTING_BYTES, Offers};

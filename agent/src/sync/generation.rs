@@ -11,18 +11,17 @@
 //! is then fetched by digest and verified against it, whoever delivers it.
 
 use pluginsync_common::DEFAULT_IGNORE;
-use pluginsync_common::digest::Sha256;
 use pluginsync_common::envname::EnvName;
 use pluginsync_common::fsutil::Written;
 use pluginsync_common::generation::{GenerationId, Manifest, ManifestDelta, ManifestError};
 use pluginsync_common::protocol::Mount;
 use pluginsync_common::trust::served::Served;
 
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use pluginsync_common::bundle::BundleError;
 
+use super::blobs::Blobs;
 use super::pass::{Pass, Scanning};
 use super::{Run, SyncError};
 use crate::cache::{GenerationRecord, ListingStamp, MountCache};
@@ -271,6 +270,26 @@ impl Run<'_> {
         Ok(Some(held))
     }
 
+    /// Whether the per-node answer, asked again (`held.id` evicted
+    /// everywhere), names a generation, now `held`'s.
+    async fn reassigned(&mut self, held: &mut Held, env: &EnvName) -> Result<bool, SyncError> {
+        let report = self.node_report(held.record.generation);
+        let report = self.report_header(&report);
+        let (_, again) = self.servers.assignment(env, &|_| None, &report).await?;
+        let AssignmentAnswer::Assigned {
+            assignment,
+            etag,
+            trust,
+        } = again
+        else {
+            return Ok(false);
+        };
+        held.id = assignment.generation;
+        held.record.assignment_etag = etag;
+        held.trust = trust.or(held.trust.take());
+        Ok(true)
+    }
+
     /// The manifest of `held.id`: a delta from the one held where the
     /// master keeps that one, else whole; a generation no server keeps is
     /// asked of the per-node answer once more.
@@ -309,25 +328,7 @@ impl Run<'_> {
                     since = None;
                     continue;
                 }
-                None if round < 2 => {
-                    // Evicted everywhere: what does the node get now?
-                    let report = self.node_report(held.record.generation);
-                    let report = self.report_header(&report);
-                    let (_, again) = self.servers.assignment(env, &|_| None, &report).await?;
-                    match again {
-                        AssignmentAnswer::Assigned {
-                            assignment,
-                            etag,
-                            trust,
-                        } => {
-                            held.id = assignment.generation;
-                            held.record.assignment_etag = etag;
-                            held.trust = trust.or(held.trust.take());
-                            continue;
-                        }
-                        _ => break,
-                    }
-                }
+                None if round < 2 && self.reassigned(held, env).await? => continue,
                 None => break,
             };
             let refused = |source| GenerationError::Manifest {
@@ -567,46 +568,5 @@ impl Run<'_> {
                 MountCache::forget_listing(&self.settings.vardir, mount);
             }
         }
-    }
-}
-
-/// A bundle's blobs, one file per digest, removed with this value.
-pub(super) struct Blobs {
-    dir: PathBuf,
-}
-
-impl Blobs {
-    /// `<vardir>/bundle-blobs/`, fresh (what a killed run left goes).
-    pub(super) fn create(vardir: &Path) -> std::io::Result<Blobs> {
-        let dir = vardir.join("bundle-blobs");
-        match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        std::fs::create_dir_all(vardir)?;
-        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        Ok(Blobs { dir })
-    }
-
-    /// The file holding `digest`'s content.
-    pub(super) fn path(&self, digest: &Sha256) -> PathBuf {
-        self.dir.join(digest.to_hex())
-    }
-
-    /// Writes one verified blob.
-    pub(super) fn put(&self, digest: &Sha256, bytes: &[u8]) -> std::io::Result<()> {
-        use std::io::Write;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(self.path(digest))?
-            .write_all(bytes)
-    }
-}
-
-impl Drop for Blobs {
-    fn drop(&mut self) {
-        let _gone_is_fine = std::fs::remove_dir_all(&self.dir);
     }
 }
