@@ -128,13 +128,10 @@ pub async fn refresh(
     }
     // Said, and not what the node keeps: tough's datastore is renewed
     // (`trust::renew`, file writes) while the new files are asked.
-    let renewing = said.map(|said| {
-        let store = store.clone();
-        let renew = tokio::task::spawn_blocking(move || trust::renew(&store));
-        (said, renew)
-    });
-    let renewed = match renewing {
-        Some((said, renew)) => {
+    let renewed = match said {
+        Some(said) => {
+            let store = store.clone();
+            let renew = tokio::task::spawn_blocking(move || trust::renew(&store));
             let ((), renewed) = tokio::join!(transport.prefetch(&url, said), renew);
             renewed.is_ok()
         }

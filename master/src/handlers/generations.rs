@@ -103,11 +103,8 @@ pub async fn assignment(
     headers.insert(protocol::HEADER_GENERATION, header_value(&kept.id.to_hex()));
     // What a node under `[trust]` needs to know to ask no metadata, or all
     // it needs at once (docs/trust.md#requests-per-run).
-    for (name, value) in crate::trust::metadata::served(&state)
-        .iter()
-        .flat_map(|s| s.headers())
-    {
-        headers.insert(name, header_value(&value));
+    for (name, value) in crate::trust::metadata::served(&state).iter() {
+        headers.insert(*name, value.clone());
     }
     if request::not_modified(&req.headers, &etag) {
         return Ok((StatusCode::NOT_MODIFIED, headers).into_response());

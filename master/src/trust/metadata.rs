@@ -12,6 +12,7 @@
 //! (docs/trust.md#requests-per-run).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -112,12 +113,12 @@ fn timestamp(state: &AppState, dir: &Path) -> std::io::Result<Answer> {
     (state.trust_timestamp).get(dir, || read_answer(&dir.join("timestamp.json"), Some(dir)))
 }
 
-/// What the per-node answer says of the signed metadata served
-/// (docs/trust.md#requests-per-run): `None` without `[trust] metadata`
-/// or a readable timestamp and root.
-pub fn served(state: &AppState) -> Option<Served> {
-    let dir = state.config.trust.metadata.as_ref()?;
-    timestamp(state, dir).ok()?.served()
+/// The headers that say, on the per-node answer, what signed metadata is
+/// served (docs/trust.md#requests-per-run): none without `[trust]
+/// metadata` or a readable timestamp and root.
+pub fn served(state: &AppState) -> Arc<[(&'static str, HeaderValue)]> {
+    let answer = (state.config.trust.metadata.as_ref()).and_then(|d| timestamp(state, d).ok());
+    answer.map_or_else(|| Arc::new([]) as Arc<[_]>, |a| a.served)
 }
 
 /// `path`'s answer: its bytes, their ETag, and with `dir` (the
@@ -125,17 +126,26 @@ pub fn served(state: &AppState) -> Option<Served> {
 /// targets versions the timestamp leads to.
 fn read_answer(path: &Path, dir: Option<&Path>) -> std::io::Result<Answer> {
     let bytes = read_bounded(path)?;
-    let snapshot = dir.and_then(|_| named_version(&bytes, "snapshot.json"));
-    let targets = dir.zip(snapshot).and_then(|(d, v)| {
-        let snapshot = read_bounded(&d.join(format!("{v}.snapshot.json"))).ok()?;
-        named_version(&snapshot, "targets.json")
+    let etag = ETag::of_digest(&Sha256::of(&bytes).0);
+    let root = dir.and_then(newest_root);
+    let served = dir.zip(root).map(|(d, root)| {
+        let snapshot = named_version(&bytes, "snapshot.json");
+        let targets = snapshot.and_then(|v| {
+            let snapshot = read_bounded(&d.join(format!("{v}.snapshot.json"))).ok()?;
+            named_version(&snapshot, "targets.json")
+        });
+        Served {
+            timestamp: etag.as_str().to_owned(),
+            root,
+            snapshot,
+            targets,
+        }
     });
     Ok(Answer {
-        etag: ETag::of_digest(&Sha256::of(&bytes).0),
+        etag,
         bytes: Bytes::from(bytes),
-        root: dir.and_then(newest_root),
-        snapshot,
-        targets,
+        root,
+        served: Answer::headers_of(served.as_ref()),
     })
 }
 

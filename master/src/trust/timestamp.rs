@@ -10,9 +10,10 @@
 //! a second.
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use axum::http::HeaderValue;
 use bytes::Bytes;
 use pluginsync_common::etag::ETag;
 use pluginsync_common::mutex::lock;
@@ -44,9 +45,9 @@ impl Stamp {
 }
 
 /// One read of a metadata file: its bytes, their ETag and, for the
-/// timestamp, the newest root version in its directory and the snapshot
-/// and targets versions it leads to (what the per-node answer says of
-/// them, `pluginsync_common::trust::served`).
+/// timestamp, the newest root version in its directory and the headers the
+/// per-node answer carries (`pluginsync_common::trust::served`), made once
+/// per read, not per request.
 #[derive(Debug, Clone)]
 pub struct Answer {
     /// The file's bytes.
@@ -55,22 +56,17 @@ pub struct Answer {
     pub etag: ETag,
     /// The newest `N.root.json` in the directory.
     pub root: Option<u64>,
-    /// The snapshot version the timestamp names.
-    pub snapshot: Option<u64>,
-    /// The targets version that snapshot names.
-    pub targets: Option<u64>,
+    /// What the per-node answer says of the metadata served, as headers;
+    /// empty without a root (nothing a node could verify from).
+    pub served: Arc<[(&'static str, HeaderValue)]>,
 }
 
 impl Answer {
-    /// What the per-node answer says of the metadata served; `None`
-    /// without a root (nothing a node could verify from).
-    pub fn served(&self) -> Option<Served> {
-        Some(Served {
-            timestamp: self.etag.as_str().to_owned(),
-            root: self.root?,
-            snapshot: self.snapshot,
-            targets: self.targets,
-        })
+    /// The headers that say `served` (those a header cannot carry left out).
+    pub fn headers_of(served: Option<&Served>) -> Arc<[(&'static str, HeaderValue)]> {
+        (served.iter().flat_map(|s| s.headers()))
+            .filter_map(|(name, value)| Some((name, HeaderValue::from_str(&value).ok()?)))
+            .collect()
     }
 }
 
@@ -161,8 +157,7 @@ mod tests {
             etag: ETag::of_digest(&pluginsync_common::digest::Sha256::of(&bytes).0),
             bytes: Bytes::from(bytes),
             root: None,
-            snapshot: None,
-            targets: None,
+            served: Arc::new([]),
         })
     }
 
