@@ -44,7 +44,7 @@ use pluginsync_common::mutex::lock;
 use pluginsync_common::rollout::in_share;
 use serde::{Deserialize, Serialize};
 
-use self::persist::Persisted;
+use self::persist::{Persisted, StoreClock};
 use crate::generations::{Generations, Kept, Stamp};
 use crate::statestore::{StateStore, StoreError};
 
@@ -170,9 +170,9 @@ pub struct Rollouts {
     store: Arc<StateStore>,
     state: Mutex<Persisted>,
     fleet: OnceLock<Arc<dyn FleetCounts>>,
-    /// Since when the state store has not answered (none while it
-    /// answers), and when it last did ([`Rollouts::refresh`]).
-    down_since: Mutex<(Option<Stamp>, Option<Stamp>)>,
+    /// Whether the state store answers ([`Rollouts::refresh`]) and the
+    /// time waves open at.
+    store_clock: Mutex<StoreClock>,
 }
 
 impl std::fmt::Debug for Rollouts {
@@ -199,7 +199,7 @@ impl Rollouts {
                 store: Arc::new(StateStore::in_memory()),
                 state: Mutex::default(),
                 fleet: OnceLock::new(),
-                down_since: Mutex::default(),
+                store_clock: Mutex::default(),
             }
         })
     }
@@ -218,7 +218,7 @@ impl Rollouts {
             store,
             state: Mutex::new(persisted),
             fleet: OnceLock::new(),
-            down_since: Mutex::default(),
+            store_clock: Mutex::default(),
         })
     }
 

@@ -138,6 +138,38 @@ fn import(store: &StateStore, dir: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Whether the state store answers, and so the time waves open at
+/// (docs/rollouts.md#replicas): now while it answers;
+/// while it does not, the moment the first read failed. Placement asked
+/// before that moment used an earlier time, so freezing there moves no
+/// node back (frozen at the last answer instead, a generation published
+/// between that answer and the failure would close again for the nodes
+/// it had reached).
+#[derive(Debug, Default)]
+pub(super) struct StoreClock {
+    /// The first failed read since the store last answered.
+    away_since: Option<Stamp>,
+}
+
+impl StoreClock {
+    /// The store answered; whether it had been away.
+    fn answered(&mut self) -> bool {
+        self.away_since.take().is_some()
+    }
+
+    /// A read failed at `now`; whether the store was answering until now.
+    fn failed(&mut self, now: Stamp) -> bool {
+        let first = self.away_since.is_none();
+        self.away_since.get_or_insert(now);
+        first
+    }
+
+    /// The time waves are open at, `now` being now.
+    fn as_of(&self, now: Stamp) -> Stamp {
+        self.away_since.unwrap_or(now)
+    }
+}
+
 impl super::Rollouts {
     /// Reads the commands' state again from the store when replicas share
     /// it (a command issued to another replica takes effect here within
@@ -145,23 +177,20 @@ impl super::Rollouts {
     /// whether the store answers ([`Rollouts::as_of`]).
     pub fn refresh(&self) -> Result<(), StoreError> {
         let fresh = commands(&self.store);
-        let mut down = lock(&self.down_since);
+        let mut clock = lock(&self.store_clock);
         match fresh {
             Ok(envs) => {
-                if down.0.take().is_some() {
+                if clock.answered() {
                     tracing::warn!(place = %self.store.place(), "state store answers again: waves open again");
                 }
-                down.1 = Some(Stamp::now());
                 if self.store.shared() {
                     lock(&self.state).environments = envs;
                 }
                 Ok(())
             }
             Err(e) => {
-                if down.0.is_none() {
+                if clock.failed(Stamp::now()) {
                     tracing::error!(error = %e, "state store away: no wave opens and no command is taken until it answers");
-                    // Frozen where it last answered, not a second later.
-                    down.0 = Some(down.1.unwrap_or_else(Stamp::now));
                 }
                 Err(e)
             }
@@ -169,21 +198,48 @@ impl super::Rollouts {
     }
 
     /// The time waves are open at: now, or, while the state store does not
-    /// answer, when it last answered (nothing widens without the database,
-    /// docs/operating.md#the-state-store).
+    /// answer, when a read first failed (nothing widens without the
+    /// database and no node moves back, docs/operating.md#the-state-store).
     pub fn as_of(&self) -> Stamp {
-        lock(&self.down_since).0.unwrap_or_else(Stamp::now)
+        lock(&self.store_clock).as_of(Stamp::now())
     }
 
     /// Why the state store is degraded, if it is: since when it has not
     /// answered.
     pub fn degraded(&self) -> Option<String> {
-        lock(&self.down_since).0.map(|at| {
+        lock(&self.store_clock).away_since.map(|at| {
             format!(
                 "state store {} not answering since {}",
                 self.store.place(),
                 at
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A generation published after the store's last answer and before
+    /// the failed read keeps the share it had: the time waves open at
+    /// never goes back, and stays put while the store is away.
+    #[test]
+    fn waves_freeze_at_the_first_failed_read_and_never_go_back() {
+        let mut clock = StoreClock::default();
+        assert_eq!(clock.as_of(Stamp(100)), Stamp(100));
+        assert!(!clock.answered());
+        // Answered at 100; a generation published at 101 opens its first
+        // wave for placement asked at 101; the next read fails at 102.
+        assert!(clock.failed(Stamp(102)));
+        assert!(
+            !clock.failed(Stamp(103)),
+            "one error line, not one a second"
+        );
+        for now in [102, 103, 160] {
+            assert_eq!(clock.as_of(Stamp(now)), Stamp(102));
+        }
+        assert!(clock.answered());
+        assert_eq!(clock.as_of(Stamp(170)), Stamp(170));
     }
 }
