@@ -96,7 +96,8 @@ async fn a_racing_user_never_redirects_the_commit() {
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(
         tree_snapshot(&home.libdir()),
-        merged_mount(&tree.envpath().join("beta"), "lib")
+        merged_mount(&tree.envpath().join("beta"), "lib"),
+        "the quiet run: {run:?}"
     );
     let again = home.sync(&["--environment", "beta"]);
     assert_eq!((again.code, again.stdout.as_str()), (0, ""), "{again:?}");

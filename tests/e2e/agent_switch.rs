@@ -533,25 +533,44 @@ fn a_replaced_file_waits_in_the_trash_until_the_next_run_frees_it() {
     );
 }
 
+/// A user racing the switch (a path taken, or a descriptor held, before
+/// the first tree was retired) changes the kept generation: a file no
+/// change touched renamed (its directory's times move), or a directory
+/// made at the generation's root (no directory of the record moves: the
+/// root's names are compared). Either way the next change walks it
+/// whole, and no stale or foreign entry goes live.
 #[test]
 fn a_kept_generation_changed_after_its_record_is_walked_whole() {
-    let (_pki, t, _master, home) = two_state_node("");
-    for env in ["one", "two"] {
-        let run = home.sync(&["--environment", env]);
-        assert_eq!(run.code, 0, "{run:?}");
+    type Tamper = fn(&std::path::Path);
+    let tampers: [(&str, Tamper); 2] = [
+        ("a file renamed", |kept| {
+            std::fs::rename(kept.join("a/kept.rb"), kept.join("a/kept.rb.away")).unwrap();
+        }),
+        ("a directory made at the root", |kept| {
+            std::fs::create_dir(kept.join("zz.away")).unwrap();
+            std::fs::write(kept.join("zz.away/foreign.rb"), "foreign\n").unwrap();
+        }),
+    ];
+    for (what, tamper) in tampers {
+        let (_pki, t, _master, home) = two_state_node("");
+        for env in ["one", "two"] {
+            let run = home.sync(&["--environment", env]);
+            assert_eq!(run.code, 0, "{what}: {run:?}");
+        }
+        tamper(&newest_previous(&home.libdir()));
+        let run = home.run(&["-vv", "sync", "--environment", "one"]);
+        assert_eq!(run.code, 0, "{what}: {run:?}");
+        assert!(
+            run.stderr.contains("fast=false"),
+            "{what}: the standby was trusted: {}",
+            run.stderr
+        );
+        assert_eq!(
+            synced(&home),
+            mounts(&t, "one"),
+            "{what}: a stale tree went live"
+        );
     }
-    // A user racing the switch (a path taken, or a descriptor held,
-    // before the first tree was retired) renames a file no change touched.
-    let kept = newest_previous(&home.libdir());
-    std::fs::rename(kept.join("a/kept.rb"), kept.join("a/kept.rb.away")).unwrap();
-    let run = home.run(&["-vv", "sync", "--environment", "one"]);
-    assert_eq!(run.code, 0, "{run:?}");
-    assert!(
-        run.stderr.contains("fast=false"),
-        "the standby was trusted: {}",
-        run.stderr
-    );
-    assert_eq!(synced(&home), mounts(&t, "one"), "a stale tree went live");
 }
 
 /// The destination's root is part of the tree (docs/agent.md): a first

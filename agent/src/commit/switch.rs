@@ -495,8 +495,7 @@ pub struct Foreseen {
 /// if it still matches it ([`as_recorded`]). Reads only, and only what
 /// the run's own preparation leaves alone, so it runs on a thread of its
 /// own while the downloads do (docs/internals.md#the-switch): decoding a
-/// 3,000-file record and stat'ing its directories took 1.5 ms of a 1 %
-/// run's critical path. `None`: nothing to read ahead.
+/// 3,000-file record and reading its directories run beside them. `None`: nothing to read ahead.
 pub fn foresee(dest: &Path, keep: usize) -> Option<Foreseen> {
     if keep != 1 {
         return None;
@@ -533,31 +532,104 @@ fn previous_in(dir: std::os::fd::BorrowedFd<'_>) -> Result<Vec<(u64, String)>, E
     Ok(out)
 }
 
-/// Whether every directory of a standby's record (`scan`, taken of it
-/// while it was live, before the switch that retired it) still has the
-/// stat recorded. A user who renamed, made or removed an entry in one
-/// after that scan (racing the switch, by path or through a descriptor
-/// held across it) moved its mtime and ctime: the record is then no
-/// longer the standby's, and it is walked whole
-/// (docs/internals.md#what-the-switch-trusts).
+/// Whether a standby still is what its record (`scan`, taken of it while
+/// it was live, before the switch that retired it) says: every directory
+/// the record holds still has its recorded stat, and in it and in the
+/// root the names read now are exactly the record's, each of the
+/// recorded kind and inode. A user who renamed, made or removed an entry
+/// in the live tree between the scan that made the record and the switch
+/// that retired it, or later through a descriptor held across it, changed
+/// one of those: the record is then no longer the standby's, and it is
+/// walked whole (docs/internals.md#what-the-switch-trusts). Times alone
+/// would not do: a directory's mtime moves by the kernel's clock tick, so
+/// a rename in the tick of the scan leaves it as recorded, and the root's
+/// times are not in the record.
 pub(super) fn as_recorded(slot: &Path, scan: &LocalTree) -> bool {
-    use rustix::fs::{AtFlags, OFlags};
-    let flags = DIR_FLAGS.difference(OFlags::NOFOLLOW);
-    let Ok(root) = rustix::fs::open(slot, flags, Mode::empty()) else {
-        return false;
-    };
-    let same = |rel: &RelPath, recorded: &LocalEntry| {
-        rustix::fs::statat(&root, rel.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|st| pluginsync_common::filesig::FileSig::of_stat(&st) == recorded.stat)
-    };
-    let dirs = scan.entries.iter();
-    let unchanged = dirs
-        .filter(|(_, e)| e.kind == LocalKind::Dir)
-        .all(|(rel, e)| same(rel, e));
+    let unchanged = recorded_dirs_match(slot, scan).is_some_and(|same| same);
     if !unchanged {
         tracing::debug!("the standby changed since it was recorded");
     }
     unchanged
+}
+
+/// [`as_recorded`]'s walk: `None` when a directory cannot be read.
+fn recorded_dirs_match(slot: &Path, scan: &LocalTree) -> Option<bool> {
+    use std::collections::HashMap;
+    if !scan.strays.is_empty() {
+        return Some(false); // names no record holds: walked whole anyway
+    }
+    let mut children: HashMap<RelPath, usize> = HashMap::new();
+    for rel in scan.entries.keys() {
+        *children.entry(rel.parent()?).or_default() += 1;
+    }
+    let root =
+        rustix::fs::open(slot, DIR_FLAGS.difference(OFlags::NOFOLLOW), Mode::empty()).ok()?;
+    let dirs = std::iter::once(RelPath::root()).chain(
+        (scan.entries.iter())
+            .filter(|(_, e)| e.kind == LocalKind::Dir)
+            .map(|(rel, _)| rel.clone()),
+    );
+    for dir in dirs {
+        let fd = match dir.is_root() {
+            true => rustix::fs::openat(&root, ".", DIR_FLAGS, Mode::empty()).ok()?,
+            false => match rustix::fs::openat(&root, dir.as_str(), DIR_FLAGS, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(_) => return Some(false),
+            },
+        };
+        if let Some(recorded) = scan.entries.get(&dir) {
+            let st = rustix::fs::fstat(&fd).ok()?;
+            if FileSig::of_stat(&st) != recorded.stat {
+                return Some(false);
+            }
+        }
+        let mut seen = 0usize;
+        for entry in rustix::fs::Dir::read_from(&fd).ok()? {
+            let entry = entry.ok()?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            seen += 1;
+            let Some(rel) = std::str::from_utf8(name)
+                .ok()
+                .and_then(|n| dir.join(n).ok())
+            else {
+                return Some(false);
+            };
+            let Some(recorded) = scan.entries.get(&rel) else {
+                return Some(false);
+            };
+            if entry.ino() != recorded.stat.ino || !kind_is(&fd, &entry, name, recorded.kind) {
+                return Some(false);
+            }
+        }
+        if seen != children.get(&dir).copied().unwrap_or(0) {
+            return Some(false);
+        }
+    }
+    Some(true)
+}
+
+/// Whether the directory entry `entry` (named `name`, in `dir`) is of
+/// `kind`: its type as the directory says, or its stat where the
+/// filesystem does not say.
+fn kind_is(dir: &OwnedFd, entry: &rustix::fs::DirEntry, name: &[u8], kind: LocalKind) -> bool {
+    use rustix::fs::FileType;
+    let ty = match entry.file_type() {
+        FileType::Unknown => match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => FileType::from_raw_mode(st.st_mode),
+            Err(_) => return false,
+        },
+        ty => ty,
+    };
+    let is = match ty {
+        FileType::Directory => LocalKind::Dir,
+        FileType::RegularFile => LocalKind::File,
+        FileType::Symlink => LocalKind::Symlink,
+        _ => LocalKind::Other,
+    };
+    is == kind
 }
 
 #[cfg(test)]
