@@ -32,6 +32,7 @@ mod dirs;
 mod durable;
 mod error;
 mod mirror;
+mod record;
 mod space;
 mod switch;
 
@@ -56,11 +57,13 @@ pub use durable::Syncing;
 
 pub use error::CommitError;
 pub use mirror::{Mirror, MirrorError};
+pub use record::GenState;
+use record::{foreign_in, unix_ns};
 pub use space::{SpaceError, check_space};
 use switch::standby_for;
 pub use switch::{
-    Foreseen, GenState, NO_EXCHANGE_ENV, Standby, SwitchError, container_of, foresee,
-    fresh_standby, sweep_trash,
+    Foreseen, NO_EXCHANGE_ENV, Standby, SwitchError, container_of, foresee, fresh_standby,
+    sweep_trash,
 };
 
 /// What a commit did.
@@ -339,6 +342,10 @@ pub struct Prepared {
     pub after: Option<(LocalTree, Sha256)>,
     /// What will be known of the generation the switch retires.
     state: Option<GenState>,
+    /// An entry someone else wrote in the standby while it was prepared
+    /// ([`foreign_in`]): its scan is not learned, the stat cache is
+    /// cleared, and the next run reads every file again.
+    pub foreign: Option<RelPath>,
 }
 
 /// Why the next generation could not be prepared; the live tree is as it
@@ -411,6 +418,7 @@ pub fn prepare(
     keep: usize,
 ) -> Result<Option<(Prepared, Syncing)>, PrepareError> {
     let started = std::time::Instant::now();
+    let since = unix_ns(std::time::SystemTime::now());
     let ms = || started.elapsed().as_secs_f64() * 1000.0;
     let Some(standby) = open_standby(dest, in_standby)? else {
         return Ok(None);
@@ -481,12 +489,20 @@ pub fn prepare(
     let clean = committed.failures.is_empty();
     let fast = known.filter(|_| fast.is_ok());
     let (after, state) = record(&slot, fast, &touched, changed, local, resource, clean);
+    // A fresh standby was never live: nobody holds a descriptor into it.
+    let foreign = (after.as_ref())
+        .filter(|_| !in_standby)
+        .and_then(|(tree, _)| foreign_in(tree, &touched, since));
+    if let Some(rel) = &foreign {
+        tracing::warn!(dest = %dest.display(), path = %rel, "another process wrote in the standby while it was prepared (through a descriptor held since it was a live tree): its files are read again by the next run");
+    }
     tracing::debug!(dest = %dest.display(), elapsed_ms = ms(), "standby prepared, syncing");
     let prepared = Prepared {
         standby,
         committed,
         after,
         state,
+        foreign,
     };
     Ok(Some((prepared, syncing)))
 }
@@ -571,7 +587,7 @@ pub struct Retired {
 impl Retired {
     /// Records it beside the generation (`prev.<n>.state`).
     pub fn record(self) {
-        switch::write_state(&self.file, &self.state);
+        record::write_state(&self.file, &self.state);
     }
 }
 

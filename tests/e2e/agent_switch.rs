@@ -476,6 +476,13 @@ fn the_fast_path_leaves_every_previous_generation_whole() {
         let run = home.run(&["-vv", "sync", "--environment", env]);
         assert_eq!(run.code, 0, "{run:?}");
         assert_eq!(synced(&home), mounts(&t, env), "run {k} ({env})");
+        // Everything the preparation touched is its own (no false alarm
+        // of a foreign entry, which would cost the next run its cache).
+        assert!(
+            !run.stderr.contains("another process wrote"),
+            "run {k}: {}",
+            run.stderr
+        );
         let Some(was) = before.replace(env) else {
             continue;
         };

@@ -26,17 +26,14 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use pluginsync_common::digest::{Sealed, Sha256, Unsealed};
-use pluginsync_common::filesig::FileSig;
-use pluginsync_common::fsutil::replace_atomic;
-use pluginsync_common::relpath::RelPath;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
 use super::dirs::{DIR_FLAGS, empty_dir, remove_entry};
 pub use super::error::SwitchError;
+use super::record::{GenState, as_recorded};
 use crate::listing::STAGING_DIR;
-use crate::scan::{LocalEntry, LocalKind, LocalTree};
+use crate::scan::LocalTree;
 
 /// The tree being prepared, in the container.
 pub const NEXT: &str = "next";
@@ -291,113 +288,6 @@ impl Standby {
     }
 }
 
-/// Records `state` in `file` ([`Standby::state_file`]): a hint, not
-/// synced; a lost or unreadable one costs a whole mirror.
-pub fn write_state(file: &Path, state: &GenState) {
-    let Some(bytes) = state.encode() else { return };
-    if let Err(e) = replace_atomic(file, &bytes, 0o600) {
-        tracing::debug!(file = %file.display(), error = %e, "cannot record a generation");
-    }
-}
-
-/// What is known of a previous generation, so the next change can bring
-/// it to the live tree by what differs alone (docs/internals.md#the-switch):
-/// kept in `prev.<n>.state`, trusted only while the live tree's scan
-/// still has `live_digest`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GenState {
-    /// The digest of the live tree's scan right after the switch that
-    /// made this generation a previous one.
-    pub live_digest: Sha256,
-    /// The paths that differ between this generation and that live tree.
-    pub changed: Vec<RelPath>,
-    /// This generation's scan, from when it was live.
-    pub scan: LocalTree,
-}
-
-/// The first bytes of a [`GenState`] file.
-const STATE_MAGIC: &[u8] = b"pluginsync-generation 2\n";
-
-impl GenState {
-    /// The file's bytes: [`STATE_MAGIC`], the digest, the root's mode and
-    /// whether it existed, the changed paths, then per entry its kind,
-    /// mode, size, mtime, ctime, inode, device and path (little-endian,
-    /// paths after their u16 length), then the sha256 of all of it, so a
-    /// cut or torn file is none. Binary, not text: it is written at every
-    /// switch and read at the next change, 3,600 entries on the bench
-    /// tree (docs/internals.md#the-scans-queue-and-binary-records). `None` for what it cannot hold (a
-    /// name no listing can hold, something neither file, directory nor
-    /// symlink, an ignored name).
-    pub fn encode(&self) -> Option<Vec<u8>> {
-        let t = &self.scan;
-        if !t.strays.is_empty() || t.ignored {
-            return None;
-        }
-        let mut out = Sealed::new(STATE_MAGIC, 64 + 100 * t.entries.len());
-        out.bytes.extend_from_slice(&self.live_digest.0);
-        out.u32(t.root_mode);
-        out.bytes.push(u8::from(t.exists));
-        out.u32(u32::try_from(self.changed.len()).ok()?);
-        for rel in &self.changed {
-            out.text(rel.as_str())?;
-        }
-        out.u32(u32::try_from(t.entries.len()).ok()?);
-        for (rel, e) in &t.entries {
-            out.bytes.push(match e.kind {
-                LocalKind::Dir => b'd',
-                LocalKind::File => b'f',
-                LocalKind::Symlink => b'l',
-                LocalKind::Other => return None,
-            });
-            out.u32(e.mode);
-            out.bytes.extend_from_slice(&e.stat.to_le_bytes());
-            out.text(rel.as_str())?;
-        }
-        Some(out.seal())
-    }
-
-    /// Reads [`GenState::encode`]'s bytes; `None` if they are not one.
-    pub fn decode(bytes: &[u8]) -> Option<GenState> {
-        let mut r = Unsealed::open(bytes, STATE_MAGIC)?;
-        let path = |r: &mut Unsealed<'_>| RelPath::parse(r.text()?).ok();
-        let live_digest = Sha256(r.array()?);
-        let root_mode = r.u32()?;
-        let exists = r.take(1)?[0] == 1;
-        let n = r.u32()? as usize;
-        let changed = (0..n).map(|_| path(&mut r)).collect::<Option<Vec<_>>>()?;
-        let n = r.u32()? as usize;
-        let mut entries = Vec::with_capacity(n.min(1 << 20));
-        for _ in 0..n {
-            let kind = match r.take(1)?[0] {
-                b'd' => LocalKind::Dir,
-                b'f' => LocalKind::File,
-                b'l' => LocalKind::Symlink,
-                _ => return None,
-            };
-            let mode = r.u32()?;
-            let stat = FileSig::from_le_bytes(&r.array()?);
-            let entry = LocalEntry {
-                kind,
-                mode,
-                sha256: None,
-                stat,
-            };
-            entries.push((path(&mut r)?, entry));
-        }
-        r.is_done().then(|| GenState {
-            live_digest,
-            changed,
-            scan: LocalTree {
-                exists,
-                root_mode,
-                // The file is in order; built in bulk.
-                entries: entries.into_iter().collect(),
-                ..LocalTree::default()
-            },
-        })
-    }
-}
-
 /// Empties the trash of each of `dests`' containers ([`Standby::trash`])
 /// on a thread of its own, not waited for: freeing a file's blocks is
 /// slow on a filesystem mounted `discard` (each freed extent discarded
@@ -532,109 +422,12 @@ fn previous_in(dir: std::os::fd::BorrowedFd<'_>) -> Result<Vec<(u64, String)>, E
     Ok(out)
 }
 
-/// Whether a standby still is what its record (`scan`, taken of it while
-/// it was live, before the switch that retired it) says: every directory
-/// the record holds still has its recorded stat, and in it and in the
-/// root the names read now are exactly the record's, each of the
-/// recorded kind and inode. A user who renamed, made or removed an entry
-/// in the live tree between the scan that made the record and the switch
-/// that retired it, or later through a descriptor held across it, changed
-/// one of those: the record is then no longer the standby's, and it is
-/// walked whole (docs/internals.md#what-the-switch-trusts). Times alone
-/// would not do: a directory's mtime moves by the kernel's clock tick, so
-/// a rename in the tick of the scan leaves it as recorded, and the root's
-/// times are not in the record.
-pub(super) fn as_recorded(slot: &Path, scan: &LocalTree) -> bool {
-    let unchanged = recorded_dirs_match(slot, scan).is_some_and(|same| same);
-    if !unchanged {
-        tracing::debug!("the standby changed since it was recorded");
-    }
-    unchanged
-}
-
-/// [`as_recorded`]'s walk: `None` when a directory cannot be read.
-fn recorded_dirs_match(slot: &Path, scan: &LocalTree) -> Option<bool> {
-    use std::collections::HashMap;
-    if !scan.strays.is_empty() {
-        return Some(false); // names no record holds: walked whole anyway
-    }
-    let mut children: HashMap<RelPath, usize> = HashMap::new();
-    for rel in scan.entries.keys() {
-        *children.entry(rel.parent()?).or_default() += 1;
-    }
-    let root =
-        rustix::fs::open(slot, DIR_FLAGS.difference(OFlags::NOFOLLOW), Mode::empty()).ok()?;
-    let dirs = std::iter::once(RelPath::root()).chain(
-        (scan.entries.iter())
-            .filter(|(_, e)| e.kind == LocalKind::Dir)
-            .map(|(rel, _)| rel.clone()),
-    );
-    for dir in dirs {
-        let fd = match dir.is_root() {
-            true => rustix::fs::openat(&root, ".", DIR_FLAGS, Mode::empty()).ok()?,
-            false => match rustix::fs::openat(&root, dir.as_str(), DIR_FLAGS, Mode::empty()) {
-                Ok(fd) => fd,
-                Err(_) => return Some(false),
-            },
-        };
-        if let Some(recorded) = scan.entries.get(&dir) {
-            let st = rustix::fs::fstat(&fd).ok()?;
-            if FileSig::of_stat(&st) != recorded.stat {
-                return Some(false);
-            }
-        }
-        let mut seen = 0usize;
-        for entry in rustix::fs::Dir::read_from(&fd).ok()? {
-            let entry = entry.ok()?;
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            seen += 1;
-            let Some(rel) = std::str::from_utf8(name)
-                .ok()
-                .and_then(|n| dir.join(n).ok())
-            else {
-                return Some(false);
-            };
-            let Some(recorded) = scan.entries.get(&rel) else {
-                return Some(false);
-            };
-            if entry.ino() != recorded.stat.ino || !kind_is(&fd, &entry, name, recorded.kind) {
-                return Some(false);
-            }
-        }
-        if seen != children.get(&dir).copied().unwrap_or(0) {
-            return Some(false);
-        }
-    }
-    Some(true)
-}
-
-/// Whether the directory entry `entry` (named `name`, in `dir`) is of
-/// `kind`: its type as the directory says, or its stat where the
-/// filesystem does not say.
-fn kind_is(dir: &OwnedFd, entry: &rustix::fs::DirEntry, name: &[u8], kind: LocalKind) -> bool {
-    use rustix::fs::FileType;
-    let ty = match entry.file_type() {
-        FileType::Unknown => match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => FileType::from_raw_mode(st.st_mode),
-            Err(_) => return false,
-        },
-        ty => ty,
-    };
-    let is = match ty {
-        FileType::Directory => LocalKind::Dir,
-        FileType::RegularFile => LocalKind::File,
-        FileType::Symlink => LocalKind::Symlink,
-        _ => LocalKind::Other,
-    };
-    is == kind
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::record::write_state;
     use super::*;
+    use pluginsync_common::digest::Sha256;
+    use pluginsync_common::relpath::RelPath;
 
     #[test]
     fn the_sweep_empties_each_trash_and_nothing_else() {
@@ -702,39 +495,5 @@ mod tests {
         assert_eq!(ahead.state, None);
         let (_, known) = standby.take_next(1, None).unwrap();
         assert_eq!(known, None);
-    }
-
-    #[test]
-    fn a_generation_state_reads_back_and_refuses_what_it_cannot_hold() {
-        let t = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(t.path().join("a b/c")).unwrap();
-        std::fs::write(t.path().join("a b/c/x.rb"), "x").unwrap();
-        std::os::unix::fs::symlink("x.rb", t.path().join("a b/c/link")).unwrap();
-        let scan =
-            crate::scan::scan(t.path(), &pluginsync_common::ignore::IgnoreSet::empty()).unwrap();
-        let state = GenState {
-            live_digest: Sha256::of(b"live"),
-            changed: vec![RelPath::parse("a b/c/x.rb").unwrap()],
-            scan,
-        };
-        let bytes = state.encode().unwrap();
-        assert_eq!(GenState::decode(&bytes), Some(state.clone()));
-        let mut other = bytes.clone();
-        other[STATE_MAGIC.len() - 2] = b'1';
-        assert_eq!(GenState::decode(&other), None, "another format");
-        for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
-            assert_eq!(GenState::decode(&bytes[..cut]), None, "cut at {cut}");
-        }
-        let mut flipped = bytes;
-        flipped[STATE_MAGIC.len() + 40] ^= 1;
-        assert_eq!(GenState::decode(&flipped), None, "altered");
-        // A line break in a name is held now; a name no listing can hold
-        // is not.
-        let mut more = state.clone();
-        more.changed.push(RelPath::parse("line\nbreak").unwrap());
-        assert_eq!(GenState::decode(&more.encode().unwrap()), Some(more));
-        let mut broken = state;
-        broken.scan.ignored = true;
-        assert_eq!(broken.encode(), None);
     }
 }

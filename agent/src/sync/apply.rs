@@ -157,6 +157,7 @@ impl<'a> Run<'a> {
                     });
                 }
                 Learning::After => {}
+                Learning::Forget => MountCache::clear(vardir, mount),
             }
         }
         for (name, error) in done.failures {

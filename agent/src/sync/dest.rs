@@ -189,6 +189,9 @@ pub(super) enum Learning<'s> {
     /// Learned after the commit, from the pass's scan and plan (when it
     /// has a listing).
     After,
+    /// Not learned: another process wrote in the standby while it was
+    /// prepared (`commit::Prepared::foreign`); the stat cache is cleared.
+    Forget,
 }
 
 impl Ready {
@@ -201,6 +204,14 @@ impl Ready {
         vardir: &'s std::path::Path,
     ) -> Switching<'s> {
         let p = &mut self.pass;
+        if self.standby.as_ref().is_some_and(|s| s.foreign.is_some()) {
+            return Switching {
+                pass: self.pass,
+                staging: self.staging,
+                standby: self.standby,
+                learning: Learning::Forget,
+            };
+        }
         let after = self.standby.as_mut().and_then(|s| s.after.take());
         let learning = match (after, p.remote.take()) {
             (Some((after, digest)), Some(remote)) => {
