@@ -533,23 +533,39 @@ fn first_wave_halts(fleet: &Fleet, g1: &str, g2: &str) {
         "the first-wave stock node did not load G2:\n{}",
         stock[0].1
     );
-    // Our first wave's reports ride on their next run: run it again
-    // until both masters halt (the compressed timer).
+    // Reports are current (each run reports after its fact check, a
+    // stock run through Puppet Server's report processor): no node runs
+    // again, the gate must see the whole wave failing as it is. Both
+    // masters' status twice a second; what each counted on G2 is said
+    // (each change of it) if no halt comes.
+    let mut seen: Vec<String> = Vec::new();
+    let mut last = String::new();
     let halted = loop {
         let status = fleet.masters.rollout("status");
         if status.iter().all(|s| s["halted"] == true) {
             break status;
         }
+        let counts: Vec<String> = (status.iter())
+            .map(|s| {
+                let g = &s["generations"][0];
+                format!("{}/{}", g["failing_nodes"], g["nodes"])
+            })
+            .collect();
+        let counts = counts.join(" ");
+        if counts != last {
+            seen.push(format!("{:.1}s {counts}", synced.elapsed().as_secs_f64()));
+            last = counts;
+        }
         assert!(
             synced.elapsed() < Duration::from_secs(60),
-            "no halt within 60 s of the first wave's syncs: {status:?}\n{}",
+            "no halt within 60 s of the first wave's syncs (failing/nodes on G2 per \
+             master as they changed: {seen:?}): {status:?}\n{}",
             fleet.masters.backends[0].log_text()
         );
-        parallel(&fleet.nodes[..OURS.0], Node::sync);
         std::thread::sleep(Duration::from_millis(500));
     };
     eprintln!(
-        "{}: halted {:?} after the first wave's syncs",
+        "{}: halted {:?} after the first wave's syncs (failing/nodes on G2 before: {seen:?})",
         fleet.lb.test(),
         synced.elapsed()
     );
