@@ -144,71 +144,89 @@ pub(super) fn as_recorded(slot: &Path, scan: &LocalTree) -> bool {
     unchanged
 }
 
-/// [`as_recorded`]'s walk: `None` when a directory cannot be read.
+/// [`as_recorded`]'s walk, from the root down through descriptors (no
+/// path resolved twice): each directory's entries against the record's
+/// children of it, by name, kind and inode, and each recorded
+/// directory's stat. `None` when a directory cannot be read.
 fn recorded_dirs_match(slot: &Path, scan: &LocalTree) -> Option<bool> {
     use std::collections::HashMap;
     if !scan.strays.is_empty() {
         return Some(false); // names no record holds: walked whole anyway
     }
-    let mut children: HashMap<RelPath, usize> = HashMap::new();
-    for rel in scan.entries.keys() {
-        *children.entry(rel.parent()?).or_default() += 1;
+    // The record's children of each directory (by its path, "" the
+    // root), sorted by name: the entries are in path order, but `a/b`
+    // and `a.rb` interleave a directory's children with deeper ones.
+    let mut children: Children<'_> = HashMap::new();
+    for (rel, e) in &scan.entries {
+        let s = rel.as_str();
+        let (parent, name) = s.rsplit_once('/').unwrap_or(("", s));
+        children.entry(parent).or_default().push((name, rel, e));
+    }
+    for list in children.values_mut() {
+        list.sort_unstable_by(|a, b| a.0.cmp(b.0));
     }
     let root =
         rustix::fs::open(slot, DIR_FLAGS.difference(OFlags::NOFOLLOW), Mode::empty()).ok()?;
-    let dirs = std::iter::once(RelPath::root()).chain(
-        (scan.entries.iter())
-            .filter(|(_, e)| e.kind == LocalKind::Dir)
-            .map(|(rel, _)| rel.clone()),
-    );
-    for dir in dirs {
-        let fd = match dir.is_root() {
-            true => rustix::fs::openat(&root, ".", DIR_FLAGS, Mode::empty()).ok()?,
-            false => match rustix::fs::openat(&root, dir.as_str(), DIR_FLAGS, Mode::empty()) {
-                Ok(fd) => fd,
-                Err(_) => return Some(false),
-            },
+    let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
+    dir_matches(&root, "", &children, &mut buf)
+}
+
+/// The record's children of each directory, by its path, sorted by name.
+type Children<'a> = std::collections::HashMap<&'a str, Vec<(&'a str, &'a RelPath, &'a LocalEntry)>>;
+
+/// Whether the directory open as `fd` (at `path`) and everything below it
+/// hold what `children` says, depth first (one descriptor open per
+/// level); `buf` is the directory reads' buffer.
+fn dir_matches(
+    fd: &OwnedFd,
+    path: &str,
+    children: &Children<'_>,
+    buf: &mut [std::mem::MaybeUninit<u8>],
+) -> Option<bool> {
+    let recorded: &[(&str, &RelPath, &LocalEntry)] =
+        children.get(path).map_or(&[], |v| v.as_slice());
+    let (mut seen, mut dirs) = (0usize, Vec::new());
+    let mut raw = rustix::fs::RawDir::new(fd, &mut *buf);
+    while let Some(entry) = raw.next() {
+        let entry = entry.ok()?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        seen += 1;
+        let Ok(at) = recorded.binary_search_by(|c| c.0.as_bytes().cmp(name)) else {
+            return Some(false);
         };
-        if let Some(recorded) = scan.entries.get(&dir) {
-            let st = rustix::fs::fstat(&fd).ok()?;
-            if FileSig::of_stat(&st) != recorded.stat {
-                return Some(false);
-            }
+        let e = recorded[at].2;
+        if entry.ino() != e.stat.ino || !kind_is(fd, entry.file_type(), name, e.kind) {
+            return Some(false);
         }
-        let mut seen = 0usize;
-        for entry in rustix::fs::Dir::read_from(&fd).ok()? {
-            let entry = entry.ok()?;
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            seen += 1;
-            let Some(rel) = std::str::from_utf8(name)
-                .ok()
-                .and_then(|n| dir.join(n).ok())
-            else {
-                return Some(false);
-            };
-            let Some(recorded) = scan.entries.get(&rel) else {
-                return Some(false);
-            };
-            if entry.ino() != recorded.stat.ino || !kind_is(&fd, &entry, name, recorded.kind) {
-                return Some(false);
-            }
+        if e.kind == LocalKind::Dir {
+            dirs.push(at);
         }
-        if seen != children.get(&dir).copied().unwrap_or(0) {
+    }
+    if seen != recorded.len() {
+        return Some(false);
+    }
+    for at in dirs {
+        let (name, rel, e) = recorded[at];
+        let Ok(child) = rustix::fs::openat(fd, name, DIR_FLAGS, Mode::empty()) else {
+            return Some(false);
+        };
+        let st = rustix::fs::fstat(&child).ok()?;
+        if FileSig::of_stat(&st) != e.stat || !dir_matches(&child, rel.as_str(), children, buf)? {
             return Some(false);
         }
     }
     Some(true)
 }
 
-/// Whether the directory entry `entry` (named `name`, in `dir`) is of
-/// `kind`: its type as the directory says, or its stat where the
-/// filesystem does not say.
-fn kind_is(dir: &OwnedFd, entry: &rustix::fs::DirEntry, name: &[u8], kind: LocalKind) -> bool {
+/// Whether an entry of type `ty` (named `name`, in `dir`) is of `kind`:
+/// its type as the directory says, or its stat where the filesystem does
+/// not say.
+fn kind_is(dir: &OwnedFd, ty: rustix::fs::FileType, name: &[u8], kind: LocalKind) -> bool {
     use rustix::fs::FileType;
-    let ty = match entry.file_type() {
+    let ty = match ty {
         FileType::Unknown => match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => FileType::from_raw_mode(st.st_mode),
             Err(_) => return false,
