@@ -304,11 +304,7 @@ fn learn_cache(
     plan: &Plan,
     (before, before_digest): (&LocalTree, Sha256),
 ) -> (MountCache, Vec<u8>) {
-    let touched: Vec<_> = plan
-        .actions
-        .iter()
-        .filter_map(|a| a.change().map(|(name, _)| name))
-        .collect();
+    let touched: Vec<_> = plan.changes().collect();
     // Nothing touched (a switched tree, scanned already): no copy of it.
     let updated;
     let (after, after_digest) = if touched.is_empty() {

@@ -475,11 +475,7 @@ pub fn prepare(
     dirs.synced_whole = dev.is_some_and(|st| dirs.durable.syncs_whole(st.st_dev));
     let committed = apply_plan(&mut dirs, plan, staged, resource);
     tracing::debug!(dest = %dest.display(), elapsed_ms = ms(), "plan applied to the standby");
-    let changed: Vec<LocalName> = plan
-        .actions
-        .iter()
-        .filter_map(|a| Some(a.change()?.0))
-        .collect();
+    let changed: Vec<LocalName> = plan.changes().collect();
     touched.extend(changed.iter().cloned());
     // Synced on a thread of its own: the standby's scan is read, and the
     // next destination prepared, while it is written back; the switch
@@ -490,12 +486,9 @@ pub fn prepare(
     let fast = known.filter(|_| fast.is_ok());
     let (after, state) = record(&slot, fast, &touched, changed, local, resource, clean);
     // A fresh standby was never live: nobody holds a descriptor into it.
-    let foreign = (after.as_ref())
-        .filter(|_| !in_standby)
-        .and_then(|(tree, _)| foreign_in(tree, &touched, since));
-    if let Some(rel) = &foreign {
-        tracing::warn!(dest = %dest.display(), path = %rel, "another process wrote in the standby while it was prepared (through a descriptor held since it was a live tree): its files are read again by the next run");
-    }
+    let foreign = (!in_standby)
+        .then(|| foreign_written(dest, after.as_ref(), &touched, since))
+        .flatten();
     tracing::debug!(dest = %dest.display(), elapsed_ms = ms(), "standby prepared, syncing");
     let prepared = Prepared {
         standby,
@@ -505,6 +498,20 @@ pub fn prepare(
         foreign,
     };
     Ok(Some((prepared, syncing)))
+}
+
+/// An entry of `touched` another process wrote in `dest`'s prepared
+/// standby, whose scan is `after` (`record::foreign_in`, the preparation
+/// begun at `since`), said in one warning.
+fn foreign_written(
+    dest: &Path,
+    after: Option<&(LocalTree, Sha256)>,
+    touched: &[LocalName],
+    since: i64,
+) -> Option<RelPath> {
+    let rel = foreign_in(&after?.0, touched, since)?;
+    tracing::warn!(dest = %dest.display(), path = %rel, "another process wrote in the standby while it was prepared (through a descriptor held since it was a live tree): its files are read again by the next run");
+    Some(rel)
 }
 
 /// What [`prepare`] leaves known once `slot` is prepared: its scan and its

@@ -161,6 +161,11 @@ impl Plan {
             _ => None,
         })
     }
+
+    /// The names its actions change, in order.
+    pub fn changes(&self) -> impl Iterator<Item = LocalName> + '_ {
+        self.actions.iter().filter_map(|a| Some(a.change()?.0))
+    }
 }
 
 /// The directories above `rel`, deepest first, as text (the root is not
